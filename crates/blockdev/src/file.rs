@@ -1,0 +1,584 @@
+//! File and block-device backend: reads and writes go through each reactor
+//! thread's own io_uring (monoio), control operations (fallocate, ioctls) are
+//! plain synchronous syscalls because they are rare.
+//!
+//! The device keeps one `O_DIRECT` descriptor (when the file system or device
+//! accepts it) and one buffered descriptor. Each thread lazily wraps dups of
+//! both in `monoio::fs::File`s, cached in a thread-local map keyed by the
+//! device's unique id. An I/O whose offset, length or buffer address is not
+//! aligned for `O_DIRECT` goes through the buffered descriptor instead, so
+//! 512-byte blocks always work.
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::fs::{File, OpenOptions};
+use std::io;
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::Path;
+use std::rc::Rc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
+
+use crate::iobuf::{IoBuf, IO_BUF_ALIGN};
+
+/// Linux `<linux/fs.h>` block ioctls missing from `libc`, encoded for the
+/// asm-generic ioctl layout (x86, arm, riscv, loongarch, s390).
+#[cfg(any(
+    target_arch = "x86",
+    target_arch = "x86_64",
+    target_arch = "arm",
+    target_arch = "aarch64",
+    target_arch = "riscv64",
+    target_arch = "loongarch64",
+    target_arch = "s390x"
+))]
+mod ioctl {
+    /// `_IO(0x12, 119)`: discard a byte range `[u64 start, u64 len]`.
+    pub const BLKDISCARD: libc::Ioctl = 0x1277;
+    /// `_IO(0x12, 127)`: zero a byte range `[u64 start, u64 len]`.
+    pub const BLKZEROOUT: libc::Ioctl = 0x127f;
+    /// `_IOR(0x12, 114, size_t)`: device size in bytes (`u64`).
+    pub const BLKGETSIZE64: libc::Ioctl = (2 << 30) | (8 << 16) | (0x12 << 8) | 114;
+    /// `_IO(0x12, 104)`: logical block size (`int`).
+    pub const BLKSSZGET: libc::Ioctl = 0x1268;
+}
+
+/// Unique id per opened device, the key of the per-thread descriptor cache.
+static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+
+/// Largest chunk written at a time when zeroing by writing zeros.
+const ZERO_CHUNK: usize = 1 << 20;
+
+struct Fds {
+    buffered: File,
+    direct: Option<File>,
+}
+
+/// Per-thread io_uring views of one device's descriptors.
+struct ThreadFiles {
+    /// Lets a thread drop entries of devices that no longer exist.
+    owner: Weak<Fds>,
+    buffered: monoio::fs::File,
+    direct: Option<monoio::fs::File>,
+}
+
+thread_local! {
+    static THREAD_FILES: RefCell<HashMap<u64, Rc<ThreadFiles>>> = RefCell::new(HashMap::new());
+}
+
+pub(crate) struct FileBackend {
+    id: u64,
+    fds: Arc<Fds>,
+    /// Offset and length alignment `O_DIRECT` needs (0 when not direct).
+    dio_align: u64,
+    /// Buffer address alignment `O_DIRECT` needs.
+    dio_mem_align: usize,
+    is_block: bool,
+}
+
+/// What `open` found out about a regular file or block device.
+pub(crate) struct Opened {
+    pub backend: FileBackend,
+    pub size_bytes: u64,
+    /// Logical block size of a block device (None for regular files).
+    pub logical_block_size: Option<u32>,
+}
+
+fn cvt(rc: libc::c_int) -> io::Result<()> {
+    if rc < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(())
+    }
+}
+
+/// Runs a syscall wrapper again while it fails with EINTR.
+fn retry_eintr(mut f: impl FnMut() -> io::Result<()>) -> io::Result<()> {
+    loop {
+        match f() {
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            other => return other,
+        }
+    }
+}
+
+fn is_unsupported(e: &io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(libc::EOPNOTSUPP) | Some(libc::ENOSYS) | Some(libc::ENOTTY)
+    )
+}
+
+fn to_i64(v: u64) -> io::Result<libc::off_t> {
+    libc::off_t::try_from(v).map_err(|_| io::Error::other(format!("offset {v} exceeds off_t")))
+}
+
+/// `O_DIRECT` alignment of a regular file from `statx(STATX_DIOALIGN)`
+/// (Linux 6.1+): (offset/length alignment, memory alignment).
+fn file_dio_align(file: &File) -> Option<(u32, u32)> {
+    // SAFETY: statx is plain data; all-zero bytes are a valid value.
+    let mut stx: libc::statx = unsafe { std::mem::zeroed() };
+    // SAFETY: valid fd, NUL-terminated empty path with AT_EMPTY_PATH, and
+    // `stx` is a writable statx the kernel fills.
+    let rc = unsafe {
+        libc::statx(
+            file.as_raw_fd(),
+            c"".as_ptr(),
+            libc::AT_EMPTY_PATH,
+            libc::STATX_DIOALIGN,
+            &mut stx,
+        )
+    };
+    if rc != 0 || stx.stx_mask & libc::STATX_DIOALIGN == 0 || stx.stx_dio_offset_align == 0 {
+        return None;
+    }
+    Some((stx.stx_dio_offset_align, stx.stx_dio_mem_align))
+}
+
+fn block_size_bytes(file: &File) -> io::Result<u64> {
+    let mut size: u64 = 0;
+    // SAFETY: BLKGETSIZE64 writes one u64 through the pointer, which points
+    // at a live local u64.
+    cvt(unsafe { libc::ioctl(file.as_raw_fd(), ioctl::BLKGETSIZE64, &mut size as *mut u64) })?;
+    Ok(size)
+}
+
+fn block_logical_size(file: &File) -> io::Result<u32> {
+    let mut size: libc::c_int = 0;
+    // SAFETY: BLKSSZGET writes one int through the pointer, which points at
+    // a live local c_int.
+    cvt(unsafe {
+        libc::ioctl(
+            file.as_raw_fd(),
+            ioctl::BLKSSZGET,
+            &mut size as *mut libc::c_int,
+        )
+    })?;
+    u32::try_from(size).map_err(|_| io::Error::other(format!("BLKSSZGET returned {size}")))
+}
+
+/// Opens `path` a second time with `O_DIRECT`; `None` when the file system
+/// refuses it (EINVAL at open, as tmpfs does, or at the first aligned read).
+fn open_direct(path: &Path, align: u64) -> io::Result<Option<File>> {
+    let file = match OpenOptions::new()
+        .read(true)
+        .write(true)
+        .custom_flags(libc::O_DIRECT | libc::O_CLOEXEC)
+        .open(path)
+    {
+        Ok(f) => f,
+        Err(e) if e.raw_os_error() == Some(libc::EINVAL) => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    // Some file systems accept O_DIRECT at open and fail the I/O: probe with
+    // one aligned read at offset 0 (a short read or EOF is fine).
+    let probe_len = usize::try_from(align)
+        .unwrap_or(IO_BUF_ALIGN)
+        .max(IO_BUF_ALIGN);
+    let mut probe = IoBuf::with_len(probe_len);
+    // SAFETY: `probe` is a live, writable buffer of `probe.len()` bytes.
+    let rc = unsafe { libc::pread(file.as_raw_fd(), probe.as_mut_ptr().cast(), probe.len(), 0) };
+    if rc < 0 {
+        let e = io::Error::last_os_error();
+        if e.raw_os_error() == Some(libc::EINVAL) {
+            return Ok(None);
+        }
+        return Err(e);
+    }
+    Ok(Some(file))
+}
+
+impl FileBackend {
+    /// Opens a regular file (`is_block == false`) or block device. The
+    /// caller has already created / sized a regular file.
+    pub(crate) fn open(path: &Path, is_block: bool) -> io::Result<Opened> {
+        let mut opts = OpenOptions::new();
+        opts.read(true).write(true);
+        if is_block {
+            // O_EXCL on a block device: refuse one that is mounted or claimed.
+            opts.custom_flags(libc::O_EXCL | libc::O_CLOEXEC);
+        } else {
+            opts.custom_flags(libc::O_CLOEXEC);
+        }
+        let buffered = opts.open(path)?;
+        let meta = buffered.metadata()?;
+        let (size_bytes, logical, dio_align, dio_mem_align) = if is_block {
+            use std::os::unix::fs::FileTypeExt;
+            if !meta.file_type().is_block_device() {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    "not a block device",
+                ));
+            }
+            let logical = block_logical_size(&buffered)?;
+            (
+                block_size_bytes(&buffered)?,
+                Some(logical),
+                logical,
+                logical,
+            )
+        } else {
+            let (off, mem) = file_dio_align(&buffered).unwrap_or((4096, 4096));
+            (meta.len(), None, off, mem)
+        };
+        let mem_ok = usize::try_from(dio_mem_align).is_ok_and(|m| m <= IO_BUF_ALIGN);
+        let direct = if mem_ok && dio_align.is_power_of_two() {
+            open_direct(path, u64::from(dio_align))?
+        } else {
+            None
+        };
+        let dio_align = if direct.is_some() {
+            u64::from(dio_align)
+        } else {
+            0
+        };
+        Ok(Opened {
+            backend: FileBackend {
+                id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
+                fds: Arc::new(Fds { buffered, direct }),
+                dio_align,
+                dio_mem_align: usize::try_from(dio_mem_align)
+                    .unwrap_or(IO_BUF_ALIGN)
+                    .max(1),
+                is_block,
+            },
+            size_bytes,
+            logical_block_size: logical,
+        })
+    }
+
+    pub(crate) fn direct_io(&self) -> bool {
+        self.fds.direct.is_some()
+    }
+
+    /// This thread's io_uring-backed descriptors, created on first use.
+    fn thread_files(&self) -> io::Result<Rc<ThreadFiles>> {
+        THREAD_FILES.with(|cell| {
+            let mut map = cell.borrow_mut();
+            if let Some(files) = map.get(&self.id) {
+                return Ok(Rc::clone(files));
+            }
+            map.retain(|_, f| f.owner.strong_count() > 0);
+            let buffered = monoio::fs::File::from_std(self.fds.buffered.try_clone()?)?;
+            let direct = match &self.fds.direct {
+                Some(d) => Some(monoio::fs::File::from_std(d.try_clone()?)?),
+                None => None,
+            };
+            let files = Rc::new(ThreadFiles {
+                owner: Arc::downgrade(&self.fds),
+                buffered,
+                direct,
+            });
+            map.insert(self.id, Rc::clone(&files));
+            Ok(files)
+        })
+    }
+
+    /// Drops this thread's cached descriptors for the device, if any.
+    pub(crate) fn forget_on_this_thread(&self) {
+        let _ = THREAD_FILES.try_with(|cell| {
+            if let Ok(mut map) = cell.try_borrow_mut() {
+                map.remove(&self.id);
+            }
+        });
+    }
+
+    /// The descriptor for an I/O of `len` bytes at `pos` from `addr`:
+    /// direct when everything is aligned for it, buffered otherwise.
+    fn pick<'a>(
+        &self,
+        files: &'a ThreadFiles,
+        pos: u64,
+        len: usize,
+        addr: usize,
+    ) -> &'a monoio::fs::File {
+        match &files.direct {
+            Some(direct)
+                if self.dio_align != 0
+                    && pos % self.dio_align == 0
+                    && (len as u64) % self.dio_align == 0
+                    && addr % self.dio_mem_align == 0 =>
+            {
+                direct
+            }
+            _ => &files.buffered,
+        }
+    }
+
+    pub(crate) async fn read(&self, offset: u64, mut buf: IoBuf) -> (io::Result<()>, IoBuf) {
+        use monoio::buf::IoBufMut;
+        let files = match self.thread_files() {
+            Ok(f) => f,
+            Err(e) => return (Err(e), buf),
+        };
+        let len = buf.len();
+        let mut done = 0usize;
+        while done < len {
+            let Some(pos) = offset.checked_add(done as u64) else {
+                return (Err(io::Error::other("read offset overflow")), buf);
+            };
+            let addr = (buf.as_ptr() as usize).wrapping_add(done);
+            let file = self.pick(&files, pos, len - done, addr);
+            let (res, slice) = file.read_at(buf.slice_mut(done..len), pos).await;
+            buf = slice.into_inner();
+            match res {
+                Ok(0) => {
+                    let msg = format!("read at byte {pos} hit end of file (was it truncated?)");
+                    return (Err(io::Error::new(io::ErrorKind::UnexpectedEof, msg)), buf);
+                }
+                Ok(n) => done = done.saturating_add(n),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return (Err(e), buf),
+            }
+        }
+        (Ok(()), buf)
+    }
+
+    pub(crate) async fn write(
+        &self,
+        offset: u64,
+        mut buf: IoBuf,
+        fua: bool,
+    ) -> (io::Result<()>, IoBuf) {
+        use monoio::buf::IoBuf as _;
+        let files = match self.thread_files() {
+            Ok(f) => f,
+            Err(e) => return (Err(e), buf),
+        };
+        let len = buf.len();
+        let mut done = 0usize;
+        while done < len {
+            let Some(pos) = offset.checked_add(done as u64) else {
+                return (Err(io::Error::other("write offset overflow")), buf);
+            };
+            let addr = (buf.as_ptr() as usize).wrapping_add(done);
+            let file = self.pick(&files, pos, len - done, addr);
+            let (res, slice) = file.write_at(buf.slice(done..len), pos).await;
+            buf = slice.into_inner();
+            match res {
+                Ok(0) => {
+                    let msg = format!("write at byte {pos} wrote nothing");
+                    return (Err(io::Error::new(io::ErrorKind::WriteZero, msg)), buf);
+                }
+                Ok(n) => done = done.saturating_add(n),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return (Err(e), buf),
+            }
+        }
+        if fua {
+            // monoio's write op takes no RWF_DSYNC, so FUA is write + fdatasync.
+            if let Err(e) = files.buffered.sync_data().await {
+                return (Err(e), buf);
+            }
+        }
+        (Ok(()), buf)
+    }
+
+    pub(crate) async fn flush(&self) -> io::Result<()> {
+        // fdatasync on a block device also flushes its volatile write cache.
+        self.thread_files()?.buffered.sync_data().await
+    }
+
+    fn fallocate(&self, mode: libc::c_int, offset: u64, len: u64) -> io::Result<()> {
+        let (off, len) = (to_i64(offset)?, to_i64(len)?);
+        let fd = self.fds.buffered.as_raw_fd();
+        // SAFETY: `fd` is a valid descriptor owned by `self.fds` for the whole
+        // call; fallocate takes no pointers.
+        retry_eintr(|| cvt(unsafe { libc::fallocate(fd, mode, off, len) }))
+    }
+
+    fn block_range_ioctl(&self, request: libc::Ioctl, offset: u64, len: u64) -> io::Result<()> {
+        let range: [u64; 2] = [offset, len];
+        let fd = self.fds.buffered.as_raw_fd();
+        // SAFETY: BLKZEROOUT / BLKDISCARD read two u64s (start, length) from
+        // the pointer, which points at a live local `[u64; 2]`.
+        retry_eintr(|| cvt(unsafe { libc::ioctl(fd, request, range.as_ptr()) }))
+    }
+
+    /// Zeroes `[offset, offset + len)` by writing zero buffers.
+    async fn write_zero_buffers(&self, offset: u64, len: u64) -> io::Result<()> {
+        let mut done = 0u64;
+        while done < len {
+            let chunk = usize::try_from(len - done).map_or(ZERO_CHUNK, |r| r.min(ZERO_CHUNK));
+            let pos = offset
+                .checked_add(done)
+                .ok_or_else(|| io::Error::other("zero offset overflow"))?;
+            let (res, _buf) = self.write(pos, IoBuf::zeroed(chunk), false).await;
+            res?;
+            done = done.saturating_add(chunk as u64);
+        }
+        Ok(())
+    }
+
+    /// Makes `[offset, offset + len)` read as zeros; with `deallocate` the
+    /// backing storage may be released.
+    pub(crate) async fn write_zeroes(
+        &self,
+        offset: u64,
+        len: u64,
+        deallocate: bool,
+    ) -> io::Result<()> {
+        const KEEP: libc::c_int = libc::FALLOC_FL_KEEP_SIZE;
+        if len == 0 {
+            return Ok(());
+        }
+        // For a block device, fallocate(PUNCH_HOLE) is "write zeroes, unmap
+        // allowed, no fallback": it fails unless the device guarantees zeros
+        // after unmap. ZERO_RANGE / BLKZEROOUT zero without unmapping.
+        let mut attempts: Vec<libc::c_int> = Vec::with_capacity(2);
+        if deallocate {
+            attempts.push(libc::FALLOC_FL_PUNCH_HOLE | KEEP);
+        }
+        if !self.is_block {
+            attempts.push(libc::FALLOC_FL_ZERO_RANGE | KEEP);
+        }
+        for mode in attempts {
+            match self.fallocate(mode, offset, len) {
+                Ok(()) => return Ok(()),
+                Err(e) if is_unsupported(&e) => continue,
+                Err(e) => return Err(e),
+            }
+        }
+        if self.is_block {
+            match self.block_range_ioctl(ioctl::BLKZEROOUT, offset, len) {
+                Ok(()) => return Ok(()),
+                Err(e) if is_unsupported(&e) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        self.write_zero_buffers(offset, len).await
+    }
+
+    /// Releases `[offset, offset + len)`. Regular files read zeros afterwards
+    /// (hole punch, else zeroing); block devices get BLKDISCARD, a hint that
+    /// is silently skipped when the device does not support discard.
+    pub(crate) async fn deallocate(&self, offset: u64, len: u64) -> io::Result<()> {
+        if len == 0 {
+            return Ok(());
+        }
+        if self.is_block {
+            return match self.block_range_ioctl(ioctl::BLKDISCARD, offset, len) {
+                Err(e) if is_unsupported(&e) => {
+                    log::debug!("discard unsupported, deallocate ignored: {e}");
+                    Ok(())
+                }
+                other => other,
+            };
+        }
+        self.write_zeroes(offset, len, true).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run<F: std::future::Future>(fut: F) -> F::Output {
+        monoio::RuntimeBuilder::<monoio::IoUringDriver>::new()
+            .enable_timer()
+            .build()
+            .expect("io_uring runtime")
+            .block_on(fut)
+    }
+
+    /// A sized temp file, removed on drop (also when a test panics).
+    struct TempFile(std::path::PathBuf);
+
+    impl Drop for TempFile {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_file(&self.0);
+        }
+    }
+
+    fn temp_file(tag: &str, len: u64) -> TempFile {
+        let path =
+            std::env::temp_dir().join(format!("blockdev-unit-{}-{tag}.img", std::process::id()));
+        let f = File::create(&path).expect("create");
+        f.set_len(len).expect("set_len");
+        TempFile(path)
+    }
+
+    #[test]
+    fn unaligned_io_uses_buffered_fd_when_direct_needs_4096() {
+        let tmp = temp_file("unaligned", 1 << 20);
+        let mut opened = FileBackend::open(&tmp.0, false).expect("open");
+        if !opened.backend.direct_io() {
+            eprintln!("skipping: no O_DIRECT on {}", tmp.0.display());
+            return;
+        }
+        // Pretend the file system needs 4096-byte alignment.
+        opened.backend.dio_align = 4096;
+        opened.backend.dio_mem_align = 4096;
+        let backend = opened.backend;
+        run(async {
+            let files = backend.thread_files().expect("thread files");
+            let direct = files.direct.as_ref().expect("direct fd");
+            assert!(std::ptr::eq(backend.pick(&files, 8192, 4096, 4096), direct));
+            assert!(!std::ptr::eq(backend.pick(&files, 512, 4096, 4096), direct));
+            assert!(!std::ptr::eq(backend.pick(&files, 4096, 512, 4096), direct));
+            assert!(!std::ptr::eq(
+                backend.pick(&files, 4096, 4096, 4096 + 512),
+                direct
+            ));
+
+            let (res, _) = backend
+                .write(512, IoBuf::from_slice(&[0x3c; 1536]), false)
+                .await;
+            res.expect("unaligned write");
+            let (res, _) = backend
+                .write(8192, IoBuf::from_slice(&[0x7e; 4096]), false)
+                .await;
+            res.expect("aligned write");
+            let (res, buf) = backend.read(0, IoBuf::with_len(12288)).await;
+            res.expect("aligned read");
+            assert!(buf[..512].iter().all(|&b| b == 0));
+            assert!(buf[512..2048].iter().all(|&b| b == 0x3c));
+            assert!(buf[2048..8192].iter().all(|&b| b == 0));
+            assert!(buf[8192..].iter().all(|&b| b == 0x7e));
+            let (res, buf) = backend.read(1024, IoBuf::with_len(512)).await;
+            res.expect("unaligned read");
+            assert!(buf.iter().all(|&b| b == 0x3c));
+        });
+    }
+
+    #[test]
+    fn zero_buffer_fallback_zeroes_exactly_the_range() {
+        let tmp = temp_file("zerofill", 4 << 20);
+        let backend = FileBackend::open(&tmp.0, false).expect("open").backend;
+        run(async {
+            let (res, _) = backend
+                .write(0, IoBuf::from_slice(&vec![0xa1; 4 << 20]), false)
+                .await;
+            res.expect("fill");
+            // 1.5 MiB + 512 bytes: more than one chunk, unaligned tail.
+            let len = (3 << 19) + 512;
+            backend
+                .write_zero_buffers(512, len)
+                .await
+                .expect("zero fill");
+            let (res, buf) = backend.read(0, IoBuf::with_len(4 << 20)).await;
+            res.expect("read");
+            let end = 512 + len as usize;
+            assert!(buf[..512].iter().all(|&b| b == 0xa1));
+            assert!(buf[512..end].iter().all(|&b| b == 0));
+            assert!(buf[end..].iter().all(|&b| b == 0xa1));
+        });
+    }
+
+    #[test]
+    fn read_past_truncated_end_is_an_error_not_a_hang() {
+        let tmp = temp_file("truncated", 8192);
+        let backend = FileBackend::open(&tmp.0, false).expect("open").backend;
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&tmp.0)
+            .and_then(|f| f.set_len(4096))
+            .expect("truncate");
+        run(async {
+            let (res, _) = backend.read(0, IoBuf::with_len(8192)).await;
+            let err = res.expect_err("short file");
+            assert_eq!(err.kind(), io::ErrorKind::UnexpectedEof);
+        });
+    }
+}

@@ -1,0 +1,499 @@
+//! One backend contract for every block device: null, ram, file and raw
+//! block device, all behind [`Device`].
+//!
+//! This crate owns geometry, the one range check every operation goes through
+//! ([`Device::check_range`]), the typed [`Error`] the protocol crates map once
+//! to NVMe status and once to SCSI sense, and the aligned [`IoBuf`] pool.
+//! It must never panic on any LBA or length a peer sends, never form a Rust
+//! reference to memory other threads write (the ram region), and never block
+//! a reactor on data I/O: reads, writes and flushes go through the calling
+//! thread's io_uring. Only rare control operations (fallocate, discard and
+//! zero-out ioctls) are synchronous syscalls.
+//!
+//! A [`Device`] is `Send + Sync` and shared as `Arc<Device>` by all reactor
+//! threads; each thread lazily opens its own io_uring view of file and block
+//! devices.
+
+mod file;
+mod iobuf;
+mod ram;
+
+use std::fmt;
+use std::io;
+use std::path::{Path, PathBuf};
+
+pub use iobuf::{IoBuf, IO_BUF_ALIGN};
+
+use file::FileBackend;
+use ram::RamRegion;
+
+/// Smallest accepted block size in bytes.
+pub const MIN_BLOCK_SIZE: u32 = 512;
+/// Largest accepted block size in bytes.
+pub const MAX_BLOCK_SIZE: u32 = 65536;
+
+/// Size and shape of a device as the protocols advertise it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Geometry {
+    /// Logical block size in bytes (a power of two, 512..=65536).
+    pub block_size: u32,
+    /// Capacity in blocks.
+    pub blocks: u64,
+}
+
+impl Geometry {
+    /// Capacity in bytes (cannot overflow: checked when the device opened).
+    pub fn size_bytes(&self) -> u64 {
+        self.blocks.saturating_mul(u64::from(self.block_size))
+    }
+}
+
+/// Which backend a device uses.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    /// Reads zeros, discards writes (like Linux `null_blk`).
+    Null,
+    /// Anonymous memory, lost when the device is dropped.
+    Ram,
+    /// A regular file.
+    File,
+    /// A raw block device.
+    Block,
+}
+
+impl fmt::Display for Kind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Kind::Null => "null",
+            Kind::Ram => "ram",
+            Kind::File => "file",
+            Kind::Block => "block",
+        })
+    }
+}
+
+/// Everything a device operation or constructor can fail with.
+#[derive(thiserror::Error, Debug)]
+pub enum Error {
+    /// The request reaches past the last block (or `lba + blocks` overflows).
+    #[error("lba {lba} + {blocks} blocks is out of range (capacity {capacity} blocks)")]
+    OutOfRange {
+        lba: u64,
+        blocks: u64,
+        capacity: u64,
+    },
+    /// A buffer length that is not a whole number of blocks.
+    #[error("buffer length {len} is not a multiple of block size {block_size}")]
+    Misaligned { len: usize, block_size: u32 },
+    /// The backend cannot do this operation.
+    #[error("unsupported: {0}")]
+    Unsupported(&'static str),
+    /// A block size outside 512..=65536 or not a power of two.
+    #[error("block size {0} unsupported (expected a power of two in 512..=65536)")]
+    InvalidBlockSize(u32),
+    /// A device size of zero or not a whole number of blocks.
+    #[error(
+        "device size {size_bytes} bytes is not a non-zero multiple of block size {block_size}"
+    )]
+    InvalidSize { size_bytes: u64, block_size: u32 },
+    /// A block size below the block device's logical block size.
+    #[error("block size {requested} is smaller than the device's logical block size {logical}")]
+    BlockSizeBelowLogical { requested: u32, logical: u32 },
+    /// `Device::block` on something that is not a block device.
+    #[error("{0} is not a block device (use a file device for regular files)")]
+    NotBlockDevice(PathBuf),
+    /// `Device::file` on something that is not a regular file.
+    #[error("{0} is not a regular file (use a block device for block devices)")]
+    NotRegularFile(PathBuf),
+    /// Opening or sizing the backing file or device failed.
+    #[error("cannot open {path}: {source}")]
+    Open { path: PathBuf, source: io::Error },
+    /// An I/O error from the backing file or device.
+    #[error("I/O error: {0}")]
+    Io(#[from] io::Error),
+}
+
+enum Backend {
+    Null,
+    Ram(RamRegion),
+    File(FileBackend),
+}
+
+/// A block device shared by every reactor thread.
+pub struct Device {
+    name: String,
+    kind: Kind,
+    geometry: Geometry,
+    path: Option<PathBuf>,
+    backend: Backend,
+}
+
+impl fmt::Debug for Device {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Device")
+            .field("name", &self.name)
+            .field("kind", &self.kind)
+            .field("geometry", &self.geometry)
+            .field("path", &self.path)
+            .field("direct_io", &self.direct_io())
+            .finish()
+    }
+}
+
+fn check_block_size(block_size: u32) -> Result<(), Error> {
+    if block_size.is_power_of_two() && (MIN_BLOCK_SIZE..=MAX_BLOCK_SIZE).contains(&block_size) {
+        Ok(())
+    } else {
+        Err(Error::InvalidBlockSize(block_size))
+    }
+}
+
+/// Geometry for an exact byte size, which must be a non-zero whole number of
+/// blocks.
+fn exact_geometry(size_bytes: u64, block_size: u32) -> Result<Geometry, Error> {
+    check_block_size(block_size)?;
+    let bs = u64::from(block_size);
+    if size_bytes == 0 || size_bytes % bs != 0 {
+        return Err(Error::InvalidSize {
+            size_bytes,
+            block_size,
+        });
+    }
+    Ok(Geometry {
+        block_size,
+        blocks: size_bytes / bs,
+    })
+}
+
+fn open_err(path: &Path) -> impl FnOnce(io::Error) -> Error + '_ {
+    move |source| Error::Open {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+impl Device {
+    /// A device that reads zeros and discards writes, like `null_blk`.
+    pub fn null(name: &str, size_bytes: u64, block_size: u32) -> Result<Device, Error> {
+        Ok(Device {
+            name: name.to_owned(),
+            kind: Kind::Null,
+            geometry: exact_geometry(size_bytes, block_size)?,
+            path: None,
+            backend: Backend::Null,
+        })
+    }
+
+    /// A device in anonymous memory, committed lazily as it is written.
+    pub fn ram(name: &str, size_bytes: u64, block_size: u32) -> Result<Device, Error> {
+        let geometry = exact_geometry(size_bytes, block_size)?;
+        Ok(Device {
+            name: name.to_owned(),
+            kind: Kind::Ram,
+            geometry,
+            path: None,
+            backend: Backend::Ram(RamRegion::new(size_bytes)?),
+        })
+    }
+
+    /// A device on a regular file. With `size_bytes` the file is created if
+    /// missing and extended if shorter (a longer file exposes only its first
+    /// `size_bytes`); without it the file's length is the size.
+    pub fn file(
+        name: &str,
+        path: &Path,
+        size_bytes: Option<u64>,
+        block_size: u32,
+    ) -> Result<Device, Error> {
+        check_block_size(block_size)?;
+        let size_bytes = match size_bytes {
+            Some(size) => {
+                exact_geometry(size, block_size)?;
+                let f = std::fs::OpenOptions::new()
+                    .read(true)
+                    .write(true)
+                    .create(true)
+                    .truncate(false)
+                    .open(path)
+                    .map_err(open_err(path))?;
+                let meta = f.metadata().map_err(open_err(path))?;
+                if !meta.is_file() {
+                    return Err(Error::NotRegularFile(path.to_path_buf()));
+                }
+                if meta.len() < size {
+                    f.set_len(size).map_err(open_err(path))?;
+                }
+                Some(size)
+            }
+            None => None,
+        };
+        let meta = std::fs::metadata(path).map_err(open_err(path))?;
+        if !meta.is_file() {
+            return Err(Error::NotRegularFile(path.to_path_buf()));
+        }
+        let opened = FileBackend::open(path, false).map_err(open_err(path))?;
+        let size = size_bytes.unwrap_or(opened.size_bytes);
+        let geometry = exact_geometry(size, block_size)?;
+        Ok(Device {
+            name: name.to_owned(),
+            kind: Kind::File,
+            geometry,
+            path: Some(path.to_path_buf()),
+            backend: Backend::File(opened.backend),
+        })
+    }
+
+    /// A device on a raw block device. Its size comes from `BLKGETSIZE64`;
+    /// `block_size` defaults to its logical block size and may not be smaller.
+    /// The device is opened `O_EXCL`, so a mounted one is refused.
+    pub fn block(name: &str, path: &Path, block_size: Option<u32>) -> Result<Device, Error> {
+        use std::os::unix::fs::FileTypeExt;
+        let meta = std::fs::metadata(path).map_err(open_err(path))?;
+        if !meta.file_type().is_block_device() {
+            return Err(Error::NotBlockDevice(path.to_path_buf()));
+        }
+        let opened = FileBackend::open(path, true).map_err(open_err(path))?;
+        let logical = opened.logical_block_size.unwrap_or(MIN_BLOCK_SIZE);
+        let block_size = block_size.unwrap_or(logical);
+        check_block_size(block_size)?;
+        if block_size < logical {
+            return Err(Error::BlockSizeBelowLogical {
+                requested: block_size,
+                logical,
+            });
+        }
+        // A device size that is not a whole number of blocks exposes the
+        // whole blocks only.
+        let blocks = opened.size_bytes / u64::from(block_size);
+        if blocks == 0 {
+            return Err(Error::InvalidSize {
+                size_bytes: opened.size_bytes,
+                block_size,
+            });
+        }
+        Ok(Device {
+            name: name.to_owned(),
+            kind: Kind::Block,
+            geometry: Geometry { block_size, blocks },
+            path: Some(path.to_path_buf()),
+            backend: Backend::File(opened.backend),
+        })
+    }
+
+    /// The name the device was created with.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Which backend this is.
+    pub fn kind(&self) -> Kind {
+        self.kind
+    }
+
+    /// Block size and capacity.
+    pub fn geometry(&self) -> Geometry {
+        self.geometry
+    }
+
+    /// Backing file or device path (file and block devices).
+    pub fn path(&self) -> Option<&Path> {
+        self.path.as_deref()
+    }
+
+    /// Whether completed writes may sit in a volatile cache until
+    /// [`Device::flush`] (page cache or disk cache): true for file and block.
+    pub fn volatile_write_cache(&self) -> bool {
+        matches!(self.kind, Kind::File | Kind::Block)
+    }
+
+    /// Whether aligned I/O bypasses the page cache (`O_DIRECT`).
+    pub fn direct_io(&self) -> bool {
+        match &self.backend {
+            Backend::File(f) => f.direct_io(),
+            _ => false,
+        }
+    }
+
+    /// Whether deallocated blocks are guaranteed to read back as zeros
+    /// (NVMe DLFEAT "reads zeroes", SCSI LBPRZ). False for block devices,
+    /// whose discard behaviour this crate does not know.
+    pub fn deallocate_reads_zeroes(&self) -> bool {
+        !matches!(self.kind, Kind::Block)
+    }
+
+    /// The one range check: `blocks` blocks starting at `lba` must lie within
+    /// the device (`lba + blocks <= capacity`, computed without overflow).
+    pub fn check_range(&self, lba: u64, blocks: u64) -> Result<(), Error> {
+        let capacity = self.geometry.blocks;
+        match lba.checked_add(blocks) {
+            Some(end) if end <= capacity => Ok(()),
+            _ => Err(Error::OutOfRange {
+                lba,
+                blocks,
+                capacity,
+            }),
+        }
+    }
+
+    /// Range-checks `blocks` at `lba` and returns the byte offset and length.
+    fn byte_range(&self, lba: u64, blocks: u64) -> Result<(u64, u64), Error> {
+        self.check_range(lba, blocks)?;
+        let bs = u64::from(self.geometry.block_size);
+        let out_of_range = || Error::OutOfRange {
+            lba,
+            blocks,
+            capacity: self.geometry.blocks,
+        };
+        let offset = lba.checked_mul(bs).ok_or_else(out_of_range)?;
+        let len = blocks.checked_mul(bs).ok_or_else(out_of_range)?;
+        Ok((offset, len))
+    }
+
+    /// Byte offset for an I/O of `len` bytes at `lba`, after the length and
+    /// range checks.
+    fn io_offset(&self, lba: u64, len: usize) -> Result<u64, Error> {
+        let block_size = self.geometry.block_size;
+        let bs = block_size as usize;
+        if len % bs != 0 {
+            return Err(Error::Misaligned { len, block_size });
+        }
+        Ok(self.byte_range(lba, (len / bs) as u64)?.0)
+    }
+
+    /// Reads `buf.len()` bytes (a whole number of blocks) starting at `lba`.
+    pub async fn read(&self, lba: u64, mut buf: IoBuf) -> (Result<(), Error>, IoBuf) {
+        let offset = match self.io_offset(lba, buf.len()) {
+            Ok(offset) => offset,
+            Err(e) => return (Err(e), buf),
+        };
+        match &self.backend {
+            Backend::Null => {
+                buf.fill(0);
+                (Ok(()), buf)
+            }
+            Backend::Ram(ram) => {
+                let res = ram.read(offset, &mut buf).map_err(Error::from);
+                (res, buf)
+            }
+            Backend::File(file) => {
+                let (res, buf) = file.read(offset, buf).await;
+                (res.map_err(Error::from), buf)
+            }
+        }
+    }
+
+    /// Writes `buf` (a whole number of blocks) starting at `lba`. With `fua`
+    /// the data is durable when this returns.
+    pub async fn write(&self, lba: u64, buf: IoBuf, fua: bool) -> (Result<(), Error>, IoBuf) {
+        let offset = match self.io_offset(lba, buf.len()) {
+            Ok(offset) => offset,
+            Err(e) => return (Err(e), buf),
+        };
+        match &self.backend {
+            Backend::Null => (Ok(()), buf),
+            Backend::Ram(ram) => {
+                let res = ram.write(offset, &buf).map_err(Error::from);
+                (res, buf)
+            }
+            Backend::File(file) => {
+                let (res, buf) = file.write(offset, buf, fua).await;
+                (res.map_err(Error::from), buf)
+            }
+        }
+    }
+
+    /// Makes every completed write durable (fdatasync for file and block
+    /// devices; nothing to do for null and ram).
+    pub async fn flush(&self) -> Result<(), Error> {
+        match &self.backend {
+            Backend::Null | Backend::Ram(_) => Ok(()),
+            Backend::File(file) => Ok(file.flush().await?),
+        }
+    }
+
+    /// Makes `blocks` blocks at `lba` read as zeros. With `deallocate` the
+    /// backend may also release their storage (hole punch, unmap).
+    pub async fn write_zeroes(&self, lba: u64, blocks: u64, deallocate: bool) -> Result<(), Error> {
+        let (offset, len) = self.byte_range(lba, blocks)?;
+        match &self.backend {
+            Backend::Null => Ok(()),
+            Backend::Ram(ram) => Ok(ram.zero(offset, usize_len(len)?)?),
+            Backend::File(file) => Ok(file.write_zeroes(offset, len, deallocate).await?),
+        }
+    }
+
+    /// Releases `blocks` blocks at `lba`. Null, ram and file devices read
+    /// zeros there afterwards; on block devices this is a discard hint.
+    pub async fn deallocate(&self, lba: u64, blocks: u64) -> Result<(), Error> {
+        let (offset, len) = self.byte_range(lba, blocks)?;
+        match &self.backend {
+            Backend::Null => Ok(()),
+            Backend::Ram(ram) => Ok(ram.zero(offset, usize_len(len)?)?),
+            Backend::File(file) => Ok(file.deallocate(offset, len).await?),
+        }
+    }
+}
+
+fn usize_len(len: u64) -> Result<usize, Error> {
+    usize::try_from(len).map_err(|_| Error::Unsupported("range larger than the address space"))
+}
+
+impl Drop for Device {
+    fn drop(&mut self) {
+        // Other threads drop their cached descriptors on their next miss.
+        if let Backend::File(file) = &self.backend {
+            file.forget_on_this_thread();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn assert_send_sync<T: Send + Sync>() {}
+
+    #[test]
+    fn device_is_send_and_sync() {
+        assert_send_sync::<Device>();
+        assert_send_sync::<IoBuf>();
+    }
+
+    #[test]
+    fn kind_displays_lowercase_names() {
+        let names: Vec<String> = [Kind::Null, Kind::Ram, Kind::File, Kind::Block]
+            .iter()
+            .map(ToString::to_string)
+            .collect();
+        assert_eq!(names, ["null", "ram", "file", "block"]);
+    }
+
+    #[test]
+    fn out_of_range_message_names_request_and_capacity() {
+        let dev = Device::null("n", 1 << 20, 512).expect("null device");
+        let err = dev.check_range(2040, 16).expect_err("past the end");
+        assert_eq!(
+            err.to_string(),
+            "lba 2040 + 16 blocks is out of range (capacity 2048 blocks)"
+        );
+    }
+
+    #[test]
+    fn check_range_accepts_last_block_and_rejects_overflow() {
+        let dev = Device::null("n", 1 << 20, 4096).expect("null device");
+        assert!(dev.check_range(255, 1).is_ok());
+        assert!(dev.check_range(0, 256).is_ok());
+        assert!(matches!(
+            dev.check_range(256, 1),
+            Err(Error::OutOfRange { .. })
+        ));
+        assert!(matches!(
+            dev.check_range(1, u64::MAX),
+            Err(Error::OutOfRange { .. })
+        ));
+        assert!(matches!(
+            dev.check_range(u64::MAX, 2),
+            Err(Error::OutOfRange { .. })
+        ));
+    }
+}

@@ -1,0 +1,144 @@
+//! RAM backend: one anonymous private mapping (`MAP_NORESERVE`), committed
+//! page by page as it is written, so a large device costs nothing until used.
+//!
+//! Every reactor thread copies in and out of the same region. No Rust
+//! reference to the region is ever formed; all access is raw-pointer copies.
+
+use std::io;
+use std::ptr::NonNull;
+
+pub(crate) struct RamRegion {
+    base: NonNull<u8>,
+    len: usize,
+    page: usize,
+}
+
+// SAFETY: the region is plain memory owned by this value. Concurrent access
+// from several threads only ever goes through raw-pointer copies
+// (`copy_nonoverlapping`, `write_bytes`) and `madvise`; no `&`/`&mut` to the
+// region exists, so there is no aliasing UB. Concurrent overlapping I/O yields
+// unspecified bytes, exactly as on a real disk, which the block contract allows.
+unsafe impl Send for RamRegion {}
+// SAFETY: see `Send` above; shared `&RamRegion` only allows those raw copies.
+unsafe impl Sync for RamRegion {}
+
+impl RamRegion {
+    pub(crate) fn new(size_bytes: u64) -> io::Result<RamRegion> {
+        let len = usize::try_from(size_bytes).map_err(|_| {
+            io::Error::other(format!("ram size {size_bytes} exceeds address space"))
+        })?;
+        // SAFETY: anonymous mapping with no address hint and no fd: it
+        // creates fresh memory and cannot affect existing mappings.
+        let ptr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+                -1,
+                0,
+            )
+        };
+        if ptr == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        let base =
+            NonNull::new(ptr.cast::<u8>()).ok_or_else(|| io::Error::other("mmap returned null"))?;
+        // SAFETY: sysconf has no memory-safety preconditions.
+        let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+        let page = usize::try_from(page)
+            .ok()
+            .filter(|p| p.is_power_of_two())
+            .unwrap_or(4096);
+        Ok(RamRegion { base, len, page })
+    }
+
+    /// Start of `[offset, offset + len)` inside the region, or an error if the
+    /// span does not fit (callers range-check first; this is the backstop).
+    fn span(&self, offset: u64, len: usize) -> io::Result<(*mut u8, usize)> {
+        let start = usize::try_from(offset).ok();
+        let end = start.and_then(|s| s.checked_add(len));
+        match (start, end) {
+            (Some(start), Some(end)) if end <= self.len => {
+                // SAFETY: start <= end <= self.len, so the result stays inside
+                // (or one past the end of) the mapping.
+                Ok((unsafe { self.base.as_ptr().add(start) }, start))
+            }
+            _ => Err(io::Error::other(format!(
+                "ram span at byte {offset} + {len} exceeds region of {} bytes",
+                self.len
+            ))),
+        }
+    }
+
+    pub(crate) fn read(&self, offset: u64, dst: &mut [u8]) -> io::Result<()> {
+        let (src, _) = self.span(offset, dst.len())?;
+        // SAFETY: `src..src+len` is inside the live mapping (checked by
+        // `span`) and `dst` is a distinct heap buffer, so they don't overlap.
+        // Other threads may write the same bytes concurrently through raw
+        // pointers; the data read is then unspecified, but no reference to
+        // the shared region is formed.
+        unsafe { std::ptr::copy_nonoverlapping(src, dst.as_mut_ptr(), dst.len()) };
+        Ok(())
+    }
+
+    pub(crate) fn write(&self, offset: u64, src: &[u8]) -> io::Result<()> {
+        let (dst, _) = self.span(offset, src.len())?;
+        // SAFETY: as in `read`, with the copy direction reversed.
+        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), dst, src.len()) };
+        Ok(())
+    }
+
+    /// Zeroes a span: `madvise(MADV_DONTNEED)` on the whole pages inside it
+    /// (they read back as zeros and return their memory) and explicit zeroing
+    /// of the partial pages at either end.
+    pub(crate) fn zero(&self, offset: u64, len: usize) -> io::Result<()> {
+        let (start_ptr, start) = self.span(offset, len)?;
+        let end = start
+            .checked_add(len)
+            .ok_or_else(|| io::Error::other("ram span overflows"))?;
+        let mask = self.page.wrapping_sub(1);
+        let first_page = start
+            .checked_add(mask)
+            .map(|v| v & !mask)
+            .unwrap_or(end)
+            .min(end);
+        let last_page = (end & !mask).max(first_page);
+        let head = first_page.saturating_sub(start);
+        // SAFETY: `start_ptr..start_ptr+head` lies within the checked span.
+        unsafe { std::ptr::write_bytes(start_ptr, 0, head) };
+        if last_page > first_page {
+            // SAFETY: `first_page..last_page` is page-aligned (the mapping base
+            // is page-aligned) and inside the checked span. MADV_DONTNEED on a
+            // private anonymous mapping drops the pages; later reads see zeros.
+            let rc = unsafe {
+                libc::madvise(
+                    self.base.as_ptr().add(first_page).cast(),
+                    last_page - first_page,
+                    libc::MADV_DONTNEED,
+                )
+            };
+            if rc != 0 {
+                return Err(io::Error::last_os_error());
+            }
+        }
+        let tail = end.saturating_sub(last_page);
+        // SAFETY: `last_page..end` lies within the checked span.
+        unsafe { std::ptr::write_bytes(self.base.as_ptr().add(last_page), 0, tail) };
+        Ok(())
+    }
+}
+
+impl Drop for RamRegion {
+    fn drop(&mut self) {
+        // SAFETY: `base`/`len` describe exactly the mapping created in `new`,
+        // and no I/O can be in flight: every access borrows `&self`.
+        let rc = unsafe { libc::munmap(self.base.as_ptr().cast(), self.len) };
+        if rc != 0 {
+            log::error!(
+                "munmap of ram device failed: {}",
+                io::Error::last_os_error()
+            );
+        }
+    }
+}

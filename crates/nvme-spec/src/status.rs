@@ -1,0 +1,111 @@
+//! Completion status values (NVMe Base 2.0 section 4.6.1.2).
+//!
+//! A [`Status`] holds the 15-bit status field as the kernel writes it:
+//! SC in bits 7:0, SCT in bits 10:8, CRD 12:11, More bit 13, DNR bit 14.
+//! The CQE stores it shifted left by one, above the phase tag.
+
+/// An NVMe completion status (status code type and status code, plus DNR).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Status(pub u16);
+
+impl Status {
+    /// Successful completion.
+    pub const SUCCESS: Status = Status(0x000);
+    /// Invalid command opcode.
+    pub const INVALID_OPCODE: Status = Status(0x001);
+    /// Invalid field in command.
+    pub const INVALID_FIELD: Status = Status(0x002);
+    /// Command ID conflict.
+    pub const CID_CONFLICT: Status = Status(0x003);
+    /// Data transfer error.
+    pub const DATA_TRANSFER_ERROR: Status = Status(0x004);
+    /// Internal error.
+    pub const INTERNAL: Status = Status(0x006);
+    /// Command abort requested.
+    pub const ABORT_REQUESTED: Status = Status(0x007);
+    /// Command aborted due to SQ deletion.
+    pub const ABORTED_SQ_DELETION: Status = Status(0x008);
+    /// Invalid namespace or format.
+    pub const INVALID_NAMESPACE: Status = Status(0x00b);
+    /// Command sequence error.
+    pub const COMMAND_SEQUENCE_ERROR: Status = Status(0x00c);
+    /// Data SGL length invalid.
+    pub const SGL_DATA_LENGTH_INVALID: Status = Status(0x00f);
+    /// SGL descriptor type invalid.
+    pub const SGL_DESCRIPTOR_TYPE_INVALID: Status = Status(0x011);
+    /// SGL offset invalid.
+    pub const SGL_OFFSET_INVALID: Status = Status(0x016);
+    /// Host identifier inconsistent format.
+    pub const HOST_ID_INCONSISTENT: Status = Status(0x018);
+    /// Keep alive timer expired.
+    pub const KEEP_ALIVE_EXPIRED: Status = Status(0x019);
+    /// Keep alive timeout invalid.
+    pub const KEEP_ALIVE_INVALID: Status = Status(0x01a);
+    /// Transient transport error (a data digest mismatch, NVMe/TCP 7.4.6.1).
+    pub const TRANSIENT_TRANSPORT_ERROR: Status = Status(0x022);
+    /// LBA out of range.
+    pub const LBA_OUT_OF_RANGE: Status = Status(0x080);
+    /// Capacity exceeded.
+    pub const CAPACITY_EXCEEDED: Status = Status(0x081);
+    /// Namespace not ready.
+    pub const NAMESPACE_NOT_READY: Status = Status(0x082);
+
+    /// Command specific: invalid queue identifier.
+    pub const INVALID_QUEUE_ID: Status = Status(0x101);
+    /// Command specific: invalid queue size.
+    pub const INVALID_QUEUE_SIZE: Status = Status(0x102);
+    /// Command specific: asynchronous event request limit exceeded.
+    pub const ASYNC_EVENT_LIMIT: Status = Status(0x105);
+    /// Command specific: invalid log page.
+    pub const INVALID_LOG_PAGE: Status = Status(0x109);
+    /// Command specific: feature identifier not saveable.
+    pub const FEATURE_NOT_SAVEABLE: Status = Status(0x10d);
+    /// Command specific: feature not changeable.
+    pub const FEATURE_NOT_CHANGEABLE: Status = Status(0x10e);
+    /// Fabrics Connect: incompatible format.
+    pub const CONNECT_INCOMPATIBLE_FORMAT: Status = Status(0x180);
+    /// Fabrics Connect: controller busy.
+    pub const CONNECT_CONTROLLER_BUSY: Status = Status(0x181);
+    /// Fabrics Connect: connect invalid parameters.
+    pub const CONNECT_INVALID_PARAMETERS: Status = Status(0x182);
+    /// Fabrics Connect: invalid host.
+    pub const CONNECT_INVALID_HOST: Status = Status(0x184);
+    /// NVM command set specific: attempted write to a read-only range.
+    pub const WRITE_TO_READ_ONLY: Status = Status(0x182);
+    /// Media error: write fault.
+    pub const WRITE_FAULT: Status = Status(0x280);
+    /// Media error: unrecovered read error.
+    pub const UNRECOVERED_READ: Status = Status(0x281);
+    /// Media error: compare failure.
+    pub const COMPARE_FAILURE: Status = Status(0x285);
+
+    /// Do Not Retry bit.
+    pub const DNR_BIT: u16 = 0x4000;
+
+    /// This status with Do Not Retry set.
+    #[must_use]
+    pub const fn dnr(self) -> Status {
+        Status(self.0 | Self::DNR_BIT)
+    }
+
+    /// True for a successful completion.
+    pub fn is_success(self) -> bool {
+        self.0 & 0x7ff == 0
+    }
+
+    /// Status code type (bits 10:8).
+    pub fn sct(self) -> u8 {
+        ((self.0 >> 8) & 0x7) as u8
+    }
+
+    /// Status code (bits 7:0).
+    pub fn sc(self) -> u8 {
+        (self.0 & 0xff) as u8
+    }
+}
+
+impl core::fmt::Display for Status {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        write!(f, "sct {:#x} sc {:#04x}{}", self.sct(), self.sc(), if self.0 & Self::DNR_BIT != 0 { " dnr" } else { "" })
+    }
+}

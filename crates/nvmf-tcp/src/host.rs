@@ -1,0 +1,268 @@
+//! The host (initiator) side of one NVMe/TCP connection.
+//!
+//! Used by `crates/initiator` and the benchmark. The driver submits
+//! commands with [`HostConnection::submit`]; write data goes in-capsule when
+//! it fits, otherwise it is held until the controller's R2T asks for it.
+//! Completions come back from [`HostConnection::poll_completion`] with any
+//! read data.
+
+use crate::error::{Fatal, Fes};
+use crate::pdu::{self, dgst, flags, offset, CapsuleCmd, CapsuleResp, DataHeader, Framing, IcReq, IcResp, PduType, R2t, TermReq};
+use nvme_spec::{Cqe, Sgl, Sqe, Status};
+use std::collections::{HashMap, VecDeque};
+use zerocopy::{FromBytes, IntoBytes};
+
+/// What the host asks for in its ICReq.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct HostConfig {
+    /// Request header digests.
+    pub header_digest: bool,
+    /// Request data digests.
+    pub data_digest: bool,
+    /// Largest in-capsule write data to send on this queue (the controller's
+    /// IOCCSZ minus the SQE; 8 KiB on admin queues).
+    pub max_in_capsule: u32,
+}
+
+/// A completed command.
+#[derive(Debug)]
+pub struct Completion {
+    /// The completion entry.
+    pub cqe: Cqe,
+    /// Read data received for the command.
+    pub data: Vec<u8>,
+}
+
+struct Pending {
+    write_data: Vec<u8>,
+    read_data: Vec<u8>,
+}
+
+/// Host side of one NVMe/TCP connection.
+pub struct HostConnection {
+    cfg: HostConfig,
+    ready: bool,
+    terminated: bool,
+    rx_framing: Framing,
+    tx_framing: Framing,
+    max_h2c_data: u32,
+    rx: Vec<u8>,
+    rx_start: usize,
+    tx: Vec<u8>,
+    pending: HashMap<u16, Pending>,
+    completions: VecDeque<Completion>,
+}
+
+impl HostConnection {
+    /// A connection that has queued its ICReq.
+    pub fn new(cfg: HostConfig) -> Self {
+        let mut c = HostConnection {
+            cfg,
+            ready: false,
+            terminated: false,
+            rx_framing: Framing { hdgst: false, ddgst: false, data_align: 4 },
+            tx_framing: Framing { hdgst: false, ddgst: false, data_align: 4 },
+            max_h2c_data: 4096,
+            rx: Vec::new(),
+            rx_start: 0,
+            tx: Vec::new(),
+            pending: HashMap::new(),
+            completions: VecDeque::new(),
+        };
+        let mut d = 0;
+        if cfg.header_digest {
+            d |= dgst::HEADER;
+        }
+        if cfg.data_digest {
+            d |= dgst::DATA;
+        }
+        let req = IcReq { ch: pdu::common_header(PduType::IC_REQ, 0), pfv: 0.into(), hpda: 0, dgst: d, maxr2t: 0.into(), rsvd: [0; 112] };
+        pdu::encode(&mut c.tx, req.as_bytes(), &[], c.tx_framing);
+        c
+    }
+
+    /// Whether ICResp arrived.
+    pub fn is_ready(&self) -> bool {
+        self.ready
+    }
+
+    /// Whether the controller terminated the connection.
+    pub fn is_terminated(&self) -> bool {
+        self.terminated
+    }
+
+    /// Commands submitted and not yet completed.
+    pub fn outstanding(&self) -> usize {
+        self.pending.len()
+    }
+
+    /// Submits a command. `write` is the command's host-to-controller data;
+    /// `read_len` the bytes it expects back. The SGL is filled in here.
+    pub fn submit(&mut self, mut sqe: Sqe, write: Vec<u8>, read_len: u32) {
+        let cid = sqe.cid.get();
+        let in_capsule = !write.is_empty() && write.len() <= self.cfg.max_in_capsule as usize;
+        let data_len = if write.is_empty() { read_len } else { u32::try_from(write.len()).unwrap_or(u32::MAX) };
+        sqe.dptr = if in_capsule { Sgl::in_capsule(data_len) } else { Sgl::transport(data_len) };
+        let cmd = CapsuleCmd { ch: pdu::common_header(PduType::CAPSULE_CMD, 0), sqe };
+        if in_capsule {
+            pdu::encode(&mut self.tx, cmd.as_bytes(), &write, self.tx_framing);
+            self.pending.insert(cid, Pending { write_data: Vec::new(), read_data: Vec::new() });
+        } else {
+            pdu::encode(&mut self.tx, cmd.as_bytes(), &[], self.tx_framing);
+            self.pending.insert(cid, Pending { write_data: write, read_data: Vec::with_capacity(read_len as usize) });
+        }
+    }
+
+    /// Feeds received bytes.
+    pub fn handle_input(&mut self, bytes: &[u8]) -> Result<(), Fatal> {
+        if self.terminated {
+            return Ok(());
+        }
+        self.rx.extend_from_slice(bytes);
+        loop {
+            let buf = self.rx.get(self.rx_start..).unwrap_or_default();
+            let ready = self.ready;
+            let frame = match pdu::deframe(buf, self.rx_framing, |t| match (ready, t) {
+                (false, PduType::IC_RESP) => Some(0),
+                (true, PduType::CAPSULE_RESP | PduType::R2T) => Some(0),
+                (true, PduType::C2H_DATA) => Some(u32::MAX),
+                (_, PduType::C2H_TERM_REQ) => Some(pdu::TERM_REQ_MAX_DATA as u32),
+                _ => None,
+            }) {
+                None => break,
+                Some(Err(e)) => {
+                    self.terminated = true;
+                    return Err(e);
+                }
+                Some(Ok(f)) => f,
+            };
+            let len = frame.len;
+            let header = frame.header.to_vec();
+            let data = frame.data.to_vec();
+            let (pdu_type, data_ok, ch_flags) = (frame.pdu_type, frame.data_digest_ok, frame.ch.flags);
+            self.rx_start = self.rx_start.saturating_add(len);
+            match pdu_type {
+                PduType::IC_RESP => self.on_ic_resp(&header)?,
+                PduType::CAPSULE_RESP => {
+                    if let Ok(r) = CapsuleResp::read_from_bytes(&header) {
+                        self.complete(r.cqe);
+                    }
+                }
+                PduType::C2H_DATA => self.on_c2h_data(&header, &data, data_ok, ch_flags)?,
+                PduType::R2T => self.on_r2t(&header)?,
+                PduType::C2H_TERM_REQ => {
+                    self.terminated = true;
+                    let t = TermReq::read_from_bytes(&header).ok();
+                    return Err(Fatal::new(
+                        Fes(t.map(|t| t.fes.get()).unwrap_or(0)),
+                        t.map(|t| t.fei.get()).unwrap_or(0),
+                        "controller sent C2HTermReq",
+                    ));
+                }
+                _ => {}
+            }
+        }
+        if self.rx_start == self.rx.len() {
+            self.rx.clear();
+            self.rx_start = 0;
+        }
+        Ok(())
+    }
+
+    fn on_ic_resp(&mut self, header: &[u8]) -> Result<(), Fatal> {
+        let resp = IcResp::read_from_bytes(header).map_err(|_| Fatal::new(Fes::INVALID_HEADER_FIELD, offset::HLEN, "ICResp truncated"))?;
+        if resp.pfv.get() != 0 {
+            return Err(Fatal::new(Fes::UNSUPPORTED_PARAMETER, offset::PFV, format!("ICResp pfv {}", resp.pfv.get())));
+        }
+        let hdgst = resp.dgst & dgst::HEADER != 0;
+        let ddgst = resp.dgst & dgst::DATA != 0;
+        self.rx_framing = Framing { hdgst, ddgst, data_align: 4 };
+        self.tx_framing = Framing { hdgst, ddgst, data_align: (u32::from(resp.cpda) + 1) * 4 };
+        self.max_h2c_data = resp.maxh2cdata.get().max(4096);
+        self.ready = true;
+        Ok(())
+    }
+
+    fn complete(&mut self, cqe: Cqe) {
+        let cid = cqe.cid.get();
+        let data = self.pending.remove(&cid).map(|p| p.read_data).unwrap_or_default();
+        self.completions.push_back(Completion { cqe, data });
+    }
+
+    fn on_c2h_data(&mut self, header: &[u8], data: &[u8], data_ok: bool, ch_flags: u8) -> Result<(), Fatal> {
+        let h = DataHeader::read_from_bytes(header).map_err(|_| Fatal::new(Fes::INVALID_HEADER_FIELD, offset::HLEN, "C2HData truncated"))?;
+        let cid = h.cccid.get();
+        let Some(p) = self.pending.get_mut(&cid) else {
+            return Err(Fatal::new(Fes::INVALID_HEADER_FIELD, offset::CCCID, format!("C2HData for unknown cid {cid}")));
+        };
+        if h.datao.get() as usize != p.read_data.len() {
+            return Err(Fatal::new(Fes::DATA_OUT_OF_RANGE, offset::DATAO, format!("C2HData datao {} (expected {})", h.datao.get(), p.read_data.len())));
+        }
+        p.read_data.extend_from_slice(data);
+        if ch_flags & flags::SUCCESS != 0 {
+            let status = if data_ok { Status::SUCCESS } else { Status::TRANSIENT_TRANSPORT_ERROR };
+            self.complete(Cqe::new(cid, status, 0));
+        } else if !data_ok {
+            // Remember the digest failure by failing the completion later.
+            p.read_data.clear();
+        }
+        Ok(())
+    }
+
+    fn on_r2t(&mut self, header: &[u8]) -> Result<(), Fatal> {
+        let r = R2t::read_from_bytes(header).map_err(|_| Fatal::new(Fes::INVALID_HEADER_FIELD, offset::HLEN, "R2T truncated"))?;
+        let cid = r.cccid.get();
+        let Some(p) = self.pending.get(&cid) else {
+            return Err(Fatal::new(Fes::INVALID_HEADER_FIELD, offset::CCCID, format!("R2T for unknown cid {cid}")));
+        };
+        let start = r.r2to.get() as usize;
+        let end = start.saturating_add(r.r2tl.get() as usize);
+        let Some(data) = p.write_data.get(start..end) else {
+            return Err(Fatal::new(Fes::DATA_OUT_OF_RANGE, offset::DATAO, format!("R2T {start}..{end} beyond {} bytes", p.write_data.len())));
+        };
+        let chunk_max = self.max_h2c_data as usize;
+        let mut off = start;
+        let mut out = Vec::new();
+        for chunk in data.chunks(chunk_max) {
+            let last = off.saturating_add(chunk.len()) == end;
+            let h = DataHeader {
+                ch: pdu::common_header(PduType::H2C_DATA, if last { flags::LAST_PDU } else { 0 }),
+                cccid: cid.into(),
+                ttag: r.ttag,
+                datao: u32::try_from(off).unwrap_or(u32::MAX).into(),
+                datal: u32::try_from(chunk.len()).unwrap_or(u32::MAX).into(),
+                rsvd: [0; 4],
+            };
+            pdu::encode(&mut out, h.as_bytes(), chunk, self.tx_framing);
+            off = off.saturating_add(chunk.len());
+        }
+        self.tx.append(&mut out);
+        Ok(())
+    }
+
+    /// The next completion, if any.
+    pub fn poll_completion(&mut self) -> Option<Completion> {
+        self.completions.pop_front()
+    }
+
+    /// Whether bytes wait to be sent.
+    pub fn has_transmit(&self) -> bool {
+        !self.tx.is_empty()
+    }
+
+    /// Moves every byte waiting to be sent to the end of `out`.
+    pub fn take_transmit(&mut self, out: &mut Vec<u8>) {
+        out.append(&mut self.tx);
+    }
+
+    /// Appends raw bytes to the transmit buffer (tests use this to send
+    /// malformed PDUs).
+    pub fn send_raw(&mut self, bytes: &[u8]) {
+        self.tx.extend_from_slice(bytes);
+    }
+
+    /// The framing the host sends with (for tests building raw PDUs).
+    pub fn tx_framing(&self) -> Framing {
+        self.tx_framing
+    }
+}

@@ -1,0 +1,461 @@
+//! The controller (target) side of one NVMe/TCP connection.
+//!
+//! States are named for what they wait for: [`State::AwaitIcReq`] until the
+//! host's ICReq, then [`State::Ready`]; a fatal error queues a C2HTermReq
+//! and moves to [`State::Terminated`], after which input is ignored and the
+//! driver closes the socket once the transmit buffer is flushed.
+//!
+//! The connection knows nothing of NVMe-oF semantics: it hands command
+//! capsules up as [`Event::Command`], solicits write data when asked
+//! ([`TargetConnection::request_data`]), and frames read data and
+//! completions.
+
+use crate::buffer::DataBuffer;
+use crate::error::{Fatal, Fes};
+use crate::pdu::{self, dgst, flags, offset, CapsuleCmd, CapsuleResp, DataHeader, Framing, IcReq, IcResp, PduType, R2t, TermReq};
+use nvme_spec::{Cqe, Sgl, Sqe};
+use std::collections::VecDeque;
+use zerocopy::{FromBytes, IntoBytes};
+
+/// Limits the target advertises and enforces.
+#[derive(Clone, Copy, Debug)]
+pub struct TargetConfig {
+    /// MAXH2CDATA: most data bytes in one H2CData PDU (at least 4096).
+    pub max_h2c_data: u32,
+    /// Most in-capsule data bytes accepted on any queue of this connection.
+    pub max_in_capsule: u32,
+    /// Most bytes one command may transfer (MDTS in bytes).
+    pub max_transfer: u32,
+    /// CPDA we ask of the host: data offsets aligned to (CPDA+1)*4 bytes.
+    pub cpda: u8,
+}
+
+impl Default for TargetConfig {
+    fn default() -> Self {
+        TargetConfig { max_h2c_data: 128 * 1024, max_in_capsule: 8192, max_transfer: 1024 * 1024, cpda: 0 }
+    }
+}
+
+/// What the connection waits for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum State {
+    /// The host's ICReq.
+    AwaitIcReq,
+    /// Capsules and data.
+    Ready,
+    /// A terminate request was sent or received; the connection is over.
+    Terminated,
+}
+
+/// Something the NVMe-oF layer must act on.
+#[derive(Debug)]
+pub enum Event<B> {
+    /// A command capsule; `data` is its in-capsule data when it has some.
+    Command {
+        /// The submission queue entry.
+        sqe: Sqe,
+        /// In-capsule data.
+        data: Option<B>,
+    },
+    /// All data solicited for `cid` has arrived.
+    Data {
+        /// Command identifier.
+        cid: u16,
+        /// The command's data.
+        data: B,
+    },
+    /// Data for `cid` failed its data digest; complete the command with
+    /// Transient Transport Error (TP 8000 section 7.4.6.1).
+    DataDigestError {
+        /// Command identifier.
+        cid: u16,
+    },
+    /// The host sent H2CTermReq; close after flushing.
+    HostTerminated {
+        /// The host's fatal error status.
+        fes: u16,
+    },
+}
+
+struct Transfer<B> {
+    cid: u16,
+    buf: B,
+    len: u32,
+    received: u32,
+    digest_failed: bool,
+}
+
+/// Target side of one NVMe/TCP connection.
+pub struct TargetConnection<B> {
+    cfg: TargetConfig,
+    state: State,
+    rx_framing: Framing,
+    tx_framing: Framing,
+    rx: Vec<u8>,
+    rx_start: usize,
+    events: VecDeque<Event<B>>,
+    tx: Vec<u8>,
+    transfers: Vec<Option<Transfer<B>>>,
+    free_ttags: Vec<u16>,
+    sqhd: u16,
+    sq_entries: u16,
+    sqid: u16,
+    sq_flow_disabled: bool,
+}
+
+impl<B: DataBuffer> TargetConnection<B> {
+    /// A connection waiting for the host's ICReq.
+    pub fn new(cfg: TargetConfig) -> Self {
+        let align = (u32::from(cfg.cpda) + 1) * 4;
+        TargetConnection {
+            cfg,
+            state: State::AwaitIcReq,
+            rx_framing: Framing { hdgst: false, ddgst: false, data_align: align },
+            tx_framing: Framing { hdgst: false, ddgst: false, data_align: 4 },
+            rx: Vec::new(),
+            rx_start: 0,
+            events: VecDeque::new(),
+            tx: Vec::new(),
+            transfers: Vec::new(),
+            free_ttags: Vec::new(),
+            sqhd: 0,
+            sq_entries: 32,
+            sqid: 0,
+            sq_flow_disabled: false,
+        }
+    }
+
+    /// The current state.
+    pub fn state(&self) -> State {
+        self.state
+    }
+
+    /// Whether header and data digests were negotiated.
+    pub fn digests(&self) -> (bool, bool) {
+        (self.rx_framing.hdgst, self.rx_framing.ddgst)
+    }
+
+    /// Records the queue this connection carries once Connect succeeded:
+    /// its ID, its size (SQSIZE is 0-based) and whether the host disabled SQ
+    /// flow control.
+    pub fn set_queue(&mut self, sqid: u16, sqsize: u16, sq_flow_disabled: bool) {
+        self.sqid = sqid;
+        self.sq_entries = sqsize.saturating_add(1);
+        self.sq_flow_disabled = sq_flow_disabled;
+    }
+
+    /// Feeds received bytes. On a fatal error the connection queues a
+    /// C2HTermReq, moves to [`State::Terminated`] and returns the error for
+    /// the log; later input is ignored.
+    pub fn handle_input(&mut self, bytes: &[u8]) -> Result<(), Fatal> {
+        if self.state == State::Terminated {
+            return Ok(());
+        }
+        self.rx.extend_from_slice(bytes);
+        let result = self.process_rx();
+        if let Err(e) = &result {
+            self.terminate(e);
+        }
+        result
+    }
+
+    fn process_rx(&mut self) -> Result<(), Fatal> {
+        loop {
+            if self.state == State::Terminated {
+                break;
+            }
+            let buf = self.rx.get(self.rx_start..).unwrap_or_default();
+            let cfg = self.cfg;
+            let state = self.state;
+            let max_data = move |t: PduType| -> Option<u32> {
+                match (state, t) {
+                    (State::AwaitIcReq, PduType::IC_REQ) => Some(0),
+                    (State::Ready, PduType::CAPSULE_CMD) => Some(cfg.max_in_capsule),
+                    (State::Ready, PduType::H2C_DATA) => Some(cfg.max_h2c_data),
+                    (_, PduType::H2C_TERM_REQ) => Some(pdu::TERM_REQ_MAX_DATA as u32),
+                    _ => None,
+                }
+            };
+            let frame = match pdu::deframe(buf, self.rx_framing, max_data) {
+                None => break,
+                Some(Err(mut e)) => {
+                    if state == State::AwaitIcReq && e.fes == Fes::INVALID_HEADER_FIELD && e.fei == offset::PDU_TYPE {
+                        e.fes = Fes::PDU_SEQUENCE_ERROR;
+                        e.reason = format!("{} before ICReq", e.reason);
+                    }
+                    return Err(e);
+                }
+                Some(Ok(f)) => f,
+            };
+            let len = frame.len;
+            let header = frame.header.to_vec();
+            let (pdu_type, data_ok, ch_flags) = (frame.pdu_type, frame.data_digest_ok, frame.ch.flags);
+            let data_range = {
+                let base = buf.as_ptr() as usize;
+                let start = (frame.data.as_ptr() as usize).saturating_sub(base);
+                start..start.saturating_add(frame.data.len())
+            };
+            let abs = self.rx_start.saturating_add(data_range.start)..self.rx_start.saturating_add(data_range.end);
+            self.rx_start = self.rx_start.saturating_add(len);
+            match pdu_type {
+                PduType::IC_REQ => self.on_ic_req(&header)?,
+                PduType::CAPSULE_CMD => self.on_capsule(&header, abs, data_ok)?,
+                PduType::H2C_DATA => self.on_h2c_data(&header, abs, data_ok, ch_flags)?,
+                PduType::H2C_TERM_REQ => {
+                    let fes = TermReq::read_from_bytes(&header).map(|t| t.fes.get()).unwrap_or(0);
+                    self.events.push_back(Event::HostTerminated { fes });
+                    self.state = State::Terminated;
+                }
+                _ => {}
+            }
+        }
+        // Compact: drop consumed bytes once they dominate the buffer.
+        if self.rx_start == self.rx.len() {
+            self.rx.clear();
+            self.rx_start = 0;
+        } else if self.rx_start > 64 * 1024 {
+            self.rx.drain(..self.rx_start);
+            self.rx_start = 0;
+        }
+        Ok(())
+    }
+
+    fn on_ic_req(&mut self, header: &[u8]) -> Result<(), Fatal> {
+        let Ok(req) = IcReq::read_from_bytes(header) else {
+            return Err(Fatal::new(Fes::INVALID_HEADER_FIELD, offset::HLEN, "ICReq header truncated"));
+        };
+        let unsupported = |fei: u32, reason: String| Fatal {
+            fes: Fes::UNSUPPORTED_PARAMETER,
+            fei,
+            reason,
+            header: header.to_vec(),
+        };
+        if req.pfv.get() != 0 {
+            return Err(unsupported(offset::PFV, format!("ICReq pfv {} unsupported (expected 0)", req.pfv.get())));
+        }
+        if req.hpda > 31 {
+            return Err(unsupported(offset::HPDA, format!("ICReq hpda {} out of range (0..=31)", req.hpda)));
+        }
+        if req.dgst & !(dgst::HEADER | dgst::DATA) != 0 {
+            return Err(unsupported(offset::DGST, format!("ICReq dgst {:#04x} has reserved bits", req.dgst)));
+        }
+        let resp = IcResp {
+            ch: pdu::common_header(PduType::IC_RESP, 0),
+            pfv: 0.into(),
+            cpda: self.cfg.cpda,
+            dgst: req.dgst,
+            maxh2cdata: self.cfg.max_h2c_data.into(),
+            rsvd: [0; 112],
+        };
+        pdu::encode(&mut self.tx, resp.as_bytes(), &[], self.tx_framing);
+        let hdgst = req.dgst & dgst::HEADER != 0;
+        let ddgst = req.dgst & dgst::DATA != 0;
+        self.rx_framing.hdgst = hdgst;
+        self.rx_framing.ddgst = ddgst;
+        self.tx_framing = Framing { hdgst, ddgst, data_align: (u32::from(req.hpda) + 1) * 4 };
+        self.state = State::Ready;
+        Ok(())
+    }
+
+    fn on_capsule(&mut self, header: &[u8], data: std::ops::Range<usize>, data_ok: bool) -> Result<(), Fatal> {
+        let Ok(cmd) = CapsuleCmd::read_from_bytes(header) else {
+            return Err(Fatal::new(Fes::INVALID_HEADER_FIELD, offset::HLEN, "capsule header truncated"));
+        };
+        self.sqhd = self.sqhd.wrapping_add(1) % self.sq_entries.max(1);
+        let cid = cmd.sqe.cid.get();
+        if data.is_empty() {
+            self.events.push_back(Event::Command { sqe: cmd.sqe, data: None });
+            return Ok(());
+        }
+        if !data_ok {
+            self.events.push_back(Event::DataDigestError { cid });
+            return Ok(());
+        }
+        let bytes = self.rx.get(data).unwrap_or_default();
+        let mut buf = B::alloc(bytes.len());
+        buf.as_mut().copy_from_slice(bytes);
+        self.events.push_back(Event::Command { sqe: cmd.sqe, data: Some(buf) });
+        Ok(())
+    }
+
+    fn on_h2c_data(&mut self, header: &[u8], data: std::ops::Range<usize>, data_ok: bool, ch_flags: u8) -> Result<(), Fatal> {
+        let Ok(h) = DataHeader::read_from_bytes(header) else {
+            return Err(Fatal::new(Fes::INVALID_HEADER_FIELD, offset::HLEN, "H2CData header truncated"));
+        };
+        let fatal = |fes: Fes, fei: u32, reason: String| Fatal { fes, fei, reason, header: header.to_vec() };
+        let ttag = h.ttag.get();
+        let Some(t) = self.transfers.get_mut(usize::from(ttag)).and_then(Option::as_mut) else {
+            return Err(fatal(Fes::INVALID_HEADER_FIELD, offset::TTAG, format!("H2CData ttag {ttag} matches no outstanding R2T")));
+        };
+        if h.cccid.get() != t.cid {
+            return Err(fatal(Fes::INVALID_HEADER_FIELD, offset::CCCID, format!("H2CData cccid {} (R2T ttag {ttag} belongs to cid {})", h.cccid.get(), t.cid)));
+        }
+        let (datao, datal) = (h.datao.get(), h.datal.get());
+        if datao != t.received {
+            return Err(fatal(Fes::DATA_OUT_OF_RANGE, offset::DATAO, format!("H2CData datao {datao} (expected {} for cid {})", t.received, t.cid)));
+        }
+        let end = datao.checked_add(datal);
+        if end.is_none_or(|end| end > t.len) {
+            return Err(fatal(Fes::DATA_OUT_OF_RANGE, offset::DATAL, format!("H2CData datao {datao} datal {datal} outside the R2T of {} bytes", t.len)));
+        }
+        if usize::try_from(datal).ok() != Some(data.len()) {
+            return Err(fatal(Fes::INVALID_HEADER_FIELD, offset::DATAL, format!("H2CData datal {datal} but the PDU carries {} bytes", data.len())));
+        }
+        let src = self.rx.get(data).unwrap_or_default();
+        let dst_start = datao as usize;
+        if let Some(dst) = t.buf.as_mut().get_mut(dst_start..dst_start.saturating_add(src.len())) {
+            dst.copy_from_slice(src);
+        }
+        t.received = end.unwrap_or(t.len);
+        t.digest_failed |= !data_ok;
+        let last = ch_flags & flags::LAST_PDU != 0;
+        if t.received == t.len {
+            if !last {
+                return Err(fatal(Fes::INVALID_HEADER_FIELD, offset::FLAGS, format!("H2CData completing cid {} lacks LAST_PDU", t.cid)));
+            }
+            if let Some(done) = self.transfers.get_mut(usize::from(ttag)).and_then(Option::take) {
+                self.free_ttags.push(ttag);
+                self.events.push_back(if done.digest_failed {
+                    Event::DataDigestError { cid: done.cid }
+                } else {
+                    Event::Data { cid: done.cid, data: done.buf }
+                });
+            }
+        } else if last {
+            return Err(fatal(Fes::INVALID_HEADER_FIELD, offset::FLAGS, format!("H2CData LAST_PDU at {} of {} bytes", t.received, t.len)));
+        }
+        Ok(())
+    }
+
+    /// Solicits `len` bytes of write data for command `cid` with an R2T.
+    /// The data arrives as [`Event::Data`]. One R2T covers the whole
+    /// transfer, which honours any MAXR2T the host set (at least one).
+    pub fn request_data(&mut self, cid: u16, len: u32) {
+        let ttag = match self.free_ttags.pop() {
+            Some(t) => t,
+            None => {
+                let t = u16::try_from(self.transfers.len()).unwrap_or(u16::MAX);
+                self.transfers.push(None);
+                t
+            }
+        };
+        if let Some(slot) = self.transfers.get_mut(usize::from(ttag)) {
+            *slot = Some(Transfer { cid, buf: B::alloc(len as usize), len, received: 0, digest_failed: false });
+        }
+        let r2t = R2t {
+            ch: pdu::common_header(PduType::R2T, 0),
+            cccid: cid.into(),
+            ttag: ttag.into(),
+            r2to: 0.into(),
+            r2tl: len.into(),
+            rsvd: [0; 4],
+        };
+        pdu::encode(&mut self.tx, r2t.as_bytes(), &[], self.tx_framing);
+    }
+
+    /// Sends read data for `cid` followed by its completion. With SQ flow
+    /// control disabled and a successful status, the last C2HData carries
+    /// SUCCESS and no response capsule follows (TP 8000 section 7.4.5.2).
+    pub fn send_data(&mut self, cid: u16, data: &[u8], cqe: Cqe) {
+        let success_flag = self.sq_flow_disabled && cqe.status().is_success();
+        let max = self.cfg.max_transfer.max(4096) as usize;
+        let mut offset = 0usize;
+        let total = data.len();
+        for chunk in data.chunks(max) {
+            let last = offset.saturating_add(chunk.len()) == total;
+            let mut f = 0;
+            if last {
+                f |= flags::LAST_PDU;
+                if success_flag {
+                    f |= flags::SUCCESS;
+                }
+            }
+            let h = DataHeader {
+                ch: pdu::common_header(PduType::C2H_DATA, f),
+                cccid: cid.into(),
+                ttag: 0.into(),
+                datao: u32::try_from(offset).unwrap_or(u32::MAX).into(),
+                datal: u32::try_from(chunk.len()).unwrap_or(u32::MAX).into(),
+                rsvd: [0; 4],
+            };
+            pdu::encode(&mut self.tx, h.as_bytes(), chunk, self.tx_framing);
+            offset = offset.saturating_add(chunk.len());
+        }
+        if !success_flag {
+            self.send_response(cqe);
+        }
+    }
+
+    /// Sends a response capsule. SQHD and SQID are filled in here.
+    pub fn send_response(&mut self, mut cqe: Cqe) {
+        cqe.sqhd = if self.sq_flow_disabled { 0xffff } else { self.sqhd }.into();
+        cqe.sqid = self.sqid.into();
+        let resp = CapsuleResp { ch: pdu::common_header(PduType::CAPSULE_RESP, 0), cqe };
+        pdu::encode(&mut self.tx, resp.as_bytes(), &[], self.tx_framing);
+    }
+
+    /// Queues a C2HTermReq for `e` and stops the connection.
+    pub fn terminate(&mut self, e: &Fatal) {
+        if self.state == State::Terminated {
+            return;
+        }
+        let t = TermReq {
+            ch: pdu::common_header(PduType::C2H_TERM_REQ, 0),
+            fes: e.fes.0.into(),
+            fei: e.fei.into(),
+            rsvd: [0; 10],
+        };
+        pdu::encode(&mut self.tx, t.as_bytes(), &e.header, self.tx_framing);
+        self.state = State::Terminated;
+    }
+
+    /// The next event, if any.
+    pub fn poll_event(&mut self) -> Option<Event<B>> {
+        self.events.pop_front()
+    }
+
+    /// Whether bytes wait to be sent.
+    pub fn has_transmit(&self) -> bool {
+        !self.tx.is_empty()
+    }
+
+    /// Moves every byte waiting to be sent to the end of `out`.
+    pub fn take_transmit(&mut self, out: &mut Vec<u8>) {
+        if out.is_empty() {
+            std::mem::swap(out, &mut self.tx);
+        } else {
+            out.append(&mut self.tx);
+        }
+    }
+
+    /// The SGL check for a command's data: in-capsule data must be described
+    /// by an offset data block descriptor of the same length at offset 0,
+    /// other data by a transport data block descriptor. Returns the transfer
+    /// length in bytes or the status to complete with.
+    pub fn check_sgl(&self, sqe: &Sqe, in_capsule_len: Option<usize>) -> Result<u32, nvme_spec::Status> {
+        use nvme_spec::Status;
+        let sgl: Sgl = sqe.dptr;
+        let len = sgl.length.get();
+        match (in_capsule_len, sgl.desc_type(), sgl.subtype()) {
+            (Some(n), Sgl::TYPE_DATA_BLOCK, Sgl::SUBTYPE_OFFSET) => {
+                if sgl.addr.get() != 0 {
+                    Err(Status::SGL_OFFSET_INVALID.dnr())
+                } else if usize::try_from(len).ok() != Some(n) {
+                    Err(Status::SGL_DATA_LENGTH_INVALID.dnr())
+                } else {
+                    Ok(len)
+                }
+            }
+            (None, Sgl::TYPE_TRANSPORT_DATA_BLOCK, Sgl::SUBTYPE_TRANSPORT) => {
+                if len > self.cfg.max_transfer {
+                    Err(Status::SGL_DATA_LENGTH_INVALID.dnr())
+                } else {
+                    Ok(len)
+                }
+            }
+            (None, Sgl::TYPE_DATA_BLOCK, Sgl::SUBTYPE_OFFSET) if len == 0 => Ok(0),
+            (Some(_), _, _) => Err(Status::SGL_DESCRIPTOR_TYPE_INVALID.dnr()),
+            _ => Err(Status::SGL_DESCRIPTOR_TYPE_INVALID.dnr()),
+        }
+    }
+}

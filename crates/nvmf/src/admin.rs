@@ -1,0 +1,168 @@
+//! Admin commands of I/O and discovery controllers.
+
+use crate::controller::Controller;
+use crate::queue::{Outcome, Queue};
+use crate::{identify, logpage};
+use nvme_spec::log::GetLogPage;
+use nvme_spec::opcode::{Admin, Cns, FeatureId, LogId};
+use nvme_spec::{Cqe, Sqe, Status};
+use std::sync::Arc;
+
+/// Outstanding Asynchronous Event Requests allowed (AERL + 1).
+pub(crate) const AER_LIMIT: usize = 4;
+
+impl Queue {
+    pub(crate) fn admin<B: AsRef<[u8]>>(&mut self, ctrl: &Arc<Controller>, sqe: &Sqe, data: Option<B>) -> Outcome<B> {
+        let cid = sqe.cid.get();
+        let Some(subsys) = ctrl.subsystem() else {
+            return Outcome::status(cid, Status::INTERNAL);
+        };
+        let discovery = subsys.discovery;
+        match Admin(sqe.opcode) {
+            Admin::IDENTIFY => {
+                let cns = Cns((sqe.cdw10.get() & 0xff) as u8);
+                let csi = (sqe.cdw11.get() >> 24) as u8;
+                let page = if discovery && cns != Cns::CONTROLLER {
+                    Err(Status::INVALID_FIELD.dnr())
+                } else {
+                    identify::build(&self.target, &subsys, ctrl, cns, sqe.nsid.get(), csi)
+                };
+                match page {
+                    Ok(p) => self.host_data(cid, sqe, p),
+                    Err(s) => {
+                        log::debug!("{}: Identify CNS {:#04x} nsid {}: {s}", self.peer, cns.0, sqe.nsid.get());
+                        Outcome::status(cid, s)
+                    }
+                }
+            }
+            Admin::GET_LOG_PAGE => {
+                let glp = GetLogPage::from_sqe(sqe);
+                let page = if discovery && glp.lid != LogId::DISCOVERY.0 {
+                    Err(Status::INVALID_LOG_PAGE.dnr())
+                } else {
+                    logpage::build(&self.target, &subsys, ctrl, glp, self.local)
+                };
+                match page {
+                    Ok(p) => self.host_data(cid, sqe, p),
+                    Err(s) => {
+                        log::debug!("{}: Get Log Page {:#04x}: {s}", self.peer, glp.lid);
+                        Outcome::status(cid, s)
+                    }
+                }
+            }
+            Admin::SET_FEATURES => self.set_features(ctrl, sqe, discovery),
+            Admin::GET_FEATURES => self.get_features(ctrl, sqe, discovery),
+            Admin::ASYNC_EVENT_REQUEST => {
+                if self.aers.len() >= AER_LIMIT {
+                    return Outcome::status(cid, Status::ASYNC_EVENT_LIMIT.dnr());
+                }
+                self.aers.push(cid);
+                Outcome::Deferred
+            }
+            Admin::KEEP_ALIVE => Outcome::status(cid, Status::SUCCESS),
+            Admin::ABORT if !discovery => {
+                // Commands here run to completion quickly; report "not
+                // aborted" (DW0 bit 0 set), which the spec always permits.
+                Outcome::Complete { cqe: Cqe::new(cid, Status::SUCCESS, 1), data: Vec::new() }
+            }
+            _ => {
+                drop(data);
+                log::debug!("{}: admin opcode {:#04x} unsupported", self.peer, sqe.opcode);
+                Outcome::status(cid, Status::INVALID_OPCODE.dnr())
+            }
+        }
+    }
+
+    /// Completes with controller-to-host data, truncated to what the SGL
+    /// describes.
+    fn host_data<B>(&self, cid: u16, sqe: &Sqe, mut page: Vec<u8>) -> Outcome<B> {
+        let len = sqe.dptr.length.get() as usize;
+        if len > self.target.settings.max_transfer as usize {
+            return Outcome::status(cid, Status::SGL_DATA_LENGTH_INVALID.dnr());
+        }
+        page.resize(len, 0);
+        Outcome::data(cid, page)
+    }
+
+    fn set_features<B>(&mut self, ctrl: &Controller, sqe: &Sqe, discovery: bool) -> Outcome<B> {
+        let cid = sqe.cid.get();
+        let cdw10 = sqe.cdw10.get();
+        let cdw11 = sqe.cdw11.get();
+        if cdw10 & (1 << 31) != 0 {
+            return Outcome::status(cid, Status::FEATURE_NOT_SAVEABLE.dnr());
+        }
+        let fid = FeatureId((cdw10 & 0xff) as u8);
+        let mut s = ctrl.lock();
+        let mut dw0 = 0;
+        match fid {
+            FeatureId::KEEP_ALIVE_TIMER => s.kato_ms = cdw11,
+            FeatureId::ASYNC_EVENT_CONFIG => s.aec = cdw11,
+            _ if discovery => return Outcome::status(cid, Status::INVALID_FIELD.dnr()),
+            FeatureId::NUMBER_OF_QUEUES => {
+                if (cdw11 & 0xffff) == 0xffff || (cdw11 >> 16) == 0xffff {
+                    return Outcome::status(cid, Status::INVALID_FIELD.dnr());
+                }
+                if !s.io_queues_connected.is_empty() {
+                    return Outcome::status(cid, Status::COMMAND_SEQUENCE_ERROR.dnr());
+                }
+                let max = self.target.settings.max_io_queues;
+                let nsq = ((cdw11 & 0xffff) as u16).saturating_add(1).min(max);
+                let ncq = ((cdw11 >> 16) as u16).saturating_add(1).min(max);
+                s.io_queues_granted = nsq.min(ncq);
+                dw0 = u32::from(nsq - 1) | (u32::from(ncq - 1) << 16);
+            }
+            FeatureId::VOLATILE_WRITE_CACHE => s.vwc_enabled = cdw11 & 1 != 0,
+            FeatureId::ARBITRATION => s.arbitration = cdw11,
+            FeatureId::POWER_MANAGEMENT => {
+                if cdw11 & 0x1f != 0 {
+                    return Outcome::status(cid, Status::INVALID_FIELD.dnr());
+                }
+                s.power_state = cdw11;
+            }
+            FeatureId::TEMPERATURE_THRESHOLD => s.temp_threshold = cdw11,
+            FeatureId::ERROR_RECOVERY => s.error_recovery = cdw11,
+            FeatureId::INTERRUPT_COALESCING => s.irq_coalescing = cdw11,
+            FeatureId::WRITE_ATOMICITY => s.write_atomicity = cdw11,
+            FeatureId::HOST_IDENTIFIER => return Outcome::status(cid, Status::COMMAND_SEQUENCE_ERROR.dnr()),
+            _ => return Outcome::status(cid, Status::INVALID_FIELD.dnr()),
+        }
+        Outcome::Complete { cqe: Cqe::new(cid, Status::SUCCESS, dw0), data: Vec::new() }
+    }
+
+    fn get_features<B>(&mut self, ctrl: &Controller, sqe: &Sqe, discovery: bool) -> Outcome<B> {
+        let cid = sqe.cid.get();
+        let fid = FeatureId((sqe.cdw10.get() & 0xff) as u8);
+        let sel = (sqe.cdw10.get() >> 8) & 0x7;
+        if sel == 3 {
+            // Supported capabilities: nothing is saveable or per-namespace,
+            // everything listed is changeable.
+            return Outcome::Complete { cqe: Cqe::new(cid, Status::SUCCESS, 0b100), data: Vec::new() };
+        }
+        let s = ctrl.lock();
+        let dw0 = match fid {
+            FeatureId::KEEP_ALIVE_TIMER => s.kato_ms,
+            FeatureId::ASYNC_EVENT_CONFIG => s.aec,
+            _ if discovery => return Outcome::status(cid, Status::INVALID_FIELD.dnr()),
+            FeatureId::NUMBER_OF_QUEUES => {
+                let n = u32::from(s.io_queues_granted.saturating_sub(1));
+                n | (n << 16)
+            }
+            FeatureId::VOLATILE_WRITE_CACHE => u32::from(s.vwc_enabled),
+            FeatureId::ARBITRATION => s.arbitration,
+            FeatureId::POWER_MANAGEMENT => s.power_state,
+            FeatureId::TEMPERATURE_THRESHOLD => s.temp_threshold,
+            FeatureId::ERROR_RECOVERY => s.error_recovery,
+            FeatureId::INTERRUPT_COALESCING => s.irq_coalescing,
+            FeatureId::WRITE_ATOMICITY => s.write_atomicity,
+            FeatureId::HOST_IDENTIFIER => {
+                if sqe.cdw11.get() & 1 == 0 {
+                    return Outcome::status(cid, Status::INVALID_FIELD.dnr());
+                }
+                drop(s);
+                return self.host_data(cid, sqe, ctrl.hostid.to_vec());
+            }
+            _ => return Outcome::status(cid, Status::INVALID_FIELD.dnr()),
+        };
+        Outcome::Complete { cqe: Cqe::new(cid, Status::SUCCESS, dw0), data: Vec::new() }
+    }
+}

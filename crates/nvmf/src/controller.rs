@@ -1,0 +1,143 @@
+//! A controller: the state a host creates with an admin-queue Connect and
+//! shares among its admin and I/O queues, which may live on different
+//! reactors. Touched only by control-path commands (properties, features,
+//! connects, events), never per I/O.
+
+use crate::model::Subsystem;
+use nvme_spec::regs::{csts, Cc};
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+
+/// Mutable controller state.
+#[derive(Debug, Default)]
+pub(crate) struct CtrlState {
+    pub cc: u32,
+    pub csts: u32,
+    pub kato_ms: u32,
+    pub io_queues_granted: u16,
+    pub io_queues_connected: Vec<u16>,
+    pub aec: u32,
+    pub arbitration: u32,
+    pub power_state: u32,
+    pub temp_threshold: u32,
+    pub error_recovery: u32,
+    pub irq_coalescing: u32,
+    pub write_atomicity: u32,
+    pub vwc_enabled: bool,
+    pub pending_aens: VecDeque<u32>,
+    pub changed_ns: Vec<u32>,
+    pub ns_aen_outstanding: bool,
+}
+
+/// One NVMe-oF controller.
+#[derive(Debug)]
+pub struct Controller {
+    /// Controller ID.
+    pub cntlid: u16,
+    /// Host NQN that created it.
+    pub hostnqn: String,
+    /// Host identifier from the Connect data.
+    pub hostid: [u8; 16],
+    pub(crate) subsystem: Weak<Subsystem>,
+    pub(crate) state: Mutex<CtrlState>,
+    last_keep_alive_ms: AtomicU64,
+    dead: AtomicBool,
+}
+
+impl Controller {
+    pub(crate) fn new(cntlid: u16, subsystem: &Arc<Subsystem>, hostnqn: &str, hostid: [u8; 16], kato_ms: u32, now_ms: u64) -> Self {
+        Controller {
+            cntlid,
+            hostnqn: hostnqn.to_string(),
+            hostid,
+            subsystem: Arc::downgrade(subsystem),
+            state: Mutex::new(CtrlState {
+                kato_ms,
+                vwc_enabled: true,
+                temp_threshold: 0x0157, // 343 K
+                ..Default::default()
+            }),
+            last_keep_alive_ms: AtomicU64::new(now_ms),
+            dead: AtomicBool::new(false),
+        }
+    }
+
+    pub(crate) fn lock(&self) -> std::sync::MutexGuard<'_, CtrlState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The subsystem, while it exists.
+    pub fn subsystem(&self) -> Option<Arc<Subsystem>> {
+        self.subsystem.upgrade()
+    }
+
+    /// True once the controller was torn down (keep-alive expiry, shutdown
+    /// of the admin queue); its I/O queues must close.
+    pub fn is_dead(&self) -> bool {
+        self.dead.load(Ordering::Acquire)
+    }
+
+    /// Tears the controller down and removes it from its subsystem.
+    pub fn kill(&self) {
+        if self.dead.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        if let Some(s) = self.subsystem() {
+            s.controllers.lock().unwrap_or_else(|e| e.into_inner()).remove(&self.cntlid);
+        }
+    }
+
+    /// Records host activity that restarts the keep-alive timer.
+    pub fn keep_alive(&self, now_ms: u64) {
+        self.last_keep_alive_ms.store(now_ms, Ordering::Relaxed);
+    }
+
+    /// The keep-alive timeout in milliseconds (0 = disabled).
+    pub fn kato_ms(&self) -> u32 {
+        self.lock().kato_ms
+    }
+
+    /// Whether the keep-alive timer expired at `now_ms`. Like nvmet, allow
+    /// the host one KATO of grace on top of its own interval.
+    pub fn keep_alive_expired(&self, now_ms: u64) -> bool {
+        let kato = u64::from(self.kato_ms());
+        kato != 0 && now_ms.saturating_sub(self.last_keep_alive_ms.load(Ordering::Relaxed)) > kato
+    }
+
+    /// Property Set of CC: enable, disable and shutdown.
+    pub(crate) fn set_cc(&self, value: u32) {
+        let mut s = self.lock();
+        let new = Cc(value);
+        let old = Cc(s.cc);
+        s.cc = value;
+        if new.en() && !old.en() {
+            s.csts = csts::RDY;
+        } else if !new.en() && old.en() {
+            s.csts = 0;
+        }
+        if new.shn() != 0 {
+            s.csts |= csts::SHST_COMPLETE;
+        } else {
+            s.csts &= !(csts::SHST_COMPLETE | csts::SHST_OCCURRING);
+        }
+    }
+
+    /// Whether CC.EN and CSTS.RDY are set.
+    pub fn enabled(&self) -> bool {
+        self.lock().csts & csts::RDY != 0
+    }
+
+    /// Queues a namespace-attribute-changed event if the host enabled it
+    /// (Asynchronous Event Configuration bit 8) and none is outstanding.
+    pub(crate) fn namespace_changed(&self, nsid: u32) {
+        let mut s = self.lock();
+        if !s.changed_ns.contains(&nsid) {
+            s.changed_ns.push(nsid);
+        }
+        if s.aec & (1 << 8) != 0 && !s.ns_aen_outstanding {
+            s.ns_aen_outstanding = true;
+            s.pending_aens.push_back(nvme_spec::log::AEN_NS_CHANGED);
+        }
+    }
+}

@@ -1,0 +1,194 @@
+//! NVM command set I/O commands: parse and check, then hand the reactor a
+//! [`BlockRequest`]. Range checks use the device's one checked range test;
+//! device errors map to NVMe status in [`io_error_status`] only.
+
+use crate::controller::Controller;
+use crate::model::Namespace;
+use crate::queue::{Outcome, Queue};
+use blockdev::Device;
+use nvme_spec::opcode::Io;
+use nvme_spec::{Sqe, Status};
+use std::sync::Arc;
+
+/// A storage operation for the reactor to run.
+#[derive(Debug)]
+pub struct BlockRequest<B> {
+    /// Command identifier to complete.
+    pub cid: u16,
+    /// The device.
+    pub device: Arc<Device>,
+    /// What to do.
+    pub op: BlockOp<B>,
+}
+
+/// The storage operations NVMe commands turn into.
+#[derive(Debug)]
+pub enum BlockOp<B> {
+    /// Read `len_bytes` at `lba` and send them to the host.
+    Read {
+        /// Starting LBA.
+        lba: u64,
+        /// Bytes to read.
+        len_bytes: u32,
+    },
+    /// Write `data` at `lba`; `fua` makes it durable before completion.
+    Write {
+        /// Starting LBA.
+        lba: u64,
+        /// The data.
+        data: B,
+        /// Force Unit Access.
+        fua: bool,
+    },
+    /// Make all completed writes durable.
+    Flush,
+    /// Zero `blocks` at `lba`, deallocating them when allowed.
+    WriteZeroes {
+        /// Starting LBA.
+        lba: u64,
+        /// Block count.
+        blocks: u64,
+        /// Deallocate (DEAC).
+        deallocate: bool,
+    },
+    /// Deallocate each `(lba, blocks)` range.
+    Deallocate {
+        /// Ranges.
+        ranges: Vec<(u64, u64)>,
+    },
+    /// Read at `lba` and compare with `data`: Compare Failure on mismatch.
+    Compare {
+        /// Starting LBA.
+        lba: u64,
+        /// Expected data.
+        data: B,
+    },
+}
+
+/// The NVMe status for a failed device operation (`write` tells a failed
+/// write from a failed read).
+pub fn io_error_status(err: &blockdev::Error, write: bool) -> Status {
+    match err {
+        blockdev::Error::OutOfRange { .. } => Status::LBA_OUT_OF_RANGE.dnr(),
+        blockdev::Error::Misaligned { .. } => Status::INVALID_FIELD.dnr(),
+        blockdev::Error::Unsupported(_) => Status::INVALID_FIELD.dnr(),
+        _ if write => Status::WRITE_FAULT,
+        _ => Status::UNRECOVERED_READ,
+    }
+}
+
+impl Queue {
+    fn namespace(&mut self, ctrl: &Controller, nsid: u32) -> Option<Arc<Namespace>> {
+        let subsys = ctrl.subsystem()?;
+        let gen = subsys.ns_generation();
+        if gen != self.ns_cache_gen {
+            self.ns_cache.clear();
+            for ns in subsys.namespaces() {
+                let idx = ns.nsid as usize;
+                if idx >= self.ns_cache.len() {
+                    self.ns_cache.resize(idx.saturating_add(1), None);
+                }
+                if let Some(slot) = self.ns_cache.get_mut(idx) {
+                    *slot = Some(ns);
+                }
+            }
+            self.ns_cache_gen = gen;
+        }
+        self.ns_cache.get(nsid as usize).cloned().flatten()
+    }
+
+    pub(crate) fn io<B: AsRef<[u8]>>(&mut self, ctrl: &Controller, sqe: &Sqe, data: Option<B>) -> Outcome<B> {
+        let cid = sqe.cid.get();
+        if !ctrl.enabled() {
+            return Outcome::status(cid, Status::COMMAND_SEQUENCE_ERROR.dnr());
+        }
+        let nsid = sqe.nsid.get();
+        let Some(ns) = self.namespace(ctrl, nsid) else {
+            log::debug!("{}: I/O opcode {:#04x} to inactive nsid {nsid}", self.peer, sqe.opcode);
+            return Outcome::status(cid, Status::INVALID_NAMESPACE.dnr());
+        };
+        let device = ns.device.clone();
+        let geo = device.geometry();
+        let max_transfer = self.target.settings.max_transfer;
+        let sgl_len = sqe.dptr.length.get();
+        // Read, Write and Compare move (NLB+1) blocks; the SGL must say so.
+        let transfer = |blocks: u32| -> Result<u32, Status> {
+            let len = u64::from(blocks) * u64::from(geo.block_size);
+            if device.check_range(sqe.slba(), u64::from(blocks)).is_err() {
+                return Err(Status::LBA_OUT_OF_RANGE.dnr());
+            }
+            if len > u64::from(max_transfer) {
+                return Err(Status::INVALID_FIELD.dnr());
+            }
+            if u64::from(sgl_len) != len {
+                return Err(Status::SGL_DATA_LENGTH_INVALID.dnr());
+            }
+            Ok(sgl_len)
+        };
+        let req = |op| Outcome::Io(BlockRequest { cid, device: device.clone(), op });
+        match Io(sqe.opcode) {
+            Io::READ => match transfer(sqe.blocks()) {
+                Ok(len_bytes) => req(BlockOp::Read { lba: sqe.slba(), len_bytes }),
+                Err(s) => self.reject(cid, sqe, s),
+            },
+            Io::WRITE | Io::COMPARE => match (transfer(sqe.blocks()), data) {
+                (Err(s), _) => self.reject(cid, sqe, s),
+                (Ok(len), None) => Outcome::NeedData { len },
+                (Ok(_), Some(data)) if Io(sqe.opcode) == Io::WRITE => req(BlockOp::Write { lba: sqe.slba(), data, fua: sqe.fua() }),
+                (Ok(_), Some(data)) => req(BlockOp::Compare { lba: sqe.slba(), data }),
+            },
+            Io::FLUSH => req(BlockOp::Flush),
+            Io::WRITE_ZEROES => {
+                let blocks = u64::from(sqe.blocks());
+                if device.check_range(sqe.slba(), blocks).is_err() {
+                    return self.reject(cid, sqe, Status::LBA_OUT_OF_RANGE.dnr());
+                }
+                let deallocate = sqe.cdw12.get() & (1 << 25) != 0;
+                req(BlockOp::WriteZeroes { lba: sqe.slba(), blocks, deallocate })
+            }
+            Io::DATASET_MANAGEMENT => {
+                let ranges = (sqe.cdw10.get() & 0xff) + 1;
+                let len = ranges * 16;
+                if sgl_len != len {
+                    return self.reject(cid, sqe, Status::SGL_DATA_LENGTH_INVALID.dnr());
+                }
+                let Some(data) = data else {
+                    return Outcome::NeedData { len };
+                };
+                // Only the Attribute Deallocate hint does anything here.
+                if sqe.cdw11.get() & (1 << 2) == 0 {
+                    return Outcome::status(cid, Status::SUCCESS);
+                }
+                let mut list = Vec::new();
+                for r in data.as_ref().chunks_exact(16) {
+                    let mut nlb = [0u8; 4];
+                    let mut slba = [0u8; 8];
+                    nlb.copy_from_slice(r.get(4..8).unwrap_or(&[0; 4]));
+                    slba.copy_from_slice(r.get(8..16).unwrap_or(&[0; 8]));
+                    let (slba, nlb) = (u64::from_le_bytes(slba), u64::from(u32::from_le_bytes(nlb)));
+                    if nlb == 0 {
+                        continue;
+                    }
+                    if device.check_range(slba, nlb).is_err() {
+                        return self.reject(cid, sqe, Status::LBA_OUT_OF_RANGE.dnr());
+                    }
+                    list.push((slba, nlb));
+                }
+                req(BlockOp::Deallocate { ranges: list })
+            }
+            _ => self.reject(cid, sqe, Status::INVALID_OPCODE.dnr()),
+        }
+    }
+
+    fn reject<B>(&self, cid: u16, sqe: &Sqe, status: Status) -> Outcome<B> {
+        log::debug!(
+            "{}: I/O opcode {:#04x} cid {cid} nsid {} slba {} nlb {}: {status}",
+            self.peer,
+            sqe.opcode,
+            sqe.nsid.get(),
+            sqe.slba(),
+            sqe.cdw12.get() & 0xffff
+        );
+        Outcome::status(cid, status)
+    }
+}

@@ -1,0 +1,25 @@
+//! The transport-neutral NVMe over Fabrics target.
+//!
+//! It owns the object model (subsystems with namespaces pointing at block
+//! devices, allowed hosts, the discovery subsystem), the controllers hosts
+//! create with Fabrics Connect, and the parse/execute split of every admin,
+//! fabrics and NVM I/O command. It never does I/O and never reads a clock:
+//! commands that touch storage come back as a [`BlockRequest`] for the
+//! reactor to run, and time arrives as an argument in milliseconds.
+//! Command failures travel as NVMe [`Status`] values in completions.
+#![forbid(unsafe_code)]
+#![deny(clippy::unwrap_used, clippy::indexing_slicing)]
+
+mod admin;
+mod controller;
+mod identify;
+mod io;
+mod logpage;
+mod model;
+mod queue;
+
+pub use controller::Controller;
+pub use io::{io_error_status, BlockOp, BlockRequest};
+pub use model::{Namespace, Port, Settings, Subsystem, Target};
+pub use nvme_spec::Status;
+pub use queue::{Outcome, Queue, QueueKind};

@@ -1,0 +1,116 @@
+//! Log pages (NVMe Base 2.0 section 5.16.1, NVMe-oF 1.1 section 5.3), with
+//! offset paging: a host may read any window of a page.
+
+use crate::controller::Controller;
+use crate::model::{Port, Subsystem, Target};
+use nvme_spec::log::{self, discovery as d, GetLogPage};
+use nvme_spec::opcode::{Admin, Io, LogId};
+use nvme_spec::writer::Page;
+use nvme_spec::Status;
+use std::net::SocketAddr;
+
+pub(crate) fn build(target: &Target, subsys: &Subsystem, ctrl: &Controller, glp: GetLogPage, local: SocketAddr) -> Result<Vec<u8>, Status> {
+    let page = match LogId(glp.lid) {
+        LogId::ERROR => vec![0; log::ERROR_ENTRY_LEN],
+        LogId::SMART => smart(),
+        LogId::FIRMWARE_SLOT => {
+            let mut p = Page::new(log::FIRMWARE_SLOT_LEN);
+            p.u8(0, 0x01).ascii_space(8, 8, env!("CARGO_PKG_VERSION"));
+            p.into_vec()
+        }
+        LogId::CHANGED_NAMESPACES => {
+            let mut s = ctrl.lock();
+            let mut p = Page::new(log::CHANGED_NS_LEN);
+            if s.changed_ns.len() > log::CHANGED_NS_LEN / 4 {
+                p.u32(0, 0xffff_ffff);
+            } else {
+                for (i, nsid) in s.changed_ns.iter().enumerate() {
+                    p.u32(i * 4, *nsid);
+                }
+            }
+            if !glp.rae {
+                s.changed_ns.clear();
+                s.ns_aen_outstanding = false;
+            }
+            p.into_vec()
+        }
+        LogId::COMMANDS_EFFECTS => effects(),
+        LogId::DISCOVERY if subsys.discovery => discovery(target, &ctrl.hostnqn, local),
+        _ => return Err(Status::INVALID_LOG_PAGE.dnr()),
+    };
+    let Ok(start) = usize::try_from(glp.offset) else {
+        return Err(Status::INVALID_FIELD.dnr());
+    };
+    if start > page.len() || glp.offset % 4 != 0 {
+        return Err(Status::INVALID_FIELD.dnr());
+    }
+    // The caller pads or cuts the window to the length the SGL describes.
+    Ok(page.get(start..).unwrap_or_default().to_vec())
+}
+
+fn smart() -> Vec<u8> {
+    let mut p = Page::new(log::SMART_LEN);
+    p.u8(0, 0); // critical warning: none
+    p.u16(1, 293); // composite temperature, kelvin
+    p.u8(3, 100); // available spare
+    p.u8(4, 10); // available spare threshold
+    p.u8(5, 0); // percentage used
+    p.into_vec()
+}
+
+fn effects() -> Vec<u8> {
+    const CSUPP: u32 = 1 << 0;
+    const LBCC: u32 = 1 << 1;
+    let mut p = Page::new(log::COMMANDS_EFFECTS_LEN);
+    for op in [Admin::GET_LOG_PAGE, Admin::IDENTIFY, Admin::ABORT, Admin::SET_FEATURES, Admin::GET_FEATURES, Admin::ASYNC_EVENT_REQUEST, Admin::KEEP_ALIVE] {
+        p.u32(usize::from(op.0) * 4, CSUPP);
+    }
+    for op in [Io::FLUSH, Io::READ, Io::COMPARE] {
+        p.u32(1024 + usize::from(op.0) * 4, CSUPP);
+    }
+    for op in [Io::WRITE, Io::WRITE_ZEROES, Io::DATASET_MANAGEMENT] {
+        p.u32(1024 + usize::from(op.0) * 4, CSUPP | LBCC);
+    }
+    p.into_vec()
+}
+
+/// The discovery log for `hostnqn`: every subsystem the host may reach, on
+/// every port, plus the discovery subsystem itself per port.
+fn discovery(target: &Target, hostnqn: &str, local: SocketAddr) -> Vec<u8> {
+    let ports = target.ports();
+    // A wildcard listen address is advertised as the address the host
+    // reached us on.
+    let refs: Vec<Port> = ports
+        .iter()
+        .map(|p| Port { id: p.id, addr: if p.addr.ip().is_unspecified() { SocketAddr::new(local.ip(), p.addr.port()) } else { p.addr } })
+        .collect();
+    let mut entries: Vec<(u8, String, &Port)> = Vec::new();
+    for s in target.subsystems() {
+        if s.allows(hostnqn) {
+            for r in &refs {
+                entries.push((d::SUBTYPE_NVME, s.nqn.clone(), r));
+            }
+        }
+    }
+    for r in &refs {
+        entries.push((d::SUBTYPE_CURRENT_DISCOVERY, nvme_spec::DISCOVERY_NQN.to_string(), r));
+    }
+    let mut p = Page::new(d::HEADER_LEN + entries.len() * d::ENTRY_LEN);
+    p.u64(d::GENCTR, target.genctr()).u64(d::NUMREC, entries.len() as u64).u16(d::RECFMT, 0);
+    for (i, (subtype, nqn, port)) in entries.iter().enumerate() {
+        let base = d::HEADER_LEN + i * d::ENTRY_LEN;
+        p.u8(base + d::TRTYPE, d::TRTYPE_TCP)
+            .u8(base + d::ADRFAM, if port.addr.is_ipv4() { d::ADRFAM_IPV4 } else { d::ADRFAM_IPV6 })
+            .u8(base + d::SUBTYPE, *subtype)
+            .u8(base + d::TREQ, d::TREQ_NOT_REQUIRED)
+            .u16(base + d::PORTID, port.id)
+            .u16(base + d::CNTLID, 0xffff)
+            .u16(base + d::ASQSZ, 32)
+            .u16(base + d::EFLAGS, if *subtype == d::SUBTYPE_CURRENT_DISCOVERY { d::EFLAGS_DUPLICATE } else { 0 })
+            .ascii_nul(base + d::TRSVCID, 32, &port.addr.port().to_string())
+            .ascii_nul(base + d::SUBNQN, 256, nqn)
+            .ascii_nul(base + d::TRADDR, 256, &port.addr.ip().to_string());
+        // TSAS for TCP: SECTYPE 0 (no security) is all zeroes.
+    }
+    p.into_vec()
+}

@@ -1,0 +1,279 @@
+//! The object model, mirroring the kernel's nvmet configfs nouns: ports,
+//! subsystems (with allowed hosts) and namespaces.
+//!
+//! Everything here is control-path state shared by all reactors behind
+//! locks; the I/O path holds `Arc`s to what it needs and takes no lock.
+
+use crate::controller::Controller;
+use blockdev::Device;
+use std::collections::{BTreeMap, HashMap};
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU16, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+
+/// Target-wide limits.
+#[derive(Clone, Copy, Debug)]
+pub struct Settings {
+    /// Most bytes one command may transfer (MDTS is derived from it).
+    pub max_transfer: u32,
+    /// In-capsule data bytes accepted on I/O queues (IOCCSZ is derived).
+    pub io_in_capsule: u32,
+    /// Most I/O queues per controller.
+    pub max_io_queues: u16,
+    /// Entries per queue (CAP.MQES + 1).
+    pub queue_entries: u16,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Settings { max_transfer: 1024 * 1024, io_in_capsule: 8192, max_io_queues: 128, queue_entries: 1024 }
+    }
+}
+
+/// A namespace: a device exported under an NSID.
+#[derive(Debug)]
+pub struct Namespace {
+    /// Namespace ID (1-based).
+    pub nsid: u32,
+    /// The backing device.
+    pub device: Arc<Device>,
+    /// NGUID, stable for a given subsystem NQN, NSID and device name.
+    pub nguid: [u8; 16],
+    /// UUID (RFC 4122 version 4 layout, derived like the NGUID).
+    pub uuid: [u8; 16],
+}
+
+impl Namespace {
+    /// A namespace whose identifiers derive from `subnqn`, `nsid` and the
+    /// device name, so they stay the same across restarts.
+    pub fn new(subnqn: &str, nsid: u32, device: Arc<Device>) -> Self {
+        let seed = format!("{subnqn}/{nsid}/{}", device.name());
+        let nguid = hash128(seed.as_bytes());
+        let mut uuid = hash128(format!("uuid:{seed}").as_bytes());
+        if let Some(b) = uuid.get_mut(6) {
+            *b = (*b & 0x0f) | 0x40;
+        }
+        if let Some(b) = uuid.get_mut(8) {
+            *b = (*b & 0x3f) | 0x80;
+        }
+        Namespace { nsid, device, nguid, uuid }
+    }
+}
+
+/// FNV-1a based 128-bit digest: identifiers only, not security.
+fn hash128(bytes: &[u8]) -> [u8; 16] {
+    let mut a: u64 = 0xcbf2_9ce4_8422_2325;
+    let mut b: u64 = 0x8422_2325_cbf2_9ce4;
+    for &x in bytes {
+        a = (a ^ u64::from(x)).wrapping_mul(0x0100_0000_01b3);
+        b = (b ^ u64::from(x.rotate_left(3))).wrapping_mul(0x0100_0000_01b3);
+    }
+    let mut out = [0u8; 16];
+    for (d, s) in out.iter_mut().zip(a.to_be_bytes().into_iter().chain(b.to_be_bytes())) {
+        *d = s;
+    }
+    out
+}
+
+/// An NVM subsystem, or the discovery subsystem.
+#[derive(Debug)]
+pub struct Subsystem {
+    /// Subsystem NQN.
+    pub nqn: String,
+    /// Serial number reported in Identify Controller.
+    pub serial: String,
+    /// Model number reported in Identify Controller.
+    pub model: String,
+    /// True for the discovery subsystem.
+    pub discovery: bool,
+    access: RwLock<Access>,
+    namespaces: RwLock<BTreeMap<u32, Arc<Namespace>>>,
+    ns_gen: AtomicU64,
+    pub(crate) controllers: Mutex<HashMap<u16, Arc<Controller>>>,
+}
+
+#[derive(Debug, Default)]
+struct Access {
+    allow_any_host: bool,
+    hosts: Vec<String>,
+}
+
+impl Subsystem {
+    /// A subsystem with no namespaces.
+    pub fn new(nqn: &str, serial: &str, allow_any_host: bool, hosts: Vec<String>) -> Self {
+        Subsystem {
+            nqn: nqn.to_string(),
+            serial: serial.to_string(),
+            model: "ironwire".to_string(),
+            discovery: false,
+            access: RwLock::new(Access { allow_any_host, hosts }),
+            namespaces: RwLock::new(BTreeMap::new()),
+            ns_gen: AtomicU64::new(0),
+            controllers: Mutex::new(HashMap::new()),
+        }
+    }
+
+    fn new_discovery() -> Self {
+        let mut s = Subsystem::new(nvme_spec::DISCOVERY_NQN, "discovery", true, Vec::new());
+        s.discovery = true;
+        s.model = "ironwire discovery".to_string();
+        s
+    }
+
+    /// Whether `hostnqn` may connect.
+    pub fn allows(&self, hostnqn: &str) -> bool {
+        let a = self.access.read().unwrap_or_else(|e| e.into_inner());
+        a.allow_any_host || a.hosts.iter().any(|h| h == hostnqn)
+    }
+
+    /// Replaces the access list.
+    pub fn set_access(&self, allow_any_host: bool, hosts: Vec<String>) {
+        let mut a = self.access.write().unwrap_or_else(|e| e.into_inner());
+        *a = Access { allow_any_host, hosts };
+    }
+
+    /// The namespace with `nsid`.
+    pub fn namespace(&self, nsid: u32) -> Option<Arc<Namespace>> {
+        self.namespaces.read().unwrap_or_else(|e| e.into_inner()).get(&nsid).cloned()
+    }
+
+    /// All namespaces in NSID order.
+    pub fn namespaces(&self) -> Vec<Arc<Namespace>> {
+        self.namespaces.read().unwrap_or_else(|e| e.into_inner()).values().cloned().collect()
+    }
+
+    /// Adds a namespace and notifies connected controllers with a
+    /// namespace-attribute-changed event. Fails if the NSID is taken or 0.
+    pub fn add_namespace(&self, ns: Namespace) -> Result<(), String> {
+        let nsid = ns.nsid;
+        if nsid == 0 || nsid == u32::MAX {
+            return Err(format!("nsid {nsid} is reserved"));
+        }
+        {
+            let mut map = self.namespaces.write().unwrap_or_else(|e| e.into_inner());
+            if map.contains_key(&nsid) {
+                return Err(format!("nsid {nsid} already exists in {}", self.nqn));
+            }
+            map.insert(nsid, Arc::new(ns));
+        }
+        self.notify_ns_changed(nsid);
+        Ok(())
+    }
+
+    /// Removes a namespace and notifies connected controllers.
+    pub fn remove_namespace(&self, nsid: u32) -> Option<Arc<Namespace>> {
+        let removed = self.namespaces.write().unwrap_or_else(|e| e.into_inner()).remove(&nsid);
+        if removed.is_some() {
+            self.notify_ns_changed(nsid);
+        }
+        removed
+    }
+
+    /// Changes whenever a namespace is added or removed; queues use it to
+    /// refresh their lock-free namespace cache.
+    pub fn ns_generation(&self) -> u64 {
+        self.ns_gen.load(Ordering::Acquire)
+    }
+
+    fn notify_ns_changed(&self, nsid: u32) {
+        self.ns_gen.fetch_add(1, Ordering::AcqRel);
+        for c in self.controllers.lock().unwrap_or_else(|e| e.into_inner()).values() {
+            c.namespace_changed(nsid);
+        }
+    }
+
+    /// Controllers currently alive in this subsystem.
+    pub fn controller_count(&self) -> usize {
+        self.controllers.lock().unwrap_or_else(|e| e.into_inner()).len()
+    }
+}
+
+/// A transport port the target listens on, as the discovery log shows it.
+#[derive(Clone, Debug)]
+pub struct Port {
+    /// Port ID.
+    pub id: u16,
+    /// Listen address.
+    pub addr: SocketAddr,
+}
+
+/// The whole target: subsystems, the discovery subsystem, ports, limits.
+#[derive(Debug)]
+pub struct Target {
+    /// Limits.
+    pub settings: Settings,
+    subsystems: RwLock<Vec<Arc<Subsystem>>>,
+    discovery: Arc<Subsystem>,
+    ports: RwLock<Vec<Port>>,
+    next_cntlid: AtomicU16,
+    genctr: AtomicU64,
+}
+
+impl Target {
+    /// An empty target.
+    pub fn new(settings: Settings) -> Self {
+        Target {
+            settings,
+            subsystems: RwLock::new(Vec::new()),
+            discovery: Arc::new(Subsystem::new_discovery()),
+            ports: RwLock::new(Vec::new()),
+            next_cntlid: AtomicU16::new(1),
+            genctr: AtomicU64::new(1),
+        }
+    }
+
+    /// Adds a subsystem; fails on a duplicate NQN.
+    pub fn add_subsystem(&self, s: Subsystem) -> Result<Arc<Subsystem>, String> {
+        let mut list = self.subsystems.write().unwrap_or_else(|e| e.into_inner());
+        if s.nqn == nvme_spec::DISCOVERY_NQN || list.iter().any(|x| x.nqn == s.nqn) {
+            return Err(format!("subsystem {} already exists", s.nqn));
+        }
+        let s = Arc::new(s);
+        list.push(s.clone());
+        self.genctr.fetch_add(1, Ordering::Relaxed);
+        Ok(s)
+    }
+
+    /// The subsystem (or discovery subsystem) named `nqn`.
+    pub fn subsystem(&self, nqn: &str) -> Option<Arc<Subsystem>> {
+        if nqn == nvme_spec::DISCOVERY_NQN {
+            return Some(self.discovery.clone());
+        }
+        self.subsystems.read().unwrap_or_else(|e| e.into_inner()).iter().find(|s| s.nqn == nqn).cloned()
+    }
+
+    /// All NVM subsystems.
+    pub fn subsystems(&self) -> Vec<Arc<Subsystem>> {
+        self.subsystems.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Registers a listening port for the discovery log.
+    pub fn add_port(&self, addr: SocketAddr) -> u16 {
+        let mut ports = self.ports.write().unwrap_or_else(|e| e.into_inner());
+        let id = u16::try_from(ports.len()).unwrap_or(u16::MAX).saturating_add(1);
+        ports.push(Port { id, addr });
+        self.genctr.fetch_add(1, Ordering::Relaxed);
+        id
+    }
+
+    /// Listening ports.
+    pub fn ports(&self) -> Vec<Port> {
+        self.ports.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Discovery log generation counter.
+    pub fn genctr(&self) -> u64 {
+        self.genctr.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn alloc_cntlid(&self) -> u16 {
+        // Controller IDs 1..=0xffef are valid (0xfff0.. are reserved).
+        loop {
+            let id = self.next_cntlid.fetch_add(1, Ordering::Relaxed);
+            if (1..0xfff0).contains(&id) {
+                return id;
+            }
+            self.next_cntlid.store(1, Ordering::Relaxed);
+        }
+    }
+}

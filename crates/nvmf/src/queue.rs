@@ -1,0 +1,359 @@
+//! One queue of one connection: the unit a transport drives.
+//!
+//! A queue starts unconnected; Fabrics Connect makes it the admin queue of
+//! a new controller or an I/O queue of an existing one. [`Queue::execute`]
+//! parses and checks a command and says what to do next ([`Outcome`]).
+
+use crate::controller::Controller;
+use crate::io::BlockRequest;
+use crate::model::{Namespace, Subsystem, Target};
+use nvme_spec::fabrics::{connect_invalid_param_result, ConnectCmd, ConnectData, PropertyCmd};
+use nvme_spec::opcode::{Admin, FabricsType};
+use nvme_spec::{regs, Cqe, Sqe, Status};
+use std::net::SocketAddr;
+use zerocopy::FromBytes;
+use std::sync::Arc;
+
+/// What a queue is after Connect.
+#[derive(Clone, Debug)]
+pub enum QueueKind {
+    /// No Connect yet: only Connect is accepted.
+    Unconnected,
+    /// The admin queue of a controller.
+    Admin(Arc<Controller>),
+    /// I/O queue `qid` of a controller.
+    Io(Arc<Controller>, u16),
+}
+
+/// What the transport does with a command next.
+#[derive(Debug)]
+pub enum Outcome<B> {
+    /// Send the completion, preceded by `data` for the host when non-empty.
+    Complete {
+        /// The completion.
+        cqe: Cqe,
+        /// Controller-to-host data.
+        data: Vec<u8>,
+    },
+    /// Fetch `len` bytes of host data, then call `execute` again with it.
+    NeedData {
+        /// Bytes to solicit.
+        len: u32,
+    },
+    /// Run the block request, then complete it.
+    Io(BlockRequest<B>),
+    /// Nothing now (an Asynchronous Event Request held until an event).
+    Deferred,
+    /// Connect succeeded: record the queue, then send the completion.
+    Connected {
+        /// The completion (DW0 holds the controller ID).
+        cqe: Cqe,
+        /// Queue ID.
+        qid: u16,
+        /// SQ size, 0-based.
+        sqsize: u16,
+        /// The host disabled SQ flow control.
+        sq_flow_disabled: bool,
+    },
+    /// Send the completion, then close the connection (Disconnect).
+    CompleteAndClose {
+        /// The completion.
+        cqe: Cqe,
+    },
+}
+
+impl<B> Outcome<B> {
+    pub(crate) fn status(cid: u16, status: Status) -> Self {
+        Outcome::Complete { cqe: Cqe::new(cid, status, 0), data: Vec::new() }
+    }
+
+    pub(crate) fn data(cid: u16, data: Vec<u8>) -> Self {
+        Outcome::Complete { cqe: Cqe::new(cid, Status::SUCCESS, 0), data }
+    }
+}
+
+/// A queue of a connection.
+pub struct Queue {
+    pub(crate) target: Arc<Target>,
+    pub(crate) kind: QueueKind,
+    pub(crate) local: SocketAddr,
+    pub(crate) peer: SocketAddr,
+    pub(crate) aers: Vec<u16>,
+    pub(crate) ns_cache: Vec<Option<Arc<Namespace>>>,
+    pub(crate) ns_cache_gen: u64,
+}
+
+impl Queue {
+    /// An unconnected queue on a connection from `peer` to `local`.
+    pub fn new(target: Arc<Target>, local: SocketAddr, peer: SocketAddr) -> Self {
+        Queue { target, kind: QueueKind::Unconnected, local, peer, aers: Vec::new(), ns_cache: Vec::new(), ns_cache_gen: u64::MAX }
+    }
+
+    /// What this queue is.
+    pub fn kind(&self) -> &QueueKind {
+        &self.kind
+    }
+
+    /// The controller, once connected.
+    pub fn controller(&self) -> Option<&Arc<Controller>> {
+        match &self.kind {
+            QueueKind::Admin(c) | QueueKind::Io(c, _) => Some(c),
+            QueueKind::Unconnected => None,
+        }
+    }
+
+    /// Parses and checks one command. `data` is its host-to-controller data
+    /// when the transport has it (in-capsule or solicited).
+    pub fn execute<B: AsRef<[u8]>>(&mut self, now_ms: u64, sqe: &Sqe, data: Option<B>) -> Outcome<B> {
+        let cid = sqe.cid.get();
+        if sqe.opcode == Admin::FABRICS.0 {
+            return self.fabrics(now_ms, sqe, data);
+        }
+        let kind = self.kind.clone();
+        match kind {
+            QueueKind::Unconnected => {
+                log::warn!("{}: opcode {:#04x} (cid {cid}) before Connect", self.peer, sqe.opcode);
+                Outcome::status(cid, Status::COMMAND_SEQUENCE_ERROR.dnr())
+            }
+            QueueKind::Admin(ctrl) => {
+                ctrl.keep_alive(now_ms);
+                if ctrl.is_dead() {
+                    return Outcome::status(cid, Status::KEEP_ALIVE_EXPIRED.dnr());
+                }
+                if !ctrl.enabled() {
+                    log::warn!("{}: admin opcode {:#04x} while CC.EN is 0", self.peer, sqe.opcode);
+                    return Outcome::status(cid, Status::COMMAND_SEQUENCE_ERROR.dnr());
+                }
+                self.admin(&ctrl, sqe, data)
+            }
+            QueueKind::Io(ctrl, _) => {
+                if ctrl.is_dead() {
+                    return Outcome::status(cid, Status::ABORTED_SQ_DELETION.dnr());
+                }
+                self.io(&ctrl, sqe, data)
+            }
+        }
+    }
+
+    fn fabrics<B: AsRef<[u8]>>(&mut self, now_ms: u64, sqe: &Sqe, data: Option<B>) -> Outcome<B> {
+        let cid = sqe.cid.get();
+        let fctype = FabricsType(sqe.fctype());
+        if fctype == FabricsType::CONNECT {
+            return self.connect(now_ms, sqe, data);
+        }
+        let Some(ctrl) = self.controller().cloned() else {
+            log::warn!("{}: fabrics command {:#04x} before Connect", self.peer, fctype.0);
+            return Outcome::status(cid, Status::COMMAND_SEQUENCE_ERROR.dnr());
+        };
+        ctrl.keep_alive(now_ms);
+        match fctype {
+            FabricsType::PROPERTY_GET => {
+                let p = PropertyCmd::from_sqe(sqe);
+                let value = {
+                    let s = ctrl.lock();
+                    match (p.offset, p.eight_bytes) {
+                        (regs::CAP, true) => {
+                            let mqes = self.target.settings.queue_entries.saturating_sub(1);
+                            let discovery = ctrl.subsystem().is_some_and(|s| s.discovery);
+                            Some(regs::cap(mqes, 30, !discovery))
+                        }
+                        (regs::VS, false) => Some(u64::from(regs::VERSION_1_4)),
+                        (regs::CC, false) => Some(u64::from(s.cc)),
+                        (regs::CSTS, false) => Some(u64::from(s.csts)),
+                        (regs::NSSR, false) => Some(0),
+                        _ => None,
+                    }
+                };
+                match value {
+                    Some(v) => {
+                        let mut cqe = Cqe::new(cid, Status::SUCCESS, v as u32);
+                        cqe.dw1 = ((v >> 32) as u32).into();
+                        Outcome::Complete { cqe, data: Vec::new() }
+                    }
+                    None => {
+                        log::warn!("{}: Property Get offset {:#x} size {} unknown", self.peer, p.offset, if p.eight_bytes { 8 } else { 4 });
+                        Outcome::status(cid, Status::INVALID_FIELD.dnr())
+                    }
+                }
+            }
+            FabricsType::PROPERTY_SET => {
+                let p = PropertyCmd::from_sqe(sqe);
+                if p.offset == regs::CC && !p.eight_bytes {
+                    ctrl.set_cc(p.value as u32);
+                    Outcome::status(cid, Status::SUCCESS)
+                } else {
+                    log::warn!("{}: Property Set offset {:#x} not writable", self.peer, p.offset);
+                    Outcome::status(cid, Status::INVALID_FIELD.dnr())
+                }
+            }
+            FabricsType::DISCONNECT => Outcome::CompleteAndClose { cqe: Cqe::new(cid, Status::SUCCESS, 0) },
+            _ => Outcome::status(cid, Status::INVALID_OPCODE.dnr()),
+        }
+    }
+
+    fn connect<B: AsRef<[u8]>>(&mut self, now_ms: u64, sqe: &Sqe, data: Option<B>) -> Outcome<B> {
+        let cid = sqe.cid.get();
+        let invalid = |in_data: bool, off: u16| Outcome::Complete {
+            cqe: Cqe::new(cid, Status::CONNECT_INVALID_PARAMETERS.dnr(), connect_invalid_param_result(in_data, off)),
+            data: Vec::new(),
+        };
+        if !matches!(self.kind, QueueKind::Unconnected) {
+            log::warn!("{}: second Connect on a connected queue", self.peer);
+            return Outcome::status(cid, Status::COMMAND_SEQUENCE_ERROR.dnr());
+        }
+        let len = sqe.dptr.length.get();
+        if len as usize != core::mem::size_of::<ConnectData>() {
+            return Outcome::status(cid, Status::SGL_DATA_LENGTH_INVALID.dnr());
+        }
+        let Some(data) = data else {
+            return Outcome::NeedData { len };
+        };
+        let cmd = ConnectCmd::from_sqe(sqe);
+        if cmd.recfmt != 0 {
+            return Outcome::Complete {
+                cqe: Cqe::new(cid, Status::CONNECT_INCOMPATIBLE_FORMAT.dnr(), connect_invalid_param_result(false, ConnectCmd::RECFMT_OFFSET)),
+                data: Vec::new(),
+            };
+        }
+        let Ok(cd) = ConnectData::read_from_bytes(data.as_ref()) else {
+            return Outcome::status(cid, Status::SGL_DATA_LENGTH_INVALID.dnr());
+        };
+        let Some(subnqn) = cd.subnqn() else {
+            return invalid(true, ConnectData::SUBNQN_OFFSET);
+        };
+        let Some(hostnqn) = cd.hostnqn() else {
+            return invalid(true, ConnectData::HOSTNQN_OFFSET);
+        };
+        let Some(subsys) = self.target.subsystem(subnqn) else {
+            log::warn!("{}: Connect to unknown subsystem {subnqn} from {hostnqn}", self.peer);
+            return invalid(true, ConnectData::SUBNQN_OFFSET);
+        };
+        if !subsys.allows(hostnqn) {
+            log::warn!("{}: host {hostnqn} is not allowed to connect to {subnqn}", self.peer);
+            return Outcome::Complete {
+                cqe: Cqe::new(cid, Status::CONNECT_INVALID_HOST.dnr(), connect_invalid_param_result(true, ConnectData::HOSTNQN_OFFSET)),
+                data: Vec::new(),
+            };
+        }
+        let max_sqsize = self.target.settings.queue_entries.saturating_sub(1);
+        if cmd.sqsize == 0 || cmd.sqsize > max_sqsize {
+            log::warn!("{}: Connect sqsize {} (expected 1..={max_sqsize})", self.peer, cmd.sqsize);
+            return invalid(false, ConnectCmd::SQSIZE_OFFSET);
+        }
+        let sq_flow_disabled = cmd.cattr & ConnectCmd::CATTR_DISABLE_SQ_FLOW != 0;
+        if cmd.qid == 0 {
+            self.connect_admin(now_ms, cid, &cmd, &cd, &subsys, hostnqn, sq_flow_disabled)
+        } else {
+            self.connect_io(cid, &cmd, &cd, &subsys, hostnqn, sq_flow_disabled)
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn connect_admin<B>(
+        &mut self,
+        now_ms: u64,
+        cid: u16,
+        cmd: &ConnectCmd,
+        cd: &ConnectData,
+        subsys: &Arc<Subsystem>,
+        hostnqn: &str,
+        sq_flow_disabled: bool,
+    ) -> Outcome<B> {
+        if cd.cntlid.get() != 0xffff {
+            log::warn!("{}: admin Connect asks for static controller {} (only dynamic controllers)", self.peer, cd.cntlid.get());
+            return Outcome::Complete {
+                cqe: Cqe::new(cid, Status::CONNECT_INVALID_PARAMETERS.dnr(), connect_invalid_param_result(true, ConnectData::CNTLID_OFFSET)),
+                data: Vec::new(),
+            };
+        }
+        let cntlid = self.target.alloc_cntlid();
+        // Discovery controllers may be given no KATO; nvmet then uses none.
+        let ctrl = Arc::new(Controller::new(cntlid, subsys, hostnqn, cd.hostid, cmd.kato_ms, now_ms));
+        ctrl.lock().io_queues_granted = self.target.settings.max_io_queues;
+        subsys.controllers.lock().unwrap_or_else(|e| e.into_inner()).insert(cntlid, ctrl.clone());
+        log::info!("{}: host {hostnqn} created controller {cntlid} on {} (kato {} ms)", self.peer, subsys.nqn, cmd.kato_ms);
+        self.kind = QueueKind::Admin(ctrl);
+        Outcome::Connected { cqe: Cqe::new(cid, Status::SUCCESS, u32::from(cntlid)), qid: 0, sqsize: cmd.sqsize, sq_flow_disabled }
+    }
+
+    fn connect_io<B>(&mut self, cid: u16, cmd: &ConnectCmd, cd: &ConnectData, subsys: &Arc<Subsystem>, hostnqn: &str, sq_flow_disabled: bool) -> Outcome<B> {
+        let invalid = |in_data: bool, off: u16| Outcome::Complete {
+            cqe: Cqe::new(cid, Status::CONNECT_INVALID_PARAMETERS.dnr(), connect_invalid_param_result(in_data, off)),
+            data: Vec::new(),
+        };
+        if subsys.discovery {
+            log::warn!("{}: I/O queue Connect to the discovery subsystem", self.peer);
+            return invalid(false, ConnectCmd::QID_OFFSET);
+        }
+        let cntlid = cd.cntlid.get();
+        let ctrl = subsys.controllers.lock().unwrap_or_else(|e| e.into_inner()).get(&cntlid).cloned();
+        let Some(ctrl) = ctrl else {
+            log::warn!("{}: I/O queue Connect names unknown controller {cntlid} in {}", self.peer, subsys.nqn);
+            return invalid(true, ConnectData::CNTLID_OFFSET);
+        };
+        if ctrl.hostnqn != hostnqn {
+            log::warn!("{}: I/O queue Connect from {hostnqn} to controller {cntlid} of {}", self.peer, ctrl.hostnqn);
+            return invalid(true, ConnectData::HOSTNQN_OFFSET);
+        }
+        if !ctrl.enabled() {
+            return Outcome::status(cid, Status::COMMAND_SEQUENCE_ERROR.dnr());
+        }
+        {
+            let mut s = ctrl.lock();
+            if cmd.qid > s.io_queues_granted || s.io_queues_connected.contains(&cmd.qid) {
+                log::warn!("{}: I/O queue Connect qid {} (granted {}, in use {:?})", self.peer, cmd.qid, s.io_queues_granted, s.io_queues_connected);
+                return invalid(false, ConnectCmd::QID_OFFSET);
+            }
+            s.io_queues_connected.push(cmd.qid);
+        }
+        self.kind = QueueKind::Io(ctrl, cmd.qid);
+        Outcome::Connected { cqe: Cqe::new(cid, Status::SUCCESS, u32::from(cntlid)), qid: cmd.qid, sqsize: cmd.sqsize, sq_flow_disabled }
+    }
+
+    /// A completion for a held Asynchronous Event Request when an event is
+    /// pending.
+    pub fn poll_event(&mut self) -> Option<Cqe> {
+        let QueueKind::Admin(ctrl) = &self.kind else {
+            return None;
+        };
+        if self.aers.is_empty() {
+            return None;
+        }
+        let dw0 = ctrl.lock().pending_aens.pop_front()?;
+        let cid = self.aers.remove(0);
+        Some(Cqe::new(cid, Status::SUCCESS, dw0))
+    }
+
+    /// Whether the connection must close because its controller is gone or
+    /// its keep-alive timer expired at `now_ms` (the admin queue checks and
+    /// tears the controller down).
+    pub fn expired(&self, now_ms: u64) -> bool {
+        match &self.kind {
+            QueueKind::Unconnected => false,
+            QueueKind::Io(c, _) => c.is_dead(),
+            QueueKind::Admin(c) => {
+                if c.keep_alive_expired(now_ms) {
+                    log::warn!("{}: controller {} keep-alive timeout ({} ms) expired; tearing it down", self.peer, c.cntlid, c.kato_ms());
+                    c.kill();
+                    true
+                } else {
+                    c.is_dead()
+                }
+            }
+        }
+    }
+
+    /// The connection is gone: an admin queue takes its controller with it,
+    /// an I/O queue frees its queue ID.
+    pub fn close(&mut self) {
+        match std::mem::replace(&mut self.kind, QueueKind::Unconnected) {
+            QueueKind::Admin(c) => {
+                log::info!("{}: controller {} admin queue closed", self.peer, c.cntlid);
+                c.kill();
+            }
+            QueueKind::Io(c, qid) => c.lock().io_queues_connected.retain(|&q| q != qid),
+            QueueKind::Unconnected => {}
+        }
+    }
+}
+

@@ -1,0 +1,329 @@
+#!/usr/bin/env bash
+# Real-peer interop test: the Linux kernel's NVMe/TCP host (Debian's stock
+# kernel under QEMU TCG, nvme-cli in the guest; see kernel-peer/README.md)
+# against an NVMe/TCP target on 127.0.0.1.
+#
+# Default: start "$IRONWIRE_BIN" serve --config <generated TOML> on 127.0.0.1,
+# run the checks below one by one with `kernel-peer run`, print a PASS/FAIL
+# table, stop the daemon, exit non-zero if any check failed.  Builds nothing:
+# run `cargo build --release` first (or set IRONWIRE_BIN).
+#
+# Usage: tests/interop/nvme-kernel.sh [options]
+#   --port P            target port on 127.0.0.1 (default 4420; nvmet: 14420)
+#   --target ironwire   (default) start $IRONWIRE_BIN with a generated config
+#   --target nvmet      self-test of these scripts: the kernel's own nvmet in two
+#                       target guests (P: ram-like, any host; P+1: 4K-LBA,
+#                       restricted to the allowed host NQN), same NQNs as ironwire
+#   --target-cmd CMD    start CMD (bash -c; $IW_PORT, $IW_READY_FILE exported)
+#                       instead of ironwire; it must serve IW_NQN (any host) and
+#                       IW_RESTRICTED_NQN (allowed host only) on the port
+#   --ready-file F      with --target-cmd: also wait until F is non-empty
+#   --only a,b / --skip a,b   run only / skip these checks (names below)
+#   --show fail|always|never  guest console output (default fail)
+#   --no-install        do not apt-get anything
+#   --list              list the checks and exit
+#
+# Env: IRONWIRE_BIN (default <repo>/target/release/ironwire), KP_CACHE
+# (default /tmp/kernel-peer-cache), IW_NQN, IW_RESTRICTED_NQN,
+# IW_RESTRICTED_PORT, IW_ALLOWED_HOSTNQN, IW_REFUSED_HOSTNQN,
+# IW_READY_TIMEOUT (s, default 20; nvmet 90), IW_TARGET_CMD, IW_WORK_PARENT
+# (default /var/tmp), IW_KEEP_WORK=1, RUST_LOG (default info).
+set -uo pipefail
+
+HERE=$(cd "$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")" && pwd)
+REPO=$(cd "$HERE/../.." && pwd)
+KP=$HERE/kernel-peer/kernel-peer
+export KP_CACHE=${KP_CACHE:-/tmp/kernel-peer-cache}
+export KP_SIW=${KP_SIW:-0}
+
+IRONWIRE_BIN=${IRONWIRE_BIN:-$REPO/target/release/ironwire}
+IW_NQN=${IW_NQN:-nqn.2026-11.io.ironwire:interop}
+IW_RESTRICTED_NQN=${IW_RESTRICTED_NQN:-nqn.2026-11.io.ironwire:restricted}
+IW_ALLOWED_HOSTNQN=${IW_ALLOWED_HOSTNQN:-nqn.2014-08.org.nvmexpress:uuid:allowed-host}
+IW_REFUSED_HOSTNQN=${IW_REFUSED_HOSTNQN:-nqn.2014-08.org.nvmexpress:uuid:refused-host}
+IW_TARGET_CMD=${IW_TARGET_CMD:-}
+
+MODE=ironwire PORT="" READY_FILE="" ONLY="" SKIP="" SHOW=fail INSTALL=1
+
+CHECKS=(discover-battery digest-battery queues4-smp2 file4k-battery pattern-64m ext4-fs refused-host)
+describe() {
+	case $1 in
+	discover-battery) echo "discovery + plain battery on $IW_NQN (ram)" ;;
+	digest-battery) echo "battery with header+data digests" ;;
+	queues4-smp2) echo "battery with -i 4 on 2 vCPUs" ;;
+	file4k-battery) echo "battery on $IW_RESTRICTED_NQN (file, 4K LBA) as the allowed host" ;;
+	pattern-64m) echo "64 MiB O_DIRECT pattern write / read back" ;;
+	ext4-fs) echo "mkfs.ext4, 20 files, remount, sha256sums" ;;
+	refused-host) echo "not-allowed host NQN refused, allowed host accepted" ;;
+	esac
+}
+
+usage() { sed -n '2,/^set -uo/{/^set -uo/d;s/^# \{0,1\}//;p}' "${BASH_SOURCE[0]}"; exit "${1:-0}"; }
+
+while (($#)); do
+	case $1 in
+	--port) PORT=$2; shift 2 ;;
+	--target) MODE=$2; shift 2 ;;
+	--target-cmd) MODE=cmd IW_TARGET_CMD=$2; shift 2 ;;
+	--ready-file) READY_FILE=$2; shift 2 ;;
+	--only) ONLY=$2; shift 2 ;;
+	--skip) SKIP=$2; shift 2 ;;
+	--show) SHOW=$2; shift 2 ;;
+	--no-install) INSTALL=0; shift ;;
+	--list) for c in "${CHECKS[@]}"; do printf '%-18s %s\n' "$c" "$(describe "$c")"; done; exit 0 ;;
+	-h|--help) usage 0 ;;
+	*) echo "nvme-kernel: unknown argument $1 (try --help)" >&2; exit 2 ;;
+	esac
+done
+[[ -n $IW_TARGET_CMD && $MODE == ironwire ]] && MODE=cmd
+case $MODE in
+ironwire|cmd) PORT=${PORT:-4420}; IW_READY_TIMEOUT=${IW_READY_TIMEOUT:-20} ;;
+nvmet) PORT=${PORT:-14420}; IW_READY_TIMEOUT=${IW_READY_TIMEOUT:-90} ;;
+*) echo "nvme-kernel: --target must be ironwire or nvmet" >&2; exit 2 ;;
+esac
+[[ $PORT =~ ^[0-9]+$ ]] || { echo "nvme-kernel: bad port $PORT" >&2; exit 2; }
+if [[ $MODE == nvmet ]]; then RPORT=${IW_RESTRICTED_PORT:-$((PORT + 1))}; else RPORT=${IW_RESTRICTED_PORT:-$PORT}; fi
+
+say() { printf '\n##### [nvme-kernel %s] %s\n' "$(date +%T)" "$*" >&2; }
+die() { printf 'nvme-kernel: error: %s\n' "$*" >&2; exit 2; }
+now() { date +%s.%N; }
+since() { awk -v a="$1" -v b="$(now)" 'BEGIN{printf "%.1f", b-a}'; }
+
+# ------------------------------------------------------------------ host tools
+as_root() { if ((EUID == 0)); then "$@"; elif command -v sudo >/dev/null; then sudo "$@"; else "$@"; fi; }
+APT_UPDATED=0
+apt_update() { ((APT_UPDATED)) && return 0; say "apt-get update"; as_root apt-get update -qq || die "apt-get update failed"; APT_UPDATED=1; }
+
+ensure_host_tools() {
+	local need=()
+	command -v qemu-system-x86_64 >/dev/null || need+=(qemu-system-x86)
+	command -v cpio >/dev/null || need+=(cpio)
+	command -v xz >/dev/null || need+=(xz-utils)
+	command -v flock >/dev/null || need+=(util-linux)
+	command -v gzip >/dev/null || need+=(gzip)
+	if ((${#need[@]})); then
+		((INSTALL)) || die "missing host tools (${need[*]}) and --no-install given"
+		apt_update
+		say "apt-get install ${need[*]}"
+		as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" ||
+			die "apt-get install ${need[*]} failed"
+	fi
+	# kernel-peer prepare downloads Debian packages (apt-get download) unless
+	# its cache is complete; that needs package lists.
+	if ! "$KP" prepare --check 2>/dev/null; then
+		((INSTALL)) && [[ -z $(ls /var/lib/apt/lists/*_Packages 2>/dev/null | head -n1) ]] && apt_update
+		say "kernel-peer prepare (cache $KP_CACHE)"
+	fi
+	"$KP" prepare || die "kernel-peer prepare failed"
+}
+
+# ------------------------------------------------------------------ targets
+WORK=$(mktemp -d "${IW_WORK_PARENT:-/var/tmp}/ironwire-interop.XXXXXX")
+TARGET_PIDS=() TARGET_LOGS=() RESULTS=() FAILED=0
+
+stop_pid() { # stop one process group we started (setsid) by its id, then the PID
+	local p=$1 i
+	kill -0 "$p" 2>/dev/null || { wait "$p" 2>/dev/null; return 0; }
+	kill -TERM -- "-$p" 2>/dev/null || kill -TERM "$p" 2>/dev/null
+	for i in $(seq 1 50); do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done
+	if kill -0 "$p" 2>/dev/null; then kill -KILL -- "-$p" 2>/dev/null || kill -KILL "$p" 2>/dev/null; fi
+	wait "$p" 2>/dev/null
+	return 0
+}
+cleanup() {
+	local rc=$? p
+	for p in "${TARGET_PIDS[@]}"; do stop_pid "$p"; done
+	if [[ ${IW_KEEP_WORK:-0} == 1 || $FAILED != 0 || $rc != 0 ]]; then
+		echo "nvme-kernel: logs kept in $WORK" >&2
+	else
+		rm -rf "$WORK"
+	fi
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM HUP
+
+port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+
+# start_target NAME LOG CMD... : start CMD in its own session, in the background
+start_target() {
+	local name=$1 log=$2; shift 2
+	say "starting $name: $*"
+	setsid "$@" >"$log" 2>&1 </dev/null &
+	TARGET_PIDS+=("$!")
+	TARGET_LOGS+=("$name:$log")
+}
+
+# wait_ready PID PORT [READY_FILE] : target PID accepts connections on PORT
+# (and has written READY_FILE: QEMU's port forward accepts before the guest is up)
+wait_ready() {
+	local pid=$1 port=$2 ready=${3:-} t0 deadline
+	t0=$(now); deadline=$(( $(date +%s) + IW_READY_TIMEOUT ))
+	while (( $(date +%s) < deadline )); do
+		if ! kill -0 "$pid" 2>/dev/null; then
+			echo "nvme-kernel: target exited before it was ready" >&2; return 1
+		fi
+		if port_open "$port" && { [[ -z $ready ]] || [[ -s $ready ]]; }; then
+			say "target on 127.0.0.1:$port ready after $(since "$t0")s"
+			return 0
+		fi
+		sleep 0.2
+	done
+	echo "nvme-kernel: target not ready on 127.0.0.1:$port after ${IW_READY_TIMEOUT}s" >&2
+	return 1
+}
+
+dump_target_logs() {
+	local e
+	for e in "${TARGET_LOGS[@]}"; do
+		printf '\n----- %s log (%s, last 200 lines) -----\n' "${e%%:*}" "${e#*:}" >&2
+		tail -n 200 "${e#*:}" >&2
+	done
+}
+
+write_ironwire_config() { # FILE
+	mkdir -p "$WORK/img"
+	truncate -s 256M "$WORK/img/file0.img"
+	cat >"$1" <<EOF
+# generated by tests/interop/nvme-kernel.sh
+[[device]]
+name = "ram0"
+kind = "ram"
+size = "512MiB"
+block_size = 512
+
+[[device]]
+name = "file0"
+kind = "file"
+path = "$WORK/img/file0.img"
+size = "256MiB"
+block_size = 4096
+
+[[subsystem]]
+nqn = "$IW_NQN"
+allow_any_host = true
+[[subsystem.namespace]]
+nsid = 1
+device = "ram0"
+
+[[subsystem]]
+nqn = "$IW_RESTRICTED_NQN"
+allow_any_host = false
+hosts = ["$IW_ALLOWED_HOSTNQN"]
+[[subsystem.namespace]]
+nsid = 1
+device = "file0"
+
+[[port]]
+transport = "tcp"
+address = "127.0.0.1:$PORT"
+EOF
+}
+
+start_targets() {
+	local p
+	for p in $(printf '%s\n' "$PORT" "$RPORT" | sort -u); do
+		port_open "$p" && die "something already listens on 127.0.0.1:$p (stale target?)"
+	done
+	case $MODE in
+	ironwire)
+		[[ -x $IRONWIRE_BIN ]] || die "no ironwire binary at $IRONWIRE_BIN (cargo build --release, or set IRONWIRE_BIN)"
+		write_ironwire_config "$WORK/ironwire.toml"
+		RUST_LOG=${RUST_LOG:-info} start_target ironwire "$WORK/ironwire.log" \
+			"$IRONWIRE_BIN" serve --config "$WORK/ironwire.toml"
+		wait_ready "${TARGET_PIDS[0]}" "$PORT" || return 1
+		;;
+	cmd)
+		export IW_PORT=$PORT IW_READY_FILE=$WORK/target.ready
+		[[ -n $READY_FILE ]] && rm -f "$READY_FILE"
+		start_target target-cmd "$WORK/target.log" bash -c "$IW_TARGET_CMD"
+		wait_ready "${TARGET_PIDS[0]}" "$PORT" "$READY_FILE" || return 1
+		;;
+	nvmet)
+		start_target nvmet-main "$WORK/nvmet-main.log" "$KP" target-nvmet --show always -t 1800 \
+			--nqn "$IW_NQN" --size 256 --ready-file "$WORK/ready-main" "$PORT"
+		start_target nvmet-restricted "$WORK/nvmet-restricted.log" "$KP" target-nvmet --show always -t 1800 \
+			--nqn "$IW_RESTRICTED_NQN" --backend null_blk --block-size 4096 --size 128 \
+			--allow-host "$IW_ALLOWED_HOSTNQN" --ready-file "$WORK/ready-restricted" "$RPORT"
+		wait_ready "${TARGET_PIDS[0]}" "$PORT" "$WORK/ready-main" || return 1
+		wait_ready "${TARGET_PIDS[1]}" "$RPORT" "$WORK/ready-restricted" || return 1
+		;;
+	esac
+}
+
+targets_alive() {
+	local p
+	for p in "${TARGET_PIDS[@]}"; do kill -0 "$p" 2>/dev/null || return 1; done
+}
+
+# ------------------------------------------------------------------ checks
+selected() { # NAME
+	[[ -n $ONLY && ",$ONLY," != *",$1,"* ]] && return 1
+	[[ -n $SKIP && ",$SKIP," == *",$1,"* ]] && return 1
+	return 0
+}
+
+record() { # NAME RC SECONDS
+	local st=PASS
+	if [[ $2 != 0 ]]; then
+		FAILED=1
+		case $2 in 124) st="FAIL(timeout)" ;; 125) st="FAIL(guest died)" ;; *) st="FAIL(rc=$2)" ;; esac
+	fi
+	RESULTS+=("$(printf '%-18s %-17s %7ss  %s' "$1" "$st" "$3" "$(describe "$1")")")
+}
+
+# check NAME TIMEOUT kernel-peer-run-args... : one guest boot, one scenario
+check() {
+	local name=$1 limit=$2; shift 2
+	selected "$name" || return 0
+	if ! targets_alive; then
+		say "$name: SKIPPED, a target process has exited"
+		record "$name" 1 0; return 0
+	fi
+	say "$name: $(describe "$name")"
+	echo "+ kernel-peer run -t $limit $*" >&2
+	local t0 rc=0; t0=$(now)
+	"$KP" run --show "$SHOW" --log "$WORK/$name.console.log" -t "$limit" "$@" || rc=$?
+	record "$name" "$rc" "$(since "$t0")"
+	say "$name: $( ((rc == 0)) && echo PASS || echo "FAIL (rc=$rc, console: $WORK/$name.console.log)")"
+}
+
+run_checks() {
+	check discover-battery 150 -e NVME_REQUIRE_DISCOVERED=1 nvme-tcp "$PORT" "$IW_NQN"
+	check digest-battery 180 -e NVME_DIGEST=1 nvme-tcp "$PORT" "$IW_NQN"
+	check queues4-smp2 180 --smp 2 -e NVME_QUEUES=4 nvme-tcp "$PORT" "$IW_NQN"
+	check file4k-battery 150 -e KP_HOSTNQN="$IW_ALLOWED_HOSTNQN" nvme-tcp "$RPORT" "$IW_RESTRICTED_NQN"
+	if selected pattern-64m; then
+		head -c 64M /dev/urandom >"$WORK/pattern.bin"
+		local sum; sum=$(sha256sum <"$WORK/pattern.bin" | cut -d' ' -f1)
+		check pattern-64m 180 -f "$WORK/pattern.bin:/kp/files/pattern.bin" \
+			-e PATTERN_FILE=/kp/files/pattern.bin -e PATTERN_SHA256="$sum" -e PATTERN_MIB=64 \
+			nvme-pattern "$PORT" "$IW_NQN"
+		rm -f "$WORK/pattern.bin"
+	fi
+	check ext4-fs 180 -e FS_FILES=20 -e FS_MAX_KIB=4096 nvme-fs "$PORT" "$IW_NQN"
+	check refused-host 120 -e KP_HOSTNQN="$IW_REFUSED_HOSTNQN" -e ALLOWED_HOSTNQN="$IW_ALLOWED_HOSTNQN" \
+		nvme-refused "$RPORT" "$IW_RESTRICTED_NQN"
+}
+
+# ------------------------------------------------------------------ main
+T0=$(now)
+cd "$REPO" || die "no repo at $REPO"
+ensure_host_tools
+if ! start_targets; then
+	dump_target_logs
+	FAILED=1
+	exit 1
+fi
+run_checks
+for p in "${TARGET_PIDS[@]}"; do
+	kill -0 "$p" 2>/dev/null || { echo "nvme-kernel: a target process exited during the run" >&2; FAILED=1; }
+done
+((FAILED)) && dump_target_logs
+
+printf '\n===== NVMe/TCP kernel-host interop (%s, 127.0.0.1:%s) =====\n' \
+	"$([[ $MODE == ironwire ]] && echo "$IRONWIRE_BIN" || echo "$MODE")" "$PORT"
+printf '%-18s %-17s %8s  %s\n' CHECK RESULT TIME WHAT
+for r in "${RESULTS[@]}"; do echo "$r"; done
+printf 'total wall %ss\n' "$(since "$T0")"
+((${#RESULTS[@]})) || { echo "nvme-kernel: no check selected" >&2; exit 1; }
+exit "$FAILED"
