@@ -106,6 +106,16 @@ impl Status {
 
 impl core::fmt::Display for Status {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
-        write!(f, "sct {:#x} sc {:#04x}{}", self.sct(), self.sc(), if self.0 & Self::DNR_BIT != 0 { " dnr" } else { "" })
+        write!(
+            f,
+            "sct {:#x} sc {:#04x}{}",
+            self.sct(),
+            self.sc(),
+            if self.0 & Self::DNR_BIT != 0 {
+                " dnr"
+            } else {
+                ""
+            }
+        )
     }
 }

@@ -46,7 +46,14 @@ pub struct Controller {
 }
 
 impl Controller {
-    pub(crate) fn new(cntlid: u16, subsystem: &Arc<Subsystem>, hostnqn: &str, hostid: [u8; 16], kato_ms: u32, now_ms: u64) -> Self {
+    pub(crate) fn new(
+        cntlid: u16,
+        subsystem: &Arc<Subsystem>,
+        hostnqn: &str,
+        hostid: [u8; 16],
+        kato_ms: u32,
+        now_ms: u64,
+    ) -> Self {
         Controller {
             cntlid,
             hostnqn: hostnqn.to_string(),
@@ -84,7 +91,10 @@ impl Controller {
             return;
         }
         if let Some(s) = self.subsystem() {
-            s.controllers.lock().unwrap_or_else(|e| e.into_inner()).remove(&self.cntlid);
+            s.controllers
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .remove(&self.cntlid);
         }
     }
 

@@ -97,14 +97,23 @@ impl Queue {
         self.ns_cache.get(nsid as usize).cloned().flatten()
     }
 
-    pub(crate) fn io<B: AsRef<[u8]>>(&mut self, ctrl: &Controller, sqe: &Sqe, data: Option<B>) -> Outcome<B> {
+    pub(crate) fn io<B: AsRef<[u8]>>(
+        &mut self,
+        ctrl: &Controller,
+        sqe: &Sqe,
+        data: Option<B>,
+    ) -> Outcome<B> {
         let cid = sqe.cid.get();
         if !ctrl.enabled() {
             return Outcome::status(cid, Status::COMMAND_SEQUENCE_ERROR.dnr());
         }
         let nsid = sqe.nsid.get();
         let Some(ns) = self.namespace(ctrl, nsid) else {
-            log::debug!("{}: I/O opcode {:#04x} to inactive nsid {nsid}", self.peer, sqe.opcode);
+            log::debug!(
+                "{}: I/O opcode {:#04x} to inactive nsid {nsid}",
+                self.peer,
+                sqe.opcode
+            );
             return Outcome::status(cid, Status::INVALID_NAMESPACE.dnr());
         };
         let device = ns.device.clone();
@@ -125,17 +134,33 @@ impl Queue {
             }
             Ok(sgl_len)
         };
-        let req = |op| Outcome::Io(BlockRequest { cid, device: device.clone(), op });
+        let req = |op| {
+            Outcome::Io(BlockRequest {
+                cid,
+                device: device.clone(),
+                op,
+            })
+        };
         match Io(sqe.opcode) {
             Io::READ => match transfer(sqe.blocks()) {
-                Ok(len_bytes) => req(BlockOp::Read { lba: sqe.slba(), len_bytes }),
+                Ok(len_bytes) => req(BlockOp::Read {
+                    lba: sqe.slba(),
+                    len_bytes,
+                }),
                 Err(s) => self.reject(cid, sqe, s),
             },
             Io::WRITE | Io::COMPARE => match (transfer(sqe.blocks()), data) {
                 (Err(s), _) => self.reject(cid, sqe, s),
                 (Ok(len), None) => Outcome::NeedData { len },
-                (Ok(_), Some(data)) if Io(sqe.opcode) == Io::WRITE => req(BlockOp::Write { lba: sqe.slba(), data, fua: sqe.fua() }),
-                (Ok(_), Some(data)) => req(BlockOp::Compare { lba: sqe.slba(), data }),
+                (Ok(_), Some(data)) if Io(sqe.opcode) == Io::WRITE => req(BlockOp::Write {
+                    lba: sqe.slba(),
+                    data,
+                    fua: sqe.fua(),
+                }),
+                (Ok(_), Some(data)) => req(BlockOp::Compare {
+                    lba: sqe.slba(),
+                    data,
+                }),
             },
             Io::FLUSH => req(BlockOp::Flush),
             Io::WRITE_ZEROES => {
@@ -144,28 +169,37 @@ impl Queue {
                     return self.reject(cid, sqe, Status::LBA_OUT_OF_RANGE.dnr());
                 }
                 let deallocate = sqe.cdw12.get() & (1 << 25) != 0;
-                req(BlockOp::WriteZeroes { lba: sqe.slba(), blocks, deallocate })
+                req(BlockOp::WriteZeroes {
+                    lba: sqe.slba(),
+                    blocks,
+                    deallocate,
+                })
             }
             Io::DATASET_MANAGEMENT => {
+                // NR is 0-based. Hosts may describe more data than the
+                // ranges need (Linux sends the ranges it built; nvmet also
+                // accepts a shorter payload); take the ranges both cover.
                 let ranges = (sqe.cdw10.get() & 0xff) + 1;
-                let len = ranges * 16;
-                if sgl_len != len {
+                if sgl_len < 16 || sgl_len > 4096 || sgl_len % 16 != 0 {
+                    log::debug!("{}: DSM nr {ranges} with {sgl_len} data bytes", self.peer);
                     return self.reject(cid, sqe, Status::SGL_DATA_LENGTH_INVALID.dnr());
                 }
                 let Some(data) = data else {
-                    return Outcome::NeedData { len };
+                    return Outcome::NeedData { len: sgl_len };
                 };
+                let ranges = ranges.min(sgl_len / 16) as usize;
                 // Only the Attribute Deallocate hint does anything here.
                 if sqe.cdw11.get() & (1 << 2) == 0 {
                     return Outcome::status(cid, Status::SUCCESS);
                 }
                 let mut list = Vec::new();
-                for r in data.as_ref().chunks_exact(16) {
+                for r in data.as_ref().chunks_exact(16).take(ranges) {
                     let mut nlb = [0u8; 4];
                     let mut slba = [0u8; 8];
                     nlb.copy_from_slice(r.get(4..8).unwrap_or(&[0; 4]));
                     slba.copy_from_slice(r.get(8..16).unwrap_or(&[0; 8]));
-                    let (slba, nlb) = (u64::from_le_bytes(slba), u64::from(u32::from_le_bytes(nlb)));
+                    let (slba, nlb) =
+                        (u64::from_le_bytes(slba), u64::from(u32::from_le_bytes(nlb)));
                     if nlb == 0 {
                         continue;
                     }

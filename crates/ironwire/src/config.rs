@@ -1,0 +1,436 @@
+//! The declarative configuration: devices, NVMe subsystems with namespaces
+//! and allowed hosts, ports, reactor cores. Parsed from TOML and validated
+//! with errors that name the field and the reason.
+
+use anyhow::{bail, Context, Result};
+use serde::Deserialize;
+use std::collections::HashSet;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+/// The default subsystem NQN of the embedded configuration.
+pub const DEFAULT_NQN: &str = "nqn.2026-11.io.ironwire:default";
+
+/// The whole configuration file.
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    /// Block devices.
+    #[serde(default)]
+    pub device: Vec<DeviceConfig>,
+    /// NVMe subsystems.
+    #[serde(default)]
+    pub subsystem: Vec<SubsystemConfig>,
+    /// Listening ports.
+    #[serde(default)]
+    pub port: Vec<PortConfig>,
+    /// Reactor threads.
+    #[serde(default)]
+    pub reactor: ReactorConfig,
+    /// NVMe/TCP transport limits.
+    #[serde(default)]
+    pub nvme_tcp: NvmeTcpConfig,
+}
+
+/// A block device.
+#[derive(Debug, Deserialize, Clone)]
+#[serde(deny_unknown_fields)]
+pub struct DeviceConfig {
+    /// Unique name namespaces refer to.
+    pub name: String,
+    /// `null`, `ram`, `file` or `block`.
+    pub kind: String,
+    /// Size ("1GiB", "512MiB", or bytes); required for null and ram,
+    /// optional for file (creates or extends), ignored for block.
+    pub size: Option<Size>,
+    /// Logical block size: 512 or 4096 (any power of two 512..=65536).
+    pub block_size: Option<u32>,
+    /// Path of a file or block device.
+    pub path: Option<PathBuf>,
+}
+
+/// A size written as bytes or with a unit.
+#[derive(Debug, Deserialize, Clone, Copy)]
+#[serde(try_from = "SizeRepr")]
+pub struct Size(pub u64);
+
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum SizeRepr {
+    Bytes(u64),
+    Text(String),
+}
+
+impl TryFrom<SizeRepr> for Size {
+    type Error = String;
+    fn try_from(r: SizeRepr) -> Result<Self, String> {
+        match r {
+            SizeRepr::Bytes(b) => Ok(Size(b)),
+            SizeRepr::Text(t) => parse_size(&t).map(Size),
+        }
+    }
+}
+
+/// Parses "4096", "64KiB", "512MiB", "1GiB", "2TiB" (also K/M/G/T, KB=1000).
+pub fn parse_size(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let n: u64 = num
+        .parse()
+        .map_err(|_| format!("size {s:?} does not start with a number"))?;
+    let mult: u64 = match unit.trim() {
+        "" | "B" => 1,
+        "K" | "KiB" => 1 << 10,
+        "M" | "MiB" => 1 << 20,
+        "G" | "GiB" => 1 << 30,
+        "T" | "TiB" => 1 << 40,
+        "KB" => 1000,
+        "MB" => 1_000_000,
+        "GB" => 1_000_000_000,
+        "TB" => 1_000_000_000_000,
+        u => {
+            return Err(format!(
+                "size {s:?} has unknown unit {u:?} (use KiB, MiB, GiB, TiB)"
+            ))
+        }
+    };
+    n.checked_mul(mult)
+        .ok_or_else(|| format!("size {s:?} overflows"))
+}
+
+/// An NVMe subsystem.
+#[derive(Debug, Deserialize, Clone)]
+#[serde(deny_unknown_fields)]
+pub struct SubsystemConfig {
+    /// Subsystem NQN.
+    pub nqn: String,
+    /// Serial number (default derived from the NQN).
+    pub serial: Option<String>,
+    /// Any host may connect.
+    #[serde(default)]
+    pub allow_any_host: bool,
+    /// Host NQNs allowed when `allow_any_host` is false.
+    #[serde(default)]
+    pub hosts: Vec<String>,
+    /// Namespaces.
+    #[serde(default)]
+    pub namespace: Vec<NamespaceConfig>,
+}
+
+/// A namespace of a subsystem.
+#[derive(Debug, Deserialize, Clone)]
+#[serde(deny_unknown_fields)]
+pub struct NamespaceConfig {
+    /// Namespace ID (default: position + 1).
+    pub nsid: Option<u32>,
+    /// Device name.
+    pub device: String,
+}
+
+/// A listening port.
+#[derive(Debug, Deserialize, Clone)]
+#[serde(deny_unknown_fields)]
+pub struct PortConfig {
+    /// Transport: `tcp` (NVMe/TCP).
+    #[serde(default = "default_transport")]
+    pub transport: String,
+    /// Listen address, e.g. "127.0.0.1:4420".
+    pub address: String,
+}
+
+fn default_transport() -> String {
+    "tcp".to_string()
+}
+
+/// Reactor threads.
+#[derive(Debug, Deserialize, Clone, Default)]
+#[serde(deny_unknown_fields)]
+pub struct ReactorConfig {
+    /// CPUs to run one reactor each on (default: every CPU available).
+    #[serde(default)]
+    pub cores: Vec<usize>,
+}
+
+/// NVMe/TCP transport limits.
+#[derive(Debug, Deserialize, Clone)]
+#[serde(deny_unknown_fields)]
+pub struct NvmeTcpConfig {
+    /// In-capsule data accepted on I/O queues, bytes.
+    #[serde(default = "default_in_capsule")]
+    pub in_capsule_data: u32,
+    /// Largest transfer per command (MDTS), bytes; a power of two >= 4096.
+    #[serde(default = "default_max_transfer")]
+    pub max_transfer: u32,
+    /// Most data bytes per H2CData PDU the host may send (MAXH2CDATA).
+    #[serde(default = "default_max_h2c")]
+    pub max_h2c_data: u32,
+    /// Most I/O queues per controller.
+    #[serde(default = "default_max_queues")]
+    pub max_io_queues: u16,
+    /// Entries per queue (queue depth limit).
+    #[serde(default = "default_queue_entries")]
+    pub queue_entries: u16,
+}
+
+fn default_in_capsule() -> u32 {
+    8192
+}
+fn default_max_transfer() -> u32 {
+    1 << 20
+}
+fn default_max_h2c() -> u32 {
+    128 * 1024
+}
+fn default_max_queues() -> u16 {
+    128
+}
+fn default_queue_entries() -> u16 {
+    1024
+}
+
+impl Default for NvmeTcpConfig {
+    fn default() -> Self {
+        NvmeTcpConfig {
+            in_capsule_data: default_in_capsule(),
+            max_transfer: default_max_transfer(),
+            max_h2c_data: default_max_h2c(),
+            max_io_queues: default_max_queues(),
+            queue_entries: default_queue_entries(),
+        }
+    }
+}
+
+impl Config {
+    /// The embedded default: a 1 GiB RAM device as namespace 1 of
+    /// `nqn.2026-11.io.ironwire:default`, any host, on 127.0.0.1:4420.
+    pub fn embedded_default() -> Config {
+        Config {
+            device: vec![DeviceConfig {
+                name: "ram0".into(),
+                kind: "ram".into(),
+                size: Some(Size(1 << 30)),
+                block_size: Some(512),
+                path: None,
+            }],
+            subsystem: vec![SubsystemConfig {
+                nqn: DEFAULT_NQN.into(),
+                serial: None,
+                allow_any_host: true,
+                hosts: Vec::new(),
+                namespace: vec![NamespaceConfig {
+                    nsid: Some(1),
+                    device: "ram0".into(),
+                }],
+            }],
+            port: vec![PortConfig {
+                transport: "tcp".into(),
+                address: "127.0.0.1:4420".into(),
+            }],
+            reactor: ReactorConfig::default(),
+            nvme_tcp: NvmeTcpConfig::default(),
+        }
+    }
+
+    /// Parses and validates TOML text.
+    pub fn parse(text: &str) -> Result<Config> {
+        let c: Config = toml::from_str(text).context("config is not valid")?;
+        c.validate()?;
+        Ok(c)
+    }
+
+    /// Checks cross-references and limits; errors name the field.
+    pub fn validate(&self) -> Result<()> {
+        let mut names = HashSet::new();
+        for (i, d) in self.device.iter().enumerate() {
+            let f = |field: &str| format!("device[{i}] ({}).{field}", d.name);
+            if d.name.is_empty() {
+                bail!("device[{i}].name: must not be empty");
+            }
+            if !names.insert(d.name.as_str()) {
+                bail!("{}: duplicate device name", f("name"));
+            }
+            match d.kind.as_str() {
+                "null" | "ram" => {
+                    if d.size.is_none() {
+                        bail!("{}: required for a {} device", f("size"), d.kind);
+                    }
+                    if d.path.is_some() {
+                        bail!("{}: not used by a {} device", f("path"), d.kind);
+                    }
+                }
+                "file" | "block" => {
+                    if d.path.is_none() {
+                        bail!("{}: required for a {} device", f("path"), d.kind);
+                    }
+                }
+                k => bail!("{}: {k:?} is not one of null, ram, file, block", f("kind")),
+            }
+            if let Some(bs) = d.block_size {
+                if !bs.is_power_of_two() || !(512..=65536).contains(&bs) {
+                    bail!(
+                        "{}: {bs} is not a power of two between 512 and 65536",
+                        f("block_size")
+                    );
+                }
+                if let Some(Size(sz)) = d.size {
+                    if sz == 0 || sz % u64::from(bs) != 0 {
+                        bail!(
+                            "{}: {sz} bytes is not a non-zero multiple of block_size {bs}",
+                            f("size")
+                        );
+                    }
+                }
+            }
+        }
+        let mut nqns = HashSet::new();
+        for (i, s) in self.subsystem.iter().enumerate() {
+            let f = |field: &str| format!("subsystem[{i}] ({}).{field}", s.nqn);
+            if !valid_nqn(&s.nqn) {
+                bail!("subsystem[{i}].nqn: {:?} is not an NQN (nqn.yyyy-mm.reverse.domain:name, at most 223 bytes)", s.nqn);
+            }
+            if s.nqn == nvme_spec::DISCOVERY_NQN || !nqns.insert(s.nqn.as_str()) {
+                bail!("{}: duplicate or reserved NQN", f("nqn"));
+            }
+            if !s.allow_any_host && s.hosts.is_empty() {
+                bail!(
+                    "{}: empty while allow_any_host is false; no host could connect",
+                    f("hosts")
+                );
+            }
+            for (j, h) in s.hosts.iter().enumerate() {
+                if !valid_nqn(h) {
+                    bail!("{}: {h:?} is not an NQN", f(&format!("hosts[{j}]")));
+                }
+            }
+            let mut nsids = HashSet::new();
+            for (j, ns) in s.namespace.iter().enumerate() {
+                let nsid = ns
+                    .nsid
+                    .unwrap_or(u32::try_from(j).unwrap_or(u32::MAX).saturating_add(1));
+                if nsid == 0 || nsid > 1024 {
+                    bail!(
+                        "{}: {nsid} outside 1..=1024",
+                        f(&format!("namespace[{j}].nsid"))
+                    );
+                }
+                if !nsids.insert(nsid) {
+                    bail!(
+                        "{}: nsid {nsid} used twice",
+                        f(&format!("namespace[{j}].nsid"))
+                    );
+                }
+                if !names.contains(ns.device.as_str()) {
+                    bail!(
+                        "{}: no device named {:?}",
+                        f(&format!("namespace[{j}].device")),
+                        ns.device
+                    );
+                }
+            }
+        }
+        if self.port.is_empty() {
+            bail!("port: at least one port is needed");
+        }
+        for (i, p) in self.port.iter().enumerate() {
+            if p.transport != "tcp" {
+                bail!(
+                    "port[{i}].transport: {:?} is not supported (tcp)",
+                    p.transport
+                );
+            }
+            p.address.parse::<SocketAddr>().map_err(|e| {
+                anyhow::anyhow!("port[{i}].address: {:?} is not ip:port ({e})", p.address)
+            })?;
+        }
+        let t = &self.nvme_tcp;
+        if !t.max_transfer.is_power_of_two() || t.max_transfer < 4096 {
+            bail!(
+                "nvme_tcp.max_transfer: {} is not a power of two >= 4096",
+                t.max_transfer
+            );
+        }
+        if t.in_capsule_data > t.max_transfer || t.in_capsule_data % 16 != 0 {
+            bail!(
+                "nvme_tcp.in_capsule_data: {} must be a multiple of 16 no larger than max_transfer",
+                t.in_capsule_data
+            );
+        }
+        if t.max_h2c_data < 4096 || t.max_h2c_data % 4 != 0 {
+            bail!(
+                "nvme_tcp.max_h2c_data: {} must be a multiple of 4 and at least 4096",
+                t.max_h2c_data
+            );
+        }
+        if t.max_io_queues == 0 || t.queue_entries < 2 {
+            bail!("nvme_tcp: max_io_queues must be >= 1 and queue_entries >= 2");
+        }
+        Ok(())
+    }
+}
+
+/// An NQN: "nqn." followed by a date-and-domain form, or the UUID form;
+/// printable, at most 223 bytes (NVMe Base 2.0 section 4.5).
+pub fn valid_nqn(s: &str) -> bool {
+    s.len() <= 223
+        && s.starts_with("nqn.")
+        && s.len() > 4
+        && s.bytes().all(|b| b.is_ascii_graphic())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn embedded_default_is_valid() {
+        Config::embedded_default().validate().expect("valid");
+    }
+
+    #[test]
+    fn parses_sizes_with_units() {
+        assert_eq!(parse_size("1GiB"), Ok(1 << 30));
+        assert_eq!(parse_size("512MiB"), Ok(512 << 20));
+        assert_eq!(parse_size("4096"), Ok(4096));
+        assert!(parse_size("12 parsecs").is_err());
+    }
+
+    fn err_of(text: &str) -> String {
+        format!("{:#}", Config::parse(text).expect_err("should fail"))
+    }
+
+    #[test]
+    fn errors_name_the_field_and_the_reason() {
+        let base = "[[port]]\naddress = \"127.0.0.1:4420\"\n";
+        let e = err_of(&format!(
+            "{base}[[device]]\nname = \"a\"\nkind = \"ram\"\nsize = \"1MiB\"\nblock_size = 1000\n"
+        ));
+        assert!(
+            e.contains("device[0] (a).block_size") && e.contains("power of two"),
+            "{e}"
+        );
+        let e = err_of(&format!(
+            "{base}[[device]]\nname = \"a\"\nkind = \"tape\"\n"
+        ));
+        assert!(
+            e.contains("device[0] (a).kind") && e.contains("tape"),
+            "{e}"
+        );
+        let e = err_of(&format!("{base}[[subsystem]]\nnqn = \"nqn.2026-11.x:y\"\nallow_any_host = true\n[[subsystem.namespace]]\ndevice = \"missing\"\n"));
+        assert!(
+            e.contains("namespace[0].device") && e.contains("missing"),
+            "{e}"
+        );
+        let e = err_of(&format!("{base}[[subsystem]]\nnqn = \"not-an-nqn\"\n"));
+        assert!(e.contains("subsystem[0].nqn"), "{e}");
+        let e = err_of("[[port]]\naddress = \"localhost\"\n");
+        assert!(e.contains("port[0].address"), "{e}");
+        let e = err_of(&format!("{base}[[subsystem]]\nnqn = \"nqn.2026-11.x:y\"\n"));
+        assert!(
+            e.contains("hosts") && e.contains("no host could connect"),
+            "{e}"
+        );
+        let e = err_of(&format!("{base}bogus = 1\n"));
+        assert!(e.contains("bogus"), "{e}");
+    }
+}

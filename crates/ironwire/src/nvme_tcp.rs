@@ -1,0 +1,294 @@
+//! The NVMe/TCP connection driver: a thin async shell around the sans-IO
+//! `nvmf_tcp::TargetConnection` (framing) and `nvmf::Queue` (commands).
+//!
+//! Per connection, on the reactor that accepted it: a reader task feeds
+//! received bytes to the connection and dispatches the commands that come
+//! out; block I/O runs as local tasks; a writer task sends everything
+//! queued for the connection in one `write_all` per wake-up, so responses
+//! finished in the same loop turn share one send. A ticker checks the
+//! keep-alive timer and delivers asynchronous events.
+
+use blockdev::IoBuf;
+use monoio::io::{AsyncReadRent, AsyncWriteRentExt, Splitable};
+use monoio::net::TcpStream;
+use nvme_spec::{Cqe, Sqe, Status};
+use nvmf::{BlockOp, BlockRequest, Outcome, Queue, Target};
+use nvmf_tcp::target::{Event, TargetConfig, TargetConnection};
+use nvmf_tcp::DataBuffer;
+use reactor::{now_ms, Notify};
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::os::fd::AsRawFd;
+use std::rc::Rc;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Write data lands straight in a pooled, aligned buffer the backend can
+/// write from with O_DIRECT.
+pub struct Buf(pub IoBuf);
+
+impl AsRef<[u8]> for Buf {
+    fn as_ref(&self) -> &[u8] {
+        &self.0
+    }
+}
+
+impl AsMut<[u8]> for Buf {
+    fn as_mut(&mut self) -> &mut [u8] {
+        &mut self.0
+    }
+}
+
+impl DataBuffer for Buf {
+    fn alloc(len: usize) -> Self {
+        Buf(IoBuf::with_len(len))
+    }
+}
+
+struct Conn {
+    tcp: RefCell<TargetConnection<Buf>>,
+    queue: RefCell<Queue>,
+    awaiting_data: RefCell<HashMap<u16, Sqe>>,
+    tx_ready: Notify,
+    closing: Cell<bool>,
+    fd: i32,
+    peer: SocketAddr,
+}
+
+impl Conn {
+    /// Ends the connection: stops the reader (shutdown wakes its pending
+    /// read) after the writer flushed what is queued.
+    fn close(&self) {
+        if !self.closing.replace(true) {
+            self.tx_ready.notify();
+        }
+    }
+
+    fn respond(&self, cqe: Cqe) {
+        self.tcp.borrow_mut().send_response(cqe);
+        self.tx_ready.notify();
+    }
+}
+
+/// Serves one accepted connection until it closes.
+pub async fn serve(stream: TcpStream, target: Arc<Target>, cfg: TargetConfig) {
+    let _ = stream.set_nodelay(true);
+    let (Ok(local), Ok(peer)) = (stream.local_addr(), stream.peer_addr()) else {
+        return;
+    };
+    let fd = stream.as_raw_fd();
+    let conn = Rc::new(Conn {
+        tcp: RefCell::new(TargetConnection::new(cfg)),
+        queue: RefCell::new(Queue::new(target, local, peer)),
+        awaiting_data: RefCell::new(HashMap::new()),
+        tx_ready: Notify::default(),
+        closing: Cell::new(false),
+        fd,
+        peer,
+    });
+    log::debug!("{peer}: connected");
+    let (mut rd, wr) = stream.into_split();
+    let writer = monoio::spawn(write_loop(wr, conn.clone()));
+    let ticker = monoio::spawn(tick_loop(conn.clone()));
+    let mut buf = Vec::with_capacity(256 * 1024);
+    while !conn.closing.get() {
+        let (res, b) = rd.read(buf).await;
+        buf = b;
+        match res {
+            Ok(0) | Err(_) => break,
+            Ok(_) => {}
+        }
+        let r = conn.tcp.borrow_mut().handle_input(&buf);
+        buf.clear();
+        dispatch_events(&conn);
+        if let Err(e) = r {
+            log::warn!("{peer}: fatal NVMe/TCP error, sending C2HTermReq: {e}");
+            conn.close();
+        }
+    }
+    conn.close();
+    conn.queue.borrow_mut().close();
+    let _ = writer.await;
+    drop(ticker);
+    log::debug!("{peer}: closed");
+}
+
+fn dispatch_events(conn: &Rc<Conn>) {
+    loop {
+        let ev = conn.tcp.borrow_mut().poll_event();
+        let Some(ev) = ev else { break };
+        match ev {
+            Event::Command { sqe, data } => {
+                let len = data.as_ref().map(|d| d.0.len());
+                let checked = conn.tcp.borrow().check_sgl(&sqe, len);
+                match checked {
+                    Ok(_) => execute(conn, sqe, data),
+                    Err(status) => {
+                        log::debug!(
+                            "{}: cid {} SGL rejected: {status}",
+                            conn.peer,
+                            sqe.cid.get()
+                        );
+                        conn.respond(Cqe::new(sqe.cid.get(), status, 0));
+                    }
+                }
+            }
+            Event::Data { cid, data } => {
+                let sqe = conn.awaiting_data.borrow_mut().remove(&cid);
+                match sqe {
+                    Some(sqe) => execute(conn, sqe, Some(data)),
+                    None => conn.respond(Cqe::new(cid, Status::INTERNAL, 0)),
+                }
+            }
+            Event::DataDigestError { cid } => {
+                log::warn!("{}: data digest mismatch on cid {cid}; completing with Transient Transport Error", conn.peer);
+                conn.awaiting_data.borrow_mut().remove(&cid);
+                conn.respond(Cqe::new(cid, Status::TRANSIENT_TRANSPORT_ERROR, 0));
+            }
+            Event::HostTerminated { fes } => {
+                log::warn!(
+                    "{}: host sent H2CTermReq (fes {fes:#x}); closing",
+                    conn.peer
+                );
+                conn.close();
+            }
+        }
+    }
+    conn.tx_ready.notify();
+}
+
+fn execute(conn: &Rc<Conn>, sqe: Sqe, data: Option<Buf>) {
+    let outcome = conn.queue.borrow_mut().execute(now_ms(), &sqe, data);
+    let cid = sqe.cid.get();
+    match outcome {
+        Outcome::Complete { cqe, data } => {
+            if data.is_empty() {
+                conn.tcp.borrow_mut().send_response(cqe);
+            } else {
+                conn.tcp.borrow_mut().send_data(cid, &data, cqe);
+            }
+        }
+        Outcome::NeedData { len } => {
+            conn.awaiting_data.borrow_mut().insert(cid, sqe);
+            conn.tcp.borrow_mut().request_data(cid, len);
+        }
+        Outcome::Io(req) => {
+            monoio::spawn(run_io(conn.clone(), req));
+        }
+        Outcome::Deferred => {}
+        Outcome::Connected {
+            cqe,
+            qid,
+            sqsize,
+            sq_flow_disabled,
+        } => {
+            let mut tcp = conn.tcp.borrow_mut();
+            tcp.set_queue(qid, sqsize, sq_flow_disabled);
+            tcp.send_response(cqe);
+        }
+        Outcome::CompleteAndClose { cqe } => {
+            conn.tcp.borrow_mut().send_response(cqe);
+            conn.close();
+        }
+    }
+}
+
+async fn run_io(conn: Rc<Conn>, req: BlockRequest<Buf>) {
+    let BlockRequest { cid, device, op } = req;
+    let ok = |s: Result<(), blockdev::Error>, write: bool| match s {
+        Ok(()) => Status::SUCCESS,
+        Err(e) => {
+            log::warn!(
+                "{}: {} on {} failed: {e}",
+                conn.peer,
+                if write { "write" } else { "read" },
+                device.name()
+            );
+            nvmf::io_error_status(&e, write)
+        }
+    };
+    let status = match op {
+        BlockOp::Read { lba, len_bytes } => {
+            let (r, buf) = device.read(lba, IoBuf::with_len(len_bytes as usize)).await;
+            let status = ok(r, false);
+            if status.is_success() {
+                conn.tcp
+                    .borrow_mut()
+                    .send_data(cid, &buf, Cqe::new(cid, status, 0));
+                conn.tx_ready.notify();
+                return;
+            }
+            status
+        }
+        BlockOp::Write { lba, data, fua } => ok(device.write(lba, data.0, fua).await.0, true),
+        BlockOp::Flush => ok(device.flush().await, true),
+        BlockOp::WriteZeroes {
+            lba,
+            blocks,
+            deallocate,
+        } => ok(device.write_zeroes(lba, blocks, deallocate).await, true),
+        BlockOp::Deallocate { ranges } => {
+            let mut status = Status::SUCCESS;
+            for (lba, blocks) in ranges {
+                status = ok(device.deallocate(lba, blocks).await, true);
+                if !status.is_success() {
+                    break;
+                }
+            }
+            status
+        }
+        BlockOp::Compare { lba, data } => {
+            let (r, buf) = device.read(lba, IoBuf::with_len(data.0.len())).await;
+            match ok(r, false) {
+                s if !s.is_success() => s,
+                _ if buf[..] == data.0[..] => Status::SUCCESS,
+                _ => Status::COMPARE_FAILURE,
+            }
+        }
+    };
+    conn.respond(Cqe::new(cid, status, 0));
+}
+
+async fn write_loop(mut wr: monoio::net::tcp::TcpOwnedWriteHalf, conn: Rc<Conn>) {
+    let mut out = Vec::with_capacity(256 * 1024);
+    loop {
+        conn.tx_ready.wait().await;
+        conn.tcp.borrow_mut().take_transmit(&mut out);
+        if !out.is_empty() {
+            let (res, o) = wr.write_all(out).await;
+            out = o;
+            out.clear();
+            if res.is_err() {
+                conn.closing.set(true);
+            }
+        }
+        if conn.closing.get() && !conn.tcp.borrow().has_transmit() {
+            break;
+        }
+    }
+    // Wake the reader out of its pending read.
+    // SAFETY: `fd` is the connection's socket, alive until both halves drop;
+    // shutdown does not close or invalidate it.
+    unsafe {
+        libc::shutdown(conn.fd, libc::SHUT_RDWR);
+    }
+}
+
+async fn tick_loop(conn: Rc<Conn>) {
+    loop {
+        reactor::sleep(Duration::from_millis(100)).await;
+        if conn.closing.get() {
+            break;
+        }
+        let mut q = conn.queue.borrow_mut();
+        if q.expired(now_ms()) {
+            drop(q);
+            conn.close();
+            break;
+        }
+        while let Some(cqe) = q.poll_event() {
+            conn.respond(cqe);
+        }
+    }
+}

@@ -1,0 +1,207 @@
+//! `ironwire serve`: builds the object model from the configuration, opens
+//! the devices, and starts one reactor per configured core, each listening
+//! on every port.
+
+use crate::config::Config;
+use anyhow::{Context, Result};
+use blockdev::Device;
+use nvmf::{Namespace, Settings, Subsystem, Target};
+use nvmf_tcp::target::TargetConfig;
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+/// Opens every device named in `config`.
+pub fn open_devices(config: &Config) -> Result<HashMap<String, Arc<Device>>> {
+    let mut devices = HashMap::new();
+    for d in &config.device {
+        let bs = d.block_size.unwrap_or(512);
+        let size = d.size.map(|s| s.0);
+        let dev = match d.kind.as_str() {
+            "null" => Device::null(&d.name, size.unwrap_or(0), bs),
+            "ram" => Device::ram(&d.name, size.unwrap_or(0), bs),
+            "file" => Device::file(&d.name, d.path.as_deref().unwrap_or("".as_ref()), size, bs),
+            _ => Device::block(
+                &d.name,
+                d.path.as_deref().unwrap_or("".as_ref()),
+                d.block_size,
+            ),
+        }
+        .with_context(|| format!("device {:?}", d.name))?;
+        devices.insert(d.name.clone(), Arc::new(dev));
+    }
+    Ok(devices)
+}
+
+/// Builds the target from `config`.
+pub fn build_target(
+    config: &Config,
+    devices: &HashMap<String, Arc<Device>>,
+) -> Result<Arc<Target>> {
+    let t = &config.nvme_tcp;
+    let target = Target::new(Settings {
+        max_transfer: t.max_transfer,
+        io_in_capsule: t.in_capsule_data,
+        max_io_queues: t.max_io_queues,
+        queue_entries: t.queue_entries,
+    });
+    for s in &config.subsystem {
+        let serial = s.serial.clone().unwrap_or_else(|| serial_for(&s.nqn));
+        let subsys = target
+            .add_subsystem(Subsystem::new(
+                &s.nqn,
+                &serial,
+                s.allow_any_host,
+                s.hosts.clone(),
+            ))
+            .map_err(anyhow::Error::msg)?;
+        for (j, ns) in s.namespace.iter().enumerate() {
+            let nsid = ns
+                .nsid
+                .unwrap_or(u32::try_from(j).unwrap_or(u32::MAX).saturating_add(1));
+            let dev = devices
+                .get(&ns.device)
+                .with_context(|| format!("no device {:?}", ns.device))?;
+            subsys
+                .add_namespace(Namespace::new(&s.nqn, nsid, dev.clone()))
+                .map_err(anyhow::Error::msg)?;
+        }
+    }
+    Ok(Arc::new(target))
+}
+
+fn serial_for(nqn: &str) -> String {
+    let h = nqn.bytes().fold(0xcbf2_9ce4_8422_2325u64, |a, b| {
+        (a ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    });
+    format!("IW{:016X}", h)
+}
+
+/// Runs the target until the process is killed.
+pub fn run(config: Config) -> Result<()> {
+    let devices = open_devices(&config)?;
+    let target = build_target(&config, &devices)?;
+    let addrs: Vec<SocketAddr> = config
+        .port
+        .iter()
+        .filter_map(|p| p.address.parse().ok())
+        .collect();
+    // Bind once here so an address in use is reported before any reactor
+    // starts; the reactors bind their own SO_REUSEPORT sockets.
+    for a in &addrs {
+        socket_probe(*a).with_context(|| format!("cannot listen on {a}"))?;
+        target.add_port(*a);
+    }
+    let cpus = if config.reactor.cores.is_empty() {
+        reactor::available_cpus()
+    } else {
+        config.reactor.cores.clone()
+    };
+    let tcfg = TargetConfig {
+        max_h2c_data: config.nvme_tcp.max_h2c_data,
+        max_in_capsule: config.nvme_tcp.in_capsule_data.max(8192),
+        max_transfer: config.nvme_tcp.max_transfer,
+        cpda: 0,
+    };
+    let (ready_tx, ready_rx) = std::sync::mpsc::channel::<Result<(), String>>();
+    let handles = reactor::start(&cpus, 1024, {
+        let target = target.clone();
+        let addrs = addrs.clone();
+        move |id| {
+            let target = target.clone();
+            let addrs = addrs.clone();
+            let ready_tx = ready_tx.clone();
+            async move {
+                let mut listeners = Vec::new();
+                for a in &addrs {
+                    match reactor::listen(*a) {
+                        Ok(l) => listeners.push(l),
+                        Err(e) => {
+                            let _ = ready_tx
+                                .send(Err(format!("reactor {}: listen {a}: {e}", id.index)));
+                            return;
+                        }
+                    }
+                }
+                let _ = ready_tx.send(Ok(()));
+                log::debug!(
+                    "reactor {} on cpu {:?} serving {} ports",
+                    id.index,
+                    id.cpu,
+                    listeners.len()
+                );
+                let mut tasks = Vec::new();
+                for l in listeners {
+                    let target = target.clone();
+                    tasks.push(monoio::spawn(async move {
+                        loop {
+                            match l.accept().await {
+                                Ok((stream, _)) => {
+                                    monoio::spawn(crate::nvme_tcp::serve(
+                                        stream,
+                                        target.clone(),
+                                        tcfg,
+                                    ));
+                                }
+                                Err(e) => {
+                                    log::warn!("accept failed: {e}");
+                                    reactor::sleep(std::time::Duration::from_millis(10)).await;
+                                }
+                            }
+                        }
+                    }));
+                }
+                for t in tasks {
+                    t.await;
+                }
+            }
+        }
+    })?;
+    for _ in 0..handles.len() {
+        match ready_rx.recv() {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => anyhow::bail!(e),
+            Err(_) => anyhow::bail!("a reactor stopped during startup"),
+        }
+    }
+    let reactors = handles.len();
+    eprintln!(
+        "ironwire {}: {} reactor(s) on cpus {:?}",
+        env!("CARGO_PKG_VERSION"),
+        reactors,
+        cpus
+    );
+    for s in target.subsystems() {
+        for p in target.ports() {
+            let ns: Vec<String> = s
+                .namespaces()
+                .iter()
+                .map(|n| format!("{}:{}", n.nsid, n.device.name()))
+                .collect();
+            eprintln!(
+                "  nvme/tcp {} {} namespaces [{}]",
+                p.addr,
+                s.nqn,
+                ns.join(", ")
+            );
+        }
+    }
+    if let (Some(p), Some(s)) = (target.ports().first(), target.subsystems().first()) {
+        println!(
+            "ready: nvme connect -t tcp -a {} -s {} -n {}",
+            p.addr.ip(),
+            p.addr.port(),
+            s.nqn
+        );
+    }
+    for h in handles {
+        let _ = h.join();
+    }
+    Ok(())
+}
+
+fn socket_probe(addr: SocketAddr) -> std::io::Result<()> {
+    // A std listener with SO_REUSEPORT would succeed even against another
+    // process's listener; a plain bind detects a port in use.
+    std::net::TcpListener::bind(addr).map(drop)
+}
