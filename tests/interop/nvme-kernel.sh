@@ -99,8 +99,8 @@ ensure_host_tools() {
 	command -v qemu-system-x86_64 >/dev/null || need+=(qemu-system-x86)
 	command -v cpio >/dev/null || need+=(cpio)
 	command -v xz >/dev/null || need+=(xz-utils)
-	command -v flock >/dev/null || need+=(util-linux)
 	command -v gzip >/dev/null || need+=(gzip)
+	{ command -v flock && command -v setsid; } >/dev/null || need+=(util-linux)
 	if ((${#need[@]})); then
 		((INSTALL)) || die "missing host tools (${need[*]}) and --no-install given"
 		apt_update
@@ -111,7 +111,7 @@ ensure_host_tools() {
 	# kernel-peer prepare downloads Debian packages (apt-get download) unless
 	# its cache is complete; that needs package lists.
 	if ! "$KP" prepare --check 2>/dev/null; then
-		((INSTALL)) && [[ -z $(ls /var/lib/apt/lists/*_Packages 2>/dev/null | head -n1) ]] && apt_update
+		((INSTALL)) && apt_update
 		say "kernel-peer prepare (cache $KP_CACHE)"
 	fi
 	"$KP" prepare || die "kernel-peer prepare failed"

@@ -103,4 +103,4 @@ pub const ERROR_ENTRY_LEN: usize = 64;
 
 /// Async event completion DW0 for "namespace attribute changed"
 /// (type notice = 2, info 0, log page 04h; NVMe Base 2.0 figure 150).
-pub const AEN_NS_CHANGED: u32 = 0x02 | (0x00 << 8) | (0x04 << 16);
+pub const AEN_NS_CHANGED: u32 = 0x02 | (0x04 << 16);

@@ -231,7 +231,7 @@ impl HostConnection {
         self.tx_framing = Framing {
             hdgst,
             ddgst,
-            data_align: (u32::from(resp.cpda) + 1) * 4,
+            data_align: pdu::pda_bytes(resp.cpda),
         };
         self.max_h2c_data = resp.maxh2cdata.get().max(4096);
         self.ready = true;

@@ -250,6 +250,11 @@ const _: () = assert!(core::mem::size_of::<TermReq>() == 24);
 /// Largest header echoed in a terminate request (plen 152 at most).
 pub const TERM_REQ_MAX_DATA: usize = 128;
 
+/// The data alignment in bytes a PDA field asks for: (PDA+1)*4, PDA 0..=31.
+pub fn pda_bytes(pda: u8) -> u32 {
+    (u32::from(pda) & 31).saturating_add(1).saturating_mul(4)
+}
+
 /// Framing parameters of one direction of a connection.
 #[derive(Clone, Copy, Debug)]
 pub struct Framing {
@@ -346,7 +351,7 @@ fn frame_checked<'a>(
         ));
     }
     let plen = ch.plen.get();
-    let header_end = u32::from(hlen) + hd;
+    let header_end = u32::from(hlen).saturating_add(hd);
     if plen < header_end {
         return Err(invalid(
             offset::PLEN,
@@ -372,7 +377,10 @@ fn frame_checked<'a>(
     }
     let data_start = if has_data {
         let pdo = u32::from(ch.pdo);
-        if pdo < header_end || pdo % framing.data_align != 0 || pdo.saturating_add(dd) > plen {
+        if pdo < header_end
+            || pdo.checked_rem(framing.data_align) != Some(0)
+            || pdo.saturating_add(dd) > plen
+        {
             return Err(invalid(
                 offset::PDO,
                 ch_bytes,
@@ -454,17 +462,22 @@ pub fn encode(out: &mut Vec<u8>, header: &[u8], data: &[u8], framing: Framing) {
     let digests = pdu_type.carries_digests();
     let hd = digests && framing.hdgst;
     let dd = digests && framing.ddgst && !data.is_empty();
-    let header_end = header.len() + if hd { digest::LEN } else { 0 };
+    let header_end = header
+        .len()
+        .saturating_add(if hd { digest::LEN } else { 0 });
     let pdo = if data.is_empty() {
         0
     } else {
         header_end.next_multiple_of(framing.data_align as usize)
     };
     let data_start = if data.is_empty() { header_end } else { pdo };
-    let plen = data_start + data.len() + if dd { digest::LEN } else { 0 };
+    let plen =
+        data_start
+            .saturating_add(data.len())
+            .saturating_add(if dd { digest::LEN } else { 0 });
     let start = out.len();
     out.extend_from_slice(header);
-    if let Some(h) = out.get_mut(start..start + 8) {
+    if let Some(h) = out.get_mut(start..start.saturating_add(8)) {
         let mut ch = CommonHeader::read_from_bytes(h).unwrap_or_default();
         if hd {
             ch.flags |= flags::HDGSTF;
@@ -480,7 +493,7 @@ pub fn encode(out: &mut Vec<u8>, header: &[u8], data: &[u8], framing: Framing) {
         let d = digest::crc32c(out.get(start..).unwrap_or_default());
         out.extend_from_slice(&d);
     }
-    out.resize(start + data_start, 0);
+    out.resize(start.saturating_add(data_start), 0);
     out.extend_from_slice(data);
     if dd {
         out.extend_from_slice(&digest::crc32c(data));

@@ -114,7 +114,7 @@ pub struct TargetConnection<B> {
 impl<B: DataBuffer> TargetConnection<B> {
     /// A connection waiting for the host's ICReq.
     pub fn new(cfg: TargetConfig) -> Self {
-        let align = (u32::from(cfg.cpda) + 1) * 4;
+        let align = pdu::pda_bytes(cfg.cpda);
         TargetConnection {
             cfg,
             state: State::AwaitIcReq,
@@ -291,7 +291,7 @@ impl<B: DataBuffer> TargetConnection<B> {
         self.tx_framing = Framing {
             hdgst,
             ddgst,
-            data_align: (u32::from(req.hpda) + 1) * 4,
+            data_align: pdu::pda_bytes(req.hpda),
         };
         self.state = State::Ready;
         Ok(())
@@ -310,7 +310,11 @@ impl<B: DataBuffer> TargetConnection<B> {
                 "capsule header truncated",
             ));
         };
-        self.sqhd = self.sqhd.wrapping_add(1) % self.sq_entries.max(1);
+        self.sqhd = self
+            .sqhd
+            .wrapping_add(1)
+            .checked_rem(self.sq_entries)
+            .unwrap_or(0);
         let cid = cmd.sqe.cid.get();
         if data.is_empty() {
             self.events.push_back(Event::Command {

@@ -1,0 +1,69 @@
+//! An async NVMe/TCP host on monoio, for tests, tools and the benchmark.
+//!
+//! The protocol work is `nvmf_tcp::host::HostConnection`'s; this crate only
+//! moves its bytes over a `monoio` TCP stream ([`Queue`]), runs the NVMe-oF
+//! controller bring-up and the common admin and I/O commands on top
+//! ([`Controller`]), reads discovery log pages ([`discover`]) and drives a
+//! closed-loop load ([`bench`]). Every wait on the network is bounded by a
+//! timeout, so a silent or stuck target becomes [`Error::Timeout`], never a
+//! hang. It needs a monoio runtime built with `enable_timer()`.
+#![forbid(unsafe_code)]
+
+pub mod bench;
+pub mod cmd;
+mod controller;
+mod discovery;
+mod queue;
+
+pub use controller::{Controller, IdentifyController, NamespaceInfo, Options};
+pub use discovery::{discover, discover_with, parse_discovery_log, DiscoveryEntry};
+pub use nvme_spec::Status;
+pub use nvmf_tcp::host::Completion;
+pub use queue::{Queue, QueueOptions};
+
+use std::time::Duration;
+
+/// What can go wrong talking to a controller.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The command completed with a non-success status.
+    #[error("command failed with status {0} ({:#06x})", .0 .0)]
+    Status(Status),
+    /// The controller ended the connection with a C2HTermReq, or sent bytes
+    /// that break NVMe/TCP.
+    #[error("NVMe/TCP transport error: {0}")]
+    Fatal(#[from] nvmf_tcp::Fatal),
+    /// A socket error.
+    #[error("socket error: {0}")]
+    Io(#[from] std::io::Error),
+    /// The controller closed the connection.
+    #[error("connection closed by the controller")]
+    Closed,
+    /// Nothing arrived in time.
+    #[error("timed out after {after:?} waiting for {what}")]
+    Timeout {
+        /// What was awaited.
+        what: &'static str,
+        /// The bound that passed.
+        after: Duration,
+    },
+    /// The controller answered with something this host cannot use.
+    #[error("unexpected response: {0}")]
+    Protocol(String),
+    /// The request cannot be sent as asked.
+    #[error("invalid request: {0}")]
+    Invalid(String),
+}
+
+impl Error {
+    /// The NVMe status of a failed command, if that is what this is.
+    pub fn status(&self) -> Option<Status> {
+        match self {
+            Error::Status(s) => Some(*s),
+            _ => None,
+        }
+    }
+}
+
+/// Result of this crate's operations.
+pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -1,0 +1,464 @@
+//! Pair tests: the host and target state machines wired together in memory,
+//! and the target fed hostile bytes. No sockets.
+
+use nvme_spec::{Cqe, Sqe, Status};
+use nvmf_tcp::host::{HostConfig, HostConnection};
+use nvmf_tcp::pdu::{
+    self, common_header, flags, CapsuleCmd, DataHeader, Framing, IcReq, PduType, TermReq,
+};
+use nvmf_tcp::target::{Event, State, TargetConfig, TargetConnection};
+use nvmf_tcp::Fes;
+use zerocopy::{FromBytes, IntoBytes};
+
+type Target = TargetConnection<Vec<u8>>;
+
+/// A trivial controller behind the target: reads return a pattern, writes
+/// are kept, everything else succeeds.
+#[derive(Default)]
+struct Backend {
+    written: Vec<(u16, Vec<u8>)>,
+}
+
+fn pattern(len: usize) -> Vec<u8> {
+    (0..len).map(|i| (i * 7 + 3) as u8).collect()
+}
+
+fn serve(t: &mut Target, b: &mut Backend) {
+    while let Some(ev) = t.poll_event() {
+        match ev {
+            Event::Command { sqe, data } => {
+                let cid = sqe.cid.get();
+                let len = t
+                    .check_sgl(&sqe, data.as_ref().map(Vec::len))
+                    .expect("valid SGL");
+                match (sqe.opcode, data) {
+                    (0x02, _) => t.send_data(
+                        cid,
+                        &pattern(len as usize),
+                        Cqe::new(cid, Status::SUCCESS, 0),
+                    ),
+                    (0x01, Some(d)) => {
+                        b.written.push((cid, d));
+                        t.send_response(Cqe::new(cid, Status::SUCCESS, 0));
+                    }
+                    (0x01, None) => t.request_data(cid, len),
+                    _ => t.send_response(Cqe::new(cid, Status::SUCCESS, 0)),
+                }
+            }
+            Event::Data { cid, data } => {
+                b.written.push((cid, data));
+                t.send_response(Cqe::new(cid, Status::SUCCESS, 0));
+            }
+            Event::DataDigestError { cid } => {
+                t.send_response(Cqe::new(cid, Status::TRANSIENT_TRANSPORT_ERROR, 0))
+            }
+            Event::HostTerminated { .. } => {}
+        }
+    }
+}
+
+/// Moves bytes both ways until neither side has anything to send.
+fn step(h: &mut HostConnection, t: &mut Target, b: &mut Backend) {
+    for _ in 0..100 {
+        let mut bytes = Vec::new();
+        h.take_transmit(&mut bytes);
+        let mut moved = !bytes.is_empty();
+        // Feed in small pieces to exercise partial PDUs.
+        for chunk in bytes.chunks(37) {
+            let _ = t.handle_input(chunk);
+        }
+        serve(t, b);
+        let mut back = Vec::new();
+        t.take_transmit(&mut back);
+        moved |= !back.is_empty();
+        let _ = h.handle_input(&back);
+        if !moved {
+            return;
+        }
+    }
+    panic!("connection did not go idle");
+}
+
+fn pair(hdgst: bool, ddgst: bool) -> (HostConnection, Target, Backend) {
+    let mut h = HostConnection::new(HostConfig {
+        header_digest: hdgst,
+        data_digest: ddgst,
+        max_in_capsule: 8192,
+    });
+    let mut t = Target::new(TargetConfig {
+        max_h2c_data: 16384,
+        ..Default::default()
+    });
+    let mut b = Backend::default();
+    step(&mut h, &mut t, &mut b);
+    assert!(h.is_ready());
+    assert_eq!(t.state(), State::Ready);
+    assert_eq!(t.digests(), (hdgst, ddgst));
+    (h, t, b)
+}
+
+fn rw_sqe(opcode: u8, cid: u16) -> Sqe {
+    let mut s = Sqe {
+        opcode,
+        ..Default::default()
+    };
+    s.cid = cid.into();
+    s.nsid = 1.into();
+    s
+}
+
+#[test]
+fn reads_and_writes_round_trip_with_and_without_digests() {
+    for (hd, dd) in [(false, false), (true, false), (false, true), (true, true)] {
+        let (mut h, mut t, mut b) = pair(hd, dd);
+        h.submit(rw_sqe(0x02, 1), Vec::new(), 65536);
+        h.submit(rw_sqe(0x01, 2), pattern(4096), 0); // in-capsule
+        h.submit(rw_sqe(0x01, 3), pattern(100_000), 0); // R2T, several H2CData PDUs
+        step(&mut h, &mut t, &mut b);
+        let mut done = Vec::new();
+        while let Some(c) = h.poll_completion() {
+            assert!(c.cqe.status().is_success(), "{:?}", c.cqe);
+            done.push((c.cqe.cid.get(), c.data));
+        }
+        done.sort_by_key(|d| d.0);
+        assert_eq!(done.len(), 3, "digests {hd}/{dd}");
+        assert_eq!(done.first().map(|d| d.1.clone()), Some(pattern(65536)));
+        assert_eq!(b.written.len(), 2);
+        assert!(b
+            .written
+            .iter()
+            .any(|(cid, d)| *cid == 3 && *d == pattern(100_000)));
+        assert!(b
+            .written
+            .iter()
+            .any(|(cid, d)| *cid == 2 && *d == pattern(4096)));
+    }
+}
+
+#[test]
+fn completes_read_with_success_flag_when_sq_flow_disabled() {
+    let (mut h, mut t, mut b) = pair(false, false);
+    t.set_queue(1, 127, true);
+    h.submit(rw_sqe(0x02, 9), Vec::new(), 4096);
+    let mut bytes = Vec::new();
+    h.take_transmit(&mut bytes);
+    t.handle_input(&bytes).expect("valid");
+    serve(&mut t, &mut b);
+    let mut back = Vec::new();
+    t.take_transmit(&mut back);
+    // One C2HData PDU with LAST|SUCCESS and no response capsule.
+    let ch = pdu::CommonHeader::read_from_bytes(back.get(..8).expect("header")).expect("ch");
+    assert_eq!(ch.pdu_type, PduType::C2H_DATA.0);
+    assert_eq!(
+        ch.flags & (flags::LAST_PDU | flags::SUCCESS),
+        flags::LAST_PDU | flags::SUCCESS
+    );
+    assert_eq!(back.len(), ch.plen.get() as usize);
+    h.handle_input(&back).expect("valid");
+    assert!(h.poll_completion().expect("done").cqe.status().is_success());
+}
+
+#[test]
+fn sends_a_response_capsule_after_data_when_sq_flow_control_is_on() {
+    let (mut h, mut t, mut b) = pair(false, false);
+    t.set_queue(1, 127, false);
+    h.submit(rw_sqe(0x02, 9), Vec::new(), 4096);
+    let mut bytes = Vec::new();
+    h.take_transmit(&mut bytes);
+    t.handle_input(&bytes).expect("valid");
+    serve(&mut t, &mut b);
+    let mut back = Vec::new();
+    t.take_transmit(&mut back);
+    let ch = pdu::CommonHeader::read_from_bytes(back.get(..8).expect("header")).expect("ch");
+    assert_eq!(ch.flags & flags::SUCCESS, 0);
+    let resp_at = ch.plen.get() as usize;
+    assert_eq!(back.get(resp_at), Some(&PduType::CAPSULE_RESP.0));
+    let sqhd = u16::from_le_bytes([back[resp_at + 8 + 8], back[resp_at + 8 + 9]]);
+    assert_eq!(sqhd, 1, "SQHD advanced past the one capsule");
+}
+
+/// Feeds raw bytes to a ready target and returns the C2HTermReq it sent.
+fn term_after(t: &mut Target, bytes: &[u8]) -> TermReq {
+    let err = t.handle_input(bytes).expect_err("fatal");
+    assert_eq!(t.state(), State::Terminated);
+    let mut out = Vec::new();
+    t.take_transmit(&mut out);
+    let term = TermReq::read_from_bytes(out.get(..24).expect("term header")).expect("term");
+    assert_eq!(term.ch.pdu_type, PduType::C2H_TERM_REQ.0);
+    assert_eq!(term.fes.get(), err.fes.0);
+    assert_eq!(term.fei.get(), err.fei);
+    assert!(
+        term.ch.plen.get() as usize <= 152,
+        "C2HTermReq plen at most 152"
+    );
+    assert!(!err.reason.is_empty());
+    term
+}
+
+fn capsule(framing: Framing, data: &[u8], sgl_len: u32) -> Vec<u8> {
+    let mut sqe = rw_sqe(0x01, 4);
+    sqe.dptr = nvme_spec::Sgl::in_capsule(sgl_len);
+    let cmd = CapsuleCmd {
+        ch: common_header(PduType::CAPSULE_CMD, 0),
+        sqe,
+    };
+    let mut out = Vec::new();
+    pdu::encode(&mut out, cmd.as_bytes(), data, framing);
+    out
+}
+
+const PLAIN: Framing = Framing {
+    hdgst: false,
+    ddgst: false,
+    data_align: 4,
+};
+
+#[test]
+fn rejects_unknown_pdu_type_with_invalid_header_field() {
+    let (_h, mut t, _b) = pair(false, false);
+    let mut bytes = capsule(PLAIN, &[], 0);
+    bytes[0] = 0x0b;
+    let term = term_after(&mut t, &bytes);
+    assert_eq!(
+        (term.fes.get(), term.fei.get()),
+        (Fes::INVALID_HEADER_FIELD.0, 0)
+    );
+}
+
+#[test]
+fn rejects_inconsistent_hlen_pdo_and_plen() {
+    for (field, value, fei) in [(2usize, 24u8, 2u32), (3, 8, 3), (4, 60, 4)] {
+        let (_h, mut t, _b) = pair(false, false);
+        let mut bytes = capsule(PLAIN, &[1, 2, 3, 4], 4);
+        bytes[field] = value;
+        let term = term_after(&mut t, &bytes);
+        assert_eq!(
+            (term.fes.get(), term.fei.get()),
+            (Fes::INVALID_HEADER_FIELD.0, fei),
+            "field {field}"
+        );
+    }
+}
+
+#[test]
+fn rejects_plen_beyond_the_in_capsule_limit() {
+    let (_h, mut t, _b) = pair(false, false);
+    let big = vec![0u8; 8192 + 16];
+    let term = term_after(&mut t, &capsule(PLAIN, &big, big.len() as u32));
+    assert_eq!(term.fes.get(), Fes::DATA_LIMIT_EXCEEDED.0);
+}
+
+#[test]
+fn rejects_header_digest_mismatch() {
+    let (_h, mut t, _b) = pair(true, false);
+    let mut bytes = capsule(
+        Framing {
+            hdgst: true,
+            ..PLAIN
+        },
+        &[],
+        0,
+    );
+    bytes[72] ^= 0x55; // first byte of the header digest
+    let term = term_after(&mut t, &bytes);
+    assert_eq!(term.fes.get(), Fes::HEADER_DIGEST_ERROR.0);
+}
+
+#[test]
+fn completes_a_command_with_bad_data_digest_as_transient_transport_error() {
+    let (mut h, mut t, mut b) = pair(false, true);
+    let mut bytes = capsule(
+        Framing {
+            ddgst: true,
+            ..PLAIN
+        },
+        &[9; 512],
+        512,
+    );
+    let n = bytes.len();
+    bytes[n - 1] ^= 1;
+    t.handle_input(&bytes)
+        .expect("a data digest error is not fatal");
+    assert!(matches!(
+        t.poll_event(),
+        Some(Event::DataDigestError { cid: 4 })
+    ));
+    // The connection keeps working.
+    h.submit(rw_sqe(0x02, 5), Vec::new(), 512);
+    step(&mut h, &mut t, &mut b);
+    assert!(h
+        .poll_completion()
+        .expect("read done")
+        .cqe
+        .status()
+        .is_success());
+}
+
+fn h2c(cid: u16, ttag: u16, datao: u32, data: &[u8], last: bool) -> Vec<u8> {
+    let hdr = DataHeader {
+        ch: common_header(PduType::H2C_DATA, if last { flags::LAST_PDU } else { 0 }),
+        cccid: cid.into(),
+        ttag: ttag.into(),
+        datao: datao.into(),
+        datal: (data.len() as u32).into(),
+        rsvd: [0; 4],
+    };
+    let mut out = Vec::new();
+    pdu::encode(&mut out, hdr.as_bytes(), data, PLAIN);
+    out
+}
+
+#[test]
+fn rejects_h2c_data_beyond_r2t_length() {
+    let (_h, mut t, _b) = pair(false, false);
+    t.request_data(7, 4096);
+    let mut sink = Vec::new();
+    t.take_transmit(&mut sink);
+    let term = term_after(&mut t, &h2c(7, 0, 0, &[0; 8192], true));
+    assert_eq!(
+        (term.fes.get(), term.fei.get()),
+        (Fes::DATA_OUT_OF_RANGE.0, 16)
+    );
+}
+
+#[test]
+fn rejects_h2c_data_at_an_unexpected_offset() {
+    let (_h, mut t, _b) = pair(false, false);
+    t.request_data(7, 8192);
+    t.take_transmit(&mut Vec::new());
+    let term = term_after(&mut t, &h2c(7, 0, 4096, &[0; 4096], true));
+    assert_eq!(
+        (term.fes.get(), term.fei.get()),
+        (Fes::DATA_OUT_OF_RANGE.0, 12)
+    );
+}
+
+#[test]
+fn rejects_h2c_data_with_unknown_ttag() {
+    let (_h, mut t, _b) = pair(false, false);
+    let term = term_after(&mut t, &h2c(7, 3, 0, &[0; 512], true));
+    assert_eq!(
+        (term.fes.get(), term.fei.get()),
+        (Fes::INVALID_HEADER_FIELD.0, 10)
+    );
+}
+
+#[test]
+fn rejects_h2c_data_beyond_maxh2cdata() {
+    let (_h, mut t, _b) = pair(false, false);
+    t.request_data(7, 65536);
+    t.take_transmit(&mut Vec::new());
+    let term = term_after(&mut t, &h2c(7, 0, 0, &[0; 32768], true));
+    assert_eq!(term.fes.get(), Fes::DATA_LIMIT_EXCEEDED.0);
+}
+
+#[test]
+fn rejects_a_capsule_before_icreq_as_sequence_error() {
+    let mut t = Target::new(TargetConfig::default());
+    let term = term_after(&mut t, &capsule(PLAIN, &[], 0));
+    assert_eq!(term.fes.get(), Fes::PDU_SEQUENCE_ERROR.0);
+}
+
+#[test]
+fn rejects_icreq_with_unsupported_pfv() {
+    let mut t = Target::new(TargetConfig::default());
+    let req = IcReq {
+        ch: common_header(PduType::IC_REQ, 0),
+        pfv: 1.into(),
+        hpda: 0,
+        dgst: 0,
+        maxr2t: 0.into(),
+        rsvd: [0; 112],
+    };
+    let mut bytes = Vec::new();
+    pdu::encode(&mut bytes, req.as_bytes(), &[], PLAIN);
+    let term = term_after(&mut t, &bytes);
+    assert_eq!(
+        (term.fes.get(), term.fei.get()),
+        (Fes::UNSUPPORTED_PARAMETER.0, 8)
+    );
+}
+
+#[test]
+fn a_second_icreq_is_rejected() {
+    let (_h, mut t, _b) = pair(false, false);
+    let req = IcReq {
+        ch: common_header(PduType::IC_REQ, 0),
+        pfv: 0.into(),
+        hpda: 0,
+        dgst: 0,
+        maxr2t: 0.into(),
+        rsvd: [0; 112],
+    };
+    let mut bytes = Vec::new();
+    pdu::encode(&mut bytes, req.as_bytes(), &[], PLAIN);
+    let term = term_after(&mut t, &bytes);
+    assert_eq!(
+        (term.fes.get(), term.fei.get()),
+        (Fes::INVALID_HEADER_FIELD.0, 0)
+    );
+}
+
+#[test]
+fn host_terminate_request_ends_the_connection_quietly() {
+    let (_h, mut t, _b) = pair(false, false);
+    let term = TermReq {
+        ch: common_header(PduType::H2C_TERM_REQ, 0),
+        fes: 2.into(),
+        fei: 0.into(),
+        rsvd: [0; 10],
+    };
+    let mut bytes = Vec::new();
+    pdu::encode(&mut bytes, term.as_bytes(), &[], PLAIN);
+    t.handle_input(&bytes).expect("not an error");
+    assert!(matches!(
+        t.poll_event(),
+        Some(Event::HostTerminated { fes: 2 })
+    ));
+    assert_eq!(t.state(), State::Terminated);
+    assert!(!t.has_transmit(), "no C2HTermReq answers an H2CTermReq");
+}
+
+#[test]
+fn honours_host_pda_for_c2h_data() {
+    let mut h_bytes = Vec::new();
+    let req = IcReq {
+        ch: common_header(PduType::IC_REQ, 0),
+        pfv: 0.into(),
+        hpda: 7,
+        dgst: 0,
+        maxr2t: 0.into(),
+        rsvd: [0; 112],
+    };
+    pdu::encode(&mut h_bytes, req.as_bytes(), &[], PLAIN);
+    let mut t = Target::new(TargetConfig::default());
+    t.handle_input(&h_bytes).expect("icreq");
+    let mut sink = Vec::new();
+    t.take_transmit(&mut sink);
+    t.send_data(1, &[5; 100], Cqe::new(1, Status::SUCCESS, 0));
+    let mut out = Vec::new();
+    t.take_transmit(&mut out);
+    assert_eq!(out.get(3), Some(&32), "PDO aligned to (HPDA+1)*4 = 32");
+}
+
+#[test]
+fn random_bytes_never_panic() {
+    // A cheap deterministic fuzz pass; cargo-fuzz targets go further.
+    let mut seed: u64 = 0x1234_5678;
+    for _ in 0..2000 {
+        let (_h, mut t, _b) = pair(seed % 2 == 0, seed % 3 == 0);
+        let len = (seed % 300) as usize;
+        let mut bytes = Vec::with_capacity(len);
+        for _ in 0..len {
+            seed = seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            bytes.push((seed >> 33) as u8);
+        }
+        if let Some(b) = bytes.get_mut(0) {
+            *b %= 10;
+        }
+        let _ = t.handle_input(&bytes);
+        while t.poll_event().is_some() {}
+    }
+}

@@ -1,0 +1,605 @@
+//! Controller behaviour through `Queue::execute`, no transport, no I/O.
+
+use blockdev::Device;
+use nvme_spec::fabrics::ConnectData;
+use nvme_spec::{Cqe, Sgl, Sqe, Status};
+use nvmf::{BlockOp, Namespace, Outcome, Queue, QueueKind, Settings, Subsystem, Target};
+use std::net::SocketAddr;
+use std::sync::Arc;
+use zerocopy::IntoBytes;
+
+const SUB: &str = "nqn.2026-11.io.ironwire:test";
+const SECRET: &str = "nqn.2026-11.io.ironwire:secret";
+const HOST: &str = "nqn.2014-08.org.nvmexpress:uuid:host-a";
+const OTHER: &str = "nqn.2014-08.org.nvmexpress:uuid:host-b";
+
+fn addr() -> SocketAddr {
+    "127.0.0.1:4420".parse().expect("addr")
+}
+
+fn target() -> Arc<Target> {
+    let t = Target::new(Settings {
+        max_transfer: 128 * 1024,
+        ..Default::default()
+    });
+    let s = t
+        .add_subsystem(Subsystem::new(SUB, "SN1", true, Vec::new()))
+        .expect("sub");
+    let dev = Arc::new(Device::ram("r0", 1 << 20, 512).expect("ram"));
+    s.add_namespace(Namespace::new(SUB, 1, dev)).expect("ns");
+    let s2 = t
+        .add_subsystem(Subsystem::new(
+            SECRET,
+            "SN2",
+            false,
+            vec![OTHER.to_string()],
+        ))
+        .expect("sub2");
+    s2.add_namespace(Namespace::new(
+        SECRET,
+        1,
+        Arc::new(Device::null("n0", 1 << 20, 4096).expect("null")),
+    ))
+    .expect("ns");
+    t.add_port(addr());
+    Arc::new(t)
+}
+
+fn sqe(opcode: u8, cid: u16) -> Sqe {
+    let mut s = Sqe {
+        opcode,
+        ..Default::default()
+    };
+    s.cid = cid.into();
+    s
+}
+
+fn fabrics(fctype: u8, cid: u16) -> Sqe {
+    let mut s = sqe(0x7f, cid);
+    s.nsid = u32::from(fctype).into();
+    s
+}
+
+fn run(q: &mut Queue, s: &Sqe, data: Option<Vec<u8>>) -> Outcome<Vec<u8>> {
+    match q.execute(0, s, None::<Vec<u8>>) {
+        Outcome::NeedData { len } => {
+            let d = data.expect("command wants data");
+            assert_eq!(len as usize, d.len());
+            q.execute(0, s, Some(d))
+        }
+        other => other,
+    }
+}
+
+fn status(o: &Outcome<Vec<u8>>) -> Status {
+    match o {
+        Outcome::Complete { cqe, .. }
+        | Outcome::Connected { cqe, .. }
+        | Outcome::CompleteAndClose { cqe } => cqe.status(),
+        other => panic!("no completion: {other:?}"),
+    }
+}
+
+fn cqe_of(o: Outcome<Vec<u8>>) -> (Cqe, Vec<u8>) {
+    match o {
+        Outcome::Complete { cqe, data } => (cqe, data),
+        Outcome::Connected { cqe, .. } | Outcome::CompleteAndClose { cqe } => (cqe, Vec::new()),
+        other => panic!("no completion: {other:?}"),
+    }
+}
+
+fn connect_sqe(qid: u16, sqsize: u16, kato: u32) -> Sqe {
+    let mut s = fabrics(0x01, 1);
+    s.cdw10 = (u32::from(qid) << 16).into();
+    s.cdw11 = u32::from(sqsize).into();
+    s.cdw12 = kato.into();
+    s.dptr = Sgl::in_capsule(1024);
+    s
+}
+
+fn connect(q: &mut Queue, qid: u16, cntlid: u16, sub: &str, host: &str) -> Outcome<Vec<u8>> {
+    let data = ConnectData::new([1; 16], cntlid, sub, host)
+        .as_bytes()
+        .to_vec();
+    run(q, &connect_sqe(qid, 31, 5000), Some(data))
+}
+
+fn prop_set_cc(q: &mut Queue, v: u32) -> Status {
+    let mut s = fabrics(0x00, 2);
+    s.cdw11 = 0x14.into();
+    s.cdw12 = v.into();
+    status(&run(q, &s, None))
+}
+
+fn prop_get(q: &mut Queue, off: u32, eight: bool) -> (Status, u64) {
+    let mut s = fabrics(0x04, 3);
+    s.cdw10 = u32::from(eight).into();
+    s.cdw11 = off.into();
+    let (cqe, _) = cqe_of(run(q, &s, None));
+    (cqe.status(), cqe.result_u64())
+}
+
+/// An enabled admin queue and its controller ID.
+fn admin(t: &Arc<Target>) -> (Queue, u16) {
+    let mut q = Queue::new(t.clone(), addr(), addr());
+    let (cqe, _) = cqe_of(connect(&mut q, 0, 0xffff, SUB, HOST));
+    assert!(cqe.status().is_success());
+    assert_eq!(prop_set_cc(&mut q, 0x0046_0001), Status::SUCCESS);
+    (q, cqe.dw0.get() as u16)
+}
+
+fn io_queue(t: &Arc<Target>, cntlid: u16, qid: u16) -> Queue {
+    let mut q = Queue::new(t.clone(), addr(), addr());
+    assert!(status(&connect(&mut q, qid, cntlid, SUB, HOST)).is_success());
+    q
+}
+
+fn read_sqe(cid: u16, nsid: u32, lba: u64, blocks: u32, bs: u32) -> Sqe {
+    let mut s = sqe(0x02, cid);
+    s.nsid = nsid.into();
+    s.cdw10 = (lba as u32).into();
+    s.cdw11 = ((lba >> 32) as u32).into();
+    s.cdw12 = (blocks - 1).into();
+    s.dptr = Sgl::transport(blocks * bs);
+    s
+}
+
+#[test]
+fn enables_the_controller_through_cc_and_reports_ready() {
+    let t = target();
+    let mut q = Queue::new(t.clone(), addr(), addr());
+    assert!(status(&connect(&mut q, 0, 0xffff, SUB, HOST)).is_success());
+    assert_eq!(prop_get(&mut q, 0x1c, false), (Status::SUCCESS, 0));
+    let (st, cap) = prop_get(&mut q, 0x00, true);
+    assert_eq!(st, Status::SUCCESS);
+    assert_eq!(cap & 0xffff, 1023, "MQES");
+    assert_eq!(prop_get(&mut q, 0x08, false).1, 0x0001_0400);
+    prop_set_cc(&mut q, 0x0046_0001);
+    assert_eq!(prop_get(&mut q, 0x1c, false).1 & 1, 1, "CSTS.RDY");
+    prop_set_cc(&mut q, 0x0046_4001); // shutdown notification
+    assert_eq!(prop_get(&mut q, 0x1c, false).1 & 0xc, 0x8, "SHST complete");
+    assert_eq!(prop_get(&mut q, 0x40, false).0, Status::INVALID_FIELD.dnr());
+}
+
+#[test]
+fn rejects_commands_before_connect_and_before_enable() {
+    let t = target();
+    let mut q = Queue::new(t.clone(), addr(), addr());
+    assert_eq!(
+        status(&run(&mut q, &read_sqe(1, 1, 0, 1, 512), None)),
+        Status::COMMAND_SEQUENCE_ERROR.dnr()
+    );
+    assert!(status(&connect(&mut q, 0, 0xffff, SUB, HOST)).is_success());
+    let mut id = sqe(0x06, 4);
+    id.cdw10 = 1.into();
+    id.dptr = Sgl::transport(4096);
+    assert_eq!(
+        status(&run(&mut q, &id, None)),
+        Status::COMMAND_SEQUENCE_ERROR.dnr()
+    );
+}
+
+#[test]
+fn refuses_a_host_not_on_the_list_with_invalid_host() {
+    let t = target();
+    let mut q = Queue::new(t.clone(), addr(), addr());
+    let (cqe, _) = cqe_of(connect(&mut q, 0, 0xffff, SECRET, HOST));
+    assert_eq!(cqe.status(), Status::CONNECT_INVALID_HOST.dnr());
+    assert_eq!(
+        cqe.dw0.get(),
+        (512 << 16) | 1,
+        "IPO names HOSTNQN in the connect data"
+    );
+    assert!(matches!(q.kind(), QueueKind::Unconnected));
+    let mut q2 = Queue::new(t, addr(), addr());
+    assert!(status(&connect(&mut q2, 0, 0xffff, SECRET, OTHER)).is_success());
+}
+
+#[test]
+fn rejects_unknown_subsystem_and_bad_connect_parameters() {
+    let t = target();
+    let mut q = Queue::new(t.clone(), addr(), addr());
+    let (cqe, _) = cqe_of(connect(&mut q, 0, 0xffff, "nqn.2026-11.none:x", HOST));
+    assert_eq!(cqe.status(), Status::CONNECT_INVALID_PARAMETERS.dnr());
+    assert_eq!(cqe.dw0.get(), (256 << 16) | 1);
+    let data = ConnectData::new([1; 16], 0xffff, SUB, HOST)
+        .as_bytes()
+        .to_vec();
+    let (cqe, _) = cqe_of(run(&mut q, &connect_sqe(0, 0, 0), Some(data)));
+    assert_eq!(cqe.dw0.get(), 44 << 16, "IPO names SQSIZE in the SQE");
+    let (_a, cntlid) = admin(&t);
+    let mut io = Queue::new(t.clone(), addr(), addr());
+    assert_eq!(
+        status(&connect(&mut io, 1, cntlid.wrapping_add(100), SUB, HOST)),
+        Status::CONNECT_INVALID_PARAMETERS.dnr()
+    );
+    assert_eq!(
+        status(&connect(&mut io, 1, cntlid, SUB, OTHER)),
+        Status::CONNECT_INVALID_PARAMETERS.dnr()
+    );
+    assert_eq!(
+        status(&connect(&mut io, 999, cntlid, SUB, HOST)),
+        Status::CONNECT_INVALID_PARAMETERS.dnr()
+    );
+    let _q1 = io_queue(&t, cntlid, 1);
+    let mut dup = Queue::new(t.clone(), addr(), addr());
+    assert_eq!(
+        status(&connect(&mut dup, 1, cntlid, SUB, HOST)),
+        Status::CONNECT_INVALID_PARAMETERS.dnr(),
+        "qid 1 twice"
+    );
+}
+
+#[test]
+fn gives_each_admin_connect_its_own_controller_id() {
+    let t = target();
+    let (_a, c1) = admin(&t);
+    let (_b, c2) = admin(&t);
+    assert_ne!(c1, c2);
+    assert_eq!(t.subsystem(SUB).expect("sub").controller_count(), 2);
+}
+
+#[test]
+fn checks_lba_range_transfer_size_and_sgl_length() {
+    let t = target();
+    let (_a, cntlid) = admin(&t);
+    let mut io = io_queue(&t, cntlid, 1);
+    // 1 MiB of 512-byte blocks = 2048 blocks.
+    assert_eq!(
+        status(&run(&mut io, &read_sqe(1, 1, 2047, 2, 512), None)),
+        Status::LBA_OUT_OF_RANGE.dnr()
+    );
+    assert_eq!(
+        status(&run(&mut io, &read_sqe(1, 1, u64::MAX, 1, 512), None)),
+        Status::LBA_OUT_OF_RANGE.dnr()
+    );
+    assert_eq!(
+        status(&run(&mut io, &read_sqe(1, 1, 0, 512, 512), None)),
+        Status::INVALID_FIELD.dnr(),
+        "256 KiB > MDTS"
+    );
+    let mut bad = read_sqe(1, 1, 0, 8, 512);
+    bad.dptr = Sgl::transport(512);
+    assert_eq!(
+        status(&run(&mut io, &bad, None)),
+        Status::SGL_DATA_LENGTH_INVALID.dnr()
+    );
+    assert_eq!(
+        status(&run(&mut io, &read_sqe(1, 7, 0, 1, 512), None)),
+        Status::INVALID_NAMESPACE.dnr()
+    );
+    let mut unknown = read_sqe(1, 1, 0, 1, 512);
+    unknown.opcode = 0x7e;
+    assert_eq!(
+        status(&run(&mut io, &unknown, None)),
+        Status::INVALID_OPCODE.dnr()
+    );
+    match run(&mut io, &read_sqe(1, 1, 2040, 8, 512), None) {
+        Outcome::Io(req) => assert!(matches!(
+            req.op,
+            BlockOp::Read {
+                lba: 2040,
+                len_bytes: 4096
+            }
+        )),
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn write_asks_for_data_then_becomes_a_block_request() {
+    let t = target();
+    let (_a, cntlid) = admin(&t);
+    let mut io = io_queue(&t, cntlid, 1);
+    let mut w = read_sqe(9, 1, 4, 2, 512);
+    w.opcode = 0x01;
+    w.cdw12 = (1 | (1 << 30)).into();
+    assert!(matches!(
+        io.execute(0, &w, None::<Vec<u8>>),
+        Outcome::NeedData { len: 1024 }
+    ));
+    match io.execute(0, &w, Some(vec![7u8; 1024])) {
+        Outcome::Io(req) => {
+            assert_eq!(req.cid, 9);
+            assert!(matches!(
+                req.op,
+                BlockOp::Write {
+                    lba: 4,
+                    fua: true,
+                    ..
+                }
+            ));
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn dataset_management_deallocates_the_listed_ranges() {
+    let t = target();
+    let (_a, cntlid) = admin(&t);
+    let mut io = io_queue(&t, cntlid, 1);
+    let mut d = sqe(0x09, 5);
+    d.nsid = 1.into();
+    d.cdw10 = 1.into(); // two ranges
+    d.cdw11 = 4.into(); // AD
+    d.dptr = Sgl::in_capsule(32);
+    let mut ranges = Vec::new();
+    for (slba, nlb) in [(8u64, 16u32), (100, 4)] {
+        ranges.extend_from_slice(&0u32.to_le_bytes());
+        ranges.extend_from_slice(&nlb.to_le_bytes());
+        ranges.extend_from_slice(&slba.to_le_bytes());
+    }
+    match run(&mut io, &d, Some(ranges.clone())) {
+        Outcome::Io(req) => match req.op {
+            BlockOp::Deallocate { ranges } => assert_eq!(ranges, vec![(8, 16), (100, 4)]),
+            other => panic!("{other:?}"),
+        },
+        other => panic!("{other:?}"),
+    }
+    ranges[8..16].copy_from_slice(&4000u64.to_le_bytes());
+    assert_eq!(
+        status(&run(&mut io, &d, Some(ranges))),
+        Status::LBA_OUT_OF_RANGE.dnr()
+    );
+}
+
+fn identify(q: &mut Queue, cns: u8, nsid: u32) -> (Status, Vec<u8>) {
+    let mut s = sqe(0x06, 6);
+    s.cdw10 = u32::from(cns).into();
+    s.nsid = nsid.into();
+    s.dptr = Sgl::transport(4096);
+    let (cqe, data) = cqe_of(run(q, &s, None));
+    (cqe.status(), data)
+}
+
+#[test]
+fn identify_reports_controller_namespace_and_descriptors() {
+    let t = target();
+    let (mut a, cntlid) = admin(&t);
+    let (st, ctrl) = identify(&mut a, 1, 0);
+    assert_eq!(st, Status::SUCCESS);
+    assert_eq!(&ctrl[24..32], b"ironwire");
+    assert_eq!(u16::from_le_bytes([ctrl[78], ctrl[79]]), cntlid);
+    assert_eq!(ctrl[77], 5, "MDTS 128 KiB = 2^5 pages");
+    assert_eq!(&ctrl[768..768 + SUB.len()], SUB.as_bytes());
+    assert_eq!(ctrl[525] & 1, 1, "volatile write cache advertised");
+    assert_eq!(
+        u32::from_le_bytes([ctrl[1792], ctrl[1793], ctrl[1794], ctrl[1795]]),
+        (64 + 8192) / 16
+    );
+    let (_, ns) = identify(&mut a, 0, 1);
+    assert_eq!(u64::from_le_bytes(ns[0..8].try_into().expect("8")), 2048);
+    assert_eq!(ns[128 + 2], 9, "LBADS 512");
+    let (_, list) = identify(&mut a, 2, 0);
+    assert_eq!(&list[0..8], &[1, 0, 0, 0, 0, 0, 0, 0]);
+    let (_, descs) = identify(&mut a, 3, 1);
+    assert_eq!((descs[0], descs[1]), (2, 16), "NGUID first");
+    assert_eq!((descs[20], descs[21]), (3, 16), "then UUID");
+    assert_eq!(
+        (descs[40], descs[41], descs[44]),
+        (4, 1, 0),
+        "then CSI = NVM"
+    );
+    assert_eq!(identify(&mut a, 0, 0).0, Status::INVALID_NAMESPACE.dnr());
+    assert_eq!(identify(&mut a, 3, 9).0, Status::INVALID_NAMESPACE.dnr());
+    assert_eq!(identify(&mut a, 0x42, 0).0, Status::INVALID_FIELD.dnr());
+    let (_, zeros) = identify(&mut a, 0, 9);
+    assert!(
+        zeros.iter().all(|&b| b == 0),
+        "inactive NSID reads as zeroes"
+    );
+}
+
+fn get_log(q: &mut Queue, lid: u8, len: u32, offset: u64) -> (Status, Vec<u8>) {
+    let mut s = sqe(0x02, 7);
+    let numd = len / 4 - 1;
+    s.cdw10 = (u32::from(lid) | ((numd & 0xffff) << 16)).into();
+    s.cdw11 = (numd >> 16).into();
+    s.cdw12 = (offset as u32).into();
+    s.cdw13 = ((offset >> 32) as u32).into();
+    s.dptr = Sgl::transport(len);
+    let (cqe, data) = cqe_of(run(q, &s, None));
+    (cqe.status(), data)
+}
+
+fn discovery_admin(t: &Arc<Target>, host: &str) -> Queue {
+    let mut q = Queue::new(t.clone(), addr(), addr());
+    assert!(status(&connect(&mut q, 0, 0xffff, nvme_spec::DISCOVERY_NQN, host)).is_success());
+    prop_set_cc(&mut q, 1);
+    q
+}
+
+fn discovery_nqns(page: &[u8]) -> Vec<String> {
+    let n = u64::from_le_bytes(page[8..16].try_into().expect("8")) as usize;
+    (0..n)
+        .map(|i| {
+            let e = &page[1024 + i * 1024..2048 + i * 1024];
+            String::from_utf8_lossy(&e[256..512])
+                .trim_end_matches('\0')
+                .to_string()
+        })
+        .collect()
+}
+
+#[test]
+fn discovery_log_lists_only_what_the_host_may_reach() {
+    let t = target();
+    let mut d = discovery_admin(&t, HOST);
+    let (_, page) = get_log(&mut d, 0x70, 4096, 0);
+    let nqns = discovery_nqns(&page);
+    assert_eq!(
+        nqns,
+        vec![SUB.to_string(), nvme_spec::DISCOVERY_NQN.to_string()]
+    );
+    let e = &page[1024..2048];
+    assert_eq!((e[0], e[1], e[2]), (3, 1, 2), "TCP, IPv4, NVM subsystem");
+    assert_eq!(&e[32..36], b"4420");
+    assert_eq!(&e[512..521], b"127.0.0.1");
+    let mut d2 = discovery_admin(&t, OTHER);
+    let (_, page) = get_log(&mut d2, 0x70, 8192, 0);
+    assert_eq!(discovery_nqns(&page).len(), 3);
+    // Paging: the second entry read on its own at offset 2048.
+    let (_, window) = get_log(&mut d2, 0x70, 1024, 2048);
+    assert_eq!(&window[256..256 + SECRET.len()], SECRET.as_bytes());
+    // Discovery controllers have no I/O queues and no other logs.
+    assert_eq!(
+        get_log(&mut d2, 0x02, 512, 0).0,
+        Status::INVALID_LOG_PAGE.dnr()
+    );
+    assert_eq!(identify(&mut d2, 1, 0).1[111], 2, "CNTRLTYPE discovery");
+}
+
+#[test]
+fn log_pages_answer_and_unknown_ones_are_refused() {
+    let t = target();
+    let (mut a, _) = admin(&t);
+    let (st, smart) = get_log(&mut a, 0x02, 512, 0);
+    assert_eq!(st, Status::SUCCESS);
+    assert_eq!(smart[3], 100, "available spare");
+    let (_, fw) = get_log(&mut a, 0x03, 512, 0);
+    assert_eq!(fw[0], 1);
+    let (_, effects) = get_log(&mut a, 0x05, 4096, 0);
+    assert_eq!(
+        effects[1024 + 4] & 3,
+        3,
+        "Write: supported, changes LBA content"
+    );
+    assert_eq!(get_log(&mut a, 0x01, 64, 0).0, Status::SUCCESS);
+    assert_eq!(
+        get_log(&mut a, 0x7a, 512, 0).0,
+        Status::INVALID_LOG_PAGE.dnr()
+    );
+    assert_eq!(
+        get_log(&mut a, 0x02, 512, 8192).0,
+        Status::INVALID_FIELD.dnr()
+    );
+}
+
+fn set_feature(q: &mut Queue, fid: u8, value: u32) -> (Status, u32) {
+    let mut s = sqe(0x09, 8);
+    s.cdw10 = u32::from(fid).into();
+    s.cdw11 = value.into();
+    let (cqe, _) = cqe_of(run(q, &s, None));
+    (cqe.status(), cqe.dw0.get())
+}
+
+fn get_feature(q: &mut Queue, fid: u8) -> (Status, u32) {
+    let mut s = sqe(0x0a, 8);
+    s.cdw10 = u32::from(fid).into();
+    let (cqe, _) = cqe_of(run(q, &s, None));
+    (cqe.status(), cqe.dw0.get())
+}
+
+#[test]
+fn features_are_stored_and_number_of_queues_is_granted() {
+    let t = target();
+    let (mut a, _) = admin(&t);
+    assert_eq!(
+        set_feature(&mut a, 0x07, 0x0003_0003),
+        (Status::SUCCESS, 0x0003_0003)
+    );
+    assert_eq!(get_feature(&mut a, 0x07).1, 0x0003_0003);
+    assert_eq!(
+        set_feature(&mut a, 0x07, 0xfffe_fffe).1,
+        0x007f_007f,
+        "capped at 128 queues"
+    );
+    assert_eq!(set_feature(&mut a, 0x0f, 15000).0, Status::SUCCESS);
+    assert_eq!(get_feature(&mut a, 0x0f).1, 15000);
+    assert_eq!(get_feature(&mut a, 0x06).1, 1, "write cache enabled");
+    assert_eq!(
+        set_feature(&mut a, 0x02, 3).0,
+        Status::INVALID_FIELD.dnr(),
+        "only power state 0"
+    );
+    assert_eq!(set_feature(&mut a, 0x55, 0).0, Status::INVALID_FIELD.dnr());
+    let mut saved = sqe(0x09, 8);
+    saved.cdw10 = (0x0b | (1 << 31)).into();
+    assert_eq!(
+        status(&run(&mut a, &saved, None)),
+        Status::FEATURE_NOT_SAVEABLE.dnr()
+    );
+}
+
+#[test]
+fn namespace_added_at_runtime_raises_an_async_event() {
+    let t = target();
+    let (mut a, _) = admin(&t);
+    set_feature(&mut a, 0x0b, 1 << 8);
+    assert!(matches!(
+        a.execute(0, &sqe(0x0c, 40), None::<Vec<u8>>),
+        Outcome::Deferred
+    ));
+    assert!(a.poll_event().is_none());
+    let sub = t.subsystem(SUB).expect("sub");
+    sub.add_namespace(Namespace::new(
+        SUB,
+        5,
+        Arc::new(Device::null("n5", 1 << 20, 512).expect("null")),
+    ))
+    .expect("add");
+    let ev = a.poll_event().expect("event");
+    assert_eq!(ev.cid.get(), 40);
+    assert_eq!(ev.dw0.get(), nvme_spec::log::AEN_NS_CHANGED);
+    let (_, changed) = get_log(&mut a, 0x04, 4096, 0);
+    assert_eq!(&changed[0..8], &[5, 0, 0, 0, 0, 0, 0, 0]);
+    let (_, again) = get_log(&mut a, 0x04, 4096, 0);
+    assert!(again.iter().all(|&b| b == 0), "reading the log cleared it");
+    assert_eq!(identify(&mut a, 2, 0).1[4], 5, "active list shows nsid 5");
+    for cid in 41..45 {
+        assert!(matches!(
+            a.execute(0, &sqe(0x0c, cid), None::<Vec<u8>>),
+            Outcome::Deferred
+        ));
+    }
+    assert_eq!(
+        status(&a.execute(0, &sqe(0x0c, 45), None::<Vec<u8>>)),
+        Status::ASYNC_EVENT_LIMIT.dnr()
+    );
+}
+
+#[test]
+fn keep_alive_expiry_tears_the_controller_down() {
+    let t = target();
+    let mut a = Queue::new(t.clone(), addr(), addr());
+    let data = ConnectData::new([1; 16], 0xffff, SUB, HOST)
+        .as_bytes()
+        .to_vec();
+    let mut s = connect_sqe(0, 31, 1000);
+    s.dptr = Sgl::in_capsule(1024);
+    let (cqe, _) = cqe_of(run(&mut a, &s, Some(data)));
+    let cntlid = cqe.dw0.get() as u16;
+    prop_set_cc(&mut a, 1);
+    let io = io_queue(&t, cntlid, 1);
+    assert!(!a.expired(900));
+    assert_eq!(
+        status(&a.execute(900, &sqe(0x18, 9), None::<Vec<u8>>)),
+        Status::SUCCESS
+    );
+    assert!(!a.expired(1800), "keep alive at 900 restarted the timer");
+    assert!(a.expired(2000));
+    assert!(io.expired(2000), "I/O queues follow their controller");
+    assert_eq!(t.subsystem(SUB).expect("sub").controller_count(), 0);
+}
+
+#[test]
+fn disconnect_completes_then_closes_and_frees_the_queue_id() {
+    let t = target();
+    let (_a, cntlid) = admin(&t);
+    let mut io = io_queue(&t, cntlid, 1);
+    assert!(matches!(
+        run(&mut io, &fabrics(0x08, 3), None),
+        Outcome::CompleteAndClose { .. }
+    ));
+    io.close();
+    let _again = io_queue(&t, cntlid, 1);
+}
+
+#[test]
+fn abort_is_answered_as_not_aborted() {
+    let t = target();
+    let (mut a, _) = admin(&t);
+    let (cqe, _) = cqe_of(run(&mut a, &sqe(0x08, 3), None));
+    assert_eq!((cqe.status(), cqe.dw0.get() & 1), (Status::SUCCESS, 1));
+}
