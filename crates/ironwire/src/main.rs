@@ -1,6 +1,7 @@
 //! ironwire: one daemon that exports block devices over NVMe/TCP.
 
 mod config;
+mod control;
 mod nvme_tcp;
 mod serve;
 
@@ -29,6 +30,20 @@ enum Command {
         /// CPUs to run reactors on, e.g. "0" or "0,1" (overrides the config).
         #[arg(long, value_delimiter = ',')]
         cores: Vec<usize>,
+        /// Control socket for `ironwire ctl`.
+        #[arg(long, default_value_os_t = control::default_socket())]
+        ctl_socket: PathBuf,
+    },
+    /// Edit or inspect a running daemon: show | device-add NAME KIND
+    /// [size=S] [block_size=N] [path=P] | ns-add NQN NSID DEVICE |
+    /// ns-remove NQN NSID
+    Ctl {
+        /// Control socket of the daemon.
+        #[arg(long, default_value_os_t = control::default_socket())]
+        socket: PathBuf,
+        /// The command and its arguments.
+        #[arg(required = true, trailing_var_arg = true)]
+        command: Vec<String>,
     },
     /// Validate a configuration file and print what it defines.
     CheckConfig {
@@ -43,13 +58,24 @@ fn load(path: &std::path::Path) -> Result<config::Config> {
     config::Config::parse(&text).with_context(|| format!("in {}", path.display()))
 }
 
-fn main() -> Result<()> {
+fn main() -> std::process::ExitCode {
+    match real_main() {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("ironwire: error: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn real_main() -> Result<()> {
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info"))
         .format_timestamp_millis()
         .init();
     let cli = Cli::parse();
     match cli.command {
-        Command::Serve { config, cores } => {
+        Command::Ctl { socket, command } => control::client(&socket, &command),
+        Command::Serve { config, cores, ctl_socket } => {
             let mut cfg = match config {
                 Some(p) => load(&p)?,
                 None => config::Config::embedded_default(),
@@ -57,7 +83,7 @@ fn main() -> Result<()> {
             if !cores.is_empty() {
                 cfg.reactor.cores = cores;
             }
-            serve::run(cfg)
+            serve::run(cfg, &ctl_socket)
         }
         Command::CheckConfig { config } => {
             let cfg = load(&config)?;

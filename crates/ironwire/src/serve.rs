@@ -2,7 +2,7 @@
 //! the devices, and starts one reactor per configured core, each listening
 //! on every port.
 
-use crate::config::Config;
+use crate::config::{Config, DeviceConfig};
 use anyhow::{Context, Result};
 use blockdev::Device;
 use nvmf::{Namespace, Settings, Subsystem, Target};
@@ -11,24 +11,26 @@ use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
+/// Opens one device.
+pub fn open_device(d: &DeviceConfig) -> Result<Device> {
+    let bs = d.block_size.unwrap_or(512);
+    let size = d.size.map(|s| s.0);
+    let path = || d.path.as_deref().with_context(|| format!("device {:?}: path is required for {}", d.name, d.kind));
+    let dev = match d.kind.as_str() {
+        "null" => Device::null(&d.name, size.unwrap_or(0), bs),
+        "ram" => Device::ram(&d.name, size.unwrap_or(0), bs),
+        "file" => Device::file(&d.name, path()?, size, bs),
+        "block" => Device::block(&d.name, path()?, d.block_size),
+        k => anyhow::bail!("device {:?}: kind {k:?} is not one of null, ram, file, block", d.name),
+    };
+    dev.with_context(|| format!("device {:?}", d.name))
+}
+
 /// Opens every device named in `config`.
 pub fn open_devices(config: &Config) -> Result<HashMap<String, Arc<Device>>> {
     let mut devices = HashMap::new();
     for d in &config.device {
-        let bs = d.block_size.unwrap_or(512);
-        let size = d.size.map(|s| s.0);
-        let dev = match d.kind.as_str() {
-            "null" => Device::null(&d.name, size.unwrap_or(0), bs),
-            "ram" => Device::ram(&d.name, size.unwrap_or(0), bs),
-            "file" => Device::file(&d.name, d.path.as_deref().unwrap_or("".as_ref()), size, bs),
-            _ => Device::block(
-                &d.name,
-                d.path.as_deref().unwrap_or("".as_ref()),
-                d.block_size,
-            ),
-        }
-        .with_context(|| format!("device {:?}", d.name))?;
-        devices.insert(d.name.clone(), Arc::new(dev));
+        devices.insert(d.name.clone(), Arc::new(open_device(d)?));
     }
     Ok(devices)
 }
@@ -78,9 +80,11 @@ fn serial_for(nqn: &str) -> String {
 }
 
 /// Runs the target until the process is killed.
-pub fn run(config: Config) -> Result<()> {
+pub fn run(config: Config, ctl_socket: &std::path::Path) -> Result<()> {
     let devices = open_devices(&config)?;
     let target = build_target(&config, &devices)?;
+    let control = Arc::new(crate::control::Control { target: target.clone(), devices: std::sync::Mutex::new(devices) });
+    crate::control::spawn(control, ctl_socket)?;
     let addrs: Vec<SocketAddr> = config
         .port
         .iter()
