@@ -45,16 +45,17 @@ IW_TARGET_CMD=${IW_TARGET_CMD:-}
 
 MODE=ironwire PORT="" READY_FILE="" ONLY="" SKIP="" SHOW=fail INSTALL=1
 
-CHECKS=(discover-battery digest-battery queues4-smp2 file4k-battery pattern-64m ext4-fs refused-host)
+CHECKS=(discover-battery digest-battery queues4-smp4 file4k-battery pattern-64m ext4-fs refused-host namespace-aen)
 describe() {
 	case $1 in
 	discover-battery) echo "discovery + plain battery on $IW_NQN (ram)" ;;
 	digest-battery) echo "battery with header+data digests" ;;
-	queues4-smp2) echo "battery with -i 4 on 2 vCPUs" ;;
+	queues4-smp4) echo "battery with -i 4 on 4 vCPUs (4 I/O queues)" ;;
 	file4k-battery) echo "battery on $IW_RESTRICTED_NQN (file, 4K LBA) as the allowed host" ;;
 	pattern-64m) echo "64 MiB O_DIRECT pattern write / read back" ;;
 	ext4-fs) echo "mkfs.ext4, 20 files, remount, sha256sums" ;;
 	refused-host) echo "not-allowed host NQN refused, allowed host accepted" ;;
+	namespace-aen) echo "ironwire ctl adds/removes a namespace; AEN makes the host rescan (ironwire only)" ;;
 	esac
 }
 
@@ -228,8 +229,11 @@ start_targets() {
 	ironwire)
 		[[ -x $IRONWIRE_BIN ]] || die "no ironwire binary at $IRONWIRE_BIN (cargo build --release, or set IRONWIRE_BIN)"
 		write_ironwire_config "$WORK/ironwire.toml"
+		local extra=()
+		# a control socket of our own, so as not to disturb another running ironwire
+		"$IRONWIRE_BIN" serve --help 2>/dev/null | grep -q -- --ctl-socket && extra+=(--ctl-socket "$WORK/ctl.sock")
 		RUST_LOG=${RUST_LOG:-info} start_target ironwire "$WORK/ironwire.log" \
-			"$IRONWIRE_BIN" serve --config "$WORK/ironwire.toml"
+			"$IRONWIRE_BIN" serve --config "$WORK/ironwire.toml" "${extra[@]}"
 		wait_ready "${TARGET_PIDS[0]}" "$PORT" || return 1
 		;;
 	cmd)
@@ -288,10 +292,13 @@ check() {
 }
 
 run_checks() {
-	check discover-battery 150 -e NVME_REQUIRE_DISCOVERED=1 nvme-tcp "$PORT" "$IW_NQN"
-	check digest-battery 180 -e NVME_DIGEST=1 nvme-tcp "$PORT" "$IW_NQN"
-	check queues4-smp2 180 --smp 2 -e NVME_QUEUES=4 nvme-tcp "$PORT" "$IW_NQN"
-	check file4k-battery 150 -e KP_HOSTNQN="$IW_ALLOWED_HOSTNQN" nvme-tcp "$RPORT" "$IW_RESTRICTED_NQN"
+	# ironwire must also pass the kernel's own discard path (blkdiscard).
+	local strict=()
+	[[ $MODE == ironwire ]] && strict=(-e NVME_STRICT_DISCARD=1)
+	check discover-battery 150 "${strict[@]}" -e NVME_REQUIRE_DISCOVERED=1 nvme-tcp "$PORT" "$IW_NQN"
+	check digest-battery 180 "${strict[@]}" -e NVME_DIGEST=1 nvme-tcp "$PORT" "$IW_NQN"
+	check queues4-smp4 180 --smp 4 "${strict[@]}" -e NVME_QUEUES=4 nvme-tcp "$PORT" "$IW_NQN"
+	check file4k-battery 150 "${strict[@]}" -e KP_HOSTNQN="$IW_ALLOWED_HOSTNQN" nvme-tcp "$RPORT" "$IW_RESTRICTED_NQN"
 	if selected pattern-64m; then
 		head -c 64M /dev/urandom >"$WORK/pattern.bin"
 		local sum; sum=$(sha256sum <"$WORK/pattern.bin" | cut -d' ' -f1)
@@ -303,6 +310,36 @@ run_checks() {
 	check ext4-fs 180 -e FS_FILES=20 -e FS_MAX_KIB=4096 nvme-fs "$PORT" "$IW_NQN"
 	check refused-host 120 -e KP_HOSTNQN="$IW_REFUSED_HOSTNQN" -e ALLOWED_HOSTNQN="$IW_ALLOWED_HOSTNQN" \
 		nvme-refused "$RPORT" "$IW_RESTRICTED_NQN"
+	[[ $MODE == ironwire ]] && check_aen
+}
+
+# The namespace-changed event needs the host side to act mid-scenario: the
+# guest prints a marker, the runner edits the daemon with `ironwire ctl`.
+check_aen() {
+	local name=namespace-aen limit=150
+	selected "$name" || return 0
+	say "$name: $(describe "$name")"
+	local ctl=("$IRONWIRE_BIN" ctl --socket "$WORK/ctl.sock") log=$WORK/$name.console.log
+	local t0 rc=0 pid added=0 removed=0; t0=$(now)
+	: >"$log"
+	"$KP" run --show never --log "$log" -t "$limit" nvme-aen "$PORT" "$IW_NQN" >/dev/null 2>&1 &
+	pid=$!
+	while kill -0 "$pid" 2>/dev/null; do
+		if ((!added)) && grep -q KP-AEN-ADD-NOW "$log"; then
+			"${ctl[@]}" device-add aen0 null size=64MiB && "${ctl[@]}" ns-add "$IW_NQN" 2 aen0 || say "ctl ns-add failed"
+			added=1
+		fi
+		if ((!removed)) && grep -q KP-AEN-REMOVE-NOW "$log"; then
+			"${ctl[@]}" ns-remove "$IW_NQN" 2 || say "ctl ns-remove failed"
+			removed=1
+		fi
+		sleep 0.2
+	done
+	wait "$pid" || rc=$?
+	((added && removed)) || rc=${rc:-1}
+	((rc == 0)) || [[ $SHOW == never ]] || tail -n 40 "$log" >&2
+	record "$name" "$rc" "$(since "$t0")"
+	say "$name: $( ((rc == 0)) && echo PASS || echo "FAIL (rc=$rc, console: $log)")"
 }
 
 # ------------------------------------------------------------------ main

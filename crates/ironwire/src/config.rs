@@ -137,6 +137,10 @@ pub struct PortConfig {
     pub transport: String,
     /// Listen address, e.g. "127.0.0.1:4420".
     pub address: String,
+    /// A dedicated discovery port (like 8009): only the discovery
+    /// controller is served on it.
+    #[serde(default)]
+    pub discovery_only: bool,
 }
 
 fn default_transport() -> String {
@@ -226,6 +230,7 @@ impl Config {
             port: vec![PortConfig {
                 transport: "tcp".into(),
                 address: "127.0.0.1:4420".into(),
+                discovery_only: false,
             }],
             reactor: ReactorConfig::default(),
             nvme_tcp: NvmeTcpConfig::default(),
@@ -331,6 +336,9 @@ impl Config {
         }
         if self.port.is_empty() {
             bail!("port: at least one port is needed");
+        }
+        if self.port.iter().all(|p| p.discovery_only) {
+            bail!("port: every port is discovery_only; subsystems need at least one other port");
         }
         for (i, p) in self.port.iter().enumerate() {
             if p.transport != "tcp" {

@@ -85,16 +85,17 @@ pub fn run(config: Config, ctl_socket: &std::path::Path) -> Result<()> {
     let target = build_target(&config, &devices)?;
     let control = Arc::new(crate::control::Control { target: target.clone(), devices: std::sync::Mutex::new(devices) });
     crate::control::spawn(control, ctl_socket)?;
-    let addrs: Vec<SocketAddr> = config
-        .port
-        .iter()
-        .filter_map(|p| p.address.parse().ok())
-        .collect();
+    let mut addrs: Vec<SocketAddr> = Vec::new();
     // Bind once here so an address in use is reported before any reactor
     // starts; the reactors bind their own SO_REUSEPORT sockets.
-    for a in &addrs {
-        socket_probe(*a).with_context(|| format!("cannot listen on {a}"))?;
-        target.add_port(*a);
+    for p in &config.port {
+        let a: SocketAddr = p
+            .address
+            .parse()
+            .with_context(|| format!("port address {:?}", p.address))?;
+        socket_probe(a).with_context(|| format!("cannot listen on {a}"))?;
+        target.add_port(a, p.discovery_only);
+        addrs.push(a);
     }
     let cpus = if config.reactor.cores.is_empty() {
         reactor::available_cpus()
@@ -175,8 +176,11 @@ pub fn run(config: Config, ctl_socket: &std::path::Path) -> Result<()> {
         reactors,
         cpus
     );
+    for p in target.ports().iter().filter(|p| p.discovery_only) {
+        eprintln!("  nvme/tcp {} discovery only", p.addr);
+    }
     for s in target.subsystems() {
-        for p in target.ports() {
+        for p in target.ports().iter().filter(|p| !p.discovery_only) {
             let ns: Vec<String> = s
                 .namespaces()
                 .iter()
@@ -190,7 +194,8 @@ pub fn run(config: Config, ctl_socket: &std::path::Path) -> Result<()> {
             );
         }
     }
-    if let (Some(p), Some(s)) = (target.ports().first(), target.subsystems().first()) {
+    let first_port = target.ports().into_iter().find(|p| !p.discovery_only);
+    if let (Some(p), Some(s)) = (first_port, target.subsystems().first()) {
         println!(
             "ready: nvme connect -t tcp -a {} -s {} -n {}",
             p.addr.ip(),

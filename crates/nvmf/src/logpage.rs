@@ -89,7 +89,8 @@ fn effects() -> Vec<u8> {
 }
 
 /// The discovery log for `hostnqn`: every subsystem the host may reach, on
-/// every port, plus the discovery subsystem itself per port.
+/// every port that serves subsystems, plus the discovery subsystem itself
+/// on every port.
 fn discovery(target: &Target, hostnqn: &str, local: SocketAddr) -> Vec<u8> {
     let ports = target.ports();
     // A wildcard listen address is advertised as the address the host
@@ -98,6 +99,7 @@ fn discovery(target: &Target, hostnqn: &str, local: SocketAddr) -> Vec<u8> {
         .iter()
         .map(|p| Port {
             id: p.id,
+            discovery_only: p.discovery_only,
             addr: if p.addr.ip().is_unspecified() {
                 SocketAddr::new(local.ip(), p.addr.port())
             } else {
@@ -108,7 +110,7 @@ fn discovery(target: &Target, hostnqn: &str, local: SocketAddr) -> Vec<u8> {
     let mut entries: Vec<(u8, String, &Port)> = Vec::new();
     for s in target.subsystems() {
         if s.allows(hostnqn) {
-            for r in &refs {
+            for r in refs.iter().filter(|r| !r.discovery_only) {
                 entries.push((d::SUBTYPE_NVME, s.nqn.clone(), r));
             }
         }

@@ -235,6 +235,9 @@ pub struct Port {
     pub id: u16,
     /// Listen address.
     pub addr: SocketAddr,
+    /// A dedicated discovery port: only the discovery subsystem is served
+    /// here; the discovery log points hosts at the other ports.
+    pub discovery_only: bool,
 }
 
 /// The whole target: subsystems, the discovery subsystem, ports, limits.
@@ -296,14 +299,23 @@ impl Target {
     }
 
     /// Registers a listening port for the discovery log.
-    pub fn add_port(&self, addr: SocketAddr) -> u16 {
+    pub fn add_port(&self, addr: SocketAddr, discovery_only: bool) -> u16 {
         let mut ports = self.ports.write().unwrap_or_else(|e| e.into_inner());
         let id = u16::try_from(ports.len())
             .unwrap_or(u16::MAX)
             .saturating_add(1);
-        ports.push(Port { id, addr });
+        ports.push(Port { id, addr, discovery_only });
         self.genctr.fetch_add(1, Ordering::Relaxed);
         id
+    }
+
+    /// The port a connection to `local` came in on.
+    pub fn port_for(&self, local: SocketAddr) -> Option<Port> {
+        let ports = self.ports.read().unwrap_or_else(|e| e.into_inner());
+        ports
+            .iter()
+            .find(|p| p.addr.port() == local.port() && (p.addr.ip() == local.ip() || p.addr.ip().is_unspecified()))
+            .cloned()
     }
 
     /// Listening ports.

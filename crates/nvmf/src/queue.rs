@@ -284,6 +284,10 @@ impl Queue {
             );
             return invalid(true, ConnectData::SUBNQN_OFFSET);
         };
+        if !subsys.discovery && self.target.port_for(self.local).is_some_and(|p| p.discovery_only) {
+            log::warn!("{}: Connect to {subnqn} on a discovery-only port", self.peer);
+            return invalid(true, ConnectData::SUBNQN_OFFSET);
+        }
         if !subsys.allows(hostnqn) {
             log::warn!(
                 "{}: host {hostnqn} is not allowed to connect to {subnqn}",

@@ -41,7 +41,8 @@ fn target() -> Arc<Target> {
         Arc::new(Device::null("n0", 1 << 20, 4096).expect("null")),
     ))
     .expect("ns");
-    t.add_port(addr());
+    t.add_port(addr(), false);
+    t.add_port("127.0.0.1:8009".parse().expect("addr"), true);
     Arc::new(t)
 }
 
@@ -428,17 +429,15 @@ fn discovery_log_lists_only_what_the_host_may_reach() {
     let mut d = discovery_admin(&t, HOST);
     let (_, page) = get_log(&mut d, 0x70, 4096, 0);
     let nqns = discovery_nqns(&page);
-    assert_eq!(
-        nqns,
-        vec![SUB.to_string(), nvme_spec::DISCOVERY_NQN.to_string()]
-    );
+    let disc = nvme_spec::DISCOVERY_NQN.to_string();
+    assert_eq!(nqns, vec![SUB.to_string(), disc.clone(), disc], "one discovery entry per port");
     let e = &page[1024..2048];
     assert_eq!((e[0], e[1], e[2]), (3, 1, 2), "TCP, IPv4, NVM subsystem");
     assert_eq!(&e[32..36], b"4420");
     assert_eq!(&e[512..521], b"127.0.0.1");
     let mut d2 = discovery_admin(&t, OTHER);
     let (_, page) = get_log(&mut d2, 0x70, 8192, 0);
-    assert_eq!(discovery_nqns(&page).len(), 3);
+    assert_eq!(discovery_nqns(&page).len(), 4);
     // Paging: the second entry read on its own at offset 2048.
     let (_, window) = get_log(&mut d2, 0x70, 1024, 2048);
     assert_eq!(&window[256..256 + SECRET.len()], SECRET.as_bytes());
@@ -602,4 +601,26 @@ fn abort_is_answered_as_not_aborted() {
     let (mut a, _) = admin(&t);
     let (cqe, _) = cqe_of(run(&mut a, &sqe(0x08, 3), None));
     assert_eq!((cqe.status(), cqe.dw0.get() & 1), (Status::SUCCESS, 1));
+}
+
+#[test]
+fn dedicated_discovery_port_serves_only_discovery() {
+    let t = target();
+    let disc: SocketAddr = "127.0.0.1:8009".parse().expect("addr");
+    let mut q = Queue::new(t.clone(), disc, disc);
+    let (cqe, _) = cqe_of(connect(&mut q, 0, 0xffff, SUB, HOST));
+    assert_eq!(cqe.status(), Status::CONNECT_INVALID_PARAMETERS.dnr());
+    let mut d = Queue::new(t.clone(), disc, disc);
+    assert!(status(&connect(&mut d, 0, 0xffff, nvme_spec::DISCOVERY_NQN, HOST)).is_success());
+    prop_set_cc(&mut d, 1);
+    let (_, page) = get_log(&mut d, 0x70, 4096, 0);
+    let n = u64::from_le_bytes(page[8..16].try_into().expect("8")) as usize;
+    let entries: Vec<(u8, String)> = (0..n)
+        .map(|i| {
+            let e = &page[1024 + i * 1024..2048 + i * 1024];
+            (e[2], String::from_utf8_lossy(&e[32..64]).trim_end_matches('\0').to_string())
+        })
+        .collect();
+    // The subsystem is advertised on 4420 only; discovery on both ports.
+    assert_eq!(entries, vec![(2, "4420".to_string()), (3, "4420".to_string()), (3, "8009".to_string())]);
 }

@@ -241,6 +241,16 @@ kp_nvme_e2e() {
 	kp_must nvme id-ns "$_ns" > /tmp/kp-idns.txt
 	grep -E '^(nsze|ncap|nuse|nsfeat|nlbaf|flbas|dlfeat|nguid|eui64|lbaf  0)' /tmp/kp-idns.txt
 	kp_run nvme smart-log /dev/"$_ctrl" > /tmp/kp-smart.txt 2>&1 && head -n 4 /tmp/kp-smart.txt || kp_log "(smart-log not supported)"
+	if [ -n "${NVME_QUEUES:-}" ]; then
+		# The host makes min(-i, online CPUs) I/O queues; each is a blk-mq
+		# hardware context of the namespace.
+		_cpus=$(grep -c ^processor /proc/cpuinfo)
+		_want=$NVME_QUEUES
+		[ "$_cpus" -lt "$_want" ] && _want=$_cpus
+		_hctx=$(ls -d /sys/block/"${_ns##*/}"/mq/*/ 2>/dev/null | wc -l)
+		kp_log "I/O queues: $_hctx hardware contexts (asked -i $NVME_QUEUES on $_cpus CPUs)"
+		[ "$_hctx" -ge "$_want" ] || kp_die "expected at least $_want I/O queues, found $_hctx"
+	fi
 
 	kp_step "data integrity (O_DIRECT write / read back / compare)"
 	kp_data_battery "$_ns" || kp_die "data battery failed on $_ns"
@@ -253,7 +263,11 @@ kp_nvme_e2e() {
 	if [ $((_oncs & 4)) != 0 ]; then
 		kp_step "dataset management (deallocate / TRIM)"
 		kp_must nvme dsm "$_ns" --ad -s 0 -b 8
-		kp_run blkdiscard -o 1048576 -l 1048576 "$_ns" || kp_log "(kernel discard path failed or unsupported)"
+		if [ "${NVME_STRICT_DISCARD:-0}" = 1 ]; then
+			kp_must blkdiscard -o 1048576 -l 1048576 "$_ns"
+		else
+			kp_run blkdiscard -o 1048576 -l 1048576 "$_ns" || kp_log "(kernel discard path failed or unsupported)"
+		fi
 	else
 		kp_log "DSM not advertised (ONCS=$_oncs), skipping trim"
 	fi
