@@ -322,11 +322,12 @@ check_aen() {
 	local ctl=("$IRONWIRE_BIN" ctl --socket "$WORK/ctl.sock") log=$WORK/$name.console.log
 	local t0 rc=0 pid added=0 removed=0; t0=$(now)
 	: >"$log"
-	"$KP" run --show never --log "$log" -t "$limit" nvme-aen "$PORT" "$IW_NQN" >/dev/null 2>&1 &
+	# --show always streams the console as it happens (--log is written at the end).
+	"$KP" run --show always -t "$limit" nvme-aen "$PORT" "$IW_NQN" >"$log" 2>&1 &
 	pid=$!
 	while kill -0 "$pid" 2>/dev/null; do
 		if ((!added)) && grep -q KP-AEN-ADD-NOW "$log"; then
-			"${ctl[@]}" device-add aen0 null size=64MiB && "${ctl[@]}" ns-add "$IW_NQN" 2 aen0 || say "ctl ns-add failed"
+			"${ctl[@]}" device-add aen0 ram size=64MiB && "${ctl[@]}" ns-add "$IW_NQN" 2 aen0 || say "ctl ns-add failed"
 			added=1
 		fi
 		if ((!removed)) && grep -q KP-AEN-REMOVE-NOW "$log"; then
@@ -336,7 +337,7 @@ check_aen() {
 		sleep 0.2
 	done
 	wait "$pid" || rc=$?
-	((added && removed)) || rc=${rc:-1}
+	((added && removed)) || ((rc != 0)) || rc=1
 	((rc == 0)) || [[ $SHOW == never ]] || tail -n 40 "$log" >&2
 	record "$name" "$rc" "$(since "$t0")"
 	say "$name: $( ((rc == 0)) && echo PASS || echo "FAIL (rc=$rc, console: $log)")"

@@ -12,18 +12,18 @@ kp_nvme_setup tcp || kp_die "module setup failed"
 kp_nvme_connect tcp "$A" "$P" "$NQN"
 CTRL=$KP_CTRL
 kp_log "namespaces before: $(ls /sys/class/nvme/$CTRL/ | grep -E 'n[0-9]+$' | tr '\n' ' ')"
-ns2() { ls /sys/block/ 2>/dev/null | grep -E "^nvme[0-9]+c?[0-9]*n2$" | head -n 1; }
+ns2() { ls /sys/block/ 2>/dev/null | grep -E "^nvme[0-9]+n2$" | head -n 1; }
 [ -z "$(ns2)" ] || kp_die "namespace 2 exists before the event"
 
 echo "KP-AEN-ADD-NOW"
-kp_wait 60 sh -c '[ -n "$(ls /sys/block/ | grep -E "^nvme[0-9]+c?[0-9]*n2$")" ]' || kp_die "namespace 2 did not appear (no AEN / rescan)"
+kp_wait 60 sh -c '[ -n "$(ls /sys/block/ | grep -E "^nvme[0-9]+n2$")" ]' || kp_die "namespace 2 did not appear (no AEN / rescan)"
 N2=/dev/$(ns2)
 kp_log "namespace 2 appeared as $N2 ($(cat /sys/block/${N2#/dev/}/size) sectors)"
 kp_pattern_check "$N2" 4096 16 8 || kp_die "I/O on the new namespace failed"
 dmesg | grep -iE "nvme.*(rescan|changed|ns)" | tail -n 3
 
 echo "KP-AEN-REMOVE-NOW"
-kp_wait 60 sh -c '[ -z "$(ls /sys/block/ | grep -E "^nvme[0-9]+c?[0-9]*n2$")" ]' || kp_die "namespace 2 did not go away"
+kp_wait 60 sh -c '[ -z "$(ls /sys/block/ | grep -E "^nvme[0-9]+n2$")" ]' || kp_die "namespace 2 did not go away"
 kp_log "namespace 2 removed"
 kp_nvme_disconnect "$NQN" "$CTRL"
 kp_log "AEN scenario PASSED"
