@@ -104,10 +104,7 @@ fn retry_eintr(mut f: impl FnMut() -> io::Result<()>) -> io::Result<()> {
 }
 
 fn is_unsupported(e: &io::Error) -> bool {
-    matches!(
-        e.raw_os_error(),
-        Some(libc::EOPNOTSUPP) | Some(libc::ENOSYS) | Some(libc::ENOTTY)
-    )
+    matches!(e.raw_os_error(), Some(libc::EOPNOTSUPP) | Some(libc::ENOSYS) | Some(libc::ENOTTY))
 }
 
 fn to_i64(v: u64) -> io::Result<libc::off_t> {
@@ -121,15 +118,8 @@ fn file_dio_align(file: &File) -> Option<(u32, u32)> {
     let mut stx: libc::statx = unsafe { std::mem::zeroed() };
     // SAFETY: valid fd, NUL-terminated empty path with AT_EMPTY_PATH, and
     // `stx` is a writable statx the kernel fills.
-    let rc = unsafe {
-        libc::statx(
-            file.as_raw_fd(),
-            c"".as_ptr(),
-            libc::AT_EMPTY_PATH,
-            libc::STATX_DIOALIGN,
-            &mut stx,
-        )
-    };
+    let rc =
+        unsafe { libc::statx(file.as_raw_fd(), c"".as_ptr(), libc::AT_EMPTY_PATH, libc::STATX_DIOALIGN, &mut stx) };
     if rc != 0 || stx.stx_mask & libc::STATX_DIOALIGN == 0 || stx.stx_dio_offset_align == 0 {
         return None;
     }
@@ -148,24 +138,14 @@ fn block_logical_size(file: &File) -> io::Result<u32> {
     let mut size: libc::c_int = 0;
     // SAFETY: BLKSSZGET writes one int through the pointer, which points at
     // a live local c_int.
-    cvt(unsafe {
-        libc::ioctl(
-            file.as_raw_fd(),
-            ioctl::BLKSSZGET,
-            &mut size as *mut libc::c_int,
-        )
-    })?;
+    cvt(unsafe { libc::ioctl(file.as_raw_fd(), ioctl::BLKSSZGET, &mut size as *mut libc::c_int) })?;
     u32::try_from(size).map_err(|_| io::Error::other(format!("BLKSSZGET returned {size}")))
 }
 
 /// Opens `path` a second time with `O_DIRECT`; `None` when the file system
 /// refuses it (EINVAL at open, as tmpfs does, or at the first aligned read).
 fn open_direct(path: &Path, align: u64) -> io::Result<Option<File>> {
-    let file = match OpenOptions::new()
-        .read(true)
-        .write(true)
-        .custom_flags(libc::O_DIRECT | libc::O_CLOEXEC)
-        .open(path)
+    let file = match OpenOptions::new().read(true).write(true).custom_flags(libc::O_DIRECT | libc::O_CLOEXEC).open(path)
     {
         Ok(f) => f,
         Err(e) if e.raw_os_error() == Some(libc::EINVAL) => return Ok(None),
@@ -173,9 +153,7 @@ fn open_direct(path: &Path, align: u64) -> io::Result<Option<File>> {
     };
     // Some file systems accept O_DIRECT at open and fail the I/O: probe with
     // one aligned read at offset 0 (a short read or EOF is fine).
-    let probe_len = usize::try_from(align)
-        .unwrap_or(IO_BUF_ALIGN)
-        .max(IO_BUF_ALIGN);
+    let probe_len = usize::try_from(align).unwrap_or(IO_BUF_ALIGN).max(IO_BUF_ALIGN);
     let mut probe = IoBuf::with_len(probe_len);
     // SAFETY: `probe` is a live, writable buffer of `probe.len()` bytes.
     let rc = unsafe { libc::pread(file.as_raw_fd(), probe.as_mut_ptr().cast(), probe.len(), 0) };
@@ -206,41 +184,24 @@ impl FileBackend {
         let (size_bytes, logical, dio_align, dio_mem_align) = if is_block {
             use std::os::unix::fs::FileTypeExt;
             if !meta.file_type().is_block_device() {
-                return Err(io::Error::new(
-                    io::ErrorKind::InvalidInput,
-                    "not a block device",
-                ));
+                return Err(io::Error::new(io::ErrorKind::InvalidInput, "not a block device"));
             }
             let logical = block_logical_size(&buffered)?;
-            (
-                block_size_bytes(&buffered)?,
-                Some(logical),
-                logical,
-                logical,
-            )
+            (block_size_bytes(&buffered)?, Some(logical), logical, logical)
         } else {
             let (off, mem) = file_dio_align(&buffered).unwrap_or((4096, 4096));
             (meta.len(), None, off, mem)
         };
         let mem_ok = usize::try_from(dio_mem_align).is_ok_and(|m| m <= IO_BUF_ALIGN);
-        let direct = if mem_ok && dio_align.is_power_of_two() {
-            open_direct(path, u64::from(dio_align))?
-        } else {
-            None
-        };
-        let dio_align = if direct.is_some() {
-            u64::from(dio_align)
-        } else {
-            0
-        };
+        let direct =
+            if mem_ok && dio_align.is_power_of_two() { open_direct(path, u64::from(dio_align))? } else { None };
+        let dio_align = if direct.is_some() { u64::from(dio_align) } else { 0 };
         Ok(Opened {
             backend: FileBackend {
                 id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
                 fds: Arc::new(Fds { buffered, direct }),
                 dio_align,
-                dio_mem_align: usize::try_from(dio_mem_align)
-                    .unwrap_or(IO_BUF_ALIGN)
-                    .max(1),
+                dio_mem_align: usize::try_from(dio_mem_align).unwrap_or(IO_BUF_ALIGN).max(1),
                 is_block,
             },
             size_bytes,
@@ -265,11 +226,7 @@ impl FileBackend {
                 Some(d) => Some(monoio::fs::File::from_std(d.try_clone()?)?),
                 None => None,
             };
-            let files = Rc::new(ThreadFiles {
-                owner: Arc::downgrade(&self.fds),
-                buffered,
-                direct,
-            });
+            let files = Rc::new(ThreadFiles { owner: Arc::downgrade(&self.fds), buffered, direct });
             map.insert(self.id, Rc::clone(&files));
             Ok(files)
         })
@@ -286,13 +243,7 @@ impl FileBackend {
 
     /// The descriptor for an I/O of `len` bytes at `pos` from `addr`:
     /// direct when everything is aligned for it, buffered otherwise.
-    fn pick<'a>(
-        &self,
-        files: &'a ThreadFiles,
-        pos: u64,
-        len: usize,
-        addr: usize,
-    ) -> &'a monoio::fs::File {
+    fn pick<'a>(&self, files: &'a ThreadFiles, pos: u64, len: usize, addr: usize) -> &'a monoio::fs::File {
         match &files.direct {
             Some(direct)
                 if self.dio_align != 0
@@ -335,12 +286,7 @@ impl FileBackend {
         (Ok(()), buf)
     }
 
-    pub(crate) async fn write(
-        &self,
-        offset: u64,
-        mut buf: IoBuf,
-        fua: bool,
-    ) -> (io::Result<()>, IoBuf) {
+    pub(crate) async fn write(&self, offset: u64, mut buf: IoBuf, fua: bool) -> (io::Result<()>, IoBuf) {
         use monoio::buf::IoBuf as _;
         let files = match self.thread_files() {
             Ok(f) => f,
@@ -401,9 +347,7 @@ impl FileBackend {
         let mut done = 0u64;
         while done < len {
             let chunk = usize::try_from(len - done).map_or(ZERO_CHUNK, |r| r.min(ZERO_CHUNK));
-            let pos = offset
-                .checked_add(done)
-                .ok_or_else(|| io::Error::other("zero offset overflow"))?;
+            let pos = offset.checked_add(done).ok_or_else(|| io::Error::other("zero offset overflow"))?;
             let (res, _buf) = self.write(pos, IoBuf::zeroed(chunk), false).await;
             res?;
             done = done.saturating_add(chunk as u64);
@@ -413,12 +357,7 @@ impl FileBackend {
 
     /// Makes `[offset, offset + len)` read as zeros; with `deallocate` the
     /// backing storage may be released.
-    pub(crate) async fn write_zeroes(
-        &self,
-        offset: u64,
-        len: u64,
-        deallocate: bool,
-    ) -> io::Result<()> {
+    pub(crate) async fn write_zeroes(&self, offset: u64, len: u64, deallocate: bool) -> io::Result<()> {
         const KEEP: libc::c_int = libc::FALLOC_FL_KEEP_SIZE;
         if len == 0 {
             return Ok(());
@@ -492,8 +431,7 @@ mod tests {
     }
 
     fn temp_file(tag: &str, len: u64) -> TempFile {
-        let path =
-            std::env::temp_dir().join(format!("blockdev-unit-{}-{tag}.img", std::process::id()));
+        let path = std::env::temp_dir().join(format!("blockdev-unit-{}-{tag}.img", std::process::id()));
         let f = File::create(&path).expect("create");
         f.set_len(len).expect("set_len");
         TempFile(path)
@@ -517,18 +455,11 @@ mod tests {
             assert!(std::ptr::eq(backend.pick(&files, 8192, 4096, 4096), direct));
             assert!(!std::ptr::eq(backend.pick(&files, 512, 4096, 4096), direct));
             assert!(!std::ptr::eq(backend.pick(&files, 4096, 512, 4096), direct));
-            assert!(!std::ptr::eq(
-                backend.pick(&files, 4096, 4096, 4096 + 512),
-                direct
-            ));
+            assert!(!std::ptr::eq(backend.pick(&files, 4096, 4096, 4096 + 512), direct));
 
-            let (res, _) = backend
-                .write(512, IoBuf::from_slice(&[0x3c; 1536]), false)
-                .await;
+            let (res, _) = backend.write(512, IoBuf::from_slice(&[0x3c; 1536]), false).await;
             res.expect("unaligned write");
-            let (res, _) = backend
-                .write(8192, IoBuf::from_slice(&[0x7e; 4096]), false)
-                .await;
+            let (res, _) = backend.write(8192, IoBuf::from_slice(&[0x7e; 4096]), false).await;
             res.expect("aligned write");
             let (res, buf) = backend.read(0, IoBuf::with_len(12288)).await;
             res.expect("aligned read");
@@ -547,16 +478,11 @@ mod tests {
         let tmp = temp_file("zerofill", 4 << 20);
         let backend = FileBackend::open(&tmp.0, false).expect("open").backend;
         run(async {
-            let (res, _) = backend
-                .write(0, IoBuf::from_slice(&vec![0xa1; 4 << 20]), false)
-                .await;
+            let (res, _) = backend.write(0, IoBuf::from_slice(&vec![0xa1; 4 << 20]), false).await;
             res.expect("fill");
             // 1.5 MiB + 512 bytes: more than one chunk, unaligned tail.
             let len = (3 << 19) + 512;
-            backend
-                .write_zero_buffers(512, len)
-                .await
-                .expect("zero fill");
+            backend.write_zero_buffers(512, len).await.expect("zero fill");
             let (res, buf) = backend.read(0, IoBuf::with_len(4 << 20)).await;
             res.expect("read");
             let end = 512 + len as usize;
@@ -570,11 +496,7 @@ mod tests {
     fn read_past_truncated_end_is_an_error_not_a_hang() {
         let tmp = temp_file("truncated", 8192);
         let backend = FileBackend::open(&tmp.0, false).expect("open").backend;
-        std::fs::OpenOptions::new()
-            .write(true)
-            .open(&tmp.0)
-            .and_then(|f| f.set_len(4096))
-            .expect("truncate");
+        std::fs::OpenOptions::new().write(true).open(&tmp.0).and_then(|f| f.set_len(4096)).expect("truncate");
         run(async {
             let (res, _) = backend.read(0, IoBuf::with_len(8192)).await;
             let err = res.expect_err("short file");

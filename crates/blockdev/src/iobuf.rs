@@ -128,11 +128,8 @@ impl IoBuf {
     /// fresh, old data when reused from the pool).
     pub fn with_len(len: usize) -> IoBuf {
         let cap = capacity_for(len);
-        let pooled = class_of(cap).and_then(|class| {
-            POOL.try_with(|pool| pool.borrow_mut().free[class].pop())
-                .ok()
-                .flatten()
-        });
+        let pooled =
+            class_of(cap).and_then(|class| POOL.try_with(|pool| pool.borrow_mut().free[class].pop()).ok().flatten());
         let ptr = pooled.unwrap_or_else(|| alloc_zeroed(cap));
         IoBuf { ptr, len, cap }
     }
@@ -226,10 +223,7 @@ impl DerefMut for IoBuf {
 
 impl fmt::Debug for IoBuf {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("IoBuf")
-            .field("len", &self.len)
-            .field("capacity", &self.cap)
-            .finish()
+        f.debug_struct("IoBuf").field("len", &self.len).field("capacity", &self.cap).finish()
     }
 }
 
@@ -313,8 +307,6 @@ mod tests {
     #[test]
     fn buffer_dropped_on_another_thread_is_freed_safely() {
         let buf = IoBuf::from_slice(&[7u8; 10000]);
-        std::thread::spawn(move || assert_eq!(buf[9999], 7))
-            .join()
-            .expect("thread");
+        std::thread::spawn(move || assert_eq!(buf[9999], 7)).join().expect("thread");
     }
 }

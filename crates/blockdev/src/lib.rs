@@ -77,11 +77,7 @@ impl fmt::Display for Kind {
 pub enum Error {
     /// The request reaches past the last block (or `lba + blocks` overflows).
     #[error("lba {lba} + {blocks} blocks is out of range (capacity {capacity} blocks)")]
-    OutOfRange {
-        lba: u64,
-        blocks: u64,
-        capacity: u64,
-    },
+    OutOfRange { lba: u64, blocks: u64, capacity: u64 },
     /// A buffer length that is not a whole number of blocks.
     #[error("buffer length {len} is not a multiple of block size {block_size}")]
     Misaligned { len: usize, block_size: u32 },
@@ -92,9 +88,7 @@ pub enum Error {
     #[error("block size {0} unsupported (expected a power of two in 512..=65536)")]
     InvalidBlockSize(u32),
     /// A device size of zero or not a whole number of blocks.
-    #[error(
-        "device size {size_bytes} bytes is not a non-zero multiple of block size {block_size}"
-    )]
+    #[error("device size {size_bytes} bytes is not a non-zero multiple of block size {block_size}")]
     InvalidSize { size_bytes: u64, block_size: u32 },
     /// A block size below the block device's logical block size.
     #[error("block size {requested} is smaller than the device's logical block size {logical}")]
@@ -154,22 +148,13 @@ fn exact_geometry(size_bytes: u64, block_size: u32) -> Result<Geometry, Error> {
     check_block_size(block_size)?;
     let bs = u64::from(block_size);
     if size_bytes == 0 || size_bytes % bs != 0 {
-        return Err(Error::InvalidSize {
-            size_bytes,
-            block_size,
-        });
+        return Err(Error::InvalidSize { size_bytes, block_size });
     }
-    Ok(Geometry {
-        block_size,
-        blocks: size_bytes / bs,
-    })
+    Ok(Geometry { block_size, blocks: size_bytes / bs })
 }
 
 fn open_err(path: &Path) -> impl FnOnce(io::Error) -> Error + '_ {
-    move |source| Error::Open {
-        path: path.to_path_buf(),
-        source,
-    }
+    move |source| Error::Open { path: path.to_path_buf(), source }
 }
 
 impl Device {
@@ -199,12 +184,7 @@ impl Device {
     /// A device on a regular file. With `size_bytes` the file is created if
     /// missing and extended if shorter (a longer file exposes only its first
     /// `size_bytes`); without it the file's length is the size.
-    pub fn file(
-        name: &str,
-        path: &Path,
-        size_bytes: Option<u64>,
-        block_size: u32,
-    ) -> Result<Device, Error> {
+    pub fn file(name: &str, path: &Path, size_bytes: Option<u64>, block_size: u32) -> Result<Device, Error> {
         check_block_size(block_size)?;
         let size_bytes = match size_bytes {
             Some(size) => {
@@ -257,19 +237,13 @@ impl Device {
         let block_size = block_size.unwrap_or(logical);
         check_block_size(block_size)?;
         if block_size < logical {
-            return Err(Error::BlockSizeBelowLogical {
-                requested: block_size,
-                logical,
-            });
+            return Err(Error::BlockSizeBelowLogical { requested: block_size, logical });
         }
         // A device size that is not a whole number of blocks exposes the
         // whole blocks only.
         let blocks = opened.size_bytes / u64::from(block_size);
         if blocks == 0 {
-            return Err(Error::InvalidSize {
-                size_bytes: opened.size_bytes,
-                block_size,
-            });
+            return Err(Error::InvalidSize { size_bytes: opened.size_bytes, block_size });
         }
         Ok(Device {
             name: name.to_owned(),
@@ -327,11 +301,7 @@ impl Device {
         let capacity = self.geometry.blocks;
         match lba.checked_add(blocks) {
             Some(end) if end <= capacity => Ok(()),
-            _ => Err(Error::OutOfRange {
-                lba,
-                blocks,
-                capacity,
-            }),
+            _ => Err(Error::OutOfRange { lba, blocks, capacity }),
         }
     }
 
@@ -339,11 +309,7 @@ impl Device {
     fn byte_range(&self, lba: u64, blocks: u64) -> Result<(u64, u64), Error> {
         self.check_range(lba, blocks)?;
         let bs = u64::from(self.geometry.block_size);
-        let out_of_range = || Error::OutOfRange {
-            lba,
-            blocks,
-            capacity: self.geometry.blocks,
-        };
+        let out_of_range = || Error::OutOfRange { lba, blocks, capacity: self.geometry.blocks };
         let offset = lba.checked_mul(bs).ok_or_else(out_of_range)?;
         let len = blocks.checked_mul(bs).ok_or_else(out_of_range)?;
         Ok((offset, len))
@@ -461,10 +427,8 @@ mod tests {
 
     #[test]
     fn kind_displays_lowercase_names() {
-        let names: Vec<String> = [Kind::Null, Kind::Ram, Kind::File, Kind::Block]
-            .iter()
-            .map(ToString::to_string)
-            .collect();
+        let names: Vec<String> =
+            [Kind::Null, Kind::Ram, Kind::File, Kind::Block].iter().map(ToString::to_string).collect();
         assert_eq!(names, ["null", "ram", "file", "block"]);
     }
 
@@ -472,10 +436,7 @@ mod tests {
     fn out_of_range_message_names_request_and_capacity() {
         let dev = Device::null("n", 1 << 20, 512).expect("null device");
         let err = dev.check_range(2040, 16).expect_err("past the end");
-        assert_eq!(
-            err.to_string(),
-            "lba 2040 + 16 blocks is out of range (capacity 2048 blocks)"
-        );
+        assert_eq!(err.to_string(), "lba 2040 + 16 blocks is out of range (capacity 2048 blocks)");
     }
 
     #[test]
@@ -483,17 +444,8 @@ mod tests {
         let dev = Device::null("n", 1 << 20, 4096).expect("null device");
         assert!(dev.check_range(255, 1).is_ok());
         assert!(dev.check_range(0, 256).is_ok());
-        assert!(matches!(
-            dev.check_range(256, 1),
-            Err(Error::OutOfRange { .. })
-        ));
-        assert!(matches!(
-            dev.check_range(1, u64::MAX),
-            Err(Error::OutOfRange { .. })
-        ));
-        assert!(matches!(
-            dev.check_range(u64::MAX, 2),
-            Err(Error::OutOfRange { .. })
-        ));
+        assert!(matches!(dev.check_range(256, 1), Err(Error::OutOfRange { .. })));
+        assert!(matches!(dev.check_range(1, u64::MAX), Err(Error::OutOfRange { .. })));
+        assert!(matches!(dev.check_range(u64::MAX, 2), Err(Error::OutOfRange { .. })));
     }
 }

@@ -24,9 +24,8 @@ unsafe impl Sync for RamRegion {}
 
 impl RamRegion {
     pub(crate) fn new(size_bytes: u64) -> io::Result<RamRegion> {
-        let len = usize::try_from(size_bytes).map_err(|_| {
-            io::Error::other(format!("ram size {size_bytes} exceeds address space"))
-        })?;
+        let len = usize::try_from(size_bytes)
+            .map_err(|_| io::Error::other(format!("ram size {size_bytes} exceeds address space")))?;
         // SAFETY: anonymous mapping with no address hint and no fd: it
         // creates fresh memory and cannot affect existing mappings.
         let ptr = unsafe {
@@ -42,14 +41,10 @@ impl RamRegion {
         if ptr == libc::MAP_FAILED {
             return Err(io::Error::last_os_error());
         }
-        let base =
-            NonNull::new(ptr.cast::<u8>()).ok_or_else(|| io::Error::other("mmap returned null"))?;
+        let base = NonNull::new(ptr.cast::<u8>()).ok_or_else(|| io::Error::other("mmap returned null"))?;
         // SAFETY: sysconf has no memory-safety preconditions.
         let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
-        let page = usize::try_from(page)
-            .ok()
-            .filter(|p| p.is_power_of_two())
-            .unwrap_or(4096);
+        let page = usize::try_from(page).ok().filter(|p| p.is_power_of_two()).unwrap_or(4096);
         Ok(RamRegion { base, len, page })
     }
 
@@ -64,10 +59,9 @@ impl RamRegion {
                 // (or one past the end of) the mapping.
                 Ok((unsafe { self.base.as_ptr().add(start) }, start))
             }
-            _ => Err(io::Error::other(format!(
-                "ram span at byte {offset} + {len} exceeds region of {} bytes",
-                self.len
-            ))),
+            _ => {
+                Err(io::Error::other(format!("ram span at byte {offset} + {len} exceeds region of {} bytes", self.len)))
+            }
         }
     }
 
@@ -94,15 +88,9 @@ impl RamRegion {
     /// of the partial pages at either end.
     pub(crate) fn zero(&self, offset: u64, len: usize) -> io::Result<()> {
         let (start_ptr, start) = self.span(offset, len)?;
-        let end = start
-            .checked_add(len)
-            .ok_or_else(|| io::Error::other("ram span overflows"))?;
+        let end = start.checked_add(len).ok_or_else(|| io::Error::other("ram span overflows"))?;
         let mask = self.page.wrapping_sub(1);
-        let first_page = start
-            .checked_add(mask)
-            .map(|v| v & !mask)
-            .unwrap_or(end)
-            .min(end);
+        let first_page = start.checked_add(mask).map(|v| v & !mask).unwrap_or(end).min(end);
         let last_page = (end & !mask).max(first_page);
         let head = first_page.saturating_sub(start);
         // SAFETY: `start_ptr..start_ptr+head` lies within the checked span.
@@ -112,11 +100,7 @@ impl RamRegion {
             // is page-aligned) and inside the checked span. MADV_DONTNEED on a
             // private anonymous mapping drops the pages; later reads see zeros.
             let rc = unsafe {
-                libc::madvise(
-                    self.base.as_ptr().add(first_page).cast(),
-                    last_page - first_page,
-                    libc::MADV_DONTNEED,
-                )
+                libc::madvise(self.base.as_ptr().add(first_page).cast(), last_page - first_page, libc::MADV_DONTNEED)
             };
             if rc != 0 {
                 return Err(io::Error::last_os_error());
@@ -135,10 +119,7 @@ impl Drop for RamRegion {
         // and no I/O can be in flight: every access borrows `&self`.
         let rc = unsafe { libc::munmap(self.base.as_ptr().cast(), self.len) };
         if rc != 0 {
-            log::error!(
-                "munmap of ram device failed: {}",
-                io::Error::last_os_error()
-            );
+            log::error!("munmap of ram device failed: {}", io::Error::last_os_error());
         }
     }
 }

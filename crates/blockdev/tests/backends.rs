@@ -29,11 +29,7 @@ async fn write_then_read_back(dev: &Device) {
             let expect = data.to_vec();
             write(dev, lba, data, false).await;
             let got = read(dev, lba, len).await;
-            assert!(
-                got[..] == expect[..],
-                "{}: mismatch reading back {len} bytes at lba {lba}",
-                dev.name()
-            );
+            assert!(got[..] == expect[..], "{}: mismatch reading back {len} bytes at lba {lba}", dev.name());
         }
     }
 }
@@ -71,10 +67,7 @@ async fn rejects_misaligned_length(dev: &Device) {
         "read: {res:?}"
     );
     let (res, _) = dev.write(0, IoBuf::with_len(bs / 2), false).await;
-    assert!(
-        matches!(res, Err(Error::Misaligned { .. })),
-        "write: {res:?}"
-    );
+    assert!(matches!(res, Err(Error::Misaligned { .. })), "write: {res:?}");
 }
 
 /// Fills 40 blocks with a pattern, zeroes (or deallocates) blocks 9..14 and
@@ -96,17 +89,9 @@ async fn zeroing_reads_zeros(dev: &Device, how: Zeroing) {
         let lba = first + blk;
         let range = (blk * bs) as usize..((blk + 1) * bs) as usize;
         if (zlba..zlba + zblocks).contains(&lba) {
-            assert!(
-                is_zero(&got[range]),
-                "{}: lba {lba} not zeroed ({how:?})",
-                dev.name()
-            );
+            assert!(is_zero(&got[range]), "{}: lba {lba} not zeroed ({how:?})", dev.name());
         } else {
-            assert!(
-                got[range.clone()] == expect[range],
-                "{}: lba {lba} clobbered ({how:?})",
-                dev.name()
-            );
+            assert!(got[range.clone()] == expect[range], "{}: lba {lba} clobbered ({how:?})", dev.name());
         }
     }
 
@@ -119,11 +104,7 @@ async fn zeroing_reads_zeros(dev: &Device, how: Zeroing) {
         Zeroing::Deallocate => dev.deallocate(lba, big / bs).await,
     };
     res.unwrap_or_else(|e| panic!("{}: zeroing failed: {e}", dev.name()));
-    assert!(
-        is_zero(&read(dev, lba, big as usize).await),
-        "{}: big span not zero",
-        dev.name()
-    );
+    assert!(is_zero(&read(dev, lba, big as usize).await), "{}: big span not zero", dev.name());
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -188,17 +169,8 @@ fn ram_device_of_1_gib_is_created_lazily_and_reads_zeros() {
         assert!(is_zero(&read(&dev, 0, MIB as usize).await));
         let last_mib = dev.geometry().blocks - MIB / 4096;
         assert!(is_zero(&read(&dev, last_mib, MIB as usize).await));
-        write(
-            &dev,
-            dev.geometry().blocks - 1,
-            IoBuf::from_slice(&[0xee; 4096]),
-            false,
-        )
-        .await;
-        assert!(read(&dev, dev.geometry().blocks - 1, 4096)
-            .await
-            .iter()
-            .all(|&b| b == 0xee));
+        write(&dev, dev.geometry().blocks - 1, IoBuf::from_slice(&[0xee; 4096]), false).await;
+        assert!(read(&dev, dev.geometry().blocks - 1, 4096).await.iter().all(|&b| b == 0xee));
     });
 }
 
@@ -234,10 +206,7 @@ fn null_device_reads_zeros_and_ignores_writes() {
 fn rejects_block_sizes_that_are_not_powers_of_two_in_512_to_65536() {
     for bs in [0, 1, 256, 1000, 4095, 131072] {
         let err = Device::ram("r", DEV_SIZE, bs).expect_err("bad block size");
-        assert!(
-            matches!(err, Error::InvalidBlockSize(b) if b == bs),
-            "{bs}: {err}"
-        );
+        assert!(matches!(err, Error::InvalidBlockSize(b) if b == bs), "{bs}: {err}");
         assert!(Device::null("n", DEV_SIZE, bs).is_err());
     }
     for bs in [512, 1024, 2048, 4096, 8192, 16384, 32768, 65536] {
@@ -247,18 +216,9 @@ fn rejects_block_sizes_that_are_not_powers_of_two_in_512_to_65536() {
 
 #[test]
 fn rejects_size_that_is_zero_or_not_a_multiple_of_block_size() {
-    assert!(matches!(
-        Device::ram("r", 0, 512),
-        Err(Error::InvalidSize { .. })
-    ));
-    assert!(matches!(
-        Device::ram("r", 4096 + 512, 4096),
-        Err(Error::InvalidSize { .. })
-    ));
-    assert!(matches!(
-        Device::null("n", 1000, 512),
-        Err(Error::InvalidSize { .. })
-    ));
+    assert!(matches!(Device::ram("r", 0, 512), Err(Error::InvalidSize { .. })));
+    assert!(matches!(Device::ram("r", 4096 + 512, 4096), Err(Error::InvalidSize { .. })));
+    assert!(matches!(Device::null("n", 1000, 512), Err(Error::InvalidSize { .. })));
 }
 
 // ---------------------------------------------------------------------------
@@ -298,8 +258,7 @@ fn file_device_with_512_byte_blocks_meets_contract() {
 #[test]
 fn file_device_with_4096_byte_blocks_meets_contract() {
     let dir = TempDir::new("file4k");
-    let dev =
-        Device::file("file4k", &dir.join("disk.img"), Some(DEV_SIZE), 4096).expect("file device");
+    let dev = Device::file("file4k", &dir.join("disk.img"), Some(DEV_SIZE), 4096).expect("file device");
     run(full_contract(&dev, true));
 }
 
@@ -312,8 +271,7 @@ fn file_device_on_ext4_uses_direct_io() {
     }
     let dev = Device::file("d", &dir.join("disk.img"), Some(DEV_SIZE), 4096).expect("file device");
     assert!(dev.direct_io(), "O_DIRECT expected on ext4");
-    let dev512 =
-        Device::file("d512", &dir.join("disk512.img"), Some(DEV_SIZE), 512).expect("file device");
+    let dev512 = Device::file("d512", &dir.join("disk512.img"), Some(DEV_SIZE), 512).expect("file device");
     assert!(dev512.direct_io(), "O_DIRECT expected on ext4");
 }
 
@@ -375,26 +333,17 @@ fn file_device_without_size_uses_file_length() {
 fn file_device_without_size_rejects_missing_empty_or_unaligned_file() {
     let dir = TempDir::new("reject");
     let missing = dir.join("missing.img");
-    assert!(matches!(
-        Device::file("f", &missing, None, 512),
-        Err(Error::Open { .. })
-    ));
+    assert!(matches!(Device::file("f", &missing, None, 512), Err(Error::Open { .. })));
     assert!(!missing.exists(), "must not create a file without a size");
 
     let empty = dir.join("empty.img");
     std::fs::write(&empty, b"").expect("write");
     let err = Device::file("f", &empty, None, 512).expect_err("empty file");
-    assert!(
-        matches!(err, Error::InvalidSize { size_bytes: 0, .. }),
-        "{err}"
-    );
+    assert!(matches!(err, Error::InvalidSize { size_bytes: 0, .. }), "{err}");
 
     let odd = dir.join("odd.img");
     std::fs::write(&odd, vec![0u8; 4096 + 512]).expect("write");
-    assert!(matches!(
-        Device::file("f", &odd, None, 4096),
-        Err(Error::InvalidSize { .. })
-    ));
+    assert!(matches!(Device::file("f", &odd, None, 4096), Err(Error::InvalidSize { .. })));
     assert!(Device::file("f", &odd, None, 512).is_ok());
 }
 
@@ -402,10 +351,7 @@ fn file_device_without_size_rejects_missing_empty_or_unaligned_file() {
 fn file_device_rejects_directory() {
     let dir = TempDir::new("dir");
     let err = Device::file("f", dir.path(), None, 512).expect_err("directory");
-    assert!(
-        matches!(err, Error::NotRegularFile(_) | Error::Open { .. }),
-        "{err}"
-    );
+    assert!(matches!(err, Error::NotRegularFile(_) | Error::Open { .. }), "{err}");
 }
 
 #[test]
@@ -418,10 +364,7 @@ fn file_device_deallocate_punches_hole() {
         let before = allocated_bytes(&path);
         dev.deallocate(0, MIB / 4096).await.expect("deallocate");
         assert!(is_zero(&read(&dev, 0, MIB as usize).await));
-        assert!(
-            allocated_bytes(&path) + MIB / 2 <= before,
-            "hole not punched"
-        );
+        assert!(allocated_bytes(&path) + MIB / 2 <= before, "hole not punched");
     });
 }
 
@@ -445,8 +388,7 @@ fn block_device_rejects_regular_file_path() {
 
 #[test]
 fn block_device_rejects_missing_path() {
-    let err =
-        Device::block("b", std::path::Path::new("/nonexistent/dev"), None).expect_err("missing");
+    let err = Device::block("b", std::path::Path::new("/nonexistent/dev"), None).expect_err("missing");
     assert!(matches!(err, Error::Open { .. }), "{err}");
 }
 
@@ -480,16 +422,7 @@ fn block_device_accepts_larger_block_size_and_rejects_smaller_than_logical() {
         return;
     };
     let err = Device::block("b", &lo.dev, Some(512)).expect_err("below logical");
-    assert!(
-        matches!(
-            err,
-            Error::BlockSizeBelowLogical {
-                requested: 512,
-                logical: 4096
-            }
-        ),
-        "{err}"
-    );
+    assert!(matches!(err, Error::BlockSizeBelowLogical { requested: 512, logical: 4096 }), "{err}");
     drop(err);
     let dev = Device::block("b", &lo.dev, Some(8192)).expect("8 KiB blocks on 4 KiB device");
     assert_eq!(dev.geometry().blocks, DEV_SIZE / 8192);
@@ -512,13 +445,7 @@ fn two_threads_write_disjoint_ranges(dev: Arc<Device>) {
                     let start = t * per_thread;
                     let mut lba = start;
                     while lba < start + per_thread {
-                        write(
-                            &dev,
-                            lba,
-                            pattern(lba * bs, (chunk * bs) as usize, t as u8),
-                            false,
-                        )
-                        .await;
+                        write(&dev, lba, pattern(lba * bs, (chunk * bs) as usize, t as u8), false).await;
                         lba += chunk;
                     }
                     dev.flush().await.expect("flush");
@@ -536,10 +463,7 @@ fn two_threads_write_disjoint_ranges(dev: Arc<Device>) {
         for t in 0..THREADS {
             let start = t * per_thread;
             let got = read(&dev, start, (per_thread * bs) as usize).await;
-            assert!(
-                got[..] == pattern(start * bs, got.len(), t as u8)[..],
-                "range of thread {t}"
-            );
+            assert!(got[..] == pattern(start * bs, got.len(), t as u8)[..], "range of thread {t}");
         }
     });
 }

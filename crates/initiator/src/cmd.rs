@@ -49,12 +49,7 @@ pub fn disconnect() -> Sqe {
 
 /// Identify with `cns` for `nsid`; 4096 bytes come back.
 pub fn identify(cns: Cns, nsid: u32) -> Sqe {
-    Sqe {
-        opcode: Admin::IDENTIFY.0,
-        nsid: nsid.into(),
-        cdw10: u32::from(cns.0).into(),
-        ..Default::default()
-    }
+    Sqe { opcode: Admin::IDENTIFY.0, nsid: nsid.into(), cdw10: u32::from(cns.0).into(), ..Default::default() }
 }
 
 /// Get Log Page of `len_bytes` (a non-zero multiple of 4) at byte `offset`.
@@ -73,21 +68,12 @@ pub fn get_log_page(lid: u8, len_bytes: u32, offset: u64) -> Sqe {
 
 /// Set Features.
 pub fn set_features(fid: FeatureId, cdw11: u32) -> Sqe {
-    Sqe {
-        opcode: Admin::SET_FEATURES.0,
-        cdw10: u32::from(fid.0).into(),
-        cdw11: cdw11.into(),
-        ..Default::default()
-    }
+    Sqe { opcode: Admin::SET_FEATURES.0, cdw10: u32::from(fid.0).into(), cdw11: cdw11.into(), ..Default::default() }
 }
 
 /// Get Features (current value).
 pub fn get_features(fid: FeatureId) -> Sqe {
-    Sqe {
-        opcode: Admin::GET_FEATURES.0,
-        cdw10: u32::from(fid.0).into(),
-        ..Default::default()
-    }
+    Sqe { opcode: Admin::GET_FEATURES.0, cdw10: u32::from(fid.0).into(), ..Default::default() }
 }
 
 /// Set Features Number of Queues asking for `count` I/O submission and
@@ -99,10 +85,7 @@ pub fn number_of_queues(count: u16) -> Sqe {
 
 /// Keep Alive.
 pub fn keep_alive() -> Sqe {
-    Sqe {
-        opcode: Admin::KEEP_ALIVE.0,
-        ..Default::default()
-    }
+    Sqe { opcode: Admin::KEEP_ALIVE.0, ..Default::default() }
 }
 
 fn rw(op: Io, nsid: u32, lba: u64, blocks: u32) -> Sqe {
@@ -143,11 +126,7 @@ pub fn write_zeroes(nsid: u32, lba: u64, blocks: u32, deallocate: bool) -> Sqe {
 
 /// Flush.
 pub fn flush(nsid: u32) -> Sqe {
-    Sqe {
-        opcode: Io::FLUSH.0,
-        nsid: nsid.into(),
-        ..Default::default()
-    }
+    Sqe { opcode: Io::FLUSH.0, nsid: nsid.into(), ..Default::default() }
 }
 
 /// Dataset Management with the Deallocate attribute over `ranges`; the
@@ -185,16 +164,7 @@ mod tests {
     fn connect_fields_read_back_as_the_target_decodes_them() {
         let sqe = connect(3, 127, 5000);
         assert_eq!(sqe.fctype(), FabricsType::CONNECT.0);
-        assert_eq!(
-            ConnectCmd::from_sqe(&sqe),
-            ConnectCmd {
-                recfmt: 0,
-                qid: 3,
-                sqsize: 127,
-                cattr: 0,
-                kato_ms: 5000
-            }
-        );
+        assert_eq!(ConnectCmd::from_sqe(&sqe), ConnectCmd { recfmt: 0, qid: 3, sqsize: 127, cattr: 0, kato_ms: 5000 });
     }
 
     #[test]

@@ -15,11 +15,12 @@ mod controller;
 mod discovery;
 mod queue;
 
+pub use controller::hostid_for;
 pub use controller::{Controller, IdentifyController, NamespaceInfo, Options};
 pub use discovery::{discover, discover_with, parse_discovery_log, DiscoveryEntry};
 pub use nvme_spec::Status;
 pub use nvmf_tcp::host::Completion;
-pub use queue::{Queue, QueueOptions};
+pub use queue::{check, Queue, QueueOptions};
 
 use std::time::Duration;
 
@@ -27,7 +28,7 @@ use std::time::Duration;
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// The command completed with a non-success status.
-    #[error("command failed with status {0} ({:#06x})", .0 .0)]
+    #[error("command failed with status {0} ({code:#06x})", code = .0 .0)]
     Status(Status),
     /// The controller ended the connection with a C2HTermReq, or sent bytes
     /// that break NVMe/TCP.

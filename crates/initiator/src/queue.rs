@@ -63,10 +63,7 @@ impl Queue {
     pub async fn connect(addr: SocketAddr, opts: QueueOptions) -> Result<Queue> {
         let stream = monoio::time::timeout(opts.timeout, TcpStream::connect_addr(addr))
             .await
-            .map_err(|_| Error::Timeout {
-                what: "TCP connect",
-                after: opts.timeout,
-            })??;
+            .map_err(|_| Error::Timeout { what: "TCP connect", after: opts.timeout })??;
         stream.set_nodelay(true)?;
         let conn = HostConnection::new(HostConfig {
             header_digest: opts.header_digest,
@@ -146,9 +143,7 @@ impl Queue {
             )));
         }
         if !write.is_empty() && read_len != 0 {
-            return Err(Error::Invalid(
-                "bidirectional data transfers are not supported".into(),
-            ));
+            return Err(Error::Invalid("bidirectional data transfers are not supported".into()));
         }
         let cid = self.alloc_cid();
         sqe.cid = cid.into();
@@ -184,10 +179,7 @@ impl Queue {
                 Ok(())
             }
             Ok((Err(e), _)) => self.fail(Error::Io(e)),
-            Err(_) => self.fail(Error::Timeout {
-                what: "sending to the controller",
-                after: self.timeout,
-            }),
+            Err(_) => self.fail(Error::Timeout { what: "sending to the controller", after: self.timeout }),
         }
     }
 
@@ -208,12 +200,7 @@ impl Queue {
             Ok((Ok(0), _)) => return self.fail(Error::Closed),
             Ok((Ok(_), rx)) => rx,
             Ok((Err(e), _)) => return self.fail(Error::Io(e)),
-            Err(_) => {
-                return self.fail(Error::Timeout {
-                    what,
-                    after: self.timeout,
-                })
-            }
+            Err(_) => return self.fail(Error::Timeout { what, after: self.timeout }),
         };
         let r = self.conn.handle_input(&rx);
         self.rx = rx;

@@ -76,9 +76,7 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
     let t = s.trim();
     let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
     let (num, unit) = t.split_at(split);
-    let n: u64 = num
-        .parse()
-        .map_err(|_| format!("size {s:?} does not start with a number"))?;
+    let n: u64 = num.parse().map_err(|_| format!("size {s:?} does not start with a number"))?;
     let mult: u64 = match unit.trim() {
         "" | "B" => 1,
         "K" | "KiB" => 1 << 10,
@@ -89,14 +87,9 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
         "MB" => 1_000_000,
         "GB" => 1_000_000_000,
         "TB" => 1_000_000_000_000,
-        u => {
-            return Err(format!(
-                "size {s:?} has unknown unit {u:?} (use KiB, MiB, GiB, TiB)"
-            ))
-        }
+        u => return Err(format!("size {s:?} has unknown unit {u:?} (use KiB, MiB, GiB, TiB)")),
     };
-    n.checked_mul(mult)
-        .ok_or_else(|| format!("size {s:?} overflows"))
+    n.checked_mul(mult).ok_or_else(|| format!("size {s:?} overflows"))
 }
 
 /// An NVMe subsystem.
@@ -222,16 +215,9 @@ impl Config {
                 serial: None,
                 allow_any_host: true,
                 hosts: Vec::new(),
-                namespace: vec![NamespaceConfig {
-                    nsid: Some(1),
-                    device: "ram0".into(),
-                }],
+                namespace: vec![NamespaceConfig { nsid: Some(1), device: "ram0".into() }],
             }],
-            port: vec![PortConfig {
-                transport: "tcp".into(),
-                address: "127.0.0.1:4420".into(),
-                discovery_only: false,
-            }],
+            port: vec![PortConfig { transport: "tcp".into(), address: "127.0.0.1:4420".into(), discovery_only: false }],
             reactor: ReactorConfig::default(),
             nvme_tcp: NvmeTcpConfig::default(),
         }
@@ -273,17 +259,11 @@ impl Config {
             }
             if let Some(bs) = d.block_size {
                 if !bs.is_power_of_two() || !(512..=65536).contains(&bs) {
-                    bail!(
-                        "{}: {bs} is not a power of two between 512 and 65536",
-                        f("block_size")
-                    );
+                    bail!("{}: {bs} is not a power of two between 512 and 65536", f("block_size"));
                 }
                 if let Some(Size(sz)) = d.size {
                     if sz == 0 || sz % u64::from(bs) != 0 {
-                        bail!(
-                            "{}: {sz} bytes is not a non-zero multiple of block_size {bs}",
-                            f("size")
-                        );
+                        bail!("{}: {sz} bytes is not a non-zero multiple of block_size {bs}", f("size"));
                     }
                 }
             }
@@ -292,16 +272,16 @@ impl Config {
         for (i, s) in self.subsystem.iter().enumerate() {
             let f = |field: &str| format!("subsystem[{i}] ({}).{field}", s.nqn);
             if !valid_nqn(&s.nqn) {
-                bail!("subsystem[{i}].nqn: {:?} is not an NQN (nqn.yyyy-mm.reverse.domain:name, at most 223 bytes)", s.nqn);
+                bail!(
+                    "subsystem[{i}].nqn: {:?} is not an NQN (nqn.yyyy-mm.reverse.domain:name, at most 223 bytes)",
+                    s.nqn
+                );
             }
             if s.nqn == nvme_spec::DISCOVERY_NQN || !nqns.insert(s.nqn.as_str()) {
                 bail!("{}: duplicate or reserved NQN", f("nqn"));
             }
             if !s.allow_any_host && s.hosts.is_empty() {
-                bail!(
-                    "{}: empty while allow_any_host is false; no host could connect",
-                    f("hosts")
-                );
+                bail!("{}: empty while allow_any_host is false; no host could connect", f("hosts"));
             }
             for (j, h) in s.hosts.iter().enumerate() {
                 if !valid_nqn(h) {
@@ -310,27 +290,15 @@ impl Config {
             }
             let mut nsids = HashSet::new();
             for (j, ns) in s.namespace.iter().enumerate() {
-                let nsid = ns
-                    .nsid
-                    .unwrap_or(u32::try_from(j).unwrap_or(u32::MAX).saturating_add(1));
+                let nsid = ns.nsid.unwrap_or(u32::try_from(j).unwrap_or(u32::MAX).saturating_add(1));
                 if nsid == 0 || nsid > 1024 {
-                    bail!(
-                        "{}: {nsid} outside 1..=1024",
-                        f(&format!("namespace[{j}].nsid"))
-                    );
+                    bail!("{}: {nsid} outside 1..=1024", f(&format!("namespace[{j}].nsid")));
                 }
                 if !nsids.insert(nsid) {
-                    bail!(
-                        "{}: nsid {nsid} used twice",
-                        f(&format!("namespace[{j}].nsid"))
-                    );
+                    bail!("{}: nsid {nsid} used twice", f(&format!("namespace[{j}].nsid")));
                 }
                 if !names.contains(ns.device.as_str()) {
-                    bail!(
-                        "{}: no device named {:?}",
-                        f(&format!("namespace[{j}].device")),
-                        ns.device
-                    );
+                    bail!("{}: no device named {:?}", f(&format!("namespace[{j}].device")), ns.device);
                 }
             }
         }
@@ -342,21 +310,15 @@ impl Config {
         }
         for (i, p) in self.port.iter().enumerate() {
             if p.transport != "tcp" {
-                bail!(
-                    "port[{i}].transport: {:?} is not supported (tcp)",
-                    p.transport
-                );
+                bail!("port[{i}].transport: {:?} is not supported (tcp)", p.transport);
             }
-            p.address.parse::<SocketAddr>().map_err(|e| {
-                anyhow::anyhow!("port[{i}].address: {:?} is not ip:port ({e})", p.address)
-            })?;
+            p.address
+                .parse::<SocketAddr>()
+                .map_err(|e| anyhow::anyhow!("port[{i}].address: {:?} is not ip:port ({e})", p.address))?;
         }
         let t = &self.nvme_tcp;
         if !t.max_transfer.is_power_of_two() || t.max_transfer < 4096 {
-            bail!(
-                "nvme_tcp.max_transfer: {} is not a power of two >= 4096",
-                t.max_transfer
-            );
+            bail!("nvme_tcp.max_transfer: {} is not a power of two >= 4096", t.max_transfer);
         }
         if t.in_capsule_data > t.max_transfer || t.in_capsule_data % 16 != 0 {
             bail!(
@@ -365,10 +327,7 @@ impl Config {
             );
         }
         if t.max_h2c_data < 4096 || t.max_h2c_data % 4 != 0 {
-            bail!(
-                "nvme_tcp.max_h2c_data: {} must be a multiple of 4 and at least 4096",
-                t.max_h2c_data
-            );
+            bail!("nvme_tcp.max_h2c_data: {} must be a multiple of 4 and at least 4096", t.max_h2c_data);
         }
         if t.max_io_queues == 0 || t.queue_entries < 2 {
             bail!("nvme_tcp: max_io_queues must be >= 1 and queue_entries >= 2");
@@ -380,10 +339,7 @@ impl Config {
 /// An NQN: "nqn." followed by a date-and-domain form, or the UUID form;
 /// printable, at most 223 bytes (NVMe Base 2.0 section 4.5).
 pub fn valid_nqn(s: &str) -> bool {
-    s.len() <= 223
-        && s.starts_with("nqn.")
-        && s.len() > 4
-        && s.bytes().all(|b| b.is_ascii_graphic())
+    s.len() <= 223 && s.starts_with("nqn.") && s.len() > 4 && s.bytes().all(|b| b.is_ascii_graphic())
 }
 
 #[cfg(test)]
@@ -410,34 +366,19 @@ mod tests {
     #[test]
     fn errors_name_the_field_and_the_reason() {
         let base = "[[port]]\naddress = \"127.0.0.1:4420\"\n";
-        let e = err_of(&format!(
-            "{base}[[device]]\nname = \"a\"\nkind = \"ram\"\nsize = \"1MiB\"\nblock_size = 1000\n"
-        ));
-        assert!(
-            e.contains("device[0] (a).block_size") && e.contains("power of two"),
-            "{e}"
-        );
-        let e = err_of(&format!(
-            "{base}[[device]]\nname = \"a\"\nkind = \"tape\"\n"
-        ));
-        assert!(
-            e.contains("device[0] (a).kind") && e.contains("tape"),
-            "{e}"
-        );
+        let e =
+            err_of(&format!("{base}[[device]]\nname = \"a\"\nkind = \"ram\"\nsize = \"1MiB\"\nblock_size = 1000\n"));
+        assert!(e.contains("device[0] (a).block_size") && e.contains("power of two"), "{e}");
+        let e = err_of(&format!("{base}[[device]]\nname = \"a\"\nkind = \"tape\"\n"));
+        assert!(e.contains("device[0] (a).kind") && e.contains("tape"), "{e}");
         let e = err_of(&format!("{base}[[subsystem]]\nnqn = \"nqn.2026-11.x:y\"\nallow_any_host = true\n[[subsystem.namespace]]\ndevice = \"missing\"\n"));
-        assert!(
-            e.contains("namespace[0].device") && e.contains("missing"),
-            "{e}"
-        );
+        assert!(e.contains("namespace[0].device") && e.contains("missing"), "{e}");
         let e = err_of(&format!("{base}[[subsystem]]\nnqn = \"not-an-nqn\"\n"));
         assert!(e.contains("subsystem[0].nqn"), "{e}");
         let e = err_of("[[port]]\naddress = \"localhost\"\n");
         assert!(e.contains("port[0].address"), "{e}");
         let e = err_of(&format!("{base}[[subsystem]]\nnqn = \"nqn.2026-11.x:y\"\n"));
-        assert!(
-            e.contains("hosts") && e.contains("no host could connect"),
-            "{e}"
-        );
+        assert!(e.contains("hosts") && e.contains("no host could connect"), "{e}");
         let e = err_of(&format!("{base}bogus = 1\n"));
         assert!(e.contains("bogus"), "{e}");
     }

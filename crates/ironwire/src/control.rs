@@ -113,12 +113,15 @@ impl Control {
     }
 
     fn device_add(&self, name: &str, kind: &str, rest: &[&str]) -> Result<()> {
-        let mut cfg = DeviceConfig { name: name.to_string(), kind: kind.to_string(), size: None, block_size: None, path: None };
+        let mut cfg =
+            DeviceConfig { name: name.to_string(), kind: kind.to_string(), size: None, block_size: None, path: None };
         for kv in rest {
             let (k, v) = kv.split_once('=').ok_or_else(|| anyhow!("{kv:?} is not key=value"))?;
             match k {
                 "size" => cfg.size = Some(Size(parse_size(v).map_err(anyhow::Error::msg)?)),
-                "block_size" => cfg.block_size = Some(v.parse().map_err(|_| anyhow!("block_size {v:?} is not a number"))?),
+                "block_size" => {
+                    cfg.block_size = Some(v.parse().map_err(|_| anyhow!("block_size {v:?} is not a number"))?)
+                }
                 "path" => cfg.path = Some(PathBuf::from(v)),
                 _ => bail!("unknown device attribute {k:?} (size, block_size, path)"),
             }
@@ -137,7 +140,8 @@ impl Control {
 /// `ironwire ctl`: sends one command to a running daemon and prints the
 /// reply; fails when the daemon reports an error.
 pub fn client(socket: &Path, command: &[String]) -> Result<()> {
-    let mut s = UnixStream::connect(socket).with_context(|| format!("connecting to {} (is ironwire serve running?)", socket.display()))?;
+    let mut s = UnixStream::connect(socket)
+        .with_context(|| format!("connecting to {} (is ironwire serve running?)", socket.display()))?;
     s.write_all(format!("{}\n", command.join(" ")).as_bytes())?;
     let mut reader = BufReader::new(s);
     loop {

@@ -10,11 +10,7 @@ use clap::{Parser, Subcommand};
 use std::path::PathBuf;
 
 #[derive(Parser)]
-#[command(
-    name = "ironwire",
-    version,
-    about = "A user-space storage target: block devices over NVMe/TCP"
-)]
+#[command(name = "ironwire", version, about = "A user-space storage target: block devices over NVMe/TCP")]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -53,8 +49,7 @@ enum Command {
 }
 
 fn load(path: &std::path::Path) -> Result<config::Config> {
-    let text =
-        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
     config::Config::parse(&text).with_context(|| format!("in {}", path.display()))
 }
 

@@ -125,11 +125,7 @@ fn dispatch_events(conn: &Rc<Conn>) {
                 match checked {
                     Ok(_) => execute(conn, sqe, data),
                     Err(status) => {
-                        log::debug!(
-                            "{}: cid {} SGL rejected: {status}",
-                            conn.peer,
-                            sqe.cid.get()
-                        );
+                        log::debug!("{}: cid {} SGL rejected: {status}", conn.peer, sqe.cid.get());
                         conn.respond(Cqe::new(sqe.cid.get(), status, 0));
                     }
                 }
@@ -142,15 +138,15 @@ fn dispatch_events(conn: &Rc<Conn>) {
                 }
             }
             Event::DataDigestError { cid } => {
-                log::warn!("{}: data digest mismatch on cid {cid}; completing with Transient Transport Error", conn.peer);
+                log::warn!(
+                    "{}: data digest mismatch on cid {cid}; completing with Transient Transport Error",
+                    conn.peer
+                );
                 conn.awaiting_data.borrow_mut().remove(&cid);
                 conn.respond(Cqe::new(cid, Status::TRANSIENT_TRANSPORT_ERROR, 0));
             }
             Event::HostTerminated { fes } => {
-                log::warn!(
-                    "{}: host sent H2CTermReq (fes {fes:#x}); closing",
-                    conn.peer
-                );
+                log::warn!("{}: host sent H2CTermReq (fes {fes:#x}); closing", conn.peer);
                 conn.close();
             }
         }
@@ -177,12 +173,7 @@ fn execute(conn: &Rc<Conn>, sqe: Sqe, data: Option<Buf>) {
             monoio::spawn(run_io(conn.clone(), req));
         }
         Outcome::Deferred => {}
-        Outcome::Connected {
-            cqe,
-            qid,
-            sqsize,
-            sq_flow_disabled,
-        } => {
+        Outcome::Connected { cqe, qid, sqsize, sq_flow_disabled } => {
             let mut tcp = conn.tcp.borrow_mut();
             tcp.set_queue(qid, sqsize, sq_flow_disabled);
             tcp.send_response(cqe);
@@ -199,12 +190,7 @@ async fn run_io(conn: Rc<Conn>, req: BlockRequest<Buf>) {
     let ok = |s: Result<(), blockdev::Error>, write: bool| match s {
         Ok(()) => Status::SUCCESS,
         Err(e) => {
-            log::warn!(
-                "{}: {} on {} failed: {e}",
-                conn.peer,
-                if write { "write" } else { "read" },
-                device.name()
-            );
+            log::warn!("{}: {} on {} failed: {e}", conn.peer, if write { "write" } else { "read" }, device.name());
             nvmf::io_error_status(&e, write)
         }
     };
@@ -213,9 +199,7 @@ async fn run_io(conn: Rc<Conn>, req: BlockRequest<Buf>) {
             let (r, buf) = device.read(lba, IoBuf::with_len(len_bytes as usize)).await;
             let status = ok(r, false);
             if status.is_success() {
-                conn.tcp
-                    .borrow_mut()
-                    .send_data(cid, &buf, Cqe::new(cid, status, 0));
+                conn.tcp.borrow_mut().send_data(cid, &buf, Cqe::new(cid, status, 0));
                 conn.tx_ready.notify();
                 return;
             }
@@ -223,11 +207,9 @@ async fn run_io(conn: Rc<Conn>, req: BlockRequest<Buf>) {
         }
         BlockOp::Write { lba, data, fua } => ok(device.write(lba, data.0, fua).await.0, true),
         BlockOp::Flush => ok(device.flush().await, true),
-        BlockOp::WriteZeroes {
-            lba,
-            blocks,
-            deallocate,
-        } => ok(device.write_zeroes(lba, blocks, deallocate).await, true),
+        BlockOp::WriteZeroes { lba, blocks, deallocate } => {
+            ok(device.write_zeroes(lba, blocks, deallocate).await, true)
+        }
         BlockOp::Deallocate { ranges } => {
             let mut status = Status::SUCCESS;
             for (lba, blocks) in ranges {

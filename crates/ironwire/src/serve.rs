@@ -36,10 +36,7 @@ pub fn open_devices(config: &Config) -> Result<HashMap<String, Arc<Device>>> {
 }
 
 /// Builds the target from `config`.
-pub fn build_target(
-    config: &Config,
-    devices: &HashMap<String, Arc<Device>>,
-) -> Result<Arc<Target>> {
+pub fn build_target(config: &Config, devices: &HashMap<String, Arc<Device>>) -> Result<Arc<Target>> {
     let t = &config.nvme_tcp;
     let target = Target::new(Settings {
         max_transfer: t.max_transfer,
@@ -50,32 +47,19 @@ pub fn build_target(
     for s in &config.subsystem {
         let serial = s.serial.clone().unwrap_or_else(|| serial_for(&s.nqn));
         let subsys = target
-            .add_subsystem(Subsystem::new(
-                &s.nqn,
-                &serial,
-                s.allow_any_host,
-                s.hosts.clone(),
-            ))
+            .add_subsystem(Subsystem::new(&s.nqn, &serial, s.allow_any_host, s.hosts.clone()))
             .map_err(anyhow::Error::msg)?;
         for (j, ns) in s.namespace.iter().enumerate() {
-            let nsid = ns
-                .nsid
-                .unwrap_or(u32::try_from(j).unwrap_or(u32::MAX).saturating_add(1));
-            let dev = devices
-                .get(&ns.device)
-                .with_context(|| format!("no device {:?}", ns.device))?;
-            subsys
-                .add_namespace(Namespace::new(&s.nqn, nsid, dev.clone()))
-                .map_err(anyhow::Error::msg)?;
+            let nsid = ns.nsid.unwrap_or(u32::try_from(j).unwrap_or(u32::MAX).saturating_add(1));
+            let dev = devices.get(&ns.device).with_context(|| format!("no device {:?}", ns.device))?;
+            subsys.add_namespace(Namespace::new(&s.nqn, nsid, dev.clone())).map_err(anyhow::Error::msg)?;
         }
     }
     Ok(Arc::new(target))
 }
 
 fn serial_for(nqn: &str) -> String {
-    let h = nqn.bytes().fold(0xcbf2_9ce4_8422_2325u64, |a, b| {
-        (a ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
-    });
+    let h = nqn.bytes().fold(0xcbf2_9ce4_8422_2325u64, |a, b| (a ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3));
     format!("IW{:016X}", h)
 }
 
@@ -89,19 +73,12 @@ pub fn run(config: Config, ctl_socket: &std::path::Path) -> Result<()> {
     // Bind once here so an address in use is reported before any reactor
     // starts; the reactors bind their own SO_REUSEPORT sockets.
     for p in &config.port {
-        let a: SocketAddr = p
-            .address
-            .parse()
-            .with_context(|| format!("port address {:?}", p.address))?;
+        let a: SocketAddr = p.address.parse().with_context(|| format!("port address {:?}", p.address))?;
         socket_probe(a).with_context(|| format!("cannot listen on {a}"))?;
         target.add_port(a, p.discovery_only);
         addrs.push(a);
     }
-    let cpus = if config.reactor.cores.is_empty() {
-        reactor::available_cpus()
-    } else {
-        config.reactor.cores.clone()
-    };
+    let cpus = if config.reactor.cores.is_empty() { reactor::available_cpus() } else { config.reactor.cores.clone() };
     let tcfg = TargetConfig {
         max_h2c_data: config.nvme_tcp.max_h2c_data,
         max_in_capsule: config.nvme_tcp.in_capsule_data.max(8192),
@@ -122,19 +99,13 @@ pub fn run(config: Config, ctl_socket: &std::path::Path) -> Result<()> {
                     match reactor::listen(*a) {
                         Ok(l) => listeners.push(l),
                         Err(e) => {
-                            let _ = ready_tx
-                                .send(Err(format!("reactor {}: listen {a}: {e}", id.index)));
+                            let _ = ready_tx.send(Err(format!("reactor {}: listen {a}: {e}", id.index)));
                             return;
                         }
                     }
                 }
                 let _ = ready_tx.send(Ok(()));
-                log::debug!(
-                    "reactor {} on cpu {:?} serving {} ports",
-                    id.index,
-                    id.cpu,
-                    listeners.len()
-                );
+                log::debug!("reactor {} on cpu {:?} serving {} ports", id.index, id.cpu, listeners.len());
                 let mut tasks = Vec::new();
                 for l in listeners {
                     let target = target.clone();
@@ -142,11 +113,7 @@ pub fn run(config: Config, ctl_socket: &std::path::Path) -> Result<()> {
                         loop {
                             match l.accept().await {
                                 Ok((stream, _)) => {
-                                    monoio::spawn(crate::nvme_tcp::serve(
-                                        stream,
-                                        target.clone(),
-                                        tcfg,
-                                    ));
+                                    monoio::spawn(crate::nvme_tcp::serve(stream, target.clone(), tcfg));
                                 }
                                 Err(e) => {
                                     log::warn!("accept failed: {e}");
@@ -170,38 +137,19 @@ pub fn run(config: Config, ctl_socket: &std::path::Path) -> Result<()> {
         }
     }
     let reactors = handles.len();
-    eprintln!(
-        "ironwire {}: {} reactor(s) on cpus {:?}",
-        env!("CARGO_PKG_VERSION"),
-        reactors,
-        cpus
-    );
+    eprintln!("ironwire {}: {} reactor(s) on cpus {:?}", env!("CARGO_PKG_VERSION"), reactors, cpus);
     for p in target.ports().iter().filter(|p| p.discovery_only) {
         eprintln!("  nvme/tcp {} discovery only", p.addr);
     }
     for s in target.subsystems() {
         for p in target.ports().iter().filter(|p| !p.discovery_only) {
-            let ns: Vec<String> = s
-                .namespaces()
-                .iter()
-                .map(|n| format!("{}:{}", n.nsid, n.device.name()))
-                .collect();
-            eprintln!(
-                "  nvme/tcp {} {} namespaces [{}]",
-                p.addr,
-                s.nqn,
-                ns.join(", ")
-            );
+            let ns: Vec<String> = s.namespaces().iter().map(|n| format!("{}:{}", n.nsid, n.device.name())).collect();
+            eprintln!("  nvme/tcp {} {} namespaces [{}]", p.addr, s.nqn, ns.join(", "));
         }
     }
     let first_port = target.ports().into_iter().find(|p| !p.discovery_only);
     if let (Some(p), Some(s)) = (first_port, target.subsystems().first()) {
-        println!(
-            "ready: nvme connect -t tcp -a {} -s {} -n {}",
-            p.addr.ip(),
-            p.addr.port(),
-            s.nqn
-        );
+        println!("ready: nvme connect -t tcp -a {} -s {} -n {}", p.addr.ip(), p.addr.port(), s.nqn);
     }
     for h in handles {
         let _ = h.join();

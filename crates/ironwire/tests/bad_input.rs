@@ -93,7 +93,10 @@ impl Client {
     fn connect(addr: SocketAddr, hdgst: bool) -> Client {
         let sock = TcpStream::connect(addr).expect("connect");
         sock.set_read_timeout(Some(Duration::from_millis(100))).expect("timeout");
-        let mut c = Client { sock, conn: HostConnection::new(HostConfig { header_digest: hdgst, data_digest: false, max_in_capsule: 8192 }) };
+        let mut c = Client {
+            sock,
+            conn: HostConnection::new(HostConfig { header_digest: hdgst, data_digest: false, max_in_capsule: 8192 }),
+        };
         c.flush();
         let deadline = Instant::now() + Duration::from_secs(5);
         while !c.conn.is_ready() {
@@ -246,7 +249,13 @@ fn read_sqe(cid: u16, lba: u32, blocks: u32) -> Sqe {
 
 /// Runs `attack` on a fresh connection and checks the answer, the log line
 /// and that a bystander connection still works.
-fn check_class(tag: &str, log_needle: &str, want_fes: Fes, want_fei: Option<u32>, attack: impl FnOnce(&mut Client, SocketAddr)) {
+fn check_class(
+    tag: &str,
+    log_needle: &str,
+    want_fes: Fes,
+    want_fei: Option<u32>,
+    attack: impl FnOnce(&mut Client, SocketAddr),
+) {
     let mut d = Daemon::start(tag);
     let (mut bystander, _) = admin(d.addr);
     let mut victim = Client::connect(d.addr, tag == "hdgst");
@@ -381,7 +390,8 @@ fn h2c_data_outside_its_r2t_gets_data_out_of_range() {
     let ttag = u16::from_le_bytes([r2t[10], r2t[11]]);
     io.send_raw(&h2c_bytes(5, ttag, 0, &[1; 69632]));
     let term = io.expect_raw(0x03);
-    let (fes, fei) = (u16::from_le_bytes([term[8], term[9]]), u32::from_le_bytes([term[10], term[11], term[12], term[13]]));
+    let (fes, fei) =
+        (u16::from_le_bytes([term[8], term[9]]), u32::from_le_bytes([term[10], term[11], term[12], term[13]]));
     assert_eq!((Fes(fes), fei), (Fes::DATA_OUT_OF_RANGE, 16));
     assert!(property_get_works(&mut bystander));
     assert!(d.alive());

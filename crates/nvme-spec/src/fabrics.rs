@@ -169,23 +169,11 @@ mod tests {
 
     #[test]
     fn connect_fields_come_from_cdw10_to_cdw12() {
-        let mut sqe = Sqe {
-            opcode: 0x7f,
-            ..Default::default()
-        };
+        let mut sqe = Sqe { opcode: 0x7f, ..Default::default() };
         sqe.cdw10 = (3u32 << 16).into();
         sqe.cdw11 = (127u32 | (4 << 16)).into();
         sqe.cdw12 = 5000.into();
         let c = ConnectCmd::from_sqe(&sqe);
-        assert_eq!(
-            c,
-            ConnectCmd {
-                recfmt: 0,
-                qid: 3,
-                sqsize: 127,
-                cattr: 4,
-                kato_ms: 5000
-            }
-        );
+        assert_eq!(c, ConnectCmd { recfmt: 0, qid: 3, sqsize: 127, cattr: 4, kato_ms: 5000 });
     }
 }

@@ -5,9 +5,7 @@ use zerocopy::little_endian::{U16, U32, U64};
 use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout};
 
 /// A 64-byte submission queue entry.
-#[derive(
-    Clone, Copy, Debug, Default, FromBytes, IntoBytes, KnownLayout, Immutable, PartialEq, Eq,
-)]
+#[derive(Clone, Copy, Debug, Default, FromBytes, IntoBytes, KnownLayout, Immutable, PartialEq, Eq)]
 #[repr(C)]
 pub struct Sqe {
     /// Command opcode (CDW0 bits 7:0).
@@ -56,11 +54,7 @@ impl Sqe {
 
     /// Data transfer direction from opcode bits 1:0 (NVMe Base 2.0 figure 89).
     pub fn data_direction(&self) -> DataDirection {
-        let bits = if self.opcode == crate::opcode::Admin::FABRICS.0 {
-            self.fctype() & 0x3
-        } else {
-            self.opcode & 0x3
-        };
+        let bits = if self.opcode == crate::opcode::Admin::FABRICS.0 { self.fctype() & 0x3 } else { self.opcode & 0x3 };
         match bits {
             1 => DataDirection::HostToController,
             2 => DataDirection::ControllerToHost,
@@ -100,9 +94,7 @@ pub enum DataDirection {
 }
 
 /// A 16-byte SGL descriptor (NVMe Base 2.0 section 4.3.2).
-#[derive(
-    Clone, Copy, Debug, Default, FromBytes, IntoBytes, KnownLayout, Immutable, PartialEq, Eq,
-)]
+#[derive(Clone, Copy, Debug, Default, FromBytes, IntoBytes, KnownLayout, Immutable, PartialEq, Eq)]
 #[repr(C)]
 pub struct Sgl {
     /// Address, or the offset into the capsule for in-capsule data.
@@ -159,9 +151,7 @@ impl Sgl {
 }
 
 /// A 16-byte completion queue entry (NVMe Base 2.0 section 4.6).
-#[derive(
-    Clone, Copy, Debug, Default, FromBytes, IntoBytes, KnownLayout, Immutable, PartialEq, Eq,
-)]
+#[derive(Clone, Copy, Debug, Default, FromBytes, IntoBytes, KnownLayout, Immutable, PartialEq, Eq)]
 #[repr(C)]
 pub struct Cqe {
     /// Command-specific dword 0.
@@ -213,10 +203,7 @@ mod tests {
 
     #[test]
     fn sqe_round_trips_through_bytes() {
-        let mut sqe = Sqe {
-            opcode: 0x02,
-            ..Default::default()
-        };
+        let mut sqe = Sqe { opcode: 0x02, ..Default::default() };
         sqe.cid = 0x1234.into();
         sqe.nsid = 1.into();
         sqe.cdw10 = 0x10.into();
@@ -235,10 +222,7 @@ mod tests {
 
     #[test]
     fn fabrics_direction_comes_from_fctype() {
-        let mut sqe = Sqe {
-            opcode: 0x7f,
-            ..Default::default()
-        };
+        let mut sqe = Sqe { opcode: 0x7f, ..Default::default() };
         sqe.nsid = 0x01.into(); // Connect: host to controller
         assert_eq!(sqe.data_direction(), DataDirection::HostToController);
         sqe.nsid = 0x04.into(); // Property Get: no data

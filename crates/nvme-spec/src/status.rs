@@ -111,11 +111,7 @@ impl core::fmt::Display for Status {
             "sct {:#x} sc {:#04x}{}",
             self.sct(),
             self.sc(),
-            if self.0 & Self::DNR_BIT != 0 {
-                " dnr"
-            } else {
-                ""
-            }
+            if self.0 & Self::DNR_BIT != 0 { " dnr" } else { "" }
         )
     }
 }

@@ -58,11 +58,7 @@ impl Page {
     /// Writes a string field of `width` bytes, NUL padded (NQNs, addresses).
     pub fn ascii_nul(&mut self, off: usize, width: usize, s: &str) -> &mut Self {
         let mut field = vec![0u8; width];
-        for (d, c) in field
-            .iter_mut()
-            .take(width.saturating_sub(1))
-            .zip(s.bytes())
-        {
+        for (d, c) in field.iter_mut().take(width.saturating_sub(1)).zip(s.bytes()) {
             *d = c;
         }
         self.bytes(off, &field)
@@ -86,16 +82,10 @@ mod tests {
     #[test]
     fn writes_little_endian_fields_at_offsets() {
         let mut p = Page::new(16);
-        p.u16(0, 0x1234)
-            .u32(4, 0xaabb_ccdd)
-            .ascii_space(8, 4, "ab")
-            .ascii_nul(12, 4, "wxyz");
+        p.u16(0, 0x1234).u32(4, 0xaabb_ccdd).ascii_space(8, 4, "ab").ascii_nul(12, 4, "wxyz");
         assert_eq!(
             p.as_slice(),
-            &[
-                0x34, 0x12, 0, 0, 0xdd, 0xcc, 0xbb, 0xaa, b'a', b'b', b' ', b' ', b'w', b'x', b'y',
-                0
-            ]
+            &[0x34, 0x12, 0, 0, 0xdd, 0xcc, 0xbb, 0xaa, b'a', b'b', b' ', b' ', b'w', b'x', b'y', 0]
         );
     }
 }

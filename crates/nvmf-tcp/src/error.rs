@@ -39,11 +39,6 @@ pub struct Fatal {
 impl Fatal {
     /// A fatal error with no header to echo.
     pub fn new(fes: Fes, fei: u32, reason: impl Into<String>) -> Self {
-        Fatal {
-            fes,
-            fei,
-            reason: reason.into(),
-            header: Vec::new(),
-        }
+        Fatal { fes, fei, reason: reason.into(), header: Vec::new() }
     }
 }

@@ -8,8 +8,7 @@
 
 use crate::error::{Fatal, Fes};
 use crate::pdu::{
-    self, dgst, flags, offset, CapsuleCmd, CapsuleResp, DataHeader, Framing, IcReq, IcResp,
-    PduType, R2t, TermReq,
+    self, dgst, flags, offset, CapsuleCmd, CapsuleResp, DataHeader, Framing, IcReq, IcResp, PduType, R2t, TermReq,
 };
 use nvme_spec::{Cqe, Sgl, Sqe, Status};
 use std::collections::{HashMap, VecDeque};
@@ -63,16 +62,8 @@ impl HostConnection {
             cfg,
             ready: false,
             terminated: false,
-            rx_framing: Framing {
-                hdgst: false,
-                ddgst: false,
-                data_align: 4,
-            },
-            tx_framing: Framing {
-                hdgst: false,
-                ddgst: false,
-                data_align: 4,
-            },
+            rx_framing: Framing { hdgst: false, ddgst: false, data_align: 4 },
+            tx_framing: Framing { hdgst: false, ddgst: false, data_align: 4 },
             max_h2c_data: 4096,
             rx: Vec::new(),
             rx_start: 0,
@@ -119,38 +110,15 @@ impl HostConnection {
     pub fn submit(&mut self, mut sqe: Sqe, write: Vec<u8>, read_len: u32) {
         let cid = sqe.cid.get();
         let in_capsule = !write.is_empty() && write.len() <= self.cfg.max_in_capsule as usize;
-        let data_len = if write.is_empty() {
-            read_len
-        } else {
-            u32::try_from(write.len()).unwrap_or(u32::MAX)
-        };
-        sqe.dptr = if in_capsule {
-            Sgl::in_capsule(data_len)
-        } else {
-            Sgl::transport(data_len)
-        };
-        let cmd = CapsuleCmd {
-            ch: pdu::common_header(PduType::CAPSULE_CMD, 0),
-            sqe,
-        };
+        let data_len = if write.is_empty() { read_len } else { u32::try_from(write.len()).unwrap_or(u32::MAX) };
+        sqe.dptr = if in_capsule { Sgl::in_capsule(data_len) } else { Sgl::transport(data_len) };
+        let cmd = CapsuleCmd { ch: pdu::common_header(PduType::CAPSULE_CMD, 0), sqe };
         if in_capsule {
             pdu::encode(&mut self.tx, cmd.as_bytes(), &write, self.tx_framing);
-            self.pending.insert(
-                cid,
-                Pending {
-                    write_data: Vec::new(),
-                    read_data: Vec::new(),
-                },
-            );
+            self.pending.insert(cid, Pending { write_data: Vec::new(), read_data: Vec::new() });
         } else {
             pdu::encode(&mut self.tx, cmd.as_bytes(), &[], self.tx_framing);
-            self.pending.insert(
-                cid,
-                Pending {
-                    write_data: write,
-                    read_data: Vec::with_capacity(read_len as usize),
-                },
-            );
+            self.pending.insert(cid, Pending { write_data: write, read_data: Vec::with_capacity(read_len as usize) });
         }
     }
 
@@ -180,8 +148,7 @@ impl HostConnection {
             let len = frame.len;
             let header = frame.header.to_vec();
             let data = frame.data.to_vec();
-            let (pdu_type, data_ok, ch_flags) =
-                (frame.pdu_type, frame.data_digest_ok, frame.ch.flags);
+            let (pdu_type, data_ok, ch_flags) = (frame.pdu_type, frame.data_digest_ok, frame.ch.flags);
             self.rx_start = self.rx_start.saturating_add(len);
             match pdu_type {
                 PduType::IC_RESP => self.on_ic_resp(&header)?,
@@ -215,24 +182,12 @@ impl HostConnection {
         let resp = IcResp::read_from_bytes(header)
             .map_err(|_| Fatal::new(Fes::INVALID_HEADER_FIELD, offset::HLEN, "ICResp truncated"))?;
         if resp.pfv.get() != 0 {
-            return Err(Fatal::new(
-                Fes::UNSUPPORTED_PARAMETER,
-                offset::PFV,
-                format!("ICResp pfv {}", resp.pfv.get()),
-            ));
+            return Err(Fatal::new(Fes::UNSUPPORTED_PARAMETER, offset::PFV, format!("ICResp pfv {}", resp.pfv.get())));
         }
         let hdgst = resp.dgst & dgst::HEADER != 0;
         let ddgst = resp.dgst & dgst::DATA != 0;
-        self.rx_framing = Framing {
-            hdgst,
-            ddgst,
-            data_align: 4,
-        };
-        self.tx_framing = Framing {
-            hdgst,
-            ddgst,
-            data_align: pdu::pda_bytes(resp.cpda),
-        };
+        self.rx_framing = Framing { hdgst, ddgst, data_align: 4 };
+        self.tx_framing = Framing { hdgst, ddgst, data_align: pdu::pda_bytes(resp.cpda) };
         self.max_h2c_data = resp.maxh2cdata.get().max(4096);
         self.ready = true;
         Ok(())
@@ -240,50 +195,27 @@ impl HostConnection {
 
     fn complete(&mut self, cqe: Cqe) {
         let cid = cqe.cid.get();
-        let data = self
-            .pending
-            .remove(&cid)
-            .map(|p| p.read_data)
-            .unwrap_or_default();
+        let data = self.pending.remove(&cid).map(|p| p.read_data).unwrap_or_default();
         self.completions.push_back(Completion { cqe, data });
     }
 
-    fn on_c2h_data(
-        &mut self,
-        header: &[u8],
-        data: &[u8],
-        data_ok: bool,
-        ch_flags: u8,
-    ) -> Result<(), Fatal> {
-        let h = DataHeader::read_from_bytes(header).map_err(|_| {
-            Fatal::new(Fes::INVALID_HEADER_FIELD, offset::HLEN, "C2HData truncated")
-        })?;
+    fn on_c2h_data(&mut self, header: &[u8], data: &[u8], data_ok: bool, ch_flags: u8) -> Result<(), Fatal> {
+        let h = DataHeader::read_from_bytes(header)
+            .map_err(|_| Fatal::new(Fes::INVALID_HEADER_FIELD, offset::HLEN, "C2HData truncated"))?;
         let cid = h.cccid.get();
         let Some(p) = self.pending.get_mut(&cid) else {
-            return Err(Fatal::new(
-                Fes::INVALID_HEADER_FIELD,
-                offset::CCCID,
-                format!("C2HData for unknown cid {cid}"),
-            ));
+            return Err(Fatal::new(Fes::INVALID_HEADER_FIELD, offset::CCCID, format!("C2HData for unknown cid {cid}")));
         };
         if h.datao.get() as usize != p.read_data.len() {
             return Err(Fatal::new(
                 Fes::DATA_OUT_OF_RANGE,
                 offset::DATAO,
-                format!(
-                    "C2HData datao {} (expected {})",
-                    h.datao.get(),
-                    p.read_data.len()
-                ),
+                format!("C2HData datao {} (expected {})", h.datao.get(), p.read_data.len()),
             ));
         }
         p.read_data.extend_from_slice(data);
         if ch_flags & flags::SUCCESS != 0 {
-            let status = if data_ok {
-                Status::SUCCESS
-            } else {
-                Status::TRANSIENT_TRANSPORT_ERROR
-            };
+            let status = if data_ok { Status::SUCCESS } else { Status::TRANSIENT_TRANSPORT_ERROR };
             self.complete(Cqe::new(cid, status, 0));
         } else if !data_ok {
             // Remember the digest failure by failing the completion later.
@@ -297,11 +229,7 @@ impl HostConnection {
             .map_err(|_| Fatal::new(Fes::INVALID_HEADER_FIELD, offset::HLEN, "R2T truncated"))?;
         let cid = r.cccid.get();
         let Some(p) = self.pending.get(&cid) else {
-            return Err(Fatal::new(
-                Fes::INVALID_HEADER_FIELD,
-                offset::CCCID,
-                format!("R2T for unknown cid {cid}"),
-            ));
+            return Err(Fatal::new(Fes::INVALID_HEADER_FIELD, offset::CCCID, format!("R2T for unknown cid {cid}")));
         };
         let start = r.r2to.get() as usize;
         let end = start.saturating_add(r.r2tl.get() as usize);

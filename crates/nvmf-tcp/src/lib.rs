@@ -7,11 +7,7 @@
 //! or a clock: the driver feeds received bytes to `handle_input` and sends
 //! whatever `take_transmit` returns. Bytes from the peer never cause a panic.
 #![forbid(unsafe_code)]
-#![deny(
-    clippy::unwrap_used,
-    clippy::indexing_slicing,
-    clippy::arithmetic_side_effects
-)]
+#![deny(clippy::unwrap_used, clippy::indexing_slicing, clippy::arithmetic_side_effects)]
 
 pub mod buffer;
 pub mod digest;

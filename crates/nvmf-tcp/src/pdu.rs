@@ -51,10 +51,7 @@ impl PduType {
     /// Whether PDUs of this type carry digests when they are enabled
     /// (everything but the initialization and terminate PDUs).
     pub fn carries_digests(self) -> bool {
-        !matches!(
-            self,
-            Self::IC_REQ | Self::IC_RESP | Self::H2C_TERM_REQ | Self::C2H_TERM_REQ
-        )
+        !matches!(self, Self::IC_REQ | Self::IC_RESP | Self::H2C_TERM_REQ | Self::C2H_TERM_REQ)
     }
 }
 
@@ -107,9 +104,7 @@ pub mod offset {
 }
 
 /// The 8-byte common header (TP 8000 figure 21).
-#[derive(
-    Clone, Copy, Debug, Default, FromBytes, IntoBytes, KnownLayout, Immutable, PartialEq, Eq,
-)]
+#[derive(Clone, Copy, Debug, Default, FromBytes, IntoBytes, KnownLayout, Immutable, PartialEq, Eq)]
 #[repr(C)]
 pub struct CommonHeader {
     /// PDU type.
@@ -288,10 +283,7 @@ fn invalid(fei: u32, header: &[u8], reason: String) -> Fatal {
         fes: Fes::INVALID_HEADER_FIELD,
         fei,
         reason,
-        header: header
-            .get(..header.len().min(TERM_REQ_MAX_DATA))
-            .unwrap_or_default()
-            .to_vec(),
+        header: header.get(..header.len().min(TERM_REQ_MAX_DATA)).unwrap_or_default().to_vec(),
     }
 }
 
@@ -318,76 +310,45 @@ fn frame_checked<'a>(
 ) -> Result<Option<Frame<'a>>, Fatal> {
     let ch_bytes = buf.get(..8).unwrap_or_default();
     let (Some(hlen), Some(max_data)) = (pdu_type.hlen(), max_data(pdu_type)) else {
-        return Err(invalid(
-            offset::PDU_TYPE,
-            ch_bytes,
-            format!("PDU type {:#04x} not expected here", ch.pdu_type),
-        ));
+        return Err(invalid(offset::PDU_TYPE, ch_bytes, format!("PDU type {:#04x} not expected here", ch.pdu_type)));
     };
     if ch.hlen != hlen {
         return Err(invalid(
             offset::HLEN,
             ch_bytes,
-            format!(
-                "hlen {} for PDU type {:#04x} (expected {hlen})",
-                ch.hlen, ch.pdu_type
-            ),
+            format!("hlen {} for PDU type {:#04x} (expected {hlen})", ch.hlen, ch.pdu_type),
         ));
     }
     let digests = pdu_type.carries_digests();
-    let hd = if digests && framing.hdgst {
-        digest::LEN as u32
-    } else {
-        0
-    };
+    let hd = if digests && framing.hdgst { digest::LEN as u32 } else { 0 };
     if digests && ((ch.flags & flags::HDGSTF != 0) != framing.hdgst) {
         return Err(invalid(
             offset::FLAGS,
             ch_bytes,
-            format!(
-                "flags {:#04x}: HDGSTF disagrees with the negotiated header digest ({})",
-                ch.flags, framing.hdgst
-            ),
+            format!("flags {:#04x}: HDGSTF disagrees with the negotiated header digest ({})", ch.flags, framing.hdgst),
         ));
     }
     let plen = ch.plen.get();
     let header_end = u32::from(hlen).saturating_add(hd);
     if plen < header_end {
-        return Err(invalid(
-            offset::PLEN,
-            ch_bytes,
-            format!("plen {plen} shorter than header {header_end}"),
-        ));
+        return Err(invalid(offset::PLEN, ch_bytes, format!("plen {plen} shorter than header {header_end}")));
     }
     let has_data = plen > header_end;
-    let dd = if has_data && digests && framing.ddgst {
-        digest::LEN as u32
-    } else {
-        0
-    };
+    let dd = if has_data && digests && framing.ddgst { digest::LEN as u32 } else { 0 };
     if digests && has_data && ((ch.flags & flags::DDGSTF != 0) != framing.ddgst) {
         return Err(invalid(
             offset::FLAGS,
             ch_bytes,
-            format!(
-                "flags {:#04x}: DDGSTF disagrees with the negotiated data digest ({})",
-                ch.flags, framing.ddgst
-            ),
+            format!("flags {:#04x}: DDGSTF disagrees with the negotiated data digest ({})", ch.flags, framing.ddgst),
         ));
     }
     let data_start = if has_data {
         let pdo = u32::from(ch.pdo);
-        if pdo < header_end
-            || pdo.checked_rem(framing.data_align) != Some(0)
-            || pdo.saturating_add(dd) > plen
-        {
+        if pdo < header_end || pdo.checked_rem(framing.data_align) != Some(0) || pdo.saturating_add(dd) > plen {
             return Err(invalid(
                 offset::PDO,
                 ch_bytes,
-                format!(
-                    "pdo {pdo} (header ends at {header_end}, alignment {}, plen {plen})",
-                    framing.data_align
-                ),
+                format!("pdo {pdo} (header ends at {header_end}, alignment {}, plen {plen})", framing.data_align),
             ));
         }
         pdo
@@ -407,11 +368,7 @@ fn frame_checked<'a>(
         });
     }
     let Ok(plen_usize) = usize::try_from(plen) else {
-        return Err(invalid(
-            offset::PLEN,
-            ch_bytes,
-            format!("plen {plen} too large"),
-        ));
+        return Err(invalid(offset::PLEN, ch_bytes, format!("plen {plen} too large")));
     };
     let Some(pdu) = buf.get(..plen_usize) else {
         return Ok(None);
@@ -419,18 +376,13 @@ fn frame_checked<'a>(
     let hlen_usize = usize::from(hlen);
     let header = pdu.get(..hlen_usize).unwrap_or_default();
     if hd != 0 {
-        let got = pdu
-            .get(hlen_usize..hlen_usize.saturating_add(digest::LEN))
-            .unwrap_or_default();
+        let got = pdu.get(hlen_usize..hlen_usize.saturating_add(digest::LEN)).unwrap_or_default();
         let want = digest::crc32c(header);
         if got != want {
             return Err(Fatal {
                 fes: Fes::HEADER_DIGEST_ERROR,
                 fei: 0,
-                reason: format!(
-                    "header digest {:02x?} (expected {:02x?}) on PDU type {:#04x}",
-                    got, want, ch.pdu_type
-                ),
+                reason: format!("header digest {:02x?} (expected {:02x?}) on PDU type {:#04x}", got, want, ch.pdu_type),
                 header: header.to_vec(),
             });
         }
@@ -438,20 +390,11 @@ fn frame_checked<'a>(
     let data_end = data_start.saturating_add(data_len) as usize;
     let data = pdu.get(data_start as usize..data_end).unwrap_or_default();
     let data_digest_ok = if dd != 0 {
-        pdu.get(data_end..data_end.saturating_add(digest::LEN))
-            .unwrap_or_default()
-            == digest::crc32c(data)
+        pdu.get(data_end..data_end.saturating_add(digest::LEN)).unwrap_or_default() == digest::crc32c(data)
     } else {
         true
     };
-    Ok(Some(Frame {
-        ch,
-        pdu_type,
-        header,
-        data,
-        data_digest_ok,
-        len: plen_usize,
-    }))
+    Ok(Some(Frame { ch, pdu_type, header, data, data_digest_ok, len: plen_usize }))
 }
 
 /// Appends a PDU to `out`: `header` (HLEN bytes, common header included, its
@@ -462,19 +405,10 @@ pub fn encode(out: &mut Vec<u8>, header: &[u8], data: &[u8], framing: Framing) {
     let digests = pdu_type.carries_digests();
     let hd = digests && framing.hdgst;
     let dd = digests && framing.ddgst && !data.is_empty();
-    let header_end = header
-        .len()
-        .saturating_add(if hd { digest::LEN } else { 0 });
-    let pdo = if data.is_empty() {
-        0
-    } else {
-        header_end.next_multiple_of(framing.data_align as usize)
-    };
+    let header_end = header.len().saturating_add(if hd { digest::LEN } else { 0 });
+    let pdo = if data.is_empty() { 0 } else { header_end.next_multiple_of(framing.data_align as usize) };
     let data_start = if data.is_empty() { header_end } else { pdo };
-    let plen =
-        data_start
-            .saturating_add(data.len())
-            .saturating_add(if dd { digest::LEN } else { 0 });
+    let plen = data_start.saturating_add(data.len()).saturating_add(if dd { digest::LEN } else { 0 });
     let start = out.len();
     out.extend_from_slice(header);
     if let Some(h) = out.get_mut(start..start.saturating_add(8)) {
@@ -503,29 +437,15 @@ pub fn encode(out: &mut Vec<u8>, header: &[u8], data: &[u8], framing: Framing) {
 /// A common header for `pdu_type` with its fixed HLEN; PLEN/PDO are set by
 /// [`encode`].
 pub fn common_header(pdu_type: PduType, flags: u8) -> CommonHeader {
-    CommonHeader {
-        pdu_type: pdu_type.0,
-        flags,
-        hlen: pdu_type.hlen().unwrap_or(8),
-        pdo: 0,
-        plen: 0.into(),
-    }
+    CommonHeader { pdu_type: pdu_type.0, flags, hlen: pdu_type.hlen().unwrap_or(8), pdo: 0, plen: 0.into() }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    const PLAIN: Framing = Framing {
-        hdgst: false,
-        ddgst: false,
-        data_align: 4,
-    };
-    const DIGESTS: Framing = Framing {
-        hdgst: true,
-        ddgst: true,
-        data_align: 4,
-    };
+    const PLAIN: Framing = Framing { hdgst: false, ddgst: false, data_align: 4 };
+    const DIGESTS: Framing = Framing { hdgst: true, ddgst: true, data_align: 4 };
 
     fn any(_: PduType) -> Option<u32> {
         Some(1 << 20)
@@ -546,24 +466,16 @@ mod tests {
     fn encodes_and_deframes_with_digests_and_padding() {
         let mut out = Vec::new();
         let hdr = h2c_data(5);
-        let framing = Framing {
-            data_align: 32,
-            ..DIGESTS
-        };
+        let framing = Framing { data_align: 32, ..DIGESTS };
         encode(&mut out, hdr.as_bytes(), b"hello", framing);
         // header 24 + hdgst 4, padded to 32, 5 data bytes, 4 data digest
         assert_eq!(out.len(), 32 + 5 + 4);
         assert_eq!(out.get(3), Some(&32));
-        let f = deframe(&out, framing, any)
-            .expect("complete")
-            .expect("valid");
+        let f = deframe(&out, framing, any).expect("complete").expect("valid");
         assert_eq!(f.data, b"hello");
         assert!(f.data_digest_ok);
         assert_eq!(f.len, out.len());
-        assert_eq!(
-            f.ch.flags & (flags::HDGSTF | flags::DDGSTF),
-            flags::HDGSTF | flags::DDGSTF
-        );
+        assert_eq!(f.ch.flags & (flags::HDGSTF | flags::DDGSTF), flags::HDGSTF | flags::DDGSTF);
     }
 
     #[test]
@@ -571,10 +483,7 @@ mod tests {
         let mut out = Vec::new();
         encode(&mut out, h2c_data(4).as_bytes(), b"abcd", PLAIN);
         for cut in 0..out.len() {
-            assert!(
-                deframe(out.get(..cut).expect("prefix"), PLAIN, any).is_none(),
-                "cut at {cut}"
-            );
+            assert!(deframe(out.get(..cut).expect("prefix"), PLAIN, any).is_none(), "cut at {cut}");
         }
     }
 
@@ -585,22 +494,15 @@ mod tests {
         if let Some(b) = out.get_mut(2) {
             *b = 20;
         }
-        let e = deframe(&out, PLAIN, any)
-            .expect("decided")
-            .expect_err("bad hlen");
+        let e = deframe(&out, PLAIN, any).expect("decided").expect_err("bad hlen");
         assert_eq!((e.fes, e.fei), (Fes::INVALID_HEADER_FIELD, offset::HLEN));
     }
 
     #[test]
     fn rejects_unknown_pdu_type() {
         let bytes = [0x42u8, 0, 24, 0, 24, 0, 0, 0];
-        let e = deframe(&bytes, PLAIN, any)
-            .expect("decided")
-            .expect_err("bad type");
-        assert_eq!(
-            (e.fes, e.fei),
-            (Fes::INVALID_HEADER_FIELD, offset::PDU_TYPE)
-        );
+        let e = deframe(&bytes, PLAIN, any).expect("decided").expect_err("bad type");
+        assert_eq!((e.fes, e.fei), (Fes::INVALID_HEADER_FIELD, offset::PDU_TYPE));
     }
 
     #[test]
@@ -610,9 +512,7 @@ mod tests {
         if let Some(b) = out.get_mut(24) {
             *b ^= 0xff;
         }
-        let e = deframe(&out, DIGESTS, any)
-            .expect("decided")
-            .expect_err("digest");
+        let e = deframe(&out, DIGESTS, any).expect("decided").expect_err("digest");
         assert_eq!(e.fes, Fes::HEADER_DIGEST_ERROR);
     }
 
@@ -624,9 +524,7 @@ mod tests {
         if let Some(b) = out.get_mut(n - 1) {
             *b ^= 1;
         }
-        let f = deframe(&out, DIGESTS, any)
-            .expect("decided")
-            .expect("framed");
+        let f = deframe(&out, DIGESTS, any).expect("decided").expect("framed");
         assert!(!f.data_digest_ok);
     }
 
@@ -637,9 +535,7 @@ mod tests {
         if let Some(b) = out.get_mut(3) {
             *b = 8;
         }
-        let e = deframe(&out, PLAIN, any)
-            .expect("decided")
-            .expect_err("pdo");
+        let e = deframe(&out, PLAIN, any).expect("decided").expect_err("pdo");
         assert_eq!(e.fei, offset::PDO);
     }
 
@@ -651,13 +547,9 @@ mod tests {
         if let Some(b) = short.get_mut(4) {
             *b = 10;
         }
-        let e = deframe(&short, PLAIN, any)
-            .expect("decided")
-            .expect_err("plen");
+        let e = deframe(&short, PLAIN, any).expect("decided").expect_err("plen");
         assert_eq!(e.fei, offset::PLEN);
-        let e = deframe(&out, PLAIN, |_| Some(2))
-            .expect("decided")
-            .expect_err("limit");
+        let e = deframe(&out, PLAIN, |_| Some(2)).expect("decided").expect_err("limit");
         assert_eq!(e.fes, Fes::DATA_LIMIT_EXCEEDED);
     }
 
@@ -665,9 +557,7 @@ mod tests {
     fn rejects_digest_flag_that_disagrees_with_negotiation() {
         let mut out = Vec::new();
         encode(&mut out, h2c_data(4).as_bytes(), b"abcd", PLAIN);
-        let e = deframe(&out, DIGESTS, any)
-            .expect("decided")
-            .expect_err("flags");
+        let e = deframe(&out, DIGESTS, any).expect("decided").expect_err("flags");
         assert_eq!(e.fei, offset::FLAGS);
     }
 }

@@ -13,8 +13,7 @@
 use crate::buffer::DataBuffer;
 use crate::error::{Fatal, Fes};
 use crate::pdu::{
-    self, dgst, flags, offset, CapsuleCmd, CapsuleResp, DataHeader, Framing, IcReq, IcResp,
-    PduType, R2t, TermReq,
+    self, dgst, flags, offset, CapsuleCmd, CapsuleResp, DataHeader, Framing, IcReq, IcResp, PduType, R2t, TermReq,
 };
 use nvme_spec::{Cqe, Sgl, Sqe};
 use std::collections::VecDeque;
@@ -35,12 +34,7 @@ pub struct TargetConfig {
 
 impl Default for TargetConfig {
     fn default() -> Self {
-        TargetConfig {
-            max_h2c_data: 128 * 1024,
-            max_in_capsule: 8192,
-            max_transfer: 1024 * 1024,
-            cpda: 0,
-        }
+        TargetConfig { max_h2c_data: 128 * 1024, max_in_capsule: 8192, max_transfer: 1024 * 1024, cpda: 0 }
     }
 }
 
@@ -118,16 +112,8 @@ impl<B: DataBuffer> TargetConnection<B> {
         TargetConnection {
             cfg,
             state: State::AwaitIcReq,
-            rx_framing: Framing {
-                hdgst: false,
-                ddgst: false,
-                data_align: align,
-            },
-            tx_framing: Framing {
-                hdgst: false,
-                ddgst: false,
-                data_align: 4,
-            },
+            rx_framing: Framing { hdgst: false, ddgst: false, data_align: align },
+            tx_framing: Framing { hdgst: false, ddgst: false, data_align: 4 },
             rx: Vec::new(),
             rx_start: 0,
             events: VecDeque::new(),
@@ -195,10 +181,7 @@ impl<B: DataBuffer> TargetConnection<B> {
             let frame = match pdu::deframe(buf, self.rx_framing, max_data) {
                 None => break,
                 Some(Err(mut e)) => {
-                    if state == State::AwaitIcReq
-                        && e.fes == Fes::INVALID_HEADER_FIELD
-                        && e.fei == offset::PDU_TYPE
-                    {
+                    if state == State::AwaitIcReq && e.fes == Fes::INVALID_HEADER_FIELD && e.fei == offset::PDU_TYPE {
                         e.fes = Fes::PDU_SEQUENCE_ERROR;
                         e.reason = format!("{} before ICReq", e.reason);
                     }
@@ -208,24 +191,20 @@ impl<B: DataBuffer> TargetConnection<B> {
             };
             let len = frame.len;
             let header = frame.header.to_vec();
-            let (pdu_type, data_ok, ch_flags) =
-                (frame.pdu_type, frame.data_digest_ok, frame.ch.flags);
+            let (pdu_type, data_ok, ch_flags) = (frame.pdu_type, frame.data_digest_ok, frame.ch.flags);
             let data_range = {
                 let base = buf.as_ptr() as usize;
                 let start = (frame.data.as_ptr() as usize).saturating_sub(base);
                 start..start.saturating_add(frame.data.len())
             };
-            let abs = self.rx_start.saturating_add(data_range.start)
-                ..self.rx_start.saturating_add(data_range.end);
+            let abs = self.rx_start.saturating_add(data_range.start)..self.rx_start.saturating_add(data_range.end);
             self.rx_start = self.rx_start.saturating_add(len);
             match pdu_type {
                 PduType::IC_REQ => self.on_ic_req(&header)?,
                 PduType::CAPSULE_CMD => self.on_capsule(&header, abs, data_ok)?,
                 PduType::H2C_DATA => self.on_h2c_data(&header, abs, data_ok, ch_flags)?,
                 PduType::H2C_TERM_REQ => {
-                    let fes = TermReq::read_from_bytes(&header)
-                        .map(|t| t.fes.get())
-                        .unwrap_or(0);
+                    let fes = TermReq::read_from_bytes(&header).map(|t| t.fes.get()).unwrap_or(0);
                     self.events.push_back(Event::HostTerminated { fes });
                     self.state = State::Terminated;
                 }
@@ -245,35 +224,18 @@ impl<B: DataBuffer> TargetConnection<B> {
 
     fn on_ic_req(&mut self, header: &[u8]) -> Result<(), Fatal> {
         let Ok(req) = IcReq::read_from_bytes(header) else {
-            return Err(Fatal::new(
-                Fes::INVALID_HEADER_FIELD,
-                offset::HLEN,
-                "ICReq header truncated",
-            ));
+            return Err(Fatal::new(Fes::INVALID_HEADER_FIELD, offset::HLEN, "ICReq header truncated"));
         };
-        let unsupported = |fei: u32, reason: String| Fatal {
-            fes: Fes::UNSUPPORTED_PARAMETER,
-            fei,
-            reason,
-            header: header.to_vec(),
-        };
+        let unsupported =
+            |fei: u32, reason: String| Fatal { fes: Fes::UNSUPPORTED_PARAMETER, fei, reason, header: header.to_vec() };
         if req.pfv.get() != 0 {
-            return Err(unsupported(
-                offset::PFV,
-                format!("ICReq pfv {} unsupported (expected 0)", req.pfv.get()),
-            ));
+            return Err(unsupported(offset::PFV, format!("ICReq pfv {} unsupported (expected 0)", req.pfv.get())));
         }
         if req.hpda > 31 {
-            return Err(unsupported(
-                offset::HPDA,
-                format!("ICReq hpda {} out of range (0..=31)", req.hpda),
-            ));
+            return Err(unsupported(offset::HPDA, format!("ICReq hpda {} out of range (0..=31)", req.hpda)));
         }
         if req.dgst & !(dgst::HEADER | dgst::DATA) != 0 {
-            return Err(unsupported(
-                offset::DGST,
-                format!("ICReq dgst {:#04x} has reserved bits", req.dgst),
-            ));
+            return Err(unsupported(offset::DGST, format!("ICReq dgst {:#04x} has reserved bits", req.dgst)));
         }
         let resp = IcResp {
             ch: pdu::common_header(PduType::IC_RESP, 0),
@@ -288,39 +250,19 @@ impl<B: DataBuffer> TargetConnection<B> {
         let ddgst = req.dgst & dgst::DATA != 0;
         self.rx_framing.hdgst = hdgst;
         self.rx_framing.ddgst = ddgst;
-        self.tx_framing = Framing {
-            hdgst,
-            ddgst,
-            data_align: pdu::pda_bytes(req.hpda),
-        };
+        self.tx_framing = Framing { hdgst, ddgst, data_align: pdu::pda_bytes(req.hpda) };
         self.state = State::Ready;
         Ok(())
     }
 
-    fn on_capsule(
-        &mut self,
-        header: &[u8],
-        data: std::ops::Range<usize>,
-        data_ok: bool,
-    ) -> Result<(), Fatal> {
+    fn on_capsule(&mut self, header: &[u8], data: std::ops::Range<usize>, data_ok: bool) -> Result<(), Fatal> {
         let Ok(cmd) = CapsuleCmd::read_from_bytes(header) else {
-            return Err(Fatal::new(
-                Fes::INVALID_HEADER_FIELD,
-                offset::HLEN,
-                "capsule header truncated",
-            ));
+            return Err(Fatal::new(Fes::INVALID_HEADER_FIELD, offset::HLEN, "capsule header truncated"));
         };
-        self.sqhd = self
-            .sqhd
-            .wrapping_add(1)
-            .checked_rem(self.sq_entries)
-            .unwrap_or(0);
+        self.sqhd = self.sqhd.wrapping_add(1).checked_rem(self.sq_entries).unwrap_or(0);
         let cid = cmd.sqe.cid.get();
         if data.is_empty() {
-            self.events.push_back(Event::Command {
-                sqe: cmd.sqe,
-                data: None,
-            });
+            self.events.push_back(Event::Command { sqe: cmd.sqe, data: None });
             return Ok(());
         }
         if !data_ok {
@@ -330,10 +272,7 @@ impl<B: DataBuffer> TargetConnection<B> {
         let bytes = self.rx.get(data).unwrap_or_default();
         let mut buf = B::alloc(bytes.len());
         buf.as_mut().copy_from_slice(bytes);
-        self.events.push_back(Event::Command {
-            sqe: cmd.sqe,
-            data: Some(buf),
-        });
+        self.events.push_back(Event::Command { sqe: cmd.sqe, data: Some(buf) });
         Ok(())
     }
 
@@ -345,24 +284,11 @@ impl<B: DataBuffer> TargetConnection<B> {
         ch_flags: u8,
     ) -> Result<(), Fatal> {
         let Ok(h) = DataHeader::read_from_bytes(header) else {
-            return Err(Fatal::new(
-                Fes::INVALID_HEADER_FIELD,
-                offset::HLEN,
-                "H2CData header truncated",
-            ));
+            return Err(Fatal::new(Fes::INVALID_HEADER_FIELD, offset::HLEN, "H2CData header truncated"));
         };
-        let fatal = |fes: Fes, fei: u32, reason: String| Fatal {
-            fes,
-            fei,
-            reason,
-            header: header.to_vec(),
-        };
+        let fatal = |fes: Fes, fei: u32, reason: String| Fatal { fes, fei, reason, header: header.to_vec() };
         let ttag = h.ttag.get();
-        let Some(t) = self
-            .transfers
-            .get_mut(usize::from(ttag))
-            .and_then(Option::as_mut)
-        else {
+        let Some(t) = self.transfers.get_mut(usize::from(ttag)).and_then(Option::as_mut) else {
             return Err(fatal(
                 Fes::INVALID_HEADER_FIELD,
                 offset::TTAG,
@@ -373,11 +299,7 @@ impl<B: DataBuffer> TargetConnection<B> {
             return Err(fatal(
                 Fes::INVALID_HEADER_FIELD,
                 offset::CCCID,
-                format!(
-                    "H2CData cccid {} (R2T ttag {ttag} belongs to cid {})",
-                    h.cccid.get(),
-                    t.cid
-                ),
+                format!("H2CData cccid {} (R2T ttag {ttag} belongs to cid {})", h.cccid.get(), t.cid),
             ));
         }
         let (datao, datal) = (h.datao.get(), h.datal.get());
@@ -385,10 +307,7 @@ impl<B: DataBuffer> TargetConnection<B> {
             return Err(fatal(
                 Fes::DATA_OUT_OF_RANGE,
                 offset::DATAO,
-                format!(
-                    "H2CData datao {datao} (expected {} for cid {})",
-                    t.received, t.cid
-                ),
+                format!("H2CData datao {datao} (expected {} for cid {})", t.received, t.cid),
             ));
         }
         let end = datao.checked_add(datal);
@@ -396,29 +315,19 @@ impl<B: DataBuffer> TargetConnection<B> {
             return Err(fatal(
                 Fes::DATA_OUT_OF_RANGE,
                 offset::DATAL,
-                format!(
-                    "H2CData datao {datao} datal {datal} outside the R2T of {} bytes",
-                    t.len
-                ),
+                format!("H2CData datao {datao} datal {datal} outside the R2T of {} bytes", t.len),
             ));
         }
         if usize::try_from(datal).ok() != Some(data.len()) {
             return Err(fatal(
                 Fes::INVALID_HEADER_FIELD,
                 offset::DATAL,
-                format!(
-                    "H2CData datal {datal} but the PDU carries {} bytes",
-                    data.len()
-                ),
+                format!("H2CData datal {datal} but the PDU carries {} bytes", data.len()),
             ));
         }
         let src = self.rx.get(data).unwrap_or_default();
         let dst_start = datao as usize;
-        if let Some(dst) = t
-            .buf
-            .as_mut()
-            .get_mut(dst_start..dst_start.saturating_add(src.len()))
-        {
+        if let Some(dst) = t.buf.as_mut().get_mut(dst_start..dst_start.saturating_add(src.len())) {
             dst.copy_from_slice(src);
         }
         t.received = end.unwrap_or(t.len);
@@ -432,19 +341,12 @@ impl<B: DataBuffer> TargetConnection<B> {
                     format!("H2CData completing cid {} lacks LAST_PDU", t.cid),
                 ));
             }
-            if let Some(done) = self
-                .transfers
-                .get_mut(usize::from(ttag))
-                .and_then(Option::take)
-            {
+            if let Some(done) = self.transfers.get_mut(usize::from(ttag)).and_then(Option::take) {
                 self.free_ttags.push(ttag);
                 self.events.push_back(if done.digest_failed {
                     Event::DataDigestError { cid: done.cid }
                 } else {
-                    Event::Data {
-                        cid: done.cid,
-                        data: done.buf,
-                    }
+                    Event::Data { cid: done.cid, data: done.buf }
                 });
             }
         } else if last {
@@ -470,13 +372,7 @@ impl<B: DataBuffer> TargetConnection<B> {
             }
         };
         if let Some(slot) = self.transfers.get_mut(usize::from(ttag)) {
-            *slot = Some(Transfer {
-                cid,
-                buf: B::alloc(len as usize),
-                len,
-                received: 0,
-                digest_failed: false,
-            });
+            *slot = Some(Transfer { cid, buf: B::alloc(len as usize), len, received: 0, digest_failed: false });
         }
         let r2t = R2t {
             ch: pdu::common_header(PduType::R2T, 0),
@@ -524,17 +420,9 @@ impl<B: DataBuffer> TargetConnection<B> {
 
     /// Sends a response capsule. SQHD and SQID are filled in here.
     pub fn send_response(&mut self, mut cqe: Cqe) {
-        cqe.sqhd = if self.sq_flow_disabled {
-            0xffff
-        } else {
-            self.sqhd
-        }
-        .into();
+        cqe.sqhd = if self.sq_flow_disabled { 0xffff } else { self.sqhd }.into();
         cqe.sqid = self.sqid.into();
-        let resp = CapsuleResp {
-            ch: pdu::common_header(PduType::CAPSULE_RESP, 0),
-            cqe,
-        };
+        let resp = CapsuleResp { ch: pdu::common_header(PduType::CAPSULE_RESP, 0), cqe };
         pdu::encode(&mut self.tx, resp.as_bytes(), &[], self.tx_framing);
     }
 
@@ -576,11 +464,7 @@ impl<B: DataBuffer> TargetConnection<B> {
     /// by an offset data block descriptor of the same length at offset 0,
     /// other data by a transport data block descriptor. Returns the transfer
     /// length in bytes or the status to complete with.
-    pub fn check_sgl(
-        &self,
-        sqe: &Sqe,
-        in_capsule_len: Option<usize>,
-    ) -> Result<u32, nvme_spec::Status> {
+    pub fn check_sgl(&self, sqe: &Sqe, in_capsule_len: Option<usize>) -> Result<u32, nvme_spec::Status> {
         use nvme_spec::Status;
         let sgl: Sgl = sqe.dptr;
         let len = sgl.length.get();

@@ -3,9 +3,7 @@
 
 use nvme_spec::{Cqe, Sqe, Status};
 use nvmf_tcp::host::{HostConfig, HostConnection};
-use nvmf_tcp::pdu::{
-    self, common_header, flags, CapsuleCmd, DataHeader, Framing, IcReq, PduType, TermReq,
-};
+use nvmf_tcp::pdu::{self, common_header, flags, CapsuleCmd, DataHeader, Framing, IcReq, PduType, TermReq};
 use nvmf_tcp::target::{Event, State, TargetConfig, TargetConnection};
 use nvmf_tcp::Fes;
 use zerocopy::{FromBytes, IntoBytes};
@@ -28,15 +26,9 @@ fn serve(t: &mut Target, b: &mut Backend) {
         match ev {
             Event::Command { sqe, data } => {
                 let cid = sqe.cid.get();
-                let len = t
-                    .check_sgl(&sqe, data.as_ref().map(Vec::len))
-                    .expect("valid SGL");
+                let len = t.check_sgl(&sqe, data.as_ref().map(Vec::len)).expect("valid SGL");
                 match (sqe.opcode, data) {
-                    (0x02, _) => t.send_data(
-                        cid,
-                        &pattern(len as usize),
-                        Cqe::new(cid, Status::SUCCESS, 0),
-                    ),
+                    (0x02, _) => t.send_data(cid, &pattern(len as usize), Cqe::new(cid, Status::SUCCESS, 0)),
                     (0x01, Some(d)) => {
                         b.written.push((cid, d));
                         t.send_response(Cqe::new(cid, Status::SUCCESS, 0));
@@ -49,9 +41,7 @@ fn serve(t: &mut Target, b: &mut Backend) {
                 b.written.push((cid, data));
                 t.send_response(Cqe::new(cid, Status::SUCCESS, 0));
             }
-            Event::DataDigestError { cid } => {
-                t.send_response(Cqe::new(cid, Status::TRANSIENT_TRANSPORT_ERROR, 0))
-            }
+            Event::DataDigestError { cid } => t.send_response(Cqe::new(cid, Status::TRANSIENT_TRANSPORT_ERROR, 0)),
             Event::HostTerminated { .. } => {}
         }
     }
@@ -80,15 +70,8 @@ fn step(h: &mut HostConnection, t: &mut Target, b: &mut Backend) {
 }
 
 fn pair(hdgst: bool, ddgst: bool) -> (HostConnection, Target, Backend) {
-    let mut h = HostConnection::new(HostConfig {
-        header_digest: hdgst,
-        data_digest: ddgst,
-        max_in_capsule: 8192,
-    });
-    let mut t = Target::new(TargetConfig {
-        max_h2c_data: 16384,
-        ..Default::default()
-    });
+    let mut h = HostConnection::new(HostConfig { header_digest: hdgst, data_digest: ddgst, max_in_capsule: 8192 });
+    let mut t = Target::new(TargetConfig { max_h2c_data: 16384, ..Default::default() });
     let mut b = Backend::default();
     step(&mut h, &mut t, &mut b);
     assert!(h.is_ready());
@@ -98,10 +81,7 @@ fn pair(hdgst: bool, ddgst: bool) -> (HostConnection, Target, Backend) {
 }
 
 fn rw_sqe(opcode: u8, cid: u16) -> Sqe {
-    let mut s = Sqe {
-        opcode,
-        ..Default::default()
-    };
+    let mut s = Sqe { opcode, ..Default::default() };
     s.cid = cid.into();
     s.nsid = 1.into();
     s
@@ -124,14 +104,8 @@ fn reads_and_writes_round_trip_with_and_without_digests() {
         assert_eq!(done.len(), 3, "digests {hd}/{dd}");
         assert_eq!(done.first().map(|d| d.1.clone()), Some(pattern(65536)));
         assert_eq!(b.written.len(), 2);
-        assert!(b
-            .written
-            .iter()
-            .any(|(cid, d)| *cid == 3 && *d == pattern(100_000)));
-        assert!(b
-            .written
-            .iter()
-            .any(|(cid, d)| *cid == 2 && *d == pattern(4096)));
+        assert!(b.written.iter().any(|(cid, d)| *cid == 3 && *d == pattern(100_000)));
+        assert!(b.written.iter().any(|(cid, d)| *cid == 2 && *d == pattern(4096)));
     }
 }
 
@@ -149,10 +123,7 @@ fn completes_read_with_success_flag_when_sq_flow_disabled() {
     // One C2HData PDU with LAST|SUCCESS and no response capsule.
     let ch = pdu::CommonHeader::read_from_bytes(back.get(..8).expect("header")).expect("ch");
     assert_eq!(ch.pdu_type, PduType::C2H_DATA.0);
-    assert_eq!(
-        ch.flags & (flags::LAST_PDU | flags::SUCCESS),
-        flags::LAST_PDU | flags::SUCCESS
-    );
+    assert_eq!(ch.flags & (flags::LAST_PDU | flags::SUCCESS), flags::LAST_PDU | flags::SUCCESS);
     assert_eq!(back.len(), ch.plen.get() as usize);
     h.handle_input(&back).expect("valid");
     assert!(h.poll_completion().expect("done").cqe.status().is_success());
@@ -187,10 +158,7 @@ fn term_after(t: &mut Target, bytes: &[u8]) -> TermReq {
     assert_eq!(term.ch.pdu_type, PduType::C2H_TERM_REQ.0);
     assert_eq!(term.fes.get(), err.fes.0);
     assert_eq!(term.fei.get(), err.fei);
-    assert!(
-        term.ch.plen.get() as usize <= 152,
-        "C2HTermReq plen at most 152"
-    );
+    assert!(term.ch.plen.get() as usize <= 152, "C2HTermReq plen at most 152");
     assert!(!err.reason.is_empty());
     term
 }
@@ -198,20 +166,13 @@ fn term_after(t: &mut Target, bytes: &[u8]) -> TermReq {
 fn capsule(framing: Framing, data: &[u8], sgl_len: u32) -> Vec<u8> {
     let mut sqe = rw_sqe(0x01, 4);
     sqe.dptr = nvme_spec::Sgl::in_capsule(sgl_len);
-    let cmd = CapsuleCmd {
-        ch: common_header(PduType::CAPSULE_CMD, 0),
-        sqe,
-    };
+    let cmd = CapsuleCmd { ch: common_header(PduType::CAPSULE_CMD, 0), sqe };
     let mut out = Vec::new();
     pdu::encode(&mut out, cmd.as_bytes(), data, framing);
     out
 }
 
-const PLAIN: Framing = Framing {
-    hdgst: false,
-    ddgst: false,
-    data_align: 4,
-};
+const PLAIN: Framing = Framing { hdgst: false, ddgst: false, data_align: 4 };
 
 #[test]
 fn rejects_unknown_pdu_type_with_invalid_header_field() {
@@ -219,10 +180,7 @@ fn rejects_unknown_pdu_type_with_invalid_header_field() {
     let mut bytes = capsule(PLAIN, &[], 0);
     bytes[0] = 0x0b;
     let term = term_after(&mut t, &bytes);
-    assert_eq!(
-        (term.fes.get(), term.fei.get()),
-        (Fes::INVALID_HEADER_FIELD.0, 0)
-    );
+    assert_eq!((term.fes.get(), term.fei.get()), (Fes::INVALID_HEADER_FIELD.0, 0));
 }
 
 #[test]
@@ -232,11 +190,7 @@ fn rejects_inconsistent_hlen_pdo_and_plen() {
         let mut bytes = capsule(PLAIN, &[1, 2, 3, 4], 4);
         bytes[field] = value;
         let term = term_after(&mut t, &bytes);
-        assert_eq!(
-            (term.fes.get(), term.fei.get()),
-            (Fes::INVALID_HEADER_FIELD.0, fei),
-            "field {field}"
-        );
+        assert_eq!((term.fes.get(), term.fei.get()), (Fes::INVALID_HEADER_FIELD.0, fei), "field {field}");
     }
 }
 
@@ -251,14 +205,7 @@ fn rejects_plen_beyond_the_in_capsule_limit() {
 #[test]
 fn rejects_header_digest_mismatch() {
     let (_h, mut t, _b) = pair(true, false);
-    let mut bytes = capsule(
-        Framing {
-            hdgst: true,
-            ..PLAIN
-        },
-        &[],
-        0,
-    );
+    let mut bytes = capsule(Framing { hdgst: true, ..PLAIN }, &[], 0);
     bytes[72] ^= 0x55; // first byte of the header digest
     let term = term_after(&mut t, &bytes);
     assert_eq!(term.fes.get(), Fes::HEADER_DIGEST_ERROR.0);
@@ -267,31 +214,15 @@ fn rejects_header_digest_mismatch() {
 #[test]
 fn completes_a_command_with_bad_data_digest_as_transient_transport_error() {
     let (mut h, mut t, mut b) = pair(false, true);
-    let mut bytes = capsule(
-        Framing {
-            ddgst: true,
-            ..PLAIN
-        },
-        &[9; 512],
-        512,
-    );
+    let mut bytes = capsule(Framing { ddgst: true, ..PLAIN }, &[9; 512], 512);
     let n = bytes.len();
     bytes[n - 1] ^= 1;
-    t.handle_input(&bytes)
-        .expect("a data digest error is not fatal");
-    assert!(matches!(
-        t.poll_event(),
-        Some(Event::DataDigestError { cid: 4 })
-    ));
+    t.handle_input(&bytes).expect("a data digest error is not fatal");
+    assert!(matches!(t.poll_event(), Some(Event::DataDigestError { cid: 4 })));
     // The connection keeps working.
     h.submit(rw_sqe(0x02, 5), Vec::new(), 512);
     step(&mut h, &mut t, &mut b);
-    assert!(h
-        .poll_completion()
-        .expect("read done")
-        .cqe
-        .status()
-        .is_success());
+    assert!(h.poll_completion().expect("read done").cqe.status().is_success());
 }
 
 fn h2c(cid: u16, ttag: u16, datao: u32, data: &[u8], last: bool) -> Vec<u8> {
@@ -315,10 +246,7 @@ fn rejects_h2c_data_beyond_r2t_length() {
     let mut sink = Vec::new();
     t.take_transmit(&mut sink);
     let term = term_after(&mut t, &h2c(7, 0, 0, &[0; 8192], true));
-    assert_eq!(
-        (term.fes.get(), term.fei.get()),
-        (Fes::DATA_OUT_OF_RANGE.0, 16)
-    );
+    assert_eq!((term.fes.get(), term.fei.get()), (Fes::DATA_OUT_OF_RANGE.0, 16));
 }
 
 #[test]
@@ -327,20 +255,14 @@ fn rejects_h2c_data_at_an_unexpected_offset() {
     t.request_data(7, 8192);
     t.take_transmit(&mut Vec::new());
     let term = term_after(&mut t, &h2c(7, 0, 4096, &[0; 4096], true));
-    assert_eq!(
-        (term.fes.get(), term.fei.get()),
-        (Fes::DATA_OUT_OF_RANGE.0, 12)
-    );
+    assert_eq!((term.fes.get(), term.fei.get()), (Fes::DATA_OUT_OF_RANGE.0, 12));
 }
 
 #[test]
 fn rejects_h2c_data_with_unknown_ttag() {
     let (_h, mut t, _b) = pair(false, false);
     let term = term_after(&mut t, &h2c(7, 3, 0, &[0; 512], true));
-    assert_eq!(
-        (term.fes.get(), term.fei.get()),
-        (Fes::INVALID_HEADER_FIELD.0, 10)
-    );
+    assert_eq!((term.fes.get(), term.fei.get()), (Fes::INVALID_HEADER_FIELD.0, 10));
 }
 
 #[test]
@@ -373,10 +295,7 @@ fn rejects_icreq_with_unsupported_pfv() {
     let mut bytes = Vec::new();
     pdu::encode(&mut bytes, req.as_bytes(), &[], PLAIN);
     let term = term_after(&mut t, &bytes);
-    assert_eq!(
-        (term.fes.get(), term.fei.get()),
-        (Fes::UNSUPPORTED_PARAMETER.0, 8)
-    );
+    assert_eq!((term.fes.get(), term.fei.get()), (Fes::UNSUPPORTED_PARAMETER.0, 8));
 }
 
 #[test]
@@ -393,28 +312,17 @@ fn a_second_icreq_is_rejected() {
     let mut bytes = Vec::new();
     pdu::encode(&mut bytes, req.as_bytes(), &[], PLAIN);
     let term = term_after(&mut t, &bytes);
-    assert_eq!(
-        (term.fes.get(), term.fei.get()),
-        (Fes::INVALID_HEADER_FIELD.0, 0)
-    );
+    assert_eq!((term.fes.get(), term.fei.get()), (Fes::INVALID_HEADER_FIELD.0, 0));
 }
 
 #[test]
 fn host_terminate_request_ends_the_connection_quietly() {
     let (_h, mut t, _b) = pair(false, false);
-    let term = TermReq {
-        ch: common_header(PduType::H2C_TERM_REQ, 0),
-        fes: 2.into(),
-        fei: 0.into(),
-        rsvd: [0; 10],
-    };
+    let term = TermReq { ch: common_header(PduType::H2C_TERM_REQ, 0), fes: 2.into(), fei: 0.into(), rsvd: [0; 10] };
     let mut bytes = Vec::new();
     pdu::encode(&mut bytes, term.as_bytes(), &[], PLAIN);
     t.handle_input(&bytes).expect("not an error");
-    assert!(matches!(
-        t.poll_event(),
-        Some(Event::HostTerminated { fes: 2 })
-    ));
+    assert!(matches!(t.poll_event(), Some(Event::HostTerminated { fes: 2 })));
     assert_eq!(t.state(), State::Terminated);
     assert!(!t.has_transmit(), "no C2HTermReq answers an H2CTermReq");
 }
@@ -450,9 +358,7 @@ fn random_bytes_never_panic() {
         let len = (seed % 300) as usize;
         let mut bytes = Vec::with_capacity(len);
         for _ in 0..len {
-            seed = seed
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
+            seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
             bytes.push((seed >> 33) as u8);
         }
         if let Some(b) = bytes.get_mut(0) {

@@ -12,12 +12,7 @@ use std::sync::Arc;
 pub(crate) const AER_LIMIT: usize = 4;
 
 impl Queue {
-    pub(crate) fn admin<B: AsRef<[u8]>>(
-        &mut self,
-        ctrl: &Arc<Controller>,
-        sqe: &Sqe,
-        data: Option<B>,
-    ) -> Outcome<B> {
+    pub(crate) fn admin<B: AsRef<[u8]>>(&mut self, ctrl: &Arc<Controller>, sqe: &Sqe, data: Option<B>) -> Outcome<B> {
         let cid = sqe.cid.get();
         let Some(subsys) = ctrl.subsystem() else {
             return Outcome::status(cid, Status::INTERNAL);
@@ -35,12 +30,7 @@ impl Queue {
                 match page {
                     Ok(p) => self.host_data(cid, sqe, p),
                     Err(s) => {
-                        log::debug!(
-                            "{}: Identify CNS {:#04x} nsid {}: {s}",
-                            self.peer,
-                            cns.0,
-                            sqe.nsid.get()
-                        );
+                        log::debug!("{}: Identify CNS {:#04x} nsid {}: {s}", self.peer, cns.0, sqe.nsid.get());
                         Outcome::status(cid, s)
                     }
                 }
@@ -73,18 +63,11 @@ impl Queue {
             Admin::ABORT if !discovery => {
                 // Commands here run to completion quickly; report "not
                 // aborted" (DW0 bit 0 set), which the spec always permits.
-                Outcome::Complete {
-                    cqe: Cqe::new(cid, Status::SUCCESS, 1),
-                    data: Vec::new(),
-                }
+                Outcome::Complete { cqe: Cqe::new(cid, Status::SUCCESS, 1), data: Vec::new() }
             }
             _ => {
                 drop(data);
-                log::debug!(
-                    "{}: admin opcode {:#04x} unsupported",
-                    self.peer,
-                    sqe.opcode
-                );
+                log::debug!("{}: admin opcode {:#04x} unsupported", self.peer, sqe.opcode);
                 Outcome::status(cid, Status::INVALID_OPCODE.dnr())
             }
         }
@@ -140,15 +123,10 @@ impl Queue {
             FeatureId::ERROR_RECOVERY => s.error_recovery = cdw11,
             FeatureId::INTERRUPT_COALESCING => s.irq_coalescing = cdw11,
             FeatureId::WRITE_ATOMICITY => s.write_atomicity = cdw11,
-            FeatureId::HOST_IDENTIFIER => {
-                return Outcome::status(cid, Status::COMMAND_SEQUENCE_ERROR.dnr())
-            }
+            FeatureId::HOST_IDENTIFIER => return Outcome::status(cid, Status::COMMAND_SEQUENCE_ERROR.dnr()),
             _ => return Outcome::status(cid, Status::INVALID_FIELD.dnr()),
         }
-        Outcome::Complete {
-            cqe: Cqe::new(cid, Status::SUCCESS, dw0),
-            data: Vec::new(),
-        }
+        Outcome::Complete { cqe: Cqe::new(cid, Status::SUCCESS, dw0), data: Vec::new() }
     }
 
     fn get_features<B>(&mut self, ctrl: &Controller, sqe: &Sqe, discovery: bool) -> Outcome<B> {
@@ -158,10 +136,7 @@ impl Queue {
         if sel == 3 {
             // Supported capabilities: nothing is saveable or per-namespace,
             // everything listed is changeable.
-            return Outcome::Complete {
-                cqe: Cqe::new(cid, Status::SUCCESS, 0b100),
-                data: Vec::new(),
-            };
+            return Outcome::Complete { cqe: Cqe::new(cid, Status::SUCCESS, 0b100), data: Vec::new() };
         }
         let s = ctrl.lock();
         let dw0 = match fid {
@@ -188,9 +163,6 @@ impl Queue {
             }
             _ => return Outcome::status(cid, Status::INVALID_FIELD.dnr()),
         };
-        Outcome::Complete {
-            cqe: Cqe::new(cid, Status::SUCCESS, dw0),
-            data: Vec::new(),
-        }
+        Outcome::Complete { cqe: Cqe::new(cid, Status::SUCCESS, dw0), data: Vec::new() }
     }
 }

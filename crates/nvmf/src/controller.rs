@@ -91,10 +91,7 @@ impl Controller {
             return;
         }
         if let Some(s) = self.subsystem() {
-            s.controllers
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .remove(&self.cntlid);
+            s.controllers.lock().unwrap_or_else(|e| e.into_inner()).remove(&self.cntlid);
         }
     }
 

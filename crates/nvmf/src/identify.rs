@@ -27,9 +27,7 @@ pub(crate) fn build(
     };
     match cns {
         Cns::CONTROLLER => Ok(controller(target, subsys, ctrl)),
-        Cns::NAMESPACE => Ok(ns_of(nsid)?
-            .map(|ns| namespace(&ns))
-            .unwrap_or_else(|| vec![0; LEN])),
+        Cns::NAMESPACE => Ok(ns_of(nsid)?.map(|ns| namespace(&ns)).unwrap_or_else(|| vec![0; LEN])),
         Cns::ACTIVE_NAMESPACES | Cns::CS_ACTIVE_NAMESPACES => {
             if cns == Cns::CS_ACTIVE_NAMESPACES && csi != CSI_NVM {
                 return Ok(vec![0; LEN]);
@@ -38,13 +36,7 @@ pub(crate) fn build(
                 return Err(invalid_ns());
             }
             let mut p = Page::new(LEN);
-            for (i, ns) in subsys
-                .namespaces()
-                .iter()
-                .filter(|ns| ns.nsid > nsid)
-                .take(LEN / 4)
-                .enumerate()
-            {
+            for (i, ns) in subsys.namespaces().iter().filter(|ns| ns.nsid > nsid).take(LEN / 4).enumerate() {
                 p.u32(i * 4, ns.nsid);
             }
             Ok(p.into_vec())
@@ -53,11 +45,7 @@ pub(crate) fn build(
             let ns = ns_of(nsid)?.ok_or_else(invalid_ns)?;
             let mut p = Page::new(LEN);
             let mut off = 0;
-            for (t, v) in [
-                (nid::NGUID, &ns.nguid[..]),
-                (nid::UUID, &ns.uuid[..]),
-                (nid::CSI, &[CSI_NVM][..]),
-            ] {
+            for (t, v) in [(nid::NGUID, &ns.nguid[..]), (nid::UUID, &ns.uuid[..]), (nid::CSI, &[CSI_NVM][..])] {
                 p.u8(off, t).u8(off + 1, v.len() as u8).bytes(off + 4, v);
                 off += 4 + v.len();
             }
@@ -103,23 +91,15 @@ fn controller(target: &Target, subsys: &Subsystem, ctrl: &Controller) -> Vec<u8>
     let mut p = Page::new(LEN);
     let mdts = (s.max_transfer / 4096).max(1).ilog2() as u8;
     p.u16(c::VID, 0x1b36).u16(c::SSVID, 0x1af4);
-    p.ascii_space(c::SN, 20, &subsys.serial)
-        .ascii_space(c::MN, 40, &subsys.model)
-        .ascii_space(c::FR, 8, env!("CARGO_PKG_VERSION"));
-    p.u8(c::RAB, 6)
-        .u16(c::CNTLID, ctrl.cntlid)
-        .u32(c::VER, regs::VERSION_1_4);
-    p.u8(c::MDTS, mdts);
-    p.u8(c::ACL, 3)
-        .u8(c::AERL, (crate::admin::AER_LIMIT - 1) as u8);
-    p.u8(
-        c::LPA,
-        if subsys.discovery {
-            c::LPA_EXTENDED
-        } else {
-            c::LPA_CMD_EFFECTS | c::LPA_EXTENDED
-        },
+    p.ascii_space(c::SN, 20, &subsys.serial).ascii_space(c::MN, 40, &subsys.model).ascii_space(
+        c::FR,
+        8,
+        env!("CARGO_PKG_VERSION"),
     );
+    p.u8(c::RAB, 6).u16(c::CNTLID, ctrl.cntlid).u32(c::VER, regs::VERSION_1_4);
+    p.u8(c::MDTS, mdts);
+    p.u8(c::ACL, 3).u8(c::AERL, (crate::admin::AER_LIMIT - 1) as u8);
+    p.u8(c::LPA, if subsys.discovery { c::LPA_EXTENDED } else { c::LPA_CMD_EFFECTS | c::LPA_EXTENDED });
     p.u8(c::ELPE, 0).u8(c::NPSS, 0);
     p.u16(c::KAS, 1);
     p.u16(c::MAXCMD, s.queue_entries);
@@ -137,14 +117,10 @@ fn controller(target: &Target, subsys: &Subsystem, ctrl: &Controller) -> Vec<u8>
         p.u16(c::WCTEMP, 0x0157).u16(c::CCTEMP, 0x0175);
         p.u8(c::SQES, 0x66).u8(c::CQES, 0x44);
         p.u32(c::NN, MAX_NSID).u32(c::MNAN, MAX_NSID);
-        p.u16(
-            c::ONCS,
-            c::ONCS_COMPARE | c::ONCS_DSM | c::ONCS_WRITE_ZEROES,
-        );
+        p.u16(c::ONCS, c::ONCS_COMPARE | c::ONCS_DSM | c::ONCS_WRITE_ZEROES);
         // Volatile write cache present; flush to NSID FFFFFFFFh unsupported.
         p.u8(c::VWC, 0x05);
-        p.u32(c::IOCCSZ, (64 + s.io_in_capsule) / 16)
-            .u32(c::IORCSZ, 1);
+        p.u32(c::IOCCSZ, (64 + s.io_in_capsule) / 16).u32(c::IORCSZ, 1);
         p.u16(c::PSD0_MP, 2500); // 25 W, informational
     }
     p.into_vec()
@@ -153,18 +129,13 @@ fn controller(target: &Target, subsys: &Subsystem, ctrl: &Controller) -> Vec<u8>
 fn namespace(ns: &Namespace) -> Vec<u8> {
     let geo = ns.device.geometry();
     let mut p = Page::new(LEN);
-    p.u64(n::NSZE, geo.blocks)
-        .u64(n::NCAP, geo.blocks)
-        .u64(n::NUSE, geo.blocks);
+    p.u64(n::NSZE, geo.blocks).u64(n::NCAP, geo.blocks).u64(n::NUSE, geo.blocks);
     p.u8(n::NSFEAT, n::NSFEAT_OPTPERF);
     p.u8(n::NLBAF, 0).u8(n::FLBAS, 0).u8(n::NMIC, 1);
     p.u8(n::DLFEAT, n::DLFEAT_READ_ZEROES_WZ_DEALLOC);
     let bs_blocks = (4096 / geo.block_size).max(1) as u16;
     p.u16(n::NPWG, bs_blocks - 1).u16(n::NPDG, bs_blocks - 1);
     p.bytes(n::NGUID, &ns.nguid);
-    p.u32(
-        n::LBAF0,
-        u32::from(geo.block_size.trailing_zeros() as u8) << 16,
-    );
+    p.u32(n::LBAF0, u32::from(geo.block_size.trailing_zeros() as u8) << 16);
     p.into_vec()
 }

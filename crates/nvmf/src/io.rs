@@ -97,23 +97,14 @@ impl Queue {
         self.ns_cache.get(nsid as usize).cloned().flatten()
     }
 
-    pub(crate) fn io<B: AsRef<[u8]>>(
-        &mut self,
-        ctrl: &Controller,
-        sqe: &Sqe,
-        data: Option<B>,
-    ) -> Outcome<B> {
+    pub(crate) fn io<B: AsRef<[u8]>>(&mut self, ctrl: &Controller, sqe: &Sqe, data: Option<B>) -> Outcome<B> {
         let cid = sqe.cid.get();
         if !ctrl.enabled() {
             return Outcome::status(cid, Status::COMMAND_SEQUENCE_ERROR.dnr());
         }
         let nsid = sqe.nsid.get();
         let Some(ns) = self.namespace(ctrl, nsid) else {
-            log::debug!(
-                "{}: I/O opcode {:#04x} to inactive nsid {nsid}",
-                self.peer,
-                sqe.opcode
-            );
+            log::debug!("{}: I/O opcode {:#04x} to inactive nsid {nsid}", self.peer, sqe.opcode);
             return Outcome::status(cid, Status::INVALID_NAMESPACE.dnr());
         };
         let device = ns.device.clone();
@@ -134,33 +125,19 @@ impl Queue {
             }
             Ok(sgl_len)
         };
-        let req = |op| {
-            Outcome::Io(BlockRequest {
-                cid,
-                device: device.clone(),
-                op,
-            })
-        };
+        let req = |op| Outcome::Io(BlockRequest { cid, device: device.clone(), op });
         match Io(sqe.opcode) {
             Io::READ => match transfer(sqe.blocks()) {
-                Ok(len_bytes) => req(BlockOp::Read {
-                    lba: sqe.slba(),
-                    len_bytes,
-                }),
+                Ok(len_bytes) => req(BlockOp::Read { lba: sqe.slba(), len_bytes }),
                 Err(s) => self.reject(cid, sqe, s),
             },
             Io::WRITE | Io::COMPARE => match (transfer(sqe.blocks()), data) {
                 (Err(s), _) => self.reject(cid, sqe, s),
                 (Ok(len), None) => Outcome::NeedData { len },
-                (Ok(_), Some(data)) if Io(sqe.opcode) == Io::WRITE => req(BlockOp::Write {
-                    lba: sqe.slba(),
-                    data,
-                    fua: sqe.fua(),
-                }),
-                (Ok(_), Some(data)) => req(BlockOp::Compare {
-                    lba: sqe.slba(),
-                    data,
-                }),
+                (Ok(_), Some(data)) if Io(sqe.opcode) == Io::WRITE => {
+                    req(BlockOp::Write { lba: sqe.slba(), data, fua: sqe.fua() })
+                }
+                (Ok(_), Some(data)) => req(BlockOp::Compare { lba: sqe.slba(), data }),
             },
             Io::FLUSH => req(BlockOp::Flush),
             Io::WRITE_ZEROES => {
@@ -169,11 +146,7 @@ impl Queue {
                     return self.reject(cid, sqe, Status::LBA_OUT_OF_RANGE.dnr());
                 }
                 let deallocate = sqe.cdw12.get() & (1 << 25) != 0;
-                req(BlockOp::WriteZeroes {
-                    lba: sqe.slba(),
-                    blocks,
-                    deallocate,
-                })
+                req(BlockOp::WriteZeroes { lba: sqe.slba(), blocks, deallocate })
             }
             Io::DATASET_MANAGEMENT => {
                 // NR is 0-based. Hosts may describe more data than the
@@ -198,8 +171,7 @@ impl Queue {
                     let mut slba = [0u8; 8];
                     nlb.copy_from_slice(r.get(4..8).unwrap_or(&[0; 4]));
                     slba.copy_from_slice(r.get(8..16).unwrap_or(&[0; 8]));
-                    let (slba, nlb) =
-                        (u64::from_le_bytes(slba), u64::from(u32::from_le_bytes(nlb)));
+                    let (slba, nlb) = (u64::from_le_bytes(slba), u64::from(u32::from_le_bytes(nlb)));
                     if nlb == 0 {
                         continue;
                     }

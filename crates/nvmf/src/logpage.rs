@@ -100,11 +100,7 @@ fn discovery(target: &Target, hostnqn: &str, local: SocketAddr) -> Vec<u8> {
         .map(|p| Port {
             id: p.id,
             discovery_only: p.discovery_only,
-            addr: if p.addr.ip().is_unspecified() {
-                SocketAddr::new(local.ip(), p.addr.port())
-            } else {
-                p.addr
-            },
+            addr: if p.addr.ip().is_unspecified() { SocketAddr::new(local.ip(), p.addr.port()) } else { p.addr },
         })
         .collect();
     let mut entries: Vec<(u8, String, &Port)> = Vec::new();
@@ -116,40 +112,20 @@ fn discovery(target: &Target, hostnqn: &str, local: SocketAddr) -> Vec<u8> {
         }
     }
     for r in &refs {
-        entries.push((
-            d::SUBTYPE_CURRENT_DISCOVERY,
-            nvme_spec::DISCOVERY_NQN.to_string(),
-            r,
-        ));
+        entries.push((d::SUBTYPE_CURRENT_DISCOVERY, nvme_spec::DISCOVERY_NQN.to_string(), r));
     }
     let mut p = Page::new(d::HEADER_LEN + entries.len() * d::ENTRY_LEN);
-    p.u64(d::GENCTR, target.genctr())
-        .u64(d::NUMREC, entries.len() as u64)
-        .u16(d::RECFMT, 0);
+    p.u64(d::GENCTR, target.genctr()).u64(d::NUMREC, entries.len() as u64).u16(d::RECFMT, 0);
     for (i, (subtype, nqn, port)) in entries.iter().enumerate() {
         let base = d::HEADER_LEN + i * d::ENTRY_LEN;
         p.u8(base + d::TRTYPE, d::TRTYPE_TCP)
-            .u8(
-                base + d::ADRFAM,
-                if port.addr.is_ipv4() {
-                    d::ADRFAM_IPV4
-                } else {
-                    d::ADRFAM_IPV6
-                },
-            )
+            .u8(base + d::ADRFAM, if port.addr.is_ipv4() { d::ADRFAM_IPV4 } else { d::ADRFAM_IPV6 })
             .u8(base + d::SUBTYPE, *subtype)
             .u8(base + d::TREQ, d::TREQ_NOT_REQUIRED)
             .u16(base + d::PORTID, port.id)
             .u16(base + d::CNTLID, 0xffff)
             .u16(base + d::ASQSZ, 32)
-            .u16(
-                base + d::EFLAGS,
-                if *subtype == d::SUBTYPE_CURRENT_DISCOVERY {
-                    d::EFLAGS_DUPLICATE
-                } else {
-                    0
-                },
-            )
+            .u16(base + d::EFLAGS, if *subtype == d::SUBTYPE_CURRENT_DISCOVERY { d::EFLAGS_DUPLICATE } else { 0 })
             .ascii_nul(base + d::TRSVCID, 32, &port.addr.port().to_string())
             .ascii_nul(base + d::SUBNQN, 256, nqn)
             .ascii_nul(base + d::TRADDR, 256, &port.addr.ip().to_string());

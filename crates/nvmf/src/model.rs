@@ -26,12 +26,7 @@ pub struct Settings {
 
 impl Default for Settings {
     fn default() -> Self {
-        Settings {
-            max_transfer: 1024 * 1024,
-            io_in_capsule: 8192,
-            max_io_queues: 128,
-            queue_entries: 1024,
-        }
+        Settings { max_transfer: 1024 * 1024, io_in_capsule: 8192, max_io_queues: 128, queue_entries: 1024 }
     }
 }
 
@@ -61,12 +56,7 @@ impl Namespace {
         if let Some(b) = uuid.get_mut(8) {
             *b = (*b & 0x3f) | 0x80;
         }
-        Namespace {
-            nsid,
-            device,
-            nguid,
-            uuid,
-        }
+        Namespace { nsid, device, nguid, uuid }
     }
 }
 
@@ -79,10 +69,7 @@ fn hash128(bytes: &[u8]) -> [u8; 16] {
         b = (b ^ u64::from(x.rotate_left(3))).wrapping_mul(0x0100_0000_01b3);
     }
     let mut out = [0u8; 16];
-    for (d, s) in out
-        .iter_mut()
-        .zip(a.to_be_bytes().into_iter().chain(b.to_be_bytes()))
-    {
+    for (d, s) in out.iter_mut().zip(a.to_be_bytes().into_iter().chain(b.to_be_bytes())) {
         *d = s;
     }
     out
@@ -119,10 +106,7 @@ impl Subsystem {
             serial: serial.to_string(),
             model: "ironwire".to_string(),
             discovery: false,
-            access: RwLock::new(Access {
-                allow_any_host,
-                hosts,
-            }),
+            access: RwLock::new(Access { allow_any_host, hosts }),
             namespaces: RwLock::new(BTreeMap::new()),
             ns_gen: AtomicU64::new(0),
             controllers: Mutex::new(HashMap::new()),
@@ -145,29 +129,17 @@ impl Subsystem {
     /// Replaces the access list.
     pub fn set_access(&self, allow_any_host: bool, hosts: Vec<String>) {
         let mut a = self.access.write().unwrap_or_else(|e| e.into_inner());
-        *a = Access {
-            allow_any_host,
-            hosts,
-        };
+        *a = Access { allow_any_host, hosts };
     }
 
     /// The namespace with `nsid`.
     pub fn namespace(&self, nsid: u32) -> Option<Arc<Namespace>> {
-        self.namespaces
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(&nsid)
-            .cloned()
+        self.namespaces.read().unwrap_or_else(|e| e.into_inner()).get(&nsid).cloned()
     }
 
     /// All namespaces in NSID order.
     pub fn namespaces(&self) -> Vec<Arc<Namespace>> {
-        self.namespaces
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .values()
-            .cloned()
-            .collect()
+        self.namespaces.read().unwrap_or_else(|e| e.into_inner()).values().cloned().collect()
     }
 
     /// Adds a namespace and notifies connected controllers with a
@@ -190,11 +162,7 @@ impl Subsystem {
 
     /// Removes a namespace and notifies connected controllers.
     pub fn remove_namespace(&self, nsid: u32) -> Option<Arc<Namespace>> {
-        let removed = self
-            .namespaces
-            .write()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(&nsid);
+        let removed = self.namespaces.write().unwrap_or_else(|e| e.into_inner()).remove(&nsid);
         if removed.is_some() {
             self.notify_ns_changed(nsid);
         }
@@ -209,22 +177,14 @@ impl Subsystem {
 
     fn notify_ns_changed(&self, nsid: u32) {
         self.ns_gen.fetch_add(1, Ordering::AcqRel);
-        for c in self
-            .controllers
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .values()
-        {
+        for c in self.controllers.lock().unwrap_or_else(|e| e.into_inner()).values() {
             c.namespace_changed(nsid);
         }
     }
 
     /// Controllers currently alive in this subsystem.
     pub fn controller_count(&self) -> usize {
-        self.controllers
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .len()
+        self.controllers.lock().unwrap_or_else(|e| e.into_inner()).len()
     }
 }
 
@@ -282,28 +242,18 @@ impl Target {
         if nqn == nvme_spec::DISCOVERY_NQN {
             return Some(self.discovery.clone());
         }
-        self.subsystems
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .iter()
-            .find(|s| s.nqn == nqn)
-            .cloned()
+        self.subsystems.read().unwrap_or_else(|e| e.into_inner()).iter().find(|s| s.nqn == nqn).cloned()
     }
 
     /// All NVM subsystems.
     pub fn subsystems(&self) -> Vec<Arc<Subsystem>> {
-        self.subsystems
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone()
+        self.subsystems.read().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
     /// Registers a listening port for the discovery log.
     pub fn add_port(&self, addr: SocketAddr, discovery_only: bool) -> u16 {
         let mut ports = self.ports.write().unwrap_or_else(|e| e.into_inner());
-        let id = u16::try_from(ports.len())
-            .unwrap_or(u16::MAX)
-            .saturating_add(1);
+        let id = u16::try_from(ports.len()).unwrap_or(u16::MAX).saturating_add(1);
         ports.push(Port { id, addr, discovery_only });
         self.genctr.fetch_add(1, Ordering::Relaxed);
         id

@@ -64,17 +64,11 @@ pub enum Outcome<B> {
 
 impl<B> Outcome<B> {
     pub(crate) fn status(cid: u16, status: Status) -> Self {
-        Outcome::Complete {
-            cqe: Cqe::new(cid, status, 0),
-            data: Vec::new(),
-        }
+        Outcome::Complete { cqe: Cqe::new(cid, status, 0), data: Vec::new() }
     }
 
     pub(crate) fn data(cid: u16, data: Vec<u8>) -> Self {
-        Outcome::Complete {
-            cqe: Cqe::new(cid, Status::SUCCESS, 0),
-            data,
-        }
+        Outcome::Complete { cqe: Cqe::new(cid, Status::SUCCESS, 0), data }
     }
 }
 
@@ -118,12 +112,7 @@ impl Queue {
 
     /// Parses and checks one command. `data` is its host-to-controller data
     /// when the transport has it (in-capsule or solicited).
-    pub fn execute<B: AsRef<[u8]>>(
-        &mut self,
-        now_ms: u64,
-        sqe: &Sqe,
-        data: Option<B>,
-    ) -> Outcome<B> {
+    pub fn execute<B: AsRef<[u8]>>(&mut self, now_ms: u64, sqe: &Sqe, data: Option<B>) -> Outcome<B> {
         let cid = sqe.cid.get();
         if sqe.opcode == Admin::FABRICS.0 {
             return self.fabrics(now_ms, sqe, data);
@@ -131,11 +120,7 @@ impl Queue {
         let kind = self.kind.clone();
         match kind {
             QueueKind::Unconnected => {
-                log::warn!(
-                    "{}: opcode {:#04x} (cid {cid}) before Connect",
-                    self.peer,
-                    sqe.opcode
-                );
+                log::warn!("{}: opcode {:#04x} (cid {cid}) before Connect", self.peer, sqe.opcode);
                 Outcome::status(cid, Status::COMMAND_SEQUENCE_ERROR.dnr())
             }
             QueueKind::Admin(ctrl) => {
@@ -144,11 +129,7 @@ impl Queue {
                     return Outcome::status(cid, Status::KEEP_ALIVE_EXPIRED.dnr());
                 }
                 if !ctrl.enabled() {
-                    log::warn!(
-                        "{}: admin opcode {:#04x} while CC.EN is 0",
-                        self.peer,
-                        sqe.opcode
-                    );
+                    log::warn!("{}: admin opcode {:#04x} while CC.EN is 0", self.peer, sqe.opcode);
                     return Outcome::status(cid, Status::COMMAND_SEQUENCE_ERROR.dnr());
                 }
                 self.admin(&ctrl, sqe, data)
@@ -169,11 +150,7 @@ impl Queue {
             return self.connect(now_ms, sqe, data);
         }
         let Some(ctrl) = self.controller().cloned() else {
-            log::warn!(
-                "{}: fabrics command {:#04x} before Connect",
-                self.peer,
-                fctype.0
-            );
+            log::warn!("{}: fabrics command {:#04x} before Connect", self.peer, fctype.0);
             return Outcome::status(cid, Status::COMMAND_SEQUENCE_ERROR.dnr());
         };
         ctrl.keep_alive(now_ms);
@@ -199,10 +176,7 @@ impl Queue {
                     Some(v) => {
                         let mut cqe = Cqe::new(cid, Status::SUCCESS, v as u32);
                         cqe.dw1 = ((v >> 32) as u32).into();
-                        Outcome::Complete {
-                            cqe,
-                            data: Vec::new(),
-                        }
+                        Outcome::Complete { cqe, data: Vec::new() }
                     }
                     None => {
                         log::warn!(
@@ -221,17 +195,11 @@ impl Queue {
                     ctrl.set_cc(p.value as u32);
                     Outcome::status(cid, Status::SUCCESS)
                 } else {
-                    log::warn!(
-                        "{}: Property Set offset {:#x} not writable",
-                        self.peer,
-                        p.offset
-                    );
+                    log::warn!("{}: Property Set offset {:#x} not writable", self.peer, p.offset);
                     Outcome::status(cid, Status::INVALID_FIELD.dnr())
                 }
             }
-            FabricsType::DISCONNECT => Outcome::CompleteAndClose {
-                cqe: Cqe::new(cid, Status::SUCCESS, 0),
-            },
+            FabricsType::DISCONNECT => Outcome::CompleteAndClose { cqe: Cqe::new(cid, Status::SUCCESS, 0) },
             _ => Outcome::status(cid, Status::INVALID_OPCODE.dnr()),
         }
     }
@@ -239,11 +207,7 @@ impl Queue {
     fn connect<B: AsRef<[u8]>>(&mut self, now_ms: u64, sqe: &Sqe, data: Option<B>) -> Outcome<B> {
         let cid = sqe.cid.get();
         let invalid = |in_data: bool, off: u16| Outcome::Complete {
-            cqe: Cqe::new(
-                cid,
-                Status::CONNECT_INVALID_PARAMETERS.dnr(),
-                connect_invalid_param_result(in_data, off),
-            ),
+            cqe: Cqe::new(cid, Status::CONNECT_INVALID_PARAMETERS.dnr(), connect_invalid_param_result(in_data, off)),
             data: Vec::new(),
         };
         if !matches!(self.kind, QueueKind::Unconnected) {
@@ -278,10 +242,7 @@ impl Queue {
             return invalid(true, ConnectData::HOSTNQN_OFFSET);
         };
         let Some(subsys) = self.target.subsystem(subnqn) else {
-            log::warn!(
-                "{}: Connect to unknown subsystem {subnqn} from {hostnqn}",
-                self.peer
-            );
+            log::warn!("{}: Connect to unknown subsystem {subnqn} from {hostnqn}", self.peer);
             return invalid(true, ConnectData::SUBNQN_OFFSET);
         };
         if !subsys.discovery && self.target.port_for(self.local).is_some_and(|p| p.discovery_only) {
@@ -289,10 +250,7 @@ impl Queue {
             return invalid(true, ConnectData::SUBNQN_OFFSET);
         }
         if !subsys.allows(hostnqn) {
-            log::warn!(
-                "{}: host {hostnqn} is not allowed to connect to {subnqn}",
-                self.peer
-            );
+            log::warn!("{}: host {hostnqn} is not allowed to connect to {subnqn}", self.peer);
             return Outcome::Complete {
                 cqe: Cqe::new(
                     cid,
@@ -304,11 +262,7 @@ impl Queue {
         }
         let max_sqsize = self.target.settings.queue_entries.saturating_sub(1);
         if cmd.sqsize == 0 || cmd.sqsize > max_sqsize {
-            log::warn!(
-                "{}: Connect sqsize {} (expected 1..={max_sqsize})",
-                self.peer,
-                cmd.sqsize
-            );
+            log::warn!("{}: Connect sqsize {} (expected 1..={max_sqsize})", self.peer, cmd.sqsize);
             return invalid(false, ConnectCmd::SQSIZE_OFFSET);
         }
         let sq_flow_disabled = cmd.cattr & ConnectCmd::CATTR_DISABLE_SQ_FLOW != 0;
@@ -347,20 +301,9 @@ impl Queue {
         }
         let cntlid = self.target.alloc_cntlid();
         // Discovery controllers may be given no KATO; nvmet then uses none.
-        let ctrl = Arc::new(Controller::new(
-            cntlid,
-            subsys,
-            hostnqn,
-            cd.hostid,
-            cmd.kato_ms,
-            now_ms,
-        ));
+        let ctrl = Arc::new(Controller::new(cntlid, subsys, hostnqn, cd.hostid, cmd.kato_ms, now_ms));
         ctrl.lock().io_queues_granted = self.target.settings.max_io_queues;
-        subsys
-            .controllers
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(cntlid, ctrl.clone());
+        subsys.controllers.lock().unwrap_or_else(|e| e.into_inner()).insert(cntlid, ctrl.clone());
         log::info!(
             "{}: host {hostnqn} created controller {cntlid} on {} (kato {} ms)",
             self.peer,
@@ -386,41 +329,21 @@ impl Queue {
         sq_flow_disabled: bool,
     ) -> Outcome<B> {
         let invalid = |in_data: bool, off: u16| Outcome::Complete {
-            cqe: Cqe::new(
-                cid,
-                Status::CONNECT_INVALID_PARAMETERS.dnr(),
-                connect_invalid_param_result(in_data, off),
-            ),
+            cqe: Cqe::new(cid, Status::CONNECT_INVALID_PARAMETERS.dnr(), connect_invalid_param_result(in_data, off)),
             data: Vec::new(),
         };
         if subsys.discovery {
-            log::warn!(
-                "{}: I/O queue Connect to the discovery subsystem",
-                self.peer
-            );
+            log::warn!("{}: I/O queue Connect to the discovery subsystem", self.peer);
             return invalid(false, ConnectCmd::QID_OFFSET);
         }
         let cntlid = cd.cntlid.get();
-        let ctrl = subsys
-            .controllers
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(&cntlid)
-            .cloned();
+        let ctrl = subsys.controllers.lock().unwrap_or_else(|e| e.into_inner()).get(&cntlid).cloned();
         let Some(ctrl) = ctrl else {
-            log::warn!(
-                "{}: I/O queue Connect names unknown controller {cntlid} in {}",
-                self.peer,
-                subsys.nqn
-            );
+            log::warn!("{}: I/O queue Connect names unknown controller {cntlid} in {}", self.peer, subsys.nqn);
             return invalid(true, ConnectData::CNTLID_OFFSET);
         };
         if ctrl.hostnqn != hostnqn {
-            log::warn!(
-                "{}: I/O queue Connect from {hostnqn} to controller {cntlid} of {}",
-                self.peer,
-                ctrl.hostnqn
-            );
+            log::warn!("{}: I/O queue Connect from {hostnqn} to controller {cntlid} of {}", self.peer, ctrl.hostnqn);
             return invalid(true, ConnectData::HOSTNQN_OFFSET);
         }
         if !ctrl.enabled() {

@@ -18,39 +18,20 @@ fn addr() -> SocketAddr {
 }
 
 fn target() -> Arc<Target> {
-    let t = Target::new(Settings {
-        max_transfer: 128 * 1024,
-        ..Default::default()
-    });
-    let s = t
-        .add_subsystem(Subsystem::new(SUB, "SN1", true, Vec::new()))
-        .expect("sub");
+    let t = Target::new(Settings { max_transfer: 128 * 1024, ..Default::default() });
+    let s = t.add_subsystem(Subsystem::new(SUB, "SN1", true, Vec::new())).expect("sub");
     let dev = Arc::new(Device::ram("r0", 1 << 20, 512).expect("ram"));
     s.add_namespace(Namespace::new(SUB, 1, dev)).expect("ns");
-    let s2 = t
-        .add_subsystem(Subsystem::new(
-            SECRET,
-            "SN2",
-            false,
-            vec![OTHER.to_string()],
-        ))
-        .expect("sub2");
-    s2.add_namespace(Namespace::new(
-        SECRET,
-        1,
-        Arc::new(Device::null("n0", 1 << 20, 4096).expect("null")),
-    ))
-    .expect("ns");
+    let s2 = t.add_subsystem(Subsystem::new(SECRET, "SN2", false, vec![OTHER.to_string()])).expect("sub2");
+    s2.add_namespace(Namespace::new(SECRET, 1, Arc::new(Device::null("n0", 1 << 20, 4096).expect("null"))))
+        .expect("ns");
     t.add_port(addr(), false);
     t.add_port("127.0.0.1:8009".parse().expect("addr"), true);
     Arc::new(t)
 }
 
 fn sqe(opcode: u8, cid: u16) -> Sqe {
-    let mut s = Sqe {
-        opcode,
-        ..Default::default()
-    };
+    let mut s = Sqe { opcode, ..Default::default() };
     s.cid = cid.into();
     s
 }
@@ -74,9 +55,9 @@ fn run(q: &mut Queue, s: &Sqe, data: Option<Vec<u8>>) -> Outcome<Vec<u8>> {
 
 fn status(o: &Outcome<Vec<u8>>) -> Status {
     match o {
-        Outcome::Complete { cqe, .. }
-        | Outcome::Connected { cqe, .. }
-        | Outcome::CompleteAndClose { cqe } => cqe.status(),
+        Outcome::Complete { cqe, .. } | Outcome::Connected { cqe, .. } | Outcome::CompleteAndClose { cqe } => {
+            cqe.status()
+        }
         other => panic!("no completion: {other:?}"),
     }
 }
@@ -99,9 +80,7 @@ fn connect_sqe(qid: u16, sqsize: u16, kato: u32) -> Sqe {
 }
 
 fn connect(q: &mut Queue, qid: u16, cntlid: u16, sub: &str, host: &str) -> Outcome<Vec<u8>> {
-    let data = ConnectData::new([1; 16], cntlid, sub, host)
-        .as_bytes()
-        .to_vec();
+    let data = ConnectData::new([1; 16], cntlid, sub, host).as_bytes().to_vec();
     run(q, &connect_sqe(qid, 31, 5000), Some(data))
 }
 
@@ -166,18 +145,12 @@ fn enables_the_controller_through_cc_and_reports_ready() {
 fn rejects_commands_before_connect_and_before_enable() {
     let t = target();
     let mut q = Queue::new(t.clone(), addr(), addr());
-    assert_eq!(
-        status(&run(&mut q, &read_sqe(1, 1, 0, 1, 512), None)),
-        Status::COMMAND_SEQUENCE_ERROR.dnr()
-    );
+    assert_eq!(status(&run(&mut q, &read_sqe(1, 1, 0, 1, 512), None)), Status::COMMAND_SEQUENCE_ERROR.dnr());
     assert!(status(&connect(&mut q, 0, 0xffff, SUB, HOST)).is_success());
     let mut id = sqe(0x06, 4);
     id.cdw10 = 1.into();
     id.dptr = Sgl::transport(4096);
-    assert_eq!(
-        status(&run(&mut q, &id, None)),
-        Status::COMMAND_SEQUENCE_ERROR.dnr()
-    );
+    assert_eq!(status(&run(&mut q, &id, None)), Status::COMMAND_SEQUENCE_ERROR.dnr());
 }
 
 #[test]
@@ -186,11 +159,7 @@ fn refuses_a_host_not_on_the_list_with_invalid_host() {
     let mut q = Queue::new(t.clone(), addr(), addr());
     let (cqe, _) = cqe_of(connect(&mut q, 0, 0xffff, SECRET, HOST));
     assert_eq!(cqe.status(), Status::CONNECT_INVALID_HOST.dnr());
-    assert_eq!(
-        cqe.dw0.get(),
-        (512 << 16) | 1,
-        "IPO names HOSTNQN in the connect data"
-    );
+    assert_eq!(cqe.dw0.get(), (512 << 16) | 1, "IPO names HOSTNQN in the connect data");
     assert!(matches!(q.kind(), QueueKind::Unconnected));
     let mut q2 = Queue::new(t, addr(), addr());
     assert!(status(&connect(&mut q2, 0, 0xffff, SECRET, OTHER)).is_success());
@@ -203,9 +172,7 @@ fn rejects_unknown_subsystem_and_bad_connect_parameters() {
     let (cqe, _) = cqe_of(connect(&mut q, 0, 0xffff, "nqn.2026-11.none:x", HOST));
     assert_eq!(cqe.status(), Status::CONNECT_INVALID_PARAMETERS.dnr());
     assert_eq!(cqe.dw0.get(), (256 << 16) | 1);
-    let data = ConnectData::new([1; 16], 0xffff, SUB, HOST)
-        .as_bytes()
-        .to_vec();
+    let data = ConnectData::new([1; 16], 0xffff, SUB, HOST).as_bytes().to_vec();
     let (cqe, _) = cqe_of(run(&mut q, &connect_sqe(0, 0, 0), Some(data)));
     assert_eq!(cqe.dw0.get(), 44 << 16, "IPO names SQSIZE in the SQE");
     let (_a, cntlid) = admin(&t);
@@ -214,14 +181,8 @@ fn rejects_unknown_subsystem_and_bad_connect_parameters() {
         status(&connect(&mut io, 1, cntlid.wrapping_add(100), SUB, HOST)),
         Status::CONNECT_INVALID_PARAMETERS.dnr()
     );
-    assert_eq!(
-        status(&connect(&mut io, 1, cntlid, SUB, OTHER)),
-        Status::CONNECT_INVALID_PARAMETERS.dnr()
-    );
-    assert_eq!(
-        status(&connect(&mut io, 999, cntlid, SUB, HOST)),
-        Status::CONNECT_INVALID_PARAMETERS.dnr()
-    );
+    assert_eq!(status(&connect(&mut io, 1, cntlid, SUB, OTHER)), Status::CONNECT_INVALID_PARAMETERS.dnr());
+    assert_eq!(status(&connect(&mut io, 999, cntlid, SUB, HOST)), Status::CONNECT_INVALID_PARAMETERS.dnr());
     let _q1 = io_queue(&t, cntlid, 1);
     let mut dup = Queue::new(t.clone(), addr(), addr());
     assert_eq!(
@@ -246,14 +207,8 @@ fn checks_lba_range_transfer_size_and_sgl_length() {
     let (_a, cntlid) = admin(&t);
     let mut io = io_queue(&t, cntlid, 1);
     // 1 MiB of 512-byte blocks = 2048 blocks.
-    assert_eq!(
-        status(&run(&mut io, &read_sqe(1, 1, 2047, 2, 512), None)),
-        Status::LBA_OUT_OF_RANGE.dnr()
-    );
-    assert_eq!(
-        status(&run(&mut io, &read_sqe(1, 1, u64::MAX, 1, 512), None)),
-        Status::LBA_OUT_OF_RANGE.dnr()
-    );
+    assert_eq!(status(&run(&mut io, &read_sqe(1, 1, 2047, 2, 512), None)), Status::LBA_OUT_OF_RANGE.dnr());
+    assert_eq!(status(&run(&mut io, &read_sqe(1, 1, u64::MAX, 1, 512), None)), Status::LBA_OUT_OF_RANGE.dnr());
     assert_eq!(
         status(&run(&mut io, &read_sqe(1, 1, 0, 512, 512), None)),
         Status::INVALID_FIELD.dnr(),
@@ -261,28 +216,13 @@ fn checks_lba_range_transfer_size_and_sgl_length() {
     );
     let mut bad = read_sqe(1, 1, 0, 8, 512);
     bad.dptr = Sgl::transport(512);
-    assert_eq!(
-        status(&run(&mut io, &bad, None)),
-        Status::SGL_DATA_LENGTH_INVALID.dnr()
-    );
-    assert_eq!(
-        status(&run(&mut io, &read_sqe(1, 7, 0, 1, 512), None)),
-        Status::INVALID_NAMESPACE.dnr()
-    );
+    assert_eq!(status(&run(&mut io, &bad, None)), Status::SGL_DATA_LENGTH_INVALID.dnr());
+    assert_eq!(status(&run(&mut io, &read_sqe(1, 7, 0, 1, 512), None)), Status::INVALID_NAMESPACE.dnr());
     let mut unknown = read_sqe(1, 1, 0, 1, 512);
     unknown.opcode = 0x7e;
-    assert_eq!(
-        status(&run(&mut io, &unknown, None)),
-        Status::INVALID_OPCODE.dnr()
-    );
+    assert_eq!(status(&run(&mut io, &unknown, None)), Status::INVALID_OPCODE.dnr());
     match run(&mut io, &read_sqe(1, 1, 2040, 8, 512), None) {
-        Outcome::Io(req) => assert!(matches!(
-            req.op,
-            BlockOp::Read {
-                lba: 2040,
-                len_bytes: 4096
-            }
-        )),
+        Outcome::Io(req) => assert!(matches!(req.op, BlockOp::Read { lba: 2040, len_bytes: 4096 })),
         other => panic!("{other:?}"),
     }
 }
@@ -295,21 +235,11 @@ fn write_asks_for_data_then_becomes_a_block_request() {
     let mut w = read_sqe(9, 1, 4, 2, 512);
     w.opcode = 0x01;
     w.cdw12 = (1 | (1 << 30)).into();
-    assert!(matches!(
-        io.execute(0, &w, None::<Vec<u8>>),
-        Outcome::NeedData { len: 1024 }
-    ));
+    assert!(matches!(io.execute(0, &w, None::<Vec<u8>>), Outcome::NeedData { len: 1024 }));
     match io.execute(0, &w, Some(vec![7u8; 1024])) {
         Outcome::Io(req) => {
             assert_eq!(req.cid, 9);
-            assert!(matches!(
-                req.op,
-                BlockOp::Write {
-                    lba: 4,
-                    fua: true,
-                    ..
-                }
-            ));
+            assert!(matches!(req.op, BlockOp::Write { lba: 4, fua: true, .. }));
         }
         other => panic!("{other:?}"),
     }
@@ -339,10 +269,7 @@ fn dataset_management_deallocates_the_listed_ranges() {
         other => panic!("{other:?}"),
     }
     ranges[8..16].copy_from_slice(&4000u64.to_le_bytes());
-    assert_eq!(
-        status(&run(&mut io, &d, Some(ranges))),
-        Status::LBA_OUT_OF_RANGE.dnr()
-    );
+    assert_eq!(status(&run(&mut io, &d, Some(ranges))), Status::LBA_OUT_OF_RANGE.dnr());
 }
 
 fn identify(q: &mut Queue, cns: u8, nsid: u32) -> (Status, Vec<u8>) {
@@ -365,10 +292,7 @@ fn identify_reports_controller_namespace_and_descriptors() {
     assert_eq!(ctrl[77], 5, "MDTS 128 KiB = 2^5 pages");
     assert_eq!(&ctrl[768..768 + SUB.len()], SUB.as_bytes());
     assert_eq!(ctrl[525] & 1, 1, "volatile write cache advertised");
-    assert_eq!(
-        u32::from_le_bytes([ctrl[1792], ctrl[1793], ctrl[1794], ctrl[1795]]),
-        (64 + 8192) / 16
-    );
+    assert_eq!(u32::from_le_bytes([ctrl[1792], ctrl[1793], ctrl[1794], ctrl[1795]]), (64 + 8192) / 16);
     let (_, ns) = identify(&mut a, 0, 1);
     assert_eq!(u64::from_le_bytes(ns[0..8].try_into().expect("8")), 2048);
     assert_eq!(ns[128 + 2], 9, "LBADS 512");
@@ -377,19 +301,12 @@ fn identify_reports_controller_namespace_and_descriptors() {
     let (_, descs) = identify(&mut a, 3, 1);
     assert_eq!((descs[0], descs[1]), (2, 16), "NGUID first");
     assert_eq!((descs[20], descs[21]), (3, 16), "then UUID");
-    assert_eq!(
-        (descs[40], descs[41], descs[44]),
-        (4, 1, 0),
-        "then CSI = NVM"
-    );
+    assert_eq!((descs[40], descs[41], descs[44]), (4, 1, 0), "then CSI = NVM");
     assert_eq!(identify(&mut a, 0, 0).0, Status::INVALID_NAMESPACE.dnr());
     assert_eq!(identify(&mut a, 3, 9).0, Status::INVALID_NAMESPACE.dnr());
     assert_eq!(identify(&mut a, 0x42, 0).0, Status::INVALID_FIELD.dnr());
     let (_, zeros) = identify(&mut a, 0, 9);
-    assert!(
-        zeros.iter().all(|&b| b == 0),
-        "inactive NSID reads as zeroes"
-    );
+    assert!(zeros.iter().all(|&b| b == 0), "inactive NSID reads as zeroes");
 }
 
 fn get_log(q: &mut Queue, lid: u8, len: u32, offset: u64) -> (Status, Vec<u8>) {
@@ -416,9 +333,7 @@ fn discovery_nqns(page: &[u8]) -> Vec<String> {
     (0..n)
         .map(|i| {
             let e = &page[1024 + i * 1024..2048 + i * 1024];
-            String::from_utf8_lossy(&e[256..512])
-                .trim_end_matches('\0')
-                .to_string()
+            String::from_utf8_lossy(&e[256..512]).trim_end_matches('\0').to_string()
         })
         .collect()
 }
@@ -442,10 +357,7 @@ fn discovery_log_lists_only_what_the_host_may_reach() {
     let (_, window) = get_log(&mut d2, 0x70, 1024, 2048);
     assert_eq!(&window[256..256 + SECRET.len()], SECRET.as_bytes());
     // Discovery controllers have no I/O queues and no other logs.
-    assert_eq!(
-        get_log(&mut d2, 0x02, 512, 0).0,
-        Status::INVALID_LOG_PAGE.dnr()
-    );
+    assert_eq!(get_log(&mut d2, 0x02, 512, 0).0, Status::INVALID_LOG_PAGE.dnr());
     assert_eq!(identify(&mut d2, 1, 0).1[111], 2, "CNTRLTYPE discovery");
 }
 
@@ -459,20 +371,10 @@ fn log_pages_answer_and_unknown_ones_are_refused() {
     let (_, fw) = get_log(&mut a, 0x03, 512, 0);
     assert_eq!(fw[0], 1);
     let (_, effects) = get_log(&mut a, 0x05, 4096, 0);
-    assert_eq!(
-        effects[1024 + 4] & 3,
-        3,
-        "Write: supported, changes LBA content"
-    );
+    assert_eq!(effects[1024 + 4] & 3, 3, "Write: supported, changes LBA content");
     assert_eq!(get_log(&mut a, 0x01, 64, 0).0, Status::SUCCESS);
-    assert_eq!(
-        get_log(&mut a, 0x7a, 512, 0).0,
-        Status::INVALID_LOG_PAGE.dnr()
-    );
-    assert_eq!(
-        get_log(&mut a, 0x02, 512, 8192).0,
-        Status::INVALID_FIELD.dnr()
-    );
+    assert_eq!(get_log(&mut a, 0x7a, 512, 0).0, Status::INVALID_LOG_PAGE.dnr());
+    assert_eq!(get_log(&mut a, 0x02, 512, 8192).0, Status::INVALID_FIELD.dnr());
 }
 
 fn set_feature(q: &mut Queue, fid: u8, value: u32) -> (Status, u32) {
@@ -494,31 +396,17 @@ fn get_feature(q: &mut Queue, fid: u8) -> (Status, u32) {
 fn features_are_stored_and_number_of_queues_is_granted() {
     let t = target();
     let (mut a, _) = admin(&t);
-    assert_eq!(
-        set_feature(&mut a, 0x07, 0x0003_0003),
-        (Status::SUCCESS, 0x0003_0003)
-    );
+    assert_eq!(set_feature(&mut a, 0x07, 0x0003_0003), (Status::SUCCESS, 0x0003_0003));
     assert_eq!(get_feature(&mut a, 0x07).1, 0x0003_0003);
-    assert_eq!(
-        set_feature(&mut a, 0x07, 0xfffe_fffe).1,
-        0x007f_007f,
-        "capped at 128 queues"
-    );
+    assert_eq!(set_feature(&mut a, 0x07, 0xfffe_fffe).1, 0x007f_007f, "capped at 128 queues");
     assert_eq!(set_feature(&mut a, 0x0f, 15000).0, Status::SUCCESS);
     assert_eq!(get_feature(&mut a, 0x0f).1, 15000);
     assert_eq!(get_feature(&mut a, 0x06).1, 1, "write cache enabled");
-    assert_eq!(
-        set_feature(&mut a, 0x02, 3).0,
-        Status::INVALID_FIELD.dnr(),
-        "only power state 0"
-    );
+    assert_eq!(set_feature(&mut a, 0x02, 3).0, Status::INVALID_FIELD.dnr(), "only power state 0");
     assert_eq!(set_feature(&mut a, 0x55, 0).0, Status::INVALID_FIELD.dnr());
     let mut saved = sqe(0x09, 8);
     saved.cdw10 = (0x0b | (1 << 31)).into();
-    assert_eq!(
-        status(&run(&mut a, &saved, None)),
-        Status::FEATURE_NOT_SAVEABLE.dnr()
-    );
+    assert_eq!(status(&run(&mut a, &saved, None)), Status::FEATURE_NOT_SAVEABLE.dnr());
 }
 
 #[test]
@@ -526,18 +414,10 @@ fn namespace_added_at_runtime_raises_an_async_event() {
     let t = target();
     let (mut a, _) = admin(&t);
     set_feature(&mut a, 0x0b, 1 << 8);
-    assert!(matches!(
-        a.execute(0, &sqe(0x0c, 40), None::<Vec<u8>>),
-        Outcome::Deferred
-    ));
+    assert!(matches!(a.execute(0, &sqe(0x0c, 40), None::<Vec<u8>>), Outcome::Deferred));
     assert!(a.poll_event().is_none());
     let sub = t.subsystem(SUB).expect("sub");
-    sub.add_namespace(Namespace::new(
-        SUB,
-        5,
-        Arc::new(Device::null("n5", 1 << 20, 512).expect("null")),
-    ))
-    .expect("add");
+    sub.add_namespace(Namespace::new(SUB, 5, Arc::new(Device::null("n5", 1 << 20, 512).expect("null")))).expect("add");
     let ev = a.poll_event().expect("event");
     assert_eq!(ev.cid.get(), 40);
     assert_eq!(ev.dw0.get(), nvme_spec::log::AEN_NS_CHANGED);
@@ -547,24 +427,16 @@ fn namespace_added_at_runtime_raises_an_async_event() {
     assert!(again.iter().all(|&b| b == 0), "reading the log cleared it");
     assert_eq!(identify(&mut a, 2, 0).1[4], 5, "active list shows nsid 5");
     for cid in 41..45 {
-        assert!(matches!(
-            a.execute(0, &sqe(0x0c, cid), None::<Vec<u8>>),
-            Outcome::Deferred
-        ));
+        assert!(matches!(a.execute(0, &sqe(0x0c, cid), None::<Vec<u8>>), Outcome::Deferred));
     }
-    assert_eq!(
-        status(&a.execute(0, &sqe(0x0c, 45), None::<Vec<u8>>)),
-        Status::ASYNC_EVENT_LIMIT.dnr()
-    );
+    assert_eq!(status(&a.execute(0, &sqe(0x0c, 45), None::<Vec<u8>>)), Status::ASYNC_EVENT_LIMIT.dnr());
 }
 
 #[test]
 fn keep_alive_expiry_tears_the_controller_down() {
     let t = target();
     let mut a = Queue::new(t.clone(), addr(), addr());
-    let data = ConnectData::new([1; 16], 0xffff, SUB, HOST)
-        .as_bytes()
-        .to_vec();
+    let data = ConnectData::new([1; 16], 0xffff, SUB, HOST).as_bytes().to_vec();
     let mut s = connect_sqe(0, 31, 1000);
     s.dptr = Sgl::in_capsule(1024);
     let (cqe, _) = cqe_of(run(&mut a, &s, Some(data)));
@@ -572,10 +444,7 @@ fn keep_alive_expiry_tears_the_controller_down() {
     prop_set_cc(&mut a, 1);
     let io = io_queue(&t, cntlid, 1);
     assert!(!a.expired(900));
-    assert_eq!(
-        status(&a.execute(900, &sqe(0x18, 9), None::<Vec<u8>>)),
-        Status::SUCCESS
-    );
+    assert_eq!(status(&a.execute(900, &sqe(0x18, 9), None::<Vec<u8>>)), Status::SUCCESS);
     assert!(!a.expired(1800), "keep alive at 900 restarted the timer");
     assert!(a.expired(2000));
     assert!(io.expired(2000), "I/O queues follow their controller");
@@ -587,10 +456,7 @@ fn disconnect_completes_then_closes_and_frees_the_queue_id() {
     let t = target();
     let (_a, cntlid) = admin(&t);
     let mut io = io_queue(&t, cntlid, 1);
-    assert!(matches!(
-        run(&mut io, &fabrics(0x08, 3), None),
-        Outcome::CompleteAndClose { .. }
-    ));
+    assert!(matches!(run(&mut io, &fabrics(0x08, 3), None), Outcome::CompleteAndClose { .. }));
     io.close();
     let _again = io_queue(&t, cntlid, 1);
 }

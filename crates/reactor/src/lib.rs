@@ -36,18 +36,12 @@ pub fn available_cpus() -> Vec<usize> {
     // size_of::<cpu_set_t>() bytes into it.
     let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
     // SAFETY: pid 0 is this thread; the pointer and size describe `set`.
-    let rc =
-        unsafe { libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) };
+    let rc = unsafe { libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) };
     if rc != 0 {
-        return (0..std::thread::available_parallelism()
-            .map(|n| n.get())
-            .unwrap_or(1))
-            .collect();
+        return (0..std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1)).collect();
     }
     // SAFETY: CPU_ISSET reads the initialized set.
-    (0..libc::CPU_SETSIZE as usize)
-        .filter(|&c| unsafe { libc::CPU_ISSET(c, &set) })
-        .collect()
+    (0..libc::CPU_SETSIZE as usize).filter(|&c| unsafe { libc::CPU_ISSET(c, &set) }).collect()
 }
 
 fn pin_to(cpu: usize) -> bool {
@@ -62,42 +56,32 @@ fn pin_to(cpu: usize) -> bool {
 /// Starts one reactor thread per entry of `cpus` (or one unpinned reactor
 /// when `cpus` is empty), each running `main(id)` to completion on its own
 /// io_uring runtime. Returns the join handles.
-pub fn start<F, Fut>(
-    cpus: &[usize],
-    ring_entries: u32,
-    main: F,
-) -> std::io::Result<Vec<std::thread::JoinHandle<()>>>
+pub fn start<F, Fut>(cpus: &[usize], ring_entries: u32, main: F) -> std::io::Result<Vec<std::thread::JoinHandle<()>>>
 where
     F: Fn(ReactorId) -> Fut + Send + Sync + Clone + 'static,
     Fut: Future<Output = ()> + 'static,
 {
-    let plan: Vec<Option<usize>> = if cpus.is_empty() {
-        vec![None]
-    } else {
-        cpus.iter().copied().map(Some).collect()
-    };
+    let plan: Vec<Option<usize>> = if cpus.is_empty() { vec![None] } else { cpus.iter().copied().map(Some).collect() };
     let mut handles = Vec::new();
     for (index, cpu) in plan.into_iter().enumerate() {
         let main = main.clone();
-        let h = std::thread::Builder::new()
-            .name(format!("reactor-{index}"))
-            .spawn(move || {
-                let pinned = cpu.filter(|&c| {
-                    let ok = pin_to(c);
-                    if !ok {
-                        log::warn!("reactor {index}: could not pin to cpu {c}");
-                    }
-                    ok
-                });
-                let rt = monoio::RuntimeBuilder::<monoio::IoUringDriver>::new()
-                    .with_entries(ring_entries)
-                    .enable_timer()
-                    .build();
-                match rt {
-                    Ok(mut rt) => rt.block_on(main(ReactorId { index, cpu: pinned })),
-                    Err(e) => log::error!("reactor {index}: io_uring runtime failed to start: {e}"),
+        let h = std::thread::Builder::new().name(format!("reactor-{index}")).spawn(move || {
+            let pinned = cpu.filter(|&c| {
+                let ok = pin_to(c);
+                if !ok {
+                    log::warn!("reactor {index}: could not pin to cpu {c}");
                 }
-            })?;
+                ok
+            });
+            let rt = monoio::RuntimeBuilder::<monoio::IoUringDriver>::new()
+                .with_entries(ring_entries)
+                .enable_timer()
+                .build();
+            match rt {
+                Ok(mut rt) => rt.block_on(main(ReactorId { index, cpu: pinned })),
+                Err(e) => log::error!("reactor {index}: io_uring runtime failed to start: {e}"),
+            }
+        })?;
         handles.push(h);
     }
     Ok(handles)
@@ -106,10 +90,7 @@ where
 /// A TCP listener bound with SO_REUSEPORT (so every reactor can bind the
 /// same address) and SO_REUSEADDR, non-blocking, for the calling reactor.
 pub fn listen(addr: SocketAddr) -> std::io::Result<monoio::net::TcpListener> {
-    let opts = monoio::net::ListenerOpts::new()
-        .reuse_port(true)
-        .reuse_addr(true)
-        .backlog(1024);
+    let opts = monoio::net::ListenerOpts::new().reuse_port(true).reuse_addr(true).backlog(1024);
     monoio::net::TcpListener::bind_with_config(addr, &opts)
 }
 
@@ -158,10 +139,7 @@ mod tests {
 
     #[test]
     fn notify_collapses_wakeups_and_wakes_a_waiter() {
-        let mut rt = monoio::RuntimeBuilder::<monoio::IoUringDriver>::new()
-            .enable_timer()
-            .build()
-            .expect("runtime");
+        let mut rt = monoio::RuntimeBuilder::<monoio::IoUringDriver>::new().enable_timer().build().expect("runtime");
         rt.block_on(async {
             let n = Rc::new(Notify::default());
             n.notify();
@@ -205,9 +183,7 @@ mod tests {
 
     #[test]
     fn two_listeners_share_one_port() {
-        let mut rt = monoio::RuntimeBuilder::<monoio::IoUringDriver>::new()
-            .build()
-            .expect("runtime");
+        let mut rt = monoio::RuntimeBuilder::<monoio::IoUringDriver>::new().build().expect("runtime");
         rt.block_on(async {
             let a = listen("127.0.0.1:0".parse().expect("addr")).expect("first");
             let addr = a.local_addr().expect("addr");

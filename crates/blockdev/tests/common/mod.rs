@@ -11,10 +11,8 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use blockdev::{Device, IoBuf};
 
 pub fn run<F: Future>(fut: F) -> F::Output {
-    let mut rt = monoio::RuntimeBuilder::<monoio::IoUringDriver>::new()
-        .enable_timer()
-        .build()
-        .expect("build io_uring runtime");
+    let mut rt =
+        monoio::RuntimeBuilder::<monoio::IoUringDriver>::new().enable_timer().build().expect("build io_uring runtime");
     rt.block_on(fut)
 }
 
@@ -63,17 +61,11 @@ impl LoopDev {
         let f = std::fs::File::create(&backing).expect("create backing file");
         f.set_len(size).expect("size backing file");
         drop(f);
-        let out = Command::new("losetup")
-            .args(["-f", "--show", "-b", &sector_size.to_string()])
-            .arg(&backing)
-            .output();
+        let out = Command::new("losetup").args(["-f", "--show", "-b", &sector_size.to_string()]).arg(&backing).output();
         match out {
             Ok(out) if out.status.success() => {
                 let dev = String::from_utf8_lossy(&out.stdout).trim().to_owned();
-                Some(LoopDev {
-                    dev: PathBuf::from(dev),
-                    _dir: dir,
-                })
+                Some(LoopDev { dev: PathBuf::from(dev), _dir: dir })
             }
             Ok(out) => {
                 eprintln!(
