@@ -9,7 +9,7 @@
 # run `cargo build --release` first (or set IRONWIRE_BIN).
 #
 # Usage: tests/interop/nvme-kernel.sh [options]
-#   --port P            target port on 127.0.0.1 (default 4420; nvmet: 14420)
+#   --port P            target port on 127.0.0.1 (default: a free port; nvmet: 14420)
 #   --target ironwire   (default) start $IRONWIRE_BIN with a generated config
 #   --target nvmet      self-test of these scripts: the kernel's own nvmet in two
 #                       target guests (P: ram-like, any host; P+1: 4K-LBA,
@@ -59,6 +59,10 @@ describe() {
 	esac
 }
 
+# A port nothing listens on, so a stray daemon (or a second run) can't
+# collide with ours.
+free_port() { python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+
 usage() { sed -n '2,/^set -uo/{/^set -uo/d;s/^# \{0,1\}//;p}' "${BASH_SOURCE[0]}"; exit "${1:-0}"; }
 
 while (($#)); do
@@ -78,7 +82,8 @@ while (($#)); do
 done
 [[ -n $IW_TARGET_CMD && $MODE == ironwire ]] && MODE=cmd
 case $MODE in
-ironwire|cmd) PORT=${PORT:-4420}; IW_READY_TIMEOUT=${IW_READY_TIMEOUT:-20} ;;
+ironwire) PORT=${PORT:-$(free_port)}; IW_READY_TIMEOUT=${IW_READY_TIMEOUT:-20} ;;
+cmd) PORT=${PORT:-4420}; IW_READY_TIMEOUT=${IW_READY_TIMEOUT:-20} ;;
 nvmet) PORT=${PORT:-14420}; IW_READY_TIMEOUT=${IW_READY_TIMEOUT:-90} ;;
 *) echo "nvme-kernel: --target must be ironwire or nvmet" >&2; exit 2 ;;
 esac

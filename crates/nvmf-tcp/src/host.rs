@@ -38,7 +38,12 @@ pub struct Completion {
 struct Pending {
     write_data: Vec<u8>,
     read_data: Vec<u8>,
+    read_len: usize,
 }
+
+/// Largest C2HData PDU the host accepts; a command's own length bounds it
+/// further.
+const MAX_C2H_DATA: u32 = 64 << 20;
 
 /// Host side of one NVMe/TCP connection.
 pub struct HostConnection {
@@ -115,26 +120,35 @@ impl HostConnection {
         let cmd = CapsuleCmd { ch: pdu::common_header(PduType::CAPSULE_CMD, 0), sqe };
         if in_capsule {
             pdu::encode(&mut self.tx, cmd.as_bytes(), &write, self.tx_framing);
-            self.pending.insert(cid, Pending { write_data: Vec::new(), read_data: Vec::new() });
+            self.pending.insert(cid, Pending { write_data: Vec::new(), read_data: Vec::new(), read_len: 0 });
         } else {
             pdu::encode(&mut self.tx, cmd.as_bytes(), &[], self.tx_framing);
-            self.pending.insert(cid, Pending { write_data: write, read_data: Vec::with_capacity(read_len as usize) });
+            self.pending.insert(cid, Pending { write_data: write, read_data: Vec::with_capacity(read_len as usize), read_len: read_len as usize });
         }
     }
 
     /// Feeds received bytes.
+    /// Any error ends the connection: later input is ignored.
     pub fn handle_input(&mut self, bytes: &[u8]) -> Result<(), Fatal> {
         if self.terminated {
             return Ok(());
         }
         self.rx.extend_from_slice(bytes);
+        let r = self.process_rx();
+        if r.is_err() {
+            self.terminated = true;
+        }
+        r
+    }
+
+    fn process_rx(&mut self) -> Result<(), Fatal> {
         loop {
             let buf = self.rx.get(self.rx_start..).unwrap_or_default();
             let ready = self.ready;
             let frame = match pdu::deframe(buf, self.rx_framing, |t| match (ready, t) {
                 (false, PduType::IC_RESP) => Some(0),
                 (true, PduType::CAPSULE_RESP | PduType::R2T) => Some(0),
-                (true, PduType::C2H_DATA) => Some(u32::MAX),
+                (true, PduType::C2H_DATA) => Some(MAX_C2H_DATA),
                 (_, PduType::C2H_TERM_REQ) => Some(pdu::TERM_REQ_MAX_DATA as u32),
                 _ => None,
             }) {
@@ -211,6 +225,13 @@ impl HostConnection {
                 Fes::DATA_OUT_OF_RANGE,
                 offset::DATAO,
                 format!("C2HData datao {} (expected {})", h.datao.get(), p.read_data.len()),
+            ));
+        }
+        if p.read_data.len().saturating_add(data.len()) > p.read_len {
+            return Err(Fatal::new(
+                Fes::DATA_OUT_OF_RANGE,
+                offset::DATAL,
+                format!("C2HData for cid {cid} goes beyond its {} bytes", p.read_len),
             ));
         }
         p.read_data.extend_from_slice(data);

@@ -437,7 +437,9 @@ impl<B: DataBuffer> TargetConnection<B> {
             fei: e.fei.into(),
             rsvd: [0; 10],
         };
-        pdu::encode(&mut self.tx, t.as_bytes(), &e.header, self.tx_framing);
+        // No PDA padding: the echoed header must keep PLEN within 152 bytes
+        // (TP 8000 section 7.4.4), and terminate requests carry no digests.
+        pdu::encode(&mut self.tx, t.as_bytes(), &e.header, Framing { data_align: 4, ..self.tx_framing });
         self.state = State::Terminated;
     }
 

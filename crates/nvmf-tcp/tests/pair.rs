@@ -368,3 +368,20 @@ fn random_bytes_never_panic() {
         while t.poll_event().is_some() {}
     }
 }
+
+#[test]
+fn c2h_term_req_stays_within_152_bytes_whatever_the_host_pda() {
+    // Found by the target_connection fuzzer: with HPDA 31 the echoed header
+    // was padded to the host's data alignment, giving PLEN 200.
+    let mut t = Target::new(TargetConfig::default());
+    let req = IcReq { ch: common_header(PduType::IC_REQ, 0), pfv: 0.into(), hpda: 31, dgst: 1, maxr2t: 0.into(), rsvd: [0; 112] };
+    let mut bytes = Vec::new();
+    pdu::encode(&mut bytes, req.as_bytes(), &[], PLAIN);
+    t.handle_input(&bytes).expect("icreq");
+    t.take_transmit(&mut Vec::new());
+    let mut bad = capsule(Framing { hdgst: true, ..PLAIN }, &[], 0);
+    bad[72] ^= 1;
+    let term = term_after(&mut t, &bad);
+    assert_eq!(term.fes.get(), Fes::HEADER_DIGEST_ERROR.0);
+    assert_eq!(term.ch.plen.get(), 24 + 72, "header plus the echoed 72-byte capsule header, unpadded");
+}

@@ -1,0 +1,182 @@
+//! NVMe-oF command execution through `nvmf::Queue::execute` against a small
+//! target (one subsystem, a RAM namespace and a null namespace).
+//!
+//! Input: byte 0 sets the start: bit 0 connects queue 0 as an admin queue
+//! and enables the controller (CC.EN) and bit 1 then connects queue 1 as I/O
+//! queue 1 of that controller; queue 2 starts unconnected. The rest is
+//! records:
+//!
+//! ```text
+//! h: u8       bits 0-1 queue (3 = close queue 2 and start a new one),
+//!             bit 2 a data blob follows, bit 3 supply valid Connect data
+//!             (bit 5: for the discovery subsystem; bit 6: cntlid of the
+//!             admin queue's controller instead of 0xffff), bit 4 hand the
+//!             data over on the first call (in-capsule) instead of on
+//!             NeedData, bit 7 advance the clock by `dt` seconds
+//! [dt: u8]    when bit 7
+//! sqe: [u8; 64]
+//! [len: u16 le, bytes]  when bit 2 (len taken modulo 8193)
+//! ```
+//!
+//! Never panics. A command given its data never asks for data again; block
+//! requests stay inside the device and the transfer limit; completions
+//! carry the command's CID. `poll_event` and `expired` run after every
+//! record.
+#![no_main]
+
+use ironwire_fuzz::{addr, cc_set_sqe, connect_data, connect_sqe, target, CC_ENABLE, SUB};
+use libfuzzer_sys::fuzz_target;
+use nvme_spec::{Sqe, DISCOVERY_NQN};
+use nvmf::{BlockOp, Outcome, Queue, QueueKind};
+use std::sync::Arc;
+use zerocopy::FromBytes;
+
+struct Reader<'a>(&'a [u8]);
+
+impl<'a> Reader<'a> {
+    fn take(&mut self, n: usize) -> Option<&'a [u8]> {
+        if self.0.len() < n {
+            return None;
+        }
+        let (a, b) = self.0.split_at(n);
+        self.0 = b;
+        Some(a)
+    }
+    fn u8(&mut self) -> Option<u8> {
+        self.take(1).map(|b| b[0])
+    }
+}
+
+fn cntlid_of(q: &Queue) -> Option<u16> {
+    q.controller().map(|c| c.cntlid)
+}
+
+/// Checks an outcome against the command that produced it.
+fn check(target: &nvmf::Target, sqe: &Sqe, o: &Outcome<Vec<u8>>, had_data: bool) {
+    let cid = sqe.cid.get();
+    let max = target.settings.max_transfer;
+    match o {
+        Outcome::Complete { cqe, data } => {
+            assert_eq!(cqe.cid.get(), cid);
+            assert!(data.len() <= max as usize, "{} bytes > MDTS", data.len());
+        }
+        Outcome::Connected { cqe, sqsize, .. } => {
+            assert_eq!(cqe.cid.get(), cid);
+            assert!(cqe.status().is_success());
+            assert!(*sqsize >= 1 && *sqsize < target.settings.queue_entries);
+        }
+        Outcome::CompleteAndClose { cqe } => assert_eq!(cqe.cid.get(), cid),
+        Outcome::NeedData { len } => {
+            assert!(!had_data, "asked for data it was given");
+            assert!(*len <= max.max(1024), "NeedData {len} > MDTS");
+        }
+        Outcome::Deferred => {}
+        Outcome::Io(req) => {
+            assert_eq!(req.cid, cid);
+            let geo = req.device.geometry();
+            let bs = u64::from(geo.block_size);
+            match &req.op {
+                BlockOp::Read { lba, len_bytes } => {
+                    assert!(*len_bytes <= max);
+                    assert_eq!(u64::from(*len_bytes) % bs, 0);
+                    assert!(req.device.check_range(*lba, u64::from(*len_bytes) / bs).is_ok());
+                }
+                BlockOp::Write { lba, data, .. } | BlockOp::Compare { lba, data } => {
+                    assert!(had_data);
+                    assert!(req.device.check_range(*lba, u64::from(sqe.blocks())).is_ok());
+                    let _ = data.len();
+                }
+                BlockOp::WriteZeroes { lba, blocks, .. } => {
+                    assert!(req.device.check_range(*lba, *blocks).is_ok());
+                }
+                BlockOp::Deallocate { ranges } => {
+                    for (lba, n) in ranges {
+                        assert!(*n > 0);
+                        assert!(req.device.check_range(*lba, *n).is_ok());
+                    }
+                }
+                BlockOp::Flush => {}
+            }
+        }
+    }
+}
+
+fuzz_target!(|input: &[u8]| {
+    let Some((&start, rest)) = input.split_first() else {
+        return;
+    };
+    let t = target();
+    let mut now: u64 = 1_000;
+    let mut qs: [Queue; 3] = std::array::from_fn(|_| Queue::new(t.clone(), addr(), addr()));
+
+    if start & 1 != 0 {
+        let o = qs[0].execute(now, &connect_sqe(0, 0xfff0), Some(connect_data(0xffff, SUB)));
+        assert!(matches!(o, Outcome::Connected { qid: 0, .. }), "{o:?}");
+        let o = qs[0].execute(now, &cc_set_sqe(CC_ENABLE, 0xfff1), None::<Vec<u8>>);
+        assert!(matches!(&o, Outcome::Complete { cqe, .. } if cqe.status().is_success()));
+        if start & 2 != 0 {
+            let cntlid = cntlid_of(&qs[0]).expect("admin controller");
+            let o = qs[1].execute(now, &connect_sqe(1, 0xfff2), Some(connect_data(cntlid, SUB)));
+            assert!(matches!(o, Outcome::Connected { qid: 1, .. }), "{o:?}");
+        }
+    }
+
+    let mut r = Reader(rest);
+    while let Some(h) = r.u8() {
+        if h & 0x80 != 0 {
+            let Some(dt) = r.u8() else { break };
+            now = now.saturating_add(u64::from(dt) * 1000);
+        }
+        let Some(raw) = r.take(64) else { break };
+        let sqe = Sqe::read_from_bytes(raw).expect("64 bytes");
+        let mut blob: Option<Vec<u8>> = None;
+        if h & 4 != 0 {
+            let Some(l) = r.take(2) else { break };
+            let len = usize::from(u16::from_le_bytes([l[0], l[1]])) % 8193;
+            let Some(b) = r.take(len.min(r.0.len())) else { break };
+            blob = Some(b.to_vec());
+        }
+        if h & 8 != 0 {
+            let sub = if h & 0x20 != 0 { DISCOVERY_NQN } else { SUB };
+            let cntlid = if h & 0x40 != 0 { cntlid_of(&qs[0]).unwrap_or(1) } else { 0xffff };
+            blob = Some(connect_data(cntlid, sub));
+        }
+        let mut qi = usize::from(h & 3);
+        if qi == 3 {
+            qs[2].close();
+            qs[2] = Queue::new(t.clone(), addr(), addr());
+            qi = 2;
+        }
+        let q = &mut qs[qi];
+        let early = h & 0x10 != 0;
+        let first = if early { blob.take() } else { None };
+        let had = first.is_some();
+        let mut o = q.execute(now, &sqe, first);
+        check(&t, &sqe, &o, had);
+        if let Outcome::NeedData { len } = o {
+            let data = blob.take().unwrap_or_else(|| vec![0xa5; len as usize]);
+            o = q.execute(now, &sqe, Some(data));
+            check(&t, &sqe, &o, true);
+        }
+        if let Outcome::CompleteAndClose { .. } = o {
+            q.close();
+        }
+        for q in qs.iter_mut() {
+            while let Some(cqe) = q.poll_event() {
+                assert!(cqe.status().is_success());
+            }
+            if q.expired(now) {
+                assert!(!matches!(q.kind(), QueueKind::Unconnected));
+            }
+        }
+    }
+    for q in qs.iter_mut() {
+        q.close();
+    }
+    drop(qs);
+    // Every controller went away with its admin queue.
+    for s in t.subsystems() {
+        assert_eq!(s.controller_count(), 0, "controller leaked");
+    }
+    let _ = Arc::strong_count(&t);
+});
