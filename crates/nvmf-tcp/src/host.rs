@@ -123,7 +123,14 @@ impl HostConnection {
             self.pending.insert(cid, Pending { write_data: Vec::new(), read_data: Vec::new(), read_len: 0 });
         } else {
             pdu::encode(&mut self.tx, cmd.as_bytes(), &[], self.tx_framing);
-            self.pending.insert(cid, Pending { write_data: write, read_data: Vec::with_capacity(read_len as usize), read_len: read_len as usize });
+            self.pending.insert(
+                cid,
+                Pending {
+                    write_data: write,
+                    read_data: Vec::with_capacity(read_len as usize),
+                    read_len: read_len as usize,
+                },
+            );
         }
     }
 

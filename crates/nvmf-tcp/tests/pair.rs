@@ -374,7 +374,14 @@ fn c2h_term_req_stays_within_152_bytes_whatever_the_host_pda() {
     // Found by the target_connection fuzzer: with HPDA 31 the echoed header
     // was padded to the host's data alignment, giving PLEN 200.
     let mut t = Target::new(TargetConfig::default());
-    let req = IcReq { ch: common_header(PduType::IC_REQ, 0), pfv: 0.into(), hpda: 31, dgst: 1, maxr2t: 0.into(), rsvd: [0; 112] };
+    let req = IcReq {
+        ch: common_header(PduType::IC_REQ, 0),
+        pfv: 0.into(),
+        hpda: 31,
+        dgst: 1,
+        maxr2t: 0.into(),
+        rsvd: [0; 112],
+    };
     let mut bytes = Vec::new();
     pdu::encode(&mut bytes, req.as_bytes(), &[], PLAIN);
     t.handle_input(&bytes).expect("icreq");
