@@ -10,6 +10,8 @@ use std::path::PathBuf;
 
 /// The default subsystem NQN of the embedded configuration.
 pub const DEFAULT_NQN: &str = "nqn.2026-11.io.ironwire:default";
+/// The default iSCSI target name of the embedded configuration.
+pub const DEFAULT_IQN: &str = "iqn.2026-11.io.ironwire:default";
 
 /// The whole configuration file.
 #[derive(Debug, Deserialize, Default)]
@@ -30,6 +32,63 @@ pub struct Config {
     /// NVMe/TCP transport limits.
     #[serde(default)]
     pub nvme_tcp: NvmeTcpConfig,
+    /// iSCSI targets.
+    #[serde(default)]
+    pub iscsi_target: Vec<IscsiTargetConfig>,
+    /// iSCSI settings shared by all targets.
+    #[serde(default)]
+    pub iscsi: IscsiConfig,
+}
+
+/// CHAP credentials: a user name and its secret.
+#[derive(Debug, Deserialize, Clone, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct ChapConfig {
+    /// CHAP name.
+    pub user: String,
+    /// CHAP secret (12 to 255 bytes; open-iscsi refuses shorter ones).
+    pub secret: String,
+}
+
+/// An iSCSI target: an IQN with LUNs pointing at devices.
+#[derive(Debug, Deserialize, Clone)]
+#[serde(deny_unknown_fields)]
+pub struct IscsiTargetConfig {
+    /// Target name (iqn. or eui. form).
+    pub iqn: String,
+    /// TargetAlias sent at login.
+    pub alias: Option<String>,
+    /// Any initiator may log in.
+    #[serde(default)]
+    pub allow_any_initiator: bool,
+    /// Initiator names allowed when `allow_any_initiator` is false.
+    #[serde(default)]
+    pub initiators: Vec<String>,
+    /// When set, initiators must authenticate with these CHAP credentials.
+    pub chap: Option<ChapConfig>,
+    /// The target's own credentials for mutual CHAP (requires `chap`).
+    pub mutual_chap: Option<ChapConfig>,
+    /// Logical units.
+    #[serde(default)]
+    pub lun: Vec<LunConfig>,
+}
+
+/// A logical unit of an iSCSI target.
+#[derive(Debug, Deserialize, Clone)]
+#[serde(deny_unknown_fields)]
+pub struct LunConfig {
+    /// LUN (default: position).
+    pub lun: Option<u64>,
+    /// Device name.
+    pub device: String,
+}
+
+/// iSCSI settings shared by all targets.
+#[derive(Debug, Deserialize, Clone, Default)]
+#[serde(deny_unknown_fields)]
+pub struct IscsiConfig {
+    /// CHAP credentials required for discovery sessions.
+    pub discovery_chap: Option<ChapConfig>,
 }
 
 /// A block device.
@@ -125,7 +184,7 @@ pub struct NamespaceConfig {
 #[derive(Debug, Deserialize, Clone)]
 #[serde(deny_unknown_fields)]
 pub struct PortConfig {
-    /// Transport: `tcp` (NVMe/TCP).
+    /// Transport: `tcp` (NVMe/TCP) or `iscsi`.
     #[serde(default = "default_transport")]
     pub transport: String,
     /// Listen address, e.g. "127.0.0.1:4420".
@@ -217,9 +276,22 @@ impl Config {
                 hosts: Vec::new(),
                 namespace: vec![NamespaceConfig { nsid: Some(1), device: "ram0".into() }],
             }],
-            port: vec![PortConfig { transport: "tcp".into(), address: "127.0.0.1:4420".into(), discovery_only: false }],
+            port: vec![
+                PortConfig { transport: "tcp".into(), address: "127.0.0.1:4420".into(), discovery_only: false },
+                PortConfig { transport: "iscsi".into(), address: "127.0.0.1:3260".into(), discovery_only: false },
+            ],
             reactor: ReactorConfig::default(),
             nvme_tcp: NvmeTcpConfig::default(),
+            iscsi_target: vec![IscsiTargetConfig {
+                iqn: DEFAULT_IQN.into(),
+                alias: Some("ironwire default".into()),
+                allow_any_initiator: true,
+                initiators: Vec::new(),
+                chap: None,
+                mutual_chap: None,
+                lun: vec![LunConfig { lun: Some(0), device: "ram0".into() }],
+            }],
+            iscsi: IscsiConfig::default(),
         }
     }
 
@@ -309,12 +381,68 @@ impl Config {
             bail!("port: every port is discovery_only; subsystems need at least one other port");
         }
         for (i, p) in self.port.iter().enumerate() {
-            if p.transport != "tcp" {
-                bail!("port[{i}].transport: {:?} is not supported (tcp)", p.transport);
+            if p.transport != "tcp" && p.transport != "iscsi" {
+                bail!("port[{i}].transport: {:?} is not supported (tcp, iscsi)", p.transport);
+            }
+            if p.transport == "iscsi" && p.discovery_only {
+                bail!("port[{i}].discovery_only: only NVMe/TCP ports have dedicated discovery");
             }
             p.address
                 .parse::<SocketAddr>()
                 .map_err(|e| anyhow::anyhow!("port[{i}].address: {:?} is not ip:port ({e})", p.address))?;
+        }
+        let mut iqns = HashSet::new();
+        for (i, t) in self.iscsi_target.iter().enumerate() {
+            let f = |field: &str| format!("iscsi_target[{i}] ({}).{field}", t.iqn);
+            if !valid_iscsi_name(&t.iqn) {
+                bail!("iscsi_target[{i}].iqn: {:?} is not an iSCSI name (iqn.yyyy-mm.reverse.domain[:name] or eui.16hex, lower case, at most 223 bytes)", t.iqn);
+            }
+            if !iqns.insert(t.iqn.as_str()) {
+                bail!("{}: duplicate target name", f("iqn"));
+            }
+            if !t.allow_any_initiator && t.initiators.is_empty() {
+                bail!("{}: empty while allow_any_initiator is false; no initiator could log in", f("initiators"));
+            }
+            for (j, n) in t.initiators.iter().enumerate() {
+                if !valid_iscsi_name(n) {
+                    bail!("{}: {n:?} is not an iSCSI name", f(&format!("initiators[{j}]")));
+                }
+            }
+            for (field, chap) in [("chap", &t.chap), ("mutual_chap", &t.mutual_chap)] {
+                if let Some(c) = chap {
+                    check_chap(c).map_err(|e| anyhow::anyhow!("{}: {e}", f(field)))?;
+                }
+            }
+            if t.mutual_chap.is_some() && t.chap.is_none() {
+                bail!("{}: mutual CHAP needs `chap` too", f("mutual_chap"));
+            }
+            if let (Some(a), Some(b)) = (&t.chap, &t.mutual_chap) {
+                if a.secret == b.secret {
+                    bail!(
+                        "{}: must differ from the initiator's secret (RFC 7143 section 12.1.3)",
+                        f("mutual_chap.secret")
+                    );
+                }
+            }
+            let mut luns = HashSet::new();
+            for (j, l) in t.lun.iter().enumerate() {
+                let lun = l.lun.unwrap_or(j as u64);
+                if lun >= 16384 {
+                    bail!("{}: {lun} outside 0..16384", f(&format!("lun[{j}].lun")));
+                }
+                if !luns.insert(lun) {
+                    bail!("{}: LUN {lun} used twice", f(&format!("lun[{j}].lun")));
+                }
+                if !names.contains(l.device.as_str()) {
+                    bail!("{}: no device named {:?}", f(&format!("lun[{j}].device")), l.device);
+                }
+            }
+        }
+        if let Some(c) = &self.iscsi.discovery_chap {
+            check_chap(c).map_err(|e| anyhow::anyhow!("iscsi.discovery_chap: {e}"))?;
+        }
+        if !self.iscsi_target.is_empty() && !self.port.iter().any(|p| p.transport == "iscsi") {
+            bail!("port: iSCSI targets are configured but no port has transport = \"iscsi\"");
         }
         let t = &self.nvme_tcp;
         if !t.max_transfer.is_power_of_two() || t.max_transfer < 4096 {
@@ -334,6 +462,24 @@ impl Config {
         }
         Ok(())
     }
+}
+
+/// An iSCSI name (RFC 7143 section 4.2.7.2): iqn. or eui. form, lower case,
+/// at most 223 bytes.
+pub fn valid_iscsi_name(s: &str) -> bool {
+    let ok_chars = s.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b".-:".contains(&b));
+    let eui = s.strip_prefix("eui.").is_some_and(|h| h.len() == 16 && h.bytes().all(|b| b.is_ascii_hexdigit()));
+    s.len() <= 223 && (eui || (s.starts_with("iqn.") && s.len() > 4 && ok_chars))
+}
+
+fn check_chap(c: &ChapConfig) -> Result<(), String> {
+    if c.user.is_empty() || c.user.len() > 255 {
+        return Err(format!("user {:?} must be 1 to 255 bytes", c.user));
+    }
+    if c.secret.len() < 12 || c.secret.len() > 255 {
+        return Err(format!("secret is {} bytes; use 12 to 255 (open-iscsi refuses shorter ones)", c.secret.len()));
+    }
+    Ok(())
 }
 
 /// An NQN: "nqn." followed by a date-and-domain form, or the UUID form;

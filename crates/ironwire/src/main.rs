@@ -2,6 +2,7 @@
 
 mod config;
 mod control;
+mod iscsi_tcp;
 mod nvme_tcp;
 mod serve;
 

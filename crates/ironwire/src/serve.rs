@@ -3,6 +3,7 @@
 //! on every port.
 
 use crate::config::{Config, DeviceConfig};
+use crate::iscsi_tcp::{IscsiModel, IscsiTarget};
 use anyhow::{Context, Result};
 use blockdev::Device;
 use nvmf::{Namespace, Settings, Subsystem, Target};
@@ -64,20 +65,48 @@ fn serial_for(nqn: &str) -> String {
 }
 
 /// Runs the target until the process is killed.
+/// The protocol a listening port speaks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Protocol {
+    NvmeTcp,
+    Iscsi,
+}
+
+/// Builds the iSCSI targets of `config`.
+fn build_iscsi(
+    config: &Config,
+    devices: &HashMap<String, Arc<Device>>,
+    portals: Vec<String>,
+) -> Result<Arc<IscsiModel>> {
+    let mut targets = Vec::new();
+    for t in &config.iscsi_target {
+        targets.push(Arc::new(IscsiTarget::new(t, devices).with_context(|| format!("iSCSI target {}", t.iqn))?));
+    }
+    let disc = config.iscsi.discovery_chap.as_ref().map(|c| (c.user.clone(), c.secret.as_bytes().to_vec()));
+    Ok(Arc::new(IscsiModel::new(targets, portals, disc)))
+}
+
+/// Runs the target until the process is killed.
 pub fn run(config: Config, ctl_socket: &std::path::Path) -> Result<()> {
     let devices = open_devices(&config)?;
     let target = build_target(&config, &devices)?;
-    let control = Arc::new(crate::control::Control { target: target.clone(), devices: std::sync::Mutex::new(devices) });
-    crate::control::spawn(control, ctl_socket)?;
-    let mut addrs: Vec<SocketAddr> = Vec::new();
+    let mut ports: Vec<(SocketAddr, Protocol)> = Vec::new();
     // Bind once here so an address in use is reported before any reactor
     // starts; the reactors bind their own SO_REUSEPORT sockets.
     for p in &config.port {
         let a: SocketAddr = p.address.parse().with_context(|| format!("port address {:?}", p.address))?;
         socket_probe(a).with_context(|| format!("cannot listen on {a}"))?;
-        target.add_port(a, p.discovery_only);
-        addrs.push(a);
+        if p.transport == "iscsi" {
+            ports.push((a, Protocol::Iscsi));
+        } else {
+            target.add_port(a, p.discovery_only);
+            ports.push((a, Protocol::NvmeTcp));
+        }
     }
+    let portals = ports.iter().filter(|p| p.1 == Protocol::Iscsi).map(|(a, _)| format!("{a},1")).collect();
+    let iscsi = build_iscsi(&config, &devices, portals)?;
+    let control = Arc::new(crate::control::Control { target: target.clone(), devices: std::sync::Mutex::new(devices) });
+    crate::control::spawn(control, ctl_socket)?;
     let cpus = if config.reactor.cores.is_empty() { reactor::available_cpus() } else { config.reactor.cores.clone() };
     let tcfg = TargetConfig {
         max_h2c_data: config.nvme_tcp.max_h2c_data,
@@ -85,19 +114,23 @@ pub fn run(config: Config, ctl_socket: &std::path::Path) -> Result<()> {
         max_transfer: config.nvme_tcp.max_transfer,
         cpda: 0,
     };
+    let icfg = iscsi::target::TargetConfig::default();
     let (ready_tx, ready_rx) = std::sync::mpsc::channel::<Result<(), String>>();
     let handles = reactor::start(&cpus, 1024, {
         let target = target.clone();
-        let addrs = addrs.clone();
+        let iscsi = iscsi.clone();
+        let ports = ports.clone();
         move |id| {
             let target = target.clone();
-            let addrs = addrs.clone();
+            let iscsi = iscsi.clone();
+            let ports = ports.clone();
             let ready_tx = ready_tx.clone();
+            let icfg = icfg.clone();
             async move {
                 let mut listeners = Vec::new();
-                for a in &addrs {
+                for (a, proto) in &ports {
                     match reactor::listen(*a) {
-                        Ok(l) => listeners.push(l),
+                        Ok(l) => listeners.push((l, *proto)),
                         Err(e) => {
                             let _ = ready_tx.send(Err(format!("reactor {}: listen {a}: {e}", id.index)));
                             return;
@@ -107,14 +140,21 @@ pub fn run(config: Config, ctl_socket: &std::path::Path) -> Result<()> {
                 let _ = ready_tx.send(Ok(()));
                 log::debug!("reactor {} on cpu {:?} serving {} ports", id.index, id.cpu, listeners.len());
                 let mut tasks = Vec::new();
-                for l in listeners {
+                for (l, proto) in listeners {
                     let target = target.clone();
+                    let iscsi = iscsi.clone();
+                    let icfg = icfg.clone();
                     tasks.push(monoio::spawn(async move {
                         loop {
                             match l.accept().await {
-                                Ok((stream, _)) => {
-                                    monoio::spawn(crate::nvme_tcp::serve(stream, target.clone(), tcfg));
-                                }
+                                Ok((stream, _)) => match proto {
+                                    Protocol::NvmeTcp => {
+                                        monoio::spawn(crate::nvme_tcp::serve(stream, target.clone(), tcfg));
+                                    }
+                                    Protocol::Iscsi => {
+                                        monoio::spawn(crate::iscsi_tcp::serve(stream, iscsi.clone(), icfg.clone()));
+                                    }
+                                },
                                 Err(e) => {
                                     log::warn!("accept failed: {e}");
                                     reactor::sleep(std::time::Duration::from_millis(10)).await;
@@ -136,8 +176,7 @@ pub fn run(config: Config, ctl_socket: &std::path::Path) -> Result<()> {
             Err(_) => anyhow::bail!("a reactor stopped during startup"),
         }
     }
-    let reactors = handles.len();
-    eprintln!("ironwire {}: {} reactor(s) on cpus {:?}", env!("CARGO_PKG_VERSION"), reactors, cpus);
+    eprintln!("ironwire {}: {} reactor(s) on cpus {:?}", env!("CARGO_PKG_VERSION"), handles.len(), cpus);
     for p in target.ports().iter().filter(|p| p.discovery_only) {
         eprintln!("  nvme/tcp {} discovery only", p.addr);
     }
@@ -147,10 +186,23 @@ pub fn run(config: Config, ctl_socket: &std::path::Path) -> Result<()> {
             eprintln!("  nvme/tcp {} {} namespaces [{}]", p.addr, s.nqn, ns.join(", "));
         }
     }
+    let iscsi_ports: Vec<SocketAddr> = ports.iter().filter(|p| p.1 == Protocol::Iscsi).map(|p| p.0).collect();
+    for t in &iscsi.targets {
+        for a in &iscsi_ports {
+            let luns: Vec<String> = t.units.iter().map(|(n, u)| format!("{n}:{}", u.lu.device.name())).collect();
+            eprintln!("  iscsi {a} {} luns [{}]", t.iqn, luns.join(", "));
+        }
+    }
+    let mut ready = Vec::new();
     let first_port = target.ports().into_iter().find(|p| !p.discovery_only);
     if let (Some(p), Some(s)) = (first_port, target.subsystems().first()) {
-        println!("ready: nvme connect -t tcp -a {} -s {} -n {}", p.addr.ip(), p.addr.port(), s.nqn);
+        ready.push(format!("nvme connect -t tcp -a {} -s {} -n {}", p.addr.ip(), p.addr.port(), s.nqn));
     }
+    if let (Some(a), Some(t)) = (iscsi_ports.first(), iscsi.targets.first()) {
+        ready.push(format!("iscsiadm -m discovery -t st -p {a}"));
+        ready.push(format!("iscsiadm -m node -T {} -p {a} --login", t.iqn));
+    }
+    println!("ready: {}", ready.join(" | "));
     for h in handles {
         let _ = h.join();
     }

@@ -1,0 +1,535 @@
+//! The iSCSI connection driver: a thin async shell around the sans-IO
+//! `iscsi::target::TargetConnection` (PDUs, login, sequencing) and
+//! `scsi::LogicalUnit` (commands), shaped like the NVMe/TCP driver.
+//!
+//! One session per connection (MaxConnections=1, ErrorRecoveryLevel 0). A
+//! reader task feeds bytes in and dispatches events; SCSI commands that
+//! touch storage run as local tasks; a writer task sends what is queued in
+//! one `write_all` per wake-up; a ticker drives NOP-In pings.
+
+use crate::nvme_tcp::Buf;
+use blockdev::IoBuf;
+use iscsi::chap::Secret;
+use iscsi::target::{tmf_response, Event, Policy, Seed, TargetConfig, TargetConnection, TargetInfo, TmfFunction};
+use iscsi::text::SessionType;
+use monoio::io::{AsyncReadRent, AsyncWriteRentExt, Splitable};
+use monoio::net::TcpStream;
+use reactor::{now_ms, Notify};
+use scsi::{status, BlockOp, BlockRequest, LogicalUnit, Nexus, Outcome, Sense};
+use std::cell::{Cell, RefCell};
+use std::collections::BTreeMap;
+use std::os::fd::AsRawFd;
+use std::rc::Rc;
+use std::sync::atomic::{AtomicBool, AtomicU16, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// A logical unit and the lock that makes COMPARE AND WRITE atomic against
+/// other COMPARE AND WRITEs of the unit.
+pub struct Unit {
+    /// The SCSI logical unit.
+    pub lu: Arc<LogicalUnit>,
+    caw_busy: AtomicBool,
+}
+
+/// Holds a unit's COMPARE AND WRITE flag; clears it when dropped.
+struct CawGuard<'a>(&'a AtomicBool);
+
+impl Drop for CawGuard<'_> {
+    fn drop(&mut self) {
+        self.0.store(false, Ordering::Release);
+    }
+}
+
+impl Unit {
+    /// Takes the unit's COMPARE AND WRITE flag, waiting (without blocking
+    /// the reactor) while another task on any reactor holds it.
+    async fn lock_caw(&self) -> CawGuard<'_> {
+        while self.caw_busy.compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed).is_err() {
+            reactor::sleep(Duration::from_micros(50)).await;
+        }
+        CawGuard(&self.caw_busy)
+    }
+}
+
+/// An iSCSI target: a name, who may log in, and its logical units.
+pub struct IscsiTarget {
+    /// Target name.
+    pub iqn: String,
+    /// TargetAlias.
+    pub alias: Option<String>,
+    allow_any: bool,
+    initiators: Vec<String>,
+    chap: Option<(String, Vec<u8>)>,
+    mutual: Option<(String, Vec<u8>)>,
+    /// Logical units by LUN.
+    pub units: BTreeMap<u64, Arc<Unit>>,
+}
+
+impl IscsiTarget {
+    /// A target from its configuration and the opened devices.
+    pub fn new(
+        cfg: &crate::config::IscsiTargetConfig,
+        devices: &std::collections::HashMap<String, Arc<blockdev::Device>>,
+    ) -> anyhow::Result<IscsiTarget> {
+        let mut units = BTreeMap::new();
+        for (j, l) in cfg.lun.iter().enumerate() {
+            let lun = l.lun.unwrap_or(j as u64);
+            let dev = devices.get(&l.device).ok_or_else(|| anyhow::anyhow!("no device {:?}", l.device))?;
+            let lu = Arc::new(LogicalUnit::new(&cfg.iqn, lun, dev.clone()));
+            units.insert(lun, Arc::new(Unit { lu, caw_busy: AtomicBool::new(false) }));
+        }
+        let cred =
+            |c: &Option<crate::config::ChapConfig>| c.as_ref().map(|c| (c.user.clone(), c.secret.as_bytes().to_vec()));
+        Ok(IscsiTarget {
+            iqn: cfg.iqn.clone(),
+            alias: cfg.alias.clone(),
+            allow_any: cfg.allow_any_initiator,
+            initiators: cfg.initiators.clone(),
+            chap: cred(&cfg.chap),
+            mutual: cred(&cfg.mutual_chap),
+            units,
+        })
+    }
+
+    fn allows(&self, initiator: &str) -> bool {
+        self.allow_any || self.initiators.iter().any(|i| i.eq_ignore_ascii_case(initiator))
+    }
+}
+
+/// Everything iSCSI connections share: the targets, the portals they are
+/// reached on and the discovery credentials. It is the login policy.
+pub struct IscsiModel {
+    /// Targets.
+    pub targets: Vec<Arc<IscsiTarget>>,
+    /// SendTargets portals, `ip:port,tpgt`.
+    pub portals: Vec<String>,
+    /// CHAP credentials for discovery sessions.
+    pub discovery_chap: Option<(String, Vec<u8>)>,
+    next_tsih: AtomicU16,
+}
+
+/// The target portal group every portal belongs to.
+const TPGT: u16 = 1;
+
+impl IscsiModel {
+    /// A model for `targets` reached on `portals`.
+    pub fn new(
+        targets: Vec<Arc<IscsiTarget>>,
+        portals: Vec<String>,
+        discovery_chap: Option<(String, Vec<u8>)>,
+    ) -> Self {
+        IscsiModel { targets, portals, discovery_chap, next_tsih: AtomicU16::new(1) }
+    }
+
+    fn find(&self, name: &str) -> Option<&Arc<IscsiTarget>> {
+        self.targets.iter().find(|t| t.iqn.eq_ignore_ascii_case(name))
+    }
+
+    fn info(&self, t: &IscsiTarget) -> TargetInfo {
+        TargetInfo { name: t.iqn.clone(), alias: t.alias.clone(), tpgt: TPGT, portals: self.portals.clone() }
+    }
+
+    fn tsih(&self) -> u16 {
+        loop {
+            let t = self.next_tsih.fetch_add(1, Ordering::Relaxed);
+            if t != 0 {
+                return t;
+            }
+        }
+    }
+}
+
+impl Policy for IscsiModel {
+    fn target(&self, name: &str) -> Option<TargetInfo> {
+        self.find(name).map(|t| self.info(t))
+    }
+
+    fn initiator_allowed(&self, target: &str, initiator: &str) -> bool {
+        self.find(target).is_some_and(|t| t.allows(initiator))
+    }
+
+    fn discovery_targets(&self, initiator: &str) -> Vec<TargetInfo> {
+        self.targets.iter().filter(|t| t.allows(initiator)).map(|t| self.info(t)).collect()
+    }
+
+    fn auth_required(&self, target: Option<&str>, _initiator: &str) -> bool {
+        match target {
+            Some(name) => self.find(name).is_some_and(|t| t.chap.is_some()),
+            None => self.discovery_chap.is_some(),
+        }
+    }
+
+    fn chap_secret(&self, target: Option<&str>, _initiator: &str, user: &str) -> Option<Secret> {
+        let cred = match target {
+            Some(name) => self.find(name).and_then(|t| t.chap.clone()),
+            None => self.discovery_chap.clone(),
+        };
+        cred.filter(|(u, _)| u == user).map(|(_, s)| Secret(s))
+    }
+
+    fn target_credentials(&self, target: Option<&str>, _initiator: &str) -> Option<(String, Secret)> {
+        let t = self.find(target?)?;
+        t.mutual.clone().map(|(u, s)| (u, Secret(s)))
+    }
+}
+
+struct Session {
+    target: Arc<IscsiTarget>,
+    nexus: Nexus,
+    luns: Vec<u64>,
+}
+
+struct Conn {
+    iscsi: RefCell<TargetConnection<Buf>>,
+    session: RefCell<Option<Session>>,
+    tx_ready: Notify,
+    closing: Cell<bool>,
+    fd: i32,
+    peer: std::net::SocketAddr,
+}
+
+impl Conn {
+    fn close(&self) {
+        if !self.closing.replace(true) {
+            self.tx_ready.notify();
+        }
+    }
+
+    fn check(&self, itt: u32, sense: &Sense) {
+        self.iscsi.borrow_mut().send_response(itt, status::CHECK_CONDITION, Some(&sense.to_fixed_bytes()), None);
+        self.tx_ready.notify();
+    }
+
+    fn good(&self, itt: u32, read: bool, data: &[u8]) {
+        let mut c = self.iscsi.borrow_mut();
+        if read {
+            c.send_data_in(itt, data, Some(status::GOOD));
+        } else {
+            c.send_response(itt, status::GOOD, None, None);
+        }
+        drop(c);
+        self.tx_ready.notify();
+    }
+}
+
+fn seed(model: &IscsiModel) -> Seed {
+    let mut bytes = [0u8; 40];
+    // SAFETY: getrandom writes at most `bytes.len()` bytes into the buffer.
+    let n = unsafe { libc::getrandom(bytes.as_mut_ptr().cast(), bytes.len(), 0) };
+    if n != bytes.len() as isize {
+        // Fall back to a time-based value; CHAP challenges stay unique
+        // per connection even so.
+        let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
+        for (i, b) in bytes.iter_mut().enumerate() {
+            *b = (t >> ((i % 16) * 8)) as u8 ^ (i as u8).wrapping_mul(131);
+        }
+    }
+    let mut challenge = [0u8; 32];
+    challenge.copy_from_slice(&bytes[8..40]);
+    Seed {
+        tsih: model.tsih(),
+        stat_sn: u32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]),
+        chap_id: bytes[4],
+        chap_challenge: challenge,
+    }
+}
+
+/// Serves one accepted iSCSI connection until it closes.
+pub async fn serve(stream: TcpStream, model: Arc<IscsiModel>, cfg: TargetConfig) {
+    let _ = stream.set_nodelay(true);
+    let Ok(peer) = stream.peer_addr() else { return };
+    let fd = stream.as_raw_fd();
+    let seed = seed(&model);
+    let conn = Rc::new(Conn {
+        iscsi: RefCell::new(TargetConnection::new(cfg, model.clone(), seed)),
+        session: RefCell::new(None),
+        tx_ready: Notify::default(),
+        closing: Cell::new(false),
+        fd,
+        peer,
+    });
+    let (mut rd, wr) = stream.into_split();
+    let writer = monoio::spawn(write_loop(wr, conn.clone()));
+    let ticker = monoio::spawn(tick_loop(conn.clone(), model.clone()));
+    let mut buf = Vec::with_capacity(256 * 1024);
+    while !conn.closing.get() {
+        let (res, b) = rd.read(buf).await;
+        buf = b;
+        match res {
+            Ok(0) | Err(_) => break,
+            Ok(_) => {}
+        }
+        let r = conn.iscsi.borrow_mut().handle_input(&buf);
+        buf.clear();
+        dispatch_events(&conn, &model);
+        if let Err(e) = r {
+            log::warn!("{peer}: fatal iSCSI protocol error, closing: {e}");
+            conn.close();
+        }
+        if conn.iscsi.borrow().state() == iscsi::target::State::Closed {
+            conn.close();
+        }
+    }
+    conn.close();
+    if let Some(s) = conn.session.borrow_mut().take() {
+        for u in s.target.units.values() {
+            u.lu.nexus_lost(&s.nexus);
+        }
+        log::info!("{peer}: session {} to {} ended", s.nexus.initiator, s.target.iqn);
+    }
+    let _ = writer.await;
+    drop(ticker);
+}
+
+fn dispatch_events(conn: &Rc<Conn>, model: &Arc<IscsiModel>) {
+    loop {
+        let ev = conn.iscsi.borrow_mut().poll_event();
+        let Some(ev) = ev else { break };
+        match ev {
+            Event::LoggedIn { initiator, target, session_type, isid, tsih, .. } => {
+                let isid_hex: String = isid.iter().map(|b| format!("{b:02x}")).collect();
+                match (session_type, target.and_then(|t| model.find(&t).cloned())) {
+                    (SessionType::Normal, Some(t)) => {
+                        let nexus = Nexus {
+                            initiator: format!("{initiator},i,0x{isid_hex}"),
+                            target_port: format!("{},t,0x{TPGT:04x}", t.iqn),
+                            relative_port: 1,
+                            tpgt: TPGT,
+                        };
+                        for u in t.units.values() {
+                            u.lu.nexus_created(&nexus);
+                        }
+                        log::info!("{}: {initiator} logged in to {} (tsih {tsih})", conn.peer, t.iqn);
+                        let luns = t.units.keys().copied().collect();
+                        *conn.session.borrow_mut() = Some(Session { target: t, nexus, luns });
+                    }
+                    _ => log::info!("{}: {initiator} opened a discovery session", conn.peer),
+                }
+            }
+            Event::LoginFailed { status, reason } => {
+                log::warn!("{}: login refused (status {status:#06x}): {reason}", conn.peer);
+            }
+            Event::Command(cmd) => command(conn, cmd),
+            Event::TaskMgmt { itt, function, lun, .. } => {
+                let response = task_mgmt(conn, function, lun);
+                conn.iscsi.borrow_mut().send_tmf_response(itt, response);
+            }
+            Event::LoggedOut { reason } => {
+                log::info!("{}: logout (reason {reason})", conn.peer);
+            }
+            Event::Dead => {
+                log::warn!("{}: initiator stopped answering NOP-In; closing", conn.peer);
+                conn.close();
+            }
+        }
+    }
+    conn.tx_ready.notify();
+}
+
+fn task_mgmt(conn: &Conn, function: TmfFunction, lun: u64) -> u8 {
+    let session = conn.session.borrow();
+    let Some(s) = session.as_ref() else { return tmf_response::NOT_SUPPORTED };
+    let unit = match scsi::decode_lun(lun.to_be_bytes()) {
+        Some(scsi::Lun::Unit(n)) => s.target.units.get(&n).cloned(),
+        _ => None,
+    };
+    // Commands here complete as they run; aborting finds nothing in flight
+    // that is not about to finish, so the functions report completion.
+    match function {
+        TmfFunction::ABORT_TASK | TmfFunction::ABORT_TASK_SET | TmfFunction::CLEAR_TASK_SET => {
+            if let (TmfFunction::CLEAR_TASK_SET, Some(u)) = (function, &unit) {
+                u.lu.clear_task_set(&s.nexus, &[]);
+            }
+            tmf_response::COMPLETE
+        }
+        TmfFunction::LOGICAL_UNIT_RESET => match unit {
+            Some(u) => {
+                log::info!("{}: LUN reset of {} LUN {}", conn.peer, s.target.iqn, u.lu.lun);
+                u.lu.lun_reset(&s.nexus);
+                tmf_response::COMPLETE
+            }
+            None => tmf_response::LUN_DOES_NOT_EXIST,
+        },
+        TmfFunction::TARGET_WARM_RESET | TmfFunction::TARGET_COLD_RESET => {
+            log::info!("{}: target reset of {}", conn.peer, s.target.iqn);
+            for u in s.target.units.values() {
+                u.lu.target_reset();
+            }
+            tmf_response::COMPLETE
+        }
+        _ => tmf_response::NOT_SUPPORTED,
+    }
+}
+
+fn command(conn: &Rc<Conn>, cmd: iscsi::target::Command<Buf>) {
+    let session = conn.session.borrow();
+    let Some(s) = session.as_ref() else {
+        drop(session);
+        conn.check(cmd.itt, &Sense::LUN_NOT_SUPPORTED);
+        return;
+    };
+    let itt = cmd.itt;
+    let read = cmd.read;
+    let cdb = cmd.cdb.as_slice();
+    let unit = match scsi::decode_lun(cmd.lun.to_be_bytes()) {
+        Some(scsi::Lun::Unit(n)) => s.target.units.get(&n).cloned(),
+        _ => None,
+    };
+    let outcome = match (&unit, cdb.first()) {
+        (Some(u), Some(&scsi::op::REPORT_LUNS)) => u.lu.report_luns(&s.nexus, cdb, &s.luns),
+        (Some(u), _) => u.lu.execute(&s.nexus, cdb, cmd.data),
+        (None, _) => scsi::execute_without_lu(cdb, &s.luns),
+    };
+    drop(session);
+    match outcome {
+        Outcome::Good { data_in } => conn.good(itt, read, &data_in),
+        Outcome::Check(sense) => conn.check(itt, &sense),
+        Outcome::Status(st) => {
+            conn.iscsi.borrow_mut().send_response(itt, st, None, None);
+            conn.tx_ready.notify();
+        }
+        // The iSCSI layer collects all write data before the command is
+        // dispatched; a command asking for more had no data-out phase.
+        Outcome::NeedData { .. } => conn.check(itt, &Sense::INVALID_FIELD_IN_CDB),
+        Outcome::Io(req) => {
+            if let Some(u) = unit {
+                monoio::spawn(run_io(conn.clone(), itt, u, req));
+            }
+        }
+    }
+}
+
+async fn run_io(conn: Rc<Conn>, itt: u32, unit: Arc<Unit>, req: BlockRequest<Buf>) {
+    let BlockRequest { device, op } = req;
+    let write = op.is_write();
+    let bs = device.geometry().block_size as usize;
+    let sense = |e: blockdev::Error| {
+        log::warn!("{}: {} on {} failed: {e}", conn.peer, if write { "write" } else { "read" }, device.name());
+        scsi::io_error_sense(&e, write)
+    };
+    let result: Result<Option<IoBuf>, Sense> = match op {
+        BlockOp::Read { lba, blocks } => {
+            let (r, buf) = device.read(lba, IoBuf::with_len(blocks as usize * bs)).await;
+            r.map(|()| Some(buf)).map_err(sense)
+        }
+        BlockOp::Write { lba, data, fua } => device.write(lba, data.0, fua).await.0.map(|()| None).map_err(sense),
+        BlockOp::WriteSame { lba, blocks, block, fua } => {
+            write_same(&device, lba, blocks, &block.0, fua).await.map(|()| None).map_err(sense)
+        }
+        BlockOp::CompareAndWrite { lba, blocks, data, fua } => {
+            compare_and_write(&unit, &device, lba, blocks as usize * bs, data.0, fua).await.map(|()| None)
+        }
+        BlockOp::Flush => device.flush().await.map(|()| None).map_err(sense),
+        BlockOp::WriteZeroes { lba, blocks, unmap } => {
+            device.write_zeroes(lba, blocks, unmap).await.map(|()| None).map_err(sense)
+        }
+        BlockOp::Unmap { ranges } => {
+            let mut r = Ok(());
+            for (lba, blocks) in ranges {
+                r = device.deallocate(lba, blocks).await;
+                if r.is_err() {
+                    break;
+                }
+            }
+            r.map(|()| None).map_err(sense)
+        }
+        BlockOp::Verify { lba, blocks, data } => {
+            let (r, buf) = device.read(lba, IoBuf::with_len(blocks as usize * bs)).await;
+            match (r, data) {
+                (Err(e), _) => Err(sense(e)),
+                (Ok(()), Some(expected)) => scsi::miscompare(&expected.0, &buf).map_or(Ok(None), Err),
+                (Ok(()), None) => Ok(None),
+            }
+        }
+    };
+    match result {
+        Ok(Some(buf)) => conn.good(itt, true, &buf),
+        Ok(None) => conn.good(itt, false, &[]),
+        Err(sense) => conn.check(itt, &sense),
+    }
+}
+
+/// WRITE SAME of a non-zero block, replicated in bounded chunks.
+async fn write_same(
+    device: &blockdev::Device,
+    lba: u64,
+    blocks: u64,
+    block: &[u8],
+    fua: bool,
+) -> Result<(), blockdev::Error> {
+    const CHUNK_BLOCKS: u64 = 256;
+    let bs = block.len().max(1);
+    let mut done = 0u64;
+    while done < blocks {
+        let n = CHUNK_BLOCKS.min(blocks - done);
+        let mut buf = IoBuf::with_len(n as usize * bs);
+        for c in buf.chunks_mut(bs) {
+            c.copy_from_slice(block);
+        }
+        device.write(lba + done, buf, fua).await.0?;
+        done += n;
+    }
+    Ok(())
+}
+
+/// COMPARE AND WRITE: read, compare with the first half of `data`, write
+/// the second half, all under the unit's lock so that two of them on the
+/// same unit never interleave.
+async fn compare_and_write(
+    unit: &Unit,
+    device: &blockdev::Device,
+    lba: u64,
+    len: usize,
+    data: IoBuf,
+    fua: bool,
+) -> Result<(), Sense> {
+    let guard = unit.lock_caw().await;
+    let (r, current) = device.read(lba, IoBuf::with_len(len)).await;
+    r.map_err(|e| scsi::io_error_sense(&e, false))?;
+    let (expected, new) = data.split_at(len);
+    if let Some(sense) = scsi::miscompare(expected, &current) {
+        return Err(sense);
+    }
+    let r = device.write(lba, IoBuf::from_slice(new), fua).await.0;
+    drop(guard);
+    r.map_err(|e| scsi::io_error_sense(&e, true))
+}
+
+async fn write_loop(mut wr: monoio::net::tcp::TcpOwnedWriteHalf, conn: Rc<Conn>) {
+    let mut out = Vec::with_capacity(256 * 1024);
+    loop {
+        conn.tx_ready.wait().await;
+        conn.iscsi.borrow_mut().take_transmit(&mut out);
+        if !out.is_empty() {
+            let (res, o) = wr.write_all(out).await;
+            out = o;
+            out.clear();
+            if res.is_err() {
+                conn.closing.set(true);
+            }
+        }
+        if conn.closing.get() && !conn.iscsi.borrow().has_transmit() {
+            break;
+        }
+    }
+    // SAFETY: `fd` is the connection's socket, alive until both halves drop;
+    // shutdown does not close or invalidate it.
+    unsafe {
+        libc::shutdown(conn.fd, libc::SHUT_RDWR);
+    }
+}
+
+async fn tick_loop(conn: Rc<Conn>, model: Arc<IscsiModel>) {
+    loop {
+        reactor::sleep(Duration::from_millis(100)).await;
+        if conn.closing.get() {
+            break;
+        }
+        conn.iscsi.borrow_mut().on_tick(now_ms());
+        dispatch_events(&conn, &model);
+        if conn.iscsi.borrow().state() == iscsi::target::State::Closed {
+            conn.close();
+        }
+    }
+}

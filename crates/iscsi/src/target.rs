@@ -1,0 +1,1723 @@
+//! The target side of one iSCSI connection (RFC 7143), without I/O or clock.
+//!
+//! States are named for what they wait for: [`State::AwaitLogin`] through
+//! the security and operational stages, [`State::FullFeature`] for commands,
+//! and [`State::Closed`] once the connection must end (failed login, logout,
+//! a fatal protocol error, a dead initiator); after that input is ignored
+//! and the driver closes the socket once the transmit buffer is flushed.
+//!
+//! The connection owns everything iSCSI: login and CHAP, key negotiation,
+//! the CmdSN window, write-data collection (immediate, unsolicited, R2T),
+//! Data-In splitting, residuals, NOP pings, Text/SendTargets, Logout and
+//! Rejects. It hands up SCSI commands with all their write data, task
+//! management requests, and session events; it knows nothing of SCSI
+//! semantics beyond status and sense framing. One connection per session
+//! (MaxConnections=1) and ErrorRecoveryLevel 0.
+
+use crate::chap::{self, ChapAlgorithm, Secret};
+use crate::error::{Disposition, PduError, RejectReason};
+use crate::pdu::{self, ahs_entries, ahs_type, flags, sn_le, Bhs, Framing, Opcode, Stage, BHS_LEN, RESERVED_TAG};
+use crate::text::{self, Params, SessionType};
+use crate::DataBuffer;
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::Arc;
+
+/// Login status codes, class in the high byte (RFC 7143 section 11.13.5).
+pub mod login_status {
+    /// Success.
+    pub const SUCCESS: u16 = 0x0000;
+    /// Initiator error (miscellaneous), also protocol errors during login.
+    pub const INITIATOR_ERROR: u16 = 0x0200;
+    /// Authentication failure.
+    pub const AUTHENTICATION_FAILURE: u16 = 0x0201;
+    /// Authorization failure: the initiator may not access this target.
+    pub const AUTHORIZATION_FAILURE: u16 = 0x0202;
+    /// Target not found.
+    pub const NOT_FOUND: u16 = 0x0203;
+    /// Target removed.
+    pub const TARGET_REMOVED: u16 = 0x0204;
+    /// Unsupported version.
+    pub const UNSUPPORTED_VERSION: u16 = 0x0205;
+    /// Too many connections.
+    pub const TOO_MANY_CONNECTIONS: u16 = 0x0206;
+    /// Missing parameter.
+    pub const MISSING_PARAMETER: u16 = 0x0207;
+    /// Can't include in session.
+    pub const CANT_INCLUDE_IN_SESSION: u16 = 0x0208;
+    /// Session type not supported.
+    pub const SESSION_TYPE_NOT_SUPPORTED: u16 = 0x0209;
+    /// Session does not exist.
+    pub const SESSION_DOES_NOT_EXIST: u16 = 0x020a;
+    /// Invalid request during login.
+    pub const INVALID_DURING_LOGIN: u16 = 0x020b;
+    /// Target error (miscellaneous).
+    pub const TARGET_ERROR: u16 = 0x0300;
+    /// Service unavailable.
+    pub const SERVICE_UNAVAILABLE: u16 = 0x0301;
+    /// Out of resources.
+    pub const OUT_OF_RESOURCES: u16 = 0x0302;
+}
+
+/// Task management function codes (RFC 7143 section 11.5.1).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct TmfFunction(pub u8);
+
+impl TmfFunction {
+    /// ABORT TASK.
+    pub const ABORT_TASK: TmfFunction = TmfFunction(1);
+    /// ABORT TASK SET.
+    pub const ABORT_TASK_SET: TmfFunction = TmfFunction(2);
+    /// CLEAR ACA.
+    pub const CLEAR_ACA: TmfFunction = TmfFunction(3);
+    /// CLEAR TASK SET.
+    pub const CLEAR_TASK_SET: TmfFunction = TmfFunction(4);
+    /// LOGICAL UNIT RESET.
+    pub const LOGICAL_UNIT_RESET: TmfFunction = TmfFunction(5);
+    /// TARGET WARM RESET.
+    pub const TARGET_WARM_RESET: TmfFunction = TmfFunction(6);
+    /// TARGET COLD RESET.
+    pub const TARGET_COLD_RESET: TmfFunction = TmfFunction(7);
+    /// TASK REASSIGN (needs ErrorRecoveryLevel 2).
+    pub const TASK_REASSIGN: TmfFunction = TmfFunction(8);
+    /// QUERY TASK.
+    pub const QUERY_TASK: TmfFunction = TmfFunction(9);
+    /// QUERY TASK SET.
+    pub const QUERY_TASK_SET: TmfFunction = TmfFunction(10);
+    /// I_T NEXUS RESET.
+    pub const I_T_NEXUS_RESET: TmfFunction = TmfFunction(11);
+    /// QUERY ASYNCHRONOUS EVENT.
+    pub const QUERY_ASYNC_EVENT: TmfFunction = TmfFunction(12);
+}
+
+/// Task management response codes (RFC 7143 section 11.6.1).
+pub mod tmf_response {
+    /// Function complete.
+    pub const COMPLETE: u8 = 0;
+    /// Task does not exist.
+    pub const TASK_DOES_NOT_EXIST: u8 = 1;
+    /// LUN does not exist.
+    pub const LUN_DOES_NOT_EXIST: u8 = 2;
+    /// Task still allegiant.
+    pub const TASK_STILL_ALLEGIANT: u8 = 3;
+    /// Task allegiance reassignment not supported.
+    pub const REASSIGNMENT_NOT_SUPPORTED: u8 = 4;
+    /// Task management function not supported.
+    pub const NOT_SUPPORTED: u8 = 5;
+    /// Function authorization failed.
+    pub const AUTHORIZATION_FAILED: u8 = 6;
+    /// Function rejected.
+    pub const REJECTED: u8 = 255;
+}
+
+/// SCSI status codes the connection itself needs (SAM-5).
+pub mod scsi_status {
+    /// GOOD.
+    pub const GOOD: u8 = 0x00;
+    /// CHECK CONDITION.
+    pub const CHECK_CONDITION: u8 = 0x02;
+    /// CONDITION MET.
+    pub const CONDITION_MET: u8 = 0x04;
+    /// INTERMEDIATE.
+    pub const INTERMEDIATE: u8 = 0x10;
+    /// INTERMEDIATE-CONDITION MET.
+    pub const INTERMEDIATE_CONDITION_MET: u8 = 0x14;
+
+    /// Whether a status may ride in the final Data-In (S bit): only
+    /// non-exception statuses (RFC 7143 section 11.7.4).
+    pub fn may_collapse(s: u8) -> bool {
+        matches!(s, GOOD | CONDITION_MET | INTERMEDIATE | INTERMEDIATE_CONDITION_MET)
+    }
+}
+
+/// A target the policy knows.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TargetInfo {
+    /// iSCSI name (iqn./eui./naa.).
+    pub name: String,
+    /// TargetAlias, if any.
+    pub alias: Option<String>,
+    /// Target portal group tag of the portal this connection came in on.
+    pub tpgt: u16,
+    /// TargetAddress values for SendTargets: `ip:port,tpgt`.
+    pub portals: Vec<String>,
+}
+
+/// What the caller decides: which targets exist, who may log in, and the
+/// CHAP secrets. Called during login and SendTargets only.
+pub trait Policy {
+    /// The target named `name`, if configured.
+    fn target(&self, name: &str) -> Option<TargetInfo>;
+    /// Whether `initiator` is in the target's ACL.
+    fn initiator_allowed(&self, target: &str, initiator: &str) -> bool;
+    /// The targets `initiator` may see in a discovery session.
+    fn discovery_targets(&self, initiator: &str) -> Vec<TargetInfo>;
+    /// Whether this login must authenticate (`target` is `None` for discovery).
+    fn auth_required(&self, target: Option<&str>, initiator: &str) -> bool;
+    /// The secret the initiator proves for CHAP name `user`.
+    fn chap_secret(&self, target: Option<&str>, initiator: &str, user: &str) -> Option<Secret>;
+    /// The target's own CHAP name and secret for mutual CHAP.
+    fn target_credentials(&self, target: Option<&str>, initiator: &str) -> Option<(String, Secret)>;
+}
+
+/// Limits and preferences of the target.
+#[derive(Clone, Debug)]
+pub struct TargetConfig {
+    /// What the target accepts in negotiation; `max_recv_data_segment_length`
+    /// is what it declares and enforces on receive.
+    pub params: Params,
+    /// Commands the initiator may have outstanding (CmdSN window size).
+    pub queue_depth: u32,
+    /// Largest Expected Data Transfer Length buffered for a write.
+    pub max_write_len: u32,
+    /// CHAP algorithms accepted.
+    pub chap_algorithms: Vec<ChapAlgorithm>,
+    /// Send a NOP-In ping after this much idle time (ms), `None` never.
+    pub nop_interval_ms: Option<u64>,
+    /// Declare the initiator dead when a ping is unanswered this long (ms).
+    pub nop_timeout_ms: u64,
+    /// Largest accumulated login/text data (continued PDUs) accepted.
+    pub max_text_len: usize,
+}
+
+impl Default for TargetConfig {
+    fn default() -> Self {
+        TargetConfig {
+            params: Params {
+                header_digest: true,
+                data_digest: true,
+                initial_r2t: false,
+                immediate_data: true,
+                max_recv_data_segment_length: 262_144,
+                max_burst_length: 1 << 20,
+                first_burst_length: 262_144,
+                max_outstanding_r2t: 16,
+                max_connections: 1,
+                ..Params::default()
+            },
+            queue_depth: 128,
+            max_write_len: 16 << 20,
+            chap_algorithms: ChapAlgorithm::ALL.to_vec(),
+            nop_interval_ms: Some(5000),
+            nop_timeout_ms: 15000,
+            max_text_len: 65536,
+        }
+    }
+}
+
+/// Values the caller draws from its random source for one connection, so
+/// that this crate needs none.
+#[derive(Clone, Copy, Debug)]
+pub struct Seed {
+    /// TSIH for a new session (non-zero).
+    pub tsih: u16,
+    /// Initial StatSN.
+    pub stat_sn: u32,
+    /// CHAP identifier (CHAP_I).
+    pub chap_id: u8,
+    /// CHAP challenge bytes; the algorithm's digest length is used.
+    pub chap_challenge: [u8; 32],
+}
+
+/// What the connection waits for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum State {
+    /// Login requests.
+    AwaitLogin,
+    /// Commands and data.
+    FullFeature,
+    /// Nothing: the connection is over.
+    Closed,
+}
+
+/// A SCSI command with all its write data.
+#[derive(Debug)]
+pub struct Command<B> {
+    /// Initiator Task Tag.
+    pub itt: u32,
+    /// LUN field as sent (8 bytes, SAM encoding).
+    pub lun: u64,
+    /// The CDB: 16 bytes, or longer with an Extended CDB AHS.
+    pub cdb: Vec<u8>,
+    /// Expected Data Transfer Length.
+    pub expected_len: u32,
+    /// Bidirectional Read Expected Data Transfer Length (AHS), if any.
+    pub bidi_read_len: Option<u32>,
+    /// R bit.
+    pub read: bool,
+    /// W bit.
+    pub write: bool,
+    /// Task attribute (ATTR).
+    pub attr: u8,
+    /// Immediate (I bit).
+    pub immediate: bool,
+    /// Write data, `expected_len` bytes, when `write`.
+    pub data: Option<B>,
+}
+
+/// Something the upper layer must act on.
+#[derive(Debug)]
+pub enum Event<B> {
+    /// Login completed; the session is in full feature phase.
+    LoggedIn {
+        /// InitiatorName.
+        initiator: String,
+        /// TargetName (normal sessions).
+        target: Option<String>,
+        /// Normal or discovery.
+        session_type: SessionType,
+        /// ISID.
+        isid: [u8; 6],
+        /// TSIH given to the session.
+        tsih: u16,
+        /// Negotiated parameters.
+        params: Params,
+    },
+    /// Login failed with `status`; the connection closes.
+    LoginFailed {
+        /// Status-Class and Status-Detail.
+        status: u16,
+        /// Why, for the log.
+        reason: String,
+    },
+    /// A SCSI command, with its write data when it has some.
+    Command(Command<B>),
+    /// A task management request; answer with
+    /// [`TargetConnection::send_tmf_response`].
+    TaskMgmt {
+        /// ITT of the request.
+        itt: u32,
+        /// Function.
+        function: TmfFunction,
+        /// LUN.
+        lun: u64,
+        /// Referenced Task Tag (ABORT TASK, QUERY TASK).
+        referenced_itt: u32,
+        /// RefCmdSN.
+        ref_cmd_sn: u32,
+    },
+    /// The initiator logged out (reason code); the connection closes after
+    /// the flush.
+    LoggedOut {
+        /// Logout reason code.
+        reason: u8,
+    },
+    /// A NOP-In ping went unanswered: the initiator is gone.
+    Dead,
+}
+
+/// A residual to report in a SCSI Response.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Residual {
+    /// Fewer bytes than expected were transferred.
+    Underflow(u32),
+    /// More bytes than expected were wanted.
+    Overflow(u32),
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Auth {
+    NotStarted,
+    AwaitChapA,
+    AwaitChapResponse(ChapAlgorithm),
+    Done,
+}
+
+struct Login {
+    started: bool,
+    stage: Stage,
+    isid: [u8; 6],
+    cid: u16,
+    initiator: String,
+    target: Option<TargetInfo>,
+    session_type: SessionType,
+    auth: Auth,
+    seen: HashSet<String>,
+    partial: Vec<u8>,
+    declared: bool,
+    tpgt_sent: bool,
+}
+
+struct R2tState {
+    ttt: u32,
+    offset: u32,
+    len: u32,
+    next: u32,
+    data_sn: u32,
+}
+
+struct WriteState<B> {
+    buf: B,
+    received: u32,
+    unsolicited: bool,
+    unsol_end: u32,
+    unsol_next: u32,
+    unsol_data_sn: u32,
+    next_r2t: u32,
+    r2ts: Vec<R2tState>,
+    digest_failed: bool,
+}
+
+struct Task<B> {
+    immediate: bool,
+    lun: u64,
+    expected_len: u32,
+    read_expected: u32,
+    sn: u32,
+    sent_in: u32,
+    overflow: u32,
+    cmd: Option<Command<B>>,
+    write: Option<WriteState<B>>,
+}
+
+struct TextPending {
+    itt: u32,
+    ttt: u32,
+    rest: Vec<u8>,
+}
+
+struct Ping {
+    ttt: u32,
+    sent_ms: u64,
+}
+
+/// Target side of one iSCSI connection.
+pub struct TargetConnection<B> {
+    cfg: TargetConfig,
+    policy: Arc<dyn Policy + Send + Sync>,
+    seed: Seed,
+    state: State,
+    login: Login,
+    params: Params,
+    rx_framing: Framing,
+    tx_framing: Framing,
+    rx: Vec<u8>,
+    rx_start: usize,
+    tx: Vec<u8>,
+    events: VecDeque<Event<B>>,
+    stat_sn: u32,
+    exp_cmd_sn: u32,
+    max_cmd_sn: u32,
+    tasks: HashMap<u32, Task<B>>,
+    ttts: HashMap<u32, u32>,
+    next_ttt: u32,
+    text_pending: Option<TextPending>,
+    text_partial: Vec<u8>,
+    tmf_pending: HashMap<u32, (TmfFunction, u64, u32, bool)>,
+    ping: Option<Ping>,
+    logout_pending: Option<Bhs>,
+    idle_since_ms: Option<u64>,
+    rx_activity: bool,
+}
+
+fn login_fail(status: u16, reason: impl Into<String>) -> (u16, String) {
+    (status, reason.into())
+}
+
+impl<B: DataBuffer> TargetConnection<B> {
+    /// A connection waiting for the first Login Request.
+    pub fn new(cfg: TargetConfig, policy: Arc<dyn Policy + Send + Sync>, seed: Seed) -> Self {
+        TargetConnection {
+            cfg,
+            policy,
+            seed,
+            state: State::AwaitLogin,
+            login: Login {
+                started: false,
+                stage: Stage::SECURITY,
+                isid: [0; 6],
+                cid: 0,
+                initiator: String::new(),
+                target: None,
+                session_type: SessionType::Normal,
+                auth: Auth::NotStarted,
+                seen: HashSet::new(),
+                partial: Vec::new(),
+                declared: false,
+                tpgt_sent: false,
+            },
+            params: Params::default(),
+            rx_framing: Framing::default(),
+            tx_framing: Framing::default(),
+            rx: Vec::new(),
+            rx_start: 0,
+            tx: Vec::new(),
+            events: VecDeque::new(),
+            stat_sn: seed.stat_sn,
+            exp_cmd_sn: 0,
+            max_cmd_sn: 0,
+            tasks: HashMap::new(),
+            ttts: HashMap::new(),
+            next_ttt: 1,
+            text_pending: None,
+            text_partial: Vec::new(),
+            tmf_pending: HashMap::new(),
+            ping: None,
+            logout_pending: None,
+            idle_since_ms: None,
+            rx_activity: false,
+        }
+    }
+
+    /// The current state.
+    pub fn state(&self) -> State {
+        self.state
+    }
+
+    /// The negotiated parameters (RFC defaults until login completes).
+    pub fn params(&self) -> &Params {
+        &self.params
+    }
+
+    /// The session type negotiated at login.
+    pub fn session_type(&self) -> SessionType {
+        self.login.session_type
+    }
+
+    /// (ExpCmdSN, MaxCmdSN) as the next PDU will carry them.
+    pub fn cmd_window(&self) -> (u32, u32) {
+        (self.exp_cmd_sn, self.max_cmd_sn)
+    }
+
+    /// The next event, if any.
+    pub fn poll_event(&mut self) -> Option<Event<B>> {
+        self.events.pop_front()
+    }
+
+    /// Whether bytes wait to be sent.
+    pub fn has_transmit(&self) -> bool {
+        !self.tx.is_empty()
+    }
+
+    /// Moves every byte waiting to be sent to the end of `out`.
+    pub fn take_transmit(&mut self, out: &mut Vec<u8>) {
+        if out.is_empty() {
+            std::mem::swap(out, &mut self.tx);
+        } else {
+            out.append(&mut self.tx);
+        }
+    }
+
+    /// Feeds received bytes. Recoverable protocol errors are answered with
+    /// a Reject and logged; a fatal one closes the connection and is
+    /// returned (after the Reject, if any, is queued).
+    pub fn handle_input(&mut self, bytes: &[u8]) -> Result<(), PduError> {
+        if self.state == State::Closed {
+            return Ok(());
+        }
+        self.rx_activity = true;
+        self.rx.extend_from_slice(bytes);
+        let r = self.process_rx();
+        if self.rx_start >= self.rx.len() {
+            self.rx.clear();
+            self.rx_start = 0;
+        } else if self.rx_start > 65536 {
+            self.rx.drain(..self.rx_start);
+            self.rx_start = 0;
+        }
+        r
+    }
+
+    fn process_rx(&mut self) -> Result<(), PduError> {
+        while self.state != State::Closed {
+            let buf = self.rx.get(self.rx_start..).unwrap_or_default();
+            let (bhs, ahs, data, digest_ok, len) = match pdu::deframe(buf, self.rx_framing) {
+                None => break,
+                Some(Ok(f)) => (f.bhs, f.ahs.to_vec(), f.data.to_vec(), f.data_digest_ok, f.len),
+                Some(Err(e)) => {
+                    self.on_error(&e);
+                    if e.is_fatal() {
+                        return Err(e);
+                    }
+                    self.rx_start = self.rx_start.saturating_add(e.pdu_len.unwrap_or(BHS_LEN));
+                    continue;
+                }
+            };
+            self.rx_start = self.rx_start.saturating_add(len);
+            if let Err(e) = self.dispatch(bhs, &ahs, &data, digest_ok) {
+                self.on_error(&e);
+                if e.is_fatal() {
+                    return Err(e);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn on_error(&mut self, e: &PduError) {
+        log::warn!("iscsi: {e}");
+        if self.state == State::AwaitLogin {
+            // No Reject during login (RFC 7143 section 6.9): just close.
+            self.state = State::Closed;
+            return;
+        }
+        match e.disposition {
+            Disposition::Reject(r) => {
+                if let Some(bhs) = e.bhs {
+                    self.consume_cmd_sn(&bhs);
+                }
+                self.reject(r, e.bhs);
+            }
+            Disposition::RejectAndClose(r) => {
+                self.reject(r, e.bhs);
+                self.state = State::Closed;
+            }
+            Disposition::Close => self.state = State::Closed,
+        }
+    }
+
+    /// A rejected command still used its CmdSN: advance past it so the
+    /// window does not stall (the initiator ends the task on the Reject).
+    fn consume_cmd_sn(&mut self, bhs: &Bhs) {
+        let op = bhs.opcode();
+        let is_cmd = matches!(op, Opcode::SCSI_CMD | Opcode::TASK_MGMT_REQ | Opcode::TEXT_REQ | Opcode::LOGOUT_REQ)
+            || (op == Opcode::NOP_OUT && bhs.itt() != RESERVED_TAG);
+        if is_cmd && !bhs.immediate() && bhs.cmd_sn() == self.exp_cmd_sn {
+            self.exp_cmd_sn = self.exp_cmd_sn.wrapping_add(1);
+            self.max_cmd_sn = self.max_cmd_sn.wrapping_add(1);
+        }
+    }
+
+    fn reject(&mut self, reason: RejectReason, bhs: Option<Bhs>) {
+        let mut r = Bhs::new(Opcode::REJECT);
+        r.set_flags(flags::FINAL).set_byte2(reason.0).set_itt(RESERVED_TAG);
+        self.stamp(&mut r, true);
+        let echo = bhs.map(|b| b.0.to_vec()).unwrap_or_default();
+        self.send(&r, &[], &echo);
+    }
+
+    /// Sets StatSN/ExpCmdSN/MaxCmdSN; `advance` consumes a StatSN.
+    fn stamp(&mut self, b: &mut Bhs, advance: bool) {
+        b.set_stat_sn(self.stat_sn).set_exp_cmd_sn(self.exp_cmd_sn).set_max_cmd_sn(self.max_cmd_sn);
+        if advance {
+            self.stat_sn = self.stat_sn.wrapping_add(1);
+        }
+    }
+
+    fn send(&mut self, bhs: &Bhs, ahs: &[u8], data: &[u8]) {
+        pdu::encode(&mut self.tx, bhs, ahs, data, self.tx_framing);
+    }
+
+    fn field_err(reason: RejectReason, field: &'static str, detail: String, bhs: &Bhs) -> PduError {
+        PduError::new(Disposition::Reject(reason), field, detail, Some(*bhs))
+    }
+
+    fn dispatch(&mut self, bhs: Bhs, ahs: &[u8], data: &[u8], digest_ok: bool) -> Result<(), PduError> {
+        let op = bhs.opcode();
+        if self.state == State::AwaitLogin {
+            if op != Opcode::LOGIN_REQ {
+                return Err(PduError::new(
+                    Disposition::Close,
+                    "Opcode",
+                    format!("opcode {:#04x} during login (expected Login Request)", op.0),
+                    Some(bhs),
+                ));
+            }
+            if !digest_ok {
+                return Err(PduError::new(Disposition::Close, "DataDigest", "data digest error".into(), Some(bhs)));
+            }
+            self.on_login(&bhs, data);
+            return Ok(());
+        }
+        if !digest_ok && op != Opcode::DATA_OUT && op != Opcode::SCSI_CMD {
+            // RFC 7143 section 7.8: reject and discard the PDU.
+            return Err(Self::field_err(
+                RejectReason::DATA_DIGEST_ERROR,
+                "DataDigest",
+                format!("data digest error on opcode {:#04x}", op.0),
+                &bhs,
+            ));
+        }
+        if self.logout_pending.is_some() && matches!(op, Opcode::SCSI_CMD | Opcode::TASK_MGMT_REQ | Opcode::TEXT_REQ) {
+            return Err(Self::field_err(
+                RejectReason::WAITING_FOR_LOGOUT,
+                "Opcode",
+                "command after Logout Request".into(),
+                &bhs,
+            ));
+        }
+        match op {
+            Opcode::NOP_OUT => self.on_nop_out(&bhs, data),
+            Opcode::SCSI_CMD => self.on_scsi_cmd(&bhs, ahs, data, digest_ok),
+            Opcode::DATA_OUT => self.on_data_out(&bhs, data, digest_ok),
+            Opcode::TASK_MGMT_REQ => self.on_tmf(&bhs),
+            Opcode::TEXT_REQ => self.on_text(&bhs, data),
+            Opcode::LOGOUT_REQ => self.on_logout(&bhs),
+            Opcode::LOGIN_REQ => Err(Self::field_err(
+                RejectReason::PROTOCOL_ERROR,
+                "Opcode",
+                "Login Request in full feature phase".into(),
+                &bhs,
+            )),
+            Opcode::SNACK_REQ => Err(Self::field_err(
+                RejectReason::PROTOCOL_ERROR,
+                "Opcode",
+                "SNACK at ErrorRecoveryLevel 0".into(),
+                &bhs,
+            )),
+            _ => Err(Self::field_err(
+                RejectReason::COMMAND_NOT_SUPPORTED,
+                "Opcode",
+                format!("opcode {:#04x} not supported", op.0),
+                &bhs,
+            )),
+        }
+    }
+
+    // ---- CmdSN window (RFC 7143 section 4.2.2.1) ----
+
+    /// Whether a command PDU is delivered: immediate ones always; others
+    /// only when CmdSN == ExpCmdSN (a single connection cannot fill a gap);
+    /// anything else inside or outside the window is silently dropped.
+    fn accept_cmd_sn(&mut self, bhs: &Bhs) -> bool {
+        if bhs.immediate() {
+            return true;
+        }
+        let sn = bhs.cmd_sn();
+        if sn == self.exp_cmd_sn && sn_le(sn, self.max_cmd_sn) {
+            self.exp_cmd_sn = self.exp_cmd_sn.wrapping_add(1);
+            return true;
+        }
+        log::debug!("iscsi: dropping CmdSN {sn} (ExpCmdSN {}, MaxCmdSN {})", self.exp_cmd_sn, self.max_cmd_sn);
+        false
+    }
+
+    /// A non-immediate command finished: open the window by one.
+    fn retire(&mut self, immediate: bool) {
+        if !immediate {
+            self.max_cmd_sn = self.max_cmd_sn.wrapping_add(1);
+        }
+    }
+
+    // ---- Login (RFC 7143 sections 6 and 11.12) ----
+
+    fn on_login(&mut self, bhs: &Bhs, data: &[u8]) {
+        match self.login_step(bhs, data) {
+            Ok(()) => {}
+            Err((status, reason)) => {
+                log::info!("iscsi: login failed {status:#06x}: {reason}");
+                let mut r = Bhs::new(Opcode::LOGIN_RESP);
+                r.set_login_flags(false, false, bhs.csg(), Stage(0))
+                    .set_isid(bhs.isid())
+                    .set_itt(bhs.itt())
+                    .set_login_status(status);
+                self.stamp(&mut r, true);
+                self.send(&r, &[], &[]);
+                self.events.push_back(Event::LoginFailed { status, reason });
+                self.state = State::Closed;
+            }
+        }
+    }
+
+    fn login_step(&mut self, bhs: &Bhs, data: &[u8]) -> Result<(), (u16, String)> {
+        use login_status as ls;
+        let transit = bhs.flags() & flags::TRANSIT != 0;
+        let cont = bhs.flags() & flags::CONTINUE != 0;
+        let (csg, nsg) = (bhs.csg(), bhs.nsg());
+        if bhs.byte3() > 0 {
+            return Err(login_fail(ls::UNSUPPORTED_VERSION, format!("Version-min {} (we speak 0)", bhs.byte3())));
+        }
+        if !self.login.started {
+            if bhs.tsih() != 0 {
+                return Err(login_fail(
+                    ls::SESSION_DOES_NOT_EXIST,
+                    format!("TSIH {:#x}: adding connections to a session is not supported", bhs.tsih()),
+                ));
+            }
+            if csg != Stage::SECURITY && csg != Stage::OPERATIONAL {
+                return Err(login_fail(ls::INITIATOR_ERROR, format!("first CSG {}", csg.0)));
+            }
+            self.login.started = true;
+            self.login.stage = csg;
+            self.login.isid = bhs.isid();
+            self.login.cid = bhs.cid();
+            self.exp_cmd_sn = bhs.cmd_sn();
+            self.max_cmd_sn = bhs.cmd_sn().wrapping_add(self.cfg.queue_depth.max(1)).wrapping_sub(1);
+        } else if bhs.isid() != self.login.isid || bhs.tsih() != 0 || bhs.cid() != self.login.cid {
+            return Err(login_fail(ls::INITIATOR_ERROR, "ISID, TSIH or CID changed during login"));
+        }
+        if csg != self.login.stage {
+            return Err(login_fail(ls::INITIATOR_ERROR, format!("CSG {} (expected {})", csg.0, self.login.stage.0)));
+        }
+        if transit && cont {
+            return Err(login_fail(ls::INITIATOR_ERROR, "T and C both set"));
+        }
+        if transit && (nsg <= csg || nsg == Stage(2)) {
+            return Err(login_fail(ls::INITIATOR_ERROR, format!("NSG {} after CSG {}", nsg.0, csg.0)));
+        }
+        if self.login.partial.len().saturating_add(data.len()) > self.cfg.max_text_len {
+            return Err(login_fail(ls::INITIATOR_ERROR, "login text too long"));
+        }
+        self.login.partial.extend_from_slice(data);
+        if cont {
+            // RFC 7143 section 6.3: answer a continued request with an
+            // empty response and wait for the rest.
+            let mut r = Bhs::new(Opcode::LOGIN_RESP);
+            r.set_login_flags(false, false, csg, Stage(0)).set_isid(self.login.isid).set_itt(bhs.itt());
+            self.stamp(&mut r, true);
+            self.send(&r, &[], &[]);
+            return Ok(());
+        }
+        let text = std::mem::take(&mut self.login.partial);
+        let pairs = text::parse(&text).map_err(|e| login_fail(ls::INITIATOR_ERROR, e.to_string()))?;
+        for (k, _) in &pairs {
+            if !self.login.seen.insert(k.clone()) {
+                return Err(login_fail(ls::INITIATOR_ERROR, format!("key {k} sent twice")));
+            }
+        }
+        let get = |key: &str| pairs.iter().find(|(k, _)| k == key).map(|(_, v)| v.as_str());
+        let mut resp = Vec::new();
+        let first = self.login.initiator.is_empty();
+        if first {
+            let Some(initiator) = get("InitiatorName").filter(|s| !s.is_empty()) else {
+                return Err(login_fail(ls::MISSING_PARAMETER, "no InitiatorName in the first Login Request"));
+            };
+            self.login.initiator = initiator.to_string();
+            self.login.session_type = match get("SessionType").unwrap_or("Normal") {
+                "Normal" => SessionType::Normal,
+                "Discovery" => SessionType::Discovery,
+                other => return Err(login_fail(ls::SESSION_TYPE_NOT_SUPPORTED, format!("SessionType={other}"))),
+            };
+            if self.login.session_type == SessionType::Normal {
+                let Some(name) = get("TargetName").filter(|s| !s.is_empty()) else {
+                    return Err(login_fail(ls::MISSING_PARAMETER, "no TargetName for a normal session"));
+                };
+                let Some(info) = self.policy.target(name) else {
+                    return Err(login_fail(ls::NOT_FOUND, format!("target {name} not found")));
+                };
+                if !self.policy.initiator_allowed(&info.name, initiator) {
+                    return Err(login_fail(
+                        ls::AUTHORIZATION_FAILURE,
+                        format!("{initiator} not allowed to {}", info.name),
+                    ));
+                }
+                self.login.target = Some(info);
+            }
+        } else if get("InitiatorName").is_some() || get("TargetName").is_some() || get("SessionType").is_some() {
+            return Err(login_fail(ls::INITIATOR_ERROR, "name keys after the first Login Request"));
+        }
+        if let (false, Some(info)) = (self.login.tpgt_sent, self.login.target.clone()) {
+            // RFC 7143 section 13.9: declared in the first Login Response of
+            // a normal session.
+            text::push(&mut resp, "TargetPortalGroupTag", &info.tpgt.to_string());
+            if let Some(alias) = &info.alias {
+                text::push(&mut resp, "TargetAlias", alias);
+            }
+            self.login.tpgt_sent = true;
+        }
+        let mut negotiated = self.params;
+        let mut auth_keys = Vec::new();
+        for (k, v) in &pairs {
+            match k.as_str() {
+                "AuthMethod" | "CHAP_A" | "CHAP_I" | "CHAP_C" | "CHAP_N" | "CHAP_R" => {
+                    if csg != Stage::SECURITY {
+                        return Err(login_fail(ls::INITIATOR_ERROR, format!("{k} outside security negotiation")));
+                    }
+                    auth_keys.push((k.as_str(), v.as_str()));
+                }
+                "InitiatorName" | "TargetName" | "SessionType" | "InitiatorAlias" => {}
+                "TargetAlias" | "TargetPortalGroupTag" | "TargetAddress" => {
+                    // Target-only keys (RFC 7143 section 13): Reject.
+                    text::push(&mut resp, k, "Reject");
+                }
+                _ => {
+                    let a = text::negotiate(k, v, &self.cfg.params, &mut negotiated, self.login.session_type);
+                    if let Some(t) = a.text() {
+                        text::push(&mut resp, k, t);
+                    }
+                }
+            }
+        }
+        if csg == Stage::SECURITY {
+            self.auth_step(&auth_keys, transit, &mut resp)?;
+        } else if self.login.auth == Auth::NotStarted {
+            // Skipped security negotiation.
+            let target = self.login.target.as_ref().map(|t| t.name.clone());
+            if self.policy.auth_required(target.as_deref(), &self.login.initiator) {
+                return Err(login_fail(ls::AUTHENTICATION_FAILURE, "authentication required, security stage skipped"));
+            }
+            self.login.auth = Auth::Done;
+        }
+        if csg == Stage::OPERATIONAL && !self.login.declared {
+            text::push(
+                &mut resp,
+                "MaxRecvDataSegmentLength",
+                &self.cfg.params.max_recv_data_segment_length.to_string(),
+            );
+            self.login.declared = true;
+        }
+        if negotiated.first_burst_length > negotiated.max_burst_length {
+            negotiated.first_burst_length = negotiated.max_burst_length;
+        }
+        self.params = negotiated;
+        let go = transit && self.login.auth == Auth::Done;
+        let mut r = Bhs::new(Opcode::LOGIN_RESP);
+        r.set_login_flags(go, false, csg, if go { nsg } else { Stage(0) }).set_isid(self.login.isid).set_itt(bhs.itt());
+        let finish = go && nsg == Stage::FULL_FEATURE;
+        if finish {
+            r.set_tsih(self.seed.tsih);
+        }
+        self.stamp(&mut r, true);
+        self.send(&r, &[], &resp);
+        if go {
+            self.login.stage = nsg;
+        }
+        if finish {
+            self.enter_full_feature();
+        }
+        Ok(())
+    }
+
+    fn auth_step(&mut self, keys: &[(&str, &str)], transit: bool, resp: &mut Vec<u8>) -> Result<(), (u16, String)> {
+        use login_status as ls;
+        let get = |key: &str| keys.iter().find(|(k, _)| *k == key).map(|(_, v)| *v);
+        let target = self.login.target.as_ref().map(|t| t.name.clone());
+        let target = target.as_deref();
+        let initiator = self.login.initiator.clone();
+        if self.login.auth == Auth::NotStarted {
+            let required = self.policy.auth_required(target, &initiator);
+            match get("AuthMethod") {
+                Some(list) => {
+                    let offered: Vec<&str> = list.split(',').collect();
+                    let chosen = if required {
+                        offered.iter().find(|m| **m == "CHAP")
+                    } else {
+                        offered.iter().find(|m| **m == "None" || **m == "CHAP")
+                    };
+                    match chosen {
+                        Some(&"CHAP") => {
+                            text::push(resp, "AuthMethod", "CHAP");
+                            self.login.auth = Auth::AwaitChapA;
+                        }
+                        Some(_) => {
+                            text::push(resp, "AuthMethod", "None");
+                            self.login.auth = Auth::Done;
+                        }
+                        None => {
+                            return Err(login_fail(
+                                ls::AUTHENTICATION_FAILURE,
+                                format!("AuthMethod={list} unacceptable"),
+                            ))
+                        }
+                    }
+                }
+                None if transit => {
+                    if required {
+                        return Err(login_fail(ls::AUTHENTICATION_FAILURE, "authentication required, none offered"));
+                    }
+                    self.login.auth = Auth::Done;
+                }
+                None => {}
+            }
+            if get("CHAP_A").is_none() {
+                return Ok(());
+            }
+        }
+        match self.login.auth {
+            Auth::NotStarted | Auth::Done => {
+                if keys.iter().any(|(k, _)| k.starts_with("CHAP_")) {
+                    return Err(login_fail(ls::INITIATOR_ERROR, "CHAP keys without AuthMethod=CHAP"));
+                }
+                Ok(())
+            }
+            Auth::AwaitChapA => {
+                let Some(offer) = get("CHAP_A") else {
+                    return Ok(());
+                };
+                let Some(alg) = chap::choose(offer, &self.cfg.chap_algorithms) else {
+                    return Err(login_fail(ls::AUTHENTICATION_FAILURE, format!("CHAP_A={offer}: none supported")));
+                };
+                let n = alg.digest_len().unwrap_or(16).min(self.seed.chap_challenge.len());
+                let challenge = self.seed.chap_challenge.get(..n).unwrap_or_default();
+                text::push(resp, "CHAP_A", &alg.0.to_string());
+                text::push(resp, "CHAP_I", &self.seed.chap_id.to_string());
+                text::push(resp, "CHAP_C", &chap::encode_hex(challenge));
+                self.login.auth = Auth::AwaitChapResponse(alg);
+                Ok(())
+            }
+            Auth::AwaitChapResponse(alg) => {
+                let (Some(user), Some(r)) = (get("CHAP_N"), get("CHAP_R")) else {
+                    return Err(login_fail(ls::AUTHENTICATION_FAILURE, "CHAP_N/CHAP_R missing"));
+                };
+                let Some(secret) = self.policy.chap_secret(target, &initiator, user) else {
+                    return Err(login_fail(ls::AUTHENTICATION_FAILURE, format!("no CHAP secret for user {user}")));
+                };
+                let n = alg.digest_len().unwrap_or(16).min(self.seed.chap_challenge.len());
+                let challenge = self.seed.chap_challenge.get(..n).unwrap_or_default().to_vec();
+                let want = alg.response(self.seed.chap_id, &secret.0, &challenge).unwrap_or_default();
+                let got = chap::decode_binary(r).unwrap_or_default();
+                if !chap::constant_time_eq(&want, &got) {
+                    return Err(login_fail(
+                        ls::AUTHENTICATION_FAILURE,
+                        format!("CHAP_R of user {user} does not match"),
+                    ));
+                }
+                match (get("CHAP_I"), get("CHAP_C")) {
+                    (None, None) => {}
+                    (Some(id), Some(c)) => {
+                        let id: u8 = id
+                            .parse()
+                            .map_err(|_| login_fail(ls::AUTHENTICATION_FAILURE, format!("CHAP_I={id} invalid")))?;
+                        let their = chap::decode_binary(c)
+                            .filter(|c| c.len() <= 1024)
+                            .ok_or_else(|| login_fail(ls::AUTHENTICATION_FAILURE, "CHAP_C invalid"))?;
+                        if their == challenge {
+                            return Err(login_fail(ls::AUTHENTICATION_FAILURE, "mutual CHAP challenge reflected"));
+                        }
+                        let Some((name, tsecret)) = self.policy.target_credentials(target, &initiator) else {
+                            return Err(login_fail(ls::AUTHENTICATION_FAILURE, "mutual CHAP asked, no target secret"));
+                        };
+                        if tsecret == secret {
+                            // RFC 7143 section 12.1.3: the two directions
+                            // must not share a secret.
+                            return Err(login_fail(ls::AUTHENTICATION_FAILURE, "target and initiator secrets equal"));
+                        }
+                        let resp_bytes = alg.response(id, &tsecret.0, &their).unwrap_or_default();
+                        text::push(resp, "CHAP_N", &name);
+                        text::push(resp, "CHAP_R", &chap::encode_hex(&resp_bytes));
+                    }
+                    _ => return Err(login_fail(ls::AUTHENTICATION_FAILURE, "CHAP_I without CHAP_C or the reverse")),
+                }
+                self.login.auth = Auth::Done;
+                Ok(())
+            }
+        }
+    }
+
+    fn enter_full_feature(&mut self) {
+        // Our MaxRecvDataSegmentLength holds only if we declared it;
+        // digests start with the first PDU after the final Login Response.
+        let rx_mrdsl = if self.login.declared { self.cfg.params.max_recv_data_segment_length } else { 8192 };
+        self.params.max_recv_data_segment_length = rx_mrdsl;
+        self.rx_framing = Framing {
+            header_digest: self.params.header_digest,
+            data_digest: self.params.data_digest,
+            max_data_segment: rx_mrdsl,
+        };
+        self.tx_framing = Framing {
+            header_digest: self.params.header_digest,
+            data_digest: self.params.data_digest,
+            max_data_segment: self.params.peer_max_recv_data_segment_length,
+        };
+        self.state = State::FullFeature;
+        self.events.push_back(Event::LoggedIn {
+            initiator: self.login.initiator.clone(),
+            target: self.login.target.as_ref().map(|t| t.name.clone()),
+            session_type: self.login.session_type,
+            isid: self.login.isid,
+            tsih: self.seed.tsih,
+            params: self.params,
+        });
+    }
+
+    // ---- NOP (RFC 7143 sections 11.18, 11.19) ----
+
+    fn on_nop_out(&mut self, bhs: &Bhs, data: &[u8]) -> Result<(), PduError> {
+        if bhs.itt() == RESERVED_TAG {
+            // An answer to our ping, or a ping that wants no answer.
+            if bhs.ttt() != RESERVED_TAG {
+                if self.ping.as_ref().is_some_and(|p| p.ttt == bhs.ttt()) {
+                    self.ping = None;
+                } else {
+                    log::debug!("iscsi: NOP-Out for unknown TTT {:#x}", bhs.ttt());
+                }
+            }
+            return Ok(());
+        }
+        if !self.accept_cmd_sn(bhs) {
+            return Ok(());
+        }
+        let mut r = Bhs::new(Opcode::NOP_IN);
+        r.set_flags(flags::FINAL).set_lun(bhs.lun()).set_itt(bhs.itt()).set_ttt(RESERVED_TAG);
+        self.retire(bhs.immediate());
+        self.stamp(&mut r, true);
+        self.send(&r, &[], data);
+        Ok(())
+    }
+
+    /// Advances the clock: sends a NOP-In ping after `nop_interval_ms` of
+    /// silence and reports [`Event::Dead`] when one goes unanswered for
+    /// `nop_timeout_ms`.
+    pub fn on_tick(&mut self, now_ms: u64) {
+        if self.state != State::FullFeature {
+            return;
+        }
+        if std::mem::take(&mut self.rx_activity) || self.idle_since_ms.is_none() {
+            self.idle_since_ms = Some(now_ms);
+        }
+        if let Some(p) = &self.ping {
+            if now_ms.saturating_sub(p.sent_ms) >= self.cfg.nop_timeout_ms {
+                log::warn!("iscsi: initiator {} did not answer NOP-In ping", self.login.initiator);
+                self.events.push_back(Event::Dead);
+                self.state = State::Closed;
+            }
+            return;
+        }
+        let Some(interval) = self.cfg.nop_interval_ms else { return };
+        if now_ms.saturating_sub(self.idle_since_ms.unwrap_or(now_ms)) >= interval {
+            let ttt = self.alloc_ttt();
+            let mut r = Bhs::new(Opcode::NOP_IN);
+            r.set_flags(flags::FINAL).set_itt(RESERVED_TAG).set_ttt(ttt);
+            // A ping does not advance StatSN (RFC 7143 section 11.19.4).
+            self.stamp(&mut r, false);
+            self.send(&r, &[], &[]);
+            self.ping = Some(Ping { ttt, sent_ms: now_ms });
+        }
+    }
+
+    /// When [`Self::on_tick`] next has something to do, in ms.
+    pub fn poll_timeout(&self) -> Option<u64> {
+        if self.state != State::FullFeature {
+            return None;
+        }
+        if let Some(p) = &self.ping {
+            return Some(p.sent_ms.saturating_add(self.cfg.nop_timeout_ms));
+        }
+        let idle = self.idle_since_ms?;
+        self.cfg.nop_interval_ms.map(|i| idle.saturating_add(i))
+    }
+
+    fn alloc_ttt(&mut self) -> u32 {
+        loop {
+            let t = self.next_ttt;
+            self.next_ttt = self.next_ttt.wrapping_add(1);
+            if t != RESERVED_TAG && !self.ttts.contains_key(&t) {
+                return t;
+            }
+        }
+    }
+
+    // ---- SCSI Command and write data (RFC 7143 sections 11.3, 11.7, 11.8) ----
+
+    fn on_scsi_cmd(&mut self, bhs: &Bhs, ahs: &[u8], data: &[u8], digest_ok: bool) -> Result<(), PduError> {
+        if self.login.session_type == SessionType::Discovery {
+            return Err(Self::field_err(
+                RejectReason::PROTOCOL_ERROR,
+                "Opcode",
+                "SCSI Command in a discovery session".into(),
+                bhs,
+            ));
+        }
+        let itt = bhs.itt();
+        let f = bhs.flags();
+        let (read, write) = (f & flags::READ != 0, f & flags::WRITE != 0);
+        let edtl = bhs.expected_data_transfer_length();
+        let mut cdb = bhs.cdb().to_vec();
+        let mut bidi_read_len = None;
+        for (ty, body) in ahs_entries(ahs) {
+            match ty {
+                ahs_type::EXTENDED_CDB => cdb.extend_from_slice(body.get(1..).unwrap_or_default()),
+                ahs_type::BIDI_READ_LENGTH => {
+                    let mut w = [0u8; 4];
+                    if let Some(s) = body.get(1..5) {
+                        w.copy_from_slice(s);
+                    }
+                    bidi_read_len = Some(u32::from_be_bytes(w));
+                }
+                _ => {}
+            }
+        }
+        if !self.accept_cmd_sn(bhs) {
+            return Ok(());
+        }
+        let bad =
+            |field: &'static str, detail: String| Self::field_err(RejectReason::PROTOCOL_ERROR, field, detail, bhs);
+        if self.tasks.contains_key(&itt) || itt == RESERVED_TAG {
+            self.retire(bhs.immediate());
+            return Err(Self::field_err(
+                RejectReason::TASK_IN_PROGRESS,
+                "InitiatorTaskTag",
+                format!("ITT {itt:#x} already in use"),
+                bhs,
+            ));
+        }
+        let problem = if !data.is_empty() && !write {
+            Some(bad("DataSegmentLength", format!("{} bytes of immediate data without the W bit", data.len())))
+        } else if !data.is_empty() && !self.params.immediate_data {
+            Some(bad("DataSegmentLength", "immediate data with ImmediateData=No".into()))
+        } else if u32::try_from(data.len()).map_or(true, |n| n > edtl) {
+            Some(bad("DataSegmentLength", format!("{} bytes of data, expected length {edtl}", data.len())))
+        } else if data.len() > self.params.first_burst_length as usize {
+            Some(bad("DataSegmentLength", format!("{} bytes beyond FirstBurstLength", data.len())))
+        } else if f & flags::FINAL == 0 && (!write || self.params.initial_r2t) {
+            Some(bad("Flags", "F bit clear but no unsolicited data may follow".into()))
+        } else if write && edtl > self.cfg.max_write_len {
+            Some(Self::field_err(
+                RejectReason::OUT_OF_RESOURCES,
+                "ExpectedDataTransferLength",
+                format!("write of {edtl} bytes exceeds {}", self.cfg.max_write_len),
+                bhs,
+            ))
+        } else {
+            None
+        };
+        if let Some(e) = problem {
+            self.retire(bhs.immediate());
+            return Err(e);
+        }
+        let read_expected = match (read, write) {
+            (true, true) => bidi_read_len.unwrap_or(0),
+            (true, false) => edtl,
+            _ => 0,
+        };
+        let cmd = Command {
+            itt,
+            lun: bhs.lun(),
+            cdb,
+            expected_len: edtl,
+            bidi_read_len,
+            read,
+            write,
+            attr: f & flags::ATTR_MASK,
+            immediate: bhs.immediate(),
+            data: None,
+        };
+        let mut task = Task {
+            immediate: bhs.immediate(),
+            lun: bhs.lun(),
+            expected_len: edtl,
+            read_expected,
+            sn: 0,
+            sent_in: 0,
+            overflow: 0,
+            cmd: None,
+            write: None,
+        };
+        if !write || edtl == 0 {
+            self.tasks.insert(itt, task);
+            self.events.push_back(Event::Command(cmd));
+            return Ok(());
+        }
+        let mut buf = B::alloc(edtl as usize);
+        if let Some(dst) = buf.as_mut().get_mut(..data.len()) {
+            dst.copy_from_slice(data);
+        }
+        let received = u32::try_from(data.len()).unwrap_or(0);
+        let unsolicited = f & flags::FINAL == 0;
+        task.write = Some(WriteState {
+            buf,
+            received,
+            unsolicited,
+            unsol_end: self.params.first_burst_length.min(edtl),
+            unsol_next: received,
+            unsol_data_sn: 0,
+            next_r2t: received,
+            r2ts: Vec::new(),
+            digest_failed: !digest_ok && !data.is_empty(),
+        });
+        task.cmd = Some(cmd);
+        self.tasks.insert(itt, task);
+        if !digest_ok && !data.is_empty() {
+            self.reject(RejectReason::DATA_DIGEST_ERROR, Some(*bhs));
+        }
+        self.advance_write(itt);
+        Ok(())
+    }
+
+    /// Sends R2Ts while allowed, or delivers the command once all data is in.
+    fn advance_write(&mut self, itt: u32) {
+        let mbl = self.params.max_burst_length.max(512);
+        let max_out = usize::from(self.params.max_outstanding_r2t.max(1));
+        let mut r2ts = Vec::new();
+        let Some(task) = self.tasks.get_mut(&itt) else { return };
+        let edtl = task.expected_len;
+        let lun = task.lun;
+        let Some(w) = task.write.as_mut() else { return };
+        if w.unsolicited {
+            return;
+        }
+        while w.r2ts.len().saturating_add(r2ts.len()) < max_out && w.next_r2t < edtl {
+            let len = edtl.saturating_sub(w.next_r2t).min(mbl);
+            r2ts.push((w.next_r2t, len));
+            w.next_r2t = w.next_r2t.saturating_add(len);
+        }
+        let complete = w.r2ts.is_empty() && r2ts.is_empty() && w.received >= edtl;
+        for (offset, len) in r2ts {
+            let ttt = self.alloc_ttt();
+            self.ttts.insert(ttt, itt);
+            let Some(task) = self.tasks.get_mut(&itt) else { return };
+            let r2t_sn = task.sn;
+            task.sn = task.sn.wrapping_add(1);
+            if let Some(w) = task.write.as_mut() {
+                w.r2ts.push(R2tState { ttt, offset, len, next: offset, data_sn: 0 });
+            }
+            let mut r = Bhs::new(Opcode::R2T);
+            r.set_flags(flags::FINAL)
+                .set_lun(lun)
+                .set_itt(itt)
+                .set_ttt(ttt)
+                .set_data_sn(r2t_sn)
+                .set_buffer_offset(offset)
+                .set_residual_count(len);
+            self.stamp(&mut r, false);
+            self.send(&r, &[], &[]);
+        }
+        if complete {
+            let Some(task) = self.tasks.get_mut(&itt) else { return };
+            let Some(w) = task.write.take() else { return };
+            if w.digest_failed {
+                // ErrorRecoveryLevel 0 cannot ask for the data again: end
+                // the command with ABORTED COMMAND / PROTOCOL SERVICE CRC
+                // ERROR (SPC-4 ASC 0x47 ASCQ 0x05).
+                task.cmd = None;
+                let sense = [0x70, 0, 0x0b, 0, 0, 0, 0, 10, 0, 0, 0, 0, 0x47, 0x05, 0, 0, 0, 0];
+                self.send_response(itt, scsi_status::CHECK_CONDITION, Some(&sense), None);
+                return;
+            }
+            if let Some(mut cmd) = task.cmd.take() {
+                cmd.data = Some(w.buf);
+                self.events.push_back(Event::Command(cmd));
+            }
+        }
+    }
+
+    fn on_data_out(&mut self, bhs: &Bhs, data: &[u8], digest_ok: bool) -> Result<(), PduError> {
+        let itt = bhs.itt();
+        let ttt = bhs.ttt();
+        let invalid =
+            |field: &'static str, detail: String| Self::field_err(RejectReason::INVALID_PDU_FIELD, field, detail, bhs);
+        let Some(task) = self.tasks.get_mut(&itt) else {
+            return Err(invalid("InitiatorTaskTag", format!("Data-Out for unknown ITT {itt:#x}")));
+        };
+        let Some(w) = task.write.as_mut() else {
+            return Err(invalid("InitiatorTaskTag", format!("Data-Out for ITT {itt:#x} which expects no data")));
+        };
+        let offset = bhs.buffer_offset();
+        let len = u32::try_from(data.len()).unwrap_or(u32::MAX);
+        let end = offset.saturating_add(len);
+        let final_bit = bhs.final_bit();
+        let data_sn = bhs.data_sn();
+        let seq_done;
+        if ttt == RESERVED_TAG {
+            if !w.unsolicited {
+                return Err(invalid("TargetTransferTag", "unsolicited Data-Out outside the first burst".into()));
+            }
+            if offset != w.unsol_next {
+                return Err(invalid("BufferOffset", format!("offset {offset} (expected {})", w.unsol_next)));
+            }
+            if end > w.unsol_end {
+                return Err(invalid(
+                    "DataSegmentLength",
+                    format!("data to {end} beyond the first burst {}", w.unsol_end),
+                ));
+            }
+            if data_sn != w.unsol_data_sn {
+                return Err(invalid("DataSN", format!("DataSN {data_sn} (expected {})", w.unsol_data_sn)));
+            }
+            w.unsol_next = end;
+            w.unsol_data_sn = w.unsol_data_sn.wrapping_add(1);
+            seq_done = final_bit;
+            if final_bit || end == w.unsol_end {
+                if !final_bit {
+                    return Err(invalid("Flags", "unsolicited burst complete without the F bit".into()));
+                }
+                w.unsolicited = false;
+                w.next_r2t = end;
+            }
+        } else {
+            if self.ttts.get(&ttt) != Some(&itt) {
+                return Err(invalid("TargetTransferTag", format!("TTT {ttt:#x} matches no R2T of ITT {itt:#x}")));
+            }
+            let Some(pos) = w.r2ts.iter().position(|r| r.ttt == ttt) else {
+                return Err(invalid("TargetTransferTag", format!("TTT {ttt:#x} not outstanding")));
+            };
+            let Some(r) = w.r2ts.get_mut(pos) else { return Ok(()) };
+            let r_end = r.offset.saturating_add(r.len);
+            if offset != r.next {
+                return Err(invalid("BufferOffset", format!("offset {offset} (expected {})", r.next)));
+            }
+            if end > r_end {
+                return Err(invalid("DataSegmentLength", format!("data to {end} beyond the R2T burst end {r_end}")));
+            }
+            if data_sn != r.data_sn {
+                return Err(invalid("DataSN", format!("DataSN {data_sn} (expected {})", r.data_sn)));
+            }
+            if final_bit != (end == r_end) {
+                return Err(invalid("Flags", format!("F bit {final_bit} at {end} of burst ending {r_end}")));
+            }
+            r.next = end;
+            r.data_sn = r.data_sn.wrapping_add(1);
+            seq_done = final_bit;
+            if seq_done {
+                w.r2ts.remove(pos);
+                self.ttts.remove(&ttt);
+            }
+        }
+        let Some(task) = self.tasks.get_mut(&itt) else { return Ok(()) };
+        let Some(w) = task.write.as_mut() else { return Ok(()) };
+        if let Some(dst) = w.buf.as_mut().get_mut(offset as usize..end as usize) {
+            dst.copy_from_slice(data);
+        }
+        w.received = w.received.saturating_add(len);
+        if !digest_ok {
+            w.digest_failed = true;
+            self.reject(RejectReason::DATA_DIGEST_ERROR, Some(*bhs));
+        }
+        if seq_done {
+            self.advance_write(itt);
+        }
+        Ok(())
+    }
+
+    /// Sends read data for `itt`, split by the initiator's
+    /// MaxRecvDataSegmentLength into sequences of at most MaxBurstLength.
+    /// Data beyond the expected length is cut and reported as overflow.
+    /// With a non-exception `status`, the last Data-In carries it (S bit,
+    /// phase collapse) with the residual; with an exception status a SCSI
+    /// Response follows (use [`Self::send_response`] for sense data).
+    /// Returns false when `itt` is not an open task.
+    pub fn send_data_in(&mut self, itt: u32, data: &[u8], status: Option<u8>) -> bool {
+        let Some(task) = self.tasks.get_mut(&itt) else { return false };
+        let room = task.read_expected.saturating_sub(task.sent_in) as usize;
+        let send = data.get(..data.len().min(room)).unwrap_or_default();
+        let cut = data.len().saturating_sub(send.len());
+        task.overflow = task.overflow.saturating_add(u32::try_from(cut).unwrap_or(u32::MAX));
+        let lun = task.lun;
+        let max_pdu = (self.params.peer_max_recv_data_segment_length.max(512)) as usize;
+        let mbl = (self.params.max_burst_length.max(512)) as usize;
+        let collapse = status.filter(|s| scsi_status::may_collapse(*s) && !send.is_empty());
+        let total = send.len();
+        let mut done = 0usize;
+        let mut in_burst = 0usize;
+        while done < total {
+            let n = max_pdu.min(total.saturating_sub(done)).min(mbl.saturating_sub(in_burst));
+            let chunk = send.get(done..done.saturating_add(n)).unwrap_or_default();
+            let next = done.saturating_add(n);
+            in_burst = in_burst.saturating_add(n);
+            let last = next == total;
+            let burst_end = in_burst >= mbl || last;
+            let Some(task) = self.tasks.get_mut(&itt) else { return false };
+            let mut b = Bhs::new(Opcode::DATA_IN);
+            let mut f = if burst_end { flags::FINAL } else { 0 };
+            b.set_itt(itt)
+                .set_ttt(RESERVED_TAG)
+                .set_data_sn(task.sn)
+                .set_buffer_offset(task.sent_in.saturating_add(u32::try_from(done).unwrap_or(u32::MAX)));
+            task.sn = task.sn.wrapping_add(1);
+            let status_here = if last { collapse } else { None };
+            if let Some(s) = status_here {
+                f |= flags::STATUS | flags::FINAL;
+                let sent = task.sent_in.saturating_add(u32::try_from(total).unwrap_or(u32::MAX));
+                let (rf, count) = residual_of(task.read_expected, sent, task.overflow);
+                f |= rf;
+                b.set_byte3(s).set_residual_count(count);
+            } else {
+                b.set_lun(lun);
+            }
+            b.set_flags(f);
+            self.stamp(&mut b, status_here.is_some());
+            self.send(&b, &[], chunk);
+            if burst_end {
+                in_burst = 0;
+            }
+            done = next;
+        }
+        if let Some(task) = self.tasks.get_mut(&itt) {
+            task.sent_in = task.sent_in.saturating_add(u32::try_from(total).unwrap_or(u32::MAX));
+        }
+        match (status, collapse) {
+            (_, Some(_)) => self.finish_task(itt),
+            (Some(s), None) => {
+                self.send_response(itt, s, None, None);
+            }
+            (None, None) => {}
+        }
+        true
+    }
+
+    /// Sends the SCSI Response for `itt` (RFC 7143 section 11.4): status,
+    /// optional sense data (sent with its 2-byte SenseLength prefix), and a
+    /// residual. `residual: None` reports what the connection counted (read
+    /// data sent against the expected length). Returns false when `itt` is
+    /// not an open task (already answered or aborted).
+    pub fn send_response(&mut self, itt: u32, status: u8, sense: Option<&[u8]>, residual: Option<Residual>) -> bool {
+        let Some(task) = self.tasks.get(&itt) else { return false };
+        let (mut f, count) = match residual {
+            Some(Residual::Underflow(n)) => (flags::UNDERFLOW, n),
+            Some(Residual::Overflow(n)) => (flags::OVERFLOW, n),
+            None if task.read_expected > 0 || task.overflow > 0 => {
+                residual_of(task.read_expected, task.sent_in, task.overflow)
+            }
+            None => (0, 0),
+        };
+        f |= flags::FINAL;
+        let mut b = Bhs::new(Opcode::SCSI_RESP);
+        b.set_flags(f).set_byte2(0).set_byte3(status).set_itt(itt).set_data_sn(task.sn).set_residual_count(count);
+        let mut data = Vec::new();
+        if let Some(s) = sense {
+            let n = u16::try_from(s.len()).unwrap_or(u16::MAX);
+            data.extend_from_slice(&n.to_be_bytes());
+            data.extend_from_slice(s.get(..usize::from(n)).unwrap_or_default());
+        }
+        self.stamp(&mut b, true);
+        self.send(&b, &[], &data);
+        self.finish_task(itt);
+        true
+    }
+
+    fn finish_task(&mut self, itt: u32) {
+        if let Some(t) = self.tasks.remove(&itt) {
+            if let Some(w) = t.write {
+                for r in w.r2ts {
+                    self.ttts.remove(&r.ttt);
+                }
+            }
+            self.retire(t.immediate);
+        }
+        if self.tasks.is_empty() {
+            if let Some(req) = self.logout_pending.take() {
+                self.send_logout_response(&req, 0);
+            }
+        }
+    }
+
+    /// Open tasks (commands without a response yet).
+    pub fn open_tasks(&self) -> usize {
+        self.tasks.len()
+    }
+
+    // ---- Task management (RFC 7143 sections 11.5, 11.6) ----
+
+    fn on_tmf(&mut self, bhs: &Bhs) -> Result<(), PduError> {
+        if !self.accept_cmd_sn(bhs) {
+            return Ok(());
+        }
+        let function = TmfFunction(bhs.flags() & 0x7f);
+        let itt = bhs.itt();
+        let supported = matches!(function.0, 1..=7 | 9..=12);
+        if !supported || self.login.session_type == SessionType::Discovery {
+            let code = if function == TmfFunction::TASK_REASSIGN {
+                tmf_response::REASSIGNMENT_NOT_SUPPORTED
+            } else {
+                tmf_response::NOT_SUPPORTED
+            };
+            self.tmf_pending.insert(itt, (function, bhs.lun(), bhs.referenced_task_tag(), bhs.immediate()));
+            self.send_tmf_response(itt, code);
+            return Ok(());
+        }
+        self.tmf_pending.insert(itt, (function, bhs.lun(), bhs.referenced_task_tag(), bhs.immediate()));
+        self.events.push_back(Event::TaskMgmt {
+            itt,
+            function,
+            lun: bhs.lun(),
+            referenced_itt: bhs.referenced_task_tag(),
+            ref_cmd_sn: bhs.ref_cmd_sn(),
+        });
+        Ok(())
+    }
+
+    /// Answers a task management request. On "function complete" the
+    /// connection forgets the affected tasks (no response will be sent for
+    /// them, their R2Ts are void): the referenced task for ABORT TASK, the
+    /// LUN's tasks for ABORT/CLEAR TASK SET and LUN RESET, all tasks for
+    /// target resets and I_T NEXUS RESET.
+    pub fn send_tmf_response(&mut self, itt: u32, response: u8) -> bool {
+        let Some((function, lun, referenced, immediate)) = self.tmf_pending.remove(&itt) else { return false };
+        if response == tmf_response::COMPLETE {
+            let victims: Vec<u32> = match function {
+                TmfFunction::ABORT_TASK => vec![referenced],
+                TmfFunction::ABORT_TASK_SET | TmfFunction::CLEAR_TASK_SET | TmfFunction::LOGICAL_UNIT_RESET => {
+                    self.tasks.iter().filter(|(_, t)| t.lun == lun).map(|(i, _)| *i).collect()
+                }
+                TmfFunction::TARGET_WARM_RESET | TmfFunction::TARGET_COLD_RESET | TmfFunction::I_T_NEXUS_RESET => {
+                    self.tasks.keys().copied().collect()
+                }
+                _ => Vec::new(),
+            };
+            for v in victims {
+                self.finish_task(v);
+            }
+        }
+        let mut b = Bhs::new(Opcode::TASK_MGMT_RESP);
+        b.set_flags(flags::FINAL).set_byte2(response).set_itt(itt);
+        self.retire(immediate);
+        self.stamp(&mut b, true);
+        self.send(&b, &[], &[]);
+        true
+    }
+
+    // ---- Text (RFC 7143 sections 11.10, 11.11; SendTargets appendix C) ----
+
+    fn on_text(&mut self, bhs: &Bhs, data: &[u8]) -> Result<(), PduError> {
+        if !self.accept_cmd_sn(bhs) {
+            return Ok(());
+        }
+        let itt = bhs.itt();
+        let immediate = bhs.immediate();
+        if bhs.ttt() != RESERVED_TAG {
+            // The initiator asks for the next part of a long response.
+            let Some(p) = self.text_pending.take().filter(|p| p.ttt == bhs.ttt() && p.itt == itt) else {
+                self.retire(immediate);
+                return Err(Self::field_err(
+                    RejectReason::INVALID_PDU_FIELD,
+                    "TargetTransferTag",
+                    format!("Text Request TTT {:#x} continues nothing", bhs.ttt()),
+                    bhs,
+                ));
+            };
+            self.send_text_part(itt, immediate, p.rest);
+            return Ok(());
+        }
+        if self.text_partial.len().saturating_add(data.len()) > self.cfg.max_text_len {
+            self.text_partial.clear();
+            self.retire(immediate);
+            return Err(Self::field_err(
+                RejectReason::PROTOCOL_ERROR,
+                "DataSegmentLength",
+                "text too long".into(),
+                bhs,
+            ));
+        }
+        self.text_partial.extend_from_slice(data);
+        if bhs.flags() & flags::CONTINUE != 0 {
+            let mut b = Bhs::new(Opcode::TEXT_RESP);
+            b.set_itt(itt).set_ttt(RESERVED_TAG);
+            self.retire(immediate);
+            self.stamp(&mut b, true);
+            self.send(&b, &[], &[]);
+            return Ok(());
+        }
+        let text = std::mem::take(&mut self.text_partial);
+        let pairs = match text::parse_unique(&text) {
+            Ok(p) => p,
+            Err(e) => {
+                self.retire(immediate);
+                return Err(Self::field_err(RejectReason::PROTOCOL_ERROR, "TextData", e.to_string(), bhs));
+            }
+        };
+        let mut resp = Vec::new();
+        for (k, v) in &pairs {
+            match k.as_str() {
+                "SendTargets" => self.send_targets(v, &mut resp),
+                "MaxRecvDataSegmentLength" => {
+                    let mut p = self.params;
+                    if text::negotiate(k, v, &self.cfg.params, &mut p, SessionType::Normal) == text::Answer::None {
+                        self.params.peer_max_recv_data_segment_length = p.peer_max_recv_data_segment_length;
+                        self.tx_framing.max_data_segment = p.peer_max_recv_data_segment_length;
+                    } else {
+                        text::push(&mut resp, k, "Reject");
+                    }
+                }
+                _ if text::key_kind(k).is_some() => text::push(&mut resp, k, "Reject"),
+                _ => text::push(&mut resp, k, "NotUnderstood"),
+            }
+        }
+        self.send_text_part(itt, immediate, resp);
+        Ok(())
+    }
+
+    fn send_targets(&self, value: &str, resp: &mut Vec<u8>) {
+        let all = self.policy.discovery_targets(&self.login.initiator);
+        let list: Vec<TargetInfo> = match (self.login.session_type, value) {
+            (SessionType::Discovery, "All") => all,
+            (SessionType::Discovery, name) => all.into_iter().filter(|t| t.name == name).collect(),
+            (SessionType::Normal, "") => self.login.target.clone().into_iter().collect(),
+            (SessionType::Normal, name) => self.login.target.clone().into_iter().filter(|t| t.name == name).collect(),
+        };
+        if self.login.session_type == SessionType::Normal && value == "All" {
+            text::push(resp, "SendTargets", "Reject");
+            return;
+        }
+        for t in list {
+            text::push(resp, "TargetName", &t.name);
+            for p in &t.portals {
+                text::push(resp, "TargetAddress", p);
+            }
+        }
+    }
+
+    fn send_text_part(&mut self, itt: u32, immediate: bool, text: Vec<u8>) {
+        let max = self.params.peer_max_recv_data_segment_length.max(512) as usize;
+        let mut b = Bhs::new(Opcode::TEXT_RESP);
+        b.set_itt(itt);
+        if text.len() > max {
+            // Split at a key boundary when one fits, else anywhere.
+            let cut =
+                text.get(..max).and_then(|h| h.iter().rposition(|&c| c == 0)).map_or(max, |p| p.saturating_add(1));
+            let (head, rest) = text.split_at(cut.min(text.len()));
+            let ttt = self.alloc_ttt();
+            b.set_flags(flags::CONTINUE).set_ttt(ttt);
+            self.text_pending = Some(TextPending { itt, ttt, rest: rest.to_vec() });
+            self.retire(immediate);
+            self.stamp(&mut b, true);
+            self.send(&b, &[], head);
+        } else {
+            b.set_flags(flags::FINAL).set_ttt(RESERVED_TAG);
+            self.retire(immediate);
+            self.stamp(&mut b, true);
+            self.send(&b, &[], &text);
+        }
+    }
+
+    // ---- Logout (RFC 7143 sections 11.14, 11.15) ----
+
+    fn on_logout(&mut self, bhs: &Bhs) -> Result<(), PduError> {
+        if !self.accept_cmd_sn(bhs) {
+            return Ok(());
+        }
+        let reason = bhs.flags() & 0x7f;
+        let response = match reason {
+            0 => 0,
+            1 if bhs.cid() == self.login.cid => 0,
+            1 => 1, // CID not found
+            2 => 2, // connection recovery not supported
+            _ => 3, // cleanup failed
+        };
+        if response == 0 && !self.tasks.is_empty() {
+            // Answer once the commands in flight have completed, so their
+            // responses precede the Logout Response; refuse new ones.
+            self.logout_pending = Some(*bhs);
+            return Ok(());
+        }
+        self.send_logout_response(bhs, response);
+        Ok(())
+    }
+
+    fn send_logout_response(&mut self, req: &Bhs, response: u8) {
+        let mut b = Bhs::new(Opcode::LOGOUT_RESP);
+        b.set_flags(flags::FINAL)
+            .set_byte2(response)
+            .set_itt(req.itt())
+            .set_time2(self.params.default_time2wait, self.params.default_time2retain);
+        self.retire(req.immediate());
+        self.stamp(&mut b, true);
+        self.send(&b, &[], &[]);
+        if response == 0 {
+            self.events.push_back(Event::LoggedOut { reason: req.flags() & 0x7f });
+            self.state = State::Closed;
+        }
+    }
+}
+
+/// Residual flags and count for `sent` bytes against `expected`, with
+/// `overflow` bytes that did not fit.
+fn residual_of(expected: u32, sent: u32, overflow: u32) -> (u8, u32) {
+    if overflow > 0 {
+        (flags::OVERFLOW, overflow)
+    } else if sent < expected {
+        (flags::UNDERFLOW, expected.saturating_sub(sent))
+    } else {
+        (0, 0)
+    }
+}
+
+/// Whether `sn` lies in the window [exp, max] (serial arithmetic).
+pub fn in_window(sn: u32, exp: u32, max: u32) -> bool {
+    sn_le(exp, sn) && sn_le(sn, max)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn residuals() {
+        assert_eq!(residual_of(512, 512, 0), (0, 0));
+        assert_eq!(residual_of(512, 100, 0), (flags::UNDERFLOW, 412));
+        assert_eq!(residual_of(512, 512, 36), (flags::OVERFLOW, 36));
+        assert!(in_window(5, 5, 10));
+        assert!(!in_window(11, 5, 10));
+        assert!(in_window(2, 0xffff_fffe, 3));
+        assert!(scsi_status::may_collapse(0));
+        assert!(!scsi_status::may_collapse(scsi_status::CHECK_CONDITION));
+    }
+}

@@ -1,0 +1,967 @@
+//! Pair tests: the initiator and target state machines wired together in
+//! memory, and the target fed hostile bytes. No sockets.
+
+use iscsi::chap::{ChapAlgorithm, Secret};
+use iscsi::host::{Completion, HostChap, HostConfig, HostConnection, HostEvent, MutualChap};
+use iscsi::pdu::{self, flags, Bhs, Framing, Opcode, RESERVED_TAG};
+use iscsi::target::{
+    login_status, scsi_status, tmf_response, Event, Policy, Residual, Seed, State, TargetConfig, TargetConnection,
+    TargetInfo, TmfFunction,
+};
+use iscsi::text::{Params, SessionType};
+use iscsi::RejectReason;
+use std::sync::Arc;
+
+type Target = TargetConnection<Vec<u8>>;
+
+const TARGET: &str = "iqn.2026-01.test:disk1";
+const INITIATOR: &str = "iqn.2026-01.test:host1";
+
+#[derive(Clone, Default)]
+struct TestPolicy {
+    auth_required: bool,
+    secret: Option<(String, String)>,
+    target_creds: Option<(String, String)>,
+    extra_targets: usize,
+}
+
+impl Policy for TestPolicy {
+    fn target(&self, name: &str) -> Option<TargetInfo> {
+        self.discovery_targets(INITIATOR).into_iter().find(|t| t.name == name)
+    }
+    fn initiator_allowed(&self, _target: &str, initiator: &str) -> bool {
+        initiator == INITIATOR
+    }
+    fn discovery_targets(&self, _initiator: &str) -> Vec<TargetInfo> {
+        let mut v = vec![TargetInfo {
+            name: TARGET.into(),
+            alias: Some("disk one".into()),
+            tpgt: 1,
+            portals: vec!["127.0.0.1:3260,1".into(), "[::1]:3260,1".into()],
+        }];
+        for i in 0..self.extra_targets {
+            v.push(TargetInfo {
+                name: format!("iqn.2026-01.test:extra-target-with-a-long-name-{i:04}"),
+                alias: None,
+                tpgt: 1,
+                portals: vec!["127.0.0.1:3260,1".into()],
+            });
+        }
+        v
+    }
+    fn auth_required(&self, _target: Option<&str>, _initiator: &str) -> bool {
+        self.auth_required
+    }
+    fn chap_secret(&self, _target: Option<&str>, _initiator: &str, user: &str) -> Option<Secret> {
+        self.secret.as_ref().filter(|(u, _)| u == user).map(|(_, s)| Secret::from(s.as_str()))
+    }
+    fn target_credentials(&self, _target: Option<&str>, _initiator: &str) -> Option<(String, Secret)> {
+        self.target_creds.as_ref().map(|(u, s)| (u.clone(), Secret::from(s.as_str())))
+    }
+}
+
+fn seed() -> Seed {
+    let mut chap_challenge = [0u8; 32];
+    for (i, b) in chap_challenge.iter_mut().enumerate() {
+        *b = (i as u8).wrapping_mul(37).wrapping_add(11);
+    }
+    Seed { tsih: 0x1234, stat_sn: 1000, chap_id: 7, chap_challenge }
+}
+
+fn pattern(len: usize) -> Vec<u8> {
+    (0..len).map(|i| (i * 7 + 3) as u8).collect()
+}
+
+/// What the SCSI layer behind the target does.
+#[derive(Default)]
+struct Backend {
+    written: Vec<(u32, Vec<u8>)>,
+    /// Read length to return instead of the expected length.
+    read_len: Option<usize>,
+    /// Leave commands unanswered (to test windows and aborts).
+    hold: bool,
+    held: Vec<u32>,
+    tmfs: Vec<(TmfFunction, u32)>,
+    events: Vec<String>,
+}
+
+fn serve(t: &mut Target, b: &mut Backend) {
+    while let Some(ev) = t.poll_event() {
+        match ev {
+            Event::Command(c) => {
+                if b.hold {
+                    b.held.push(c.itt);
+                } else if c.write {
+                    b.written.push((c.itt, c.data.expect("write data")));
+                    t.send_response(c.itt, scsi_status::GOOD, None, None);
+                } else if c.read {
+                    let n = b.read_len.unwrap_or(c.expected_len as usize);
+                    t.send_data_in(c.itt, &pattern(n), Some(scsi_status::GOOD));
+                } else {
+                    t.send_response(c.itt, scsi_status::GOOD, None, None);
+                }
+            }
+            Event::TaskMgmt { itt, function, referenced_itt, .. } => {
+                b.tmfs.push((function, referenced_itt));
+                t.send_tmf_response(itt, tmf_response::COMPLETE);
+            }
+            other => b.events.push(format!("{other:?}")),
+        }
+    }
+}
+
+/// Moves bytes both ways until neither side has anything to send.
+fn step(h: &mut HostConnection, t: &mut Target, b: &mut Backend) {
+    for _ in 0..1000 {
+        let mut bytes = Vec::new();
+        h.take_transmit(&mut bytes);
+        let mut moved = !bytes.is_empty();
+        for chunk in bytes.chunks(37) {
+            let _ = t.handle_input(chunk);
+        }
+        serve(t, b);
+        let mut back = Vec::new();
+        t.take_transmit(&mut back);
+        moved |= !back.is_empty();
+        let _ = h.handle_input(&back);
+        if !moved {
+            return;
+        }
+    }
+    panic!("connection did not go idle");
+}
+
+fn target_cfg(digests: bool) -> TargetConfig {
+    let mut c = TargetConfig::default();
+    c.params.header_digest = digests;
+    c.params.data_digest = digests;
+    c
+}
+
+fn login_with(hc: HostConfig, tc: TargetConfig, policy: TestPolicy) -> (HostConnection, Target, Backend) {
+    let mut h = HostConnection::new(hc);
+    let mut t = Target::new(tc, Arc::new(policy), seed());
+    let mut b = Backend::default();
+    step(&mut h, &mut t, &mut b);
+    (h, t, b)
+}
+
+fn logged_in(hc: HostConfig, tc: TargetConfig) -> (HostConnection, Target, Backend) {
+    let (mut h, t, mut b) = login_with(hc, tc, TestPolicy::default());
+    assert!(h.is_full_feature(), "host not logged in: {:?}", h.poll_event());
+    assert!(matches!(h.poll_event(), Some(HostEvent::LoggedIn { tsih: 0x1234 })));
+    assert_eq!(t.state(), State::FullFeature);
+    assert!(b.events.iter().any(|e| e.starts_with("LoggedIn")), "{:?}", b.events);
+    b.events.clear();
+    (h, t, b)
+}
+
+fn completions(h: &mut HostConnection) -> Vec<Completion> {
+    let mut v = Vec::new();
+    while let Some(e) = h.poll_event() {
+        if let HostEvent::Completion(c) = e {
+            v.push(c);
+        }
+    }
+    v
+}
+
+fn host_events(h: &mut HostConnection) -> Vec<HostEvent> {
+    std::iter::from_fn(|| h.poll_event()).collect()
+}
+
+fn read10(blocks: u16) -> Vec<u8> {
+    let [hi, lo] = blocks.to_be_bytes();
+    vec![0x28, 0, 0, 0, 0, 0, 0, hi, lo, 0]
+}
+
+fn write10(blocks: u16) -> Vec<u8> {
+    let [hi, lo] = blocks.to_be_bytes();
+    vec![0x2a, 0, 0, 0, 0, 0, 0, hi, lo, 0]
+}
+
+/// Every PDU in `bytes`.
+fn pdus(bytes: &[u8], framing: Framing) -> Vec<(Bhs, Vec<u8>)> {
+    let mut out = Vec::new();
+    let mut at = 0;
+    while let Some(Ok(f)) = pdu::deframe(bytes.get(at..).unwrap_or_default(), framing) {
+        out.push((f.bhs, f.data.to_vec()));
+        at += f.len;
+    }
+    out
+}
+
+fn target_output(t: &mut Target) -> Vec<(Bhs, Vec<u8>)> {
+    let mut out = Vec::new();
+    t.take_transmit(&mut out);
+    let framing = Framing {
+        header_digest: t.params().header_digest,
+        data_digest: t.params().data_digest,
+        max_data_segment: 1 << 24,
+    };
+    pdus(&out, framing)
+}
+
+// ---- login ----
+
+#[test]
+fn logs_in_without_auth_and_negotiates_every_key() {
+    let mut hc = HostConfig::new(INITIATOR, Some(TARGET));
+    hc.params.header_digest = true;
+    hc.params.data_digest = true;
+    hc.params.max_burst_length = 65536;
+    hc.params.first_burst_length = 16384;
+    hc.params.max_recv_data_segment_length = 32768;
+    hc.params.default_time2wait = 5;
+    let (h, t, _) = logged_in(hc, target_cfg(true));
+    let (hp, tp) = (*h.params(), *t.params());
+    assert!(hp.header_digest && hp.data_digest && tp.header_digest && tp.data_digest);
+    assert_eq!((hp.max_burst_length, tp.max_burst_length), (65536, 65536));
+    assert_eq!((hp.first_burst_length, tp.first_burst_length), (16384, 16384));
+    assert_eq!(tp.peer_max_recv_data_segment_length, 32768);
+    assert_eq!(hp.peer_max_recv_data_segment_length, 262_144);
+    assert!(!tp.initial_r2t && tp.immediate_data);
+    assert_eq!(tp.max_outstanding_r2t, 8);
+    assert_eq!(tp.default_time2wait, 5);
+    assert_eq!(tp.error_recovery_level, 0);
+    assert_eq!(t.session_type(), SessionType::Normal);
+}
+
+fn chap_host(user: &str, secret: &str, algs: Vec<ChapAlgorithm>, mutual: Option<MutualChap>) -> HostConfig {
+    let mut hc = HostConfig::new(INITIATOR, Some(TARGET));
+    hc.chap = Some(HostChap { user: user.into(), secret: Secret::from(secret), algorithms: algs, mutual });
+    hc
+}
+
+fn chap_policy() -> TestPolicy {
+    TestPolicy { auth_required: true, secret: Some(("alice".into(), "initiator-secret".into())), ..Default::default() }
+}
+
+#[test]
+fn logs_in_with_chap_for_every_algorithm() {
+    for alg in ChapAlgorithm::ALL {
+        let hc = chap_host("alice", "initiator-secret", vec![alg], None);
+        let (mut h, t, _) = login_with(hc, target_cfg(false), chap_policy());
+        assert!(h.is_full_feature(), "{alg:?}: {:?}", host_events(&mut h));
+        assert_eq!(t.state(), State::FullFeature);
+    }
+}
+
+#[test]
+fn chap_picks_the_first_algorithm_of_the_initiators_list_that_target_supports() {
+    let hc = chap_host("alice", "initiator-secret", vec![ChapAlgorithm::SHA3_256, ChapAlgorithm::MD5], None);
+    let tc = TargetConfig { chap_algorithms: vec![ChapAlgorithm::MD5, ChapAlgorithm::SHA256], ..target_cfg(false) };
+    let (h, _, _) = login_with(hc, tc, chap_policy());
+    assert!(h.is_full_feature());
+    let hc = chap_host("alice", "initiator-secret", vec![ChapAlgorithm::SHA3_256], None);
+    let tc = TargetConfig { chap_algorithms: vec![ChapAlgorithm::MD5], ..target_cfg(false) };
+    let (mut h, _, _) = login_with(hc, tc, chap_policy());
+    assert!(host_events(&mut h).contains(&HostEvent::LoginFailed { status: login_status::AUTHENTICATION_FAILURE }));
+}
+
+fn mutual(secret: &str, challenge: Vec<u8>) -> MutualChap {
+    MutualChap { target_user: "the-target".into(), target_secret: Secret::from(secret), id: 42, challenge }
+}
+
+#[test]
+fn logs_in_with_mutual_chap() {
+    let policy = TestPolicy { target_creds: Some(("the-target".into(), "target-secret".into())), ..chap_policy() };
+    let hc =
+        chap_host("alice", "initiator-secret", vec![ChapAlgorithm::SHA256], Some(mutual("target-secret", vec![9; 32])));
+    let (mut h, t, _) = login_with(hc, target_cfg(false), policy.clone());
+    assert!(h.is_full_feature(), "{:?}", host_events(&mut h));
+    assert_eq!(t.state(), State::FullFeature);
+    // The initiator notices a target that does not know the right secret.
+    let hc = chap_host("alice", "initiator-secret", vec![ChapAlgorithm::SHA256], Some(mutual("other", vec![9; 32])));
+    let (mut h, _, _) = login_with(hc, target_cfg(false), policy.clone());
+    assert!(host_events(&mut h).contains(&HostEvent::TargetNotAuthenticated));
+    // A reflected challenge is refused by the target.
+    let reflected = seed().chap_challenge.get(..32).expect("challenge").to_vec();
+    let hc =
+        chap_host("alice", "initiator-secret", vec![ChapAlgorithm::SHA256], Some(mutual("target-secret", reflected)));
+    let (mut h, t, _) = login_with(hc, target_cfg(false), policy);
+    assert!(host_events(&mut h).contains(&HostEvent::LoginFailed { status: login_status::AUTHENTICATION_FAILURE }));
+    assert_eq!(t.state(), State::Closed);
+}
+
+#[test]
+fn refuses_login_with_the_rfc_status() {
+    let cases: Vec<(HostConfig, TestPolicy, u16)> = vec![
+        (chap_host("alice", "wrong", vec![ChapAlgorithm::MD5], None), chap_policy(), 0x0201),
+        (chap_host("mallory", "initiator-secret", vec![ChapAlgorithm::MD5], None), chap_policy(), 0x0201),
+        (HostConfig::new(INITIATOR, Some(TARGET)), chap_policy(), 0x0201),
+        (HostConfig::new(INITIATOR, Some("iqn.2026-01.test:nope")), TestPolicy::default(), 0x0203),
+        (HostConfig::new("iqn.2026-01.test:intruder", Some(TARGET)), TestPolicy::default(), 0x0202),
+    ];
+    for (hc, policy, want) in cases {
+        let (mut h, t, b) = login_with(hc, target_cfg(false), policy);
+        assert!(host_events(&mut h).contains(&HostEvent::LoginFailed { status: want }), "want {want:#06x}");
+        assert_eq!(t.state(), State::Closed);
+        assert!(b.events.iter().any(|e| e.starts_with("LoginFailed")));
+        assert!(!t.has_transmit());
+    }
+}
+
+fn raw_login(t: &mut Target, csg_nsg: (u8, u8), transit: bool, text: &[u8]) -> (Bhs, Vec<u8>) {
+    let mut b = Bhs::new(Opcode::LOGIN_REQ);
+    b.set_immediate(true)
+        .set_login_flags(transit, false, pdu::Stage(csg_nsg.0), pdu::Stage(csg_nsg.1))
+        .set_isid([0x80, 0, 0, 0, 0, 1])
+        .set_itt(1)
+        .set_cmd_sn(1);
+    let mut bytes = Vec::new();
+    pdu::encode(&mut bytes, &b, &[], text, Framing::default());
+    let _ = t.handle_input(&bytes);
+    let out = target_output(t);
+    out.into_iter().next().expect("a login response")
+}
+
+#[test]
+fn login_protocol_errors_get_initiator_error_statuses() {
+    let policy = Arc::new(TestPolicy::default());
+    let mut t = Target::new(target_cfg(false), policy.clone(), seed());
+    let (r, _) = raw_login(&mut t, (0, 1), true, b"SessionType=Normal\0TargetName=iqn.2026-01.test:disk1\0");
+    assert_eq!(r.login_status(), login_status::MISSING_PARAMETER);
+    let mut t = Target::new(target_cfg(false), policy.clone(), seed());
+    let (r, _) = raw_login(&mut t, (0, 1), true, b"InitiatorName=iqn.2026-01.test:host1\0SessionType=Normal\0");
+    assert_eq!(r.login_status(), login_status::MISSING_PARAMETER);
+    let mut t = Target::new(target_cfg(false), policy.clone(), seed());
+    let (r, _) = raw_login(&mut t, (0, 1), true, b"InitiatorName=iqn.2026-01.test:host1\0InitiatorName=x\0");
+    assert_eq!(r.login_status(), login_status::INITIATOR_ERROR);
+    let mut t = Target::new(target_cfg(false), policy.clone(), seed());
+    let (r, _) = raw_login(&mut t, (0, 1), true, b"InitiatorName=iqn.2026-01.test:host1\0SessionType=Bogus\0");
+    assert_eq!(r.login_status(), login_status::SESSION_TYPE_NOT_SUPPORTED);
+    // NSG must move forward.
+    let mut t = Target::new(target_cfg(false), policy.clone(), seed());
+    let (r, _) = raw_login(&mut t, (1, 0), true, b"InitiatorName=iqn.2026-01.test:host1\0SessionType=Discovery\0");
+    assert_eq!(r.login_status(), login_status::INITIATOR_ERROR);
+    // Version-min above what we speak.
+    let mut t = Target::new(target_cfg(false), policy, seed());
+    let mut b = Bhs::new(Opcode::LOGIN_REQ);
+    b.set_immediate(true).set_byte3(1);
+    let mut bytes = Vec::new();
+    pdu::encode(&mut bytes, &b, &[], b"InitiatorName=x\0", Framing::default());
+    let _ = t.handle_input(&bytes);
+    let out = target_output(&mut t);
+    assert_eq!(out.first().map(|p| p.0.login_status()), Some(login_status::UNSUPPORTED_VERSION));
+}
+
+#[test]
+fn first_login_response_declares_tpgt_and_operational_stage_answers_unknown_keys() {
+    let mut t = Target::new(target_cfg(false), Arc::new(TestPolicy::default()), seed());
+    let (r, data) = raw_login(
+        &mut t,
+        (1, 3),
+        true,
+        b"InitiatorName=iqn.2026-01.test:host1\0SessionType=Normal\0TargetName=iqn.2026-01.test:disk1\0\
+          X-com.example.Foo=1\0Bogus=2\0MaxBurstLength=1\0ImmediateData=No\0",
+    );
+    assert_eq!(r.login_status(), 0);
+    assert_eq!(r.tsih(), 0x1234);
+    assert!(r.flags() & flags::TRANSIT != 0);
+    let pairs = iscsi::text::parse(&data).expect("text");
+    let get = |k: &str| pairs.iter().find(|(key, _)| key == k).map(|(_, v)| v.as_str());
+    assert_eq!(get("TargetPortalGroupTag"), Some("1"));
+    assert_eq!(get("TargetAlias"), Some("disk one"));
+    assert_eq!(get("X-com.example.Foo"), Some("NotUnderstood"));
+    assert_eq!(get("Bogus"), Some("NotUnderstood"));
+    assert_eq!(get("MaxBurstLength"), Some("Reject"));
+    assert_eq!(get("ImmediateData"), Some("No"));
+    assert_eq!(get("MaxRecvDataSegmentLength"), Some("262144"));
+    assert_eq!(t.state(), State::FullFeature);
+}
+
+#[test]
+fn login_request_with_continue_bit_gets_an_empty_answer_then_the_whole_text_is_used() {
+    let mut t = Target::new(target_cfg(false), Arc::new(TestPolicy::default()), seed());
+    let mut b = Bhs::new(Opcode::LOGIN_REQ);
+    b.set_immediate(true)
+        .set_login_flags(false, true, pdu::Stage(1), pdu::Stage(0))
+        .set_isid([0x80, 0, 0, 0, 0, 1])
+        .set_itt(1)
+        .set_cmd_sn(1);
+    let mut bytes = Vec::new();
+    pdu::encode(&mut bytes, &b, &[], b"InitiatorName=iqn.2026-01.te", Framing::default());
+    let _ = t.handle_input(&bytes);
+    let out = target_output(&mut t);
+    assert_eq!(out.len(), 1);
+    assert!(out.first().is_some_and(|(r, d)| r.login_status() == 0 && d.is_empty()));
+    let (r, _) = raw_login(&mut t, (1, 3), true, b"st:host1\0SessionType=Discovery\0");
+    assert_eq!(r.login_status(), 0);
+    assert_eq!(t.session_type(), SessionType::Discovery);
+}
+
+// ---- full feature phase ----
+
+#[test]
+fn reads_with_phase_collapse_with_and_without_digests() {
+    for digests in [false, true] {
+        let mut hc = HostConfig::new(INITIATOR, Some(TARGET));
+        hc.params.header_digest = digests;
+        hc.params.data_digest = digests;
+        hc.params.max_recv_data_segment_length = 8192;
+        hc.params.max_burst_length = 16384;
+        let (mut h, mut t, mut b) = logged_in(hc, target_cfg(digests));
+        let itt = h.submit(0, &read10(64), 32768, Vec::new());
+        // Look at the wire: 4 Data-In PDUs of 8 KiB, F at each 16 KiB burst,
+        // S only on the last with status GOOD and no SCSI Response.
+        let mut bytes = Vec::new();
+        h.take_transmit(&mut bytes);
+        t.handle_input(&bytes).expect("valid");
+        serve(&mut t, &mut b);
+        let mut out = Vec::new();
+        t.take_transmit(&mut out);
+        let framing = Framing { header_digest: digests, data_digest: digests, max_data_segment: 1 << 20 };
+        let p = pdus(&out, framing);
+        assert_eq!(p.len(), 4);
+        let fl: Vec<u8> = p.iter().map(|(b, _)| b.flags()).collect();
+        assert_eq!(fl, vec![0, flags::FINAL, 0, flags::FINAL | flags::STATUS]);
+        let sns: Vec<u32> = p.iter().map(|(b, _)| b.data_sn()).collect();
+        assert_eq!(sns, vec![0, 1, 2, 3]);
+        let offs: Vec<u32> = p.iter().map(|(b, _)| b.buffer_offset()).collect();
+        assert_eq!(offs, vec![0, 8192, 16384, 24576]);
+        assert!(p.iter().all(|(b, _)| b.opcode() == Opcode::DATA_IN && b.itt() == itt));
+        h.handle_input(&out).expect("valid");
+        let c = completions(&mut h);
+        assert_eq!(c.len(), 1);
+        let c = c.first().expect("one");
+        assert!(c.collapsed);
+        assert_eq!((c.status, c.residual), (scsi_status::GOOD, None));
+        assert_eq!(c.data, pattern(32768));
+        assert_eq!(t.open_tasks(), 0);
+    }
+}
+
+#[test]
+fn reports_residual_underflow_and_overflow() {
+    let (mut h, mut t, mut b) = logged_in(HostConfig::new(INITIATOR, Some(TARGET)), target_cfg(false));
+    b.read_len = Some(1000);
+    h.submit(0, &read10(8), 4096, Vec::new());
+    step(&mut h, &mut t, &mut b);
+    let c = completions(&mut h);
+    let c = c.first().expect("done");
+    assert_eq!(c.residual, Some(Residual::Underflow(3096)));
+    assert_eq!(c.data, pattern(1000));
+    b.read_len = Some(5000);
+    h.submit(0, &[0x12, 0, 0, 0x13, 0x88, 0], 4096, Vec::new());
+    step(&mut h, &mut t, &mut b);
+    let c = completions(&mut h);
+    let c = c.first().expect("done");
+    assert_eq!(c.residual, Some(Residual::Overflow(904)));
+    assert_eq!(c.data, pattern(4096));
+}
+
+#[test]
+fn sends_check_condition_with_sense_after_data() {
+    let (mut h, mut t, mut b) = logged_in(HostConfig::new(INITIATOR, Some(TARGET)), target_cfg(false));
+    b.hold = true;
+    let itt = h.submit(0, &read10(1), 512, Vec::new());
+    step(&mut h, &mut t, &mut b);
+    let sense = [0x70, 0, 0x05, 0, 0, 0, 0, 10, 0, 0, 0, 0, 0x24, 0, 0, 0, 0, 0];
+    assert!(t.send_response(itt, scsi_status::CHECK_CONDITION, Some(&sense), None));
+    assert!(!t.send_response(itt, scsi_status::GOOD, None, None), "answered twice");
+    step(&mut h, &mut t, &mut b);
+    let c = completions(&mut h);
+    let c = c.first().expect("done");
+    assert_eq!((c.status, c.sense.as_slice(), c.collapsed), (scsi_status::CHECK_CONDITION, &sense[..], false));
+    assert_eq!(c.residual, Some(Residual::Underflow(512)));
+}
+
+#[test]
+fn writes_with_immediate_unsolicited_and_solicited_data() {
+    let mut hc = HostConfig::new(INITIATOR, Some(TARGET));
+    hc.params.first_burst_length = 16384;
+    hc.params.max_burst_length = 20000;
+    hc.params.max_outstanding_r2t = 2;
+    let mut tc = target_cfg(false);
+    tc.params.max_recv_data_segment_length = 4096;
+    let (mut h, mut t, mut b) = logged_in(hc, tc);
+    assert_eq!(h.params().peer_max_recv_data_segment_length, 4096);
+    let data = pattern(100_000);
+    let itt = h.submit(0, &write10(196), 0, data.clone());
+    step(&mut h, &mut t, &mut b);
+    assert_eq!(b.written, vec![(itt, data)]);
+    let c = completions(&mut h);
+    assert_eq!(c.first().map(|c| c.status), Some(scsi_status::GOOD));
+    // Small writes that fit the immediate data.
+    let itt = h.submit(0, &write10(1), 0, pattern(512));
+    step(&mut h, &mut t, &mut b);
+    assert!(b.written.iter().any(|(i, d)| *i == itt && *d == pattern(512)));
+}
+
+#[test]
+fn writes_with_r2t_only_when_initial_r2t_and_no_immediate_data() {
+    let mut hc = HostConfig::new(INITIATOR, Some(TARGET));
+    hc.params.initial_r2t = true;
+    hc.params.immediate_data = false;
+    hc.params.max_burst_length = 8192;
+    hc.params.max_outstanding_r2t = 1;
+    let mut tc = target_cfg(false);
+    tc.params.immediate_data = false;
+    let (mut h, mut t, mut b) = logged_in(hc, tc);
+    assert!(t.params().initial_r2t && !t.params().immediate_data);
+    let data = pattern(40000);
+    let itt = h.submit(3, &write10(79), 0, data.clone());
+    // The command goes alone, with F set and no data.
+    let mut bytes = Vec::new();
+    h.take_transmit(&mut bytes);
+    let p = pdus(&bytes, h.tx_framing());
+    assert_eq!(p.len(), 1, "{p:?}");
+    assert!(p.first().is_some_and(|(b, d)| b.final_bit() && d.is_empty()));
+    t.handle_input(&bytes).expect("valid");
+    let out = target_output(&mut t);
+    // One R2T outstanding (MaxOutstandingR2T=1), for the first burst.
+    assert_eq!(out.len(), 1, "{out:?} {:?}", t.params());
+    let (r2t, _) = out.first().expect("r2t");
+    assert_eq!(r2t.opcode(), Opcode::R2T);
+    assert_eq!((r2t.buffer_offset(), r2t.residual_count(), r2t.data_sn(), r2t.lun()), (0, 8192, 0, 3));
+    // Replay the R2T to the host and pump the rest.
+    let mut r2t_bytes = Vec::new();
+    pdu::encode(&mut r2t_bytes, r2t, &[], &[], Framing::default());
+    h.handle_input(&r2t_bytes).expect("valid");
+    step(&mut h, &mut t, &mut b);
+    assert_eq!(b.written, vec![(itt, data)]);
+}
+
+#[test]
+fn cmd_sn_window_limits_outstanding_commands() {
+    let tc = TargetConfig { queue_depth: 2, ..target_cfg(false) };
+    let (mut h, mut t, mut b) = logged_in(HostConfig::new(INITIATOR, Some(TARGET)), tc);
+    let (exp, max) = t.cmd_window();
+    assert_eq!(max, exp.wrapping_add(1));
+    b.hold = true;
+    for _ in 0..5 {
+        h.submit(0, &read10(1), 512, Vec::new());
+    }
+    step(&mut h, &mut t, &mut b);
+    assert_eq!(b.held.len(), 2);
+    assert_eq!(h.queued(), 3);
+    b.hold = false;
+    let held = std::mem::take(&mut b.held);
+    for itt in held {
+        t.send_data_in(itt, &pattern(512), Some(scsi_status::GOOD));
+    }
+    step(&mut h, &mut t, &mut b);
+    assert_eq!(completions(&mut h).len(), 5);
+    assert_eq!(h.queued(), 0);
+}
+
+#[test]
+fn drops_commands_outside_the_window_silently() {
+    let (mut h, mut t, mut b) = logged_in(HostConfig::new(INITIATOR, Some(TARGET)), target_cfg(false));
+    let (cmd_sn, exp_stat_sn, _, max) = h.sequence();
+    for sn in [max.wrapping_add(1), cmd_sn.wrapping_sub(1), cmd_sn.wrapping_add(1)] {
+        let mut c = Bhs::new(Opcode::SCSI_CMD);
+        c.set_flags(flags::FINAL | flags::READ)
+            .set_itt(0x77)
+            .set_expected_data_transfer_length(512)
+            .set_cmd_sn(sn)
+            .set_exp_stat_sn(exp_stat_sn)
+            .set_cdb(&read10(1));
+        h.send_raw(&c, &[], &[]);
+    }
+    step(&mut h, &mut t, &mut b);
+    assert!(host_events(&mut h).is_empty());
+    assert_eq!(t.open_tasks(), 0);
+    // The window did not move: a command at ExpCmdSN still works.
+    h.submit(0, &read10(1), 512, Vec::new());
+    step(&mut h, &mut t, &mut b);
+    assert_eq!(completions(&mut h).len(), 1);
+}
+
+#[test]
+fn extended_cdb_reaches_the_upper_layer() {
+    let (mut h, mut t, mut b) = logged_in(HostConfig::new(INITIATOR, Some(TARGET)), target_cfg(false));
+    b.hold = true;
+    let cdb32: Vec<u8> = (0..32).collect();
+    h.submit(0, &cdb32, 0, Vec::new());
+    let mut bytes = Vec::new();
+    h.take_transmit(&mut bytes);
+    t.handle_input(&bytes).expect("valid");
+    match t.poll_event() {
+        Some(Event::Command(c)) => assert_eq!(c.cdb, cdb32),
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn answers_nop_out_and_detects_a_dead_initiator() {
+    let (mut h, mut t, mut b) = logged_in(HostConfig::new(INITIATOR, Some(TARGET)), target_cfg(false));
+    let itt = h.nop(b"ping!");
+    step(&mut h, &mut t, &mut b);
+    assert_eq!(host_events(&mut h), vec![HostEvent::NopIn { itt, data: b"ping!".to_vec() }]);
+    // Pings every 5 s of silence; a live initiator answers.
+    t.on_tick(0);
+    assert_eq!(t.poll_timeout(), Some(5000));
+    t.on_tick(5000);
+    assert!(t.has_transmit());
+    assert_eq!(t.poll_timeout(), Some(20000));
+    step(&mut h, &mut t, &mut b);
+    t.on_tick(19_999);
+    t.on_tick(20_000);
+    assert!(b.events.is_empty());
+    assert_eq!(t.state(), State::FullFeature);
+    // A dead one does not.
+    let mut hc = HostConfig::new(INITIATOR, Some(TARGET));
+    hc.answer_pings = false;
+    let (mut h, mut t, mut b) = logged_in(hc, target_cfg(false));
+    t.on_tick(0);
+    t.on_tick(5000);
+    step(&mut h, &mut t, &mut b);
+    t.on_tick(19_999);
+    assert_eq!(t.state(), State::FullFeature);
+    t.on_tick(20_000);
+    assert!(matches!(t.poll_event(), Some(Event::Dead)));
+    assert_eq!(t.state(), State::Closed);
+}
+
+#[test]
+fn task_management_aborts_a_task() {
+    let (mut h, mut t, mut b) = logged_in(HostConfig::new(INITIATOR, Some(TARGET)), target_cfg(false));
+    b.hold = true;
+    let victim = h.submit(0, &read10(1), 512, Vec::new());
+    step(&mut h, &mut t, &mut b);
+    assert_eq!(t.open_tasks(), 1);
+    let tmf = h.task_mgmt(TmfFunction::ABORT_TASK.0, 0, victim);
+    step(&mut h, &mut t, &mut b);
+    assert_eq!(b.tmfs, vec![(TmfFunction::ABORT_TASK, victim)]);
+    assert_eq!(host_events(&mut h), vec![HostEvent::TaskMgmt { itt: tmf, response: tmf_response::COMPLETE }]);
+    assert_eq!(t.open_tasks(), 0);
+    assert!(!t.send_data_in(victim, &pattern(512), Some(scsi_status::GOOD)));
+    // TASK REASSIGN is answered by the connection itself at ERL 0.
+    let tmf = h.task_mgmt(TmfFunction::TASK_REASSIGN.0, 0, victim);
+    step(&mut h, &mut t, &mut b);
+    assert_eq!(
+        host_events(&mut h),
+        vec![HostEvent::TaskMgmt { itt: tmf, response: tmf_response::REASSIGNMENT_NOT_SUPPORTED }]
+    );
+    // LUN RESET clears every task of the LUN.
+    h.submit(0, &read10(1), 512, Vec::new());
+    h.submit(0, &read10(1), 512, Vec::new());
+    step(&mut h, &mut t, &mut b);
+    assert_eq!(t.open_tasks(), 2);
+    h.task_mgmt(TmfFunction::LOGICAL_UNIT_RESET.0, 0, RESERVED_TAG);
+    step(&mut h, &mut t, &mut b);
+    assert_eq!(t.open_tasks(), 0);
+}
+
+#[test]
+fn discovery_session_answers_send_targets_and_rejects_scsi_commands() {
+    let (mut h, mut t, mut b) = logged_in(HostConfig::new(INITIATOR, None), target_cfg(false));
+    assert_eq!(t.session_type(), SessionType::Discovery);
+    let itt = h.send_targets("All");
+    step(&mut h, &mut t, &mut b);
+    let ev = host_events(&mut h);
+    let want = vec![
+        ("TargetName".to_string(), TARGET.to_string()),
+        ("TargetAddress".to_string(), "127.0.0.1:3260,1".to_string()),
+        ("TargetAddress".to_string(), "[::1]:3260,1".to_string()),
+    ];
+    assert_eq!(ev, vec![HostEvent::Text { itt, pairs: want }]);
+    h.submit(0, &read10(1), 512, Vec::new());
+    step(&mut h, &mut t, &mut b);
+    assert!(matches!(
+        host_events(&mut h).first(),
+        Some(HostEvent::Reject { reason: RejectReason::PROTOCOL_ERROR, bhs: Some(_) })
+    ));
+}
+
+#[test]
+fn long_send_targets_answer_spans_several_text_responses() {
+    let mut hc = HostConfig::new(INITIATOR, None);
+    hc.params.max_recv_data_segment_length = 512;
+    let policy = TestPolicy { extra_targets: 40, ..Default::default() };
+    let (mut h, mut t, mut b) = login_with(hc, target_cfg(false), policy);
+    assert!(h.is_full_feature());
+    h.send_targets("All");
+    step(&mut h, &mut t, &mut b);
+    let ev = host_events(&mut h);
+    let Some(HostEvent::Text { pairs, .. }) = ev.last() else { panic!("{ev:?}") };
+    assert_eq!(pairs.iter().filter(|(k, _)| k == "TargetName").count(), 41);
+    assert!(pairs.iter().all(|(k, v)| k != "TargetName" || v.starts_with("iqn.")), "split inside a pair");
+}
+
+#[test]
+fn normal_session_send_targets_lists_only_its_target() {
+    let (mut h, mut t, mut b) = logged_in(HostConfig::new(INITIATOR, Some(TARGET)), target_cfg(false));
+    let itt = h.send_targets("");
+    step(&mut h, &mut t, &mut b);
+    let ev = host_events(&mut h);
+    let Some(HostEvent::Text { itt: got, pairs }) = ev.first() else { panic!("{ev:?}") };
+    assert_eq!(*got, itt);
+    assert_eq!(pairs.first(), Some(&("TargetName".to_string(), TARGET.to_string())));
+}
+
+#[test]
+fn logs_out() {
+    let (mut h, mut t, mut b) = logged_in(HostConfig::new(INITIATOR, Some(TARGET)), target_cfg(false));
+    h.logout(0);
+    step(&mut h, &mut t, &mut b);
+    assert_eq!(host_events(&mut h), vec![HostEvent::LoggedOut { response: 0, time2wait: 2, time2retain: 20 }]);
+    assert!(b.events.iter().any(|e| e.starts_with("LoggedOut")));
+    assert_eq!(t.state(), State::Closed);
+}
+
+// ---- hostile input ----
+
+fn reject_of(t: &mut Target) -> (RejectReason, Option<Bhs>) {
+    let out = target_output(t);
+    let (b, data) = out.into_iter().find(|(b, _)| b.opcode() == Opcode::REJECT).expect("a Reject");
+    assert_eq!(b.itt(), RESERVED_TAG);
+    (RejectReason(b.byte2()), Bhs::from_slice(&data))
+}
+
+fn session(digests: bool) -> (HostConnection, Target, Backend) {
+    let mut hc = HostConfig::new(INITIATOR, Some(TARGET));
+    hc.params.header_digest = digests;
+    hc.params.data_digest = digests;
+    let mut tc = target_cfg(digests);
+    tc.params.max_recv_data_segment_length = 8192;
+    logged_in(hc, tc)
+}
+
+fn send(h: &mut HostConnection, t: &mut Target, bhs: &Bhs, data: &[u8]) -> Result<(), iscsi::PduError> {
+    h.send_raw(bhs, &[], data);
+    let mut bytes = Vec::new();
+    h.take_transmit(&mut bytes);
+    t.handle_input(&bytes)
+}
+
+#[test]
+fn rejects_unknown_opcode_with_command_not_supported() {
+    let (mut h, mut t, _) = session(false);
+    let mut b = Bhs::new(Opcode(0x1c));
+    b.set_itt(5);
+    assert!(send(&mut h, &mut t, &b, &[]).is_ok());
+    let (reason, echoed) = reject_of(&mut t);
+    assert_eq!(reason, RejectReason::COMMAND_NOT_SUPPORTED);
+    assert_eq!(echoed, Some(b));
+    assert_eq!(t.state(), State::FullFeature);
+    // SNACK at ERL 0 is a protocol error.
+    let b = Bhs::new(Opcode::SNACK_REQ);
+    assert!(send(&mut h, &mut t, &b, &[]).is_ok());
+    assert_eq!(reject_of(&mut t).0, RejectReason::PROTOCOL_ERROR);
+}
+
+#[test]
+fn rejects_data_out_for_unknown_ttt_and_beyond_the_burst() {
+    let mut hc = HostConfig::new(INITIATOR, Some(TARGET));
+    hc.params.initial_r2t = true;
+    hc.params.immediate_data = false;
+    let (mut h, mut t, _) = logged_in(hc, target_cfg(false));
+    let (cmd_sn, exp_stat_sn, _, _) = h.sequence();
+    let mut c = Bhs::new(Opcode::SCSI_CMD);
+    c.set_flags(flags::FINAL | flags::WRITE)
+        .set_itt(9)
+        .set_expected_data_transfer_length(4096)
+        .set_cmd_sn(cmd_sn)
+        .set_exp_stat_sn(exp_stat_sn)
+        .set_cdb(&write10(8));
+    send(&mut h, &mut t, &c, &[]).expect("valid");
+    let out = target_output(&mut t);
+    let r2t = out.first().map(|p| p.0).expect("r2t");
+    assert_eq!(r2t.opcode(), Opcode::R2T);
+    let mut d = Bhs::new(Opcode::DATA_OUT);
+    d.set_flags(flags::FINAL).set_itt(9).set_ttt(r2t.ttt().wrapping_add(100));
+    assert!(send(&mut h, &mut t, &d, &[0; 512]).is_ok());
+    let (reason, echoed) = reject_of(&mut t);
+    assert_eq!(reason, RejectReason::INVALID_PDU_FIELD);
+    assert_eq!(echoed.map(|e| e.ttt()), Some(r2t.ttt().wrapping_add(100)));
+    // Offset inside the burst but data running past its end.
+    d.set_ttt(r2t.ttt()).set_buffer_offset(3840);
+    assert!(send(&mut h, &mut t, &d, &[0; 512]).is_ok());
+    assert_eq!(reject_of(&mut t).0, RejectReason::INVALID_PDU_FIELD);
+    // Unknown ITT.
+    d.set_itt(1234);
+    assert!(send(&mut h, &mut t, &d, &[0; 4]).is_ok());
+    assert_eq!(reject_of(&mut t).0, RejectReason::INVALID_PDU_FIELD);
+    // The correct Data-Out still completes the command.
+    d.set_itt(9).set_buffer_offset(0);
+    assert!(send(&mut h, &mut t, &d, &pattern(4096)).is_ok());
+    match t.poll_event() {
+        Some(Event::Command(cmd)) => assert_eq!(cmd.data, Some(pattern(4096))),
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn rejects_unsolicited_data_when_initial_r2t_is_yes() {
+    let mut hc = HostConfig::new(INITIATOR, Some(TARGET));
+    hc.params.initial_r2t = true;
+    let (mut h, mut t, _) = logged_in(hc, target_cfg(false));
+    let (cmd_sn, exp_stat_sn, _, _) = h.sequence();
+    let mut c = Bhs::new(Opcode::SCSI_CMD);
+    c.set_flags(flags::WRITE) // F clear: announces unsolicited Data-Out
+        .set_itt(9)
+        .set_expected_data_transfer_length(4096)
+        .set_cmd_sn(cmd_sn)
+        .set_exp_stat_sn(exp_stat_sn);
+    assert!(send(&mut h, &mut t, &c, &[]).is_ok());
+    assert_eq!(reject_of(&mut t).0, RejectReason::PROTOCOL_ERROR);
+    assert_eq!(t.cmd_window().0, cmd_sn.wrapping_add(1), "rejected command consumed its CmdSN");
+}
+
+#[test]
+fn data_segment_beyond_max_recv_data_segment_length_rejects_and_closes() {
+    let (mut h, mut t, _) = session(false);
+    let mut b = Bhs::new(Opcode::NOP_OUT);
+    b.set_immediate(true).set_flags(flags::FINAL).set_itt(3).set_ttt(RESERVED_TAG);
+    let e = send(&mut h, &mut t, &b, &[0; 8196]).expect_err("too long");
+    assert_eq!(e.field, "DataSegmentLength");
+    assert_eq!(reject_of(&mut t).0, RejectReason::PROTOCOL_ERROR);
+    assert_eq!(t.state(), State::Closed);
+}
+
+#[test]
+fn digest_errors_reject_data_and_close_on_headers() {
+    let (mut h, mut t, _) = session(true);
+    let mut b = Bhs::new(Opcode::NOP_OUT);
+    b.set_immediate(true).set_flags(flags::FINAL).set_itt(3).set_ttt(RESERVED_TAG);
+    h.send_raw(&b, &[], b"abcd");
+    let mut bytes = Vec::new();
+    h.take_transmit(&mut bytes);
+    let n = bytes.len();
+    if let Some(x) = bytes.get_mut(n - 1) {
+        *x ^= 0xff;
+    }
+    assert!(t.handle_input(&bytes).is_ok());
+    let (reason, echoed) = reject_of(&mut t);
+    assert_eq!(reason, RejectReason::DATA_DIGEST_ERROR);
+    assert_eq!(echoed.map(|e| e.itt()), Some(3));
+    // A header digest error leaves nothing to trust: close.
+    h.send_raw(&b, &[], b"abcd");
+    let mut bytes = Vec::new();
+    h.take_transmit(&mut bytes);
+    if let Some(x) = bytes.get_mut(49) {
+        *x ^= 0xff;
+    }
+    let e = t.handle_input(&bytes).expect_err("header digest");
+    assert_eq!(e.field, "HeaderDigest");
+    assert_eq!(t.state(), State::Closed);
+}
+
+#[test]
+fn write_with_corrupted_data_ends_in_check_condition() {
+    let mut hc = HostConfig::new(INITIATOR, Some(TARGET));
+    hc.params.data_digest = true;
+    let mut tc = target_cfg(true);
+    tc.params.header_digest = false;
+    let (mut h, mut t, mut b) = logged_in(hc, tc);
+    h.submit(0, &write10(1), 0, pattern(512));
+    let mut bytes = Vec::new();
+    h.take_transmit(&mut bytes);
+    let n = bytes.len();
+    if let Some(x) = bytes.get_mut(n - 5) {
+        *x ^= 1;
+    }
+    t.handle_input(&bytes).expect("recoverable");
+    serve(&mut t, &mut b);
+    assert!(b.written.is_empty());
+    let mut out = Vec::new();
+    t.take_transmit(&mut out);
+    h.handle_input(&out).expect("valid");
+    let ev = host_events(&mut h);
+    assert!(ev.iter().any(|e| matches!(e, HostEvent::Reject { reason: RejectReason::DATA_DIGEST_ERROR, .. })));
+    let c = ev.iter().find_map(|e| if let HostEvent::Completion(c) = e { Some(c.clone()) } else { None });
+    let c = c.expect("completion");
+    assert_eq!(c.status, scsi_status::CHECK_CONDITION);
+    assert_eq!(c.sense.get(12..14), Some(&[0x47u8, 0x05][..]));
+}
+
+#[test]
+fn ahs_length_beyond_the_pdu_is_rejected() {
+    let (h, mut t, _) = session(false);
+    let (cmd_sn, _, _, _) = h.sequence();
+    let mut c = Bhs::new(Opcode::SCSI_CMD);
+    c.set_flags(flags::FINAL).set_itt(4).set_cmd_sn(cmd_sn);
+    let mut bytes = Vec::new();
+    pdu::encode(&mut bytes, &c, &[0, 40, 1, 0], &[], Framing::default());
+    assert!(t.handle_input(&bytes).is_ok());
+    let (reason, _) = reject_of(&mut t);
+    assert_eq!(reason, RejectReason::PROTOCOL_ERROR);
+    assert_eq!(t.state(), State::FullFeature);
+}
+
+#[test]
+fn non_login_pdu_during_login_closes() {
+    let mut t = Target::new(target_cfg(false), Arc::new(TestPolicy::default()), seed());
+    let mut bytes = Vec::new();
+    pdu::encode(&mut bytes, &Bhs::new(Opcode::SCSI_CMD), &[], &[], Framing::default());
+    assert!(t.handle_input(&bytes).is_err());
+    assert_eq!(t.state(), State::Closed);
+}
+
+#[test]
+fn random_bytes_never_panic() {
+    let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+    let mut rnd = move || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    };
+    for round in 0..400 {
+        let (mut h, mut t, mut b) = if round % 2 == 0 {
+            session(round % 4 == 0)
+        } else {
+            let h = HostConnection::new(HostConfig::new(INITIATOR, Some(TARGET)));
+            let t = Target::new(target_cfg(false), Arc::new(chap_policy()), seed());
+            (h, t, Backend::default())
+        };
+        let len = (rnd() % 600) as usize;
+        let mut bytes: Vec<u8> = (0..len).map(|_| rnd() as u8).collect();
+        // Make many of them look like PDUs with plausible lengths.
+        if let (Some(b4), true) = (bytes.get_mut(4), len > 48) {
+            *b4 &= 3;
+        }
+        if let Some(b5) = bytes.get_mut(5) {
+            *b5 = 0;
+        }
+        for chunk in bytes.chunks(1 + (rnd() % 64) as usize) {
+            let _ = t.handle_input(chunk);
+        }
+        serve(&mut t, &mut b);
+        t.on_tick(rnd() % 100_000);
+        let mut out = Vec::new();
+        t.take_transmit(&mut out);
+        let _ = h.handle_input(&out);
+        let _ = h.handle_input(&bytes);
+        step(&mut h, &mut t, &mut b);
+    }
+}
+
+#[test]
+fn initiator_negotiation_result_matches_the_targets() {
+    // The same Params type describes both ends; what they agree on is the same.
+    let mut hc = HostConfig::new(INITIATOR, Some(TARGET));
+    hc.params = Params { max_outstanding_r2t: 3, default_time2retain: 0, ..hc.params };
+    let (h, t, _) = logged_in(hc, target_cfg(false));
+    let (hp, tp) = (h.params(), t.params());
+    assert_eq!(hp.max_outstanding_r2t, tp.max_outstanding_r2t);
+    assert_eq!(hp.default_time2retain, 0);
+    assert_eq!(hp.first_burst_length, tp.first_burst_length);
+    assert_eq!(hp.initial_r2t, tp.initial_r2t);
+}
+
+#[test]
+fn logout_waits_for_commands_in_flight_and_refuses_new_ones() {
+    let (mut h, mut t, mut b) = logged_in(HostConfig::new(INITIATOR, Some(TARGET)), target_cfg(false));
+    b.hold = true;
+    let itt = h.submit(0, &read10(1), 512, Vec::new());
+    step(&mut h, &mut t, &mut b);
+    h.logout(0);
+    step(&mut h, &mut t, &mut b);
+    assert!(host_events(&mut h).is_empty());
+    h.submit(0, &read10(1), 512, Vec::new());
+    step(&mut h, &mut t, &mut b);
+    assert!(matches!(
+        host_events(&mut h).first(),
+        Some(HostEvent::Reject { reason: RejectReason::WAITING_FOR_LOGOUT, .. })
+    ));
+    assert!(t.send_data_in(itt, &pattern(512), Some(scsi_status::GOOD)));
+    step(&mut h, &mut t, &mut b);
+    let ev = host_events(&mut h);
+    assert!(matches!(ev.first(), Some(HostEvent::Completion(c)) if c.itt == itt));
+    assert!(matches!(ev.last(), Some(HostEvent::LoggedOut { response: 0, .. })));
+    assert_eq!(t.state(), State::Closed);
+}

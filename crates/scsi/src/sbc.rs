@@ -1,0 +1,327 @@
+//! SBC-3 block commands: decode, check against the device and the limits,
+//! and turn into a [`BlockOp`]. Every range goes through
+//! `Device::check_range`; every length is computed with checked or
+//! widening arithmetic.
+
+use crate::cdb::{self, op, put, Bytes};
+use crate::sense::Sense;
+use crate::unit::LogicalUnit;
+use crate::{BlockOp, BlockRequest, Outcome};
+
+fn good<B>() -> Outcome<B> {
+    Outcome::Good { data_in: Vec::new() }
+}
+
+fn io<B>(lu: &LogicalUnit, op: BlockOp<B>) -> Outcome<B> {
+    Outcome::Io(BlockRequest { device: lu.device.clone(), op })
+}
+
+/// LBA and transfer length of a READ/WRITE/VERIFY-style CDB by size.
+fn lba_len(c: Bytes<'_>) -> (u64, u32) {
+    match cdb::cdb_len(c.u8(0)) {
+        Some(6) => {
+            // SBC-3 5.7/5.32: a length of 0 in the 6-byte CDBs means 256.
+            let len = match c.u8(4) {
+                0 => 256,
+                n => u32::from(n),
+            };
+            (u64::from(c.be24(1) & 0x1F_FFFF), len)
+        }
+        Some(10) => (u64::from(c.be32(2)), u32::from(c.be16(7))),
+        Some(12) => (u64::from(c.be32(2)), c.be32(6)),
+        _ => (c.be64(2), c.be32(10)),
+    }
+}
+
+/// Bytes in `blocks` blocks, when it fits a data-out length.
+fn byte_len(lu: &LogicalUnit, blocks: u64) -> Option<u32> {
+    u32::try_from(blocks.checked_mul(u64::from(lu.device.geometry().block_size))?).ok()
+}
+
+/// The data-out buffer of exactly `len` bytes, or what to answer instead.
+fn exact<B: AsRef<[u8]>>(data: Option<B>, len: u32) -> Result<B, Outcome<B>> {
+    match data {
+        None => Err(Outcome::NeedData { len }),
+        Some(d) if d.as_ref().len() as u64 == u64::from(len) => Ok(d),
+        Some(d) => {
+            log::debug!("data-out of {} bytes for a {len}-byte transfer", d.as_ref().len());
+            Err(Outcome::Check(Sense::INVALID_FIELD_IN_CDB))
+        }
+    }
+}
+
+pub(crate) fn execute<B: AsRef<[u8]>>(lu: &LogicalUnit, c: Bytes<'_>, data: Option<B>) -> Outcome<B> {
+    let opcode = c.u8(0);
+    match opcode {
+        op::READ_6 | op::READ_10 | op::READ_12 | op::READ_16 => read_write(lu, c, None, false),
+        op::WRITE_6 | op::WRITE_10 | op::WRITE_12 | op::WRITE_16 => read_write(lu, c, Some(data), false),
+        op::WRITE_AND_VERIFY_10 | op::WRITE_AND_VERIFY_12 | op::WRITE_AND_VERIFY_16 => {
+            read_write(lu, c, Some(data), true)
+        }
+        op::VERIFY_10 | op::VERIFY_12 | op::VERIFY_16 => verify(lu, c, data),
+        op::SYNCHRONIZE_CACHE_10 | op::SYNCHRONIZE_CACHE_16 | op::PRE_FETCH_10 | op::PRE_FETCH_16 => {
+            let (lba, blocks) = lba_len(c);
+            // A zero length reaches to the last block: only the LBA is checked.
+            if lu.device.check_range(lba, u64::from(blocks)).is_err() {
+                return Outcome::Check(Sense::LBA_OUT_OF_RANGE);
+            }
+            let sync = matches!(opcode, op::SYNCHRONIZE_CACHE_10 | op::SYNCHRONIZE_CACHE_16);
+            if sync && lu.device.volatile_write_cache() {
+                io(lu, BlockOp::Flush)
+            } else {
+                good()
+            }
+        }
+        op::WRITE_SAME_10 | op::WRITE_SAME_16 => write_same(lu, c, data),
+        op::UNMAP => unmap(lu, c, data),
+        op::COMPARE_AND_WRITE => compare_and_write(lu, c, data),
+        op::READ_CAPACITY_10 => read_capacity_10(lu, c),
+        op::SERVICE_ACTION_IN_16 => match u16::from(c.u8(1) & 0x1F) {
+            op::SAI_READ_CAPACITY_16 => read_capacity_16(lu, c),
+            op::SAI_GET_LBA_STATUS => get_lba_status(lu, c),
+            _ => Outcome::Check(Sense::invalid_cdb_field(1, Some(4))),
+        },
+        // Power conditions and medium removal mean nothing to these
+        // devices; like LIO, accept them (RMB is 0, so initiators that
+        // honour it never send PREVENT).
+        op::START_STOP_UNIT | op::PREVENT_ALLOW_MEDIUM_REMOVAL => good(),
+        _ => Outcome::Check(Sense::INVALID_OPCODE),
+    }
+}
+
+/// READ, WRITE and WRITE AND VERIFY of every size. `data` is `None` for
+/// reads and `Some(data_out)` for writes.
+fn read_write<B: AsRef<[u8]>>(lu: &LogicalUnit, c: Bytes<'_>, data: Option<Option<B>>, verify: bool) -> Outcome<B> {
+    let six = cdb::cdb_len(c.u8(0)) == Some(6);
+    // RDPROTECT/WRPROTECT: no protection information on these devices.
+    if !six && c.u8(1) >> 5 != 0 {
+        return Outcome::Check(Sense::invalid_cdb_field(1, Some(7)));
+    }
+    let fua = !six && c.bit(1, 3);
+    let (lba, blocks) = lba_len(c);
+    if lu.device.check_range(lba, u64::from(blocks)).is_err() {
+        return Outcome::Check(Sense::LBA_OUT_OF_RANGE);
+    }
+    if blocks == 0 {
+        return good();
+    }
+    if blocks > lu.limits.max_transfer_blocks {
+        let at = match cdb::cdb_len(c.u8(0)) {
+            Some(6) => 4,
+            Some(10) => 7,
+            Some(12) => 6,
+            _ => 10,
+        };
+        return Outcome::Check(Sense::invalid_cdb_field(at, None));
+    }
+    let Some(data) = data else {
+        return io(lu, BlockOp::Read { lba, blocks });
+    };
+    let Some(len) = byte_len(lu, u64::from(blocks)) else {
+        return Outcome::Check(Sense::INVALID_FIELD_IN_CDB);
+    };
+    match exact(data, len) {
+        Ok(data) => {
+            let fua = fua || verify || !lu.write_cache_enabled();
+            io(lu, BlockOp::Write { lba, data, fua })
+        }
+        Err(o) => o,
+    }
+}
+
+/// VERIFY(10/12/16) (SBC-3 5.27-5.29).
+fn verify<B: AsRef<[u8]>>(lu: &LogicalUnit, c: Bytes<'_>, data: Option<B>) -> Outcome<B> {
+    if c.u8(1) >> 5 != 0 {
+        return Outcome::Check(Sense::invalid_cdb_field(1, Some(7)));
+    }
+    let bytchk = (c.u8(1) >> 1) & 0x03;
+    let (lba, blocks) = lba_len(c);
+    if lu.device.check_range(lba, u64::from(blocks)).is_err() {
+        return Outcome::Check(Sense::LBA_OUT_OF_RANGE);
+    }
+    // BYTCHK 10b is reserved; 11b (one block against every block) is not
+    // supported.
+    if bytchk > 1 {
+        return Outcome::Check(Sense::invalid_cdb_field(1, Some(2)));
+    }
+    if blocks == 0 {
+        return good();
+    }
+    if blocks > lu.limits.max_transfer_blocks {
+        return Outcome::Check(Sense::INVALID_FIELD_IN_CDB);
+    }
+    if bytchk == 0 {
+        return io(lu, BlockOp::Verify { lba, blocks, data: None });
+    }
+    let Some(len) = byte_len(lu, u64::from(blocks)) else {
+        return Outcome::Check(Sense::INVALID_FIELD_IN_CDB);
+    };
+    match exact(data, len) {
+        Ok(d) => io(lu, BlockOp::Verify { lba, blocks, data: Some(d) }),
+        Err(o) => o,
+    }
+}
+
+/// WRITE SAME(10/16) (SBC-3 5.41-5.42). An all-zero block (or NDOB)
+/// becomes `WriteZeroes`, deallocating with UNMAP; any other block becomes
+/// `WriteSame`, which the executor replicates (UNMAP is only a hint there).
+fn write_same<B: AsRef<[u8]>>(lu: &LogicalUnit, c: Bytes<'_>, data: Option<B>) -> Outcome<B> {
+    let sixteen = c.u8(0) == op::WRITE_SAME_16;
+    let flags = c.u8(1);
+    if flags >> 5 != 0 {
+        return Outcome::Check(Sense::invalid_cdb_field(1, Some(7)));
+    }
+    // ANCHOR (anchored blocks unsupported), and PBDATA/LBDATA on (10).
+    if flags & 0x10 != 0 {
+        return Outcome::Check(Sense::invalid_cdb_field(1, Some(4)));
+    }
+    if !sixteen && flags & 0x06 != 0 {
+        return Outcome::Check(Sense::invalid_cdb_field(1, Some(2)));
+    }
+    let unmap = flags & 0x08 != 0;
+    let ndob = sixteen && flags & 0x01 != 0;
+    let (lba, blocks) = lba_len(c);
+    let blocks = u64::from(blocks);
+    // WSNZ is set in the Block Limits page.
+    if blocks == 0 {
+        return Outcome::Check(Sense::invalid_cdb_field(if sixteen { 10 } else { 7 }, None));
+    }
+    if lu.device.check_range(lba, blocks).is_err() {
+        return Outcome::Check(Sense::LBA_OUT_OF_RANGE);
+    }
+    if blocks > lu.limits.max_write_same_blocks {
+        return Outcome::Check(Sense::invalid_cdb_field(if sixteen { 10 } else { 7 }, None));
+    }
+    if ndob {
+        return io(lu, BlockOp::WriteZeroes { lba, blocks, unmap });
+    }
+    let block_size = lu.device.geometry().block_size;
+    match exact(data, block_size) {
+        Ok(block) if block.as_ref().iter().all(|&b| b == 0) => io(lu, BlockOp::WriteZeroes { lba, blocks, unmap }),
+        Ok(block) => io(lu, BlockOp::WriteSame { lba, blocks, block, fua: !lu.write_cache_enabled() }),
+        Err(o) => o,
+    }
+}
+
+/// UNMAP (SBC-3 5.28).
+fn unmap<B: AsRef<[u8]>>(lu: &LogicalUnit, c: Bytes<'_>, data: Option<B>) -> Outcome<B> {
+    if c.bit(1, 0) {
+        return Outcome::Check(Sense::invalid_cdb_field(1, Some(0)));
+    }
+    let len = c.be16(7);
+    if len == 0 {
+        return good();
+    }
+    if len < 8 {
+        return Outcome::Check(Sense::PARAMETER_LIST_LENGTH_ERROR);
+    }
+    let Some(data) = data else {
+        return Outcome::NeedData { len: u32::from(len) };
+    };
+    let all = data.as_ref();
+    let p = Bytes(all.get(..all.len().min(usize::from(len))).unwrap_or_default());
+    if p.len() < 8 {
+        return Outcome::Check(Sense::PARAMETER_LIST_LENGTH_ERROR);
+    }
+    // Descriptors the block descriptor data length announces and the list
+    // holds; an incomplete trailing descriptor is ignored.
+    let bd_len = usize::from(p.be16(2)).min(p.len().saturating_sub(8));
+    let count = bd_len / 16;
+    if count as u64 > u64::from(lu.limits.max_unmap_descriptors) {
+        return Outcome::Check(Sense::invalid_param_field(2, None));
+    }
+    let mut ranges = Vec::with_capacity(count);
+    let mut total = 0u64;
+    for i in 0..count {
+        let at = 8usize.saturating_add(i.saturating_mul(16));
+        let (lba, blocks) = (p.be64(at), u64::from(p.be32(at.saturating_add(8))));
+        if lu.device.check_range(lba, blocks).is_err() {
+            return Outcome::Check(Sense::LBA_OUT_OF_RANGE);
+        }
+        total = total.saturating_add(blocks);
+        if total > u64::from(lu.limits.max_unmap_lba_count) {
+            return Outcome::Check(Sense::invalid_param_field(at.saturating_add(8) as u16, None));
+        }
+        if blocks != 0 {
+            ranges.push((lba, blocks));
+        }
+    }
+    if ranges.is_empty() {
+        return good();
+    }
+    io(lu, BlockOp::Unmap { ranges })
+}
+
+/// COMPARE AND WRITE (SBC-3 5.2).
+fn compare_and_write<B: AsRef<[u8]>>(lu: &LogicalUnit, c: Bytes<'_>, data: Option<B>) -> Outcome<B> {
+    if c.u8(1) >> 5 != 0 {
+        return Outcome::Check(Sense::invalid_cdb_field(1, Some(7)));
+    }
+    let fua = c.bit(1, 3) || !lu.write_cache_enabled();
+    let lba = c.be64(2);
+    let blocks = c.u8(13);
+    if blocks > lu.limits.max_compare_and_write_blocks {
+        return Outcome::Check(Sense::invalid_cdb_field(13, None));
+    }
+    if lu.device.check_range(lba, u64::from(blocks)).is_err() {
+        return Outcome::Check(Sense::LBA_OUT_OF_RANGE);
+    }
+    if blocks == 0 {
+        return good();
+    }
+    let Some(len) = byte_len(lu, u64::from(blocks).saturating_mul(2)) else {
+        return Outcome::Check(Sense::INVALID_FIELD_IN_CDB);
+    };
+    match exact(data, len) {
+        Ok(data) => io(lu, BlockOp::CompareAndWrite { lba, blocks: u32::from(blocks), data, fua }),
+        Err(o) => o,
+    }
+}
+
+/// READ CAPACITY(10) (SBC-3 5.15).
+fn read_capacity_10<B>(lu: &LogicalUnit, c: Bytes<'_>) -> Outcome<B> {
+    // With PMI 0 the LOGICAL BLOCK ADDRESS must be zero.
+    if !c.bit(8, 0) && c.be32(2) != 0 {
+        return Outcome::Check(Sense::invalid_cdb_field(2, None));
+    }
+    let geo = lu.device.geometry();
+    let last = u32::try_from(geo.blocks.saturating_sub(1)).unwrap_or(u32::MAX);
+    let mut d = vec![0u8; 8];
+    put(&mut d, 0, &last.to_be_bytes());
+    put(&mut d, 4, &geo.block_size.to_be_bytes());
+    Outcome::Good { data_in: d }
+}
+
+/// READ CAPACITY(16) parameter data (SBC-3 5.16).
+pub(crate) fn read_capacity_16_data(lu: &LogicalUnit) -> Vec<u8> {
+    let geo = lu.device.geometry();
+    let mut d = vec![0u8; 32];
+    put(&mut d, 0, &geo.blocks.saturating_sub(1).to_be_bytes());
+    put(&mut d, 8, &geo.block_size.to_be_bytes());
+    // P_I_EXPONENT 0, LOGICAL BLOCKS PER PHYSICAL BLOCK EXPONENT.
+    cdb::set(&mut d, 13, lu.limits.physical_block_exponent & 0x0F);
+    // LBPME (UNMAP and WRITE SAME with UNMAP work); LBPRZ.
+    let lbprz = if lu.device.deallocate_reads_zeroes() { 0x40 } else { 0 };
+    cdb::set(&mut d, 14, 0x80 | lbprz);
+    d
+}
+
+fn read_capacity_16<B>(lu: &LogicalUnit, c: Bytes<'_>) -> Outcome<B> {
+    Outcome::Good { data_in: cdb::truncate(read_capacity_16_data(lu), c.be32(10)) }
+}
+
+/// GET LBA STATUS (SBC-3 5.5): one descriptor from the starting LBA to the
+/// end, reported mapped (deallocation is not tracked).
+fn get_lba_status<B>(lu: &LogicalUnit, c: Bytes<'_>) -> Outcome<B> {
+    let lba = c.be64(2);
+    let capacity = lu.device.geometry().blocks;
+    if lba >= capacity {
+        return Outcome::Check(Sense::LBA_OUT_OF_RANGE);
+    }
+    let blocks = u32::try_from(capacity.saturating_sub(lba)).unwrap_or(u32::MAX);
+    let mut d = vec![0u8; 24];
+    put(&mut d, 0, &20u32.to_be_bytes());
+    put(&mut d, 8, &lba.to_be_bytes());
+    put(&mut d, 16, &blocks.to_be_bytes());
+    Outcome::Good { data_in: cdb::truncate(d, c.be32(10)) }
+}

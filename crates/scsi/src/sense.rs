@@ -1,0 +1,276 @@
+//! Sense data (SPC-4 4.5): the one value every failed command carries, with
+//! the fixed (0x70) and descriptor (0x72) encodings, and the one mapping
+//! from a block-device error to sense ([`io_error_sense`]).
+
+use crate::cdb::{put, set};
+use std::io;
+
+/// SCSI status codes (SAM-5 5.3).
+pub mod status {
+    /// GOOD.
+    pub const GOOD: u8 = 0x00;
+    /// CHECK CONDITION: sense data describes the failure.
+    pub const CHECK_CONDITION: u8 = 0x02;
+    /// CONDITION MET.
+    pub const CONDITION_MET: u8 = 0x04;
+    /// BUSY.
+    pub const BUSY: u8 = 0x08;
+    /// RESERVATION CONFLICT.
+    pub const RESERVATION_CONFLICT: u8 = 0x18;
+    /// TASK SET FULL.
+    pub const TASK_SET_FULL: u8 = 0x28;
+    /// TASK ABORTED.
+    pub const TASK_ABORTED: u8 = 0x40;
+}
+
+/// Sense keys (SPC-4 4.5.6, table 27).
+pub mod key {
+    /// NO SENSE.
+    pub const NO_SENSE: u8 = 0x0;
+    /// NOT READY.
+    pub const NOT_READY: u8 = 0x2;
+    /// MEDIUM ERROR.
+    pub const MEDIUM_ERROR: u8 = 0x3;
+    /// HARDWARE ERROR.
+    pub const HARDWARE_ERROR: u8 = 0x4;
+    /// ILLEGAL REQUEST.
+    pub const ILLEGAL_REQUEST: u8 = 0x5;
+    /// UNIT ATTENTION.
+    pub const UNIT_ATTENTION: u8 = 0x6;
+    /// DATA PROTECT.
+    pub const DATA_PROTECT: u8 = 0x7;
+    /// ABORTED COMMAND.
+    pub const ABORTED_COMMAND: u8 = 0xB;
+    /// MISCOMPARE.
+    pub const MISCOMPARE: u8 = 0xE;
+}
+
+/// Where in the CDB or parameter list an invalid field sits (the
+/// sense-key specific field pointer, SPC-4 4.5.2.4.2).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FieldPointer {
+    /// True when the field is in the CDB, false for the parameter list.
+    pub in_cdb: bool,
+    /// Byte offset of the field.
+    pub byte: u16,
+    /// Bit of the field's most significant bit, when it is not a whole byte.
+    pub bit: Option<u8>,
+}
+
+/// Sense data: key, additional sense code and qualifier, optional
+/// INFORMATION field and optional field pointer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Sense {
+    /// Sense key.
+    pub key: u8,
+    /// Additional sense code.
+    pub asc: u8,
+    /// Additional sense code qualifier.
+    pub ascq: u8,
+    /// INFORMATION field (VALID bit set when present); the fixed format
+    /// carries its low 32 bits.
+    pub info: Option<u64>,
+    /// Sense-key specific field pointer (ILLEGAL REQUEST only).
+    pub field: Option<FieldPointer>,
+}
+
+impl Sense {
+    /// Sense data with key and additional sense code only.
+    pub const fn new(key: u8, asc: u8, ascq: u8) -> Sense {
+        Sense { key, asc, ascq, info: None, field: None }
+    }
+
+    /// NO SENSE / NO ADDITIONAL SENSE INFORMATION.
+    pub const NO_SENSE: Sense = Sense::new(key::NO_SENSE, 0x00, 0x00);
+    /// ILLEGAL REQUEST / INVALID COMMAND OPERATION CODE.
+    pub const INVALID_OPCODE: Sense = Sense::new(key::ILLEGAL_REQUEST, 0x20, 0x00);
+    /// ILLEGAL REQUEST / LOGICAL BLOCK ADDRESS OUT OF RANGE.
+    pub const LBA_OUT_OF_RANGE: Sense = Sense::new(key::ILLEGAL_REQUEST, 0x21, 0x00);
+    /// ILLEGAL REQUEST / INVALID FIELD IN CDB (no field pointer).
+    pub const INVALID_FIELD_IN_CDB: Sense = Sense::new(key::ILLEGAL_REQUEST, 0x24, 0x00);
+    /// ILLEGAL REQUEST / LOGICAL UNIT NOT SUPPORTED.
+    pub const LUN_NOT_SUPPORTED: Sense = Sense::new(key::ILLEGAL_REQUEST, 0x25, 0x00);
+    /// ILLEGAL REQUEST / INVALID FIELD IN PARAMETER LIST (no field pointer).
+    pub const INVALID_FIELD_IN_PARAMETER_LIST: Sense = Sense::new(key::ILLEGAL_REQUEST, 0x26, 0x00);
+    /// ILLEGAL REQUEST / INVALID RELEASE OF PERSISTENT RESERVATION.
+    pub const INVALID_RELEASE_OF_PR: Sense = Sense::new(key::ILLEGAL_REQUEST, 0x26, 0x04);
+    /// ILLEGAL REQUEST / PARAMETER LIST LENGTH ERROR.
+    pub const PARAMETER_LIST_LENGTH_ERROR: Sense = Sense::new(key::ILLEGAL_REQUEST, 0x1A, 0x00);
+    /// ILLEGAL REQUEST / SAVING PARAMETERS NOT SUPPORTED.
+    pub const SAVING_PARAMETERS_NOT_SUPPORTED: Sense = Sense::new(key::ILLEGAL_REQUEST, 0x39, 0x00);
+    /// MISCOMPARE / MISCOMPARE DURING VERIFY OPERATION.
+    pub const MISCOMPARE: Sense = Sense::new(key::MISCOMPARE, 0x1D, 0x00);
+    /// MEDIUM ERROR / WRITE ERROR.
+    pub const WRITE_ERROR: Sense = Sense::new(key::MEDIUM_ERROR, 0x0C, 0x00);
+    /// MEDIUM ERROR / UNRECOVERED READ ERROR.
+    pub const UNRECOVERED_READ_ERROR: Sense = Sense::new(key::MEDIUM_ERROR, 0x11, 0x00);
+    /// DATA PROTECT / SPACE ALLOCATION FAILED WRITE PROTECT (thin backing full).
+    pub const SPACE_ALLOCATION_FAILED: Sense = Sense::new(key::DATA_PROTECT, 0x27, 0x07);
+    /// UNIT ATTENTION / POWER ON, RESET, OR BUS DEVICE RESET OCCURRED.
+    pub const UA_POWER_ON_RESET: Sense = Sense::new(key::UNIT_ATTENTION, 0x29, 0x00);
+    /// UNIT ATTENTION / BUS DEVICE RESET FUNCTION OCCURRED (logical unit reset).
+    pub const UA_LUN_RESET: Sense = Sense::new(key::UNIT_ATTENTION, 0x29, 0x03);
+    /// UNIT ATTENTION / I_T NEXUS LOSS OCCURRED.
+    pub const UA_NEXUS_LOSS: Sense = Sense::new(key::UNIT_ATTENTION, 0x29, 0x07);
+    /// UNIT ATTENTION / MODE PARAMETERS CHANGED.
+    pub const UA_MODE_PARAMETERS_CHANGED: Sense = Sense::new(key::UNIT_ATTENTION, 0x2A, 0x01);
+    /// UNIT ATTENTION / RESERVATIONS PREEMPTED.
+    pub const UA_RESERVATIONS_PREEMPTED: Sense = Sense::new(key::UNIT_ATTENTION, 0x2A, 0x03);
+    /// UNIT ATTENTION / RESERVATIONS RELEASED.
+    pub const UA_RESERVATIONS_RELEASED: Sense = Sense::new(key::UNIT_ATTENTION, 0x2A, 0x04);
+    /// UNIT ATTENTION / REGISTRATIONS PREEMPTED.
+    pub const UA_REGISTRATIONS_PREEMPTED: Sense = Sense::new(key::UNIT_ATTENTION, 0x2A, 0x05);
+    /// UNIT ATTENTION / CAPACITY DATA HAS CHANGED.
+    pub const UA_CAPACITY_CHANGED: Sense = Sense::new(key::UNIT_ATTENTION, 0x2A, 0x09);
+    /// UNIT ATTENTION / COMMANDS CLEARED BY ANOTHER INITIATOR.
+    pub const UA_COMMANDS_CLEARED: Sense = Sense::new(key::UNIT_ATTENTION, 0x2F, 0x00);
+    /// UNIT ATTENTION / REPORTED LUNS DATA HAS CHANGED.
+    pub const UA_REPORTED_LUNS_CHANGED: Sense = Sense::new(key::UNIT_ATTENTION, 0x3F, 0x0E);
+
+    /// INVALID FIELD IN CDB pointing at `byte` (and `bit`, the field's most
+    /// significant bit, when the field is not a whole byte).
+    pub const fn invalid_cdb_field(byte: u16, bit: Option<u8>) -> Sense {
+        Sense { field: Some(FieldPointer { in_cdb: true, byte, bit }), ..Sense::INVALID_FIELD_IN_CDB }
+    }
+
+    /// INVALID FIELD IN PARAMETER LIST pointing at `byte`/`bit`.
+    pub const fn invalid_param_field(byte: u16, bit: Option<u8>) -> Sense {
+        Sense { field: Some(FieldPointer { in_cdb: false, byte, bit }), ..Sense::INVALID_FIELD_IN_PARAMETER_LIST }
+    }
+
+    /// MISCOMPARE DURING VERIFY OPERATION with the INFORMATION field set to
+    /// the byte offset of the first mismatch (SBC-3 5.2, 5.24).
+    pub const fn miscompare_at(offset: u64) -> Sense {
+        Sense { info: Some(offset), ..Sense::MISCOMPARE }
+    }
+
+    /// Whether this is a unit attention.
+    pub fn is_unit_attention(&self) -> bool {
+        self.key == key::UNIT_ATTENTION
+    }
+
+    /// The 18-byte fixed-format sense data (response code 0x70, current
+    /// error; SPC-4 4.5.3). INFORMATION carries the low 32 bits of `info`.
+    pub fn to_fixed_bytes(&self) -> Vec<u8> {
+        let mut b = vec![0u8; 18];
+        let info = self.info.map(|i| (i & 0xFFFF_FFFF) as u32);
+        put(&mut b, 0, &[if info.is_some() { 0xF0 } else { 0x70 }, 0, self.key & 0x0F]);
+        put(&mut b, 3, &info.unwrap_or(0).to_be_bytes());
+        set(&mut b, 7, 10);
+        put(&mut b, 12, &[self.asc, self.ascq]);
+        if let Some(sks) = self.sense_key_specific() {
+            put(&mut b, 15, &sks);
+        }
+        b
+    }
+
+    /// Descriptor-format sense data (response code 0x72; SPC-4 4.5.2) with
+    /// an information descriptor and a sense-key specific descriptor when
+    /// those fields are present.
+    pub fn to_descriptor_bytes(&self) -> Vec<u8> {
+        let mut b = vec![0x72, self.key & 0x0F, self.asc, self.ascq, 0, 0, 0, 0];
+        if let Some(info) = self.info {
+            b.extend_from_slice(&[0x00, 0x0A, 0x80, 0x00]);
+            b.extend_from_slice(&info.to_be_bytes());
+        }
+        if let Some(sks) = self.sense_key_specific() {
+            b.extend_from_slice(&[0x02, 0x06, 0x00]);
+            b.extend_from_slice(&sks);
+            b.extend_from_slice(&[0x00]);
+        }
+        let additional = b.len().saturating_sub(8) as u8;
+        if let Some(len) = b.get_mut(7) {
+            *len = additional;
+        }
+        b
+    }
+
+    /// The three sense-key specific bytes (SKSV set), if any.
+    fn sense_key_specific(&self) -> Option<[u8; 3]> {
+        let f = self.field?;
+        let mut first = 0x80u8;
+        if f.in_cdb {
+            first |= 0x40;
+        }
+        if let Some(bit) = f.bit {
+            first |= 0x08 | (bit & 0x07);
+        }
+        let [hi, lo] = f.byte.to_be_bytes();
+        Some([first, hi, lo])
+    }
+}
+
+/// The one mapping from a block-device error to sense data (`write` tells
+/// a failed write from a failed read).
+pub fn io_error_sense(err: &blockdev::Error, write: bool) -> Sense {
+    match err {
+        blockdev::Error::OutOfRange { .. } => Sense::LBA_OUT_OF_RANGE,
+        blockdev::Error::Misaligned { .. } | blockdev::Error::Unsupported(_) => Sense::INVALID_FIELD_IN_CDB,
+        blockdev::Error::Io(e) if write && e.kind() == io::ErrorKind::StorageFull => Sense::SPACE_ALLOCATION_FAILED,
+        _ if write => Sense::WRITE_ERROR,
+        _ => Sense::UNRECOVERED_READ_ERROR,
+    }
+}
+
+/// Compares `expected` (from the initiator) with `actual` (read from the
+/// medium): `None` when equal, otherwise MISCOMPARE with the offset of the
+/// first differing byte. A length difference counts as a mismatch at the
+/// end of the shorter buffer.
+pub fn miscompare(expected: &[u8], actual: &[u8]) -> Option<Sense> {
+    let first = expected.iter().zip(actual).position(|(a, b)| a != b);
+    match first {
+        Some(offset) => Some(Sense::miscompare_at(offset as u64)),
+        None if expected.len() != actual.len() => Some(Sense::miscompare_at(expected.len().min(actual.len()) as u64)),
+        None => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fixed_sense_lba_out_of_range_golden() {
+        let b = Sense::LBA_OUT_OF_RANGE.to_fixed_bytes();
+        assert_eq!(b, [0x70, 0, 0x05, 0, 0, 0, 0, 0x0A, 0, 0, 0, 0, 0x21, 0x00, 0, 0, 0, 0]);
+    }
+
+    #[test]
+    fn fixed_sense_carries_info_and_valid_bit() {
+        let b = Sense::miscompare_at(0x0102_0304).to_fixed_bytes();
+        assert_eq!(b, [0xF0, 0, 0x0E, 1, 2, 3, 4, 0x0A, 0, 0, 0, 0, 0x1D, 0x00, 0, 0, 0, 0]);
+    }
+
+    #[test]
+    fn fixed_sense_carries_field_pointer() {
+        let b = Sense::invalid_cdb_field(1, Some(5)).to_fixed_bytes();
+        assert_eq!(b, [0x70, 0, 0x05, 0, 0, 0, 0, 0x0A, 0, 0, 0, 0, 0x24, 0x00, 0, 0xCD, 0x00, 0x01]);
+        let b = Sense::invalid_param_field(0x102, None).to_fixed_bytes();
+        assert_eq!(b.get(15..18), Some(&[0x80, 0x01, 0x02][..]));
+    }
+
+    #[test]
+    fn descriptor_sense_has_information_descriptor() {
+        let b = Sense::miscompare_at(7).to_descriptor_bytes();
+        assert_eq!(b, [0x72, 0x0E, 0x1D, 0x00, 0, 0, 0, 12, 0x00, 0x0A, 0x80, 0, 0, 0, 0, 0, 0, 0, 0, 7]);
+        assert_eq!(Sense::NO_SENSE.to_descriptor_bytes(), [0x72, 0, 0, 0, 0, 0, 0, 0]);
+    }
+
+    #[test]
+    fn io_errors_map_to_sense_once() {
+        let oor = blockdev::Error::OutOfRange { lba: 1, blocks: 1, capacity: 1 };
+        assert_eq!(io_error_sense(&oor, false), Sense::LBA_OUT_OF_RANGE);
+        let eio = blockdev::Error::Io(io::Error::other("eio"));
+        assert_eq!(io_error_sense(&eio, true), Sense::WRITE_ERROR);
+        assert_eq!(io_error_sense(&eio, false), Sense::UNRECOVERED_READ_ERROR);
+        let full = blockdev::Error::Io(io::Error::from(io::ErrorKind::StorageFull));
+        assert_eq!(io_error_sense(&full, true), Sense::SPACE_ALLOCATION_FAILED);
+    }
+
+    #[test]
+    fn miscompare_reports_first_differing_offset() {
+        assert_eq!(miscompare(b"abcd", b"abcd"), None);
+        assert_eq!(miscompare(b"abcd", b"abXd"), Some(Sense::miscompare_at(2)));
+        assert_eq!(miscompare(b"abc", b"abcd"), Some(Sense::miscompare_at(3)));
+    }
+}

@@ -1,0 +1,1140 @@
+//! Command-level tests through `LogicalUnit::execute` on null and ram
+//! devices. No I/O runs: storage commands are checked as the
+//! `BlockRequest` they produce.
+#![allow(clippy::indexing_slicing, clippy::unwrap_used)]
+
+use crate::cdb::op;
+use crate::pr::prout_parameters;
+use crate::{BlockOp, Limits, LogicalUnit, Nexus, Outcome, Sense};
+use blockdev::Device;
+use std::sync::Arc;
+
+const BS: u32 = 512;
+const BLOCKS: u64 = 2048;
+const TARGET: &str = "iqn.2024-01.dev.ironwire:t0";
+
+fn ram_lu() -> LogicalUnit {
+    let dev = Device::ram("ram0", BLOCKS * u64::from(BS), BS).expect("ram device");
+    LogicalUnit::new(TARGET, 0, Arc::new(dev))
+}
+
+fn null_lu(size_bytes: u64) -> LogicalUnit {
+    let dev = Device::null("null0", size_bytes, BS).expect("null device");
+    LogicalUnit::new(TARGET, 1, Arc::new(dev))
+}
+
+fn nexus(n: u8) -> Nexus {
+    Nexus {
+        initiator: format!("iqn.1994-05.com.example:host{n},i,0x23d00000000{n}"),
+        target_port: format!("{TARGET},t,0x0001"),
+        relative_port: 1,
+        tpgt: 1,
+    }
+}
+
+fn exec(lu: &LogicalUnit, n: &Nexus, cdb: &[u8]) -> Outcome<Vec<u8>> {
+    lu.execute(n, cdb, None)
+}
+
+/// Runs a data-out command: expects NeedData of `data.len()`, then
+/// executes again with the data.
+fn exec_out(lu: &LogicalUnit, n: &Nexus, cdb: &[u8], data: Vec<u8>) -> Outcome<Vec<u8>> {
+    match lu.execute::<Vec<u8>>(n, cdb, None) {
+        Outcome::NeedData { len } => {
+            assert_eq!(len as usize, data.len(), "data-out length for {:#04x}", cdb[0]);
+            lu.execute(n, cdb, Some(data))
+        }
+        other => other,
+    }
+}
+
+#[track_caller]
+fn good(o: Outcome<Vec<u8>>) -> Vec<u8> {
+    match o {
+        Outcome::Good { data_in } => data_in,
+        other => panic!("expected GOOD, got {other:?}"),
+    }
+}
+
+#[track_caller]
+fn check(o: Outcome<Vec<u8>>) -> Sense {
+    match o {
+        Outcome::Check(s) => s,
+        other => panic!("expected CHECK CONDITION, got {other:?}"),
+    }
+}
+
+#[track_caller]
+fn block_op(o: Outcome<Vec<u8>>) -> BlockOp<Vec<u8>> {
+    match o {
+        Outcome::Io(req) => req.op,
+        other => panic!("expected a block request, got {other:?}"),
+    }
+}
+
+#[track_caller]
+fn conflict(o: Outcome<Vec<u8>>) {
+    assert!(matches!(o, Outcome::Status(0x18)), "expected RESERVATION CONFLICT, got {o:?}");
+}
+
+fn asc(s: Sense) -> (u8, u8, u8) {
+    (s.key, s.asc, s.ascq)
+}
+
+const INVALID_CDB: (u8, u8, u8) = (5, 0x24, 0);
+const INVALID_PARAM: (u8, u8, u8) = (5, 0x26, 0);
+const LBA_OOR: (u8, u8, u8) = (5, 0x21, 0);
+
+fn read10(lba: u32, blocks: u16, flags: u8) -> [u8; 10] {
+    let l = lba.to_be_bytes();
+    let n = blocks.to_be_bytes();
+    [op::READ_10, flags, l[0], l[1], l[2], l[3], 0, n[0], n[1], 0]
+}
+
+fn rw16(opcode: u8, lba: u64, blocks: u32, flags: u8) -> [u8; 16] {
+    let mut c = [0u8; 16];
+    c[0] = opcode;
+    c[1] = flags;
+    c[2..10].copy_from_slice(&lba.to_be_bytes());
+    c[10..14].copy_from_slice(&blocks.to_be_bytes());
+    c
+}
+
+fn inquiry(evpd: bool, page: u8, alloc: u16) -> [u8; 6] {
+    let a = alloc.to_be_bytes();
+    [op::INQUIRY, u8::from(evpd), page, a[0], a[1], 0]
+}
+
+// ---- INQUIRY ----
+
+#[test]
+fn standard_inquiry_golden_header() {
+    let lu = ram_lu();
+    let d = good(exec(&lu, &nexus(1), &inquiry(false, 0, 260)));
+    assert_eq!(d.len(), 96);
+    // Direct access, SPC-4, HISUP + format 2, additional length, CMDQUE.
+    assert_eq!(d[..8], [0x00, 0x00, 0x06, 0x12, 91, 0x00, 0x00, 0x02]);
+    assert_eq!(usize::from(d[4]), d.len() - 5);
+    assert_eq!(&d[8..16], b"IRONWIRE");
+    assert_eq!(&d[16..32], b"ironwire ram    ");
+    assert!(d[32..36].iter().all(|b| (0x20..0x7f).contains(b)));
+    // SAM-5, SPC-4, SBC-3, iSCSI version descriptors.
+    assert_eq!(d[58..66], [0x00, 0xA0, 0x04, 0x60, 0x04, 0xC0, 0x09, 0x60]);
+}
+
+#[test]
+fn inquiry_truncates_to_allocation_length() {
+    let lu = ram_lu();
+    assert_eq!(good(exec(&lu, &nexus(1), &inquiry(false, 0, 36))).len(), 36);
+    assert_eq!(good(exec(&lu, &nexus(1), &inquiry(true, 0x83, 4))).len(), 4);
+}
+
+#[test]
+fn inquiry_rejects_page_code_without_evpd_and_unknown_pages() {
+    let lu = ram_lu();
+    let s = check(exec(&lu, &nexus(1), &inquiry(false, 0x80, 255)));
+    assert_eq!(asc(s), INVALID_CDB);
+    assert_eq!(s.field.map(|f| (f.in_cdb, f.byte)), Some((true, 2)));
+    assert_eq!(asc(check(exec(&lu, &nexus(1), &inquiry(true, 0x87, 255)))), INVALID_CDB);
+    assert_eq!(asc(check(exec(&lu, &nexus(1), &[op::INQUIRY, 0x02, 0, 0, 255, 0]))), INVALID_CDB);
+}
+
+#[test]
+fn vpd_supported_pages_lists_every_page() {
+    let lu = ram_lu();
+    let d = good(exec(&lu, &nexus(1), &inquiry(true, 0, 255)));
+    assert_eq!(d, [0, 0, 0, 7, 0x00, 0x80, 0x83, 0x86, 0xB0, 0xB1, 0xB2]);
+    for page in &d[4..] {
+        let p = good(exec(&lu, &nexus(1), &inquiry(true, *page, 1024)));
+        assert_eq!(p[1], *page);
+        assert_eq!(usize::from(u16::from_be_bytes([p[2], p[3]])), p.len() - 4, "page {page:#04x} length");
+    }
+}
+
+#[test]
+fn vpd_unit_serial_number_matches_serial() {
+    let lu = ram_lu();
+    let d = good(exec(&lu, &nexus(1), &inquiry(true, 0x80, 255)));
+    assert_eq!(d[..4], [0, 0x80, 0, lu.serial.len() as u8]);
+    assert_eq!(&d[4..], lu.serial.as_bytes());
+}
+
+#[test]
+fn vpd_device_identification_golden_designators() {
+    let mut lu = ram_lu();
+    lu.naa = [0x60, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15];
+    lu.serial = "SN1".into();
+    let n = Nexus { initiator: "iqn.i,i,0x1".into(), target_port: "iqn.t,t,0x0002".into(), relative_port: 3, tpgt: 2 };
+    let d = good(exec(&lu, &n, &inquiry(true, 0x83, 1024)));
+    let mut want = vec![0x00, 0x83, 0x00, 0x00];
+    // NAA, binary, logical unit.
+    want.extend_from_slice(&[0x01, 0x03, 0x00, 0x10]);
+    want.extend_from_slice(&lu.naa);
+    // T10 vendor ID, ASCII, logical unit.
+    want.extend_from_slice(&[0x02, 0x01, 0x00, 11]);
+    want.extend_from_slice(b"IRONWIRESN1");
+    // Relative target port 3 and target port group 2, iSCSI, PIV.
+    want.extend_from_slice(&[0x51, 0x94, 0x00, 0x04, 0, 0, 0, 3]);
+    want.extend_from_slice(&[0x51, 0x95, 0x00, 0x04, 0, 0, 0, 2]);
+    // SCSI name strings: target port, then target device.
+    want.extend_from_slice(&[0x53, 0x98, 0x00, 16]);
+    want.extend_from_slice(b"iqn.t,t,0x0002\0\0");
+    want.extend_from_slice(&[0x53, 0xA8, 0x00, 8]);
+    want.extend_from_slice(b"iqn.t\0\0\0");
+    let len = (want.len() - 4) as u16;
+    want[2..4].copy_from_slice(&len.to_be_bytes());
+    assert_eq!(d, want);
+}
+
+#[test]
+fn naa_designator_is_stable_and_distinct_per_lun() {
+    let dev = Arc::new(Device::null("d", 1 << 20, BS).unwrap());
+    let a = LogicalUnit::new(TARGET, 0, dev.clone());
+    let b = LogicalUnit::new(TARGET, 0, dev.clone());
+    let c = LogicalUnit::new(TARGET, 1, dev.clone());
+    let d = LogicalUnit::new("iqn.other", 0, dev);
+    assert_eq!(a.naa, b.naa);
+    assert_eq!(a.serial, b.serial);
+    assert_ne!(a.naa, c.naa);
+    assert_ne!(a.naa, d.naa);
+    assert_eq!(a.naa[0] >> 4, 6, "NAA 6h");
+}
+
+#[test]
+fn vpd_block_limits_report_limits() {
+    let lu = ram_lu();
+    let d = good(exec(&lu, &nexus(1), &inquiry(true, 0xB0, 255)));
+    assert_eq!(d.len(), 64);
+    assert_eq!(d[4] & 1, 1, "WSNZ");
+    assert_eq!(d[5], lu.limits.max_compare_and_write_blocks);
+    assert_eq!(u16::from_be_bytes([d[6], d[7]]), 8, "4 KiB granularity of 512-byte blocks");
+    assert_eq!(u32::from_be_bytes(d[8..12].try_into().unwrap()), lu.limits.max_transfer_blocks);
+    assert_eq!(u32::from_be_bytes(d[20..24].try_into().unwrap()), lu.limits.max_unmap_lba_count);
+    assert_eq!(u32::from_be_bytes(d[24..28].try_into().unwrap()), lu.limits.max_unmap_descriptors);
+    assert_eq!(u64::from_be_bytes(d[36..44].try_into().unwrap()), lu.limits.max_write_same_blocks);
+}
+
+#[test]
+fn vpd_characteristics_and_provisioning_pages() {
+    let lu = ram_lu();
+    let b1 = good(exec(&lu, &nexus(1), &inquiry(true, 0xB1, 255)));
+    assert_eq!(b1[4..6], [0, 1], "non-rotating medium");
+    let b2 = good(exec(&lu, &nexus(1), &inquiry(true, 0xB2, 255)));
+    // LBPU, LBPWS, LBPWS10 and LBPRZ (ram reads zeros after deallocation).
+    assert_eq!(b2, [0, 0xB2, 0, 4, 0, 0xE4, 0x02, 0]);
+}
+
+// ---- READ CAPACITY, GET LBA STATUS ----
+
+#[test]
+fn read_capacity_10_reports_last_lba_and_block_size() {
+    let lu = ram_lu();
+    let d = good(exec(&lu, &nexus(1), &[op::READ_CAPACITY_10, 0, 0, 0, 0, 0, 0, 0, 0, 0]));
+    assert_eq!(d, [0, 0, 0x07, 0xFF, 0, 0, 0x02, 0]);
+    let s = check(exec(&lu, &nexus(1), &[op::READ_CAPACITY_10, 0, 0, 0, 0, 1, 0, 0, 0, 0]));
+    assert_eq!(asc(s), INVALID_CDB, "LBA without PMI");
+}
+
+#[test]
+fn read_capacity_10_saturates_for_large_devices() {
+    let lu = null_lu((1u64 << 33) * u64::from(BS));
+    let d = good(exec(&lu, &nexus(1), &[op::READ_CAPACITY_10, 0, 0, 0, 0, 0, 0, 0, 0, 0]));
+    assert_eq!(d[..4], [0xFF; 4]);
+    let d = good(exec(&lu, &nexus(1), &rw16(op::SERVICE_ACTION_IN_16, 0, 32, 0x10)));
+    assert_eq!(u64::from_be_bytes(d[..8].try_into().unwrap()), (1 << 33) - 1);
+}
+
+#[test]
+fn read_capacity_16_golden_layout() {
+    let lu = ram_lu();
+    let mut cdb = [0u8; 16];
+    cdb[0] = op::SERVICE_ACTION_IN_16;
+    cdb[1] = 0x10;
+    cdb[13] = 32;
+    let d = good(exec(&lu, &nexus(1), &cdb));
+    let mut want = [0u8; 32];
+    want[..8].copy_from_slice(&(BLOCKS - 1).to_be_bytes());
+    want[8..12].copy_from_slice(&BS.to_be_bytes());
+    want[13] = 3; // 8 logical blocks per 4 KiB physical block
+    want[14] = 0xC0; // LBPME, LBPRZ
+    assert_eq!(d, want);
+    cdb[13] = 12;
+    assert_eq!(good(exec(&lu, &nexus(1), &cdb)).len(), 12);
+}
+
+#[test]
+fn get_lba_status_reports_one_mapped_descriptor() {
+    let lu = ram_lu();
+    let d = good(exec(&lu, &nexus(1), &rw16(op::SERVICE_ACTION_IN_16, 100, 24, 0x12)));
+    let mut want = vec![0, 0, 0, 20, 0, 0, 0, 0];
+    want.extend_from_slice(&100u64.to_be_bytes());
+    want.extend_from_slice(&((BLOCKS - 100) as u32).to_be_bytes());
+    want.extend_from_slice(&[0; 4]);
+    assert_eq!(d, want);
+    let s = check(exec(&lu, &nexus(1), &rw16(op::SERVICE_ACTION_IN_16, BLOCKS, 24, 0x12)));
+    assert_eq!(asc(s), LBA_OOR);
+}
+
+// ---- READ / WRITE ----
+
+#[test]
+fn read10_becomes_a_read_request() {
+    let lu = ram_lu();
+    match block_op(exec(&lu, &nexus(1), &read10(10, 8, 0x18))) {
+        BlockOp::Read { lba: 10, blocks: 8 } => {}
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn read6_length_zero_means_256_blocks() {
+    let lu = ram_lu();
+    match block_op(exec(&lu, &nexus(1), &[op::READ_6, 0, 0, 5, 0, 0])) {
+        BlockOp::Read { lba: 5, blocks: 256 } => {}
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn zero_length_transfers_complete_without_io_but_check_the_lba() {
+    let lu = ram_lu();
+    assert!(good(exec(&lu, &nexus(1), &read10(0, 0, 0))).is_empty());
+    assert!(good(exec(&lu, &nexus(1), &rw16(op::WRITE_16, BLOCKS, 0, 0))).is_empty());
+    assert_eq!(asc(check(exec(&lu, &nexus(1), &read10(BLOCKS as u32 + 1, 0, 0)))), LBA_OOR);
+}
+
+#[test]
+fn reads_and_writes_past_the_end_fail_with_lba_out_of_range() {
+    let lu = ram_lu();
+    assert_eq!(asc(check(exec(&lu, &nexus(1), &read10(BLOCKS as u32 - 1, 2, 0)))), LBA_OOR);
+    assert_eq!(asc(check(exec(&lu, &nexus(1), &rw16(op::READ_16, u64::MAX, 1, 0)))), LBA_OOR);
+    assert_eq!(asc(check(exec(&lu, &nexus(1), &rw16(op::WRITE_16, 1 << 63, 1, 0)))), LBA_OOR);
+    let c12 = [op::READ_12, 0, 0xFF, 0xFF, 0xFF, 0xFF, 0, 0, 0, 1, 0, 0];
+    assert_eq!(asc(check(exec(&lu, &nexus(1), &c12))), LBA_OOR);
+}
+
+#[test]
+fn protection_fields_and_oversized_transfers_are_invalid() {
+    let lu = ram_lu();
+    let s = check(exec(&lu, &nexus(1), &read10(0, 1, 0x20)));
+    assert_eq!(asc(s), INVALID_CDB);
+    assert_eq!(s.field.map(|f| (f.byte, f.bit)), Some((1, Some(7))));
+    let mut small = ram_lu();
+    small.limits = Limits { max_transfer_blocks: 8, ..small.limits };
+    let s = check(exec(&small, &nexus(1), &rw16(op::READ_16, 0, 9, 0)));
+    assert_eq!(asc(s), INVALID_CDB);
+    assert_eq!(s.field.map(|f| f.byte), Some(10));
+    assert!(matches!(exec(&small, &nexus(1), &rw16(op::READ_16, 0, 8, 0)), Outcome::Io(_)));
+}
+
+#[test]
+fn write10_asks_for_data_then_writes_with_fua() {
+    let lu = ram_lu();
+    let cdb = [op::WRITE_10, 0x08, 0, 0, 0, 4, 0, 0, 2, 0];
+    match block_op(exec_out(&lu, &nexus(1), &cdb, vec![7; 1024])) {
+        BlockOp::Write { lba: 4, data, fua: true } => assert_eq!(data.len(), 1024),
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn write_without_fua_on_ram_is_not_forced_durable_only_when_cache_enabled() {
+    let lu = ram_lu();
+    // Ram has no volatile cache: WCE defaults off, so writes are write-through.
+    assert!(!lu.write_cache_enabled());
+    let cdb = rw16(op::WRITE_16, 0, 1, 0);
+    assert!(matches!(block_op(exec_out(&lu, &nexus(1), &cdb, vec![1; 512])), BlockOp::Write { fua: true, .. }));
+    set_wce(&lu, &nexus(1), true);
+    assert!(matches!(block_op(exec_out(&lu, &nexus(1), &cdb, vec![1; 512])), BlockOp::Write { fua: false, .. }));
+}
+
+#[test]
+fn write_with_wrong_data_length_is_rejected() {
+    let lu = ram_lu();
+    let cdb = rw16(op::WRITE_16, 0, 2, 0);
+    assert_eq!(asc(check(lu.execute(&nexus(1), &cdb, Some(vec![0u8; 512])))), INVALID_CDB);
+}
+
+#[test]
+fn write_and_verify_writes_durably() {
+    let lu = ram_lu();
+    let cdb = [op::WRITE_AND_VERIFY_10, 0x02, 0, 0, 0, 1, 0, 0, 1, 0];
+    assert!(matches!(block_op(exec_out(&lu, &nexus(1), &cdb, vec![1; 512])), BlockOp::Write { lba: 1, fua: true, .. }));
+}
+
+#[test]
+fn verify_without_bytchk_needs_no_data() {
+    let lu = ram_lu();
+    let cdb = [op::VERIFY_10, 0, 0, 0, 0, 9, 0, 0, 3, 0];
+    assert!(matches!(block_op(exec(&lu, &nexus(1), &cdb)), BlockOp::Verify { lba: 9, blocks: 3, data: None }));
+}
+
+#[test]
+fn verify_with_bytchk_compares_data_out() {
+    let lu = ram_lu();
+    let cdb = rw16(op::VERIFY_16, 2, 2, 0x02);
+    match block_op(exec_out(&lu, &nexus(1), &cdb, vec![5; 1024])) {
+        BlockOp::Verify { lba: 2, blocks: 2, data: Some(d) } => assert_eq!(d.len(), 1024),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(asc(check(exec(&lu, &nexus(1), &rw16(op::VERIFY_16, 2, 2, 0x06)))), INVALID_CDB);
+    assert_eq!(asc(check(exec(&lu, &nexus(1), &rw16(op::VERIFY_16, BLOCKS, 1, 0x02)))), LBA_OOR);
+}
+
+#[test]
+fn synchronize_cache_checks_range_and_needs_no_flush_on_ram() {
+    let lu = ram_lu();
+    let cdb = [op::SYNCHRONIZE_CACHE_10, 0, 0, 0, 0, 0, 0, 0, 0, 0];
+    assert!(good(exec(&lu, &nexus(1), &cdb)).is_empty());
+    let past = rw16(op::SYNCHRONIZE_CACHE_16, BLOCKS + 1, 0, 0);
+    assert_eq!(asc(check(exec(&lu, &nexus(1), &past))), LBA_OOR);
+}
+
+#[test]
+fn synchronize_cache_flushes_devices_with_volatile_cache() {
+    let path = std::env::temp_dir().join(format!("scsi-sync-{}.img", std::process::id()));
+    let dev = Device::file("f", &path, Some(1 << 20), BS).expect("file device");
+    let lu = LogicalUnit::new(TARGET, 0, Arc::new(dev));
+    assert!(lu.write_cache_enabled(), "WCE defaults on with a volatile cache");
+    let cdb = [op::SYNCHRONIZE_CACHE_10, 0, 0, 0, 0, 0, 0, 0, 0, 0];
+    assert!(matches!(block_op(exec(&lu, &nexus(1), &cdb)), BlockOp::Flush));
+    drop(lu);
+    let _ = std::fs::remove_file(path);
+}
+
+// ---- WRITE SAME, UNMAP, COMPARE AND WRITE ----
+
+#[test]
+fn write_same_of_zero_block_with_unmap_becomes_write_zeroes_with_deallocation() {
+    let lu = ram_lu();
+    let cdb = rw16(op::WRITE_SAME_16, 8, 100, 0x08);
+    match block_op(exec_out(&lu, &nexus(1), &cdb, vec![0; 512])) {
+        BlockOp::WriteZeroes { lba: 8, blocks: 100, unmap: true } => {}
+        other => panic!("{other:?}"),
+    }
+    let cdb10 = [op::WRITE_SAME_10, 0, 0, 0, 0, 8, 0, 0, 100, 0];
+    assert!(matches!(
+        block_op(exec_out(&lu, &nexus(1), &cdb10, vec![0; 512])),
+        BlockOp::WriteZeroes { unmap: false, .. }
+    ));
+}
+
+#[test]
+fn write_same_of_pattern_becomes_write_same() {
+    let lu = ram_lu();
+    let cdb = rw16(op::WRITE_SAME_16, 0, 16, 0x08);
+    match block_op(exec_out(&lu, &nexus(1), &cdb, vec![0xA5; 512])) {
+        BlockOp::WriteSame { lba: 0, blocks: 16, block, .. } => assert_eq!(block, vec![0xA5; 512]),
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn write_same_ndob_needs_no_data() {
+    let lu = ram_lu();
+    let cdb = rw16(op::WRITE_SAME_16, 0, 16, 0x09);
+    assert!(matches!(block_op(exec(&lu, &nexus(1), &cdb)), BlockOp::WriteZeroes { unmap: true, .. }));
+}
+
+#[test]
+fn write_same_rejects_zero_blocks_anchor_and_range() {
+    let lu = ram_lu();
+    assert_eq!(asc(check(exec(&lu, &nexus(1), &rw16(op::WRITE_SAME_16, 0, 0, 0)))), INVALID_CDB);
+    assert_eq!(asc(check(exec(&lu, &nexus(1), &rw16(op::WRITE_SAME_16, 0, 1, 0x10)))), INVALID_CDB);
+    assert_eq!(asc(check(exec(&lu, &nexus(1), &rw16(op::WRITE_SAME_16, BLOCKS + 1, 1, 0)))), LBA_OOR);
+    assert_eq!(asc(check(exec(&lu, &nexus(1), &rw16(op::WRITE_SAME_16, 1 << 63, 1, 0)))), LBA_OOR);
+    let mut small = ram_lu();
+    small.limits = Limits { max_write_same_blocks: 4, ..small.limits };
+    assert_eq!(asc(check(exec(&small, &nexus(1), &rw16(op::WRITE_SAME_16, 0, 5, 0)))), INVALID_CDB);
+}
+
+fn unmap_list(ranges: &[(u64, u32)]) -> Vec<u8> {
+    let bd = ranges.len() * 16;
+    let mut p = Vec::new();
+    p.extend_from_slice(&((bd + 6) as u16).to_be_bytes());
+    p.extend_from_slice(&(bd as u16).to_be_bytes());
+    p.extend_from_slice(&[0; 4]);
+    for (lba, n) in ranges {
+        p.extend_from_slice(&lba.to_be_bytes());
+        p.extend_from_slice(&n.to_be_bytes());
+        p.extend_from_slice(&[0; 4]);
+    }
+    p
+}
+
+fn unmap_cdb(len: usize) -> [u8; 10] {
+    let l = (len as u16).to_be_bytes();
+    [op::UNMAP, 0, 0, 0, 0, 0, 0, l[0], l[1], 0]
+}
+
+#[test]
+fn unmap_parses_descriptors_and_skips_empty_ones() {
+    let lu = ram_lu();
+    let p = unmap_list(&[(0, 8), (100, 0), (2000, 48)]);
+    match block_op(exec_out(&lu, &nexus(1), &unmap_cdb(p.len()), p)) {
+        BlockOp::Unmap { ranges } => assert_eq!(ranges, [(0, 8), (2000, 48)]),
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn unmap_with_no_descriptors_or_zero_length_is_good() {
+    let lu = ram_lu();
+    assert!(good(exec(&lu, &nexus(1), &unmap_cdb(0))).is_empty());
+    let p = unmap_list(&[]);
+    assert!(good(exec_out(&lu, &nexus(1), &unmap_cdb(p.len()), p)).is_empty());
+}
+
+#[test]
+fn unmap_rejects_bad_lists() {
+    let lu = ram_lu();
+    let s = check(exec(&lu, &nexus(1), &unmap_cdb(7)));
+    assert_eq!(asc(s), (5, 0x1A, 0), "parameter list length error");
+    let p = unmap_list(&[(2040, 9)]);
+    assert_eq!(asc(check(exec_out(&lu, &nexus(1), &unmap_cdb(p.len()), p))), LBA_OOR);
+    let mut small = ram_lu();
+    small.limits = Limits { max_unmap_lba_count: 10, max_unmap_descriptors: 2, ..small.limits };
+    let p = unmap_list(&[(0, 6), (10, 6)]);
+    assert_eq!(asc(check(exec_out(&small, &nexus(1), &unmap_cdb(p.len()), p))), INVALID_PARAM);
+    let p = unmap_list(&[(0, 1), (10, 1), (20, 1)]);
+    assert_eq!(asc(check(exec_out(&small, &nexus(1), &unmap_cdb(p.len()), p))), INVALID_PARAM);
+    let anchor = [op::UNMAP, 1, 0, 0, 0, 0, 0, 0, 24, 0];
+    assert_eq!(asc(check(exec(&lu, &nexus(1), &anchor))), INVALID_CDB);
+}
+
+#[test]
+fn unmap_ignores_truncated_trailing_descriptor() {
+    let lu = ram_lu();
+    let mut p = unmap_list(&[(0, 8), (16, 8)]);
+    p.truncate(p.len() - 4);
+    match block_op(exec_out(&lu, &nexus(1), &unmap_cdb(p.len()), p)) {
+        BlockOp::Unmap { ranges } => assert_eq!(ranges, [(0, 8)]),
+        other => panic!("{other:?}"),
+    }
+}
+
+fn caw(lba: u64, blocks: u8) -> [u8; 16] {
+    let mut c = [0u8; 16];
+    c[0] = op::COMPARE_AND_WRITE;
+    c[2..10].copy_from_slice(&lba.to_be_bytes());
+    c[13] = blocks;
+    c
+}
+
+#[test]
+fn compare_and_write_needs_twice_the_blocks() {
+    let lu = ram_lu();
+    match block_op(exec_out(&lu, &nexus(1), &caw(7, 1), vec![1; 1024])) {
+        BlockOp::CompareAndWrite { lba: 7, blocks: 1, data, .. } => assert_eq!(data.len(), 1024),
+        other => panic!("{other:?}"),
+    }
+    assert!(good(exec(&lu, &nexus(1), &caw(7, 0))).is_empty());
+    assert_eq!(asc(check(exec(&lu, &nexus(1), &caw(BLOCKS, 1)))), LBA_OOR);
+    let mut small = ram_lu();
+    small.limits = Limits { max_compare_and_write_blocks: 1, ..small.limits };
+    assert_eq!(asc(check(exec(&small, &nexus(1), &caw(0, 2)))), INVALID_CDB);
+}
+
+#[test]
+fn miscompare_sense_carries_offset_in_information_field() {
+    let s = crate::miscompare(&[1, 2, 3, 4], &[1, 2, 9, 4]).unwrap();
+    assert_eq!(asc(s), (0x0E, 0x1D, 0));
+    let b = s.to_fixed_bytes();
+    assert_eq!(b[0], 0xF0);
+    assert_eq!(b[3..7], [0, 0, 0, 2]);
+}
+
+#[test]
+fn block_request_completion_maps_device_errors() {
+    let lu = ram_lu();
+    let Outcome::Io(req) = exec(&lu, &nexus(1), &read10(0, 1, 0)) else { panic!("expected I/O") };
+    assert_eq!(req.complete(Ok(())), Ok(()));
+    let err = blockdev::Error::Io(std::io::Error::other("eio"));
+    assert_eq!(req.complete(Err(err)), Err(Sense::UNRECOVERED_READ_ERROR));
+}
+
+// ---- MODE SENSE / MODE SELECT ----
+
+fn mode_sense6(page: u8, pc: u8, dbd: bool, alloc: u8) -> [u8; 6] {
+    [op::MODE_SENSE_6, if dbd { 0x08 } else { 0 }, (pc << 6) | page, 0, alloc, 0]
+}
+
+#[test]
+fn mode_sense6_all_pages_has_header_descriptor_and_pages() {
+    let lu = ram_lu();
+    let d = good(exec(&lu, &nexus(1), &mode_sense6(0x3F, 0, false, 255)));
+    assert_eq!(usize::from(d[0]), d.len() - 1);
+    assert_eq!(d[1..4], [0, 0x10, 8], "medium type, DPOFUA, block descriptor length");
+    // Short block descriptor: blocks and block length.
+    assert_eq!(d[4..12], [0, 0, 0x08, 0x00, 0, 0, 0x02, 0x00]);
+    // Caching (20 bytes), control (12), informational exceptions (12).
+    assert_eq!(d[12..14], [0x08, 0x12]);
+    assert_eq!(d[32..34], [0x0A, 0x0A]);
+    assert_eq!(d[44..46], [0x1C, 0x0A]);
+    assert_eq!(d.len(), 56);
+}
+
+#[test]
+fn mode_sense_caching_page_reflects_wce_and_changeable_mask() {
+    let lu = ram_lu();
+    let d = good(exec(&lu, &nexus(1), &mode_sense6(0x08, 0, true, 255)));
+    assert_eq!(d[3], 0, "DBD: no block descriptor");
+    assert_eq!(d[4..7], [0x08, 0x12, 0x00]);
+    let d = good(exec(&lu, &nexus(1), &mode_sense6(0x08, 1, true, 255)));
+    assert_eq!(d[6], 0x04, "WCE is changeable");
+    set_wce(&lu, &nexus(1), true);
+    let d = good(exec(&lu, &nexus(1), &mode_sense6(0x08, 0, true, 255)));
+    assert_eq!(d[6], 0x04);
+    let d = good(exec(&lu, &nexus(1), &mode_sense6(0x08, 2, true, 255)));
+    assert_eq!(d[6], 0x00, "default follows the device's cache");
+}
+
+#[test]
+fn mode_sense_rejects_saved_values_and_unknown_pages() {
+    let lu = ram_lu();
+    assert_eq!(asc(check(exec(&lu, &nexus(1), &mode_sense6(0x08, 3, false, 255)))), (5, 0x39, 0));
+    assert_eq!(asc(check(exec(&lu, &nexus(1), &mode_sense6(0x19, 0, false, 255)))), INVALID_CDB);
+    let sub = [op::MODE_SENSE_6, 0, 0x08, 0x01, 255, 0];
+    assert_eq!(asc(check(exec(&lu, &nexus(1), &sub))), INVALID_CDB);
+    let all_sub = [op::MODE_SENSE_6, 0, 0x3F, 0xFF, 255, 0];
+    assert!(!good(exec(&lu, &nexus(1), &all_sub)).is_empty());
+}
+
+#[test]
+fn mode_sense10_long_lba_descriptor() {
+    let lu = ram_lu();
+    let cdb = [op::MODE_SENSE_10, 0x10, 0x0A, 0, 0, 0, 0, 0x01, 0x00, 0];
+    let d = good(exec(&lu, &nexus(1), &cdb));
+    assert_eq!(usize::from(u16::from_be_bytes([d[0], d[1]])), d.len() - 2);
+    assert_eq!(d[2..8], [0, 0x10, 0x01, 0, 0, 16]);
+    assert_eq!(d[8..16], BLOCKS.to_be_bytes());
+    assert_eq!(d[20..24], BS.to_be_bytes());
+    assert_eq!(d[24..26], [0x0A, 0x0A]);
+    assert_eq!(d.len(), 36);
+}
+
+fn caching_page(wce: bool) -> Vec<u8> {
+    let mut p = vec![0u8; 20];
+    p[0] = 0x08;
+    p[1] = 0x12;
+    if wce {
+        p[2] = 0x04;
+    }
+    p
+}
+
+fn set_wce(lu: &LogicalUnit, n: &Nexus, wce: bool) {
+    let mut list = vec![0u8, 0, 0, 0];
+    list.extend(caching_page(wce));
+    let cdb = [op::MODE_SELECT_6, 0x10, 0, 0, list.len() as u8, 0];
+    assert!(good(exec_out(lu, n, &cdb, list)).is_empty());
+    assert_eq!(lu.write_cache_enabled(), wce);
+}
+
+#[test]
+fn mode_select_changes_wce_and_tells_other_nexuses() {
+    let lu = ram_lu();
+    let (a, b) = (nexus(1), nexus(2));
+    good(exec(&lu, &b, &[0; 6]));
+    set_wce(&lu, &a, true);
+    assert_eq!(check(exec(&lu, &b, &[0; 6])), Sense::UA_MODE_PARAMETERS_CHANGED);
+    assert!(good(exec(&lu, &b, &[0; 6])).is_empty(), "reported once");
+    assert!(good(exec(&lu, &a, &[0; 6])).is_empty(), "not to the issuer");
+}
+
+#[test]
+fn mode_select_rejects_unchangeable_fields_and_sp() {
+    let lu = ram_lu();
+    let mut list = vec![0u8, 0, 0, 0];
+    let mut page = caching_page(true);
+    page[2] |= 0x01; // RCD is not changeable
+    list.extend(page);
+    let cdb = [op::MODE_SELECT_6, 0x10, 0, 0, list.len() as u8, 0];
+    let s = check(exec_out(&lu, &nexus(1), &cdb, list));
+    assert_eq!(asc(s), INVALID_PARAM);
+    assert_eq!(s.field.map(|f| (f.in_cdb, f.byte)), Some((false, 6)));
+    assert!(!lu.write_cache_enabled(), "nothing applied");
+    let sp = [op::MODE_SELECT_6, 0x11, 0, 0, 24, 0];
+    assert_eq!(asc(check(exec(&lu, &nexus(1), &sp))), INVALID_CDB);
+    // Control page with a changed QAM.
+    let mut list = vec![0u8, 0, 0, 0, 0x0A, 0x0A, 0, 0x00, 0, 0, 0, 0, 0xFF, 0xFF, 0, 0];
+    let cdb = [op::MODE_SELECT_6, 0x10, 0, 0, list.len() as u8, 0];
+    assert_eq!(asc(check(exec_out(&lu, &nexus(1), &cdb, list.clone()))), INVALID_PARAM);
+    list[7] = 0x10;
+    assert!(good(exec_out(&lu, &nexus(1), &cdb, list)).is_empty(), "unchanged control page is accepted");
+}
+
+#[test]
+fn mode_select10_accepts_matching_block_descriptor() {
+    let lu = ram_lu();
+    let mut list = vec![0u8, 0, 0, 0, 0, 0, 0, 8];
+    list.extend_from_slice(&[0, 0, 0, 0, 0, 0, 0x02, 0x00]);
+    list.extend(caching_page(true));
+    let l = (list.len() as u16).to_be_bytes();
+    let cdb = [op::MODE_SELECT_10, 0x10, 0, 0, 0, 0, 0, l[0], l[1], 0];
+    assert!(good(exec_out(&lu, &nexus(1), &cdb, list.clone())).is_empty());
+    assert!(lu.write_cache_enabled());
+    list[14] = 0x10; // 4096-byte blocks
+    assert_eq!(asc(check(exec_out(&lu, &nexus(1), &cdb, list))), INVALID_PARAM);
+}
+
+// ---- REQUEST SENSE, unit attentions, task management ----
+
+#[test]
+fn request_sense_without_pending_condition_reports_no_sense() {
+    let lu = ram_lu();
+    let d = good(exec(&lu, &nexus(1), &[op::REQUEST_SENSE, 0, 0, 0, 252, 0]));
+    assert_eq!(d, Sense::NO_SENSE.to_fixed_bytes());
+    let d = good(exec(&lu, &nexus(1), &[op::REQUEST_SENSE, 1, 0, 0, 252, 0]));
+    assert_eq!(d, [0x72, 0, 0, 0, 0, 0, 0, 0]);
+}
+
+#[test]
+fn lun_reset_sets_unit_attention_for_other_nexuses_once() {
+    let lu = ram_lu();
+    let (a, b) = (nexus(1), nexus(2));
+    lu.nexus_created(&a);
+    lu.nexus_created(&b);
+    lu.lun_reset(&a);
+    // INQUIRY neither reports nor clears it.
+    good(exec(&lu, &b, &inquiry(false, 0, 96)));
+    assert_eq!(check(exec(&lu, &b, &read10(0, 1, 0))), Sense::UA_LUN_RESET);
+    assert!(matches!(exec(&lu, &b, &read10(0, 1, 0)), Outcome::Io(_)));
+    assert!(matches!(exec(&lu, &a, &read10(0, 1, 0)), Outcome::Io(_)));
+}
+
+#[test]
+fn request_sense_returns_and_clears_unit_attention() {
+    let lu = ram_lu();
+    let a = nexus(1);
+    lu.unit_attention(&a, Sense::UA_POWER_ON_RESET);
+    let d = good(exec(&lu, &a, &[op::REQUEST_SENSE, 0, 0, 0, 18, 0]));
+    assert_eq!(d[2], 0x06);
+    assert_eq!(d[12..14], [0x29, 0x00]);
+    assert!(good(exec(&lu, &a, &[0; 6])).is_empty());
+}
+
+#[test]
+fn report_luns_clears_reported_luns_changed() {
+    let lu = ram_lu();
+    let a = nexus(1);
+    lu.nexus_created(&a);
+    lu.report_luns_changed();
+    lu.capacity_changed();
+    let cdb = [op::REPORT_LUNS, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0];
+    let d = good(lu.report_luns(&a, &cdb, &[0, 1]));
+    assert_eq!(d.len(), 24);
+    // Only the capacity change is left.
+    assert_eq!(check(exec(&lu, &a, &[0; 6])), Sense::UA_CAPACITY_CHANGED);
+    assert!(good(exec(&lu, &a, &[0; 6])).is_empty());
+}
+
+#[test]
+fn execute_answers_report_luns_with_its_own_lun() {
+    let lu = ram_lu();
+    let cdb = [op::REPORT_LUNS, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0];
+    assert_eq!(good(exec(&lu, &nexus(1), &cdb)), [0, 0, 0, 8, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]);
+}
+
+#[test]
+fn clear_task_set_tells_affected_nexuses() {
+    let lu = ram_lu();
+    let (a, b) = (nexus(1), nexus(2));
+    lu.clear_task_set(&a, &[a.clone(), b.clone()]);
+    assert!(good(exec(&lu, &a, &[0; 6])).is_empty());
+    assert_eq!(check(exec(&lu, &b, &[0; 6])), Sense::UA_COMMANDS_CLEARED);
+}
+
+// ---- CDB validation ----
+
+#[test]
+fn unknown_opcode_is_invalid_command_operation_code() {
+    let lu = ram_lu();
+    assert_eq!(check(exec(&lu, &nexus(1), &[0x04, 0, 0, 0, 0, 0])), Sense::INVALID_OPCODE);
+    assert_eq!(check(exec(&lu, &nexus(1), &[0xC0; 16])), Sense::INVALID_OPCODE);
+    assert_eq!(check(exec(&lu, &nexus(1), &[0x7F; 32])), Sense::INVALID_OPCODE, "variable length");
+    assert_eq!(asc(check(exec(&lu, &nexus(1), &[]))), INVALID_CDB);
+}
+
+#[test]
+fn short_cdb_and_naca_are_invalid_fields() {
+    let lu = ram_lu();
+    assert_eq!(asc(check(exec(&lu, &nexus(1), &[op::READ_16, 0, 0, 0]))), INVALID_CDB);
+    let s = check(exec(&lu, &nexus(1), &[0, 0, 0, 0, 0, 0x04]));
+    assert_eq!(asc(s), INVALID_CDB);
+    assert_eq!(s.field.map(|f| f.byte), Some(5));
+}
+
+#[test]
+fn start_stop_and_prevent_allow_are_accepted() {
+    let lu = ram_lu();
+    assert!(good(exec(&lu, &nexus(1), &[op::START_STOP_UNIT, 0, 0, 0, 1, 0])).is_empty());
+    assert!(good(exec(&lu, &nexus(1), &[op::PREVENT_ALLOW_MEDIUM_REMOVAL, 0, 0, 0, 0, 0])).is_empty());
+}
+
+#[test]
+fn report_supported_opcodes_lists_all_and_one() {
+    let lu = ram_lu();
+    let all = [op::MAINTENANCE_IN, 0x0C, 0, 0, 0, 0, 0, 0, 0xFF, 0xFF, 0, 0];
+    let d = good(exec(&lu, &nexus(1), &all));
+    let len = u32::from_be_bytes(d[..4].try_into().unwrap()) as usize;
+    assert_eq!(len, d.len() - 4);
+    assert_eq!(len % 8, 0);
+    let descs: Vec<&[u8]> = d[4..].chunks(8).collect();
+    assert!(descs.iter().any(|e| e[0] == op::READ_10 && e[5] == 0 && e[7] == 10));
+    assert!(descs.iter().any(|e| e[0] == op::PERSISTENT_RESERVE_OUT && e[5] == 1 && e[3] == 0x06));
+    // One command without service action.
+    let one = [op::MAINTENANCE_IN, 0x0C, 0x01, op::READ_10, 0, 0, 0, 0, 0xFF, 0xFF, 0, 0];
+    let d = good(exec(&lu, &nexus(1), &one));
+    assert_eq!(d[..5], [0, 0x03, 0, 10, op::READ_10]);
+    // Option 1 on an opcode with service actions is invalid; option 2 works.
+    let bad = [op::MAINTENANCE_IN, 0x0C, 0x01, op::PERSISTENT_RESERVE_IN, 0, 0, 0, 0, 0xFF, 0xFF, 0, 0];
+    assert_eq!(asc(check(exec(&lu, &nexus(1), &bad))), INVALID_CDB);
+    let sa = [op::MAINTENANCE_IN, 0x0C, 0x02, op::SERVICE_ACTION_IN_16, 0, 0x10, 0, 0, 0xFF, 0xFF, 0, 0];
+    let d = good(exec(&lu, &nexus(1), &sa));
+    assert_eq!(d[..5], [0, 0x03, 0, 16, op::SERVICE_ACTION_IN_16]);
+    // Unsupported opcode: SUPPORT 001b.
+    let none = [op::MAINTENANCE_IN, 0x0C, 0x01, 0x04, 0, 0, 0, 0, 0xFF, 0xFF, 0, 0];
+    assert_eq!(good(exec(&lu, &nexus(1), &none)), [0, 0x01, 0, 0]);
+    // With RCTD every descriptor carries a timeouts descriptor.
+    let rctd = [op::MAINTENANCE_IN, 0x0C, 0x80, 0, 0, 0, 0, 0, 0xFF, 0xFF, 0, 0];
+    let d = good(exec(&lu, &nexus(1), &rctd));
+    assert_eq!((d.len() - 4) % 20, 0);
+    assert_eq!(d[4 + 5] & 0x02, 0x02, "CTDP");
+}
+
+// ---- Reservations ----
+
+fn prout(sa: u8, rtype: u8) -> [u8; 10] {
+    [op::PERSISTENT_RESERVE_OUT, sa, rtype, 0, 0, 0, 0, 0, 24, 0]
+}
+
+fn pr_out(lu: &LogicalUnit, n: &Nexus, sa: u8, rtype: u8, key: u64, sa_key: u64) -> Outcome<Vec<u8>> {
+    exec_out(lu, n, &prout(sa, rtype), prout_parameters(key, sa_key).to_vec())
+}
+
+fn pr_in(lu: &LogicalUnit, n: &Nexus, sa: u8) -> Vec<u8> {
+    good(exec(lu, n, &[op::PERSISTENT_RESERVE_IN, sa, 0, 0, 0, 0, 0, 0x10, 0, 0]))
+}
+
+const REGISTER: u8 = 0;
+const RESERVE: u8 = 1;
+const RELEASE: u8 = 2;
+const CLEAR: u8 = 3;
+const PREEMPT: u8 = 4;
+const REGISTER_IGNORE: u8 = 6;
+
+#[test]
+fn register_and_read_keys() {
+    let lu = ram_lu();
+    let (a, b) = (nexus(1), nexus(2));
+    assert_eq!(pr_in(&lu, &a, 0), [0, 0, 0, 0, 0, 0, 0, 0]);
+    good(pr_out(&lu, &a, REGISTER, 0, 0, 0xAA));
+    good(pr_out(&lu, &b, REGISTER_IGNORE, 0, 0, 0xBB));
+    let d = pr_in(&lu, &a, 0);
+    assert_eq!(d[..8], [0, 0, 0, 2, 0, 0, 0, 16]);
+    assert_eq!(d[8..16], 0xAAu64.to_be_bytes());
+    assert_eq!(d[16..24], 0xBBu64.to_be_bytes());
+    // Re-registering with a wrong key conflicts; the right key changes it.
+    conflict(pr_out(&lu, &a, REGISTER, 0, 0x1, 0xCC));
+    good(pr_out(&lu, &a, REGISTER, 0, 0xAA, 0xCC));
+    // Unregister.
+    good(pr_out(&lu, &a, REGISTER, 0, 0xCC, 0));
+    let d = pr_in(&lu, &a, 0);
+    assert_eq!(d[..8], [0, 0, 0, 4, 0, 0, 0, 8]);
+}
+
+#[test]
+fn unregistered_nexus_cannot_register_with_nonzero_key() {
+    let lu = ram_lu();
+    conflict(pr_out(&lu, &nexus(1), REGISTER, 0, 0x5, 0x6));
+}
+
+#[test]
+fn write_exclusive_blocks_writes_but_not_reads_of_others() {
+    let lu = ram_lu();
+    let (a, b) = (nexus(1), nexus(2));
+    good(pr_out(&lu, &a, REGISTER, 0, 0, 0xA));
+    good(pr_out(&lu, &a, RESERVE, 1, 0xA, 0));
+    let d = pr_in(&lu, &b, 1);
+    assert_eq!(d[4..8], [0, 0, 0, 16]);
+    assert_eq!(d[8..16], 0xAu64.to_be_bytes());
+    assert_eq!(d[21], 0x01);
+    assert!(matches!(exec(&lu, &b, &read10(0, 1, 0)), Outcome::Io(_)));
+    conflict(exec(&lu, &b, &rw16(op::WRITE_16, 0, 1, 0)));
+    conflict(exec(&lu, &b, &[op::SYNCHRONIZE_CACHE_10, 0, 0, 0, 0, 0, 0, 0, 0, 0]));
+    assert!(matches!(exec(&lu, &a, &rw16(op::WRITE_16, 0, 1, 0)), Outcome::NeedData { .. }));
+    // Commands everyone may send.
+    good(exec(&lu, &b, &inquiry(false, 0, 96)));
+    good(exec(&lu, &b, &[0; 6]));
+    good(exec(&lu, &b, &[op::READ_CAPACITY_10, 0, 0, 0, 0, 0, 0, 0, 0, 0]));
+}
+
+#[test]
+fn exclusive_access_blocks_reads_too() {
+    let lu = ram_lu();
+    let (a, b) = (nexus(1), nexus(2));
+    good(pr_out(&lu, &a, REGISTER, 0, 0, 0xA));
+    good(pr_out(&lu, &a, RESERVE, 3, 0xA, 0));
+    conflict(exec(&lu, &b, &read10(0, 1, 0)));
+    conflict(exec(&lu, &b, &mode_sense6(0x3F, 0, false, 255)));
+    // A registered non-holder still conflicts under EXCLUSIVE ACCESS.
+    good(pr_out(&lu, &b, REGISTER, 0, 0, 0xB));
+    conflict(exec(&lu, &b, &read10(0, 1, 0)));
+}
+
+#[test]
+fn registrants_only_types_admit_registered_nexuses() {
+    for rtype in [5u8, 6, 7, 8] {
+        let lu = ram_lu();
+        let (a, b, c) = (nexus(1), nexus(2), nexus(3));
+        good(pr_out(&lu, &a, REGISTER, 0, 0, 0xA));
+        good(pr_out(&lu, &b, REGISTER, 0, 0, 0xB));
+        good(pr_out(&lu, &a, RESERVE, rtype, 0xA, 0));
+        assert!(matches!(exec(&lu, &b, &rw16(op::WRITE_16, 0, 1, 0)), Outcome::NeedData { .. }), "type {rtype}");
+        conflict(exec(&lu, &c, &rw16(op::WRITE_16, 0, 1, 0)));
+        let read = exec(&lu, &c, &read10(0, 1, 0));
+        if rtype % 2 == 0 {
+            conflict(read);
+        } else {
+            assert!(matches!(read, Outcome::Io(_)), "type {rtype}");
+        }
+    }
+}
+
+#[test]
+fn all_registrants_reservation_reports_key_zero_and_survives_its_creator() {
+    let lu = ram_lu();
+    let (a, b, c) = (nexus(1), nexus(2), nexus(3));
+    good(pr_out(&lu, &a, REGISTER, 0, 0, 0xA));
+    good(pr_out(&lu, &b, REGISTER, 0, 0, 0xB));
+    good(pr_out(&lu, &a, RESERVE, 7, 0xA, 0));
+    let d = pr_in(&lu, &c, 1);
+    assert_eq!(d[8..16], [0; 8]);
+    assert_eq!(d[21], 7);
+    good(pr_out(&lu, &a, REGISTER, 0, 0xA, 0));
+    let d = pr_in(&lu, &c, 1);
+    assert_eq!(d[4..8], [0, 0, 0, 16], "still reserved while B is registered");
+    conflict(exec(&lu, &c, &rw16(op::WRITE_16, 0, 1, 0)));
+    good(pr_out(&lu, &b, REGISTER, 0, 0xB, 0));
+    assert_eq!(pr_in(&lu, &c, 1)[4..8], [0; 4], "released with the last registrant");
+}
+
+#[test]
+fn reserve_conflicts_for_others_and_is_idempotent_for_holder() {
+    let lu = ram_lu();
+    let (a, b) = (nexus(1), nexus(2));
+    good(pr_out(&lu, &a, REGISTER, 0, 0, 0xA));
+    good(pr_out(&lu, &b, REGISTER, 0, 0, 0xB));
+    good(pr_out(&lu, &a, RESERVE, 1, 0xA, 0));
+    good(pr_out(&lu, &a, RESERVE, 1, 0xA, 0));
+    conflict(pr_out(&lu, &a, RESERVE, 3, 0xA, 0));
+    conflict(pr_out(&lu, &b, RESERVE, 1, 0xB, 0));
+    conflict(pr_out(&lu, &b, RESERVE, 1, 0xA, 0));
+    assert_eq!(asc(check(pr_out(&lu, &a, RESERVE, 2, 0xA, 0))), INVALID_CDB, "type 2 is invalid");
+}
+
+#[test]
+fn release_by_holder_with_wrong_type_is_invalid_release() {
+    let lu = ram_lu();
+    let (a, b) = (nexus(1), nexus(2));
+    good(pr_out(&lu, &a, REGISTER, 0, 0, 0xA));
+    good(pr_out(&lu, &b, REGISTER, 0, 0, 0xB));
+    good(pr_out(&lu, &a, RESERVE, 5, 0xA, 0));
+    // A non-holder's release is a no-op.
+    good(pr_out(&lu, &b, RELEASE, 5, 0xB, 0));
+    assert_eq!(pr_in(&lu, &a, 1)[4..8], [0, 0, 0, 16]);
+    assert_eq!(check(pr_out(&lu, &a, RELEASE, 6, 0xA, 0)), Sense::INVALID_RELEASE_OF_PR);
+    good(pr_out(&lu, &a, RELEASE, 5, 0xA, 0));
+    assert_eq!(pr_in(&lu, &a, 1)[4..8], [0; 4]);
+    // Registrants-only release tells the other registrants.
+    assert_eq!(check(exec(&lu, &b, &[0; 6])), Sense::UA_RESERVATIONS_RELEASED);
+}
+
+#[test]
+fn preempt_moves_reservation_and_removes_preempted_registrations() {
+    let lu = ram_lu();
+    let (a, b) = (nexus(1), nexus(2));
+    good(pr_out(&lu, &a, REGISTER, 0, 0, 0xA));
+    good(pr_out(&lu, &b, REGISTER, 0, 0, 0xB));
+    good(pr_out(&lu, &a, RESERVE, 3, 0xA, 0));
+    conflict(exec(&lu, &b, &read10(0, 1, 0)));
+    let gen_before = u32::from_be_bytes(pr_in(&lu, &b, 0)[..4].try_into().unwrap());
+    good(pr_out(&lu, &b, PREEMPT, 1, 0xB, 0xA));
+    let keys = pr_in(&lu, &b, 0);
+    assert_eq!(keys[4..16], [0, 0, 0, 8, 0, 0, 0, 0, 0, 0, 0, 0xB]);
+    assert_eq!(u32::from_be_bytes(keys[..4].try_into().unwrap()), gen_before + 1);
+    let res = pr_in(&lu, &b, 1);
+    assert_eq!((res[15], res[21]), (0xB, 1));
+    assert_eq!(check(exec(&lu, &a, &[0; 6])), Sense::UA_REGISTRATIONS_PREEMPTED);
+    conflict(exec(&lu, &a, &rw16(op::WRITE_16, 0, 1, 0)));
+    // A's old key no longer works.
+    conflict(pr_out(&lu, &a, RESERVE, 1, 0xA, 0));
+}
+
+#[test]
+fn preempt_of_unknown_key_conflicts_and_zero_key_without_reservation_is_invalid() {
+    let lu = ram_lu();
+    let a = nexus(1);
+    good(pr_out(&lu, &a, REGISTER, 0, 0, 0xA));
+    conflict(pr_out(&lu, &a, PREEMPT, 1, 0xA, 0x77));
+    assert_eq!(asc(check(pr_out(&lu, &a, PREEMPT, 1, 0xA, 0))), INVALID_PARAM);
+}
+
+#[test]
+fn clear_removes_everything_and_notifies_others() {
+    let lu = ram_lu();
+    let (a, b) = (nexus(1), nexus(2));
+    good(pr_out(&lu, &a, REGISTER, 0, 0, 0xA));
+    good(pr_out(&lu, &b, REGISTER, 0, 0, 0xB));
+    good(pr_out(&lu, &a, RESERVE, 1, 0xA, 0));
+    conflict(pr_out(&lu, &b, CLEAR, 0, 0xA, 0));
+    good(pr_out(&lu, &b, CLEAR, 0, 0xB, 0));
+    assert_eq!(check(exec(&lu, &a, &[0; 6])), Sense::UA_RESERVATIONS_PREEMPTED);
+    assert_eq!(pr_in(&lu, &a, 0)[4..8], [0; 4]);
+    assert_eq!(pr_in(&lu, &a, 1)[4..8], [0; 4]);
+    assert!(good(exec(&lu, &b, &[0; 6])).is_empty(), "the issuer gets no unit attention");
+}
+
+#[test]
+fn report_capabilities_golden() {
+    let lu = ram_lu();
+    assert_eq!(pr_in(&lu, &nexus(1), 2), [0, 8, 0x10, 0x80, 0xEA, 0x01, 0, 0]);
+}
+
+#[test]
+fn read_full_status_describes_each_registration() {
+    let lu = ram_lu();
+    let a = nexus(1);
+    good(pr_out(&lu, &a, REGISTER, 0, 0, 0xA));
+    good(pr_out(&lu, &a, RESERVE, 1, 0xA, 0));
+    let d = pr_in(&lu, &a, 3);
+    let add_len = u32::from_be_bytes(d[4..8].try_into().unwrap()) as usize;
+    assert_eq!(add_len, d.len() - 8);
+    let desc = &d[8..];
+    assert_eq!(desc[..8], 0xAu64.to_be_bytes());
+    assert_eq!(desc[12..14], [0x01, 0x01], "R_HOLDER, type WRITE EXCLUSIVE");
+    assert_eq!(desc[18..20], [0, 1], "relative target port");
+    let tid_len = u32::from_be_bytes(desc[20..24].try_into().unwrap()) as usize;
+    let tid = &desc[24..24 + tid_len];
+    assert_eq!(tid[0], 0x45, "iSCSI TransportID with ISID");
+    let name_len = usize::from(u16::from_be_bytes([tid[2], tid[3]]));
+    assert_eq!(name_len % 4, 0);
+    assert!(tid[4..].starts_with(a.initiator.as_bytes()));
+}
+
+#[test]
+fn prout_rejects_bad_parameter_lists() {
+    let lu = ram_lu();
+    let a = nexus(1);
+    let short = [op::PERSISTENT_RESERVE_OUT, 0, 0, 0, 0, 0, 0, 0, 20, 0];
+    assert_eq!(asc(check(exec(&lu, &a, &short))), (5, 0x1A, 0));
+    let mut aptpl = prout_parameters(0, 0xA);
+    aptpl[20] = 0x01;
+    assert_eq!(asc(check(exec_out(&lu, &a, &prout(REGISTER, 0), aptpl.to_vec()))), INVALID_PARAM);
+    let mut spec = prout_parameters(0, 0xA);
+    spec[20] = 0x08;
+    assert_eq!(asc(check(exec_out(&lu, &a, &prout(REGISTER, 0), spec.to_vec()))), INVALID_PARAM);
+    assert_eq!(asc(check(exec(&lu, &a, &prout(7, 0)))), INVALID_CDB, "REGISTER AND MOVE");
+    let scope = [op::PERSISTENT_RESERVE_OUT, RESERVE, 0x11, 0, 0, 0, 0, 0, 24, 0];
+    good(pr_out(&lu, &a, REGISTER, 0, 0, 0xA));
+    assert_eq!(asc(check(exec_out(&lu, &a, &scope, prout_parameters(0xA, 0).to_vec()))), INVALID_CDB);
+}
+
+#[test]
+fn persistent_reservations_survive_lun_reset() {
+    let lu = ram_lu();
+    let (a, b) = (nexus(1), nexus(2));
+    lu.nexus_created(&b);
+    good(pr_out(&lu, &a, REGISTER, 0, 0, 0xA));
+    good(pr_out(&lu, &a, RESERVE, 3, 0xA, 0));
+    lu.lun_reset(&a);
+    assert_eq!(check(exec(&lu, &b, &read10(0, 1, 0))), Sense::UA_LUN_RESET);
+    conflict(exec(&lu, &b, &read10(0, 1, 0)));
+}
+
+#[test]
+fn spc2_reserve_between_two_initiators() {
+    let lu = ram_lu();
+    let (a, b) = (nexus(1), nexus(2));
+    let reserve = [op::RESERVE_6, 0, 0, 0, 0, 0];
+    let release = [op::RELEASE_6, 0, 0, 0, 0, 0];
+    good(exec(&lu, &a, &reserve));
+    good(exec(&lu, &a, &reserve));
+    conflict(exec(&lu, &b, &reserve));
+    good(exec(&lu, &b, &release));
+    good(exec(&lu, &a, &mode_sense6(0x3F, 0, false, 255)));
+    conflict(exec(&lu, &b, &mode_sense6(0x3F, 0, false, 255)));
+    conflict(exec(&lu, &b, &read10(0, 1, 0)));
+    conflict(exec(&lu, &b, &[op::PERSISTENT_RESERVE_IN, 0, 0, 0, 0, 0, 0, 0x10, 0, 0]));
+    good(exec(&lu, &b, &inquiry(false, 0, 96)));
+    good(exec(&lu, &a, &release));
+    good(exec(&lu, &b, &reserve));
+    good(exec(&lu, &b, &release));
+}
+
+#[test]
+fn spc2_reservation_is_released_by_lun_reset_and_nexus_loss() {
+    let lu = ram_lu();
+    let (a, b) = (nexus(1), nexus(2));
+    let reserve = [op::RESERVE_6, 0, 0, 0, 0, 0];
+    good(exec(&lu, &a, &reserve));
+    lu.lun_reset(&b);
+    assert_eq!(check(exec(&lu, &a, &[0; 6])), Sense::UA_LUN_RESET);
+    good(exec(&lu, &b, &reserve));
+    lu.nexus_lost(&b);
+    good(exec(&lu, &a, &reserve));
+}
+
+#[test]
+fn spc2_reserve_conflicts_with_registrations() {
+    let lu = ram_lu();
+    let (a, b) = (nexus(1), nexus(2));
+    good(pr_out(&lu, &a, REGISTER, 0, 0, 0xA));
+    conflict(exec(&lu, &b, &[op::RESERVE_6, 0, 0, 0, 0, 0]));
+    conflict(exec(&lu, &a, &[op::RELEASE_6, 0, 0, 0, 0, 0]));
+    let lu = ram_lu();
+    good(exec(&lu, &a, &[op::RESERVE_6, 0, 0, 0, 0, 0]));
+    conflict(pr_out(&lu, &b, REGISTER, 0, 0, 0xB));
+}
+
+// ---- Robustness ----
+
+/// Every opcode with pseudo-random CDB bytes and data-out never panics.
+#[test]
+fn random_cdbs_never_panic() {
+    let lu = ram_lu();
+    let n = nexus(1);
+    let mut x = 0x9E37_79B9_7F4A_7C15u64;
+    let mut next = move || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    };
+    for round in 0..20_000u32 {
+        let opcode = (round % 256) as u8;
+        let len = (next() % 20) as usize;
+        let mut cdb: Vec<u8> = (0..len).map(|_| next() as u8).collect();
+        if let Some(b) = cdb.first_mut() {
+            *b = opcode;
+        }
+        // Keep lengths small so the test stays quick.
+        if cdb.len() > 9 && next() % 2 == 0 {
+            cdb[7] = 0;
+            cdb[8] = (next() % 64) as u8;
+        }
+        match lu.execute::<Vec<u8>>(&n, &cdb, None) {
+            Outcome::NeedData { len } if len <= 1 << 20 => {
+                let data: Vec<u8> = (0..len).map(|_| next() as u8).collect();
+                let _ = lu.execute(&n, &cdb, Some(data));
+                let short: Vec<u8> = (0..len / 2).map(|_| next() as u8).collect();
+                let _ = lu.execute(&n, &cdb, Some(short));
+            }
+            _ => {}
+        }
+        if round % 1000 == 0 {
+            lu.lun_reset(&nexus(2));
+        }
+    }
+}
