@@ -10,7 +10,9 @@
 use crate::nvme_tcp::Buf;
 use blockdev::IoBuf;
 use iscsi::chap::Secret;
-use iscsi::target::{tmf_response, Event, Policy, Seed, TargetConfig, TargetConnection, TargetInfo, TmfFunction};
+use iscsi::target::{
+    tmf_response, Event, Policy, Residual, Seed, TargetConfig, TargetConnection, TargetInfo, TmfFunction,
+};
 use iscsi::text::SessionType;
 use monoio::io::{AsyncReadRent, AsyncWriteRentExt, Splitable};
 use monoio::net::TcpStream;
@@ -23,6 +25,12 @@ use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, AtomicU16, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
+
+impl scsi::DataOut for Buf {
+    fn truncate(&mut self, len: usize) {
+        self.0.truncate(len);
+    }
+}
 
 /// A logical unit and the lock that makes COMPARE AND WRITE atomic against
 /// other COMPARE AND WRITEs of the unit.
@@ -201,12 +209,14 @@ impl Conn {
         self.tx_ready.notify();
     }
 
-    fn good(&self, itt: u32, read: bool, data: &[u8]) {
+    /// GOOD status: read data (residual counted by the connection), or a
+    /// response with the write residual `residual`.
+    fn good(&self, itt: u32, read: bool, data: &[u8], residual: Option<Residual>) {
         let mut c = self.iscsi.borrow_mut();
         if read {
             c.send_data_in(itt, data, Some(status::GOOD));
         } else {
-            c.send_response(itt, status::GOOD, None, None);
+            c.send_response(itt, status::GOOD, None, residual);
         }
         drop(c);
         self.tx_ready.notify();
@@ -376,14 +386,31 @@ fn command(conn: &Rc<Conn>, cmd: iscsi::target::Command<Buf>) {
         Some(scsi::Lun::Unit(n)) => s.target.units.get(&n).cloned(),
         _ => None,
     };
+    // The connection collected all of the write data before dispatching,
+    // so the command gets its data-out (possibly none) on the first call.
+    // What the CDB asks for and what the initiator sent may differ: the
+    // difference is the residual (RFC 7143 11.4.5.2).
+    let residual = match &unit {
+        Some(u) if !read => {
+            let wanted = u.lu.data_out_len(cdb);
+            let sent = cmd.expected_len;
+            match sent.cmp(&wanted) {
+                std::cmp::Ordering::Less => Some(Residual::Overflow(wanted - sent)),
+                std::cmp::Ordering::Greater => Some(Residual::Underflow(sent - wanted)),
+                std::cmp::Ordering::Equal => None,
+            }
+        }
+        _ => None,
+    };
+    let data = cmd.data.unwrap_or_else(|| Buf(IoBuf::with_len(0)));
     let outcome = match (&unit, cdb.first()) {
         (Some(u), Some(&scsi::op::REPORT_LUNS)) => u.lu.report_luns(&s.nexus, cdb, &s.luns),
-        (Some(u), _) => u.lu.execute(&s.nexus, cdb, cmd.data),
+        (Some(u), _) => u.lu.execute(&s.nexus, cdb, Some(data)),
         (None, _) => scsi::execute_without_lu(cdb, &s.luns),
     };
     drop(session);
     match outcome {
-        Outcome::Good { data_in } => conn.good(itt, read, &data_in),
+        Outcome::Good { data_in } => conn.good(itt, read, &data_in, residual),
         Outcome::Check(sense) => conn.check(itt, &sense),
         Outcome::Status(st) => {
             conn.iscsi.borrow_mut().send_response(itt, st, None, None);
@@ -394,13 +421,13 @@ fn command(conn: &Rc<Conn>, cmd: iscsi::target::Command<Buf>) {
         Outcome::NeedData { .. } => conn.check(itt, &Sense::INVALID_FIELD_IN_CDB),
         Outcome::Io(req) => {
             if let Some(u) = unit {
-                monoio::spawn(run_io(conn.clone(), itt, u, req));
+                monoio::spawn(run_io(conn.clone(), itt, u, req, residual));
             }
         }
     }
 }
 
-async fn run_io(conn: Rc<Conn>, itt: u32, unit: Arc<Unit>, req: BlockRequest<Buf>) {
+async fn run_io(conn: Rc<Conn>, itt: u32, unit: Arc<Unit>, req: BlockRequest<Buf>, residual: Option<Residual>) {
     let BlockRequest { device, op } = req;
     let write = op.is_write();
     let bs = device.geometry().block_size as usize;
@@ -444,8 +471,8 @@ async fn run_io(conn: Rc<Conn>, itt: u32, unit: Arc<Unit>, req: BlockRequest<Buf
         }
     };
     match result {
-        Ok(Some(buf)) => conn.good(itt, true, &buf),
-        Ok(None) => conn.good(itt, false, &[]),
+        Ok(Some(buf)) => conn.good(itt, true, &buf, None),
+        Ok(None) => conn.good(itt, false, &[], residual),
         Err(sense) => conn.check(itt, &sense),
     }
 }

@@ -16,7 +16,9 @@
 
 use crate::chap::{self, ChapAlgorithm, Secret};
 use crate::error::{Disposition, PduError, RejectReason};
-use crate::pdu::{self, ahs_entries, ahs_type, flags, sn_le, Bhs, Framing, Opcode, Stage, BHS_LEN, RESERVED_TAG};
+use crate::pdu::{
+    self, ahs_entries, ahs_type, flags, sn_le, sn_lt, Bhs, Framing, Opcode, Stage, BHS_LEN, RESERVED_TAG,
+};
 use crate::text::{self, Params, SessionType};
 use crate::DataBuffer;
 use std::collections::{HashMap, HashSet, VecDeque};
@@ -1495,6 +1497,17 @@ impl<B: DataBuffer> TargetConnection<B> {
             return Ok(());
         }
         self.tmf_pending.insert(itt, (function, bhs.lun(), bhs.referenced_task_tag(), bhs.immediate()));
+        if function == TmfFunction::ABORT_TASK && !self.tasks.contains_key(&bhs.referenced_task_tag()) {
+            // RFC 7143 11.5.1: no such task. If RefCmdSN is in the window
+            // and before this request, the command has yet to arrive and
+            // counts as aborted ("Function complete"); otherwise it already
+            // completed, or never existed: "Task does not exist".
+            let ref_sn = bhs.ref_cmd_sn();
+            let pending = in_window(ref_sn, self.exp_cmd_sn, self.max_cmd_sn) && sn_lt(ref_sn, bhs.cmd_sn());
+            let code = if pending { tmf_response::COMPLETE } else { tmf_response::TASK_DOES_NOT_EXIST };
+            self.send_tmf_response(itt, code);
+            return Ok(());
+        }
         self.events.push_back(Event::TaskMgmt {
             itt,
             function,

@@ -646,6 +646,23 @@ fn task_management_aborts_a_task() {
 }
 
 #[test]
+fn abort_task_of_a_completed_command_answers_task_does_not_exist() {
+    let (mut h, mut t, mut b) = logged_in(HostConfig::new(INITIATOR, Some(TARGET)), target_cfg(false));
+    let done = h.submit(0, &write10(1), 0, pattern(512));
+    step(&mut h, &mut t, &mut b);
+    assert_eq!(completions(&mut h).len(), 1);
+    assert_eq!(t.open_tasks(), 0);
+    // The host still knows the task's CmdSN, which is now behind ExpCmdSN.
+    let tmf = h.task_mgmt(TmfFunction::ABORT_TASK.0, 0, done);
+    step(&mut h, &mut t, &mut b);
+    assert!(b.tmfs.is_empty(), "answered by the connection, not the upper layer");
+    assert_eq!(
+        host_events(&mut h),
+        vec![HostEvent::TaskMgmt { itt: tmf, response: tmf_response::TASK_DOES_NOT_EXIST }]
+    );
+}
+
+#[test]
 fn discovery_session_answers_send_targets_and_rejects_scsi_commands() {
     let (mut h, mut t, mut b) = logged_in(HostConfig::new(INITIATOR, None), target_cfg(false));
     assert_eq!(t.session_type(), SessionType::Discovery);

@@ -12,7 +12,9 @@
 //!
 //! The flow for one command is parse → execute → complete:
 //! 1. the transport hands `execute` the nexus, the CDB and (once it has it)
-//!    the data-out buffer;
+//!    the data-out buffer; [`LogicalUnit::data_out_len`] tells it how many
+//!    bytes of data-out the CDB describes, so that it can report the
+//!    residual against its own expected length;
 //! 2. `execute` answers [`Outcome::Good`] with data-in (already truncated to
 //!    the CDB's allocation length), [`Outcome::Check`], [`Outcome::Status`]
 //!    (RESERVATION CONFLICT), [`Outcome::NeedData`] (transfer that many
@@ -43,6 +45,20 @@ pub use cdb::op;
 pub use lun::{decode_lun, encode_lun, execute_without_lu, report_luns, report_luns_data, Lun, WLUN_REPORT_LUNS};
 pub use sense::{io_error_sense, key, miscompare, status, FieldPointer, Sense};
 pub use unit::{Limits, LogicalUnit, Nexus};
+
+/// A data-out buffer: the bytes the initiator sent, which a command may
+/// use only the first part of (a WRITE whose transport carried more or
+/// fewer bytes than its CDB describes writes the whole blocks both cover).
+pub trait DataOut: AsRef<[u8]> {
+    /// Shortens the buffer to `len` bytes; a longer `len` does nothing.
+    fn truncate(&mut self, len: usize);
+}
+
+impl DataOut for Vec<u8> {
+    fn truncate(&mut self, len: usize) {
+        Vec::truncate(self, len);
+    }
+}
 
 /// What `execute` decided.
 #[derive(Debug)]

@@ -5,6 +5,7 @@
 use crate::cdb::{self, op, put, set, Bytes};
 use crate::sense::Sense;
 use crate::unit::{LogicalUnit, Nexus};
+use crate::DataOut;
 use crate::Outcome;
 
 /// Page control values.
@@ -132,7 +133,7 @@ pub(crate) fn mode_sense<B>(lu: &LogicalUnit, c: Bytes<'_>) -> Outcome<B> {
     Outcome::Good { data_in: cdb::truncate(d, alloc_len) }
 }
 
-pub(crate) fn mode_select<B: AsRef<[u8]>>(
+pub(crate) fn mode_select<B: DataOut>(
     lu: &LogicalUnit,
     nexus: &Nexus,
     c: Bytes<'_>,

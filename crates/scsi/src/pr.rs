@@ -10,6 +10,7 @@
 use crate::cdb::{self, op, Bytes};
 use crate::sense::{status, Sense};
 use crate::unit::{Access, LogicalUnit, LuState, Nexus};
+use crate::DataOut;
 use crate::Outcome;
 
 /// An I_T nexus as reservations know it.
@@ -223,7 +224,7 @@ pub(crate) fn persistent_reserve_in<B>(lu: &LogicalUnit, c: Bytes<'_>) -> Outcom
 }
 
 /// PERSISTENT RESERVE OUT (SPC-4 6.16).
-pub(crate) fn persistent_reserve_out<B: AsRef<[u8]>>(
+pub(crate) fn persistent_reserve_out<B: DataOut>(
     lu: &LogicalUnit,
     nexus: &Nexus,
     c: Bytes<'_>,

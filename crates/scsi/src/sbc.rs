@@ -6,6 +6,7 @@
 use crate::cdb::{self, op, put, Bytes};
 use crate::sense::Sense;
 use crate::unit::LogicalUnit;
+use crate::DataOut;
 use crate::{BlockOp, BlockRequest, Outcome};
 
 fn good<B>() -> Outcome<B> {
@@ -39,7 +40,7 @@ fn byte_len(lu: &LogicalUnit, blocks: u64) -> Option<u32> {
 }
 
 /// The data-out buffer of exactly `len` bytes, or what to answer instead.
-fn exact<B: AsRef<[u8]>>(data: Option<B>, len: u32) -> Result<B, Outcome<B>> {
+fn exact<B: DataOut>(data: Option<B>, len: u32) -> Result<B, Outcome<B>> {
     match data {
         None => Err(Outcome::NeedData { len }),
         Some(d) if d.as_ref().len() as u64 == u64::from(len) => Ok(d),
@@ -50,7 +51,7 @@ fn exact<B: AsRef<[u8]>>(data: Option<B>, len: u32) -> Result<B, Outcome<B>> {
     }
 }
 
-pub(crate) fn execute<B: AsRef<[u8]>>(lu: &LogicalUnit, c: Bytes<'_>, data: Option<B>) -> Outcome<B> {
+pub(crate) fn execute<B: DataOut>(lu: &LogicalUnit, c: Bytes<'_>, data: Option<B>) -> Outcome<B> {
     let opcode = c.u8(0);
     match opcode {
         op::READ_6 | op::READ_10 | op::READ_12 | op::READ_16 => read_write(lu, c, None, false),
@@ -89,9 +90,34 @@ pub(crate) fn execute<B: AsRef<[u8]>>(lu: &LogicalUnit, c: Bytes<'_>, data: Opti
     }
 }
 
+/// Bytes of data-out the CDB describes (0 for commands without any), for
+/// the transport's residual against its expected data transfer length.
+pub(crate) fn data_out_len(lu: &LogicalUnit, c: Bytes<'_>) -> u32 {
+    let blocks = |n: u64| byte_len(lu, n).unwrap_or(u32::MAX);
+    match c.u8(0) {
+        op::WRITE_6
+        | op::WRITE_10
+        | op::WRITE_12
+        | op::WRITE_16
+        | op::WRITE_AND_VERIFY_10
+        | op::WRITE_AND_VERIFY_12
+        | op::WRITE_AND_VERIFY_16 => blocks(u64::from(lba_len(c).1)),
+        // BYTCHK 01b sends the blocks to compare.
+        op::VERIFY_10 | op::VERIFY_12 | op::VERIFY_16 if (c.u8(1) >> 1) & 0x03 == 1 => blocks(u64::from(lba_len(c).1)),
+        // NDOB (WRITE SAME(16) only) sends nothing.
+        op::WRITE_SAME_16 if c.bit(1, 0) => 0,
+        op::WRITE_SAME_10 | op::WRITE_SAME_16 => blocks(1),
+        op::COMPARE_AND_WRITE => blocks(u64::from(c.u8(13)).saturating_mul(2)),
+        op::UNMAP | op::MODE_SELECT_10 => u32::from(c.be16(7)),
+        op::MODE_SELECT_6 => u32::from(c.u8(4)),
+        op::PERSISTENT_RESERVE_OUT => c.be32(5),
+        _ => 0,
+    }
+}
+
 /// READ, WRITE and WRITE AND VERIFY of every size. `data` is `None` for
 /// reads and `Some(data_out)` for writes.
-fn read_write<B: AsRef<[u8]>>(lu: &LogicalUnit, c: Bytes<'_>, data: Option<Option<B>>, verify: bool) -> Outcome<B> {
+fn read_write<B: DataOut>(lu: &LogicalUnit, c: Bytes<'_>, data: Option<Option<B>>, verify: bool) -> Outcome<B> {
     let six = cdb::cdb_len(c.u8(0)) == Some(6);
     // RDPROTECT/WRPROTECT: no protection information on these devices.
     if !six && c.u8(1) >> 5 != 0 {
@@ -120,17 +146,25 @@ fn read_write<B: AsRef<[u8]>>(lu: &LogicalUnit, c: Bytes<'_>, data: Option<Optio
     let Some(len) = byte_len(lu, u64::from(blocks)) else {
         return Outcome::Check(Sense::INVALID_FIELD_IN_CDB);
     };
-    match exact(data, len) {
-        Ok(data) => {
-            let fua = fua || verify || !lu.write_cache_enabled();
-            io(lu, BlockOp::Write { lba, data, fua })
-        }
-        Err(o) => o,
+    let Some(mut data) = data else {
+        return Outcome::NeedData { len };
+    };
+    // The initiator's expected data transfer length may differ from the
+    // CDB's (SAM-5 5.4.3, RFC 7143 11.4.5.2): write the whole blocks both
+    // cover and let the transport report the overflow or underflow, as
+    // libiscsi's iSCSIResiduals tests expect.
+    let bs = u64::from(lu.device.geometry().block_size.max(1));
+    let covered = (data.as_ref().len() as u64).min(u64::from(len)) / bs;
+    if covered == 0 {
+        return good();
     }
+    data.truncate(covered.saturating_mul(bs) as usize);
+    let fua = fua || verify || !lu.write_cache_enabled();
+    io(lu, BlockOp::Write { lba, data, fua })
 }
 
 /// VERIFY(10/12/16) (SBC-3 5.27-5.29).
-fn verify<B: AsRef<[u8]>>(lu: &LogicalUnit, c: Bytes<'_>, data: Option<B>) -> Outcome<B> {
+fn verify<B: DataOut>(lu: &LogicalUnit, c: Bytes<'_>, data: Option<B>) -> Outcome<B> {
     if c.u8(1) >> 5 != 0 {
         return Outcome::Check(Sense::invalid_cdb_field(1, Some(7)));
     }
@@ -165,7 +199,7 @@ fn verify<B: AsRef<[u8]>>(lu: &LogicalUnit, c: Bytes<'_>, data: Option<B>) -> Ou
 /// WRITE SAME(10/16) (SBC-3 5.41-5.42). An all-zero block (or NDOB)
 /// becomes `WriteZeroes`, deallocating with UNMAP; any other block becomes
 /// `WriteSame`, which the executor replicates (UNMAP is only a hint there).
-fn write_same<B: AsRef<[u8]>>(lu: &LogicalUnit, c: Bytes<'_>, data: Option<B>) -> Outcome<B> {
+fn write_same<B: DataOut>(lu: &LogicalUnit, c: Bytes<'_>, data: Option<B>) -> Outcome<B> {
     let sixteen = c.u8(0) == op::WRITE_SAME_16;
     let flags = c.u8(1);
     if flags >> 5 != 0 {
@@ -204,7 +238,7 @@ fn write_same<B: AsRef<[u8]>>(lu: &LogicalUnit, c: Bytes<'_>, data: Option<B>) -
 }
 
 /// UNMAP (SBC-3 5.28).
-fn unmap<B: AsRef<[u8]>>(lu: &LogicalUnit, c: Bytes<'_>, data: Option<B>) -> Outcome<B> {
+fn unmap<B: DataOut>(lu: &LogicalUnit, c: Bytes<'_>, data: Option<B>) -> Outcome<B> {
     if c.bit(1, 0) {
         return Outcome::Check(Sense::invalid_cdb_field(1, Some(0)));
     }
@@ -253,7 +287,7 @@ fn unmap<B: AsRef<[u8]>>(lu: &LogicalUnit, c: Bytes<'_>, data: Option<B>) -> Out
 }
 
 /// COMPARE AND WRITE (SBC-3 5.2).
-fn compare_and_write<B: AsRef<[u8]>>(lu: &LogicalUnit, c: Bytes<'_>, data: Option<B>) -> Outcome<B> {
+fn compare_and_write<B: DataOut>(lu: &LogicalUnit, c: Bytes<'_>, data: Option<B>) -> Outcome<B> {
     if c.u8(1) >> 5 != 0 {
         return Outcome::Check(Sense::invalid_cdb_field(1, Some(7)));
     }
@@ -267,7 +301,14 @@ fn compare_and_write<B: AsRef<[u8]>>(lu: &LogicalUnit, c: Bytes<'_>, data: Optio
         return Outcome::Check(Sense::LBA_OUT_OF_RANGE);
     }
     if blocks == 0 {
-        return good();
+        // SBC-4 5.3: zero blocks transfer nothing. Data-out sent anyway
+        // means the CDB and the transfer disagree (libiscsi's 256-block
+        // COMPARE AND WRITE wraps NUMBER OF LOGICAL BLOCKS to 0); like LIO,
+        // refuse it rather than ignore the data.
+        return match data {
+            Some(d) if !d.as_ref().is_empty() => Outcome::Check(Sense::invalid_cdb_field(13, None)),
+            _ => good(),
+        };
     }
     let Some(len) = byte_len(lu, u64::from(blocks).saturating_mul(2)) else {
         return Outcome::Check(Sense::INVALID_FIELD_IN_CDB);

@@ -207,7 +207,7 @@ fn vpd_block_limits_report_limits() {
     assert_eq!(d.len(), 64);
     assert_eq!(d[4] & 1, 1, "WSNZ");
     assert_eq!(d[5], lu.limits.max_compare_and_write_blocks);
-    assert_eq!(u16::from_be_bytes([d[6], d[7]]), 8, "4 KiB granularity of 512-byte blocks");
+    assert_eq!(u16::from_be_bytes([d[6], d[7]]), 1, "granularity of one logical block");
     assert_eq!(u32::from_be_bytes(d[8..12].try_into().unwrap()), lu.limits.max_transfer_blocks);
     assert_eq!(u32::from_be_bytes(d[20..24].try_into().unwrap()), lu.limits.max_unmap_lba_count);
     assert_eq!(u32::from_be_bytes(d[24..28].try_into().unwrap()), lu.limits.max_unmap_descriptors);
@@ -255,7 +255,7 @@ fn read_capacity_16_golden_layout() {
     let mut want = [0u8; 32];
     want[..8].copy_from_slice(&(BLOCKS - 1).to_be_bytes());
     want[8..12].copy_from_slice(&BS.to_be_bytes());
-    want[13] = 3; // 8 logical blocks per 4 KiB physical block
+    want[13] = 0; // one logical block per physical block
     want[14] = 0xC0; // LBPME, LBPRZ
     assert_eq!(d, want);
     cdb[13] = 12;
@@ -349,10 +349,68 @@ fn write_without_fua_on_ram_is_not_forced_durable_only_when_cache_enabled() {
 }
 
 #[test]
-fn write_with_wrong_data_length_is_rejected() {
+fn write_with_less_data_than_the_cdb_writes_the_whole_blocks_sent() {
     let lu = ram_lu();
     let cdb = rw16(op::WRITE_16, 0, 2, 0);
-    assert_eq!(asc(check(lu.execute(&nexus(1), &cdb, Some(vec![0u8; 512])))), INVALID_CDB);
+    assert_eq!(lu.data_out_len(&cdb), 1024);
+    match block_op(lu.execute(&nexus(1), &cdb, Some(vec![7u8; 512]))) {
+        BlockOp::Write { lba: 0, data, .. } => assert_eq!(data, vec![7u8; 512]),
+        other => panic!("expected a one-block write, got {other:?}"),
+    }
+    // Less than one block, or nothing: no block is written, GOOD status.
+    good(lu.execute(&nexus(1), &cdb, Some(vec![7u8; 200])));
+    good(lu.execute(&nexus(1), &cdb, Some(Vec::new())));
+}
+
+#[test]
+fn write_with_more_data_than_the_cdb_writes_only_the_cdb_blocks() {
+    let lu = ram_lu();
+    let cdb = read10(0, 1, 0).map(|b| if b == op::READ_10 { op::WRITE_10 } else { b });
+    assert_eq!(lu.data_out_len(&cdb), 512);
+    match block_op(lu.execute(&nexus(1), &cdb, Some(vec![9u8; 10000]))) {
+        BlockOp::Write { lba: 0, data, .. } => assert_eq!(data.len(), 512),
+        other => panic!("expected a one-block write, got {other:?}"),
+    }
+}
+
+#[test]
+fn data_out_len_follows_each_cdb_with_data_out() {
+    let lu = ram_lu();
+    assert_eq!(lu.data_out_len(&rw16(op::READ_16, 0, 8, 0)), 0);
+    assert_eq!(lu.data_out_len(&rw16(op::WRITE_AND_VERIFY_16, 0, 3, 0)), 3 * 512);
+    assert_eq!(lu.data_out_len(&rw16(op::VERIFY_16, 0, 3, 0)), 0, "BYTCHK 0");
+    assert_eq!(lu.data_out_len(&rw16(op::VERIFY_16, 0, 3, 0x02)), 3 * 512, "BYTCHK 1");
+    assert_eq!(lu.data_out_len(&rw16(op::WRITE_SAME_16, 0, 100, 0)), 512);
+    assert_eq!(lu.data_out_len(&rw16(op::WRITE_SAME_16, 0, 100, 0x01)), 0, "NDOB");
+    let mut caw = [0u8; 16];
+    caw[0] = op::COMPARE_AND_WRITE;
+    caw[13] = 4;
+    assert_eq!(lu.data_out_len(&caw), 8 * 512);
+    assert_eq!(lu.data_out_len(&[op::UNMAP, 0, 0, 0, 0, 0, 0, 0, 24, 0]), 24);
+    assert_eq!(lu.data_out_len(&[op::MODE_SELECT_6, 0x10, 0, 0, 28, 0]), 28);
+    assert_eq!(lu.data_out_len(&[op::PERSISTENT_RESERVE_OUT, 0, 0, 0, 0, 0, 0, 0, 24, 0]), 24);
+}
+
+#[test]
+fn compare_and_write_of_zero_blocks_with_data_out_is_an_invalid_cdb() {
+    let lu = ram_lu();
+    let mut caw = [0u8; 16];
+    caw[0] = op::COMPARE_AND_WRITE;
+    // libiscsi's 256-block request: NUMBER OF LOGICAL BLOCKS wraps to 0.
+    assert_eq!(asc(check(lu.execute(&nexus(1), &caw, Some(vec![0u8; 256 * 1024])))), INVALID_CDB);
+    good(lu.execute(&nexus(1), &caw, Some(Vec::new())));
+}
+
+#[test]
+fn default_limits_stay_within_what_initiators_consider_sane() {
+    for bs in [512, 4096] {
+        let l = Limits::for_block_size(bs);
+        assert!(l.max_unmap_lba_count <= 1 << 20, "{bs}: {}", l.max_unmap_lba_count);
+        assert!(l.max_write_same_blocks < 65536, "{bs}: {}", l.max_write_same_blocks);
+        assert_eq!(l.physical_block_exponent, 0);
+        assert!(l.max_transfer_blocks >= 2048, "{bs}: libiscsi writes 2048 blocks at once");
+        assert!(u64::from(l.max_transfer_blocks) * u64::from(bs) <= 8 << 20);
+    }
 }
 
 #[test]
@@ -690,7 +748,7 @@ fn request_sense_without_pending_condition_reports_no_sense() {
 }
 
 #[test]
-fn lun_reset_sets_unit_attention_for_other_nexuses_once() {
+fn lun_reset_sets_unit_attention_for_every_nexus_the_issuer_included_once() {
     let lu = ram_lu();
     let (a, b) = (nexus(1), nexus(2));
     lu.nexus_created(&a);
@@ -700,6 +758,7 @@ fn lun_reset_sets_unit_attention_for_other_nexuses_once() {
     good(exec(&lu, &b, &inquiry(false, 0, 96)));
     assert_eq!(check(exec(&lu, &b, &read10(0, 1, 0))), Sense::UA_LUN_RESET);
     assert!(matches!(exec(&lu, &b, &read10(0, 1, 0)), Outcome::Io(_)));
+    assert_eq!(check(exec(&lu, &a, &read10(0, 1, 0))), Sense::UA_LUN_RESET);
     assert!(matches!(exec(&lu, &a, &read10(0, 1, 0)), Outcome::Io(_)));
 }
 
@@ -1081,6 +1140,7 @@ fn spc2_reservation_is_released_by_lun_reset_and_nexus_loss() {
     good(exec(&lu, &a, &reserve));
     lu.lun_reset(&b);
     assert_eq!(check(exec(&lu, &a, &[0; 6])), Sense::UA_LUN_RESET);
+    assert_eq!(check(exec(&lu, &b, &[0; 6])), Sense::UA_LUN_RESET);
     good(exec(&lu, &b, &reserve));
     lu.nexus_lost(&b);
     good(exec(&lu, &a, &reserve));
