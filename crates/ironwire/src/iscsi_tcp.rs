@@ -7,6 +7,7 @@
 //! touch storage run as local tasks; a writer task sends what is queued in
 //! one `write_all` per wake-up; a ticker drives NOP-In pings.
 
+use crate::conn::{Outbox, Shell};
 use crate::nvme_tcp::Buf;
 use blockdev::IoBuf;
 use iscsi::chap::Secret;
@@ -14,11 +15,11 @@ use iscsi::target::{
     tmf_response, Event, Policy, Residual, Seed, TargetConfig, TargetConnection, TargetInfo, TmfFunction,
 };
 use iscsi::text::SessionType;
-use monoio::io::{AsyncReadRent, AsyncWriteRentExt, Splitable};
+use monoio::io::{AsyncReadRent, Splitable};
 use monoio::net::TcpStream;
-use reactor::{now_ms, Notify};
+use reactor::now_ms;
 use scsi::{status, BlockOp, BlockRequest, LogicalUnit, Nexus, Outcome, Sense};
-use std::cell::{Cell, RefCell};
+use std::cell::RefCell;
 use std::collections::BTreeMap;
 use std::os::fd::AsRawFd;
 use std::rc::Rc;
@@ -191,22 +192,27 @@ struct Session {
 struct Conn {
     iscsi: RefCell<TargetConnection<Buf>>,
     session: RefCell<Option<Session>>,
-    tx_ready: Notify,
-    closing: Cell<bool>,
-    fd: i32,
-    peer: std::net::SocketAddr,
+    shell: Shell,
+}
+
+impl Outbox for Conn {
+    fn shell(&self) -> &Shell {
+        &self.shell
+    }
+
+    fn take_transmit(&self, out: &mut Vec<u8>) {
+        self.iscsi.borrow_mut().take_transmit(out);
+    }
+
+    fn has_transmit(&self) -> bool {
+        self.iscsi.borrow().has_transmit()
+    }
 }
 
 impl Conn {
-    fn close(&self) {
-        if !self.closing.replace(true) {
-            self.tx_ready.notify();
-        }
-    }
-
     fn check(&self, itt: u32, sense: &Sense) {
         self.iscsi.borrow_mut().send_response(itt, status::CHECK_CONDITION, Some(&sense.to_fixed_bytes()), None);
-        self.tx_ready.notify();
+        self.shell.tx_ready.notify();
     }
 
     /// GOOD status: read data (residual counted by the connection), or a
@@ -219,7 +225,7 @@ impl Conn {
             c.send_response(itt, status::GOOD, None, residual);
         }
         drop(c);
-        self.tx_ready.notify();
+        self.shell.tx_ready.notify();
     }
 }
 
@@ -254,16 +260,13 @@ pub async fn serve(stream: TcpStream, model: Arc<IscsiModel>, cfg: TargetConfig)
     let conn = Rc::new(Conn {
         iscsi: RefCell::new(TargetConnection::new(cfg, model.clone(), seed)),
         session: RefCell::new(None),
-        tx_ready: Notify::default(),
-        closing: Cell::new(false),
-        fd,
-        peer,
+        shell: Shell::new(fd, peer),
     });
     let (mut rd, wr) = stream.into_split();
-    let writer = monoio::spawn(write_loop(wr, conn.clone()));
+    let writer = monoio::spawn(crate::conn::write_loop(wr, conn.clone()));
     let ticker = monoio::spawn(tick_loop(conn.clone(), model.clone()));
     let mut buf = Vec::with_capacity(256 * 1024);
-    while !conn.closing.get() {
+    while !conn.shell.is_closing() {
         let (res, b) = rd.read(buf).await;
         buf = b;
         match res {
@@ -275,13 +278,13 @@ pub async fn serve(stream: TcpStream, model: Arc<IscsiModel>, cfg: TargetConfig)
         dispatch_events(&conn, &model);
         if let Err(e) = r {
             log::warn!("{peer}: fatal iSCSI protocol error, closing: {e}");
-            conn.close();
+            conn.shell.close();
         }
         if conn.iscsi.borrow().state() == iscsi::target::State::Closed {
-            conn.close();
+            conn.shell.close();
         }
     }
-    conn.close();
+    conn.shell.close();
     if let Some(s) = conn.session.borrow_mut().take() {
         for u in s.target.units.values() {
             u.lu.nexus_lost(&s.nexus);
@@ -310,15 +313,15 @@ fn dispatch_events(conn: &Rc<Conn>, model: &Arc<IscsiModel>) {
                         for u in t.units.values() {
                             u.lu.nexus_created(&nexus);
                         }
-                        log::info!("{}: {initiator} logged in to {} (tsih {tsih})", conn.peer, t.iqn);
+                        log::info!("{}: {initiator} logged in to {} (tsih {tsih})", conn.shell.peer, t.iqn);
                         let luns = t.units.keys().copied().collect();
                         *conn.session.borrow_mut() = Some(Session { target: t, nexus, luns });
                     }
-                    _ => log::info!("{}: {initiator} opened a discovery session", conn.peer),
+                    _ => log::info!("{}: {initiator} opened a discovery session", conn.shell.peer),
                 }
             }
             Event::LoginFailed { status, reason } => {
-                log::warn!("{}: login refused (status {status:#06x}): {reason}", conn.peer);
+                log::warn!("{}: login refused (status {status:#06x}): {reason}", conn.shell.peer);
             }
             Event::Command(cmd) => command(conn, cmd),
             Event::TaskMgmt { itt, function, lun, .. } => {
@@ -326,15 +329,15 @@ fn dispatch_events(conn: &Rc<Conn>, model: &Arc<IscsiModel>) {
                 conn.iscsi.borrow_mut().send_tmf_response(itt, response);
             }
             Event::LoggedOut { reason } => {
-                log::info!("{}: logout (reason {reason})", conn.peer);
+                log::info!("{}: logout (reason {reason})", conn.shell.peer);
             }
             Event::Dead => {
-                log::warn!("{}: initiator stopped answering NOP-In; closing", conn.peer);
-                conn.close();
+                log::warn!("{}: initiator stopped answering NOP-In; closing", conn.shell.peer);
+                conn.shell.close();
             }
         }
     }
-    conn.tx_ready.notify();
+    conn.shell.tx_ready.notify();
 }
 
 fn task_mgmt(conn: &Conn, function: TmfFunction, lun: u64) -> u8 {
@@ -355,14 +358,14 @@ fn task_mgmt(conn: &Conn, function: TmfFunction, lun: u64) -> u8 {
         }
         TmfFunction::LOGICAL_UNIT_RESET => match unit {
             Some(u) => {
-                log::info!("{}: LUN reset of {} LUN {}", conn.peer, s.target.iqn, u.lu.lun);
+                log::info!("{}: LUN reset of {} LUN {}", conn.shell.peer, s.target.iqn, u.lu.lun);
                 u.lu.lun_reset(&s.nexus);
                 tmf_response::COMPLETE
             }
             None => tmf_response::LUN_DOES_NOT_EXIST,
         },
         TmfFunction::TARGET_WARM_RESET | TmfFunction::TARGET_COLD_RESET => {
-            log::info!("{}: target reset of {}", conn.peer, s.target.iqn);
+            log::info!("{}: target reset of {}", conn.shell.peer, s.target.iqn);
             for u in s.target.units.values() {
                 u.lu.target_reset();
             }
@@ -414,7 +417,7 @@ fn command(conn: &Rc<Conn>, cmd: iscsi::target::Command<Buf>) {
         Outcome::Check(sense) => conn.check(itt, &sense),
         Outcome::Status(st) => {
             conn.iscsi.borrow_mut().send_response(itt, st, None, None);
-            conn.tx_ready.notify();
+            conn.shell.tx_ready.notify();
         }
         // The iSCSI layer collects all write data before the command is
         // dispatched; a command asking for more had no data-out phase.
@@ -432,7 +435,7 @@ async fn run_io(conn: Rc<Conn>, itt: u32, unit: Arc<Unit>, req: BlockRequest<Buf
     let write = op.is_write();
     let bs = device.geometry().block_size as usize;
     let sense = |e: blockdev::Error| {
-        log::warn!("{}: {} on {} failed: {e}", conn.peer, if write { "write" } else { "read" }, device.name());
+        log::warn!("{}: {} on {} failed: {e}", conn.shell.peer, if write { "write" } else { "read" }, device.name());
         scsi::io_error_sense(&e, write)
     };
     let result: Result<Option<IoBuf>, Sense> = match op {
@@ -523,40 +526,16 @@ async fn compare_and_write(
     r.map_err(|e| scsi::io_error_sense(&e, true))
 }
 
-async fn write_loop(mut wr: monoio::net::tcp::TcpOwnedWriteHalf, conn: Rc<Conn>) {
-    let mut out = Vec::with_capacity(256 * 1024);
-    loop {
-        conn.tx_ready.wait().await;
-        conn.iscsi.borrow_mut().take_transmit(&mut out);
-        if !out.is_empty() {
-            let (res, o) = wr.write_all(out).await;
-            out = o;
-            out.clear();
-            if res.is_err() {
-                conn.closing.set(true);
-            }
-        }
-        if conn.closing.get() && !conn.iscsi.borrow().has_transmit() {
-            break;
-        }
-    }
-    // SAFETY: `fd` is the connection's socket, alive until both halves drop;
-    // shutdown does not close or invalidate it.
-    unsafe {
-        libc::shutdown(conn.fd, libc::SHUT_RDWR);
-    }
-}
-
 async fn tick_loop(conn: Rc<Conn>, model: Arc<IscsiModel>) {
     loop {
         reactor::sleep(Duration::from_millis(100)).await;
-        if conn.closing.get() {
+        if conn.shell.is_closing() {
             break;
         }
         conn.iscsi.borrow_mut().on_tick(now_ms());
         dispatch_events(&conn, &model);
         if conn.iscsi.borrow().state() == iscsi::target::State::Closed {
-            conn.close();
+            conn.shell.close();
         }
     }
 }

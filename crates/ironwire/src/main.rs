@@ -1,6 +1,7 @@
 //! ironwire: one daemon that exports block devices over NVMe/TCP.
 
 mod config;
+mod conn;
 mod control;
 mod iscsi_tcp;
 mod nvme_tcp;

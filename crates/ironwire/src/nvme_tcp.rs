@@ -8,17 +8,17 @@
 //! finished in the same loop turn share one send. A ticker checks the
 //! keep-alive timer and delivers asynchronous events.
 
+use crate::conn::{Outbox, Shell};
 use blockdev::IoBuf;
-use monoio::io::{AsyncReadRent, AsyncWriteRentExt, Splitable};
+use monoio::io::{AsyncReadRent, Splitable};
 use monoio::net::TcpStream;
 use nvme_spec::{Cqe, Sqe, Status};
 use nvmf::{BlockOp, BlockRequest, Outcome, Queue, Target};
 use nvmf_tcp::target::{Event, TargetConfig, TargetConnection};
 use nvmf_tcp::DataBuffer;
-use reactor::{now_ms, Notify};
-use std::cell::{Cell, RefCell};
+use reactor::now_ms;
+use std::cell::RefCell;
 use std::collections::HashMap;
-use std::net::SocketAddr;
 use std::os::fd::AsRawFd;
 use std::rc::Rc;
 use std::sync::Arc;
@@ -50,24 +50,27 @@ struct Conn {
     tcp: RefCell<TargetConnection<Buf>>,
     queue: RefCell<Queue>,
     awaiting_data: RefCell<HashMap<u16, Sqe>>,
-    tx_ready: Notify,
-    closing: Cell<bool>,
-    fd: i32,
-    peer: SocketAddr,
+    shell: Shell,
+}
+
+impl Outbox for Conn {
+    fn shell(&self) -> &Shell {
+        &self.shell
+    }
+
+    fn take_transmit(&self, out: &mut Vec<u8>) {
+        self.tcp.borrow_mut().take_transmit(out);
+    }
+
+    fn has_transmit(&self) -> bool {
+        self.tcp.borrow().has_transmit()
+    }
 }
 
 impl Conn {
-    /// Ends the connection: stops the reader (shutdown wakes its pending
-    /// read) after the writer flushed what is queued.
-    fn close(&self) {
-        if !self.closing.replace(true) {
-            self.tx_ready.notify();
-        }
-    }
-
     fn respond(&self, cqe: Cqe) {
         self.tcp.borrow_mut().send_response(cqe);
-        self.tx_ready.notify();
+        self.shell.tx_ready.notify();
     }
 }
 
@@ -82,17 +85,14 @@ pub async fn serve(stream: TcpStream, target: Arc<Target>, cfg: TargetConfig) {
         tcp: RefCell::new(TargetConnection::new(cfg)),
         queue: RefCell::new(Queue::new(target, local, peer)),
         awaiting_data: RefCell::new(HashMap::new()),
-        tx_ready: Notify::default(),
-        closing: Cell::new(false),
-        fd,
-        peer,
+        shell: Shell::new(fd, peer),
     });
     log::debug!("{peer}: connected");
     let (mut rd, wr) = stream.into_split();
-    let writer = monoio::spawn(write_loop(wr, conn.clone()));
+    let writer = monoio::spawn(crate::conn::write_loop(wr, conn.clone()));
     let ticker = monoio::spawn(tick_loop(conn.clone()));
     let mut buf = Vec::with_capacity(256 * 1024);
-    while !conn.closing.get() {
+    while !conn.shell.is_closing() {
         let (res, b) = rd.read(buf).await;
         buf = b;
         match res {
@@ -104,10 +104,10 @@ pub async fn serve(stream: TcpStream, target: Arc<Target>, cfg: TargetConfig) {
         dispatch_events(&conn);
         if let Err(e) = r {
             log::warn!("{peer}: fatal NVMe/TCP error, sending C2HTermReq: {e}");
-            conn.close();
+            conn.shell.close();
         }
     }
-    conn.close();
+    conn.shell.close();
     conn.queue.borrow_mut().close();
     let _ = writer.await;
     drop(ticker);
@@ -125,7 +125,7 @@ fn dispatch_events(conn: &Rc<Conn>) {
                 match checked {
                     Ok(_) => execute(conn, sqe, data),
                     Err(status) => {
-                        log::debug!("{}: cid {} SGL rejected: {status}", conn.peer, sqe.cid.get());
+                        log::debug!("{}: cid {} SGL rejected: {status}", conn.shell.peer, sqe.cid.get());
                         conn.respond(Cqe::new(sqe.cid.get(), status, 0));
                     }
                 }
@@ -140,18 +140,18 @@ fn dispatch_events(conn: &Rc<Conn>) {
             Event::DataDigestError { cid } => {
                 log::warn!(
                     "{}: data digest mismatch on cid {cid}; completing with Transient Transport Error",
-                    conn.peer
+                    conn.shell.peer
                 );
                 conn.awaiting_data.borrow_mut().remove(&cid);
                 conn.respond(Cqe::new(cid, Status::TRANSIENT_TRANSPORT_ERROR, 0));
             }
             Event::HostTerminated { fes } => {
-                log::warn!("{}: host sent H2CTermReq (fes {fes:#x}); closing", conn.peer);
-                conn.close();
+                log::warn!("{}: host sent H2CTermReq (fes {fes:#x}); closing", conn.shell.peer);
+                conn.shell.close();
             }
         }
     }
-    conn.tx_ready.notify();
+    conn.shell.tx_ready.notify();
 }
 
 fn execute(conn: &Rc<Conn>, sqe: Sqe, data: Option<Buf>) {
@@ -180,7 +180,7 @@ fn execute(conn: &Rc<Conn>, sqe: Sqe, data: Option<Buf>) {
         }
         Outcome::CompleteAndClose { cqe } => {
             conn.tcp.borrow_mut().send_response(cqe);
-            conn.close();
+            conn.shell.close();
         }
     }
 }
@@ -190,7 +190,12 @@ async fn run_io(conn: Rc<Conn>, req: BlockRequest<Buf>) {
     let ok = |s: Result<(), blockdev::Error>, write: bool| match s {
         Ok(()) => Status::SUCCESS,
         Err(e) => {
-            log::warn!("{}: {} on {} failed: {e}", conn.peer, if write { "write" } else { "read" }, device.name());
+            log::warn!(
+                "{}: {} on {} failed: {e}",
+                conn.shell.peer,
+                if write { "write" } else { "read" },
+                device.name()
+            );
             nvmf::io_error_status(&e, write)
         }
     };
@@ -200,7 +205,7 @@ async fn run_io(conn: Rc<Conn>, req: BlockRequest<Buf>) {
             let status = ok(r, false);
             if status.is_success() {
                 conn.tcp.borrow_mut().send_data(cid, &buf, Cqe::new(cid, status, 0));
-                conn.tx_ready.notify();
+                conn.shell.tx_ready.notify();
                 return;
             }
             status
@@ -232,41 +237,16 @@ async fn run_io(conn: Rc<Conn>, req: BlockRequest<Buf>) {
     conn.respond(Cqe::new(cid, status, 0));
 }
 
-async fn write_loop(mut wr: monoio::net::tcp::TcpOwnedWriteHalf, conn: Rc<Conn>) {
-    let mut out = Vec::with_capacity(256 * 1024);
-    loop {
-        conn.tx_ready.wait().await;
-        conn.tcp.borrow_mut().take_transmit(&mut out);
-        if !out.is_empty() {
-            let (res, o) = wr.write_all(out).await;
-            out = o;
-            out.clear();
-            if res.is_err() {
-                conn.closing.set(true);
-            }
-        }
-        if conn.closing.get() && !conn.tcp.borrow().has_transmit() {
-            break;
-        }
-    }
-    // Wake the reader out of its pending read.
-    // SAFETY: `fd` is the connection's socket, alive until both halves drop;
-    // shutdown does not close or invalidate it.
-    unsafe {
-        libc::shutdown(conn.fd, libc::SHUT_RDWR);
-    }
-}
-
 async fn tick_loop(conn: Rc<Conn>) {
     loop {
         reactor::sleep(Duration::from_millis(100)).await;
-        if conn.closing.get() {
+        if conn.shell.is_closing() {
             break;
         }
         let mut q = conn.queue.borrow_mut();
         if q.expired(now_ms()) {
             drop(q);
-            conn.close();
+            conn.shell.close();
             break;
         }
         while let Some(cqe) = q.poll_event() {
