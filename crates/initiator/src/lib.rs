@@ -4,7 +4,8 @@
 //! moves its bytes over a `monoio` TCP stream ([`Queue`]), runs the NVMe-oF
 //! controller bring-up and the common admin and I/O commands on top
 //! ([`Controller`]), reads discovery log pages ([`discover`]) and drives a
-//! closed-loop load ([`bench`]). Every wait on the network is bounded by a
+//! closed-loop load ([`bench`]; also in-process against a `blockdev::Device`
+//! and over bare TCP, the baselines beside each figure). Every wait on the network is bounded by a
 //! timeout, so a silent or stuck target becomes [`Error::Timeout`], never a
 //! hang. It needs a monoio runtime built with `enable_timer()`.
 #![forbid(unsafe_code)]
@@ -54,6 +55,10 @@ pub enum Error {
     /// The request cannot be sent as asked.
     #[error("invalid request: {0}")]
     Invalid(String),
+    /// A local device failed an I/O (the in-process baseline,
+    /// [`bench::run_local`]).
+    #[error("device error: {0}")]
+    Device(#[from] blockdev::Error),
 }
 
 impl Error {

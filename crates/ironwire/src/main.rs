@@ -1,5 +1,6 @@
 //! ironwire: one daemon that exports block devices over NVMe/TCP.
 
+mod bench;
 mod config;
 mod conn;
 mod control;
@@ -43,6 +44,12 @@ enum Command {
         #[arg(required = true, trailing_var_arg = true)]
         command: Vec<String>,
     },
+    /// Measure a target (or the local device, or the bare network path)
+    /// the way fio does; see docs/bench.md.
+    Bench {
+        #[command(subcommand)]
+        command: bench::BenchCommand,
+    },
     /// Validate a configuration file and print what it defines.
     CheckConfig {
         /// TOML configuration file.
@@ -72,6 +79,7 @@ fn real_main() -> Result<()> {
     let cli = Cli::parse();
     match cli.command {
         Command::Ctl { socket, command } => control::client(&socket, &command),
+        Command::Bench { command } => bench::main(command),
         Command::Serve { config, cores, ctl_socket } => {
             let mut cfg = match config {
                 Some(p) => load(&p)?,

@@ -1,0 +1,130 @@
+//! The local baseline: the same workload in-process against a
+//! `blockdev::Device`, no network, so "remote minus local" latency is one
+//! subtraction. Each job runs `qd` tasks on the calling runtime, each a
+//! closed loop of one I/O at a time; null and ram devices complete inline,
+//! so for them the depth is nominal.
+
+use super::{merge, plan, BenchOptions, Report, Tally, Workload};
+use crate::{Error, Result};
+use blockdev::{Device, IoBuf};
+use std::cell::RefCell;
+use std::rc::Rc;
+use std::sync::Arc;
+use std::time::Instant;
+
+/// Runs the load on `device` (`opts.addr`, NQNs, nsid and digests are
+/// unused).
+pub async fn run_local(device: Arc<Device>, opts: &BenchOptions) -> Result<Report> {
+    if opts.jobs == 0 || opts.qd == 0 || opts.block_size == 0 {
+        return Err(Error::Invalid("jobs, qd and block size must be > 0".into()));
+    }
+    let g = device.geometry();
+    let work = plan(opts, usize::from(opts.jobs), g.block_size, g.size_bytes())?;
+    let start = work.first().map_or_else(Instant::now, |w| w.tally.finished);
+    let mut jobs = Vec::new();
+    for w in work {
+        let depth = w.depth(opts.qd as usize);
+        let w = Rc::new(RefCell::new(w));
+        let mut tasks = Vec::new();
+        for _ in 0..depth {
+            tasks.push(monoio::spawn(worker(device.clone(), w.clone())));
+        }
+        jobs.push((w, tasks));
+    }
+    let mut results = Vec::new();
+    for (w, tasks) in jobs {
+        for t in tasks {
+            t.await?;
+        }
+        let tally = std::mem::replace(&mut w.borrow_mut().tally, Tally::new(start));
+        results.push(tally);
+    }
+    Ok(merge(opts, &results, start))
+}
+
+async fn worker(device: Arc<Device>, w: Rc<RefCell<Workload>>) -> Result<()> {
+    let io_bytes = w.borrow().io_bytes() as usize;
+    let mut buf = IoBuf::zeroed(io_bytes);
+    buf.fill(0xa5);
+    loop {
+        let (io, submitted) = {
+            let mut w = w.borrow_mut();
+            let now = Instant::now();
+            if now >= w.end {
+                return Ok(());
+            }
+            let io = w.pick();
+            if io.write {
+                w.fill(&io, &mut buf);
+            }
+            (io, now)
+        };
+        let (res, b) = if io.write { device.write(io.lba, buf, false).await } else { device.read(io.lba, buf).await };
+        buf = b;
+        res?;
+        let now = Instant::now();
+        let mut w = w.borrow_mut();
+        w.complete(&io, submitted, now, if io.write { &[] } else { &buf[..] });
+        w.tally.finished = w.tally.finished.max(now);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::bench::Pattern;
+    use std::time::Duration;
+
+    fn block_on<F: std::future::Future>(f: F) -> F::Output {
+        monoio::RuntimeBuilder::<monoio::IoUringDriver>::new().enable_timer().build().expect("runtime").block_on(f)
+    }
+
+    fn opts(pattern: Pattern) -> BenchOptions {
+        BenchOptions {
+            pattern,
+            block_size: 4096,
+            qd: 4,
+            jobs: 2,
+            runtime: Duration::from_millis(200),
+            verify: true,
+            ..BenchOptions::default()
+        }
+    }
+
+    #[test]
+    fn local_randrw_verify_on_ram_is_clean_and_consistent() {
+        let dev = Arc::new(Device::ram("r", 1 << 20, 512).expect("ram"));
+        let r = block_on(run_local(dev, &opts(Pattern::RandRw))).expect("run");
+        assert!(r.reads > 0 && r.writes > 0, "{r}");
+        assert_eq!(r.verify_errors, 0, "{r}");
+        assert_eq!(r.reads + r.writes, r.ios);
+        assert_eq!(r.ios * 4096, r.bytes);
+        assert_eq!(r.histogram.len(), r.ios);
+        assert_eq!(r.jobs, 2);
+    }
+
+    #[test]
+    fn local_verify_read_catches_a_block_overwritten_in_the_file() {
+        let path = std::env::temp_dir().join(format!("initiator-local-verify-{}", std::process::id()));
+        let dev = Arc::new(Device::file("f", &path, Some(256 << 10), 512).expect("file"));
+        let mut o = opts(Pattern::Write);
+        o.size = Some(64 << 10);
+        let w = block_on(run_local(dev.clone(), &o)).expect("write phase");
+        assert!(w.writes >= 16, "sequential writes cover the 16-I/O range: {w}");
+        o.pattern = Pattern::Read;
+        let clean = block_on(run_local(dev.clone(), &o)).expect("clean read phase");
+        assert_eq!(clean.verify_errors, 0, "{clean}");
+        // Garbage over LBA 37 (byte 18944), behind the device's back.
+        {
+            use std::io::{Seek, SeekFrom, Write};
+            let mut f = std::fs::OpenOptions::new().write(true).open(&path).expect("open");
+            f.seek(SeekFrom::Start(37 * 512)).expect("seek");
+            f.write_all(&[0x5a; 512]).expect("corrupt");
+            f.sync_all().expect("sync");
+        }
+        let bad = block_on(run_local(dev, &o)).expect("read phase");
+        let _ = std::fs::remove_file(&path);
+        assert!(bad.verify_errors > 0, "{bad}");
+        assert_eq!(bad.first_verify_error.map(|e| e.lba), Some(37));
+    }
+}
