@@ -68,9 +68,25 @@ pub struct IscsiTargetConfig {
     pub chap: Option<ChapConfig>,
     /// The target's own credentials for mutual CHAP (requires `chap`).
     pub mutual_chap: Option<ChapConfig>,
+    /// Per-initiator entries: each allows its initiator and may carry its
+    /// own CHAP credentials, which take precedence over the target's.
+    #[serde(default)]
+    pub acl: Vec<AclConfig>,
     /// Logical units.
     #[serde(default)]
     pub lun: Vec<LunConfig>,
+}
+
+/// An initiator allowed into a target, with its own credentials.
+#[derive(Debug, Deserialize, Clone)]
+#[serde(deny_unknown_fields)]
+pub struct AclConfig {
+    /// Initiator name.
+    pub initiator: String,
+    /// CHAP credentials this initiator must present.
+    pub chap: Option<ChapConfig>,
+    /// The target's credentials for mutual CHAP with this initiator.
+    pub mutual_chap: Option<ChapConfig>,
 }
 
 /// A logical unit of an iSCSI target.
@@ -289,6 +305,7 @@ impl Config {
                 initiators: Vec::new(),
                 chap: None,
                 mutual_chap: None,
+                acl: Vec::new(),
                 lun: vec![LunConfig { lun: Some(0), device: "ram0".into() }],
             }],
             iscsi: IscsiConfig::default(),
@@ -400,7 +417,21 @@ impl Config {
             if !iqns.insert(t.iqn.as_str()) {
                 bail!("{}: duplicate target name", f("iqn"));
             }
-            if !t.allow_any_initiator && t.initiators.is_empty() {
+            for (j, a) in t.acl.iter().enumerate() {
+                let g = |field: &str| f(&format!("acl[{j}].{field}"));
+                if !valid_iscsi_name(&a.initiator) {
+                    bail!("{}: {:?} is not an iSCSI name", g("initiator"), a.initiator);
+                }
+                for (field, chap) in [("chap", &a.chap), ("mutual_chap", &a.mutual_chap)] {
+                    if let Some(c) = chap {
+                        check_chap(c).map_err(|e| anyhow::anyhow!("{}: {e}", g(field)))?;
+                    }
+                }
+                if a.mutual_chap.is_some() && a.chap.is_none() {
+                    bail!("{}: mutual CHAP needs `chap` too", g("mutual_chap"));
+                }
+            }
+            if !t.allow_any_initiator && t.initiators.is_empty() && t.acl.is_empty() {
                 bail!("{}: empty while allow_any_initiator is false; no initiator could log in", f("initiators"));
             }
             for (j, n) in t.initiators.iter().enumerate() {
@@ -525,6 +556,10 @@ mod tests {
         assert!(e.contains("port[0].address"), "{e}");
         let e = err_of(&format!("{base}[[subsystem]]\nnqn = \"nqn.2026-11.x:y\"\n"));
         assert!(e.contains("hosts") && e.contains("no host could connect"), "{e}");
+        let e = err_of(&format!(
+            "{base}[[iscsi_target]]\niqn = \"iqn.2026-11.x:y\"\n[[iscsi_target.acl]]\ninitiator = \"iqn.2026-11.a:b\"\nchap = {{ user = \"u\", secret = \"short\" }}\n"
+        ));
+        assert!(e.contains("iscsi_target[0] (iqn.2026-11.x:y).acl[0].chap") && e.contains("12 to 255"), "{e}");
         let e = err_of(&format!("{base}bogus = 1\n"));
         assert!(e.contains("bogus"), "{e}");
     }

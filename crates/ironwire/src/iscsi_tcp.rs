@@ -61,6 +61,15 @@ impl Unit {
     }
 }
 
+type Credentials = (String, Vec<u8>);
+
+/// An initiator allowed in, with credentials that override the target's.
+struct Acl {
+    initiator: String,
+    chap: Option<Credentials>,
+    mutual: Option<Credentials>,
+}
+
 /// An iSCSI target: a name, who may log in, and its logical units.
 pub struct IscsiTarget {
     /// Target name.
@@ -69,8 +78,9 @@ pub struct IscsiTarget {
     pub alias: Option<String>,
     allow_any: bool,
     initiators: Vec<String>,
-    chap: Option<(String, Vec<u8>)>,
-    mutual: Option<(String, Vec<u8>)>,
+    chap: Option<Credentials>,
+    mutual: Option<Credentials>,
+    acl: Vec<Acl>,
     /// Logical units by LUN.
     pub units: BTreeMap<u64, Arc<Unit>>,
 }
@@ -97,12 +107,37 @@ impl IscsiTarget {
             initiators: cfg.initiators.clone(),
             chap: cred(&cfg.chap),
             mutual: cred(&cfg.mutual_chap),
+            acl: cfg
+                .acl
+                .iter()
+                .map(|a| Acl { initiator: a.initiator.clone(), chap: cred(&a.chap), mutual: cred(&a.mutual_chap) })
+                .collect(),
             units,
         })
     }
 
     fn allows(&self, initiator: &str) -> bool {
-        self.allow_any || self.initiators.iter().any(|i| i.eq_ignore_ascii_case(initiator))
+        self.allow_any
+            || self.initiators.iter().any(|i| i.eq_ignore_ascii_case(initiator))
+            || self.acl_for(initiator).is_some()
+    }
+
+    fn acl_for(&self, initiator: &str) -> Option<&Acl> {
+        self.acl.iter().find(|a| a.initiator.eq_ignore_ascii_case(initiator))
+    }
+
+    /// The CHAP credentials `initiator` must present: its ACL entry's, else
+    /// the target's.
+    fn chap_for(&self, initiator: &str) -> Option<&Credentials> {
+        self.acl_for(initiator).and_then(|a| a.chap.as_ref()).or(self.chap.as_ref())
+    }
+
+    /// The target's own credentials for mutual CHAP with `initiator`.
+    fn mutual_for(&self, initiator: &str) -> Option<&Credentials> {
+        match self.acl_for(initiator) {
+            Some(a) if a.chap.is_some() => a.mutual.as_ref(),
+            _ => self.mutual.as_ref(),
+        }
     }
 }
 
@@ -114,7 +149,7 @@ pub struct IscsiModel {
     /// SendTargets portals, `ip:port,tpgt`.
     pub portals: Vec<String>,
     /// CHAP credentials for discovery sessions.
-    pub discovery_chap: Option<(String, Vec<u8>)>,
+    pub discovery_chap: Option<Credentials>,
     next_tsih: AtomicU16,
 }
 
@@ -123,11 +158,7 @@ const TPGT: u16 = 1;
 
 impl IscsiModel {
     /// A model for `targets` reached on `portals`.
-    pub fn new(
-        targets: Vec<Arc<IscsiTarget>>,
-        portals: Vec<String>,
-        discovery_chap: Option<(String, Vec<u8>)>,
-    ) -> Self {
+    pub fn new(targets: Vec<Arc<IscsiTarget>>, portals: Vec<String>, discovery_chap: Option<Credentials>) -> Self {
         IscsiModel { targets, portals, discovery_chap, next_tsih: AtomicU16::new(1) }
     }
 
@@ -162,24 +193,24 @@ impl Policy for IscsiModel {
         self.targets.iter().filter(|t| t.allows(initiator)).map(|t| self.info(t)).collect()
     }
 
-    fn auth_required(&self, target: Option<&str>, _initiator: &str) -> bool {
+    fn auth_required(&self, target: Option<&str>, initiator: &str) -> bool {
         match target {
-            Some(name) => self.find(name).is_some_and(|t| t.chap.is_some()),
+            Some(name) => self.find(name).is_some_and(|t| t.chap_for(initiator).is_some()),
             None => self.discovery_chap.is_some(),
         }
     }
 
-    fn chap_secret(&self, target: Option<&str>, _initiator: &str, user: &str) -> Option<Secret> {
+    fn chap_secret(&self, target: Option<&str>, initiator: &str, user: &str) -> Option<Secret> {
         let cred = match target {
-            Some(name) => self.find(name).and_then(|t| t.chap.clone()),
+            Some(name) => self.find(name).and_then(|t| t.chap_for(initiator).cloned()),
             None => self.discovery_chap.clone(),
         };
         cred.filter(|(u, _)| u == user).map(|(_, s)| Secret(s))
     }
 
-    fn target_credentials(&self, target: Option<&str>, _initiator: &str) -> Option<(String, Secret)> {
+    fn target_credentials(&self, target: Option<&str>, initiator: &str) -> Option<(String, Secret)> {
         let t = self.find(target?)?;
-        t.mutual.clone().map(|(u, s)| (u, Secret(s)))
+        t.mutual_for(initiator).cloned().map(|(u, s)| (u, Secret(s)))
     }
 }
 
@@ -537,5 +568,59 @@ async fn tick_loop(conn: Rc<Conn>, model: Arc<IscsiModel>) {
         if conn.iscsi.borrow().state() == iscsi::target::State::Closed {
             conn.shell.close();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Config;
+
+    fn model(toml: &str) -> IscsiModel {
+        let cfg = Config::parse(toml).expect("config");
+        let devices = crate::serve::open_devices(&cfg).expect("devices");
+        let targets =
+            cfg.iscsi_target.iter().map(|t| Arc::new(IscsiTarget::new(t, &devices).expect("target"))).collect();
+        IscsiModel::new(targets, vec!["127.0.0.1:3260,1".into()], None)
+    }
+
+    const CFG: &str = r#"
+[[device]]
+name = "r"
+kind = "null"
+size = "1MiB"
+[[iscsi_target]]
+iqn = "iqn.2026-11.test:t"
+chap = { user = "everyone", secret = "target-wide-secret" }
+[[iscsi_target.acl]]
+initiator = "iqn.2026-11.test:special"
+chap = { user = "special", secret = "special-secret-1" }
+mutual_chap = { user = "tgt", secret = "special-target-secret" }
+[[iscsi_target.acl]]
+initiator = "iqn.2026-11.test:plain"
+[[iscsi_target.lun]]
+device = "r"
+[[port]]
+transport = "iscsi"
+address = "127.0.0.1:3260"
+"#;
+
+    #[test]
+    fn acl_entries_allow_their_initiators_and_override_credentials() {
+        let m = model(CFG);
+        let t = Some("iqn.2026-11.test:t");
+        assert!(m.initiator_allowed("iqn.2026-11.test:t", "iqn.2026-11.test:special"));
+        assert!(m.initiator_allowed("iqn.2026-11.test:t", "iqn.2026-11.test:plain"));
+        assert!(!m.initiator_allowed("iqn.2026-11.test:t", "iqn.2026-11.test:stranger"));
+        // The ACL entry's credentials replace the target's for that initiator.
+        assert!(m.chap_secret(t, "iqn.2026-11.test:special", "special").is_some());
+        assert!(m.chap_secret(t, "iqn.2026-11.test:special", "everyone").is_none());
+        assert_eq!(m.target_credentials(t, "iqn.2026-11.test:special").map(|c| c.0), Some("tgt".to_string()));
+        // An entry without credentials falls back to the target's.
+        assert!(m.auth_required(t, "iqn.2026-11.test:plain"));
+        assert!(m.chap_secret(t, "iqn.2026-11.test:plain", "everyone").is_some());
+        assert!(m.target_credentials(t, "iqn.2026-11.test:plain").is_none());
+        assert_eq!(m.discovery_targets("iqn.2026-11.test:stranger"), Vec::new());
+        assert_eq!(m.discovery_targets("iqn.2026-11.test:plain").len(), 1);
     }
 }
