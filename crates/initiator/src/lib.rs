@@ -8,12 +8,17 @@
 //! and over bare TCP, the baselines beside each figure). Every wait on the network is bounded by a
 //! timeout, so a silent or stuck target becomes [`Error::Timeout`], never a
 //! hang. It needs a monoio runtime built with `enable_timer()`.
+//!
+//! [`iscsi`] is the same for iSCSI: a [`iscsi::Session`] around
+//! `iscsi::host::HostConnection` (login with CHAP, SendTargets, SCSI
+//! commands with pipelining, Logout).
 #![forbid(unsafe_code)]
 
 pub mod bench;
 pub mod cmd;
 mod controller;
 mod discovery;
+pub mod iscsi;
 mod queue;
 
 pub use controller::hostid_for;
