@@ -4,7 +4,7 @@
 #
 # Starts "$IRONWIRE_BIN" serve with a generated config (two iSCSI portals on
 # free ports, its own --ctl-socket in a temp dir) and runs the whole suite
-# (-t ALL, --dataloss) once per LUN configuration:
+# (-t ALL, --dataloss --allow-sanitize) once per LUN configuration:
 #   ram512  1 GiB RAM device, 512-byte blocks (LBPRZ, thin)
 #   file4k  256 MiB file device, 4096-byte blocks, in the temp dir
 # Each run passes both portals' URLs, so the MultipathIO tests run over two
@@ -170,7 +170,7 @@ EOF
 		return 1
 	fi
 	echo "== $name: iscsi-test-cu -t $TESTS on 127.0.0.1:$p1 and :$p2" >&2
-	timeout "$RUN_TIMEOUT" iscsi-test-cu --dataloss -i "$INITIATOR" -I "$INITIATOR2" -t "$TESTS" \
+	timeout "$RUN_TIMEOUT" iscsi-test-cu --dataloss --allow-sanitize -i "$INITIATOR" -I "$INITIATOR2" -t "$TESTS" \
 		"iscsi://127.0.0.1:$p1/$IQN/0" "iscsi://127.0.0.1:$p2/$IQN/0" >"$log" 2>&1
 	local rc=$?
 	cleanup

@@ -22,8 +22,9 @@ const ALL_PAGES: u8 = 0x3F;
 /// Pages in the order "all pages" returns them.
 const PAGES: [u8; 3] = [CACHING, CONTROL, INFORMATIONAL_EXCEPTIONS];
 
-/// One mode page as reported for page control `pc` with write cache `wce`.
-fn page(code: u8, pc: u8, wce: bool) -> Option<Vec<u8>> {
+/// One mode page as reported for page control `pc` with write cache `wce`
+/// and software write protect `swp`.
+fn page(code: u8, pc: u8, wce: bool, swp: bool) -> Option<Vec<u8>> {
     let changeable = pc == PC_CHANGEABLE;
     Some(match code {
         CACHING => {
@@ -46,6 +47,10 @@ fn page(code: u8, pc: u8, wce: bool) -> Option<Vec<u8>> {
                 set(&mut p, 3, 0x10);
                 put(&mut p, 8, &[0xFF, 0xFF]);
             }
+            // SWP (byte 4 bit 3) is the one changeable field.
+            if changeable || swp {
+                set(&mut p, 4, 0x08);
+            }
             p
         }
         INFORMATIONAL_EXCEPTIONS => {
@@ -62,8 +67,9 @@ fn page(code: u8, pc: u8, wce: bool) -> Option<Vec<u8>> {
     })
 }
 
-fn lock_wce(lu: &LogicalUnit) -> bool {
-    lu.lock().wce
+fn lock_wce_swp(lu: &LogicalUnit) -> (bool, bool) {
+    let st = lu.lock();
+    (st.wce, st.swp)
 }
 
 pub(crate) fn mode_sense<B>(lu: &LogicalUnit, c: Bytes<'_>) -> Outcome<B> {
@@ -81,17 +87,17 @@ pub(crate) fn mode_sense<B>(lu: &LogicalUnit, c: Bytes<'_>) -> Outcome<B> {
     if subpage != 0 && subpage != 0xFF {
         return Outcome::Check(Sense::invalid_cdb_field(3, None));
     }
-    let wce = match pc {
-        PC_DEFAULT => lu.device.volatile_write_cache(),
-        _ => lock_wce(lu),
+    let (wce, swp) = match pc {
+        PC_DEFAULT => (lu.device.volatile_write_cache(), false),
+        _ => lock_wce_swp(lu),
     };
     let mut pages = Vec::new();
     if code == ALL_PAGES {
         for p in PAGES {
-            pages.extend(page(p, pc, wce).unwrap_or_default());
+            pages.extend(page(p, pc, wce, swp).unwrap_or_default());
         }
     } else {
-        match page(code, pc, wce) {
+        match page(code, pc, wce, swp) {
             Some(p) => pages = p,
             None => return Outcome::Check(Sense::invalid_cdb_field(2, Some(5))),
         }
@@ -111,8 +117,9 @@ pub(crate) fn mode_sense<B>(lu: &LogicalUnit, c: Bytes<'_>) -> Outcome<B> {
             set(&mut bd, 4, 0);
         }
     }
-    // Device-specific parameter: WP 0, DPOFUA 1.
-    let dsp = 0x10;
+    // Device-specific parameter: WP (set while software write protect is
+    // on), DPOFUA 1.
+    let dsp = if swp && pc == PC_CURRENT { 0x90 } else { 0x10 };
     let mut d = if ten {
         let mut h = vec![0u8; 8];
         put(&mut h, 2, &[0, dsp, u8::from(llbaa)]);
@@ -186,6 +193,7 @@ pub(crate) fn mode_select<B: DataOut>(
     }
     let mut st = lu.lock();
     let mut wce = st.wce;
+    let mut swp = st.swp;
     let mut at = bd_at.saturating_add(bd_len);
     while at < d.len() {
         let code = d.u8(at) & 0x3F;
@@ -194,7 +202,8 @@ pub(crate) fn mode_select<B: DataOut>(
             return Outcome::Check(Sense::invalid_param_field(at as u16, Some(6)));
         }
         let page_len = usize::from(d.u8(at.saturating_add(1))).saturating_add(2);
-        let (Some(current), Some(mask)) = (page(code, PC_CURRENT, wce), page(code, PC_CHANGEABLE, wce)) else {
+        let (Some(current), Some(mask)) = (page(code, PC_CURRENT, wce, swp), page(code, PC_CHANGEABLE, wce, swp))
+        else {
             return Outcome::Check(Sense::invalid_param_field(at as u16, Some(5)));
         };
         if page_len != current.len() {
@@ -217,10 +226,14 @@ pub(crate) fn mode_select<B: DataOut>(
         if code == CACHING {
             wce = new.get(2).is_some_and(|b| b & 0x04 != 0);
         }
+        if code == CONTROL {
+            swp = new.get(4).is_some_and(|b| b & 0x08 != 0);
+        }
         at = end;
     }
-    if wce != st.wce {
+    if wce != st.wce || swp != st.swp {
         st.wce = wce;
+        st.swp = swp;
         // SPC-4 6.13: other nexuses learn of the change by unit attention.
         st.unit_attention_all(Sense::UA_MODE_PARAMETERS_CHANGED, Some(&nexus.id()));
         lu.sync(&st);

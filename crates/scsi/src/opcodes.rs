@@ -168,6 +168,25 @@ pub(crate) fn access(opcode: u8, c: Bytes<'_>) -> Option<Access> {
     })
 }
 
+/// Whether `opcode` writes the medium: what software write protect (the
+/// SWP bit of the control mode page) refuses (SBC-3 4.11).
+pub(crate) fn writes_medium(opcode: u8) -> bool {
+    matches!(
+        opcode,
+        op::WRITE_6
+            | op::WRITE_10
+            | op::WRITE_12
+            | op::WRITE_16
+            | op::WRITE_AND_VERIFY_10
+            | op::WRITE_AND_VERIFY_12
+            | op::WRITE_AND_VERIFY_16
+            | op::WRITE_SAME_10
+            | op::WRITE_SAME_16
+            | op::UNMAP
+            | op::COMPARE_AND_WRITE
+    )
+}
+
 /// Command timeouts descriptor (SPC-4 6.35.4): nominal unspecified,
 /// recommended 30 s.
 const TIMEOUTS: [u8; 12] = [0x00, 0x0A, 0, 0, 0, 0, 0, 0, 0, 0, 0, 30];

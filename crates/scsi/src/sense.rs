@@ -100,6 +100,8 @@ impl Sense {
     pub const SAVING_PARAMETERS_NOT_SUPPORTED: Sense = Sense::new(key::ILLEGAL_REQUEST, 0x39, 0x00);
     /// MISCOMPARE / MISCOMPARE DURING VERIFY OPERATION.
     pub const MISCOMPARE: Sense = Sense::new(key::MISCOMPARE, 0x1D, 0x00);
+    /// DATA PROTECT / WRITE PROTECTED (software write protect is on).
+    pub const WRITE_PROTECTED: Sense = Sense::new(key::DATA_PROTECT, 0x27, 0x00);
     /// MEDIUM ERROR / WRITE ERROR.
     pub const WRITE_ERROR: Sense = Sense::new(key::MEDIUM_ERROR, 0x0C, 0x00);
     /// MEDIUM ERROR / UNRECOVERED READ ERROR.

@@ -1198,3 +1198,33 @@ fn random_cdbs_never_panic() {
         }
     }
 }
+
+fn set_swp(lu: &LogicalUnit, n: &Nexus, swp: bool) {
+    // The control page as MODE SENSE reports it, with SWP (byte 4 bit 3).
+    let mut list = vec![0u8, 0, 0, 0, 0x0A, 0x0A, 0, 0x10, 0, 0, 0, 0, 0xFF, 0xFF, 0, 0];
+    if swp {
+        list[8] |= 0x08;
+    }
+    let cdb = [op::MODE_SELECT_6, 0x10, 0, 0, list.len() as u8, 0];
+    assert!(good(exec_out(lu, n, &cdb, list)).is_empty());
+}
+
+#[test]
+fn software_write_protect_refuses_writes_until_cleared() {
+    let lu = ram_lu();
+    let (a, b) = (nexus(1), nexus(2));
+    good(exec(&lu, &b, &[0; 6]));
+    let d = good(exec(&lu, &a, &mode_sense6(0x0A, 1, true, 255)));
+    assert_eq!(d[8] & 0x08, 0x08, "SWP is changeable");
+    set_swp(&lu, &a, true);
+    assert_eq!(check(exec(&lu, &b, &[0; 6])), Sense::UA_MODE_PARAMETERS_CHANGED);
+    let d = good(exec(&lu, &b, &mode_sense6(0x0A, 0, true, 255)));
+    assert_eq!(d[2] & 0x80, 0x80, "WP in the device-specific parameter");
+    assert_eq!(d[8] & 0x08, 0x08, "SWP reads back");
+    let w = rw16(op::WRITE_16, 0, 1, 0);
+    assert_eq!(check(exec_out(&lu, &b, &w, vec![0; BS as usize])), Sense::WRITE_PROTECTED);
+    assert!(matches!(block_op(exec(&lu, &b, &rw16(op::READ_16, 0, 1, 0))), BlockOp::Read { .. }));
+    set_swp(&lu, &a, false);
+    assert_eq!(check(exec(&lu, &b, &[0; 6])), Sense::UA_MODE_PARAMETERS_CHANGED);
+    assert!(matches!(block_op(exec_out(&lu, &b, &w, vec![0; BS as usize])), BlockOp::Write { .. }));
+}

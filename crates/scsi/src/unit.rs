@@ -90,6 +90,8 @@ impl Limits {
 pub(crate) struct LuState {
     /// WCE of the caching mode page.
     pub wce: bool,
+    /// SWP of the control mode page: the medium is write protected.
+    pub swp: bool,
     /// Known I_T nexuses with their pending unit attentions, oldest first.
     pub nexuses: HashMap<NexusId, VecDeque<Sense>>,
     /// SPC-2 RESERVE(6) holder.
@@ -159,6 +161,8 @@ pub struct LogicalUnit {
     quiet: AtomicBool,
     /// Mirror of `LuState::wce` for the I/O path.
     wce: AtomicBool,
+    /// Mirror of `LuState::swp` for the I/O path.
+    swp: AtomicBool,
 }
 
 impl std::fmt::Debug for LogicalUnit {
@@ -218,6 +222,7 @@ impl LogicalUnit {
             state: Mutex::new(LuState { wce, ..LuState::default() }),
             quiet: AtomicBool::new(true),
             wce: AtomicBool::new(wce),
+            swp: AtomicBool::new(false),
         }
     }
 
@@ -231,6 +236,7 @@ impl LogicalUnit {
     pub(crate) fn sync(&self, st: &LuState) {
         self.quiet.store(st.quiet(), Ordering::Release);
         self.wce.store(st.wce, Ordering::Release);
+        self.swp.store(st.swp, Ordering::Release);
     }
 
     /// Whether the write cache is enabled (WCE).
@@ -294,6 +300,10 @@ impl LogicalUnit {
                 log::debug!("{}: reservation conflict for {opcode:#04x} from {}", self.device.name(), id.initiator);
                 return Outcome::Status(status::RESERVATION_CONFLICT);
             }
+        }
+        if self.swp.load(Ordering::Acquire) && opcodes::writes_medium(opcode) {
+            log::debug!("{}: write {opcode:#04x} refused: software write protect", self.device.name());
+            return Outcome::Check(Sense::WRITE_PROTECTED);
         }
         run()
     }
