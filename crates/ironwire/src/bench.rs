@@ -1,20 +1,21 @@
 //! `ironwire bench`: the load generator's command line. `run` drives a
-//! remote NVMe/TCP target, `local` the same workload in-process against a
+//! remote NVMe/TCP or iSCSI target, `local` the same workload in-process against a
 //! device, `ceiling` a bare TCP request/response loop; all three print the
 //! same result (human table or fio-like JSON, see docs/bench.md).
 //!
 //! Threads: without `--cpus` every job runs on one thread (one monoio
 //! runtime). With `--cpus LIST` the load runs on min(cpus, jobs) threads,
 //! thread i pinned to the i-th CPU, jobs dealt out among them; for `run`
-//! each thread connects its own controller with its jobs as I/O queues.
+//! each thread connects its own controller with its jobs as I/O queues
+//! (iSCSI: logs in one session per job).
 //! The main thread only samples CPU time and prints the progress line.
 //! This module measures and formats; the workload is `initiator::bench`'s.
 
 use anyhow::{bail, Context, Result};
 use blockdev::Device;
-use clap::{Args, Subcommand, ValueEnum};
+use clap::{ArgGroup, Args, Subcommand, ValueEnum};
 use hdrhistogram::Histogram;
-use initiator::bench::{self, ceiling, BenchOptions, Pattern, Progress, Report};
+use initiator::bench::{self, ceiling, BenchOptions, IscsiTarget, Pattern, Progress, Report};
 use serde_json::{json, Value};
 use std::io::{IsTerminal, Write};
 use std::net::{SocketAddr, ToSocketAddrs};
@@ -25,8 +26,9 @@ use std::time::{Duration, Instant};
 
 #[derive(Subcommand)]
 pub enum BenchCommand {
-    /// Load a remote NVMe/TCP target.
-    Run(RunArgs),
+    /// Load a remote NVMe/TCP (--nvme, --nqn) or iSCSI (--iscsi, --iqn)
+    /// target.
+    Run(Box<RunArgs>),
     /// The same workload in-process against a device (no network).
     Local(LocalArgs),
     /// A bare TCP request/response loop over loopback with the same message
@@ -35,26 +37,47 @@ pub enum BenchCommand {
 }
 
 #[derive(Args)]
+#[command(group(ArgGroup::new("target").required(true).args(["nvme", "iscsi"])))]
 pub struct RunArgs {
-    /// Controller address, IP:PORT (port 4420 if left out).
-    #[arg(long)]
-    nvme: String,
-    /// Subsystem NQN.
-    #[arg(long)]
-    nqn: String,
-    /// Host NQN.
+    /// NVMe/TCP: controller address, IP:PORT (port 4420 if left out).
+    #[arg(long, requires = "nqn")]
+    nvme: Option<String>,
+    /// NVMe/TCP: subsystem NQN.
+    #[arg(long, requires = "nvme")]
+    nqn: Option<String>,
+    /// NVMe/TCP: host NQN.
     #[arg(long, default_value = "nqn.2014-08.org.nvmexpress:uuid:ironwire-bench")]
     hostnqn: String,
-    /// Namespace ID.
+    /// NVMe/TCP: namespace ID.
     #[arg(long, default_value_t = 1)]
     nsid: u32,
-    /// Header digests.
+    /// iSCSI: target portal, IP:PORT (port 3260 if left out); each job is
+    /// one session.
+    #[arg(long, requires = "iqn")]
+    iscsi: Option<String>,
+    /// iSCSI: target name.
+    #[arg(long, requires = "iscsi")]
+    iqn: Option<String>,
+    /// iSCSI: logical unit.
+    #[arg(long, default_value_t = 0, requires = "iscsi")]
+    lun: u64,
+    /// iSCSI: initiator name.
+    #[arg(long, default_value = "iqn.2026-11.io.ironwire:bench", requires = "iscsi")]
+    initiator: String,
+    /// iSCSI: CHAP user name.
+    #[arg(long, requires_all = ["iscsi", "chap_secret"])]
+    chap_user: Option<String>,
+    /// iSCSI: CHAP secret.
+    #[arg(long, requires_all = ["iscsi", "chap_user"])]
+    chap_secret: Option<String>,
+    /// Header digests (CRC32C).
     #[arg(long)]
     hdgst: bool,
-    /// Data digests.
+    /// Data digests (CRC32C).
     #[arg(long)]
     ddgst: bool,
-    /// Bytes of the range I/O goes to (default: to the end of the namespace).
+    /// Bytes of the range I/O goes to (default: to the end of the namespace
+    /// or LUN).
     #[arg(long, value_parser = parse_bytes)]
     size: Option<u64>,
     #[command(flatten)]
@@ -122,7 +145,8 @@ struct LoadArgs {
     /// Outstanding I/Os per job.
     #[arg(long, default_value_t = 32)]
     qd: u32,
-    /// Jobs: I/O queues (run), workers (local) or connections (ceiling).
+    /// Jobs: I/O queues or iSCSI sessions (run), workers (local) or
+    /// connections (ceiling).
     #[arg(long, default_value_t = 1)]
     jobs: u16,
     /// Measured seconds.
@@ -326,12 +350,7 @@ struct Header {
 pub fn main(cmd: BenchCommand) -> Result<()> {
     match cmd {
         BenchCommand::Run(a) => {
-            let addr = resolve(&a.nvme)?;
-            let base = BenchOptions {
-                addr,
-                subnqn: a.nqn.clone(),
-                hostnqn: a.hostnqn.clone(),
-                nsid: a.nsid,
+            let common = BenchOptions {
                 header_digest: a.hdgst,
                 data_digest: a.ddgst,
                 size: a.size,
@@ -339,8 +358,25 @@ pub fn main(cmd: BenchCommand) -> Result<()> {
                 verify: a.range.verify,
                 ..options(&a.load)?
             };
+            if let (Some(portal), Some(iqn)) = (&a.iscsi, &a.iqn) {
+                let addr = resolve(portal, 3260)?;
+                let target = IscsiTarget {
+                    iqn: iqn.clone(),
+                    lun: a.lun,
+                    initiator_name: a.initiator.clone(),
+                    chap: a.chap_user.clone().zip(a.chap_secret.clone()),
+                };
+                let header = Header { mode: "run", target: format!("iscsi {addr} {iqn} lun {}", a.lun) };
+                let engine: Engine = Arc::new(move |o| Ok(block_on(bench::run_iscsi(&target, &o))??));
+                return execute(&header, &a.load, BenchOptions { addr, ..common }, engine, None);
+            }
+            let (Some(nvme), Some(nqn)) = (&a.nvme, &a.nqn) else {
+                bail!("give --nvme ADDR --nqn NQN or --iscsi PORTAL --iqn IQN");
+            };
+            let addr = resolve(nvme, 4420)?;
+            let base = BenchOptions { addr, subnqn: nqn.clone(), hostnqn: a.hostnqn.clone(), nsid: a.nsid, ..common };
             let engine: Engine = Arc::new(|o| Ok(block_on(bench::run(&o))??));
-            let header = Header { mode: "run", target: format!("nvme {addr} {} nsid {}", a.nqn, a.nsid) };
+            let header = Header { mode: "run", target: format!("nvme {addr} {nqn} nsid {}", a.nsid) };
             execute(&header, &a.load, base, engine, None)
         }
         BenchCommand::Local(a) => {
@@ -378,8 +414,8 @@ pub fn main(cmd: BenchCommand) -> Result<()> {
     }
 }
 
-fn resolve(s: &str) -> Result<SocketAddr> {
-    let with_port = if s.contains(':') && !s.ends_with(']') { s.to_string() } else { format!("{s}:4420") };
+fn resolve(s: &str, default_port: u16) -> Result<SocketAddr> {
+    let with_port = if s.contains(':') && !s.ends_with(']') { s.to_string() } else { format!("{s}:{default_port}") };
     with_port
         .to_socket_addrs()
         .with_context(|| format!("resolving {s}"))?

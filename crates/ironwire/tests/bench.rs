@@ -1,9 +1,10 @@
 //! `ironwire bench` end to end: the binary loads the real daemon (started
-//! on its own port with its own control socket), its in-process local
-//! baseline and its TCP ceiling, and the numbers it prints must agree with
-//! each other (I/Os × block size = bytes, reads + writes = I/Os). Verify
-//! runs clean against the daemon and reports the first block the test
-//! corrupts behind the daemon's back. Runs are 1–2 s; no figure is judged.
+//! on its own port with its own control socket) over NVMe/TCP and over
+//! iSCSI, its in-process local baseline and its TCP ceiling, and the
+//! numbers it prints must agree with each other (I/Os × block size =
+//! bytes, reads + writes = I/Os). Verify runs clean against the daemon and
+//! reports the first block the test corrupts behind the daemon's back.
+//! Runs are 1–2 s; no figure is judged.
 
 use serde_json::Value;
 use std::io::{BufRead, BufReader, Seek, SeekFrom, Write};
@@ -34,23 +35,27 @@ impl Daemon {
     /// as namespace 1 of `NQN`, and waits for its ready line. A port taken
     /// between probing and binding is retried on another.
     fn start(tag: &str, device: &str) -> Daemon {
+        Daemon::start_with(tag, |dir, port| {
+            let device = device.replace("{dir}", &dir.display().to_string());
+            format!(
+                "[[device]]\nname = \"d\"\n{device}\n\n[[subsystem]]\nnqn = \"{NQN}\"\nallow_any_host = true\n\
+                 [[subsystem.namespace]]\ndevice = \"d\"\n\n[[port]]\naddress = \"127.0.0.1:{port}\"\n\n\
+                 [reactor]\ncores = [0]\n"
+            )
+        })
+    }
+
+    /// Starts the daemon with the configuration `config(dir, port)` and
+    /// waits for its ready line.
+    fn start_with(tag: &str, config: impl Fn(&Path, u16) -> String) -> Daemon {
         let dir = std::env::temp_dir().join(format!("ironwire-bench-{tag}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).expect("temp dir");
-        let device = device.replace("{dir}", &dir.display().to_string());
         for _ in 0..3 {
             let port =
                 std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("free port").port();
             let cfg = dir.join("ironwire.toml");
-            std::fs::write(
-                &cfg,
-                format!(
-                    "[[device]]\nname = \"d\"\n{device}\n\n[[subsystem]]\nnqn = \"{NQN}\"\nallow_any_host = true\n\
-                     [[subsystem.namespace]]\ndevice = \"d\"\n\n[[port]]\naddress = \"127.0.0.1:{port}\"\n\n\
-                     [reactor]\ncores = [0]\n"
-                ),
-            )
-            .expect("write config");
+            std::fs::write(&cfg, config(&dir, port)).expect("write config");
             let log = std::fs::File::create(dir.join("daemon.log")).expect("log file");
             let mut child = Command::new(env!("CARGO_BIN_EXE_ironwire"))
                 .args(["serve", "--config"])
@@ -187,6 +192,59 @@ fn bench_run_randrw_verify_against_the_daemon_is_clean_and_consistent() {
     assert!(j["ironwire"]["target_cpu_percent"].is_number(), "target CPU is sampled from /proc/PID/stat");
     assert!(j["ironwire"]["load_cpu_percent"].is_number());
     assert!(out.stderr.is_empty() || !String::from_utf8_lossy(&out.stderr).contains("IOPS"), "no progress in json");
+}
+
+const IQN: &str = "iqn.2026-11.io.ironwire.test:bench";
+
+#[test]
+fn bench_run_iscsi_randrw_verify_against_the_daemon_is_clean_and_consistent() {
+    let d = Daemon::start_with("iscsi", |_, port| {
+        format!(
+            "[[device]]\nname = \"d\"\nkind = \"ram\"\nsize = \"16MiB\"\nblock_size = 512\n\n\
+             [[iscsi_target]]\niqn = \"{IQN}\"\nallow_any_initiator = true\n\
+             chap = {{ user = \"alice\", secret = \"alice-secret-1234\" }}\n\
+             [[iscsi_target.lun]]\nlun = 0\ndevice = \"d\"\n\n\
+             [[port]]\ntransport = \"iscsi\"\naddress = \"127.0.0.1:{port}\"\n\n[reactor]\ncores = [0]\n"
+        )
+    });
+    let portal = d.addr.to_string();
+    let out = bench(&[
+        "run",
+        "--iscsi",
+        &portal,
+        "--iqn",
+        IQN,
+        "--lun",
+        "0",
+        "--chap-user",
+        "alice",
+        "--chap-secret",
+        "alice-secret-1234",
+        "--hdgst",
+        "--ddgst",
+        "--rw",
+        "randrw",
+        "--bs",
+        "16k",
+        "--qd",
+        "8",
+        "--jobs",
+        "2",
+        "--time",
+        "1",
+        "--verify",
+        "--output",
+        "json",
+    ]);
+    assert!(out.status.success(), "stderr: {}", String::from_utf8_lossy(&out.stderr));
+    let j = json(&out);
+    assert_consistent(&j, 16 << 10);
+    let job = &j["jobs"][0];
+    assert!(u(&job["read"]["total_ios"]) > 0 && u(&job["write"]["total_ios"]) > 0, "{j}");
+    assert_eq!(u(&job["verify_errors"]), 0);
+    assert!(job["first_verify_error"].is_null());
+    assert_eq!(j["global options"]["numjobs"], 2, "one session per job");
+    assert!(j["target"].as_str().is_some_and(|t| t.starts_with("iscsi ")), "{j}");
 }
 
 fn corrupt(path: &Path, byte: u64, len: usize) {

@@ -3,19 +3,22 @@
 //! IOPS, bandwidth and latency histograms per direction.
 //!
 //! One workload ([`Workload`]: what to access, the verify bookkeeping, the
-//! tally) is driven by three engines: NVMe/TCP I/O queues ([`run`],
-//! [`run_on_queues`]), a local `blockdev::Device` without the network
-//! ([`run_local`], the "local" half of "remote minus local"), and a bare TCP
-//! request/response loop ([`ceiling`]). Each call runs on the calling monoio
-//! runtime (one thread); callers that want several cores start one call per
-//! thread and add the reports with [`Report::merge`], giving each call its
-//! share of the jobs through `job_base` / `job_total`. Latency is measured
+//! tally) is driven by four engines: NVMe/TCP I/O queues ([`run`],
+//! [`run_on_queues`]), iSCSI sessions ([`run_iscsi`]), a local
+//! `blockdev::Device` without the network ([`run_local`], the "local" half
+//! of "remote minus local"), and a bare TCP request/response loop
+//! ([`ceiling`]). Each call runs on the calling monoio runtime (one
+//! thread); callers that want several cores start one call per thread and
+//! add the reports with [`Report::merge`], giving each call its share of
+//! the jobs through `job_base` / `job_total`. Latency is measured
 //! from submission to completion as this host sees it, so it includes the
 //! host's own batching (a command is sent at the next flush).
 
 pub mod ceiling;
+mod iscsi;
 mod local;
 
+pub use iscsi::{run_iscsi, IscsiTarget};
 pub use local::run_local;
 
 use crate::controller::{Controller, NamespaceInfo, Options};
