@@ -2,78 +2,28 @@
 //! malformed PDU ends its own connection with a C2HTermReq naming the field,
 //! leaves a log line, and does not disturb other connections.
 
+mod common;
+
+use common::Daemon;
 use nvme_spec::fabrics::ConnectData;
 use nvme_spec::{Sgl, Sqe, Status};
 use nvmf_tcp::host::{Completion, HostConfig, HostConnection};
 use nvmf_tcp::Fes;
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 const NQN: &str = "nqn.2026-11.io.ironwire:bad-input";
 const HOST: &str = "nqn.2014-08.org.nvmexpress:uuid:bad-input-host";
 
-struct Daemon {
-    child: Child,
-    addr: SocketAddr,
-    log: std::path::PathBuf,
-    _dir: TempDir,
-}
-
-struct TempDir(std::path::PathBuf);
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 impl Daemon {
+    /// Starts the daemon with one RAM namespace on a free port.
     fn start(tag: &str) -> Daemon {
-        let port = std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port();
-        let dir = std::env::temp_dir().join(format!("ironwire-bad-{tag}-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).expect("dir");
-        let cfg = dir.join("cfg.toml");
-        std::fs::write(
-            &cfg,
+        Daemon::start_with(&format!("bad-{tag}"), |_, port| {
             format!(
                 "[[device]]\nname = \"r\"\nkind = \"ram\"\nsize = \"16MiB\"\n\n[[subsystem]]\nnqn = \"{NQN}\"\nallow_any_host = true\n[[subsystem.namespace]]\ndevice = \"r\"\n\n[[port]]\naddress = \"127.0.0.1:{port}\"\n\n[reactor]\ncores = [0]\n"
-            ),
-        )
-        .expect("cfg");
-        let log = dir.join("daemon.log");
-        let child = Command::new(env!("CARGO_BIN_EXE_ironwire"))
-            .args(["serve", "--config"])
-            .arg(&cfg)
-            .arg("--ctl-socket")
-            .arg(dir.join("ctl.sock"))
-            .env("RUST_LOG", "info")
-            .stdout(Stdio::piped())
-            .stderr(std::fs::File::create(&log).expect("log"))
-            .spawn()
-            .expect("spawn ironwire");
-        let mut d = Daemon { child, addr: format!("127.0.0.1:{port}").parse().expect("addr"), log, _dir: TempDir(dir) };
-        let stdout = d.child.stdout.take().expect("stdout");
-        let mut line = String::new();
-        BufReader::new(stdout).read_line(&mut line).expect("ready line");
-        assert!(line.starts_with("ready:"), "daemon did not start: {line:?}");
-        d
-    }
-
-    fn log_text(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-
-    fn alive(&mut self) -> bool {
-        self.child.try_wait().expect("wait").is_none()
+            )
+        })
     }
 }
 
@@ -269,7 +219,7 @@ fn check_class(
     assert!(d.alive(), "{tag}: daemon died");
     let deadline = Instant::now() + Duration::from_secs(2);
     loop {
-        let log = d.log_text();
+        let log = d.log();
         if log.contains("C2HTermReq") && log.contains(log_needle) {
             break;
         }
@@ -395,7 +345,7 @@ fn h2c_data_outside_its_r2t_gets_data_out_of_range() {
     assert_eq!((Fes(fes), fei), (Fes::DATA_OUT_OF_RANGE, 16));
     assert!(property_get_works(&mut bystander));
     assert!(d.alive());
-    assert!(d.log_text().contains("outside the R2T"), "{}", d.log_text());
+    assert!(d.log().contains("outside the R2T"), "{}", d.log());
 }
 
 #[test]
@@ -422,5 +372,5 @@ fn io_before_connect_and_out_of_range_get_statuses_not_termination() {
     assert!(done.cqe.status().is_success());
     assert_eq!(done.data.len(), 4096);
     assert!(d.alive());
-    assert!(d.log_text().contains("before Connect"), "{}", d.log_text());
+    assert!(d.log().contains("before Connect"), "{}", d.log());
 }

@@ -6,36 +6,23 @@
 //! reports the first block the test corrupts behind the daemon's back.
 //! Runs are 1–2 s; no figure is judged.
 
+mod common;
+
+use common::Daemon;
 use serde_json::Value;
-use std::io::{BufRead, BufReader, Seek, SeekFrom, Write};
-use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
-use std::sync::mpsc;
+use std::io::{Seek, SeekFrom, Write};
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
 const NQN: &str = "nqn.2026-11.io.ironwire:bench";
-
-struct Daemon {
-    child: Child,
-    addr: SocketAddr,
-    dir: PathBuf,
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
 
 impl Daemon {
     /// Starts the daemon serving `device` (a `[[device]]` body named "d")
     /// as namespace 1 of `NQN`, and waits for its ready line. A port taken
     /// between probing and binding is retried on another.
     fn start(tag: &str, device: &str) -> Daemon {
-        Daemon::start_with(tag, |dir, port| {
+        Daemon::start_with(&format!("bench-{tag}"), |dir, port| {
             let device = device.replace("{dir}", &dir.display().to_string());
             format!(
                 "[[device]]\nname = \"d\"\n{device}\n\n[[subsystem]]\nnqn = \"{NQN}\"\nallow_any_host = true\n\
@@ -43,54 +30,6 @@ impl Daemon {
                  [reactor]\ncores = [0]\n"
             )
         })
-    }
-
-    /// Starts the daemon with the configuration `config(dir, port)` and
-    /// waits for its ready line.
-    fn start_with(tag: &str, config: impl Fn(&Path, u16) -> String) -> Daemon {
-        let dir = std::env::temp_dir().join(format!("ironwire-bench-{tag}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).expect("temp dir");
-        for _ in 0..3 {
-            let port =
-                std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("free port").port();
-            let cfg = dir.join("ironwire.toml");
-            std::fs::write(&cfg, config(&dir, port)).expect("write config");
-            let log = std::fs::File::create(dir.join("daemon.log")).expect("log file");
-            let mut child = Command::new(env!("CARGO_BIN_EXE_ironwire"))
-                .args(["serve", "--config"])
-                .arg(&cfg)
-                .arg("--ctl-socket")
-                .arg(dir.join("ctl.sock"))
-                .stdin(Stdio::null())
-                .stdout(Stdio::piped())
-                .stderr(log)
-                .spawn()
-                .expect("spawn ironwire");
-            let stdout = child.stdout.take().expect("stdout");
-            let (tx, rx) = mpsc::channel();
-            std::thread::spawn(move || {
-                for line in BufReader::new(stdout).lines() {
-                    let Ok(line) = line else { break };
-                    if tx.send(line).is_err() {
-                        break;
-                    }
-                }
-            });
-            let ready = loop {
-                match rx.recv_timeout(Duration::from_secs(10)) {
-                    Ok(l) if l.starts_with("ready:") => break true,
-                    Ok(_) => continue,
-                    Err(_) => break false,
-                }
-            };
-            if ready {
-                return Daemon { child, addr: SocketAddr::from(([127, 0, 0, 1], port)), dir };
-            }
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-        panic!("ironwire did not start; see {}", dir.display());
     }
 
     fn bench(&self, args: &[&str]) -> Output {
@@ -159,7 +98,7 @@ fn assert_consistent(j: &Value, bs: u64) {
 #[test]
 fn bench_run_randrw_verify_against_the_daemon_is_clean_and_consistent() {
     let d = Daemon::start("randrw", "kind = \"ram\"\nsize = \"16MiB\"");
-    let pid = d.child.id().to_string();
+    let pid = d.pid().to_string();
     let out = d.bench(&[
         "--rw",
         "randrw",
@@ -198,7 +137,7 @@ const IQN: &str = "iqn.2026-11.io.ironwire.test:bench";
 
 #[test]
 fn bench_run_iscsi_randrw_verify_against_the_daemon_is_clean_and_consistent() {
-    let d = Daemon::start_with("iscsi", |_, port| {
+    let d = Daemon::start_with("bench-iscsi", |_, port| {
         format!(
             "[[device]]\nname = \"d\"\nkind = \"ram\"\nsize = \"16MiB\"\nblock_size = 512\n\n\
              [[iscsi_target]]\niqn = \"{IQN}\"\nallow_any_initiator = true\n\

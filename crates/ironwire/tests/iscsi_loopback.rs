@@ -6,6 +6,9 @@
 //! another keeps reading and writing. Each test starts its own daemon on its
 //! own port and kills it when done; every wait is bounded.
 
+mod common;
+
+use common::Daemon;
 use initiator::iscsi::{cdb, Error, LoginOptions, Session};
 use iscsi::chap::ChapAlgorithm;
 use iscsi::host::HostEvent;
@@ -14,12 +17,8 @@ use iscsi::text::Params;
 use iscsi::RejectReason;
 use std::cell::Cell;
 use std::future::Future;
-use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
 use std::rc::Rc;
-use std::sync::mpsc;
 use std::time::Duration;
 
 const PLAIN: &str = "iqn.2026-11.io.ironwire.test:plain";
@@ -39,20 +38,6 @@ const TARGET_SECRET: &str = "target-secret-9012";
 
 /// RAM LUN of the plain target: 16 MiB of 512-byte blocks.
 const PLAIN_BLOCKS: u64 = 32768;
-
-struct Daemon {
-    child: Child,
-    addr: SocketAddr,
-    dir: PathBuf,
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
 
 /// Four targets on one iSCSI port: plain RAM (512 B blocks, any initiator),
 /// a file LUN with 4096 B blocks behind CHAP, a RAM LUN behind mutual CHAP,
@@ -121,72 +106,14 @@ device = "acl"
 }
 
 impl Daemon {
-    /// Starts the daemon with the four targets on a free port and waits for
-    /// its ready line. A port taken between probing and binding is retried
-    /// on another.
+    /// Starts the daemon with the four targets on a free iSCSI port.
     fn start(tag: &str) -> Daemon {
-        let dir = std::env::temp_dir().join(format!("ironwire-iscsi-{tag}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).expect("temp dir");
-        for _ in 0..3 {
-            let port =
-                std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("free port").port();
-            let cfg = dir.join("ironwire.toml");
-            std::fs::write(
-                &cfg,
-                format!(
-                    "{}\n[[port]]\ntransport = \"iscsi\"\naddress = \"127.0.0.1:{port}\"\n\n[reactor]\ncores = [0]\n",
-                    targets(&dir)
-                ),
+        Daemon::start_with(&format!("iscsi-{tag}"), |dir, port| {
+            format!(
+                "{}\n[[port]]\ntransport = \"iscsi\"\naddress = \"127.0.0.1:{port}\"\n\n[reactor]\ncores = [0]\n",
+                targets(dir)
             )
-            .expect("write config");
-            let log = std::fs::File::create(dir.join("daemon.log")).expect("log file");
-            let mut child = Command::new(env!("CARGO_BIN_EXE_ironwire"))
-                .args(["serve", "--config"])
-                .arg(&cfg)
-                .arg("--ctl-socket")
-                .arg(dir.join("ctl.sock"))
-                .env("RUST_LOG", "info")
-                .stdin(Stdio::null())
-                .stdout(Stdio::piped())
-                .stderr(log)
-                .spawn()
-                .expect("spawn ironwire");
-            let stdout = child.stdout.take().expect("stdout");
-            let (tx, rx) = mpsc::channel();
-            std::thread::spawn(move || {
-                for line in BufReader::new(stdout).lines() {
-                    let Ok(line) = line else { break };
-                    if tx.send(line).is_err() {
-                        break;
-                    }
-                }
-            });
-            let ready = loop {
-                match rx.recv_timeout(Duration::from_secs(10)) {
-                    Ok(l) if l.starts_with("ready:") => break true,
-                    Ok(_) => continue,
-                    Err(_) => break false,
-                }
-            };
-            if ready {
-                return Daemon { child, addr: SocketAddr::from(([127, 0, 0, 1], port)), dir };
-            }
-            let _ = child.kill();
-            let _ = child.wait();
-            let log = std::fs::read_to_string(dir.join("daemon.log")).unwrap_or_default();
-            eprintln!("daemon did not become ready on port {port}; log:\n{log}");
-        }
-        panic!("ironwire did not start; see {}", dir.display());
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(self.dir.join("daemon.log")).unwrap_or_default()
-    }
-
-    /// The process is still running.
-    fn assert_alive(&mut self) {
-        assert!(matches!(self.child.try_wait(), Ok(None)), "daemon exited; log:\n{}", self.log());
+        })
     }
 }
 

@@ -6,91 +6,24 @@
 
 use initiator::bench::{self, BenchOptions, Pattern};
 use initiator::{cmd, discover, Controller, Error, Options, Queue, QueueOptions, Status};
+mod common;
+
+use common::Daemon;
 use std::future::Future;
-use std::io::{BufRead, BufReader};
-use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
 use std::time::Duration;
 
 const NQN: &str = "nqn.2026-11.io.ironwire:loopback";
 const HOST_A: &str = "nqn.2014-08.org.nvmexpress:uuid:loopback-host-a";
 const HOST_B: &str = "nqn.2014-08.org.nvmexpress:uuid:loopback-host-b";
 
-struct Daemon {
-    child: Child,
-    addr: SocketAddr,
-    dir: PathBuf,
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
-
 impl Daemon {
     /// Starts the daemon with the config `body` (devices and subsystems; the
-    /// port and the reactor are added here) and waits for its ready line.
-    /// A port taken between probing and binding is retried on another.
+    /// NVMe/TCP port and the reactor are added here).
     fn start(tag: &str, body: &str) -> Daemon {
-        let dir = std::env::temp_dir().join(format!("ironwire-loopback-{tag}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).expect("temp dir");
-        for _ in 0..3 {
-            let port =
-                std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("free port").port();
-            let cfg = dir.join("ironwire.toml");
-            std::fs::write(
-                &cfg,
-                format!("{body}\n[[port]]\naddress = \"127.0.0.1:{port}\"\n\n[reactor]\ncores = [0]\n"),
-            )
-            .expect("write config");
-            let log = std::fs::File::create(dir.join("daemon.log")).expect("log file");
-            let mut child = Command::new(env!("CARGO_BIN_EXE_ironwire"))
-                .args(["serve", "--config"])
-                .arg(&cfg)
-                .arg("--ctl-socket")
-                .arg(dir.join("ctl.sock"))
-                .env("RUST_LOG", "info")
-                .stdin(Stdio::null())
-                .stdout(Stdio::piped())
-                .stderr(log)
-                .spawn()
-                .expect("spawn ironwire");
-            let stdout = child.stdout.take().expect("stdout");
-            let (tx, rx) = mpsc::channel();
-            std::thread::spawn(move || {
-                for line in BufReader::new(stdout).lines() {
-                    let Ok(line) = line else { break };
-                    if tx.send(line).is_err() {
-                        break;
-                    }
-                }
-            });
-            let ready = loop {
-                match rx.recv_timeout(Duration::from_secs(10)) {
-                    Ok(l) if l.starts_with("ready:") => break true,
-                    Ok(_) => continue,
-                    Err(_) => break false,
-                }
-            };
-            if ready {
-                return Daemon { child, addr: SocketAddr::from(([127, 0, 0, 1], port)), dir };
-            }
-            let _ = child.kill();
-            let _ = child.wait();
-            let log = std::fs::read_to_string(dir.join("daemon.log")).unwrap_or_default();
-            eprintln!("daemon did not become ready on port {port}; log:\n{log}");
-        }
-        panic!("ironwire did not start; see {}", dir.display());
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(self.dir.join("daemon.log")).unwrap_or_default()
+        Daemon::start_with(&format!("loopback-{tag}"), |_, port| {
+            format!("{body}\n[[port]]\naddress = \"127.0.0.1:{port}\"\n\n[reactor]\ncores = [0]\n")
+        })
     }
 }
 

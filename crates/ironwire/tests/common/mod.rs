@@ -1,0 +1,104 @@
+//! The daemon under test, shared by the integration test files: each test
+//! starts its own `ironwire serve` on a free port with its own control
+//! socket and temp dir, waits (bounded) for its ready line, and kills it
+//! when the guard drops.
+#![allow(dead_code)] // each test file uses its own subset
+
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+/// A running daemon; killed on drop.
+pub struct Daemon {
+    child: Child,
+    /// The port it listens on (127.0.0.1).
+    pub addr: SocketAddr,
+    /// Its temp dir: config, log, control socket, file devices.
+    pub dir: PathBuf,
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+impl Daemon {
+    /// Starts the daemon with the whole configuration `config(dir, port)`
+    /// and waits for its ready line. A port taken between probing and
+    /// binding is retried on another.
+    pub fn start_with(tag: &str, config: impl Fn(&Path, u16) -> String) -> Daemon {
+        let exe = Path::new(env!("CARGO_BIN_EXE_ironwire"));
+        let dir = std::env::temp_dir().join(format!("ironwire-test-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        for _ in 0..3 {
+            let port =
+                std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("free port").port();
+            let cfg = dir.join("ironwire.toml");
+            std::fs::write(&cfg, config(&dir, port)).expect("write config");
+            let log = std::fs::File::create(dir.join("daemon.log")).expect("log file");
+            let mut child = Command::new(exe)
+                .args(["serve", "--config"])
+                .arg(&cfg)
+                .arg("--ctl-socket")
+                .arg(dir.join("ctl.sock"))
+                .env("RUST_LOG", "info")
+                .stdin(Stdio::null())
+                .stdout(Stdio::piped())
+                .stderr(log)
+                .spawn()
+                .expect("spawn ironwire");
+            let stdout = child.stdout.take().expect("stdout");
+            let (tx, rx) = mpsc::channel();
+            std::thread::spawn(move || {
+                for line in BufReader::new(stdout).lines() {
+                    let Ok(line) = line else { break };
+                    if tx.send(line).is_err() {
+                        break;
+                    }
+                }
+            });
+            let ready = loop {
+                match rx.recv_timeout(Duration::from_secs(10)) {
+                    Ok(l) if l.starts_with("ready:") => break true,
+                    Ok(_) => continue,
+                    Err(_) => break false,
+                }
+            };
+            if ready {
+                return Daemon { child, addr: SocketAddr::from(([127, 0, 0, 1], port)), dir };
+            }
+            let _ = child.kill();
+            let _ = child.wait();
+            let log = std::fs::read_to_string(dir.join("daemon.log")).unwrap_or_default();
+            eprintln!("daemon did not become ready on port {port}; log:\n{log}");
+        }
+        panic!("ironwire did not start; see {}", dir.display());
+    }
+
+    /// What the daemon logged so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.join("daemon.log")).unwrap_or_default()
+    }
+
+    /// The daemon's process ID.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Whether the process is still running.
+    pub fn alive(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
+    }
+
+    /// Asserts the process is still running.
+    pub fn assert_alive(&mut self) {
+        assert!(self.alive(), "daemon exited; log:\n{}", self.log());
+    }
+}
