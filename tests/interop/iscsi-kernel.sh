@@ -25,6 +25,9 @@ set -uo pipefail
 HERE=$(cd "$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")" && pwd)
 REPO=$(cd "$HERE/../.." && pwd)
 KP=$HERE/kernel-peer/kernel-peer
+TOOL=iscsi-kernel
+# shellcheck source=tests/interop/common.sh
+. "$HERE/common.sh"
 export KP_CACHE=${KP_CACHE:-/tmp/kernel-peer-cache}
 export KP_SIW=${KP_SIW:-0}
 
@@ -55,7 +58,6 @@ describe() {
 	esac
 }
 
-free_port() { python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
 
 usage() { sed -n '2,/^set -uo/{/^set -uo/d;s/^# \{0,1\}//;p}' "${BASH_SOURCE[0]}"; exit "${1:-0}"; }
 
@@ -76,37 +78,8 @@ PORT=${PORT:-$(free_port)}
 IW_READY_TIMEOUT=${IW_READY_TIMEOUT:-20}
 PORTAL=10.0.2.2:$PORT
 
-say() { printf '\n##### [iscsi-kernel %s] %s\n' "$(date +%T)" "$*" >&2; }
-die() { printf 'iscsi-kernel: error: %s\n' "$*" >&2; exit 2; }
-now() { date +%s.%N; }
-since() { awk -v a="$1" -v b="$(now)" 'BEGIN{printf "%.1f", b-a}'; }
 
-# ------------------------------------------------------------------ host tools
-as_root() { if ((EUID == 0)); then "$@"; elif command -v sudo >/dev/null; then sudo "$@"; else "$@"; fi; }
-APT_UPDATED=0
-apt_update() { ((APT_UPDATED)) && return 0; say "apt-get update"; as_root apt-get update -qq || die "apt-get update failed"; APT_UPDATED=1; }
 
-ensure_host_tools() {
-	local need=()
-	command -v qemu-system-x86_64 >/dev/null || need+=(qemu-system-x86)
-	command -v cpio >/dev/null || need+=(cpio)
-	command -v xz >/dev/null || need+=(xz-utils)
-	command -v gzip >/dev/null || need+=(gzip)
-	{ command -v flock && command -v setsid; } >/dev/null || need+=(util-linux)
-	command -v python3 >/dev/null || need+=(python3)
-	if ((${#need[@]})); then
-		((INSTALL)) || die "missing host tools (${need[*]}) and --no-install given"
-		apt_update
-		say "apt-get install ${need[*]}"
-		as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" ||
-			die "apt-get install ${need[*]} failed"
-	fi
-	if ! "$KP" prepare --check 2>/dev/null; then
-		((INSTALL)) && apt_update
-		say "kernel-peer prepare (cache $KP_CACHE)"
-	fi
-	"$KP" prepare || die "kernel-peer prepare failed"
-}
 
 # ------------------------------------------------------------------ target
 WORK=$(mktemp -d "${IW_WORK_PARENT:-/var/tmp}/ironwire-iscsi-interop.XXXXXX")
@@ -136,7 +109,6 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM HUP
 
-port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 
 write_config() { # FILE
 	mkdir -p "$WORK/img"

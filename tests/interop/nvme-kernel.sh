@@ -33,6 +33,9 @@ set -uo pipefail
 HERE=$(cd "$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")" && pwd)
 REPO=$(cd "$HERE/../.." && pwd)
 KP=$HERE/kernel-peer/kernel-peer
+TOOL=nvme-kernel
+# shellcheck source=tests/interop/common.sh
+. "$HERE/common.sh"
 export KP_CACHE=${KP_CACHE:-/tmp/kernel-peer-cache}
 export KP_SIW=${KP_SIW:-0}
 
@@ -59,9 +62,6 @@ describe() {
 	esac
 }
 
-# A port nothing listens on, so a stray daemon (or a second run) can't
-# collide with ours.
-free_port() { python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
 
 usage() { sed -n '2,/^set -uo/{/^set -uo/d;s/^# \{0,1\}//;p}' "${BASH_SOURCE[0]}"; exit "${1:-0}"; }
 
@@ -90,38 +90,8 @@ esac
 [[ $PORT =~ ^[0-9]+$ ]] || { echo "nvme-kernel: bad port $PORT" >&2; exit 2; }
 if [[ $MODE == nvmet ]]; then RPORT=${IW_RESTRICTED_PORT:-$((PORT + 1))}; else RPORT=${IW_RESTRICTED_PORT:-$PORT}; fi
 
-say() { printf '\n##### [nvme-kernel %s] %s\n' "$(date +%T)" "$*" >&2; }
-die() { printf 'nvme-kernel: error: %s\n' "$*" >&2; exit 2; }
-now() { date +%s.%N; }
-since() { awk -v a="$1" -v b="$(now)" 'BEGIN{printf "%.1f", b-a}'; }
 
-# ------------------------------------------------------------------ host tools
-as_root() { if ((EUID == 0)); then "$@"; elif command -v sudo >/dev/null; then sudo "$@"; else "$@"; fi; }
-APT_UPDATED=0
-apt_update() { ((APT_UPDATED)) && return 0; say "apt-get update"; as_root apt-get update -qq || die "apt-get update failed"; APT_UPDATED=1; }
 
-ensure_host_tools() {
-	local need=()
-	command -v qemu-system-x86_64 >/dev/null || need+=(qemu-system-x86)
-	command -v cpio >/dev/null || need+=(cpio)
-	command -v xz >/dev/null || need+=(xz-utils)
-	command -v gzip >/dev/null || need+=(gzip)
-	{ command -v flock && command -v setsid; } >/dev/null || need+=(util-linux)
-	if ((${#need[@]})); then
-		((INSTALL)) || die "missing host tools (${need[*]}) and --no-install given"
-		apt_update
-		say "apt-get install ${need[*]}"
-		as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" ||
-			die "apt-get install ${need[*]} failed"
-	fi
-	# kernel-peer prepare downloads Debian packages (apt-get download) unless
-	# its cache is complete; that needs package lists.
-	if ! "$KP" prepare --check 2>/dev/null; then
-		((INSTALL)) && apt_update
-		say "kernel-peer prepare (cache $KP_CACHE)"
-	fi
-	"$KP" prepare || die "kernel-peer prepare failed"
-}
 
 # ------------------------------------------------------------------ targets
 WORK=$(mktemp -d "${IW_WORK_PARENT:-/var/tmp}/ironwire-interop.XXXXXX")
@@ -148,7 +118,6 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM HUP
 
-port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 
 # start_target NAME LOG CMD... : start CMD in its own session, in the background
 start_target() {
