@@ -11,6 +11,10 @@
 //! The main thread only samples CPU time and prints the progress line.
 //! This module measures and formats; the workload is `initiator::bench`'s.
 
+mod report;
+mod svg;
+
+use crate::cpu::{proc_cpu, self_cpu};
 use anyhow::{bail, Context, Result};
 use blockdev::Device;
 use clap::{ArgGroup, Args, Subcommand, ValueEnum};
@@ -34,11 +38,30 @@ pub enum BenchCommand {
     /// A bare TCP request/response loop over loopback with the same message
     /// sizes: what the network path allows.
     Ceiling(CeilingArgs),
+    /// The reference papers' matrix against a target: bandwidth and
+    /// %CPU/Gbps against I/O size, 4K IOPS, 4K QD1 latency local against
+    /// remote, optional jitter test; Markdown + SVG plots.
+    Report(Box<report::ReportArgs>),
 }
 
 #[derive(Args)]
-#[command(group(ArgGroup::new("target").required(true).args(["nvme", "iscsi"])))]
 pub struct RunArgs {
+    #[command(flatten)]
+    target: TargetArgs,
+    /// Bytes of the range I/O goes to (default: to the end of the namespace
+    /// or LUN).
+    #[arg(long, value_parser = parse_bytes)]
+    size: Option<u64>,
+    #[command(flatten)]
+    range: RangeArgs,
+    #[command(flatten)]
+    load: LoadArgs,
+}
+
+/// The remote target: NVMe/TCP or iSCSI.
+#[derive(Args, Clone)]
+#[command(group(ArgGroup::new("target").required(true).args(["nvme", "iscsi"])))]
+pub struct TargetArgs {
     /// NVMe/TCP: controller address, IP:PORT (port 4420 if left out).
     #[arg(long, requires = "nqn")]
     nvme: Option<String>,
@@ -46,7 +69,7 @@ pub struct RunArgs {
     #[arg(long, requires = "nvme")]
     nqn: Option<String>,
     /// NVMe/TCP: host NQN.
-    #[arg(long, default_value = "nqn.2014-08.org.nvmexpress:uuid:ironwire-bench")]
+    #[arg(long, default_value = DEFAULT_HOSTNQN)]
     hostnqn: String,
     /// NVMe/TCP: namespace ID.
     #[arg(long, default_value_t = 1)]
@@ -62,7 +85,7 @@ pub struct RunArgs {
     #[arg(long, default_value_t = 0, requires = "iscsi")]
     lun: u64,
     /// iSCSI: initiator name.
-    #[arg(long, default_value = "iqn.2026-11.io.ironwire:bench", requires = "iscsi")]
+    #[arg(long, default_value = DEFAULT_INITIATOR, requires = "iscsi")]
     initiator: String,
     /// iSCSI: CHAP user name.
     #[arg(long, requires_all = ["iscsi", "chap_secret"])]
@@ -76,14 +99,71 @@ pub struct RunArgs {
     /// Data digests (CRC32C).
     #[arg(long)]
     ddgst: bool,
-    /// Bytes of the range I/O goes to (default: to the end of the namespace
-    /// or LUN).
-    #[arg(long, value_parser = parse_bytes)]
-    size: Option<u64>,
-    #[command(flatten)]
-    range: RangeArgs,
-    #[command(flatten)]
-    load: LoadArgs,
+}
+
+const DEFAULT_HOSTNQN: &str = "nqn.2014-08.org.nvmexpress:uuid:ironwire-bench";
+const DEFAULT_INITIATOR: &str = "iqn.2026-11.io.ironwire:bench";
+
+impl TargetArgs {
+    /// The header, the options with the target filled in, and the engine
+    /// that loads it.
+    fn engine(&self, common: BenchOptions) -> Result<(Header, BenchOptions, Engine)> {
+        let common = BenchOptions { header_digest: self.hdgst, data_digest: self.ddgst, ..common };
+        if let (Some(portal), Some(iqn)) = (&self.iscsi, &self.iqn) {
+            let addr = resolve(portal, 3260)?;
+            let target = IscsiTarget {
+                iqn: iqn.clone(),
+                lun: self.lun,
+                initiator_name: self.initiator.clone(),
+                chap: self.chap_user.clone().zip(self.chap_secret.clone()),
+            };
+            let header = Header { mode: "run", target: format!("iscsi {addr} {iqn} lun {}", self.lun) };
+            let engine: Engine = Arc::new(move |o| Ok(block_on(bench::run_iscsi(&target, &o))??));
+            return Ok((header, BenchOptions { addr, ..common }, engine));
+        }
+        let (Some(nvme), Some(nqn)) = (&self.nvme, &self.nqn) else {
+            bail!("give --nvme ADDR --nqn NQN or --iscsi PORTAL --iqn IQN");
+        };
+        let addr = resolve(nvme, 4420)?;
+        let base = BenchOptions { addr, subnqn: nqn.clone(), hostnqn: self.hostnqn.clone(), nsid: self.nsid, ..common };
+        let engine: Engine = Arc::new(|o| Ok(block_on(bench::run(&o))??));
+        let header = Header { mode: "run", target: format!("nvme {addr} {nqn} nsid {}", self.nsid) };
+        Ok((header, base, engine))
+    }
+
+    /// The flags that name this target on a command line (a CHAP secret
+    /// shows as `***`).
+    fn flags(&self) -> String {
+        let mut f = Vec::new();
+        if let (Some(a), Some(n)) = (&self.nvme, &self.nqn) {
+            f.push(format!("--nvme {a} --nqn {n}"));
+            if self.hostnqn != DEFAULT_HOSTNQN {
+                f.push(format!("--hostnqn {}", self.hostnqn));
+            }
+            if self.nsid != 1 {
+                f.push(format!("--nsid {}", self.nsid));
+            }
+        }
+        if let (Some(p), Some(i)) = (&self.iscsi, &self.iqn) {
+            f.push(format!("--iscsi {p} --iqn {i}"));
+            if self.lun != 0 {
+                f.push(format!("--lun {}", self.lun));
+            }
+            if self.initiator != DEFAULT_INITIATOR {
+                f.push(format!("--initiator {}", self.initiator));
+            }
+            if let Some(u) = &self.chap_user {
+                f.push(format!("--chap-user {u} --chap-secret '***'"));
+            }
+        }
+        if self.hdgst {
+            f.push("--hdgst".into());
+        }
+        if self.ddgst {
+            f.push("--ddgst".into());
+        }
+        f.join(" ")
+    }
 }
 
 #[derive(Args)]
@@ -160,8 +240,12 @@ struct LoadArgs {
     #[arg(long, value_parser = parse_cpus, default_value = "")]
     cpus: CpuList,
     /// PID of the target, to report its CPU use over the run.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "target_ctl")]
     target_pid: Option<u32>,
+    /// Control socket of an ironwire target: its CPU use over the run from
+    /// the daemon's own `stats`.
+    #[arg(long)]
+    target_ctl: Option<PathBuf>,
     /// Random seed.
     #[arg(long, default_value_t = 0x1e0_f00d)]
     seed: u64,
@@ -224,43 +308,6 @@ fn pin_to(cpu: usize) -> Result<()> {
     Ok(())
 }
 
-/// User and system CPU time of this process.
-fn self_cpu() -> (Duration, Duration) {
-    // SAFETY: rusage is plain data that getrusage fills in.
-    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
-    // SAFETY: RUSAGE_SELF with a valid pointer to `ru`.
-    if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) } != 0 {
-        return (Duration::ZERO, Duration::ZERO);
-    }
-    let tv = |t: libc::timeval| Duration::from_micros(t.tv_sec as u64 * 1_000_000 + t.tv_usec as u64);
-    (tv(ru.ru_utime), tv(ru.ru_stime))
-}
-
-fn clock_ticks() -> f64 {
-    // SAFETY: sysconf only reads a configuration value.
-    let t = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
-    if t > 0 {
-        t as f64
-    } else {
-        100.0
-    }
-}
-
-/// utime + stime (fields 14 and 15) of a `/proc/.../stat` line, in ticks.
-fn parse_stat_ticks(stat: &str) -> Option<u64> {
-    // The command name (field 2) may hold spaces and parentheses: count
-    // fields from the last ')'.
-    let rest = stat.get(stat.rfind(')')? + 1..)?;
-    let f: Vec<&str> = rest.split_whitespace().collect();
-    // rest starts at field 3 (state): utime is field 14 = index 11.
-    Some(f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?)
-}
-
-fn proc_cpu(path: &str) -> Option<Duration> {
-    let ticks = parse_stat_ticks(&std::fs::read_to_string(path).ok()?)?;
-    Some(Duration::from_secs_f64(ticks as f64 / clock_ticks()))
-}
-
 /// CPU time as a percentage of one CPU over `wall`.
 pub fn cpu_percent(cpu: Duration, wall: Duration) -> f64 {
     bench::per_second(cpu.as_secs_f64() * 100.0, wall)
@@ -285,8 +332,45 @@ struct CpuSample {
     target: Option<Duration>,
 }
 
+/// Where the target's CPU time comes from.
+#[derive(Clone, Debug, Default)]
+pub enum TargetCpu {
+    /// Not measured.
+    #[default]
+    None,
+    /// A `/proc/.../stat` file (`--target-pid`, or the ceiling peer's
+    /// thread).
+    Proc(String),
+    /// An ironwire daemon's control socket (`--target-ctl`): its `stats`.
+    Ctl(PathBuf),
+}
+
+impl TargetCpu {
+    fn from_args(l: &LoadArgs) -> TargetCpu {
+        match (&l.target_pid, &l.target_ctl) {
+            (Some(pid), _) => TargetCpu::Proc(format!("/proc/{pid}/stat")),
+            (None, Some(sock)) => TargetCpu::Ctl(sock.clone()),
+            (None, None) => TargetCpu::None,
+        }
+    }
+
+    fn read(&self) -> Option<Duration> {
+        match self {
+            TargetCpu::None => None,
+            TargetCpu::Proc(path) => proc_cpu(path),
+            TargetCpu::Ctl(sock) => match crate::control::request(sock, "stats") {
+                Ok(reply) => crate::cpu::parse_stats_cpu(&reply),
+                Err(e) => {
+                    log::warn!("target CPU from {}: {e:#}", sock.display());
+                    None
+                }
+            },
+        }
+    }
+}
+
 struct Sampler {
-    target: Option<String>,
+    target: TargetCpu,
     exclude: Option<String>,
 }
 
@@ -298,14 +382,14 @@ impl Sampler {
             usr,
             sys,
             exclude: self.exclude.as_deref().and_then(proc_cpu).unwrap_or_default(),
-            target: self.target.as_deref().and_then(proc_cpu),
+            target: self.target.read(),
         }
     }
 }
 
 /// CPU use over the measured window.
 #[derive(Clone, Copy, Debug, Default)]
-struct CpuUse {
+pub struct CpuUse {
     wall: Duration,
     usr_percent: f64,
     sys_percent: f64,
@@ -350,33 +434,9 @@ struct Header {
 pub fn main(cmd: BenchCommand) -> Result<()> {
     match cmd {
         BenchCommand::Run(a) => {
-            let common = BenchOptions {
-                header_digest: a.hdgst,
-                data_digest: a.ddgst,
-                size: a.size,
-                offset: a.range.offset,
-                verify: a.range.verify,
-                ..options(&a.load)?
-            };
-            if let (Some(portal), Some(iqn)) = (&a.iscsi, &a.iqn) {
-                let addr = resolve(portal, 3260)?;
-                let target = IscsiTarget {
-                    iqn: iqn.clone(),
-                    lun: a.lun,
-                    initiator_name: a.initiator.clone(),
-                    chap: a.chap_user.clone().zip(a.chap_secret.clone()),
-                };
-                let header = Header { mode: "run", target: format!("iscsi {addr} {iqn} lun {}", a.lun) };
-                let engine: Engine = Arc::new(move |o| Ok(block_on(bench::run_iscsi(&target, &o))??));
-                return execute(&header, &a.load, BenchOptions { addr, ..common }, engine, None);
-            }
-            let (Some(nvme), Some(nqn)) = (&a.nvme, &a.nqn) else {
-                bail!("give --nvme ADDR --nqn NQN or --iscsi PORTAL --iqn IQN");
-            };
-            let addr = resolve(nvme, 4420)?;
-            let base = BenchOptions { addr, subnqn: nqn.clone(), hostnqn: a.hostnqn.clone(), nsid: a.nsid, ..common };
-            let engine: Engine = Arc::new(|o| Ok(block_on(bench::run(&o))??));
-            let header = Header { mode: "run", target: format!("nvme {addr} {nqn} nsid {}", a.nsid) };
+            let common =
+                BenchOptions { size: a.size, offset: a.range.offset, verify: a.range.verify, ..options(&a.load)? };
+            let (header, base, engine) = a.target.engine(common)?;
             execute(&header, &a.load, base, engine, None)
         }
         BenchCommand::Local(a) => {
@@ -384,34 +444,53 @@ pub fn main(cmd: BenchCommand) -> Result<()> {
             let base = BenchOptions { offset: a.range.offset, verify: a.range.verify, ..options(&a.load)? };
             let header =
                 Header { mode: "local", target: format!("{} ({} bytes)", a.device, dev.geometry().size_bytes()) };
-            let engine: Engine = Arc::new(move |o| Ok(block_on(bench::run_local(dev.clone(), &o))??));
-            execute(&header, &a.load, base, engine, None)
+            execute(&header, &a.load, base, local_engine(dev), None)
         }
         BenchCommand::Ceiling(a) => {
-            let tid = Arc::new(AtomicI32::new(0));
-            let t = tid.clone();
-            let peer_cpu = a.peer_cpu;
-            let peer = ceiling::Peer::spawn(move || {
-                // SAFETY: gettid has no preconditions.
-                t.store(unsafe { libc::gettid() }, Ordering::Relaxed);
-                if let Some(cpu) = peer_cpu {
-                    if let Err(e) = pin_to(cpu) {
-                        log::warn!("ceiling peer: {e:#}");
-                    }
-                }
-            })
-            .context("starting the echo peer")?;
-            let start = Instant::now();
-            while tid.load(Ordering::Relaxed) == 0 && start.elapsed() < Duration::from_secs(5) {
-                std::thread::sleep(Duration::from_millis(1));
-            }
+            let peer = EchoPeer::spawn(a.peer_cpu)?;
             let base = BenchOptions { addr: peer.addr, ..options(&a.load)? };
-            let engine: Engine = Arc::new(|o| Ok(block_on(ceiling::run(&o))??));
             let header = Header { mode: "ceiling", target: format!("TCP echo peer {}", peer.addr) };
-            let peer_stat = format!("/proc/self/task/{}/stat", tid.load(Ordering::Relaxed));
-            execute(&header, &a.load, base, engine, Some(peer_stat))
+            execute(&header, &a.load, base, ceiling_engine(), Some(peer.stat.clone()))
         }
+        BenchCommand::Report(a) => report::main(*a),
     }
+}
+
+/// The ceiling's echo peer, on its own (optionally pinned) thread.
+pub struct EchoPeer {
+    addr: SocketAddr,
+    /// The peer thread's `/proc/self/task/TID/stat`.
+    stat: String,
+}
+
+impl EchoPeer {
+    fn spawn(cpu: Option<usize>) -> Result<EchoPeer> {
+        let tid = Arc::new(AtomicI32::new(0));
+        let t = tid.clone();
+        let peer = ceiling::Peer::spawn(move || {
+            // SAFETY: gettid has no preconditions.
+            t.store(unsafe { libc::gettid() }, Ordering::Relaxed);
+            if let Some(cpu) = cpu {
+                if let Err(e) = pin_to(cpu) {
+                    log::warn!("ceiling peer: {e:#}");
+                }
+            }
+        })
+        .context("starting the echo peer")?;
+        let start = Instant::now();
+        while tid.load(Ordering::Relaxed) == 0 && start.elapsed() < Duration::from_secs(5) {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        Ok(EchoPeer { addr: peer.addr, stat: format!("/proc/self/task/{}/stat", tid.load(Ordering::Relaxed)) })
+    }
+}
+
+fn local_engine(dev: Arc<Device>) -> Engine {
+    Arc::new(move |o| Ok(block_on(bench::run_local(dev.clone(), &o))??))
+}
+
+fn ceiling_engine() -> Engine {
+    Arc::new(|o| Ok(block_on(ceiling::run(&o))??))
 }
 
 fn resolve(s: &str, default_port: u16) -> Result<SocketAddr> {
@@ -459,85 +538,113 @@ fn split_jobs(jobs: u16, threads: usize) -> Vec<u16> {
 }
 
 fn execute(h: &Header, l: &LoadArgs, base: BenchOptions, engine: Engine, exclude: Option<String>) -> Result<()> {
-    let cpus = &l.cpus.0;
-    let shares = split_jobs(base.jobs, cpus.len());
-    let mut threads = Vec::new();
-    let mut progress = Vec::new();
-    let mut job_base = 0u16;
-    for (i, &jobs) in shares.iter().enumerate() {
-        let p = Arc::new(Progress::default());
-        progress.push(p.clone());
-        let o = BenchOptions { jobs, job_base, job_total: base.jobs, progress: Some(p), ..base.clone() };
-        job_base += jobs;
-        let cpu = cpus.get(i).copied();
-        let engine = engine.clone();
-        threads.push(std::thread::Builder::new().name(format!("bench-{i}")).spawn(move || {
-            if let Some(c) = cpu {
-                pin_to(c)?;
-            }
-            engine(o)
-        })?);
-    }
-    let sampler = Sampler { target: l.target_pid.map(|p| format!("/proc/{p}/stat")), exclude };
-    let show = l.output == Output::Human;
-    let tty = std::io::stderr().is_terminal();
-    let (mut t0, mut window_start): (Option<Instant>, Option<CpuSample>) = (None, None);
-    let (mut last_ios, mut last_bytes, mut next_tick) = (0u64, 0u64, Instant::now());
-    while threads.iter().any(|t| !t.is_finished()) {
-        std::thread::sleep(Duration::from_millis(5));
-        let now = Instant::now();
-        if t0.is_none() && progress.iter().all(|p| p.started()) {
-            t0 = Some(now);
-            next_tick = now + Duration::from_secs(1);
-        }
-        let Some(start) = t0 else { continue };
-        if window_start.is_none() && now >= start + base.ramp {
-            window_start = Some(sampler.sample());
-        }
-        if show && now >= next_tick {
-            let (ios, bytes) = progress.iter().fold((0, 0), |(i, b), p| (i + p.ios(), b + p.bytes()));
-            let secs = now.duration_since(start).as_secs();
-            let phase = if now < start + base.ramp { "ramp" } else { "run " };
-            let line = format!(
-                "[{secs:>4} s] {phase} IOPS {:>10.0}  BW {:>8.3} Gbit/s ({:>9.1} MiB/s)",
-                (ios - last_ios) as f64,
-                (bytes - last_bytes) as f64 * 8.0 / 1e9,
-                (bytes - last_bytes) as f64 / 1_048_576.0
-            );
-            if tty {
-                eprint!("\r{line}");
-            } else {
-                eprintln!("{line}");
-            }
-            let _ = std::io::stderr().flush();
-            (last_ios, last_bytes) = (ios, bytes);
-            next_tick += Duration::from_secs(1);
-        }
-    }
-    let end = sampler.sample();
-    if show && tty && t0.is_some() {
-        eprintln!();
-    }
-    let mut report: Option<Report> = None;
-    for t in threads {
-        let r = t.join().map_err(|_| anyhow::anyhow!("a load thread panicked"))??;
-        match &mut report {
-            None => report = Some(r),
-            Some(all) => all.merge(&r),
-        }
-    }
-    let report = report.context("no load thread ran")?;
-    let cpu = window_start.map(|a| cpu_use(&a, &end)).unwrap_or_default();
-    let r = Results { mode: h.mode, target: &h.target, threads: shares.len(), report: &report, cpu };
+    let how = Measure { cpus: &l.cpus.0, target: TargetCpu::from_args(l), progress: l.output == Output::Human };
+    let m = how.run(base, engine, exclude)?;
+    let r = Results { mode: h.mode, target: &h.target, threads: m.threads, report: &m.report, cpu: m.cpu };
     match l.output {
         Output::Human => println!("{}", r.human()),
         Output::Json => println!("{}", serde_json::to_string_pretty(&r.json()).unwrap_or_default()),
     }
+    let report = &m.report;
     if report.verify_errors > 0 {
         let first = report.first_verify_error.as_ref().map(|e| format!(", first at {e}")).unwrap_or_default();
         bail!("verify: {} corrupt blocks{first}", report.verify_errors);
     }
     Ok(())
+}
+
+/// How to run one measurement.
+pub struct Measure<'a> {
+    /// CPUs of the load threads (empty: one unpinned thread).
+    pub cpus: &'a [usize],
+    /// Where the target's CPU comes from.
+    pub target: TargetCpu,
+    /// Print the progress line on stderr.
+    pub progress: bool,
+}
+
+/// One measurement's outcome.
+pub struct Measured {
+    pub report: Report,
+    pub cpu: CpuUse,
+    pub threads: usize,
+}
+
+impl Measure<'_> {
+    /// Runs `engine` over the load threads and measures CPU over the window
+    /// after the ramp. `exclude` is an in-process thread whose CPU is the
+    /// target's rather than the load's (the ceiling peer).
+    fn run(&self, base: BenchOptions, engine: Engine, exclude: Option<String>) -> Result<Measured> {
+        let shares = split_jobs(base.jobs, self.cpus.len());
+        let mut threads = Vec::new();
+        let mut progress = Vec::new();
+        let mut job_base = 0u16;
+        for (i, &jobs) in shares.iter().enumerate() {
+            let p = Arc::new(Progress::default());
+            progress.push(p.clone());
+            let o = BenchOptions { jobs, job_base, job_total: base.jobs, progress: Some(p), ..base.clone() };
+            job_base += jobs;
+            let cpu = self.cpus.get(i).copied();
+            let engine = engine.clone();
+            threads.push(std::thread::Builder::new().name(format!("bench-{i}")).spawn(move || {
+                if let Some(c) = cpu {
+                    pin_to(c)?;
+                }
+                engine(o)
+            })?);
+        }
+        let target = if exclude.is_some() { TargetCpu::None } else { self.target.clone() };
+        let sampler = Sampler { target, exclude };
+        let tty = std::io::stderr().is_terminal();
+        let (mut t0, mut window_start): (Option<Instant>, Option<CpuSample>) = (None, None);
+        let (mut last_ios, mut last_bytes, mut next_tick) = (0u64, 0u64, Instant::now());
+        while threads.iter().any(|t| !t.is_finished()) {
+            std::thread::sleep(Duration::from_millis(5));
+            let now = Instant::now();
+            if t0.is_none() && progress.iter().all(|p| p.started()) {
+                t0 = Some(now);
+                next_tick = now + Duration::from_secs(1);
+            }
+            let Some(start) = t0 else { continue };
+            if window_start.is_none() && now >= start + base.ramp {
+                window_start = Some(sampler.sample());
+            }
+            if self.progress && now >= next_tick {
+                let (ios, bytes) = progress.iter().fold((0, 0), |(i, b), p| (i + p.ios(), b + p.bytes()));
+                let secs = now.duration_since(start).as_secs();
+                let phase = if now < start + base.ramp { "ramp" } else { "run " };
+                let line = format!(
+                    "[{secs:>4} s] {phase} IOPS {:>10.0}  BW {:>8.3} Gbit/s ({:>9.1} MiB/s)",
+                    (ios - last_ios) as f64,
+                    (bytes - last_bytes) as f64 * 8.0 / 1e9,
+                    (bytes - last_bytes) as f64 / 1_048_576.0
+                );
+                if tty {
+                    eprint!("\r{line}");
+                } else {
+                    eprintln!("{line}");
+                }
+                let _ = std::io::stderr().flush();
+                (last_ios, last_bytes) = (ios, bytes);
+                next_tick += Duration::from_secs(1);
+            }
+        }
+        let end = sampler.sample();
+        if self.progress && tty && t0.is_some() {
+            eprintln!();
+        }
+        let mut report: Option<Report> = None;
+        for t in threads {
+            let r = t.join().map_err(|_| anyhow::anyhow!("a load thread panicked"))??;
+            match &mut report {
+                None => report = Some(r),
+                Some(all) => all.merge(&r),
+            }
+        }
+        let report = report.context("no load thread ran")?;
+        let cpu = window_start.map(|a| cpu_use(&a, &end)).unwrap_or_default();
+        Ok(Measured { report, cpu, threads: shares.len() })
+    }
 }
 
 struct Results<'a> {
@@ -686,15 +793,6 @@ mod tests {
         assert_eq!(split_jobs(5, 2), vec![3, 2]);
         assert_eq!(split_jobs(1, 4), vec![1]);
         assert_eq!(split_jobs(4, 0), vec![4]);
-    }
-
-    #[test]
-    fn stat_ticks_skip_a_command_name_with_spaces() {
-        let line = "1234 (my (odd) cmd) S 1 2 3 4 5 6 7 8 9 10 250 50 0 0 20 0 1 0 100 0 0";
-        assert_eq!(parse_stat_ticks(line), Some(300));
-        assert_eq!(parse_stat_ticks("garbage"), None);
-        let me = proc_cpu("/proc/self/stat");
-        assert!(me.is_some());
     }
 
     #[test]

@@ -67,6 +67,7 @@ impl Control {
         let words: Vec<&str> = line.split_whitespace().collect();
         match words.as_slice() {
             ["show"] => Ok(self.show()),
+            ["stats"] => Ok(stats()),
             ["device-add", name, kind, rest @ ..] => self.device_add(name, kind, rest).map(|_| String::new()),
             ["ns-add", nqn, nsid, device] => {
                 let nsid: u32 = nsid.parse().map_err(|_| anyhow!("nsid {nsid:?} is not a number"))?;
@@ -85,7 +86,7 @@ impl Control {
                 Ok(String::new())
             }
             [] => bail!("empty command"),
-            _ => bail!("unknown command {line:?} (show | device-add NAME KIND [size=S] [block_size=N] [path=P] | ns-add NQN NSID DEVICE | ns-remove NQN NSID)"),
+            _ => bail!("unknown command {line:?} (show | stats | device-add NAME KIND [size=S] [block_size=N] [path=P] | ns-add NQN NSID DEVICE | ns-remove NQN NSID)"),
         }
     }
 
@@ -137,24 +138,43 @@ impl Control {
     }
 }
 
-/// `ironwire ctl`: sends one command to a running daemon and prints the
-/// reply; fails when the daemon reports an error.
-pub fn client(socket: &Path, command: &[String]) -> Result<()> {
+/// The daemon's CPU use since it started: the process (user and system
+/// microseconds, what `ironwire bench --target-ctl` reads) and each reactor
+/// thread.
+fn stats() -> String {
+    let mut out = crate::cpu::stats_line();
+    for (name, cpu) in crate::cpu::threads_cpu("reactor-") {
+        out.push_str(&format!("thread {name} cpu_us={}\n", cpu.as_micros()));
+    }
+    out
+}
+
+/// Sends one command to the daemon at `socket` and returns its output
+/// (without the final `ok`); a daemon error becomes the error.
+pub fn request(socket: &Path, command: &str) -> Result<String> {
     let mut s = UnixStream::connect(socket)
         .with_context(|| format!("connecting to {} (is ironwire serve running?)", socket.display()))?;
-    s.write_all(format!("{}\n", command.join(" ")).as_bytes())?;
+    s.write_all(format!("{command}\n").as_bytes())?;
     let mut reader = BufReader::new(s);
+    let mut out = String::new();
     loop {
         let mut line = String::new();
         if reader.read_line(&mut line)? == 0 {
             bail!("daemon closed the connection");
         }
         if line == "ok\n" {
-            return Ok(());
+            return Ok(out);
         }
         if let Some(e) = line.strip_prefix("error: ") {
             bail!("{}", e.trim_end());
         }
-        print!("{line}");
+        out.push_str(&line);
     }
+}
+
+/// `ironwire ctl`: sends one command to a running daemon and prints the
+/// reply; fails when the daemon reports an error.
+pub fn client(socket: &Path, command: &[String]) -> Result<()> {
+    print!("{}", request(socket, &command.join(" "))?);
+    Ok(())
 }

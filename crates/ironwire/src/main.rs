@@ -4,6 +4,7 @@ mod bench;
 mod config;
 mod conn;
 mod control;
+mod cpu;
 mod iscsi_tcp;
 mod nvme_tcp;
 mod serve;
@@ -33,8 +34,8 @@ enum Command {
         #[arg(long, default_value_os_t = control::default_socket())]
         ctl_socket: PathBuf,
     },
-    /// Edit or inspect a running daemon: show | device-add NAME KIND
-    /// [size=S] [block_size=N] [path=P] | ns-add NQN NSID DEVICE |
+    /// Edit or inspect a running daemon: show | stats | device-add NAME
+    /// KIND [size=S] [block_size=N] [path=P] | ns-add NQN NSID DEVICE |
     /// ns-remove NQN NSID
     Ctl {
         /// Control socket of the daemon.

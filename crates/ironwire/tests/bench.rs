@@ -254,3 +254,121 @@ fn bench_human_output_has_a_progress_line_and_the_table() {
     assert!(stdout.contains("IOPS=") && stdout.contains("lat (usec)") && stdout.contains("%CPU/Gbps"), "{stdout}");
     assert!(stderr.lines().any(|l| l.starts_with("[   1 s] run")), "one progress line a second: {stderr}");
 }
+
+/// Runs `bench report` with 0.3 s cells into `out` and returns report.md
+/// and report.json.
+fn report(target: &[&str], extra: &[&str], out: &Path) -> (String, Value) {
+    let out_s = out.display().to_string();
+    let mut args = vec!["report"];
+    args.extend_from_slice(target);
+    args.extend_from_slice(&["--sizes", "4k,16k", "--time", "0.3", "--ramp", "0.1", "--jobs", "2", "--out", &out_s]);
+    args.extend_from_slice(extra);
+    let run = bench(&args);
+    assert!(run.status.success(), "stderr: {}", String::from_utf8_lossy(&run.stderr));
+    let md = std::fs::read_to_string(out.join("report.md")).expect("report.md");
+    let j: Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("report.json")).expect("json")).expect("JSON");
+    for svg in ["bandwidth.svg", "cpu-per-gbps.svg"] {
+        let text = std::fs::read_to_string(out.join(svg)).expect(svg);
+        assert!(text.starts_with("<svg ") && text.trim_end().ends_with("</svg>"), "{svg}");
+        assert!(text.matches("<polyline").count() >= 4, "{svg}: {text}");
+    }
+    (md, j)
+}
+
+/// Every cell of a report: bytes = I/Os × size, rates from the same window.
+fn cells(j: &Value) -> &Vec<Value> {
+    let cells = j["cells"].as_array().expect("cells");
+    for c in cells {
+        assert!(u(&c["ios"]) > 0, "{c}");
+        assert_eq!(u(&c["bytes"]), u(&c["ios"]) * u(&c["bs"]), "{c}");
+        let (iops, gbps) = (c["iops"].as_f64().unwrap_or_default(), c["gbit_per_s"].as_f64().unwrap_or_default());
+        let implied = iops * u(&c["bs"]) as f64 * 8.0 / 1e9;
+        assert!((gbps - implied).abs() <= implied * 1e-6, "{c}");
+    }
+    cells
+}
+
+fn find<'a>(cells: &'a [Value], section: &str, kind: &str, rw: &str, bs: u64) -> &'a Value {
+    cells
+        .iter()
+        .find(|c| c["section"] == section && c["kind"] == kind && c["rw"] == rw && c["bs"] == bs)
+        .unwrap_or_else(|| panic!("no {section} {kind} {rw} {bs} cell"))
+}
+
+#[test]
+fn bench_report_over_nvme_has_the_papers_tables_with_the_ceiling_and_target_cpu() {
+    let mut d = Daemon::start("report", "kind = \"ram\"\nsize = \"64MiB\"\nblock_size = 512");
+    let (addr, sock, out) = (d.addr.to_string(), d.dir.join("ctl.sock"), d.dir.join("report"));
+    let sock = sock.display().to_string();
+    let (md, j) = report(
+        &["--nvme", &addr, "--nqn", NQN],
+        &["--target-ctl", &sock, "--local", "ram", "--size", "64m", "--jitter", "16"],
+        &out,
+    );
+    let cells = cells(&j);
+    // 2 sizes x 2 directions x (remote, ceiling) + IOPS 4 + latency 6 + jitter 4.
+    assert_eq!(cells.len(), 8 + 4 + 6 + 4, "{j}");
+    for c in cells {
+        let target = &c["target_cpu_percent"];
+        match c["kind"].as_str() {
+            // The daemon's own stats name its CPU; a CPU-bound run keeps it busy.
+            Some("remote") => assert!(target.as_f64().is_some_and(|t| t > 0.0), "{c}"),
+            Some("local") => assert!(target.is_null(), "{c}"),
+            // The echo peer is the ceiling's target.
+            _ => assert!(target.as_f64().is_some(), "{c}"),
+        }
+    }
+    for section in [
+        "## Random READ and WRITE: bandwidth and %CPU/Gbps against I/O size",
+        "| Random READ | BW (Gbit/s) |",
+        "| Random WRITE | BW (Gbit/s) |",
+        "## 4K random IOPS",
+        "| 4K Random Latency | Read Local | Read Remote | Read Delta | Write Local | Write Remote | Write Delta |",
+        "## Jitter: 4K QD 1 read latency while 16 TCP connections stream",
+        "## Machine",
+        "## Commands",
+        "![Bandwidth against I/O size](bandwidth.svg)",
+    ] {
+        assert!(md.contains(section), "{section:?} missing:\n{md}");
+    }
+    // The 16K read row shows the bandwidth and its fraction of the ceiling.
+    let (r, c) =
+        (find(cells, "bandwidth", "remote", "randread", 16384), find(cells, "bandwidth", "ceiling", "randread", 16384));
+    let (rg, cg) = (r["gbit_per_s"].as_f64().unwrap_or_default(), c["gbit_per_s"].as_f64().unwrap_or_default());
+    let row = md.lines().find(|l| l.starts_with("| 16K |")).expect("16K row");
+    assert!(row.starts_with(&format!("| 16K | {rg:.3} |")), "{row}");
+    assert!(row.contains(&format!("| {cg:.3} | {:.0} % |", rg / cg * 100.0)), "{row}");
+    // The latency table: delta = remote - local.
+    let (l, r) =
+        (find(cells, "latency", "local", "randread", 4096), find(cells, "latency", "remote", "randread", 4096));
+    let (la, ra) = (l["lat_us"]["mean"].as_f64().unwrap_or_default(), r["lat_us"]["mean"].as_f64().unwrap_or_default());
+    assert!(md.contains(&format!("| {la:.2} | {ra:.2} | {:.2} |", ra - la)), "{md}");
+    assert_eq!(u(&j["background"]["connections"]), 16);
+    // Each figure's command is listed and runs as written.
+    let cmd = r["command"].as_str().expect("command");
+    assert!(md.contains(cmd) && cmd.starts_with("ironwire bench run --nvme"), "{cmd}");
+    d.assert_alive();
+}
+
+#[test]
+fn bench_report_over_iscsi_without_a_local_device() {
+    let d = Daemon::start_with("bench-report-iscsi", |_, port| {
+        format!(
+            "[[device]]\nname = \"d\"\nkind = \"ram\"\nsize = \"16MiB\"\nblock_size = 512\n\n\
+             [[iscsi_target]]\niqn = \"{IQN}\"\nallow_any_initiator = true\n\
+             [[iscsi_target.lun]]\nlun = 0\ndevice = \"d\"\n\n\
+             [[port]]\ntransport = \"iscsi\"\naddress = \"127.0.0.1:{port}\"\n\n[reactor]\ncores = [0]\n"
+        )
+    });
+    let (portal, out) = (d.addr.to_string(), d.dir.join("report"));
+    let pid = d.pid().to_string();
+    let (md, j) = report(&["--iscsi", &portal, "--iqn", IQN], &["--local", "none", "--target-pid", &pid], &out);
+    let cells = cells(&j);
+    assert_eq!(cells.len(), 8 + 4 + 4, "no local cells, no jitter: {j}");
+    assert!(cells.iter().all(|c| c["kind"] != "local"));
+    assert!(j["target"].as_str().is_some_and(|t| t.starts_with("iscsi ")), "{j}");
+    let row = md.lines().find(|l| l.starts_with("| iscsi ")).expect("latency row");
+    assert!(row.contains("| – |"), "no local figure: {row}");
+    assert!(!md.contains("## Jitter"));
+}
