@@ -127,6 +127,18 @@ impl Queue {
         self.failed
     }
 
+    /// An empty data buffer with room for `capacity` bytes, reused from
+    /// earlier commands when possible: fill it and pass it to
+    /// [`submit`](Self::submit).
+    pub fn buffer(&mut self, capacity: usize) -> Vec<u8> {
+        self.conn.buffer(capacity)
+    }
+
+    /// Hands a completion's data back for reuse by later commands.
+    pub fn recycle(&mut self, data: Vec<u8>) {
+        self.conn.recycle(data);
+    }
+
     /// Queues a command and returns its command identifier. Nothing is sent
     /// until the next [`flush`](Self::flush) or
     /// [`next_completion`](Self::next_completion). `write` is the command's

@@ -332,22 +332,26 @@ impl HostConnection {
             return Ok(());
         }
         self.rx.extend_from_slice(bytes);
+        // The frames borrow the receive buffer while the handlers change
+        // the rest of the session.
+        let rx = std::mem::take(&mut self.rx);
         let mut used = 0usize;
         let mut result = Ok(());
         while self.state != HostState::Closed {
-            let buf = self.rx.get(used..).unwrap_or_default();
-            let (bhs, data, len) = match pdu::deframe(buf, self.rx_framing) {
+            let buf = rx.get(used..).unwrap_or_default();
+            let f = match pdu::deframe(buf, self.rx_framing) {
                 None => break,
-                Some(Ok(f)) => (f.bhs, f.data.to_vec(), f.len),
+                Some(Ok(f)) => f,
                 Some(Err(e)) => {
                     self.state = HostState::Closed;
                     result = Err(e);
                     break;
                 }
             };
-            used = used.saturating_add(len);
-            self.on_pdu(&bhs, &data);
+            used = used.saturating_add(f.len);
+            self.on_pdu(&f.bhs, f.data);
         }
+        self.rx = rx;
         self.rx.drain(..used.min(self.rx.len()));
         result
     }

@@ -58,7 +58,13 @@ pub struct HostConnection {
     tx: Vec<u8>,
     pending: HashMap<u16, Pending>,
     completions: VecDeque<Completion>,
+    /// Data buffers handed back by [`recycle`](Self::recycle) and by
+    /// finished writes, reused for the next reads and writes.
+    spare: Vec<Vec<u8>>,
 }
+
+/// Most spare buffers a connection keeps.
+const MAX_SPARE: usize = 256;
 
 impl HostConnection {
     /// A connection that has queued its ICReq.
@@ -75,6 +81,7 @@ impl HostConnection {
             tx: Vec::new(),
             pending: HashMap::new(),
             completions: VecDeque::new(),
+            spare: Vec::new(),
         };
         let mut d = 0;
         if cfg.header_digest {
@@ -120,17 +127,28 @@ impl HostConnection {
         let cmd = CapsuleCmd { ch: pdu::common_header(PduType::CAPSULE_CMD, 0), sqe };
         if in_capsule {
             pdu::encode(&mut self.tx, cmd.as_bytes(), &write, self.tx_framing);
+            self.recycle(write);
             self.pending.insert(cid, Pending { write_data: Vec::new(), read_data: Vec::new(), read_len: 0 });
         } else {
             pdu::encode(&mut self.tx, cmd.as_bytes(), &[], self.tx_framing);
-            self.pending.insert(
-                cid,
-                Pending {
-                    write_data: write,
-                    read_data: Vec::with_capacity(read_len as usize),
-                    read_len: read_len as usize,
-                },
-            );
+            let read_data = if read_len > 0 { self.buffer(read_len as usize) } else { Vec::new() };
+            self.pending.insert(cid, Pending { write_data: write, read_data, read_len: read_len as usize });
+        }
+    }
+
+    /// An empty buffer with room for `capacity` bytes, reusing a spare one
+    /// when there is one (fill it and pass it to [`submit`](Self::submit)).
+    pub fn buffer(&mut self, capacity: usize) -> Vec<u8> {
+        let mut b = self.spare.pop().unwrap_or_default();
+        b.clear();
+        b.reserve(capacity);
+        b
+    }
+
+    /// Hands a buffer back (a completion's data once read) for reuse.
+    pub fn recycle(&mut self, buf: Vec<u8>) {
+        if buf.capacity() > 0 && self.spare.len() < MAX_SPARE {
+            self.spare.push(buf);
         }
     }
 
@@ -149,8 +167,27 @@ impl HostConnection {
     }
 
     fn process_rx(&mut self) -> Result<(), Fatal> {
+        // The frames borrow the receive buffer while the handlers change
+        // the rest of the connection.
+        let rx = std::mem::take(&mut self.rx);
+        let r = self.process_frames(&rx);
+        self.rx = rx;
+        if self.rx_start == self.rx.len() {
+            self.rx.clear();
+            self.rx_start = 0;
+        } else if self.rx_start > 64 * 1024 && self.rx_start >= self.rx.len() - self.rx_start {
+            // Keep only the partial PDU, so the buffer does not grow when
+            // reads never end on a PDU boundary; moving it costs no more
+            // than the bytes already consumed.
+            self.rx.drain(..self.rx_start);
+            self.rx_start = 0;
+        }
+        r
+    }
+
+    fn process_frames(&mut self, rx: &[u8]) -> Result<(), Fatal> {
         loop {
-            let buf = self.rx.get(self.rx_start..).unwrap_or_default();
+            let buf = rx.get(self.rx_start..).unwrap_or_default();
             let ready = self.ready;
             let frame = match pdu::deframe(buf, self.rx_framing, |t| match (ready, t) {
                 (false, PduType::IC_RESP) => Some(0),
@@ -159,30 +196,27 @@ impl HostConnection {
                 (_, PduType::C2H_TERM_REQ) => Some(pdu::TERM_REQ_MAX_DATA as u32),
                 _ => None,
             }) {
-                None => break,
+                None => return Ok(()),
                 Some(Err(e)) => {
                     self.terminated = true;
                     return Err(e);
                 }
                 Some(Ok(f)) => f,
             };
-            let len = frame.len;
-            let header = frame.header.to_vec();
-            let data = frame.data.to_vec();
-            let (pdu_type, data_ok, ch_flags) = (frame.pdu_type, frame.data_digest_ok, frame.ch.flags);
-            self.rx_start = self.rx_start.saturating_add(len);
-            match pdu_type {
-                PduType::IC_RESP => self.on_ic_resp(&header)?,
+            let header = frame.header;
+            self.rx_start = self.rx_start.saturating_add(frame.len);
+            match frame.pdu_type {
+                PduType::IC_RESP => self.on_ic_resp(header)?,
                 PduType::CAPSULE_RESP => {
-                    if let Ok(r) = CapsuleResp::read_from_bytes(&header) {
+                    if let Ok(r) = CapsuleResp::read_from_bytes(header) {
                         self.complete(r.cqe);
                     }
                 }
-                PduType::C2H_DATA => self.on_c2h_data(&header, &data, data_ok, ch_flags)?,
-                PduType::R2T => self.on_r2t(&header)?,
+                PduType::C2H_DATA => self.on_c2h_data(header, frame.data, frame.data_digest_ok, frame.ch.flags)?,
+                PduType::R2T => self.on_r2t(header)?,
                 PduType::C2H_TERM_REQ => {
                     self.terminated = true;
-                    let t = TermReq::read_from_bytes(&header).ok();
+                    let t = TermReq::read_from_bytes(header).ok();
                     return Err(Fatal::new(
                         Fes(t.map(|t| t.fes.get()).unwrap_or(0)),
                         t.map(|t| t.fei.get()).unwrap_or(0),
@@ -192,11 +226,6 @@ impl HostConnection {
                 _ => {}
             }
         }
-        if self.rx_start == self.rx.len() {
-            self.rx.clear();
-            self.rx_start = 0;
-        }
-        Ok(())
     }
 
     fn on_ic_resp(&mut self, header: &[u8]) -> Result<(), Fatal> {
@@ -216,7 +245,13 @@ impl HostConnection {
 
     fn complete(&mut self, cqe: Cqe) {
         let cid = cqe.cid.get();
-        let data = self.pending.remove(&cid).map(|p| p.read_data).unwrap_or_default();
+        let data = match self.pending.remove(&cid) {
+            Some(p) => {
+                self.recycle(p.write_data);
+                p.read_data
+            }
+            None => Vec::new(),
+        };
         self.completions.push_back(Completion { cqe, data });
     }
 
@@ -312,5 +347,69 @@ impl HostConnection {
     /// The framing the host sends with (for tests building raw PDUs).
     pub fn tx_framing(&self) -> Framing {
         self.tx_framing
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::target::{Event, TargetConfig, TargetConnection};
+    use nvme_spec::Status;
+
+    fn data(cid: u16, len: usize) -> Vec<u8> {
+        (0..len).map(|i| (i as u16).wrapping_mul(31).wrapping_add(cid) as u8).collect()
+    }
+
+    #[test]
+    fn a_stream_of_large_reads_keeps_the_receive_buffer_bounded_and_reuses_read_buffers() {
+        let mut h = HostConnection::new(HostConfig { header_digest: false, data_digest: true, max_in_capsule: 8192 });
+        let mut t = TargetConnection::<Vec<u8>>::new(TargetConfig::default());
+        let mut wire = Vec::new();
+        h.take_transmit(&mut wire);
+        t.handle_input(&wire).expect("ICReq");
+        wire.clear();
+        t.take_transmit(&mut wire);
+        h.handle_input(&wire).expect("ICResp");
+        assert!(h.is_ready());
+        const LEN: usize = 64 << 10;
+        const READS: u16 = 40;
+        for cid in 0..READS {
+            let mut sqe = Sqe { opcode: 0x02, ..Default::default() };
+            sqe.cid = cid.into();
+            sqe.nsid = 1.into();
+            h.submit(sqe, Vec::new(), LEN as u32);
+        }
+        wire.clear();
+        h.take_transmit(&mut wire);
+        t.handle_input(&wire).expect("capsules");
+        while let Some(ev) = t.poll_event() {
+            if let Event::Command { sqe, .. } = ev {
+                let cid = sqe.cid.get();
+                t.send_data(cid, &data(cid, LEN), Cqe::new(cid, Status::SUCCESS, 0));
+            }
+        }
+        wire.clear();
+        t.take_transmit(&mut wire);
+        assert!(wire.len() > usize::from(READS) * LEN);
+        // Pieces that never end on a PDU boundary: the buffer keeps at most
+        // a partial PDU plus what was consumed before the last compaction.
+        let mut most = 0;
+        for piece in wire.chunks(100_003) {
+            h.handle_input(piece).expect("C2HData");
+            most = most.max(h.rx.len());
+        }
+        assert!(most < 4 * LEN, "receive buffer grew to {most} bytes");
+        let mut done = 0;
+        while let Some(c) = h.poll_completion() {
+            let cid = c.cqe.cid.get();
+            assert!(c.cqe.status().is_success());
+            assert!(c.data == data(cid, LEN), "cid {cid}");
+            h.recycle(c.data);
+            done += 1;
+        }
+        assert_eq!(done, READS);
+        // Recycled buffers come back with their capacity.
+        assert!(h.buffer(16).capacity() >= LEN);
+        assert_eq!(h.spare.len(), usize::from(READS) - 1);
     }
 }

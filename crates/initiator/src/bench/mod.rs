@@ -885,7 +885,8 @@ impl QueueJob {
                 let io = self.w.pick();
                 let blocks = self.w.blocks_per_io;
                 let cid = if io.write {
-                    let mut data = vec![0u8; io_bytes as usize];
+                    let mut data = self.q.buffer(io_bytes as usize);
+                    data.resize(io_bytes as usize, 0);
                     self.w.fill(&io, &mut data);
                     self.q.submit(cmd::write(self.nsid, io.lba, blocks), data, 0)?
                 } else {
@@ -906,6 +907,7 @@ impl QueueJob {
                 return Err(Error::Status(status));
             }
             self.w.complete(&f.io, f.submitted, now, &c.data);
+            self.q.recycle(c.data);
         }
         self.w.tally.finished = now;
         Ok(self.w.tally)
