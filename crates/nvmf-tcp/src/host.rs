@@ -175,7 +175,7 @@ impl HostConnection {
         if self.rx_start == self.rx.len() {
             self.rx.clear();
             self.rx_start = 0;
-        } else if self.rx_start > 64 * 1024 && self.rx_start >= self.rx.len() - self.rx_start {
+        } else if self.rx_start > 64 * 1024 && self.rx_start >= self.rx.len().saturating_sub(self.rx_start) {
             // Keep only the partial PDU, so the buffer does not grow when
             // reads never end on a PDU boundary; moving it costs no more
             // than the bytes already consumed.
