@@ -13,13 +13,14 @@ use std::cell::RefCell;
 use std::collections::HashMap;
 use std::fs::{File, OpenOptions};
 use std::io;
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 use std::rc::Rc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 
+use crate::fixed;
 use crate::iobuf::{IoBuf, IO_BUF_ALIGN};
 
 /// Linux `<linux/fs.h>` block ioctls missing from `libc`, encoded for the
@@ -257,8 +258,66 @@ impl FileBackend {
         }
     }
 
+    /// The raw descriptor for an I/O of `len` bytes at `pos` from `addr`
+    /// (the same choice as [`pick`](Self::pick)).
+    fn pick_fd(&self, pos: u64, len: usize, addr: usize) -> RawFd {
+        match &self.fds.direct {
+            Some(direct)
+                if self.dio_align != 0
+                    && pos % self.dio_align == 0
+                    && (len as u64) % self.dio_align == 0
+                    && addr % self.dio_mem_align == 0 =>
+            {
+                direct.as_raw_fd()
+            }
+            _ => self.fds.buffered.as_raw_fd(),
+        }
+    }
+
+    /// Reads or writes all of `buf` at `offset` through the thread's
+    /// registered ring (`buf` is arena memory of this thread).
+    async fn fixed_rw(
+        &self,
+        ring: Rc<fixed::Ring>,
+        offset: u64,
+        mut buf: IoBuf,
+        write: Option<bool>,
+    ) -> (io::Result<()>, IoBuf) {
+        let len = buf.len();
+        let mut done = 0usize;
+        while done < len {
+            let Some(pos) = offset.checked_add(done as u64) else {
+                return (Err(io::Error::other("I/O offset overflow")), buf);
+            };
+            let addr = (buf.as_ptr() as usize).wrapping_add(done);
+            let fd = self.pick_fd(pos, len - done, addr);
+            let op = match write {
+                None => ring.read(fd, buf, done, len - done, pos),
+                Some(fua) => ring.write(fd, buf, done, len - done, pos, fua),
+            };
+            let (res, b) = match op {
+                Ok(io) => io.await,
+                Err((e, b)) => return (Err(e), b),
+            };
+            buf = b;
+            match res {
+                Ok(0) => {
+                    let msg = format!("I/O at byte {pos} transferred nothing (was the file truncated?)");
+                    return (Err(io::Error::new(io::ErrorKind::UnexpectedEof, msg)), buf);
+                }
+                Ok(n) => done = done.saturating_add(n),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return (Err(e), buf),
+            }
+        }
+        (Ok(()), buf)
+    }
+
     pub(crate) async fn read(&self, offset: u64, mut buf: IoBuf) -> (io::Result<()>, IoBuf) {
         use monoio::buf::IoBufMut;
+        if let Some(ring) = fixed::ring_for(buf.as_ptr(), buf.len()) {
+            return self.fixed_rw(ring, offset, buf, None).await;
+        }
         let files = match self.thread_files() {
             Ok(f) => f,
             Err(e) => return (Err(e), buf),
@@ -288,6 +347,10 @@ impl FileBackend {
 
     pub(crate) async fn write(&self, offset: u64, mut buf: IoBuf, fua: bool) -> (io::Result<()>, IoBuf) {
         use monoio::buf::IoBuf as _;
+        if let Some(ring) = fixed::ring_for(buf.as_ptr(), buf.len()) {
+            // FUA is RWF_DSYNC on each write.
+            return self.fixed_rw(ring, offset, buf, Some(fua)).await;
+        }
         let files = match self.thread_files() {
             Ok(f) => f,
             Err(e) => return (Err(e), buf),

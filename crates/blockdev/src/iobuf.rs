@@ -37,6 +37,16 @@ pub struct IoBuf {
     ptr: NonNull<u8>,
     len: usize,
     cap: usize,
+    /// The memory is part of a registered arena (`fixed`): it is pooled
+    /// whatever the pool's limit and never freed.
+    arena: bool,
+}
+
+impl Default for IoBuf {
+    /// An empty buffer.
+    fn default() -> IoBuf {
+        IoBuf::with_len(0)
+    }
 }
 
 // SAFETY: an IoBuf uniquely owns its allocation (no aliasing handles exist),
@@ -46,15 +56,18 @@ unsafe impl Send for IoBuf {}
 unsafe impl Sync for IoBuf {}
 
 struct Pool {
-    free: [Vec<NonNull<u8>>; CLASSES],
+    /// Idle buffers per class, with whether each is arena memory.
+    free: [Vec<(NonNull<u8>, bool)>; CLASSES],
 }
 
 impl Drop for Pool {
     fn drop(&mut self) {
         for (class, list) in self.free.iter_mut().enumerate() {
             let cap = class_size(class);
-            for ptr in list.drain(..) {
-                dealloc(ptr, cap);
+            for (ptr, arena) in list.drain(..) {
+                if !arena {
+                    dealloc(ptr, cap);
+                }
             }
         }
     }
@@ -62,6 +75,21 @@ impl Drop for Pool {
 
 thread_local! {
     static POOL: RefCell<Pool> = RefCell::new(Pool { free: Default::default() });
+}
+
+/// Frees this thread's idle ordinary buffers, so that the next ones come
+/// from a just-registered arena instead.
+pub(crate) fn release_pooled() {
+    let _ = POOL.try_with(|pool| {
+        for (class, list) in pool.borrow_mut().free.iter_mut().enumerate() {
+            list.retain(|&(ptr, arena)| {
+                if !arena {
+                    dealloc(ptr, class_size(class));
+                }
+                arena
+            });
+        }
+    });
 }
 
 fn class_size(class: usize) -> usize {
@@ -130,8 +158,11 @@ impl IoBuf {
         let cap = capacity_for(len);
         let pooled =
             class_of(cap).and_then(|class| POOL.try_with(|pool| pool.borrow_mut().free[class].pop()).ok().flatten());
-        let ptr = pooled.unwrap_or_else(|| alloc_zeroed(cap));
-        IoBuf { ptr, len, cap }
+        let (ptr, arena) = pooled.unwrap_or_else(|| match crate::fixed::alloc(cap) {
+            Some(ptr) => (ptr, true),
+            None => (alloc_zeroed(cap), false),
+        });
+        IoBuf { ptr, len, cap, arena }
     }
 
     /// A buffer of `len` zero bytes.
@@ -183,13 +214,13 @@ impl IoBuf {
 impl Drop for IoBuf {
     fn drop(&mut self) {
         if let Some(class) = class_of(self.cap) {
-            let ptr = self.ptr;
+            let (ptr, arena) = (self.ptr, self.arena);
             let kept = POOL
                 .try_with(|pool| {
                     let mut pool = pool.borrow_mut();
                     let list = &mut pool.free[class];
-                    if list.len() < pool_limit(class) {
-                        list.push(ptr);
+                    if arena || list.len() < pool_limit(class) {
+                        list.push((ptr, arena));
                         true
                     } else {
                         false
@@ -200,7 +231,9 @@ impl Drop for IoBuf {
                 return;
             }
         }
-        dealloc(self.ptr, self.cap);
+        if !self.arena {
+            dealloc(self.ptr, self.cap);
+        }
     }
 }
 

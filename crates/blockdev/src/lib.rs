@@ -15,6 +15,7 @@
 //! devices.
 
 mod file;
+mod fixed;
 mod iobuf;
 mod ram;
 
@@ -22,6 +23,7 @@ use std::fmt;
 use std::io;
 use std::path::{Path, PathBuf};
 
+pub use fixed::{arena_usage, register_buffers};
 pub use iobuf::{IoBuf, IO_BUF_ALIGN};
 
 use file::FileBackend;

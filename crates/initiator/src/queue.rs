@@ -7,6 +7,7 @@
 //! the depth the queue was connected with.
 
 use crate::{Error, Result};
+use monoio::buf::IoBufMut;
 use monoio::io::{AsyncReadRent, AsyncWriteRentExt};
 use monoio::net::TcpStream;
 use nvme_spec::Sqe;
@@ -45,7 +46,6 @@ impl Default for QueueOptions {
 pub struct Queue {
     stream: TcpStream,
     conn: HostConnection,
-    rx: Vec<u8>,
     tx: Vec<u8>,
     ready: VecDeque<Completion>,
     in_flight: HashSet<u16>,
@@ -73,7 +73,6 @@ impl Queue {
         let mut q = Queue {
             stream,
             conn,
-            rx: Vec::with_capacity(RX_BUF),
             tx: Vec::with_capacity(64 * 1024),
             ready: VecDeque::new(),
             in_flight: HashSet::new(),
@@ -205,18 +204,19 @@ impl Queue {
         if self.failed {
             return Err(Error::Invalid("queue failed earlier".into()));
         }
-        let mut rx = std::mem::take(&mut self.rx);
-        rx.clear();
-        let res = monoio::time::timeout(self.timeout, self.stream.read(rx)).await;
+        // Read straight into the connection's receive buffer, after what
+        // it already holds.
+        let rx = self.conn.receive_buffer(RX_BUF);
+        let at = rx.len();
+        let room = rx.capacity();
+        let res = monoio::time::timeout(self.timeout, self.stream.read(rx.slice_mut(at..room))).await;
         let rx = match res {
             Ok((Ok(0), _)) => return self.fail(Error::Closed),
-            Ok((Ok(_), rx)) => rx,
+            Ok((Ok(_), rx)) => rx.into_inner(),
             Ok((Err(e), _)) => return self.fail(Error::Io(e)),
             Err(_) => return self.fail(Error::Timeout { what, after: self.timeout }),
         };
-        let r = self.conn.handle_input(&rx);
-        self.rx = rx;
-        if let Err(e) = r {
+        if let Err(e) = self.conn.received(rx) {
             return self.fail(Error::Fatal(e));
         }
         // Completions that arrived; R2Ts may have queued H2CData to send.

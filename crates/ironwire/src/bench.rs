@@ -178,6 +178,10 @@ pub struct LocalArgs {
     /// Logical block size of the device.
     #[arg(long, default_value_t = 512)]
     block_size: u32,
+    /// I/O buffer memory each load thread registers with io_uring, as the
+    /// daemon's reactors do (0: none).
+    #[arg(long, default_value = "16MiB", value_parser = parse_bytes)]
+    registered_buffers: u64,
     #[command(flatten)]
     range: RangeArgs,
     #[command(flatten)]
@@ -444,7 +448,7 @@ pub fn main(cmd: BenchCommand) -> Result<()> {
             let base = BenchOptions { offset: a.range.offset, verify: a.range.verify, ..options(&a.load)? };
             let header =
                 Header { mode: "local", target: format!("{} ({} bytes)", a.device, dev.geometry().size_bytes()) };
-            execute(&header, &a.load, base, local_engine(dev), None)
+            execute(&header, &a.load, base, local_engine(dev, a.registered_buffers), None)
         }
         BenchCommand::Ceiling(a) => {
             let peer = EchoPeer::spawn(a.peer_cpu)?;
@@ -485,8 +489,21 @@ impl EchoPeer {
     }
 }
 
-fn local_engine(dev: Arc<Device>) -> Engine {
-    Arc::new(move |o| Ok(block_on(bench::run_local(dev.clone(), &o))??))
+/// Runs the workload in-process on `dev`, each load thread with
+/// `registered` bytes of registered I/O buffers (as a reactor of the daemon).
+fn local_engine(dev: Arc<Device>, registered: u64) -> Engine {
+    Arc::new(move |o| {
+        let dev = dev.clone();
+        Ok(block_on(async move {
+            if registered > 0 {
+                let bytes = usize::try_from(registered).unwrap_or(usize::MAX);
+                if let Err(e) = blockdev::register_buffers(bytes) {
+                    log::warn!("bench local: no registered buffers ({e})");
+                }
+            }
+            bench::run_local(dev, &o).await
+        })??)
+    })
 }
 
 fn ceiling_engine() -> Engine {

@@ -115,6 +115,7 @@ pub fn run(config: Config, ctl_socket: &std::path::Path) -> Result<()> {
         cpda: 0,
     };
     let icfg = iscsi::target::TargetConfig::default();
+    let registered = usize::try_from(config.reactor.registered_buffers.0).unwrap_or(usize::MAX);
     let (ready_tx, ready_rx) = std::sync::mpsc::channel::<Result<(), String>>();
     let handles = reactor::start(&cpus, 1024, {
         let target = target.clone();
@@ -127,6 +128,17 @@ pub fn run(config: Config, ctl_socket: &std::path::Path) -> Result<()> {
             let ready_tx = ready_tx.clone();
             let icfg = icfg.clone();
             async move {
+                if registered > 0 {
+                    // Without the memlock allowance (non-root, low
+                    // RLIMIT_MEMLOCK) the reactor runs on ordinary buffers.
+                    if let Err(e) = blockdev::register_buffers(registered) {
+                        log::warn!(
+                            "reactor {}: cannot register {registered} bytes of I/O buffers ({e}); using unregistered \
+                             buffers (see [reactor] registered_buffers)",
+                            id.index
+                        );
+                    }
+                }
                 let mut listeners = Vec::new();
                 for (a, proto) in &ports {
                     match reactor::listen(*a) {

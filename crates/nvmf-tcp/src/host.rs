@@ -159,6 +159,47 @@ impl HostConnection {
             return Ok(());
         }
         self.rx.extend_from_slice(bytes);
+        let r = self.process_input();
+        if self.rx_start > 64 * 1024 && self.rx_start >= self.rx.len().saturating_sub(self.rx_start) {
+            // Keep only the partial PDU, so the buffer does not grow when
+            // reads never end on a PDU boundary; moving it costs no more
+            // than the bytes already consumed.
+            self.rx.drain(..self.rx_start);
+            self.rx_start = 0;
+        }
+        r
+    }
+
+    /// The receive buffer, with room for at least `room` more bytes after
+    /// its contents: read from the socket straight into its spare capacity
+    /// and hand it back with [`received`](Self::received). This saves
+    /// copying every byte through a separate read buffer.
+    pub fn receive_buffer(&mut self, room: usize) -> Vec<u8> {
+        let free = self.rx.capacity().saturating_sub(self.rx.len());
+        if free < room && self.rx_start > 0 && self.rx_start >= self.rx.len().saturating_sub(self.rx_start) {
+            // Keep only the partial PDU. It is moved only when the room
+            // runs out and is no bigger than what was consumed since the
+            // last move; otherwise the buffer grows, so moves get rarer.
+            self.rx.drain(..self.rx_start);
+            self.rx_start = 0;
+        }
+        let mut rx = std::mem::take(&mut self.rx);
+        rx.reserve(room);
+        rx
+    }
+
+    /// Takes back the buffer from [`receive_buffer`](Self::receive_buffer)
+    /// with the bytes read appended, and processes them as
+    /// [`handle_input`](Self::handle_input) does.
+    pub fn received(&mut self, rx: Vec<u8>) -> Result<(), Fatal> {
+        self.rx = rx;
+        if self.terminated {
+            return Ok(());
+        }
+        self.process_input()
+    }
+
+    fn process_input(&mut self) -> Result<(), Fatal> {
         let r = self.process_rx();
         if r.is_err() {
             self.terminated = true;
@@ -174,12 +215,6 @@ impl HostConnection {
         self.rx = rx;
         if self.rx_start == self.rx.len() {
             self.rx.clear();
-            self.rx_start = 0;
-        } else if self.rx_start > 64 * 1024 && self.rx_start >= self.rx.len().saturating_sub(self.rx_start) {
-            // Keep only the partial PDU, so the buffer does not grow when
-            // reads never end on a PDU boundary; moving it costs no more
-            // than the bytes already consumed.
-            self.rx.drain(..self.rx_start);
             self.rx_start = 0;
         }
         r

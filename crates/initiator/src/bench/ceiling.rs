@@ -12,6 +12,7 @@
 
 use super::{merge, plan, BenchOptions, Report, Tally, Workload};
 use crate::{Error, Result};
+use monoio::buf::IoBuf as _;
 use monoio::io::{AsyncReadRent, AsyncWriteRent, AsyncWriteRentExt, Splitable};
 use monoio::net::{TcpListener, TcpStream};
 use reactor::Notify;
@@ -94,10 +95,8 @@ async fn answer(s: TcpStream) -> std::io::Result<()> {
                 o.ready.wait().await;
                 continue;
             }
-            buf.truncate(n);
-            let (res, b) = wr.write_all(buf).await;
-            buf = b;
-            buf.resize(CHUNK, 0);
+            let (res, b) = wr.write_all(buf.slice(..n)).await;
+            buf = b.into_inner();
             res?;
             o.bytes.set(o.bytes.get() - n);
         }

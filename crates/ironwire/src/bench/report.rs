@@ -58,6 +58,10 @@ pub struct ReportArgs {
     /// Pin the ceiling's echo peer to this CPU (give the target's).
     #[arg(long)]
     peer_cpu: Option<usize>,
+    /// Runs of each ceiling figure; the best counts (the ceiling is what
+    /// the path allows, and loopback TCP varies from run to run).
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..))]
+    ceiling_runs: u32,
     /// PID of the target, for its CPU use.
     #[arg(long, conflicts_with = "target_ctl")]
     target_pid: Option<u32>,
@@ -153,6 +157,9 @@ struct Cell {
     max: f64,
     load_cpu: f64,
     target_cpu: Option<f64>,
+    /// The load used 90 % or more of its CPUs: the figure is a floor for
+    /// the target, not its limit.
+    load_bound: bool,
     command: String,
 }
 
@@ -193,6 +200,7 @@ impl Cell {
             max,
             load_cpu: m.cpu.load_percent,
             target_cpu: m.cpu.target_percent,
+            load_bound: false,
             command,
         }
     }
@@ -226,6 +234,7 @@ impl Cell {
             "target_cpu_percent": self.target_cpu,
             "target_cpu_percent_per_gbps": self.target_cpu_per_gbps(),
             "target_cpu_us_per_io": self.target_us_per_io(),
+            "load_bound": self.load_bound,
             "command": self.command,
         })
     }
@@ -242,6 +251,8 @@ struct Plan<'a> {
     cells: Vec<Cell>,
     started: Instant,
     total: usize,
+    /// CPUs the load may use (its pinned list, or all of them).
+    load_cpus: usize,
 }
 
 impl Plan<'_> {
@@ -310,8 +321,18 @@ impl Plan<'_> {
         let command = self.command(kind, pattern, bs, qd, jobs);
         let target = if kind == Kind::Remote { self.target_cpu.clone() } else { TargetCpu::None };
         let how = Measure { cpus: &self.a.cpus.0, target, progress: false };
-        let m = how.run(o.clone(), engine, exclude).with_context(|| format!("running: {command}"))?;
-        let c = Cell::from(section, kind, &o, &m, command);
+        let runs = if kind == Kind::Ceiling { self.a.ceiling_runs } else { 1 };
+        let mut best: Option<Measured> = None;
+        for _ in 0..runs {
+            let m =
+                how.run(o.clone(), engine.clone(), exclude.clone()).with_context(|| format!("running: {command}"))?;
+            if best.as_ref().is_none_or(|b| m.report.iops() > b.report.iops()) {
+                best = Some(m);
+            }
+        }
+        let m = best.context("no run")?;
+        let mut c = Cell::from(section, kind, &o, &m, command);
+        c.load_bound = c.load_cpu >= 90.0 * self.load_cpus as f64;
         eprintln!(
             "[{:>3}/{} {:>4} s] {:<13} {:<7} {:<9} {:>5} qd {:>2} x{}: {:>9.0} IOPS {:>7.3} Gbit/s avg {:>8.1} us{}",
             self.cells.len() + 1,
@@ -353,7 +374,7 @@ pub fn main(a: ReportArgs) -> Result<()> {
         "none" => None,
         spec => {
             let dev = Arc::new(open_device(spec, a.size, a.local_block_size)?);
-            Some((BenchOptions::default(), local_engine(dev)))
+            Some((BenchOptions::default(), local_engine(dev, crate::config::DEFAULT_REGISTERED_BUFFERS)))
         }
     };
     let peer = EchoPeer::spawn(a.peer_cpu)?;
@@ -373,6 +394,7 @@ pub fn main(a: ReportArgs) -> Result<()> {
         cells: Vec::new(),
         started: Instant::now(),
         total,
+        load_cpus: if a.cpus.0.is_empty() { machine().cpus } else { a.cpus.0.len() },
     };
     for rw in RW {
         for &bs in &a.sizes {
@@ -634,6 +656,15 @@ fn pct(x: f64) -> String {
     format!("{x:.0} %")
 }
 
+/// The load-bound marker of a figure.
+fn mark(c: &Cell) -> &'static str {
+    if c.load_bound {
+        " †"
+    } else {
+        ""
+    }
+}
+
 fn rw_name(rw: Pattern) -> &'static str {
     if rw == Pattern::RandRead {
         "READ"
@@ -687,9 +718,10 @@ impl Doc<'_, '_> {
             o,
             "## Random READ and WRITE: bandwidth and %CPU/Gbps against I/O size\n\n\
              QD {} per job, {} job(s). *Ceiling* is the bare TCP request/response loop over the same \
-             path with the same message sizes, queue depth and connections; *of ceiling* is the \
-             target's bandwidth as a fraction of it.\n",
-            a.qd, a.jobs
+             path with the same message sizes, queue depth and connections (best of {} runs); *of \
+             ceiling* is the target's bandwidth as a fraction of it. † marks a figure where the load \
+             generator used 90 % or more of its CPUs: there the load, not the target, was the limit.\n",
+            a.qd, a.jobs, a.ceiling_runs
         );
         for rw in RW {
             let _ = writeln!(
@@ -707,9 +739,10 @@ impl Doc<'_, '_> {
                 };
                 let _ = writeln!(
                     o,
-                    "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+                    "| {} | {}{} | {} | {} | {} | {} | {} | {} | {} | {} |",
                     svg::size_label(bs),
                     f3(r.gbps),
+                    mark(r),
                     f1(r.mib_s),
                     format_args!("{:.0}", r.iops),
                     opt(c.map(|c| c.gbps), f3),
@@ -739,9 +772,10 @@ impl Doc<'_, '_> {
             let c = p.find(Section::Iops, Kind::Ceiling, rw, 4096);
             let _ = writeln!(
                 o,
-                "| {} | {:.0} | {} | {} | {} | {} | {} | {} |",
+                "| {} | {:.0}{} | {} | {} | {} | {} | {} | {} |",
                 rw_name(rw),
                 r.iops,
+                mark(r),
                 opt(c.map(|c| c.iops), |x| format!("{x:.0}")),
                 opt(c.and_then(|c| fraction(r.iops, c.iops)), pct),
                 opt(r.target_cpu, f1),
@@ -946,6 +980,7 @@ mod tests {
             max: 0.0,
             load_cpu: 100.0,
             target_cpu: Some(50.0),
+            load_bound: false,
             command: String::new(),
         };
         // Half a CPU for 100k IOPS is 5 µs of CPU per I/O.
