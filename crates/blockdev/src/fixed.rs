@@ -19,6 +19,7 @@
 
 use crate::iobuf::IoBuf;
 use io_uring::{opcode, squeue, types, IoUring};
+use std::any::Any;
 use std::cell::{Cell, RefCell};
 use std::future::Future;
 use std::io;
@@ -26,15 +27,26 @@ use std::os::fd::{FromRawFd, RawFd};
 use std::pin::Pin;
 use std::ptr::NonNull;
 use std::rc::Rc;
+use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 
 /// Submission queue entries of a thread's registered ring.
 const RING_ENTRIES: u32 = 1024;
+/// Completion queue entries: room for many I/Os in flight. Beyond that the
+/// kernel keeps completions on its overflow list (NODROP) until `reap`
+/// flushes them.
+const CQ_ENTRIES: u32 = 16384;
+
+/// What keeps an I/O's file descriptor open until its completion.
+pub(crate) type KeepOpen = Arc<dyn Any + Send + Sync>;
 
 struct Op {
     /// The buffer the kernel reads or writes; kept here (not in the future)
     /// so that dropping the future early leaves it alive until completion.
     buf: Option<IoBuf>,
+    /// The owner of the descriptor in the entry: a dropped device must not
+    /// let the number be reused while the entry may still be issued.
+    _fd_owner: KeepOpen,
     result: Option<i32>,
     waker: Option<Waker>,
     /// The future was dropped: free the slot when the completion arrives.
@@ -74,7 +86,13 @@ pub fn register_buffers(bytes: usize) -> io::Result<()> {
     let len = bytes.checked_next_multiple_of(4096).filter(|&l| l > 0 && l <= 1 << 30).ok_or_else(|| {
         io::Error::new(io::ErrorKind::InvalidInput, format!("{bytes} bytes of registered buffers (1 B..1 GiB)"))
     })?;
-    let ring = IoUring::new(RING_ENTRIES)?;
+    let ring = IoUring::builder().setup_cqsize(CQ_ENTRIES).build(RING_ENTRIES)?;
+    if !ring.params().is_feature_nodrop() {
+        return Err(io::Error::new(
+            io::ErrorKind::Unsupported,
+            "the kernel's io_uring may drop completions (no NODROP)",
+        ));
+    }
     let layout = std::alloc::Layout::from_size_align(len, 4096).map_err(io::Error::other)?;
     // SAFETY: the layout has a non-zero size.
     let base = unsafe { std::alloc::alloc_zeroed(layout) };
@@ -157,10 +175,17 @@ impl Future for Submitter {
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
         let ring = &self.0;
         if ring.unsubmitted.replace(false) {
-            if let Err(e) = ring.ring.borrow_mut().submit() {
-                // The entries stay queued for the next wake-up.
-                log::warn!("registered ring: submit failed ({e}); retrying with the next I/O");
+            let mut r = ring.ring.borrow_mut();
+            let res = r.submit();
+            let left = r.submission().len();
+            drop(r);
+            if let Err(e) = &res {
+                log::warn!("registered ring: submit failed ({e}); retrying");
+            }
+            if res.is_err() || left > 0 {
+                // Entries are still queued: run again on the next turn.
                 ring.unsubmitted.set(true);
+                cx.waker().wake_by_ref();
             }
         }
         *ring.submitter.borrow_mut() = Some(cx.waker().clone());
@@ -174,7 +199,10 @@ async fn reap_loop(ring: Rc<Ring>, efd: monoio::fs::File) {
         let (res, b) = efd.read_at(buf, 0).await;
         buf = b;
         if let Err(e) = res {
-            log::error!("registered-buffer ring: reading its eventfd failed: {e}");
+            // Without the reaper nothing would complete: later I/O on this
+            // thread takes the ordinary path (arena buffers stay usable).
+            log::error!("registered-buffer ring: reading its eventfd failed ({e}); no fixed I/O on this thread now");
+            RING.with(|r| r.borrow_mut().take());
             return;
         }
         ring.reap();
@@ -183,31 +211,55 @@ async fn reap_loop(ring: Rc<Ring>, efd: monoio::fs::File) {
 
 impl Ring {
     fn reap(&self) {
-        let mut ring = self.ring.borrow_mut();
-        let mut ops = self.ops.borrow_mut();
-        for cqe in ring.completion() {
-            let idx = cqe.user_data() as usize;
-            let Some(slot) = ops.get_mut(idx) else { continue };
-            match slot {
-                Some(op) if op.abandoned => {
-                    *slot = None;
-                    self.free.borrow_mut().push(idx);
-                }
-                Some(op) => {
-                    op.result = Some(cqe.result());
-                    if let Some(w) = op.waker.take() {
-                        w.wake();
+        let mut wake = Vec::new();
+        let mut dead = Vec::new();
+        loop {
+            {
+                let mut ring = self.ring.borrow_mut();
+                let mut ops = self.ops.borrow_mut();
+                for cqe in ring.completion() {
+                    let idx = cqe.user_data() as usize;
+                    let Some(slot) = ops.get_mut(idx) else { continue };
+                    match slot {
+                        Some(op) if op.abandoned => {
+                            dead.push(slot.take());
+                            self.free.borrow_mut().push(idx);
+                        }
+                        Some(op) => {
+                            op.result = Some(cqe.result());
+                            wake.extend(op.waker.take());
+                        }
+                        None => {}
                     }
                 }
-                None => {}
+                // Completions that did not fit wait on the kernel's overflow
+                // list; an enter with GETEVENTS moves them to the queue.
+                if !ring.submission().cq_overflow() {
+                    break;
+                }
+                if let Err(e) = ring.submitter().submit_and_wait(0) {
+                    log::warn!("registered ring: flushing overflowed completions failed: {e}");
+                    break;
+                }
             }
+        }
+        // Wake and drop with no borrow held: a waker may run code that
+        // starts or drops I/O on this ring.
+        drop(dead);
+        for w in wake {
+            w.wake();
         }
     }
 
-    fn start(self: &Rc<Self>, entry: squeue::Entry, buf: IoBuf) -> Result<FixedIo, (io::Error, IoBuf)> {
+    fn start(
+        self: &Rc<Self>,
+        entry: squeue::Entry,
+        buf: IoBuf,
+        fd_owner: KeepOpen,
+    ) -> Result<FixedIo, (io::Error, IoBuf)> {
         let idx = {
             let mut ops = self.ops.borrow_mut();
-            let op = Op { buf: Some(buf), result: None, waker: None, abandoned: false };
+            let op = Op { buf: Some(buf), _fd_owner: fd_owner, result: None, waker: None, abandoned: false };
             match self.free.borrow_mut().pop() {
                 Some(i) => {
                     if let Some(slot) = ops.get_mut(i) {
@@ -248,10 +300,12 @@ impl Ring {
         Ok(FixedIo { ring: self.clone(), idx, done: false })
     }
 
-    /// Reads `len` bytes at `pos` of `fd` into `buf[at..at + len]`.
+    /// Reads `len` bytes at `pos` of `fd` into `buf[at..at + len]`;
+    /// `fd_owner` keeps `fd` open until the kernel is done with it.
     pub(crate) fn read(
         self: &Rc<Self>,
         fd: RawFd,
+        fd_owner: KeepOpen,
         mut buf: IoBuf,
         at: usize,
         len: usize,
@@ -261,7 +315,7 @@ impl Ring {
             return Err((io::Error::other("fixed read beyond its buffer"), buf));
         };
         let entry = opcode::ReadFixed::new(types::Fd(fd), ptr, len as u32, 0).offset(pos).build();
-        self.start(entry, buf)
+        self.start(entry, buf, fd_owner)
     }
 
     /// Writes `buf[at..at + len]` at `pos` of `fd`, with `RWF_DSYNC` if
@@ -269,6 +323,7 @@ impl Ring {
     pub(crate) fn write(
         self: &Rc<Self>,
         fd: RawFd,
+        fd_owner: KeepOpen,
         buf: IoBuf,
         at: usize,
         len: usize,
@@ -280,7 +335,7 @@ impl Ring {
         };
         let flags = if dsync { libc::RWF_DSYNC } else { 0 };
         let entry = opcode::WriteFixed::new(types::Fd(fd), ptr, len as u32, 0).offset(pos).rw_flags(flags).build();
-        self.start(entry, buf)
+        self.start(entry, buf, fd_owner)
     }
 }
 
@@ -425,6 +480,19 @@ mod tests {
     }
 
     #[test]
+    fn buffers_too_big_to_pool_never_take_arena_memory() {
+        run(async {
+            register_buffers(16 << 20).expect("register");
+            let big = IoBuf::with_len(5 << 20);
+            assert!(ring_for(big.as_ptr(), big.len()).is_none());
+            assert_eq!(arena_usage(), Some((16 << 20, 0)));
+            drop(big);
+            let small = IoBuf::with_len(8192);
+            assert!(ring_for(small.as_ptr(), small.len()).is_some());
+        });
+    }
+
+    #[test]
     fn dropping_an_io_in_flight_keeps_its_buffer_until_the_kernel_is_done() {
         let f = temp("abandon");
         let dev = Device::file("f", &f.0, Some(4 << 20), 4096).expect("file device");
@@ -432,7 +500,8 @@ mod tests {
             register_buffers(1 << 20).expect("register");
             let ring = ring_for(IoBuf::with_len(4096).as_ptr(), 4096).expect("ring");
             let file = std::fs::OpenOptions::new().read(true).open(&f.0).expect("open");
-            let io = ring.read(file.as_raw_fd(), IoBuf::with_len(65536), 0, 65536, 0).map_err(|e| e.0);
+            let fd = file.as_raw_fd();
+            let io = ring.read(fd, Arc::new(file), IoBuf::with_len(65536), 0, 65536, 0).map_err(|e| e.0);
             drop(io.expect("submitted"));
             // Later I/O still completes, and the abandoned slot is freed when
             // its completion is reaped.

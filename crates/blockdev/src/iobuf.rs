@@ -158,7 +158,10 @@ impl IoBuf {
         let cap = capacity_for(len);
         let pooled =
             class_of(cap).and_then(|class| POOL.try_with(|pool| pool.borrow_mut().free[class].pop()).ok().flatten());
-        let (ptr, arena) = pooled.unwrap_or_else(|| match crate::fixed::alloc(cap) {
+        // Only pooled sizes come from the arena: a buffer that is not
+        // pooled would leave the arena for good when dropped.
+        let from_arena = || class_of(cap).and_then(|_| crate::fixed::alloc(cap));
+        let (ptr, arena) = pooled.unwrap_or_else(|| match from_arena() {
             Some(ptr) => (ptr, true),
             None => (alloc_zeroed(cap), false),
         });

@@ -783,6 +783,26 @@ impl Session {
         Ok(())
     }
 
+    /// Consumes the unit attentions a target reports to a new I_T nexus
+    /// (power on, reset, parameters changed: tgt and LIO raise one on the
+    /// first command of each session) with TEST UNIT READY, as an
+    /// initiator does before I/O, so that I/O commands do not meet them.
+    /// Returns how many there were; any other failure is the error.
+    pub async fn clear_unit_attentions(&mut self, lun: u64) -> Result<u32> {
+        const UNIT_ATTENTION: u8 = 0x6;
+        for n in 0..16 {
+            let r = self.scsi(lun, &cdb::test_unit_ready(), Vec::new(), 0).await?;
+            match r.sense_code() {
+                Some(s) if !r.is_good() && s.key == UNIT_ATTENTION => continue,
+                _ => {
+                    r.check()?;
+                    return Ok(n);
+                }
+            }
+        }
+        Err(Error::Protocol("unit attentions keep coming (16 TEST UNIT READY)".into()))
+    }
+
     /// NOP-Out ping carrying `data`; returns the echoed data.
     pub async fn ping(&mut self, data: &[u8]) -> Result<Vec<u8>> {
         self.check_usable()?;

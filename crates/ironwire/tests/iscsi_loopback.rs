@@ -647,3 +647,28 @@ fn cmd_sn_outside_the_window_is_dropped_without_a_response() {
         b.logout().await.expect("logout");
     });
 }
+
+#[test]
+fn a_lun_reset_leaves_a_unit_attention_that_other_sessions_clear_before_io() {
+    let d = Daemon::start("unit-attention");
+    block_on(bounded(30, async {
+        let mut a = login(d.addr, opts(PLAIN)).await;
+        let mut b = login(d.addr, opts(PLAIN)).await;
+        assert_eq!(b.clear_unit_attentions(0).await.expect("nothing pending"), 0);
+        // LOGICAL UNIT RESET from session A.
+        let itt = a.connection_mut().task_mgmt(5, 0, 0xffff_ffff);
+        a.flush().await.expect("send the reset");
+        loop {
+            match a.next_event().await.expect("an answer to the reset") {
+                HostEvent::TaskMgmt { itt: i, response } if i == itt => {
+                    assert_eq!(response, 0, "function complete");
+                    break;
+                }
+                _ => {}
+            }
+        }
+        // B meets the reset's unit attention once, then I/O runs.
+        assert_eq!(b.clear_unit_attentions(0).await.expect("cleared"), 1);
+        write_read_verify(&mut b, 512, 0, 9).await;
+    }));
+}

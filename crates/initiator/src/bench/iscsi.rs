@@ -63,7 +63,9 @@ pub async fn run_iscsi(target: &IscsiTarget, opts: &BenchOptions) -> Result<Repo
         let g = opts.job_base.wrapping_add(j).to_be_bytes();
         let mut o = login.clone();
         o.isid[4..6].copy_from_slice(&g);
-        sessions.push(Session::connect(opts.addr, o).await.map_err(err)?);
+        let mut s = Session::connect(opts.addr, o).await.map_err(err)?;
+        s.clear_unit_attentions(target.lun).await.map_err(err)?;
+        sessions.push(s);
     }
     let cap = match sessions.first_mut() {
         Some(s) => s.read_capacity16(target.lun).await.map_err(err)?,
