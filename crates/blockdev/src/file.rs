@@ -291,10 +291,10 @@ impl FileBackend {
             };
             let addr = (buf.as_ptr() as usize).wrapping_add(done);
             let fd = self.pick_fd(pos, len - done, addr);
-            let owner: fixed::KeepOpen = self.fds.clone();
+            let file = fixed::FileRef { fd, owner: self.fds.clone() };
             let op = match write {
-                None => ring.read(fd, owner, buf, done, len - done, pos),
-                Some(fua) => ring.write(fd, owner, buf, done, len - done, pos, fua),
+                None => ring.read(file, buf, done, len - done, pos),
+                Some(fua) => ring.write(file, buf, done, len - done, pos, fua),
             };
             let (res, b) = match op {
                 Ok(io) => io.await,

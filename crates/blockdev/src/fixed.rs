@@ -40,6 +40,13 @@ const CQ_ENTRIES: u32 = 16384;
 /// What keeps an I/O's file descriptor open until its completion.
 pub(crate) type KeepOpen = Arc<dyn Any + Send + Sync>;
 
+/// The descriptor of an I/O and what keeps it open until the kernel is
+/// done with it (even if the I/O's future and the device are dropped).
+pub(crate) struct FileRef {
+    pub fd: RawFd,
+    pub owner: KeepOpen,
+}
+
 struct Op {
     /// The buffer the kernel reads or writes; kept here (not in the future)
     /// so that dropping the future early leaves it alive until completion.
@@ -300,12 +307,10 @@ impl Ring {
         Ok(FixedIo { ring: self.clone(), idx, done: false })
     }
 
-    /// Reads `len` bytes at `pos` of `fd` into `buf[at..at + len]`;
-    /// `fd_owner` keeps `fd` open until the kernel is done with it.
+    /// Reads `len` bytes at `pos` of `file` into `buf[at..at + len]`.
     pub(crate) fn read(
         self: &Rc<Self>,
-        fd: RawFd,
-        fd_owner: KeepOpen,
+        file: FileRef,
         mut buf: IoBuf,
         at: usize,
         len: usize,
@@ -314,16 +319,15 @@ impl Ring {
         let Some(ptr) = buf.get_mut(at..at.saturating_add(len)).map(|s| s.as_mut_ptr()) else {
             return Err((io::Error::other("fixed read beyond its buffer"), buf));
         };
-        let entry = opcode::ReadFixed::new(types::Fd(fd), ptr, len as u32, 0).offset(pos).build();
-        self.start(entry, buf, fd_owner)
+        let entry = opcode::ReadFixed::new(types::Fd(file.fd), ptr, len as u32, 0).offset(pos).build();
+        self.start(entry, buf, file.owner)
     }
 
-    /// Writes `buf[at..at + len]` at `pos` of `fd`, with `RWF_DSYNC` if
+    /// Writes `buf[at..at + len]` at `pos` of `file`, with `RWF_DSYNC` if
     /// `dsync`.
     pub(crate) fn write(
         self: &Rc<Self>,
-        fd: RawFd,
-        fd_owner: KeepOpen,
+        file: FileRef,
         buf: IoBuf,
         at: usize,
         len: usize,
@@ -334,8 +338,8 @@ impl Ring {
             return Err((io::Error::other("fixed write beyond its buffer"), buf));
         };
         let flags = if dsync { libc::RWF_DSYNC } else { 0 };
-        let entry = opcode::WriteFixed::new(types::Fd(fd), ptr, len as u32, 0).offset(pos).rw_flags(flags).build();
-        self.start(entry, buf, fd_owner)
+        let entry = opcode::WriteFixed::new(types::Fd(file.fd), ptr, len as u32, 0).offset(pos).rw_flags(flags).build();
+        self.start(entry, buf, file.owner)
     }
 }
 
@@ -501,7 +505,8 @@ mod tests {
             let ring = ring_for(IoBuf::with_len(4096).as_ptr(), 4096).expect("ring");
             let file = std::fs::OpenOptions::new().read(true).open(&f.0).expect("open");
             let fd = file.as_raw_fd();
-            let io = ring.read(fd, Arc::new(file), IoBuf::with_len(65536), 0, 65536, 0).map_err(|e| e.0);
+            let file = FileRef { fd, owner: Arc::new(file) };
+            let io = ring.read(file, IoBuf::with_len(65536), 0, 65536, 0).map_err(|e| e.0);
             drop(io.expect("submitted"));
             // Later I/O still completes, and the abandoned slot is freed when
             // its completion is reaped.
