@@ -328,6 +328,31 @@ impl Device {
         Ok(self.byte_range(lba, (len / bs) as u64)?.0)
     }
 
+    /// Whether reads complete at once, without I/O (null and ram devices):
+    /// [`read_now`](Self::read_now) serves them.
+    pub fn reads_from_memory(&self) -> bool {
+        matches!(self.backend, Backend::Null | Backend::Ram(_))
+    }
+
+    /// Reads `dst.len()` bytes (a whole number of blocks) at `lba` straight
+    /// into `dst` when the device needs no I/O for it (null, ram): `None`
+    /// for file and block devices. Lets a transport copy device data once,
+    /// into its send buffer, with no task and no intermediate buffer.
+    pub fn read_now(&self, lba: u64, dst: &mut [u8]) -> Option<Result<(), Error>> {
+        let offset = match self.io_offset(lba, dst.len()) {
+            Ok(offset) => offset,
+            Err(e) => return Some(Err(e)),
+        };
+        match &self.backend {
+            Backend::Null => {
+                dst.fill(0);
+                Some(Ok(()))
+            }
+            Backend::Ram(ram) => Some(ram.read(offset, dst).map_err(Error::from)),
+            Backend::File(_) => None,
+        }
+    }
+
     /// Reads `buf.len()` bytes (a whole number of blocks) starting at `lba`.
     pub async fn read(&self, lba: u64, mut buf: IoBuf) -> (Result<(), Error>, IoBuf) {
         let offset = match self.io_offset(lba, buf.len()) {

@@ -492,3 +492,27 @@ fn device_dropped_and_reopened_on_same_thread_uses_fresh_descriptors() {
         assert!(read(&dev, 0, 4096).await.iter().all(|&b| b == 0x42));
     });
 }
+
+#[test]
+fn read_now_serves_memory_devices_at_once_and_declines_files() {
+    let ram = Device::ram("r", 1 << 20, 512).expect("ram");
+    let null = Device::null("n", 1 << 20, 512).expect("null");
+    let dir = TempDir::new("read-now");
+    let file = Device::file("f", &dir.path().join("f.img"), Some(1 << 20), 512).expect("file");
+    let data = pattern(8 * 512, 4096, 5).to_vec();
+    run(async {
+        write(&ram, 8, IoBuf::from_slice(&data), false).await;
+        write(&file, 8, IoBuf::from_slice(&data), false).await;
+    });
+    assert!(ram.reads_from_memory() && null.reads_from_memory() && !file.reads_from_memory());
+    let mut dst = vec![0xffu8; 4096];
+    assert!(matches!(ram.read_now(8, &mut dst), Some(Ok(()))));
+    assert_eq!(dst, data);
+    assert!(matches!(null.read_now(8, &mut dst), Some(Ok(()))));
+    assert!(is_zero(&dst));
+    assert!(file.read_now(8, &mut dst).is_none(), "a file needs I/O");
+    // The range check still applies.
+    assert!(matches!(ram.read_now(2047, &mut dst), Some(Err(Error::OutOfRange { .. }))));
+    let mut odd = vec![0u8; 100];
+    assert!(matches!(ram.read_now(0, &mut odd), Some(Err(_))), "not a whole number of blocks");
+}

@@ -401,14 +401,49 @@ fn frame_checked<'a>(
 /// flags and PLEN/PDO are filled in here), header digest, padding to
 /// `data_align`, `data`, data digest.
 pub fn encode(out: &mut Vec<u8>, header: &[u8], data: &[u8], framing: Framing) {
+    let dd = begin(out, header, data.len(), framing);
+    out.extend_from_slice(data);
+    if dd {
+        out.extend_from_slice(&digest::crc32c(data));
+    }
+}
+
+/// As [`encode`] with `len` data bytes that `fill` writes in place (the
+/// slice starts zeroed); nothing is appended when `fill` returns `false`.
+pub fn encode_with(
+    out: &mut Vec<u8>,
+    header: &[u8],
+    len: usize,
+    framing: Framing,
+    fill: impl FnOnce(&mut [u8]) -> bool,
+) -> bool {
+    let start = out.len();
+    let dd = begin(out, header, len, framing);
+    let data_start = out.len();
+    out.resize(data_start.saturating_add(len), 0);
+    if !fill(out.get_mut(data_start..).unwrap_or_default()) {
+        out.truncate(start);
+        return false;
+    }
+    if dd {
+        let d = digest::crc32c(out.get(data_start..).unwrap_or_default());
+        out.extend_from_slice(&d);
+    }
+    true
+}
+
+/// Appends the header part of a PDU with `data_len` data bytes (header,
+/// header digest, padding up to the data) and returns whether a data
+/// digest must follow the data.
+fn begin(out: &mut Vec<u8>, header: &[u8], data_len: usize, framing: Framing) -> bool {
     let pdu_type = PduType(header.first().copied().unwrap_or_default());
     let digests = pdu_type.carries_digests();
     let hd = digests && framing.hdgst;
-    let dd = digests && framing.ddgst && !data.is_empty();
+    let dd = digests && framing.ddgst && data_len > 0;
     let header_end = header.len().saturating_add(if hd { digest::LEN } else { 0 });
-    let pdo = if data.is_empty() { 0 } else { header_end.next_multiple_of(framing.data_align as usize) };
-    let data_start = if data.is_empty() { header_end } else { pdo };
-    let plen = data_start.saturating_add(data.len()).saturating_add(if dd { digest::LEN } else { 0 });
+    let pdo = if data_len == 0 { 0 } else { header_end.next_multiple_of(framing.data_align as usize) };
+    let data_start = if data_len == 0 { header_end } else { pdo };
+    let plen = data_start.saturating_add(data_len).saturating_add(if dd { digest::LEN } else { 0 });
     let start = out.len();
     out.extend_from_slice(header);
     if let Some(h) = out.get_mut(start..start.saturating_add(8)) {
@@ -428,10 +463,7 @@ pub fn encode(out: &mut Vec<u8>, header: &[u8], data: &[u8], framing: Framing) {
         out.extend_from_slice(&d);
     }
     out.resize(start.saturating_add(data_start), 0);
-    out.extend_from_slice(data);
-    if dd {
-        out.extend_from_slice(&digest::crc32c(data));
-    }
+    dd
 }
 
 /// A common header for `pdu_type` with its fixed HLEN; PLEN/PDO are set by

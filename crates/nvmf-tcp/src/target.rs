@@ -418,6 +418,33 @@ impl<B: DataBuffer> TargetConnection<B> {
         }
     }
 
+    /// As [`send_data`](Self::send_data) with `len` bytes that `fill`
+    /// writes straight into the send buffer (one C2HData PDU). Returns
+    /// `false`, having queued nothing, when `fill` does or when `len` needs
+    /// more than one PDU; the caller then answers another way.
+    pub fn send_data_with(&mut self, cid: u16, len: usize, cqe: Cqe, fill: impl FnOnce(&mut [u8]) -> bool) -> bool {
+        if len == 0 || len > self.cfg.max_transfer.max(4096) as usize {
+            return false;
+        }
+        let success_flag = self.sq_flow_disabled && cqe.status().is_success();
+        let f = flags::LAST_PDU | if success_flag { flags::SUCCESS } else { 0 };
+        let h = DataHeader {
+            ch: pdu::common_header(PduType::C2H_DATA, f),
+            cccid: cid.into(),
+            ttag: 0.into(),
+            datao: 0.into(),
+            datal: u32::try_from(len).unwrap_or(u32::MAX).into(),
+            rsvd: [0; 4],
+        };
+        if !pdu::encode_with(&mut self.tx, h.as_bytes(), len, self.tx_framing, fill) {
+            return false;
+        }
+        if !success_flag {
+            self.send_response(cqe);
+        }
+        true
+    }
+
     /// Sends a response capsule. SQHD and SQID are filled in here.
     pub fn send_response(&mut self, mut cqe: Cqe) {
         cqe.sqhd = if self.sq_flow_disabled { 0xffff } else { self.sqhd }.into();

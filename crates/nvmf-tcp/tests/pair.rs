@@ -392,3 +392,26 @@ fn c2h_term_req_stays_within_152_bytes_whatever_the_host_pda() {
     assert_eq!(term.fes.get(), Fes::HEADER_DIGEST_ERROR.0);
     assert_eq!(term.ch.plen.get(), 24 + 72, "header plus the echoed 72-byte capsule header, unpadded");
 }
+
+#[test]
+fn data_filled_in_place_is_the_same_pdu_as_copied_data() {
+    for (hd, dd) in [(false, false), (true, true)] {
+        let (_, mut t, _) = pair(hd, dd);
+        let data = pattern(4096);
+        let mut copied = Vec::new();
+        t.send_data(7, &data, Cqe::new(7, Status::SUCCESS, 0));
+        t.take_transmit(&mut copied);
+        let mut filled = Vec::new();
+        assert!(t.send_data_with(7, 4096, Cqe::new(7, Status::SUCCESS, 0), |dst| {
+            dst.copy_from_slice(&data);
+            true
+        }));
+        t.take_transmit(&mut filled);
+        assert_eq!(filled, copied, "digests {hd}/{dd}");
+        // A fill that fails queues nothing; neither does a length beyond
+        // one PDU.
+        assert!(!t.send_data_with(8, 4096, Cqe::new(8, Status::SUCCESS, 0), |_| false));
+        assert!(!t.send_data_with(9, 64 << 20, Cqe::new(9, Status::SUCCESS, 0), |_| true));
+        assert!(!t.has_transmit());
+    }
+}
