@@ -455,10 +455,32 @@ fn command(conn: &Rc<Conn>, cmd: iscsi::target::Command<Buf>) {
         Outcome::NeedData { .. } => conn.check(itt, &Sense::INVALID_FIELD_IN_CDB),
         Outcome::Io(req) => {
             if let Some(u) = unit {
-                monoio::spawn(run_io(conn.clone(), itt, u, req, residual));
+                if !read_from_memory(conn, itt, &req) {
+                    monoio::spawn(run_io(conn.clone(), itt, u, req, residual));
+                }
             }
         }
     }
+}
+
+/// Answers a read of a null or RAM LU at once: the blocks are copied
+/// straight into a Data-In that carries GOOD status, with no task and no
+/// buffer in between. `false` when the request is anything else, needs
+/// several Data-In PDUs, or the read failed (`run_io` then answers it).
+fn read_from_memory(conn: &Rc<Conn>, itt: u32, req: &BlockRequest<Buf>) -> bool {
+    let BlockOp::Read { lba, blocks } = req.op else { return false };
+    if !req.device.reads_from_memory() {
+        return false;
+    }
+    let len = (blocks as usize).saturating_mul(req.device.geometry().block_size as usize);
+    let sent = conn
+        .iscsi
+        .borrow_mut()
+        .send_data_in_with(itt, len, |dst| matches!(req.device.read_now(lba, dst), Some(Ok(()))));
+    if sent {
+        conn.shell.tx_ready.notify();
+    }
+    sent
 }
 
 async fn run_io(conn: Rc<Conn>, itt: u32, unit: Arc<Unit>, req: BlockRequest<Buf>, residual: Option<Residual>) {

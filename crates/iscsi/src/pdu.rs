@@ -651,6 +651,44 @@ pub fn encode(out: &mut Vec<u8>, bhs: &Bhs, ahs: &[u8], data: &[u8], framing: Fr
     }
 }
 
+/// Appends a PDU without AHS whose `len` data bytes `fill` writes in place
+/// (the slice starts zeroed). The data goes in first and the header is
+/// made by `bhs` only once `fill` succeeded, so a failed fill appends
+/// nothing and changes no state the header would carry (StatSN, DataSN).
+pub fn encode_with(
+    out: &mut Vec<u8>,
+    len: usize,
+    framing: Framing,
+    fill: impl FnOnce(&mut [u8]) -> bool,
+    bhs: impl FnOnce() -> Bhs,
+) -> bool {
+    let start = out.len();
+    let header_len = BHS_LEN.saturating_add(if framing.header_digest { digest::LEN } else { 0 });
+    let data_start = start.saturating_add(header_len);
+    out.resize(data_start.saturating_add(len).saturating_add(pad_len(len)), 0);
+    if !fill(out.get_mut(data_start..data_start.saturating_add(len)).unwrap_or_default()) {
+        out.truncate(start);
+        return false;
+    }
+    let mut b = bhs();
+    b.set_total_ahs_words(0);
+    b.set_data_segment_length(u32::try_from(len).unwrap_or(u32::MAX));
+    if let Some(h) = out.get_mut(start..start.saturating_add(BHS_LEN)) {
+        h.copy_from_slice(&b.0);
+    }
+    if framing.header_digest {
+        let d = digest::crc32c(out.get(start..start.saturating_add(BHS_LEN)).unwrap_or_default());
+        if let Some(h) = out.get_mut(start.saturating_add(BHS_LEN)..data_start) {
+            h.copy_from_slice(&d);
+        }
+    }
+    if framing.data_digest && len > 0 {
+        let d = digest::crc32c(out.get(data_start..).unwrap_or_default());
+        out.extend_from_slice(&d);
+    }
+    true
+}
+
 /// Serial number arithmetic (RFC 1982, 32 bits) as iSCSI uses it for CmdSN,
 /// StatSN and friends: `a < b`.
 pub fn sn_lt(a: u32, b: u32) -> bool {
@@ -668,6 +706,35 @@ mod tests {
 
     const PLAIN: Framing = Framing { header_digest: false, data_digest: false, max_data_segment: 8192 };
     const DIGESTS: Framing = Framing { header_digest: true, data_digest: true, max_data_segment: 8192 };
+
+    #[test]
+    fn data_filled_in_place_encodes_the_same_bytes_and_a_failed_fill_appends_nothing() {
+        for framing in [PLAIN, DIGESTS] {
+            for len in [0usize, 1, 3, 512, 4096] {
+                let data: Vec<u8> = (0..len).map(|i| (i * 7 + 1) as u8).collect();
+                let mut b = Bhs::new(Opcode::DATA_IN);
+                b.set_itt(42).set_flags(flags::FINAL | flags::STATUS);
+                let mut copied = vec![9u8; 3];
+                encode(&mut copied, &b, &[], &data, framing);
+                let mut filled = vec![9u8; 3];
+                let ok = encode_with(
+                    &mut filled,
+                    len,
+                    framing,
+                    |d| {
+                        d.copy_from_slice(&data);
+                        true
+                    },
+                    || b,
+                );
+                assert!(ok);
+                assert_eq!(filled, copied, "len {len}, digests {}", framing.data_digest);
+                let mut failed = vec![9u8; 3];
+                assert!(!encode_with(&mut failed, len, framing, |_| false, || b));
+                assert_eq!(failed, [9u8; 3]);
+            }
+        }
+    }
 
     #[test]
     fn bhs_field_offsets_are_byte_exact() {

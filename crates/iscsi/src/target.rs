@@ -1426,6 +1426,46 @@ impl<B: DataBuffer> TargetConnection<B> {
         true
     }
 
+    /// Answers read `itt` with GOOD status and `len` bytes that `fill`
+    /// writes straight into the send buffer: one Data-In carrying the
+    /// status (phase collapse). Returns `false`, having sent nothing and
+    /// changed nothing, when the data needs more than one PDU, exceeds the
+    /// expected length, `itt` is not an open task, or `fill` fails; the
+    /// caller then answers with [`Self::send_data_in`].
+    pub fn send_data_in_with(&mut self, itt: u32, len: usize, fill: impl FnOnce(&mut [u8]) -> bool) -> bool {
+        let Some(task) = self.tasks.get(&itt) else { return false };
+        let room = task.read_expected.saturating_sub(task.sent_in) as usize;
+        let max_pdu = (self.params.peer_max_recv_data_segment_length.max(512)) as usize;
+        let mbl = (self.params.max_burst_length.max(512)) as usize;
+        if len == 0 || len > room || len > max_pdu || len > mbl {
+            return false;
+        }
+        let framing = self.tx_framing;
+        let mut tx = std::mem::take(&mut self.tx);
+        let sent = pdu::encode_with(&mut tx, len, framing, fill, || {
+            let mut b = Bhs::new(Opcode::DATA_IN);
+            b.set_itt(itt).set_ttt(RESERVED_TAG);
+            if let Some(task) = self.tasks.get_mut(&itt) {
+                let sent = task.sent_in.saturating_add(u32::try_from(len).unwrap_or(u32::MAX));
+                let (rf, count) = residual_of(task.read_expected, sent, task.overflow);
+                b.set_data_sn(task.sn)
+                    .set_buffer_offset(task.sent_in)
+                    .set_byte3(scsi_status::GOOD)
+                    .set_residual_count(count)
+                    .set_flags(flags::FINAL | flags::STATUS | rf);
+                task.sn = task.sn.wrapping_add(1);
+                task.sent_in = sent;
+            }
+            self.stamp(&mut b, true);
+            b
+        });
+        self.tx = tx;
+        if sent {
+            self.finish_task(itt);
+        }
+        sent
+    }
+
     /// Sends the SCSI Response for `itt` (RFC 7143 section 11.4): status,
     /// optional sense data (sent with its 2-byte SenseLength prefix), and a
     /// residual. `residual: None` reports what the connection counted (read
