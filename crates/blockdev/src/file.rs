@@ -246,30 +246,25 @@ impl FileBackend {
     /// direct when everything is aligned for it, buffered otherwise.
     fn pick<'a>(&self, files: &'a ThreadFiles, pos: u64, len: usize, addr: usize) -> &'a monoio::fs::File {
         match &files.direct {
-            Some(direct)
-                if self.dio_align != 0
-                    && pos % self.dio_align == 0
-                    && (len as u64) % self.dio_align == 0
-                    && addr % self.dio_mem_align == 0 =>
-            {
-                direct
-            }
+            Some(direct) if self.direct_fits(pos, len, addr) => direct,
             _ => &files.buffered,
         }
+    }
+
+    /// Whether an I/O of `len` bytes at `pos` from `addr` is aligned for
+    /// the O_DIRECT descriptor.
+    fn direct_fits(&self, pos: u64, len: usize, addr: usize) -> bool {
+        self.dio_align != 0
+            && pos % self.dio_align == 0
+            && (len as u64) % self.dio_align == 0
+            && addr % self.dio_mem_align == 0
     }
 
     /// The raw descriptor for an I/O of `len` bytes at `pos` from `addr`
     /// (the same choice as [`pick`](Self::pick)).
     fn pick_fd(&self, pos: u64, len: usize, addr: usize) -> RawFd {
         match &self.fds.direct {
-            Some(direct)
-                if self.dio_align != 0
-                    && pos % self.dio_align == 0
-                    && (len as u64) % self.dio_align == 0
-                    && addr % self.dio_mem_align == 0 =>
-            {
-                direct.as_raw_fd()
-            }
+            Some(direct) if self.direct_fits(pos, len, addr) => direct.as_raw_fd(),
             _ => self.fds.buffered.as_raw_fd(),
         }
     }

@@ -75,6 +75,9 @@ pub(crate) struct Ring {
     /// turn have queued theirs.
     unsubmitted: Cell<bool>,
     submitter: RefCell<Option<Waker>>,
+    /// Wakers of the I/Os one reap completed, reused so reaping does not
+    /// allocate.
+    woken: RefCell<Vec<Waker>>,
 }
 
 thread_local! {
@@ -133,6 +136,7 @@ pub fn register_buffers(bytes: usize) -> io::Result<()> {
         free: RefCell::new(Vec::new()),
         unsubmitted: Cell::new(false),
         submitter: RefCell::new(None),
+        woken: RefCell::new(Vec::new()),
     });
     RING.with(|cell| *cell.borrow_mut() = Some(r.clone()));
     crate::iobuf::release_pooled();
@@ -218,7 +222,7 @@ async fn reap_loop(ring: Rc<Ring>, efd: monoio::fs::File) {
 
 impl Ring {
     fn reap(&self) {
-        let mut wake = Vec::new();
+        let mut wake = std::mem::take(&mut *self.woken.borrow_mut());
         let mut dead = Vec::new();
         loop {
             {
@@ -253,9 +257,10 @@ impl Ring {
         // Wake and drop with no borrow held: a waker may run code that
         // starts or drops I/O on this ring.
         drop(dead);
-        for w in wake {
+        for w in wake.drain(..) {
             w.wake();
         }
+        *self.woken.borrow_mut() = wake;
     }
 
     fn start(

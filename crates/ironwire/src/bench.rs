@@ -350,8 +350,9 @@ pub enum TargetCpu {
 }
 
 impl TargetCpu {
-    fn from_args(l: &LoadArgs) -> TargetCpu {
-        match (&l.target_pid, &l.target_ctl) {
+    /// From `--target-pid` (preferred) or `--target-ctl`.
+    fn new(pid: Option<u32>, ctl: Option<&PathBuf>) -> TargetCpu {
+        match (pid, ctl) {
             (Some(pid), _) => TargetCpu::Proc(format!("/proc/{pid}/stat")),
             (None, Some(sock)) => TargetCpu::Ctl(sock.clone()),
             (None, None) => TargetCpu::None,
@@ -555,7 +556,11 @@ fn split_jobs(jobs: u16, threads: usize) -> Vec<u16> {
 }
 
 fn execute(h: &Header, l: &LoadArgs, base: BenchOptions, engine: Engine, exclude: Option<String>) -> Result<()> {
-    let how = Measure { cpus: &l.cpus.0, target: TargetCpu::from_args(l), progress: l.output == Output::Human };
+    let how = Measure {
+        cpus: &l.cpus.0,
+        target: TargetCpu::new(l.target_pid, l.target_ctl.as_ref()),
+        progress: l.output == Output::Human,
+    };
     let m = how.run(base, engine, exclude)?;
     let r = Results { mode: h.mode, target: &h.target, threads: m.threads, report: &m.report, cpu: m.cpu };
     match l.output {

@@ -135,17 +135,22 @@ fn bench_run_randrw_verify_against_the_daemon_is_clean_and_consistent() {
 
 const IQN: &str = "iqn.2026-11.io.ironwire.test:bench";
 
-#[test]
-fn bench_run_iscsi_randrw_verify_against_the_daemon_is_clean_and_consistent() {
-    let d = Daemon::start_with("bench-iscsi", |_, port| {
+/// The daemon serving a 16 MiB RAM LU 0 of `IQN` to any initiator over
+/// iSCSI; `target_extra` adds lines to the `[[iscsi_target]]` table.
+fn iscsi_daemon(tag: &str, target_extra: &str) -> Daemon {
+    Daemon::start_with(tag, |_, port| {
         format!(
             "[[device]]\nname = \"d\"\nkind = \"ram\"\nsize = \"16MiB\"\nblock_size = 512\n\n\
-             [[iscsi_target]]\niqn = \"{IQN}\"\nallow_any_initiator = true\n\
-             chap = {{ user = \"alice\", secret = \"alice-secret-1234\" }}\n\
+             [[iscsi_target]]\niqn = \"{IQN}\"\nallow_any_initiator = true\n{target_extra}\
              [[iscsi_target.lun]]\nlun = 0\ndevice = \"d\"\n\n\
              [[port]]\ntransport = \"iscsi\"\naddress = \"127.0.0.1:{port}\"\n\n[reactor]\ncores = [0]\n"
         )
-    });
+    })
+}
+
+#[test]
+fn bench_run_iscsi_randrw_verify_against_the_daemon_is_clean_and_consistent() {
+    let d = iscsi_daemon("bench-iscsi", "chap = { user = \"alice\", secret = \"alice-secret-1234\" }\n");
     let portal = d.addr.to_string();
     let out = bench(&[
         "run",
@@ -354,14 +359,7 @@ fn bench_report_over_nvme_has_the_papers_tables_with_the_ceiling_and_target_cpu(
 
 #[test]
 fn bench_report_over_iscsi_without_a_local_device() {
-    let d = Daemon::start_with("bench-report-iscsi", |_, port| {
-        format!(
-            "[[device]]\nname = \"d\"\nkind = \"ram\"\nsize = \"16MiB\"\nblock_size = 512\n\n\
-             [[iscsi_target]]\niqn = \"{IQN}\"\nallow_any_initiator = true\n\
-             [[iscsi_target.lun]]\nlun = 0\ndevice = \"d\"\n\n\
-             [[port]]\ntransport = \"iscsi\"\naddress = \"127.0.0.1:{port}\"\n\n[reactor]\ncores = [0]\n"
-        )
-    });
+    let d = iscsi_daemon("bench-report-iscsi", "");
     let (portal, out) = (d.addr.to_string(), d.dir.join("report"));
     let pid = d.pid().to_string();
     let (md, j) = report(&["--iscsi", &portal, "--iqn", IQN], &["--local", "none", "--target-pid", &pid], &out);

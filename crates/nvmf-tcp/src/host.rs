@@ -160,12 +160,10 @@ impl HostConnection {
         }
         self.rx.extend_from_slice(bytes);
         let r = self.process_input();
-        if self.rx_start > 64 * 1024 && self.rx_start >= self.rx.len().saturating_sub(self.rx_start) {
-            // Keep only the partial PDU, so the buffer does not grow when
-            // reads never end on a PDU boundary; moving it costs no more
-            // than the bytes already consumed.
-            self.rx.drain(..self.rx_start);
-            self.rx_start = 0;
+        // Keep the buffer from growing when reads never end on a PDU
+        // boundary.
+        if self.rx_start > 64 * 1024 {
+            self.compact_rx();
         }
         r
     }
@@ -175,13 +173,10 @@ impl HostConnection {
     /// and hand it back with [`received`](Self::received). This saves
     /// copying every byte through a separate read buffer.
     pub fn receive_buffer(&mut self, room: usize) -> Vec<u8> {
-        let free = self.rx.capacity().saturating_sub(self.rx.len());
-        if free < room && self.rx_start > 0 && self.rx_start >= self.rx.len().saturating_sub(self.rx_start) {
-            // Keep only the partial PDU. It is moved only when the room
-            // runs out and is no bigger than what was consumed since the
-            // last move; otherwise the buffer grows, so moves get rarer.
-            self.rx.drain(..self.rx_start);
-            self.rx_start = 0;
+        // Moved only when the room runs out; otherwise the buffer grows,
+        // so moves get rarer.
+        if self.rx.capacity().saturating_sub(self.rx.len()) < room {
+            self.compact_rx();
         }
         let mut rx = std::mem::take(&mut self.rx);
         rx.reserve(room);
@@ -197,6 +192,16 @@ impl HostConnection {
             return Ok(());
         }
         self.process_input()
+    }
+
+    /// Keeps only the partial PDU at the end of the receive buffer, when
+    /// it is no bigger than the bytes consumed before it (so moving it
+    /// costs at most one copy of what was received).
+    fn compact_rx(&mut self) {
+        if self.rx_start > 0 && self.rx_start >= self.rx.len().saturating_sub(self.rx_start) {
+            self.rx.drain(..self.rx_start);
+            self.rx_start = 0;
+        }
     }
 
     fn process_input(&mut self) -> Result<(), Fatal> {

@@ -402,14 +402,7 @@ impl<B: DataBuffer> TargetConnection<B> {
                     f |= flags::SUCCESS;
                 }
             }
-            let h = DataHeader {
-                ch: pdu::common_header(PduType::C2H_DATA, f),
-                cccid: cid.into(),
-                ttag: 0.into(),
-                datao: u32::try_from(offset).unwrap_or(u32::MAX).into(),
-                datal: u32::try_from(chunk.len()).unwrap_or(u32::MAX).into(),
-                rsvd: [0; 4],
-            };
+            let h = c2h_header(cid, offset, chunk.len(), f);
             pdu::encode(&mut self.tx, h.as_bytes(), chunk, self.tx_framing);
             offset = offset.saturating_add(chunk.len());
         }
@@ -428,14 +421,7 @@ impl<B: DataBuffer> TargetConnection<B> {
         }
         let success_flag = self.sq_flow_disabled && cqe.status().is_success();
         let f = flags::LAST_PDU | if success_flag { flags::SUCCESS } else { 0 };
-        let h = DataHeader {
-            ch: pdu::common_header(PduType::C2H_DATA, f),
-            cccid: cid.into(),
-            ttag: 0.into(),
-            datao: 0.into(),
-            datal: u32::try_from(len).unwrap_or(u32::MAX).into(),
-            rsvd: [0; 4],
-        };
+        let h = c2h_header(cid, 0, len, f);
         if !pdu::encode_with(&mut self.tx, h.as_bytes(), len, self.tx_framing, fill) {
             return false;
         }
@@ -518,5 +504,18 @@ impl<B: DataBuffer> TargetConnection<B> {
             (Some(_), _, _) => Err(Status::SGL_DESCRIPTOR_TYPE_INVALID.dnr()),
             _ => Err(Status::SGL_DESCRIPTOR_TYPE_INVALID.dnr()),
         }
+    }
+}
+
+/// The header of a C2HData PDU carrying `len` bytes at `offset` of `cid`'s
+/// data.
+fn c2h_header(cid: u16, offset: usize, len: usize, pdu_flags: u8) -> DataHeader {
+    DataHeader {
+        ch: pdu::common_header(PduType::C2H_DATA, pdu_flags),
+        cccid: cid.into(),
+        ttag: 0.into(),
+        datao: u32::try_from(offset).unwrap_or(u32::MAX).into(),
+        datal: u32::try_from(len).unwrap_or(u32::MAX).into(),
+        rsvd: [0; 4],
     }
 }

@@ -378,11 +378,7 @@ pub fn main(a: ReportArgs) -> Result<()> {
         }
     };
     let peer = EchoPeer::spawn(a.peer_cpu)?;
-    let target_cpu = match (&a.target_pid, &a.target_ctl) {
-        (Some(pid), _) => TargetCpu::Proc(format!("/proc/{pid}/stat")),
-        (None, Some(s)) => TargetCpu::Ctl(s.clone()),
-        _ => TargetCpu::None,
-    };
+    let target_cpu = TargetCpu::new(a.target_pid, a.target_ctl.as_ref());
     let total = a.sizes.len() * 4 + 4 + 2 * (2 + usize::from(local.is_some())) + if a.jitter > 0 { 4 } else { 0 };
     let mut p = Plan {
         a: &a,
