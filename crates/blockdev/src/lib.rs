@@ -22,6 +22,7 @@ mod ram;
 use std::fmt;
 use std::io;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 pub use fixed::{arena_usage, register_buffers};
 pub use iobuf::{IoBuf, IO_BUF_ALIGN};
@@ -122,6 +123,18 @@ pub struct Device {
     geometry: Geometry,
     path: Option<PathBuf>,
     backend: Backend,
+    latency: Latency,
+}
+
+/// Latency added to every read and every write, for tests of what happens
+/// while I/O is in flight (aborts, resets, slow backends); the idea of
+/// SPDK's delay bdev. Zero (the default) adds nothing and costs nothing.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Latency {
+    /// Added before each read completes.
+    pub read: Duration,
+    /// Added before each write reaches the backend.
+    pub write: Duration,
 }
 
 impl fmt::Debug for Device {
@@ -132,6 +145,7 @@ impl fmt::Debug for Device {
             .field("geometry", &self.geometry)
             .field("path", &self.path)
             .field("direct_io", &self.direct_io())
+            .field("latency", &self.latency)
             .finish()
     }
 }
@@ -168,6 +182,7 @@ impl Device {
             geometry: exact_geometry(size_bytes, block_size)?,
             path: None,
             backend: Backend::Null,
+            latency: Latency::default(),
         })
     }
 
@@ -180,6 +195,7 @@ impl Device {
             geometry,
             path: None,
             backend: Backend::Ram(RamRegion::new(size_bytes)?),
+            latency: Latency::default(),
         })
     }
 
@@ -222,6 +238,7 @@ impl Device {
             geometry,
             path: Some(path.to_path_buf()),
             backend: Backend::File(opened.backend),
+            latency: Latency::default(),
         })
     }
 
@@ -253,6 +270,7 @@ impl Device {
             geometry: Geometry { block_size, blocks },
             path: Some(path.to_path_buf()),
             backend: Backend::File(opened.backend),
+            latency: Latency::default(),
         })
     }
 
@@ -328,10 +346,22 @@ impl Device {
         Ok(self.byte_range(lba, (len / bs) as u64)?.0)
     }
 
-    /// Whether reads complete at once, without I/O (null and ram devices):
-    /// [`read_now`](Self::read_now) serves them.
+    /// Whether reads complete at once, without I/O (null and ram devices
+    /// without injected read latency): [`read_now`](Self::read_now) serves
+    /// them.
     pub fn reads_from_memory(&self) -> bool {
-        matches!(self.backend, Backend::Null | Backend::Ram(_))
+        matches!(self.backend, Backend::Null | Backend::Ram(_)) && self.latency.read.is_zero()
+    }
+
+    /// The same device with `latency` added to every read and write.
+    pub fn with_latency(mut self, latency: Latency) -> Self {
+        self.latency = latency;
+        self
+    }
+
+    /// The injected latency.
+    pub fn latency(&self) -> Latency {
+        self.latency
     }
 
     /// Reads `dst.len()` bytes (a whole number of blocks) at `lba` straight
@@ -339,6 +369,9 @@ impl Device {
     /// for file and block devices. Lets a transport copy device data once,
     /// into its send buffer, with no task and no intermediate buffer.
     pub fn read_now(&self, lba: u64, dst: &mut [u8]) -> Option<Result<(), Error>> {
+        if !self.latency.read.is_zero() {
+            return None;
+        }
         let offset = match self.io_offset(lba, dst.len()) {
             Ok(offset) => offset,
             Err(e) => return Some(Err(e)),
@@ -359,6 +392,9 @@ impl Device {
             Ok(offset) => offset,
             Err(e) => return (Err(e), buf),
         };
+        if !self.latency.read.is_zero() {
+            monoio::time::sleep(self.latency.read).await;
+        }
         match &self.backend {
             Backend::Null => {
                 buf.fill(0);
@@ -382,6 +418,9 @@ impl Device {
             Ok(offset) => offset,
             Err(e) => return (Err(e), buf),
         };
+        if !self.latency.write.is_zero() {
+            monoio::time::sleep(self.latency.write).await;
+        }
         match &self.backend {
             Backend::Null => (Ok(()), buf),
             Backend::Ram(ram) => {

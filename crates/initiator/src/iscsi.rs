@@ -646,6 +646,33 @@ impl Session {
         }
     }
 
+    /// Sends a task management request (`function` as in RFC 7143 section
+    /// 11.5.1) and waits for its response code. On "function complete"
+    /// the tasks it ended are forgotten: `referenced_itt` for ABORT TASK,
+    /// every outstanding command otherwise (this session uses one LUN at a
+    /// time in tests; no response will come for them).
+    pub async fn task_mgmt(&mut self, function: u8, lun: u64, referenced_itt: u32) -> Result<u8> {
+        const ABORT_TASK: u8 = 1;
+        self.check_usable()?;
+        let raw = scsi::encode_lun(lun).ok_or_else(|| Error::Invalid(format!("LUN {lun} beyond 16383")))?;
+        let itt = self.conn.task_mgmt(function, u64::from_be_bytes(raw), referenced_itt);
+        let e = self
+            .wait_event("a task management response", |e| matches!(e, HostEvent::TaskMgmt { itt: i, .. } if *i == itt))
+            .await?;
+        let HostEvent::TaskMgmt { response, .. } = e else {
+            return Err(Error::Invalid(format!("expected a task management response, got {e:?}")));
+        };
+        if response == 0 {
+            let ended: Vec<u32> =
+                if function == ABORT_TASK { vec![referenced_itt] } else { self.in_flight.iter().copied().collect() };
+            for i in ended {
+                self.conn.forget(i);
+                self.in_flight.remove(&i);
+            }
+        }
+        Ok(response)
+    }
+
     /// Queues a SCSI command and returns its ITT. Nothing is sent until the
     /// next [`flush`](Self::flush) or wait. `data_out` is the data of a
     /// write (empty for none), `data_in_len` the bytes expected back.

@@ -108,7 +108,7 @@ pub struct IscsiConfig {
 }
 
 /// A block device.
-#[derive(Debug, Deserialize, Clone)]
+#[derive(Debug, Deserialize, Clone, Default)]
 #[serde(deny_unknown_fields)]
 pub struct DeviceConfig {
     /// Unique name namespaces refer to.
@@ -122,7 +122,14 @@ pub struct DeviceConfig {
     pub block_size: Option<u32>,
     /// Path of a file or block device.
     pub path: Option<PathBuf>,
+    /// Latency added to every read, in microseconds (testing; default 0).
+    pub read_latency_us: Option<u64>,
+    /// Latency added to every write, in microseconds (testing; default 0).
+    pub write_latency_us: Option<u64>,
 }
+
+/// The longest latency a device may inject: one minute.
+pub const MAX_INJECTED_LATENCY_US: u64 = 60_000_000;
 
 /// A size written as bytes or with a unit.
 #[derive(Debug, Deserialize, Clone, Copy)]
@@ -301,7 +308,7 @@ impl Config {
                 kind: "ram".into(),
                 size: Some(Size(1 << 30)),
                 block_size: Some(512),
-                path: None,
+                ..DeviceConfig::default()
             }],
             subsystem: vec![SubsystemConfig {
                 nqn: DEFAULT_NQN.into(),
@@ -363,6 +370,11 @@ impl Config {
                     }
                 }
                 k => bail!("{}: {k:?} is not one of null, ram, file, block", f("kind")),
+            }
+            for (key, v) in [("read_latency_us", d.read_latency_us), ("write_latency_us", d.write_latency_us)] {
+                if v.is_some_and(|us| us > MAX_INJECTED_LATENCY_US) {
+                    bail!("{}: more than {MAX_INJECTED_LATENCY_US} µs", f(key));
+                }
             }
             if let Some(bs) = d.block_size {
                 if !bs.is_power_of_two() || !(512..=65536).contains(&bs) {

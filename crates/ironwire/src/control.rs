@@ -114,8 +114,7 @@ impl Control {
     }
 
     fn device_add(&self, name: &str, kind: &str, rest: &[&str]) -> Result<()> {
-        let mut cfg =
-            DeviceConfig { name: name.to_string(), kind: kind.to_string(), size: None, block_size: None, path: None };
+        let mut cfg = DeviceConfig { name: name.to_string(), kind: kind.to_string(), ..DeviceConfig::default() };
         for kv in rest {
             let (k, v) = kv.split_once('=').ok_or_else(|| anyhow!("{kv:?} is not key=value"))?;
             match k {

@@ -12,12 +12,12 @@ use crate::nvme_tcp::Buf;
 use blockdev::IoBuf;
 use iscsi::chap::Secret;
 use iscsi::target::{
-    tmf_response, Event, Policy, Residual, Seed, TargetConfig, TargetConnection, TargetInfo, TmfFunction,
+    tmf_response, Event, Policy, Residual, Seed, TargetConfig, TargetConnection, TargetInfo, TaskRef, TmfFunction,
 };
 use iscsi::text::SessionType;
 use monoio::io::{AsyncReadRent, Splitable};
 use monoio::net::TcpStream;
-use reactor::now_ms;
+use reactor::{now_ms, Notify};
 use scsi::{status, BlockOp, BlockRequest, LogicalUnit, Nexus, Outcome, Sense};
 use std::cell::RefCell;
 use std::collections::BTreeMap;
@@ -224,6 +224,14 @@ struct Conn {
     iscsi: RefCell<TargetConnection<Buf>>,
     session: RefCell<Option<Session>>,
     shell: Shell,
+    /// Commands running as I/O tasks, by serial, with whether a task
+    /// management function aborted them (their answers are then dropped).
+    /// Bounded by the CmdSN window; a scan is cheaper than hashing at
+    /// these sizes.
+    running: RefCell<Vec<(u64, bool)>>,
+    /// Notified each time an I/O task finishes, for the task management
+    /// requests waiting on them.
+    io_done: Notify,
 }
 
 impl Outbox for Conn {
@@ -241,22 +249,57 @@ impl Outbox for Conn {
 }
 
 impl Conn {
-    fn check(&self, itt: u32, sense: &Sense) {
-        self.iscsi.borrow_mut().send_response(itt, status::CHECK_CONDITION, Some(&sense.to_fixed_bytes()), None);
+    fn check(&self, task: TaskRef, sense: &Sense) {
+        self.iscsi.borrow_mut().send_response(task, status::CHECK_CONDITION, Some(&sense.to_fixed_bytes()), None);
         self.shell.tx_ready.notify();
     }
 
     /// GOOD status: read data (residual counted by the connection), or a
     /// response with the write residual `residual`.
-    fn good(&self, itt: u32, read: bool, data: &[u8], residual: Option<Residual>) {
+    fn good(&self, task: TaskRef, read: bool, data: &[u8], residual: Option<Residual>) {
         let mut c = self.iscsi.borrow_mut();
         if read {
-            c.send_data_in(itt, data, Some(status::GOOD));
+            c.send_data_in(task, data, Some(status::GOOD));
         } else {
-            c.send_response(itt, status::GOOD, None, residual);
+            c.send_response(task, status::GOOD, None, residual);
         }
         drop(c);
         self.shell.tx_ready.notify();
+    }
+
+    /// Whether a task management function aborted the running `task`.
+    fn is_aborted(&self, task: TaskRef) -> bool {
+        self.running.borrow().iter().any(|&(s, aborted)| s == task.serial && aborted)
+    }
+
+    /// Marks the running tasks among `tasks` aborted; true when any is
+    /// still running.
+    fn abort(&self, tasks: &[TaskRef]) -> bool {
+        let mut any = false;
+        for (s, aborted) in self.running.borrow_mut().iter_mut() {
+            if tasks.iter().any(|t| t.serial == *s) {
+                *aborted = true;
+                any = true;
+            }
+        }
+        any
+    }
+
+    /// Whether any of `tasks` is still running.
+    fn any_running(&self, tasks: &[TaskRef]) -> bool {
+        self.running.borrow().iter().any(|(s, _)| tasks.iter().any(|t| t.serial == *s))
+    }
+
+    /// Forgets the finished `task`; true when it had been aborted.
+    fn finished(&self, task: TaskRef) -> bool {
+        let mut running = self.running.borrow_mut();
+        let aborted = match running.iter().position(|&(s, _)| s == task.serial) {
+            Some(i) => running.swap_remove(i).1,
+            None => false,
+        };
+        drop(running);
+        self.io_done.notify();
+        aborted
     }
 }
 
@@ -292,6 +335,8 @@ pub async fn serve(stream: TcpStream, model: Arc<IscsiModel>, cfg: TargetConfig)
         iscsi: RefCell::new(TargetConnection::new(cfg, model.clone(), seed)),
         session: RefCell::new(None),
         shell: Shell::new(fd, peer),
+        running: RefCell::new(Vec::new()),
+        io_done: Notify::default(),
     });
     let (mut rd, wr) = stream.into_split();
     let writer = monoio::spawn(crate::conn::write_loop(wr, conn.clone()));
@@ -355,9 +400,16 @@ fn dispatch_events(conn: &Rc<Conn>, model: &Arc<IscsiModel>) {
                 log::warn!("{}: login refused (status {status:#06x}): {reason}", conn.shell.peer);
             }
             Event::Command(cmd) => command(conn, cmd),
-            Event::TaskMgmt { itt, function, lun, .. } => {
+            Event::TaskMgmt { itt, function, lun, tasks, .. } => {
                 let response = task_mgmt(conn, function, lun);
-                conn.iscsi.borrow_mut().send_tmf_response(itt, response);
+                if response == tmf_response::COMPLETE && conn.abort(&tasks) {
+                    // RFC 7143 4.2.3: "function complete" only once every
+                    // affected task is over. I/O already submitted cannot
+                    // be recalled, so wait for it; its answer is dropped.
+                    monoio::spawn(answer_tmf_when_done(conn.clone(), itt, tasks));
+                } else {
+                    conn.iscsi.borrow_mut().send_tmf_response(itt, response);
+                }
             }
             Event::LoggedOut { reason } => {
                 log::info!("{}: logout (reason {reason})", conn.shell.peer);
@@ -371,6 +423,16 @@ fn dispatch_events(conn: &Rc<Conn>, model: &Arc<IscsiModel>) {
     conn.shell.tx_ready.notify();
 }
 
+/// Answers task management request `itt` "function complete" once none
+/// of `tasks` is running any more.
+async fn answer_tmf_when_done(conn: Rc<Conn>, itt: u32, tasks: Vec<TaskRef>) {
+    while conn.any_running(&tasks) {
+        conn.io_done.wait().await;
+    }
+    conn.iscsi.borrow_mut().send_tmf_response(itt, tmf_response::COMPLETE);
+    conn.shell.tx_ready.notify();
+}
+
 fn task_mgmt(conn: &Conn, function: TmfFunction, lun: u64) -> u8 {
     let session = conn.session.borrow();
     let Some(s) = session.as_ref() else { return tmf_response::NOT_SUPPORTED };
@@ -378,8 +440,7 @@ fn task_mgmt(conn: &Conn, function: TmfFunction, lun: u64) -> u8 {
         Some(scsi::Lun::Unit(n)) => s.target.units.get(&n).cloned(),
         _ => None,
     };
-    // Commands here complete as they run; aborting finds nothing in flight
-    // that is not about to finish, so the functions report completion.
+    // The affected tasks still running are waited for by the caller.
     match function {
         TmfFunction::ABORT_TASK | TmfFunction::ABORT_TASK_SET | TmfFunction::CLEAR_TASK_SET => {
             if let (TmfFunction::CLEAR_TASK_SET, Some(u)) = (function, &unit) {
@@ -410,10 +471,10 @@ fn command(conn: &Rc<Conn>, cmd: iscsi::target::Command<Buf>) {
     let session = conn.session.borrow();
     let Some(s) = session.as_ref() else {
         drop(session);
-        conn.check(cmd.itt, &Sense::LUN_NOT_SUPPORTED);
+        conn.check(cmd.task, &Sense::LUN_NOT_SUPPORTED);
         return;
     };
-    let itt = cmd.itt;
+    let itt = cmd.task;
     let read = cmd.read;
     let cdb = cmd.cdb.as_slice();
     let unit = match scsi::decode_lun(cmd.lun.to_be_bytes()) {
@@ -456,6 +517,7 @@ fn command(conn: &Rc<Conn>, cmd: iscsi::target::Command<Buf>) {
         Outcome::Io(req) => {
             if let Some(u) = unit {
                 if !read_from_memory(conn, itt, &req) {
+                    conn.running.borrow_mut().push((itt.serial, false));
                     monoio::spawn(run_io(conn.clone(), itt, u, req, residual));
                 }
             }
@@ -467,7 +529,7 @@ fn command(conn: &Rc<Conn>, cmd: iscsi::target::Command<Buf>) {
 /// straight into a Data-In that carries GOOD status, with no task and no
 /// buffer in between. `false` when the request is anything else, needs
 /// several Data-In PDUs, or the read failed (`run_io` then answers it).
-fn read_from_memory(conn: &Rc<Conn>, itt: u32, req: &BlockRequest<Buf>) -> bool {
+fn read_from_memory(conn: &Rc<Conn>, itt: TaskRef, req: &BlockRequest<Buf>) -> bool {
     let BlockOp::Read { lba, blocks } = req.op else { return false };
     if !req.device.reads_from_memory() {
         return false;
@@ -483,7 +545,7 @@ fn read_from_memory(conn: &Rc<Conn>, itt: u32, req: &BlockRequest<Buf>) -> bool 
     sent
 }
 
-async fn run_io(conn: Rc<Conn>, itt: u32, unit: Arc<Unit>, req: BlockRequest<Buf>, residual: Option<Residual>) {
+async fn run_io(conn: Rc<Conn>, itt: TaskRef, unit: Arc<Unit>, req: BlockRequest<Buf>, residual: Option<Residual>) {
     let BlockRequest { device, op } = req;
     let write = op.is_write();
     let bs = device.geometry().block_size as usize;
@@ -498,10 +560,10 @@ async fn run_io(conn: Rc<Conn>, itt: u32, unit: Arc<Unit>, req: BlockRequest<Buf
         }
         BlockOp::Write { lba, data, fua } => device.write(lba, data.0, fua).await.0.map(|()| None).map_err(sense),
         BlockOp::WriteSame { lba, blocks, block, fua } => {
-            write_same(&device, lba, blocks, &block.0, fua).await.map(|()| None).map_err(sense)
+            write_same(&conn, itt, &device, lba, blocks, &block.0, fua).await.map(|()| None).map_err(sense)
         }
         BlockOp::CompareAndWrite { lba, blocks, data, fua } => {
-            compare_and_write(&unit, &device, lba, blocks as usize * bs, data.0, fua).await.map(|()| None)
+            compare_and_write(&conn, itt, &unit, &device, lba, blocks as usize * bs, data.0, fua).await.map(|()| None)
         }
         BlockOp::Flush => device.flush().await.map(|()| None).map_err(sense),
         BlockOp::WriteZeroes { lba, blocks, unmap } => {
@@ -526,6 +588,10 @@ async fn run_io(conn: Rc<Conn>, itt: u32, unit: Arc<Unit>, req: BlockRequest<Buf
             }
         }
     };
+    if conn.finished(itt) {
+        log::debug!("{}: ITT {:#x} was aborted; its result is dropped", conn.shell.peer, itt.itt);
+        return;
+    }
     match result {
         Ok(Some(buf)) => conn.good(itt, true, &buf, None),
         Ok(None) => conn.good(itt, false, &[], residual),
@@ -533,8 +599,11 @@ async fn run_io(conn: Rc<Conn>, itt: u32, unit: Arc<Unit>, req: BlockRequest<Buf
     }
 }
 
-/// WRITE SAME of a non-zero block, replicated in bounded chunks.
+/// WRITE SAME of a non-zero block, replicated in bounded chunks; stops
+/// between chunks when the task is aborted.
 async fn write_same(
+    conn: &Conn,
+    task: TaskRef,
     device: &blockdev::Device,
     lba: u64,
     blocks: u64,
@@ -544,7 +613,7 @@ async fn write_same(
     const CHUNK_BLOCKS: u64 = 256;
     let bs = block.len().max(1);
     let mut done = 0u64;
-    while done < blocks {
+    while done < blocks && !conn.is_aborted(task) {
         let n = CHUNK_BLOCKS.min(blocks - done);
         let mut buf = IoBuf::with_len(n as usize * bs);
         for c in buf.chunks_mut(bs) {
@@ -558,8 +627,12 @@ async fn write_same(
 
 /// COMPARE AND WRITE: read, compare with the first half of `data`, write
 /// the second half, all under the unit's lock so that two of them on the
-/// same unit never interleave.
+/// same unit never interleave. An abort while it waits for the lock
+/// cancels it.
+#[allow(clippy::too_many_arguments)]
 async fn compare_and_write(
+    conn: &Conn,
+    task: TaskRef,
     unit: &Unit,
     device: &blockdev::Device,
     lba: u64,
@@ -568,6 +641,9 @@ async fn compare_and_write(
     fua: bool,
 ) -> Result<(), Sense> {
     let guard = unit.lock_caw().await;
+    if conn.is_aborted(task) {
+        return Ok(());
+    }
     let (r, current) = device.read(lba, IoBuf::with_len(len)).await;
     r.map_err(|e| scsi::io_error_sense(&e, false))?;
     let (expected, new) = data.split_at(len);

@@ -5,12 +5,13 @@
 use crate::config::{Config, DeviceConfig};
 use crate::iscsi_tcp::{IscsiModel, IscsiTarget};
 use anyhow::{Context, Result};
-use blockdev::Device;
+use blockdev::{Device, Latency};
 use nvmf::{Namespace, Settings, Subsystem, Target};
 use nvmf_tcp::target::TargetConfig;
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Duration;
 
 /// Opens one device.
 pub fn open_device(d: &DeviceConfig) -> Result<Device> {
@@ -24,7 +25,11 @@ pub fn open_device(d: &DeviceConfig) -> Result<Device> {
         "block" => Device::block(&d.name, path()?, d.block_size),
         k => anyhow::bail!("device {:?}: kind {k:?} is not one of null, ram, file, block", d.name),
     };
-    dev.with_context(|| format!("device {:?}", d.name))
+    let latency = Latency {
+        read: Duration::from_micros(d.read_latency_us.unwrap_or(0)),
+        write: Duration::from_micros(d.write_latency_us.unwrap_or(0)),
+    };
+    Ok(dev.with_context(|| format!("device {:?}", d.name))?.with_latency(latency))
 }
 
 /// Opens every device named in `config`.

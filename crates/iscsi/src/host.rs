@@ -306,6 +306,13 @@ impl HostConnection {
         self.tx_framing
     }
 
+    /// Makes `itt` the tag of the next request. Real initiators reuse the
+    /// tags of finished or aborted tasks at once (Linux's iscsi_tcp keys
+    /// them by slot); tests do the same with this.
+    pub fn set_next_itt(&mut self, itt: u32) {
+        self.next_itt = itt;
+    }
+
     fn alloc_itt(&mut self) -> u32 {
         let i = self.next_itt;
         self.next_itt = self.next_itt.wrapping_add(1);

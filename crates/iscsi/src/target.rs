@@ -234,8 +234,8 @@ pub enum State {
 /// A SCSI command with all its write data.
 #[derive(Debug)]
 pub struct Command<B> {
-    /// Initiator Task Tag.
-    pub itt: u32,
+    /// The task: answer it with this, never with the bare ITT.
+    pub task: TaskRef,
     /// LUN field as sent (8 bytes, SAM encoding).
     pub lun: u64,
     /// The CDB: 16 bytes, or longer with an Extended CDB AHS.
@@ -296,6 +296,11 @@ pub enum Event<B> {
         referenced_itt: u32,
         /// RefCmdSN.
         ref_cmd_sn: u32,
+        /// The tasks in its scope that were delivered as
+        /// [`Event::Command`] and have not been answered: the request may
+        /// be answered "function complete" only once none of them can
+        /// touch the device any more. Their late answers are ignored.
+        tasks: Vec<TaskRef>,
     },
     /// The initiator logged out (reason code); the connection closes after
     /// the flush.
@@ -305,6 +310,19 @@ pub enum Event<B> {
     },
     /// A NOP-In ping went unanswered: the initiator is gone.
     Dead,
+}
+
+/// Names one SCSI task for its whole life: the initiator's tag plus a
+/// serial number the connection never reuses. An initiator may reuse an
+/// ITT as soon as a task is answered or aborted (RFC 7143 section 11.5.1);
+/// a completion that arrives for an aborted task must not answer the new
+/// one that took its ITT, so completions name the task, not the ITT.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct TaskRef {
+    /// Initiator Task Tag.
+    pub itt: u32,
+    /// Unique among this connection's tasks.
+    pub serial: u64,
 }
 
 /// A residual to report in a SCSI Response.
@@ -359,7 +377,22 @@ struct WriteState<B> {
     digest_failed: bool,
 }
 
+/// How many aborted tasks' ITTs are remembered to drop their Data-Out.
+const ABORTED_ITTS_KEPT: usize = 256;
+
+/// A task management request waiting for its answer.
+struct PendingTmf {
+    immediate: bool,
+    /// The tasks it ends, fixed when it arrived (RFC 7143 section 4.2.3.2:
+    /// commands that arrive later are not affected).
+    scope: Vec<TaskRef>,
+}
+
 struct Task<B> {
+    serial: u64,
+    /// Inside the scope of a pending task management request: it asks for
+    /// no more data and is never delivered to the upper layer.
+    aborting: bool,
     immediate: bool,
     lun: u64,
     expected_len: u32,
@@ -400,11 +433,15 @@ pub struct TargetConnection<B> {
     exp_cmd_sn: u32,
     max_cmd_sn: u32,
     tasks: HashMap<u32, Task<B>>,
+    next_serial: u64,
+    /// ITTs of recently aborted tasks: the initiator may still send Data-Out
+    /// for them, which is dropped (RFC 7143 section 4.2.3.2). Bounded.
+    aborted_itts: VecDeque<u32>,
     ttts: HashMap<u32, u32>,
     next_ttt: u32,
     text_pending: Option<TextPending>,
     text_partial: Vec<u8>,
-    tmf_pending: HashMap<u32, (TmfFunction, u64, u32, bool)>,
+    tmf_pending: HashMap<u32, PendingTmf>,
     ping: Option<Ping>,
     logout_pending: Option<Bhs>,
     idle_since_ms: Option<u64>,
@@ -448,6 +485,8 @@ impl<B: DataBuffer> TargetConnection<B> {
             exp_cmd_sn: 0,
             max_cmd_sn: 0,
             tasks: HashMap::new(),
+            next_serial: 0,
+            aborted_itts: VecDeque::new(),
             ttts: HashMap::new(),
             next_ttt: 1,
             text_pending: None,
@@ -1161,8 +1200,11 @@ impl<B: DataBuffer> TargetConnection<B> {
             (true, false) => edtl,
             _ => 0,
         };
+        let serial = self.next_serial;
+        self.next_serial = serial.wrapping_add(1);
+        self.aborted_itts.retain(|&a| a != itt);
         let cmd = Command {
-            itt,
+            task: TaskRef { itt, serial },
             lun: bhs.lun(),
             cdb,
             expected_len: edtl,
@@ -1174,6 +1216,8 @@ impl<B: DataBuffer> TargetConnection<B> {
             data: None,
         };
         let mut task = Task {
+            serial,
+            aborting: false,
             immediate: bhs.immediate(),
             lun: bhs.lun(),
             expected_len: edtl,
@@ -1221,6 +1265,9 @@ impl<B: DataBuffer> TargetConnection<B> {
         let max_out = usize::from(self.params.max_outstanding_r2t.max(1));
         let mut r2ts = Vec::new();
         let Some(task) = self.tasks.get_mut(&itt) else { return };
+        if task.aborting {
+            return;
+        }
         let edtl = task.expected_len;
         let lun = task.lun;
         let Some(w) = task.write.as_mut() else { return };
@@ -1261,8 +1308,9 @@ impl<B: DataBuffer> TargetConnection<B> {
                 // the command with ABORTED COMMAND / PROTOCOL SERVICE CRC
                 // ERROR (SPC-4 ASC 0x47 ASCQ 0x05).
                 task.cmd = None;
+                let me = TaskRef { itt, serial: task.serial };
                 let sense = [0x70, 0, 0x0b, 0, 0, 0, 0, 10, 0, 0, 0, 0, 0x47, 0x05, 0, 0, 0, 0];
-                self.send_response(itt, scsi_status::CHECK_CONDITION, Some(&sense), None);
+                self.send_response(me, scsi_status::CHECK_CONDITION, Some(&sense), None);
                 return;
             }
             if let Some(mut cmd) = task.cmd.take() {
@@ -1278,6 +1326,9 @@ impl<B: DataBuffer> TargetConnection<B> {
         let invalid =
             |field: &'static str, detail: String| Self::field_err(RejectReason::INVALID_PDU_FIELD, field, detail, bhs);
         let Some(task) = self.tasks.get_mut(&itt) else {
+            if self.aborted_itts.contains(&itt) {
+                return Ok(());
+            }
             return Err(invalid("InitiatorTaskTag", format!("Data-Out for unknown ITT {itt:#x}")));
         };
         let Some(w) = task.write.as_mut() else {
@@ -1360,15 +1411,17 @@ impl<B: DataBuffer> TargetConnection<B> {
         Ok(())
     }
 
-    /// Sends read data for `itt`, split by the initiator's
+    /// Sends read data for `task`, split by the initiator's
     /// MaxRecvDataSegmentLength into sequences of at most MaxBurstLength.
     /// Data beyond the expected length is cut and reported as overflow.
     /// With a non-exception `status`, the last Data-In carries it (S bit,
     /// phase collapse) with the residual; with an exception status a SCSI
     /// Response follows (use [`Self::send_response`] for sense data).
-    /// Returns false when `itt` is not an open task.
-    pub fn send_data_in(&mut self, itt: u32, data: &[u8], status: Option<u8>) -> bool {
-        let Some(task) = self.tasks.get_mut(&itt) else { return false };
+    /// Returns false when `task` is not open (answered or aborted).
+    pub fn send_data_in(&mut self, task: TaskRef, data: &[u8], status: Option<u8>) -> bool {
+        let me = task;
+        let itt = me.itt;
+        let Some(task) = self.task_mut(me) else { return false };
         let room = task.read_expected.saturating_sub(task.sent_in) as usize;
         let send = data.get(..data.len().min(room)).unwrap_or_default();
         let cut = data.len().saturating_sub(send.len());
@@ -1419,21 +1472,22 @@ impl<B: DataBuffer> TargetConnection<B> {
         match (status, collapse) {
             (_, Some(_)) => self.finish_task(itt),
             (Some(s), None) => {
-                self.send_response(itt, s, None, None);
+                self.send_response(me, s, None, None);
             }
             (None, None) => {}
         }
         true
     }
 
-    /// Answers read `itt` with GOOD status and `len` bytes that `fill`
+    /// Answers read `task` with GOOD status and `len` bytes that `fill`
     /// writes straight into the send buffer: one Data-In carrying the
     /// status (phase collapse). Returns `false`, having sent nothing and
     /// changed nothing, when the data needs more than one PDU, exceeds the
-    /// expected length, `itt` is not an open task, or `fill` fails; the
-    /// caller then answers with [`Self::send_data_in`].
-    pub fn send_data_in_with(&mut self, itt: u32, len: usize, fill: impl FnOnce(&mut [u8]) -> bool) -> bool {
-        let Some(task) = self.tasks.get(&itt) else { return false };
+    /// expected length, `task` is not open, or `fill` fails; the caller
+    /// then answers with [`Self::send_data_in`].
+    pub fn send_data_in_with(&mut self, task: TaskRef, len: usize, fill: impl FnOnce(&mut [u8]) -> bool) -> bool {
+        let itt = task.itt;
+        let Some(task) = self.task_mut(task) else { return false };
         let room = task.read_expected.saturating_sub(task.sent_in) as usize;
         let max_pdu = (self.params.peer_max_recv_data_segment_length.max(512)) as usize;
         let mbl = (self.params.max_burst_length.max(512)) as usize;
@@ -1466,13 +1520,21 @@ impl<B: DataBuffer> TargetConnection<B> {
         sent
     }
 
-    /// Sends the SCSI Response for `itt` (RFC 7143 section 11.4): status,
+    /// Sends the SCSI Response for `task` (RFC 7143 section 11.4): status,
     /// optional sense data (sent with its 2-byte SenseLength prefix), and a
     /// residual. `residual: None` reports what the connection counted (read
-    /// data sent against the expected length). Returns false when `itt` is
-    /// not an open task (already answered or aborted).
-    pub fn send_response(&mut self, itt: u32, status: u8, sense: Option<&[u8]>, residual: Option<Residual>) -> bool {
-        let Some(task) = self.tasks.get(&itt) else { return false };
+    /// data sent against the expected length). Returns false when `task` is
+    /// not open (already answered or aborted, even if a new task now uses
+    /// its ITT).
+    pub fn send_response(
+        &mut self,
+        task: TaskRef,
+        status: u8,
+        sense: Option<&[u8]>,
+        residual: Option<Residual>,
+    ) -> bool {
+        let itt = task.itt;
+        let Some(task) = self.task_mut(task) else { return false };
         let (mut f, count) = match residual {
             Some(Residual::Underflow(n)) => (flags::UNDERFLOW, n),
             Some(Residual::Overflow(n)) => (flags::OVERFLOW, n),
@@ -1494,6 +1556,30 @@ impl<B: DataBuffer> TargetConnection<B> {
         self.send(&b, &[], &data);
         self.finish_task(itt);
         true
+    }
+
+    /// The open task `task`, if it is still the one holding its ITT.
+    fn task_mut(&mut self, task: TaskRef) -> Option<&mut Task<B>> {
+        self.tasks.get_mut(&task.itt).filter(|t| t.serial == task.serial)
+    }
+
+    /// The tasks a task management function ends when it completes
+    /// (RFC 7143 section 11.5.1): the referenced task for ABORT TASK, the
+    /// LUN's tasks for ABORT/CLEAR TASK SET and LUN RESET, every task for
+    /// the target resets and I_T NEXUS RESET. Commands still collecting
+    /// their data are included; they never reach the upper layer.
+    pub fn tmf_scope(&self, function: TmfFunction, lun: u64, referenced_itt: u32) -> Vec<TaskRef> {
+        let of = |(itt, t): (&u32, &Task<B>)| TaskRef { itt: *itt, serial: t.serial };
+        match function {
+            TmfFunction::ABORT_TASK => self.tasks.get_key_value(&referenced_itt).map(of).into_iter().collect(),
+            TmfFunction::ABORT_TASK_SET | TmfFunction::CLEAR_TASK_SET | TmfFunction::LOGICAL_UNIT_RESET => {
+                self.tasks.iter().filter(|(_, t)| t.lun == lun).map(of).collect()
+            }
+            TmfFunction::TARGET_WARM_RESET | TmfFunction::TARGET_COLD_RESET | TmfFunction::I_T_NEXUS_RESET => {
+                self.tasks.iter().map(of).collect()
+            }
+            _ => Vec::new(),
+        }
     }
 
     fn finish_task(&mut self, itt: u32) {
@@ -1532,11 +1618,10 @@ impl<B: DataBuffer> TargetConnection<B> {
             } else {
                 tmf_response::NOT_SUPPORTED
             };
-            self.tmf_pending.insert(itt, (function, bhs.lun(), bhs.referenced_task_tag(), bhs.immediate()));
+            self.tmf_pending.insert(itt, PendingTmf { immediate: bhs.immediate(), scope: Vec::new() });
             self.send_tmf_response(itt, code);
             return Ok(());
         }
-        self.tmf_pending.insert(itt, (function, bhs.lun(), bhs.referenced_task_tag(), bhs.immediate()));
         if function == TmfFunction::ABORT_TASK && !self.tasks.contains_key(&bhs.referenced_task_tag()) {
             // RFC 7143 11.5.1: no such task. If RefCmdSN is in the window
             // and before this request, the command has yet to arrive and
@@ -1545,39 +1630,54 @@ impl<B: DataBuffer> TargetConnection<B> {
             let ref_sn = bhs.ref_cmd_sn();
             let pending = in_window(ref_sn, self.exp_cmd_sn, self.max_cmd_sn) && sn_lt(ref_sn, bhs.cmd_sn());
             let code = if pending { tmf_response::COMPLETE } else { tmf_response::TASK_DOES_NOT_EXIST };
+            self.tmf_pending.insert(itt, PendingTmf { immediate: bhs.immediate(), scope: Vec::new() });
             self.send_tmf_response(itt, code);
             return Ok(());
         }
+        let scope = self.tmf_scope(function, bhs.lun(), bhs.referenced_task_tag());
+        let mut delivered = Vec::with_capacity(scope.len());
+        for t in &scope {
+            if let Some(task) = self.task_mut(*t) {
+                task.aborting = true;
+                if task.cmd.is_none() && task.write.is_none() {
+                    delivered.push(*t);
+                }
+            }
+        }
+        self.tmf_pending.insert(itt, PendingTmf { immediate: bhs.immediate(), scope });
         self.events.push_back(Event::TaskMgmt {
             itt,
             function,
             lun: bhs.lun(),
             referenced_itt: bhs.referenced_task_tag(),
             ref_cmd_sn: bhs.ref_cmd_sn(),
+            tasks: delivered,
         });
         Ok(())
     }
 
     /// Answers a task management request. On "function complete" the
-    /// connection forgets the affected tasks (no response will be sent for
-    /// them, their R2Ts are void): the referenced task for ABORT TASK, the
-    /// LUN's tasks for ABORT/CLEAR TASK SET and LUN RESET, all tasks for
-    /// target resets and I_T NEXUS RESET.
+    /// connection forgets the tasks in its scope, fixed when the request
+    /// arrived ([`Self::tmf_scope`]): no response will be sent for them and
+    /// their R2Ts are void. The upper layer answers only once every task in
+    /// [`Event::TaskMgmt`]'s `tasks` has finished or will never touch the
+    /// device again (RFC 7143 section 4.2.3); on any other response the
+    /// tasks carry on and are answered as usual.
     pub fn send_tmf_response(&mut self, itt: u32, response: u8) -> bool {
-        let Some((function, lun, referenced, immediate)) = self.tmf_pending.remove(&itt) else { return false };
-        if response == tmf_response::COMPLETE {
-            let victims: Vec<u32> = match function {
-                TmfFunction::ABORT_TASK => vec![referenced],
-                TmfFunction::ABORT_TASK_SET | TmfFunction::CLEAR_TASK_SET | TmfFunction::LOGICAL_UNIT_RESET => {
-                    self.tasks.iter().filter(|(_, t)| t.lun == lun).map(|(i, _)| *i).collect()
+        let Some(PendingTmf { immediate, scope }) = self.tmf_pending.remove(&itt) else { return false };
+        for t in scope {
+            if response == tmf_response::COMPLETE {
+                if self.task_mut(t).is_some() {
+                    self.finish_task(t.itt);
+                    if self.aborted_itts.len() >= ABORTED_ITTS_KEPT {
+                        self.aborted_itts.pop_front();
+                    }
+                    self.aborted_itts.push_back(t.itt);
                 }
-                TmfFunction::TARGET_WARM_RESET | TmfFunction::TARGET_COLD_RESET | TmfFunction::I_T_NEXUS_RESET => {
-                    self.tasks.keys().copied().collect()
-                }
-                _ => Vec::new(),
-            };
-            for v in victims {
-                self.finish_task(v);
+            } else if let Some(task) = self.task_mut(t) {
+                task.aborting = false;
+                let itt = t.itt;
+                self.advance_write(itt);
             }
         }
         let mut b = Bhs::new(Opcode::TASK_MGMT_RESP);

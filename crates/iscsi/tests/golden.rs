@@ -112,9 +112,9 @@ fn our_target_serves_libiscsis_recorded_session() {
             Event::Command(c) => {
                 cdbs.push(c.cdb.first().copied().unwrap_or(0));
                 if c.read {
-                    t.send_data_in(c.itt, &[0; 36], Some(scsi_status::GOOD));
+                    t.send_data_in(c.task, &[0; 36], Some(scsi_status::GOOD));
                 } else {
-                    t.send_response(c.itt, scsi_status::GOOD, None, None);
+                    t.send_response(c.task, scsi_status::GOOD, None, None);
                 }
             }
             Event::LoggedOut { reason } => {

@@ -6,7 +6,7 @@ use iscsi::host::{Completion, HostChap, HostConfig, HostConnection, HostEvent, M
 use iscsi::pdu::{self, flags, Bhs, Framing, Opcode, RESERVED_TAG};
 use iscsi::target::{
     login_status, scsi_status, tmf_response, Event, Policy, Residual, Seed, State, TargetConfig, TargetConnection,
-    TargetInfo, TmfFunction,
+    TargetInfo, TaskRef, TmfFunction,
 };
 use iscsi::text::{Params, SessionType};
 use iscsi::RejectReason;
@@ -80,7 +80,7 @@ struct Backend {
     read_len: Option<usize>,
     /// Leave commands unanswered (to test windows and aborts).
     hold: bool,
-    held: Vec<u32>,
+    held: Vec<TaskRef>,
     tmfs: Vec<(TmfFunction, u32)>,
     events: Vec<String>,
 }
@@ -90,15 +90,15 @@ fn serve(t: &mut Target, b: &mut Backend) {
         match ev {
             Event::Command(c) => {
                 if b.hold {
-                    b.held.push(c.itt);
+                    b.held.push(c.task);
                 } else if c.write {
-                    b.written.push((c.itt, c.data.expect("write data")));
-                    t.send_response(c.itt, scsi_status::GOOD, None, None);
+                    b.written.push((c.task.itt, c.data.expect("write data")));
+                    t.send_response(c.task, scsi_status::GOOD, None, None);
                 } else if c.read {
                     let n = b.read_len.unwrap_or(c.expected_len as usize);
-                    t.send_data_in(c.itt, &pattern(n), Some(scsi_status::GOOD));
+                    t.send_data_in(c.task, &pattern(n), Some(scsi_status::GOOD));
                 } else {
-                    t.send_response(c.itt, scsi_status::GOOD, None, None);
+                    t.send_response(c.task, scsi_status::GOOD, None, None);
                 }
             }
             Event::TaskMgmt { itt, function, referenced_itt, .. } => {
@@ -457,9 +457,11 @@ fn sends_check_condition_with_sense_after_data() {
     b.hold = true;
     let itt = h.submit(0, &read10(1), 512, Vec::new());
     step(&mut h, &mut t, &mut b);
+    let task = b.held[0];
+    assert_eq!(task.itt, itt);
     let sense = [0x70, 0, 0x05, 0, 0, 0, 0, 10, 0, 0, 0, 0, 0x24, 0, 0, 0, 0, 0];
-    assert!(t.send_response(itt, scsi_status::CHECK_CONDITION, Some(&sense), None));
-    assert!(!t.send_response(itt, scsi_status::GOOD, None, None), "answered twice");
+    assert!(t.send_response(task, scsi_status::CHECK_CONDITION, Some(&sense), None));
+    assert!(!t.send_response(task, scsi_status::GOOD, None, None), "answered twice");
     step(&mut h, &mut t, &mut b);
     let c = completions(&mut h);
     let c = c.first().expect("done");
@@ -627,7 +629,7 @@ fn task_management_aborts_a_task() {
     assert_eq!(b.tmfs, vec![(TmfFunction::ABORT_TASK, victim)]);
     assert_eq!(host_events(&mut h), vec![HostEvent::TaskMgmt { itt: tmf, response: tmf_response::COMPLETE }]);
     assert_eq!(t.open_tasks(), 0);
-    assert!(!t.send_data_in(victim, &pattern(512), Some(scsi_status::GOOD)));
+    assert!(!t.send_data_in(b.held[0], &pattern(512), Some(scsi_status::GOOD)));
     // TASK REASSIGN is answered by the connection itself at ERL 0.
     let tmf = h.task_mgmt(TmfFunction::TASK_REASSIGN.0, 0, victim);
     step(&mut h, &mut t, &mut b);
@@ -642,6 +644,100 @@ fn task_management_aborts_a_task() {
     assert_eq!(t.open_tasks(), 2);
     h.task_mgmt(TmfFunction::LOGICAL_UNIT_RESET.0, 0, RESERVED_TAG);
     step(&mut h, &mut t, &mut b);
+    assert_eq!(t.open_tasks(), 0);
+}
+
+#[test]
+fn late_answer_of_an_aborted_task_never_answers_the_task_reusing_its_itt() {
+    let (mut h, mut t, mut b) = logged_in(HostConfig::new(INITIATOR, Some(TARGET)), target_cfg(false));
+    b.hold = true;
+    let victim = h.submit(0, &read10(1), 512, Vec::new());
+    step(&mut h, &mut t, &mut b);
+    let old = b.held[0];
+    h.task_mgmt(TmfFunction::ABORT_TASK.0, 0, victim);
+    step(&mut h, &mut t, &mut b);
+    h.forget(victim);
+    host_events(&mut h);
+    // The initiator reuses the tag at once, as Linux does.
+    h.set_next_itt(victim);
+    assert_eq!(h.submit(0, &read10(1), 512, Vec::new()), victim);
+    step(&mut h, &mut t, &mut b);
+    let new = b.held[1];
+    assert_eq!((new.itt, t.open_tasks()), (victim, 1));
+    assert_ne!(new, old);
+    // The aborted command's I/O finishes late: its data goes nowhere.
+    assert!(!t.send_data_in(old, &[0xee; 512], Some(scsi_status::GOOD)));
+    assert!(!t.send_response(old, scsi_status::GOOD, None, None));
+    step(&mut h, &mut t, &mut b);
+    assert!(completions(&mut h).is_empty());
+    assert_eq!(t.open_tasks(), 1);
+    assert!(t.send_data_in(new, &pattern(512), Some(scsi_status::GOOD)));
+    step(&mut h, &mut t, &mut b);
+    let c = completions(&mut h);
+    assert_eq!(c.len(), 1);
+    assert_eq!((c[0].itt, &c[0].data), (victim, &pattern(512)));
+}
+
+#[test]
+fn task_management_scope_is_fixed_when_the_request_arrives() {
+    let (mut h, mut t, _) = logged_in(HostConfig::new(INITIATOR, Some(TARGET)), target_cfg(false));
+    let mut held = Vec::new();
+    let mut pump = |h: &mut HostConnection, t: &mut Target, tmfs: &mut Vec<(u32, Vec<TaskRef>)>| {
+        let mut bytes = Vec::new();
+        h.take_transmit(&mut bytes);
+        t.handle_input(&bytes).expect("valid PDUs");
+        while let Some(ev) = t.poll_event() {
+            match ev {
+                Event::Command(c) => held.push(c.task),
+                Event::TaskMgmt { itt, tasks, .. } => tmfs.push((itt, tasks)),
+                other => panic!("unexpected {other:?}"),
+            }
+        }
+        let mut back = Vec::new();
+        t.take_transmit(&mut back);
+        h.handle_input(&back).expect("valid PDUs");
+    };
+    let mut tmfs = Vec::new();
+    h.submit(0, &read10(1), 512, Vec::new());
+    h.submit(0, &read10(1), 512, Vec::new());
+    pump(&mut h, &mut t, &mut tmfs);
+    h.task_mgmt(TmfFunction::ABORT_TASK_SET.0, 0, RESERVED_TAG);
+    pump(&mut h, &mut t, &mut tmfs);
+    // The upper layer must wait for the two delivered commands.
+    assert_eq!(tmfs.len(), 1);
+    assert_eq!(tmfs[0].1.len(), 2);
+    // A command that arrives while the abort waits is not in its scope.
+    h.submit(0, &read10(1), 512, Vec::new());
+    pump(&mut h, &mut t, &mut tmfs);
+    assert_eq!(t.open_tasks(), 3);
+    assert!(t.send_tmf_response(tmfs[0].0, tmf_response::COMPLETE));
+    assert_eq!(t.open_tasks(), 1);
+    let late = held[2];
+    assert!(t.send_data_in(late, &pattern(512), Some(scsi_status::GOOD)));
+    for aborted in &held[..2] {
+        assert!(!t.send_response(*aborted, scsi_status::GOOD, None, None));
+    }
+}
+
+#[test]
+fn aborted_write_still_collecting_data_is_never_delivered() {
+    let mut tc = target_cfg(false);
+    tc.params.initial_r2t = true;
+    tc.params.immediate_data = false;
+    let mut hc = HostConfig::new(INITIATOR, Some(TARGET));
+    hc.params.initial_r2t = true;
+    hc.params.immediate_data = false;
+    let (mut h, mut t, mut b) = logged_in(hc, tc);
+    // Take the command and its R2T, but hold the data back.
+    let victim = h.submit(0, &write10(1), 0, pattern(512));
+    let mut bytes = Vec::new();
+    h.take_transmit(&mut bytes);
+    t.handle_input(&bytes).expect("command");
+    assert!(t.poll_event().is_none(), "a write waits for its data");
+    let tmf = h.task_mgmt(TmfFunction::ABORT_TASK.0, 0, victim);
+    step(&mut h, &mut t, &mut b);
+    assert!(b.written.is_empty(), "an aborted write never reaches the device");
+    assert!(host_events(&mut h).contains(&HostEvent::TaskMgmt { itt: tmf, response: tmf_response::COMPLETE }));
     assert_eq!(t.open_tasks(), 0);
 }
 
@@ -966,6 +1062,7 @@ fn logout_waits_for_commands_in_flight_and_refuses_new_ones() {
     b.hold = true;
     let itt = h.submit(0, &read10(1), 512, Vec::new());
     step(&mut h, &mut t, &mut b);
+    let task = b.held[0];
     h.logout(0);
     step(&mut h, &mut t, &mut b);
     assert!(host_events(&mut h).is_empty());
@@ -975,7 +1072,7 @@ fn logout_waits_for_commands_in_flight_and_refuses_new_ones() {
         host_events(&mut h).first(),
         Some(HostEvent::Reject { reason: RejectReason::WAITING_FOR_LOGOUT, .. })
     ));
-    assert!(t.send_data_in(itt, &pattern(512), Some(scsi_status::GOOD)));
+    assert!(t.send_data_in(task, &pattern(512), Some(scsi_status::GOOD)));
     step(&mut h, &mut t, &mut b);
     let ev = host_events(&mut h);
     assert!(matches!(ev.first(), Some(HostEvent::Completion(c)) if c.itt == itt));

@@ -1,0 +1,194 @@
+//! iSCSI task management against the real daemon with commands really in
+//! flight: LUNs on devices that hold every read or write for a while
+//! (`read_latency_us`, `write_latency_us`), so an abort arrives while the
+//! I/O runs. An aborted command's late completion must never answer the
+//! command that reuses its ITT, and nothing an aborted command does may
+//! reach the device after the abort was answered (RFC 7143 4.2.3, 11.5).
+
+mod common;
+
+use common::Daemon;
+use initiator::iscsi::{cdb, LoginOptions, Session};
+use std::future::Future;
+use std::time::Duration;
+
+const TARGET: &str = "iqn.2026-11.io.ironwire.test:slow";
+const HOST: &str = "iqn.2026-11.io.ironwire.test:host";
+const BLOCK: u32 = 512;
+
+/// How long each slow device holds an I/O.
+const HOLD: Duration = Duration::from_millis(400);
+/// Long enough for a command to reach the target and start its I/O.
+const SETTLE: Duration = Duration::from_millis(50);
+
+const ABORT_TASK: u8 = 1;
+const ABORT_TASK_SET: u8 = 2;
+const CLEAR_TASK_SET: u8 = 4;
+const LOGICAL_UNIT_RESET: u8 = 5;
+const TARGET_WARM_RESET: u8 = 6;
+
+/// LUN 0: reads are slow. LUN 1: writes are slow.
+fn start(tag: &str) -> Daemon {
+    let hold = HOLD.as_micros();
+    Daemon::start_with(&format!("iscsi-abort-{tag}"), |_, port| {
+        format!(
+            r#"
+[[device]]
+name = "slow-reads"
+kind = "ram"
+size = "4MiB"
+read_latency_us = {hold}
+
+[[device]]
+name = "slow-writes"
+kind = "ram"
+size = "4MiB"
+write_latency_us = {hold}
+
+[[iscsi_target]]
+iqn = "{TARGET}"
+allow_any_initiator = true
+[[iscsi_target.lun]]
+lun = 0
+device = "slow-reads"
+[[iscsi_target.lun]]
+lun = 1
+device = "slow-writes"
+
+[[port]]
+transport = "iscsi"
+address = "127.0.0.1:{port}"
+
+[reactor]
+cores = [0]
+"#
+        )
+    })
+}
+
+fn block_on<F: Future>(f: F) -> F::Output {
+    monoio::RuntimeBuilder::<monoio::IoUringDriver>::new().enable_timer().build().expect("io_uring runtime").block_on(f)
+}
+
+async fn bounded<F: Future>(secs: u64, f: F) -> F::Output {
+    monoio::time::timeout(Duration::from_secs(secs), f).await.expect("test body timed out")
+}
+
+fn pattern(seed: u8) -> Vec<u8> {
+    (0..BLOCK as usize).map(|i| (i as u8).wrapping_mul(31) ^ seed).collect()
+}
+
+async fn session(d: &Daemon) -> Session {
+    let mut s = Session::connect(d.addr, LoginOptions::new(HOST, Some(TARGET))).await.expect("login");
+    s.clear_unit_attentions(0).await.expect("LUN 0 ready");
+    s.clear_unit_attentions(1).await.expect("LUN 1 ready");
+    s
+}
+
+async fn read(s: &mut Session, lun: u64, lba: u64) -> Vec<u8> {
+    s.clear_unit_attentions(lun).await.expect("unit attentions cleared");
+    s.read16(lun, lba, 1, BLOCK).await.expect("read")
+}
+
+#[test]
+fn late_read_of_an_aborted_task_does_not_answer_the_command_reusing_its_itt() {
+    let d = start("itt-reuse");
+    block_on(bounded(30, async {
+        let mut s = session(&d).await;
+        s.write16(0, 0, BLOCK, pattern(0xa0)).await.expect("write A");
+        s.write16(0, 8, BLOCK, pattern(0xb0)).await.expect("write B");
+        // A read of block 0 that the device holds; abort it while it runs.
+        let victim = s.submit(0, &cdb::read16(0, 1), Vec::new(), BLOCK).expect("submit");
+        s.flush().await.expect("send");
+        monoio::time::sleep(SETTLE).await;
+        assert_eq!(s.task_mgmt(ABORT_TASK, 0, victim).await.expect("abort answered"), 0, "function complete");
+        // The initiator reuses the tag at once for a read of block 8: it
+        // must get block 8, not the aborted read's block 0.
+        s.connection_mut().set_next_itt(victim);
+        let again = s.submit(0, &cdb::read16(8, 1), Vec::new(), BLOCK).expect("submit");
+        assert_eq!(again, victim);
+        let (itt, r) = s.next_completion().await.expect("the new read completes");
+        assert_eq!(itt, victim);
+        let r = r.check().expect("GOOD");
+        assert!(r.data == pattern(0xb0), "the read reusing the ITT got another command's data");
+        // Nothing else arrives for the tag: the next command is answered normally.
+        assert_eq!(read(&mut s, 0, 0).await, pattern(0xa0));
+    }));
+}
+
+/// Starts a held write of `pattern(seed)` to block `lba` of LUN 1 (the
+/// device holds every write), then lets it reach the device.
+async fn held_write(s: &mut Session, lba: u64, seed: u8) -> u32 {
+    let itt = s.submit(1, &cdb::write16(lba, 1), pattern(seed), 0).expect("submit");
+    s.flush().await.expect("send");
+    itt
+}
+
+/// Runs task management `function` against writes in flight and checks
+/// that once it is answered, the blocks no longer change.
+async fn aborted_writes_never_land_after_the_answer(function: u8) {
+    let d = start(&format!("tmf{function}"));
+    let mut s = session(&d).await;
+    let lbas = [0u64, 8, 16];
+    for &lba in &lbas {
+        s.write16(1, lba, BLOCK, vec![0; BLOCK as usize]).await.expect("zero");
+    }
+    let mut itts = Vec::new();
+    for (i, &lba) in lbas.iter().enumerate() {
+        itts.push(held_write(&mut s, lba, 0x10 + i as u8).await);
+    }
+    monoio::time::sleep(SETTLE).await;
+    let referenced = if function == ABORT_TASK { itts[0] } else { u32::MAX };
+    assert_eq!(s.task_mgmt(function, 1, referenced).await.expect("answered"), 0, "function complete");
+    // ABORT TASK ends the first write only; the others carry on.
+    let watched = if function == ABORT_TASK { &lbas[..1] } else { &lbas[..] };
+    let mut first = Vec::new();
+    for &lba in watched {
+        first.push(read(&mut s, 1, lba).await);
+    }
+    if function == ABORT_TASK {
+        for _ in 0..2 {
+            let (_, r) = s.next_completion().await.expect("unaffected write completes");
+            r.check().expect("GOOD");
+        }
+    }
+    // Well past the device's hold: whatever was aborted is over by now.
+    monoio::time::sleep(HOLD * 2).await;
+    for (i, &lba) in watched.iter().enumerate() {
+        assert!(
+            read(&mut s, 1, lba).await == first[i],
+            "block {lba} changed after task management function {function} was answered"
+        );
+    }
+    // The session is healthy and no answer for an aborted command arrives.
+    s.write16(1, 32, BLOCK, pattern(0x77)).await.expect("write after the abort");
+    assert_eq!(read(&mut s, 1, 32).await, pattern(0x77));
+    assert_eq!(s.outstanding(), 0);
+    let tur = s.scsi(1, &cdb::test_unit_ready(), Vec::new(), 0).await.expect("TEST UNIT READY");
+    assert!(tur.is_good() || tur.sense_code().is_some());
+}
+
+#[test]
+fn abort_task_is_answered_only_after_its_write_can_no_longer_land() {
+    block_on(bounded(30, aborted_writes_never_land_after_the_answer(ABORT_TASK)));
+}
+
+#[test]
+fn abort_task_set_is_answered_only_after_its_writes_can_no_longer_land() {
+    block_on(bounded(30, aborted_writes_never_land_after_the_answer(ABORT_TASK_SET)));
+}
+
+#[test]
+fn clear_task_set_is_answered_only_after_its_writes_can_no_longer_land() {
+    block_on(bounded(30, aborted_writes_never_land_after_the_answer(CLEAR_TASK_SET)));
+}
+
+#[test]
+fn lun_reset_is_answered_only_after_its_writes_can_no_longer_land() {
+    block_on(bounded(30, aborted_writes_never_land_after_the_answer(LOGICAL_UNIT_RESET)));
+}
+
+#[test]
+fn target_reset_is_answered_only_after_its_writes_can_no_longer_land() {
+    block_on(bounded(30, aborted_writes_never_land_after_the_answer(TARGET_WARM_RESET)));
+}
