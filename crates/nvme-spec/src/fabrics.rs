@@ -97,9 +97,12 @@ impl ConnectData {
         nqn_str(&self.subnqn)
     }
 
-    /// The host NQN, or `None` if it is not NUL-terminated UTF-8.
+    /// The host NQN, or `None` if it is not NUL-terminated UTF-8. It may
+    /// be empty: spdk_nvme_perf sends none by default, and SPDK and the
+    /// kernel target let such a host into subsystems open to any host.
     pub fn hostnqn(&self) -> Option<&str> {
-        nqn_str(&self.hostnqn)
+        let end = self.hostnqn.iter().position(|&b| b == 0)?;
+        core::str::from_utf8(self.hostnqn.get(..end)?).ok()
     }
 }
 
@@ -158,6 +161,9 @@ mod tests {
         let back = ConnectData::read_from_bytes(bytes).expect("1024 bytes");
         assert_eq!(back.subnqn(), Some("nqn.a:sub"));
         assert_eq!(back.hostnqn(), Some("nqn.b:host"));
+        let empty = ConnectData::new([0; 16], 0xffff, "", "");
+        assert_eq!(empty.hostnqn(), Some(""), "an empty host NQN is a value");
+        assert_eq!(empty.subnqn(), None, "an empty subsystem NQN is not");
     }
 
     #[test]

@@ -216,6 +216,7 @@ impl Queue {
         }
         let len = sqe.dptr.length.get();
         if len as usize != core::mem::size_of::<ConnectData>() {
+            log::warn!("{}: Connect refused: data length {len} (expected 1024)", self.peer);
             return Outcome::status(cid, Status::SGL_DATA_LENGTH_INVALID.dnr());
         }
         let Some(data) = data else {
@@ -223,6 +224,7 @@ impl Queue {
         };
         let cmd = ConnectCmd::from_sqe(sqe);
         if cmd.recfmt != 0 {
+            log::warn!("{}: Connect refused: RECFMT {} (expected 0)", self.peer, cmd.recfmt);
             return Outcome::Complete {
                 cqe: Cqe::new(
                     cid,
@@ -233,24 +235,29 @@ impl Queue {
             };
         }
         let Ok(cd) = ConnectData::read_from_bytes(data.as_ref()) else {
+            log::warn!("{}: Connect refused: data length {} (expected 1024)", self.peer, data.as_ref().len());
             return Outcome::status(cid, Status::SGL_DATA_LENGTH_INVALID.dnr());
         };
         let Some(subnqn) = cd.subnqn() else {
+            log::warn!("{}: Connect refused: SUBNQN is empty or not NUL-terminated UTF-8", self.peer);
             return invalid(true, ConnectData::SUBNQN_OFFSET);
         };
         let Some(hostnqn) = cd.hostnqn() else {
+            log::warn!("{}: Connect to {subnqn} refused: HOSTNQN is not NUL-terminated UTF-8", self.peer);
             return invalid(true, ConnectData::HOSTNQN_OFFSET);
         };
+        let shown = if hostnqn.is_empty() { "(empty host NQN)" } else { hostnqn };
         let Some(subsys) = self.target.subsystem(subnqn) else {
-            log::warn!("{}: Connect to unknown subsystem {subnqn} from {hostnqn}", self.peer);
+            log::warn!("{}: Connect to unknown subsystem {subnqn} from {shown}", self.peer);
             return invalid(true, ConnectData::SUBNQN_OFFSET);
         };
         if !subsys.discovery && self.target.port_for(self.local).is_some_and(|p| p.discovery_only) {
             log::warn!("{}: Connect to {subnqn} on a discovery-only port", self.peer);
             return invalid(true, ConnectData::SUBNQN_OFFSET);
         }
+        // An empty host NQN is let in only where any host is.
         if !subsys.allows(hostnqn) {
-            log::warn!("{}: host {hostnqn} is not allowed to connect to {subnqn}", self.peer);
+            log::warn!("{}: host {shown} is not allowed to connect to {subnqn}", self.peer);
             return Outcome::Complete {
                 cqe: Cqe::new(
                     cid,

@@ -166,6 +166,22 @@ fn refuses_a_host_not_on_the_list_with_invalid_host() {
 }
 
 #[test]
+fn lets_an_empty_host_nqn_into_subsystems_open_to_any_host_only() {
+    // spdk_nvme_perf connects with no host NQN unless given one.
+    let t = target();
+    let mut q = Queue::new(t.clone(), addr(), addr());
+    let (cqe, _) = cqe_of(connect(&mut q, 0, 0xffff, SUB, ""));
+    assert!(cqe.status().is_success(), "{:?}", cqe.status());
+    assert_eq!(prop_set_cc(&mut q, 0x0046_0001), Status::SUCCESS);
+    let cntlid = cqe.dw0.get() as u16;
+    let mut io = Queue::new(t.clone(), addr(), addr());
+    assert!(status(&connect(&mut io, 1, cntlid, SUB, "")).is_success());
+    let mut q2 = Queue::new(t, addr(), addr());
+    let (cqe, _) = cqe_of(connect(&mut q2, 0, 0xffff, SECRET, ""));
+    assert_eq!(cqe.status(), Status::CONNECT_INVALID_HOST.dnr());
+}
+
+#[test]
 fn rejects_unknown_subsystem_and_bad_connect_parameters() {
     let t = target();
     let mut q = Queue::new(t.clone(), addr(), addr());
