@@ -1,7 +1,6 @@
 //! CRC32C header and data digests (RFC 7143 section 13.1, RFC 3720 appendix B.4).
 //!
-//! The `crc32c` crate picks the SSE4.2/PCLMULQDQ path (or the ARMv8 CRC
-//! instructions) at run time. iSCSI carries the CRC least significant byte
+//! The `checksum` crate computes it (runtime-dispatched SIMD). iSCSI carries the CRC least significant byte
 //! first, as the test vectors of RFC 3720 B.4 show.
 
 /// Digest length in bytes.
@@ -9,7 +8,7 @@ pub const LEN: usize = 4;
 
 /// The CRC32C of `bytes` as carried on the wire.
 pub fn crc32c(bytes: &[u8]) -> [u8; 4] {
-    crc32c::crc32c(bytes).to_le_bytes()
+    checksum::crc32c(bytes).to_le_bytes()
 }
 
 #[cfg(test)]

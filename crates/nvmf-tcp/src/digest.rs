@@ -1,15 +1,12 @@
-//! CRC32C header and data digests (TP 8000 section 7.4.6).
-//!
-//! The `crc32c` crate picks the SSE4.2 instruction (with PCLMULQDQ-folded
-//! parallel streams) at run time, the fastest hardware path on x86-64, and
-//! the ARMv8 CRC instructions on aarch64.
+//! CRC32C header and data digests (TP 8000 section 7.4.6), computed by the
+//! `checksum` crate (runtime-dispatched SIMD).
 
 /// Digest length in bytes.
 pub const LEN: usize = 4;
 
 /// The CRC32C of `bytes`, as carried on the wire (little-endian).
 pub fn crc32c(bytes: &[u8]) -> [u8; 4] {
-    crc32c::crc32c(bytes).to_le_bytes()
+    checksum::crc32c(bytes).to_le_bytes()
 }
 
 #[cfg(test)]

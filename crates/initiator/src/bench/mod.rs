@@ -813,7 +813,10 @@ fn fill_block(block: &mut [u8], lba: u64, gen: u32) {
     h[..8].copy_from_slice(&VERIFY_MAGIC.to_le_bytes());
     h[8..16].copy_from_slice(&lba.to_le_bytes());
     h[16..20].copy_from_slice(&gen.to_le_bytes());
-    let crc = crc32c::crc32c_append(crc32c::crc32c(&h[..20]), body);
+    let mut c = checksum::Crc32c::new();
+    c.update(&h[..20]);
+    c.update(body);
+    let crc = c.value();
     h[20..24].copy_from_slice(&crc.to_le_bytes());
     head.copy_from_slice(&h);
 }
@@ -851,7 +854,10 @@ fn check_block(b: &[u8], lba: u64, want: Expect) -> Result<(), String> {
     }
     let body = b.get(HDR..).unwrap_or_default();
     let head = b.get(..20).unwrap_or_default();
-    let actual = crc32c::crc32c_append(crc32c::crc32c(head), body);
+    let mut c = checksum::Crc32c::new();
+    c.update(head);
+    c.update(body);
+    let actual = c.value();
     if actual != crc {
         return Err(format!("checksum {actual:#010x} does not match the stored {crc:#010x}"));
     }
