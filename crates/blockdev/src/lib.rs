@@ -386,6 +386,27 @@ impl Device {
         }
     }
 
+    /// Writes `src` (a whole number of blocks) at `lba` at once when the
+    /// device needs no I/O for it (null, ram, with no injected write
+    /// latency): `None` for file and block devices. Memory devices have no
+    /// cache, so the write is as durable as they get (FUA needs nothing).
+    /// Lets a transport complete such writes where the command arrived,
+    /// with no task.
+    pub fn write_now(&self, lba: u64, src: &[u8]) -> Option<Result<(), Error>> {
+        if !self.latency.write.is_zero() || matches!(self.backend, Backend::File(_)) {
+            return None;
+        }
+        let offset = match self.io_offset(lba, src.len()) {
+            Ok(offset) => offset,
+            Err(e) => return Some(Err(e)),
+        };
+        match &self.backend {
+            Backend::Null => Some(Ok(())),
+            Backend::Ram(ram) => Some(ram.write(offset, src).map_err(Error::from)),
+            Backend::File(_) => None,
+        }
+    }
+
     /// Reads `buf.len()` bytes (a whole number of blocks) starting at `lba`.
     pub async fn read(&self, lba: u64, mut buf: IoBuf) -> (Result<(), Error>, IoBuf) {
         let offset = match self.io_offset(lba, buf.len()) {
@@ -503,6 +524,23 @@ mod tests {
         let dev = Device::null("n", 1 << 20, 512).expect("null device");
         let err = dev.check_range(2040, 16).expect_err("past the end");
         assert_eq!(err.to_string(), "lba 2040 + 16 blocks is out of range (capacity 2048 blocks)");
+    }
+
+    #[test]
+    fn memory_devices_write_at_once_and_others_decline() {
+        let ram = Device::ram("r", 1 << 20, 512).expect("ram device");
+        assert!(matches!(ram.write_now(3, &[0x5a; 1024]), Some(Ok(()))));
+        let mut back = [0u8; 1024];
+        assert!(matches!(ram.read_now(3, &mut back), Some(Ok(()))));
+        assert_eq!(back, [0x5a; 1024]);
+        assert!(matches!(ram.write_now(2047, &[0; 1024]), Some(Err(Error::OutOfRange { .. }))));
+        let null = Device::null("n", 1 << 20, 512).expect("null device");
+        assert!(matches!(null.write_now(0, &[1; 512]), Some(Ok(()))));
+        let slow = Device::ram("s", 1 << 20, 512)
+            .expect("ram device")
+            .with_latency(Latency { read: Duration::ZERO, write: Duration::from_millis(1) });
+        assert!(slow.write_now(0, &[1; 512]).is_none(), "injected latency needs the async path");
+        assert!(slow.reads_from_memory());
     }
 
     #[test]

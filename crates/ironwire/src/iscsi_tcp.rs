@@ -516,7 +516,7 @@ fn command(conn: &Rc<Conn>, cmd: iscsi::target::Command<Buf>) {
         Outcome::NeedData { .. } => conn.check(itt, &Sense::INVALID_FIELD_IN_CDB),
         Outcome::Io(req) => {
             if let Some(u) = unit {
-                if !read_from_memory(conn, itt, &req) {
+                if !read_from_memory(conn, itt, &req) && !write_to_memory(conn, itt, &req, residual) {
                     conn.running.borrow_mut().push((itt.serial, false));
                     monoio::spawn(run_io(conn.clone(), itt, u, req, residual));
                 }
@@ -543,6 +543,21 @@ fn read_from_memory(conn: &Rc<Conn>, itt: TaskRef, req: &BlockRequest<Buf>) -> b
         conn.shell.tx_ready.notify();
     }
     sent
+}
+
+/// Completes a write to a null or RAM LU at once, where the command
+/// arrived: no task, no wait. `false` when the request is anything else.
+fn write_to_memory(conn: &Conn, task: TaskRef, req: &BlockRequest<Buf>, residual: Option<Residual>) -> bool {
+    let BlockOp::Write { lba, ref data, .. } = req.op else { return false };
+    let Some(result) = req.device.write_now(lba, &data.0) else { return false };
+    match result {
+        Ok(()) => conn.good(task, false, &[], residual),
+        Err(e) => {
+            log::warn!("{}: write on {} failed: {e}", conn.shell.peer, req.device.name());
+            conn.check(task, &scsi::io_error_sense(&e, true));
+        }
+    }
+    true
 }
 
 async fn run_io(conn: Rc<Conn>, itt: TaskRef, unit: Arc<Unit>, req: BlockRequest<Buf>, residual: Option<Residual>) {

@@ -101,7 +101,8 @@ pub async fn serve(stream: TcpStream, target: Arc<Target>, cfg: TargetConfig) {
         }
         let r = conn.tcp.borrow_mut().handle_input(&buf);
         buf.clear();
-        dispatch_events(&conn);
+        // One clock read per batch of received bytes, not per command.
+        dispatch_events(&conn, now_ms());
         if let Err(e) = r {
             log::warn!("{peer}: fatal NVMe/TCP error, sending C2HTermReq: {e}");
             conn.shell.close();
@@ -114,7 +115,7 @@ pub async fn serve(stream: TcpStream, target: Arc<Target>, cfg: TargetConfig) {
     log::debug!("{peer}: closed");
 }
 
-fn dispatch_events(conn: &Rc<Conn>) {
+fn dispatch_events(conn: &Rc<Conn>, now_ms: u64) {
     loop {
         let ev = conn.tcp.borrow_mut().poll_event();
         let Some(ev) = ev else { break };
@@ -123,7 +124,7 @@ fn dispatch_events(conn: &Rc<Conn>) {
                 let len = data.as_ref().map(|d| d.0.len());
                 let checked = conn.tcp.borrow().check_sgl(&sqe, len);
                 match checked {
-                    Ok(_) => execute(conn, sqe, data),
+                    Ok(_) => execute(conn, now_ms, sqe, data),
                     Err(status) => {
                         log::debug!("{}: cid {} SGL rejected: {status}", conn.shell.peer, sqe.cid.get());
                         conn.respond(Cqe::new(sqe.cid.get(), status, 0));
@@ -133,7 +134,7 @@ fn dispatch_events(conn: &Rc<Conn>) {
             Event::Data { cid, data } => {
                 let sqe = conn.awaiting_data.borrow_mut().remove(&cid);
                 match sqe {
-                    Some(sqe) => execute(conn, sqe, Some(data)),
+                    Some(sqe) => execute(conn, now_ms, sqe, Some(data)),
                     None => conn.respond(Cqe::new(cid, Status::INTERNAL, 0)),
                 }
             }
@@ -154,8 +155,8 @@ fn dispatch_events(conn: &Rc<Conn>) {
     conn.shell.tx_ready.notify();
 }
 
-fn execute(conn: &Rc<Conn>, sqe: Sqe, data: Option<Buf>) {
-    let outcome = conn.queue.borrow_mut().execute(now_ms(), &sqe, data);
+fn execute(conn: &Rc<Conn>, now_ms: u64, sqe: Sqe, data: Option<Buf>) {
+    let outcome = conn.queue.borrow_mut().execute(now_ms, &sqe, data);
     let cid = sqe.cid.get();
     match outcome {
         Outcome::Complete { cqe, data } => {
@@ -170,7 +171,7 @@ fn execute(conn: &Rc<Conn>, sqe: Sqe, data: Option<Buf>) {
             conn.tcp.borrow_mut().request_data(cid, len);
         }
         Outcome::Io(req) => {
-            if !read_from_memory(conn, &req) {
+            if !read_from_memory(conn, &req) && !write_to_memory(conn, &req) {
                 monoio::spawn(run_io(conn.clone(), req));
             }
         }
@@ -205,6 +206,22 @@ fn read_from_memory(conn: &Rc<Conn>, req: &BlockRequest<Buf>) -> bool {
         conn.shell.tx_ready.notify();
     }
     sent
+}
+
+/// Completes a write to a null or RAM device at once, where the command
+/// arrived: no task, no wait. `false` when the request is anything else.
+fn write_to_memory(conn: &Conn, req: &BlockRequest<Buf>) -> bool {
+    let BlockOp::Write { lba, ref data, .. } = req.op else { return false };
+    let Some(result) = req.device.write_now(lba, &data.0) else { return false };
+    let status = match result {
+        Ok(()) => Status::SUCCESS,
+        Err(e) => {
+            log::warn!("{}: write on {} failed: {e}", conn.shell.peer, req.device.name());
+            nvmf::io_error_status(&e, true)
+        }
+    };
+    conn.respond(Cqe::new(req.cid, status, 0));
+    true
 }
 
 async fn run_io(conn: Rc<Conn>, req: BlockRequest<Buf>) {

@@ -43,6 +43,8 @@ pub struct Controller {
     pub(crate) state: Mutex<CtrlState>,
     last_keep_alive_ms: AtomicU64,
     dead: AtomicBool,
+    /// CSTS.RDY, readable without the lock: every I/O command checks it.
+    ready: AtomicBool,
 }
 
 impl Controller {
@@ -67,6 +69,7 @@ impl Controller {
             }),
             last_keep_alive_ms: AtomicU64::new(now_ms),
             dead: AtomicBool::new(false),
+            ready: AtomicBool::new(false),
         }
     }
 
@@ -128,11 +131,13 @@ impl Controller {
         } else {
             s.csts &= !(csts::SHST_COMPLETE | csts::SHST_OCCURRING);
         }
+        self.ready.store(s.csts & csts::RDY != 0, Ordering::Release);
     }
 
-    /// Whether CC.EN and CSTS.RDY are set.
+    /// Whether CC.EN and CSTS.RDY are set. A load, no lock: the I/O path
+    /// asks on every command.
     pub fn enabled(&self) -> bool {
-        self.lock().csts & csts::RDY != 0
+        self.ready.load(Ordering::Acquire)
     }
 
     /// Queues a namespace-attribute-changed event if the host enabled it

@@ -79,7 +79,12 @@ pub fn io_error_status(err: &blockdev::Error, write: bool) -> Status {
 
 impl Queue {
     fn namespace(&mut self, ctrl: &Controller, nsid: u32) -> Option<Arc<Namespace>> {
-        let subsys = ctrl.subsystem()?;
+        // The subsystem is looked up once per queue, not upgraded from the
+        // controller's weak reference on every command.
+        if self.ns_subsys.is_none() {
+            self.ns_subsys = ctrl.subsystem();
+        }
+        let subsys = self.ns_subsys.as_ref()?;
         let gen = subsys.ns_generation();
         if gen != self.ns_cache_gen {
             self.ns_cache.clear();

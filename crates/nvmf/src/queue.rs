@@ -81,6 +81,7 @@ pub struct Queue {
     pub(crate) aers: Vec<u16>,
     pub(crate) ns_cache: Vec<Option<Arc<Namespace>>>,
     pub(crate) ns_cache_gen: u64,
+    pub(crate) ns_subsys: Option<Arc<Subsystem>>,
 }
 
 impl Queue {
@@ -94,6 +95,7 @@ impl Queue {
             aers: Vec::new(),
             ns_cache: Vec::new(),
             ns_cache_gen: u64::MAX,
+            ns_subsys: None,
         }
     }
 
@@ -117,6 +119,18 @@ impl Queue {
         if sqe.opcode == Admin::FABRICS.0 {
             return self.fabrics(now_ms, sqe, data);
         }
+        if let QueueKind::Io(..) = self.kind {
+            // The hot path: borrow the controller by moving it out for the
+            // call instead of cloning its Arc (a shared atomic) per command.
+            let kind = std::mem::replace(&mut self.kind, QueueKind::Unconnected);
+            let out = match &kind {
+                QueueKind::Io(ctrl, _) if ctrl.is_dead() => Outcome::status(cid, Status::ABORTED_SQ_DELETION.dnr()),
+                QueueKind::Io(ctrl, _) => self.io(ctrl, sqe, data),
+                _ => Outcome::status(cid, Status::INTERNAL),
+            };
+            self.kind = kind;
+            return out;
+        }
         let kind = self.kind.clone();
         match kind {
             QueueKind::Unconnected => {
@@ -134,12 +148,7 @@ impl Queue {
                 }
                 self.admin(&ctrl, sqe, data)
             }
-            QueueKind::Io(ctrl, _) => {
-                if ctrl.is_dead() {
-                    return Outcome::status(cid, Status::ABORTED_SQ_DELETION.dnr());
-                }
-                self.io(&ctrl, sqe, data)
-            }
+            QueueKind::Io(..) => Outcome::status(cid, Status::INTERNAL),
         }
     }
 
