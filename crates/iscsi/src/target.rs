@@ -382,6 +382,7 @@ const ABORTED_ITTS_KEPT: usize = 256;
 
 /// A task management request waiting for its answer.
 struct PendingTmf {
+    function: TmfFunction,
     immediate: bool,
     /// The tasks it ends, fixed when it arrived (RFC 7143 section 4.2.3.2:
     /// commands that arrive later are not affected).
@@ -1618,7 +1619,7 @@ impl<B: DataBuffer> TargetConnection<B> {
             } else {
                 tmf_response::NOT_SUPPORTED
             };
-            self.tmf_pending.insert(itt, PendingTmf { immediate: bhs.immediate(), scope: Vec::new() });
+            self.tmf_pending.insert(itt, PendingTmf { function, immediate: bhs.immediate(), scope: Vec::new() });
             self.send_tmf_response(itt, code);
             return Ok(());
         }
@@ -1630,7 +1631,7 @@ impl<B: DataBuffer> TargetConnection<B> {
             let ref_sn = bhs.ref_cmd_sn();
             let pending = in_window(ref_sn, self.exp_cmd_sn, self.max_cmd_sn) && sn_lt(ref_sn, bhs.cmd_sn());
             let code = if pending { tmf_response::COMPLETE } else { tmf_response::TASK_DOES_NOT_EXIST };
-            self.tmf_pending.insert(itt, PendingTmf { immediate: bhs.immediate(), scope: Vec::new() });
+            self.tmf_pending.insert(itt, PendingTmf { function, immediate: bhs.immediate(), scope: Vec::new() });
             self.send_tmf_response(itt, code);
             return Ok(());
         }
@@ -1644,7 +1645,7 @@ impl<B: DataBuffer> TargetConnection<B> {
                 }
             }
         }
-        self.tmf_pending.insert(itt, PendingTmf { immediate: bhs.immediate(), scope });
+        self.tmf_pending.insert(itt, PendingTmf { function, immediate: bhs.immediate(), scope });
         self.events.push_back(Event::TaskMgmt {
             itt,
             function,
@@ -1664,7 +1665,19 @@ impl<B: DataBuffer> TargetConnection<B> {
     /// device again (RFC 7143 section 4.2.3); on any other response the
     /// tasks carry on and are answered as usual.
     pub fn send_tmf_response(&mut self, itt: u32, response: u8) -> bool {
-        let Some(PendingTmf { immediate, scope }) = self.tmf_pending.remove(&itt) else { return false };
+        let Some(PendingTmf { function, immediate, scope }) = self.tmf_pending.remove(&itt) else { return false };
+        // The referenced task was answered before the abort took effect
+        // (it finished first): RFC 7143 11.6.1 "Task does not exist", so
+        // the initiator never sees both a status and "function complete".
+        let response = if function == TmfFunction::ABORT_TASK
+            && response == tmf_response::COMPLETE
+            && !scope.is_empty()
+            && scope.iter().all(|t| !self.tasks.get(&t.itt).is_some_and(|x| x.serial == t.serial))
+        {
+            tmf_response::TASK_DOES_NOT_EXIST
+        } else {
+            response
+        };
         for t in scope {
             if response == tmf_response::COMPLETE {
                 if self.task_mut(t).is_some() {

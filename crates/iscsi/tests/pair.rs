@@ -679,6 +679,29 @@ fn late_answer_of_an_aborted_task_never_answers_the_task_reusing_its_itt() {
 }
 
 #[test]
+fn abort_of_a_task_answered_meanwhile_says_task_does_not_exist() {
+    let (mut h, mut t, mut b) = logged_in(HostConfig::new(INITIATOR, Some(TARGET)), target_cfg(false));
+    b.hold = true;
+    let victim = h.submit(0, &read10(1), 512, Vec::new());
+    step(&mut h, &mut t, &mut b);
+    let task = b.held[0];
+    // The abort arrives; before the upper layer answers it, the command
+    // finishes and is answered GOOD.
+    let tmf = h.task_mgmt(TmfFunction::ABORT_TASK.0, 0, victim);
+    let mut bytes = Vec::new();
+    h.take_transmit(&mut bytes);
+    t.handle_input(&bytes).expect("TMF");
+    let Some(Event::TaskMgmt { itt, tasks, .. }) = t.poll_event() else { panic!("a TaskMgmt event") };
+    assert_eq!(tasks, vec![task]);
+    assert!(t.send_data_in(task, &pattern(512), Some(scsi_status::GOOD)));
+    assert!(t.send_tmf_response(itt, tmf_response::COMPLETE));
+    step(&mut h, &mut t, &mut b);
+    let ev = host_events(&mut h);
+    assert!(ev.iter().any(|e| matches!(e, HostEvent::Completion(c) if c.itt == victim)), "{ev:?}");
+    assert!(ev.contains(&HostEvent::TaskMgmt { itt: tmf, response: tmf_response::TASK_DOES_NOT_EXIST }), "{ev:?}");
+}
+
+#[test]
 fn task_management_scope_is_fixed_when_the_request_arrives() {
     let (mut h, mut t, _) = logged_in(HostConfig::new(INITIATOR, Some(TARGET)), target_cfg(false));
     let mut held = Vec::new();
