@@ -1672,7 +1672,7 @@ impl<B: DataBuffer> TargetConnection<B> {
         let response = if function == TmfFunction::ABORT_TASK
             && response == tmf_response::COMPLETE
             && !scope.is_empty()
-            && scope.iter().all(|t| !self.tasks.get(&t.itt).is_some_and(|x| x.serial == t.serial))
+            && scope.iter().all(|t| self.tasks.get(&t.itt).is_none_or(|x| x.serial != t.serial))
         {
             tmf_response::TASK_DOES_NOT_EXIST
         } else {
