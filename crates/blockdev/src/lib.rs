@@ -359,11 +359,6 @@ impl Device {
         self
     }
 
-    /// The injected latency.
-    pub fn latency(&self) -> Latency {
-        self.latency
-    }
-
     /// Reads `dst.len()` bytes (a whole number of blocks) at `lba` straight
     /// into `dst` when the device needs no I/O for it (null, ram): `None`
     /// for file and block devices. Lets a transport copy device data once,
@@ -393,7 +388,7 @@ impl Device {
     /// Lets a transport complete such writes where the command arrived,
     /// with no task.
     pub fn write_now(&self, lba: u64, src: &[u8]) -> Option<Result<(), Error>> {
-        if !self.latency.write.is_zero() || matches!(self.backend, Backend::File(_)) {
+        if !self.latency.write.is_zero() {
             return None;
         }
         let offset = match self.io_offset(lba, src.len()) {

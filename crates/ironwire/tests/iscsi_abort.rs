@@ -7,9 +7,8 @@
 
 mod common;
 
-use common::Daemon;
+use common::{block_on, bounded, Daemon};
 use initiator::iscsi::{cdb, LoginOptions, Session};
-use std::future::Future;
 use std::time::Duration;
 
 const TARGET: &str = "iqn.2026-11.io.ironwire.test:slow";
@@ -64,14 +63,6 @@ cores = [0]
 "#
         )
     })
-}
-
-fn block_on<F: Future>(f: F) -> F::Output {
-    monoio::RuntimeBuilder::<monoio::IoUringDriver>::new().enable_timer().build().expect("io_uring runtime").block_on(f)
-}
-
-async fn bounded<F: Future>(secs: u64, f: F) -> F::Output {
-    monoio::time::timeout(Duration::from_secs(secs), f).await.expect("test body timed out")
 }
 
 fn pattern(seed: u8) -> Vec<u8> {

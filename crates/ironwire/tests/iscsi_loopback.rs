@@ -8,7 +8,7 @@
 
 mod common;
 
-use common::Daemon;
+use common::{block_on, bounded, Daemon};
 use initiator::iscsi::{cdb, Error, LoginOptions, Session};
 use iscsi::chap::ChapAlgorithm;
 use iscsi::host::HostEvent;
@@ -115,15 +115,6 @@ impl Daemon {
             )
         })
     }
-}
-
-fn block_on<F: Future>(f: F) -> F::Output {
-    monoio::RuntimeBuilder::<monoio::IoUringDriver>::new().enable_timer().build().expect("io_uring runtime").block_on(f)
-}
-
-/// Bounds a whole test body: a stuck test fails instead of hanging.
-async fn bounded<F: Future>(secs: u64, f: F) -> F::Output {
-    monoio::time::timeout(Duration::from_secs(secs), f).await.expect("test body timed out")
 }
 
 fn pattern(len: usize, seed: u8) -> Vec<u8> {

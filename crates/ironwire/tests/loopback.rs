@@ -8,8 +8,7 @@ use initiator::bench::{self, BenchOptions, Pattern};
 use initiator::{cmd, discover, Controller, Error, Options, Queue, QueueOptions, Status};
 mod common;
 
-use common::Daemon;
-use std::future::Future;
+use common::{block_on, bounded, Daemon};
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -35,15 +34,6 @@ fn ram_subsystem(nqn: &str, dev: &str, size: &str, hosts: Option<&[&str]>) -> St
     format!(
         "[[device]]\nname = \"{dev}\"\nkind = \"ram\"\nsize = \"{size}\"\n\n[[subsystem]]\nnqn = \"{nqn}\"\n{access}[[subsystem.namespace]]\ndevice = \"{dev}\"\n\n"
     )
-}
-
-fn block_on<F: Future>(f: F) -> F::Output {
-    monoio::RuntimeBuilder::<monoio::IoUringDriver>::new().enable_timer().build().expect("io_uring runtime").block_on(f)
-}
-
-/// Bounds a whole test body: a stuck test fails instead of hanging.
-async fn bounded<F: Future>(secs: u64, f: F) -> F::Output {
-    monoio::time::timeout(Duration::from_secs(secs), f).await.expect("test body timed out")
 }
 
 fn opts(io_queues: u16) -> Options {

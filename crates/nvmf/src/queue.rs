@@ -119,20 +119,11 @@ impl Queue {
         if sqe.opcode == Admin::FABRICS.0 {
             return self.fabrics(now_ms, sqe, data);
         }
-        if let QueueKind::Io(..) = self.kind {
-            // The hot path: borrow the controller by moving it out for the
-            // call instead of cloning its Arc (a shared atomic) per command.
-            let kind = std::mem::replace(&mut self.kind, QueueKind::Unconnected);
-            let out = match &kind {
-                QueueKind::Io(ctrl, _) if ctrl.is_dead() => Outcome::status(cid, Status::ABORTED_SQ_DELETION.dnr()),
-                QueueKind::Io(ctrl, _) => self.io(ctrl, sqe, data),
-                _ => Outcome::status(cid, Status::INTERNAL),
-            };
-            self.kind = kind;
-            return out;
-        }
-        let kind = self.kind.clone();
-        match kind {
+        // Admin and I/O commands never change what the queue is (only
+        // Connect does), so the controller is borrowed by moving the kind
+        // out for the call: no Arc clone, a shared atomic, per command.
+        let kind = std::mem::replace(&mut self.kind, QueueKind::Unconnected);
+        let out = match &kind {
             QueueKind::Unconnected => {
                 log::warn!("{}: opcode {:#04x} (cid {cid}) before Connect", self.peer, sqe.opcode);
                 Outcome::status(cid, Status::COMMAND_SEQUENCE_ERROR.dnr())
@@ -140,16 +131,19 @@ impl Queue {
             QueueKind::Admin(ctrl) => {
                 ctrl.keep_alive(now_ms);
                 if ctrl.is_dead() {
-                    return Outcome::status(cid, Status::KEEP_ALIVE_EXPIRED.dnr());
-                }
-                if !ctrl.enabled() {
+                    Outcome::status(cid, Status::KEEP_ALIVE_EXPIRED.dnr())
+                } else if !ctrl.enabled() {
                     log::warn!("{}: admin opcode {:#04x} while CC.EN is 0", self.peer, sqe.opcode);
-                    return Outcome::status(cid, Status::COMMAND_SEQUENCE_ERROR.dnr());
+                    Outcome::status(cid, Status::COMMAND_SEQUENCE_ERROR.dnr())
+                } else {
+                    self.admin(ctrl, sqe, data)
                 }
-                self.admin(&ctrl, sqe, data)
             }
-            QueueKind::Io(..) => Outcome::status(cid, Status::INTERNAL),
-        }
+            QueueKind::Io(ctrl, _) if ctrl.is_dead() => Outcome::status(cid, Status::ABORTED_SQ_DELETION.dnr()),
+            QueueKind::Io(ctrl, _) => self.io(ctrl, sqe, data),
+        };
+        self.kind = kind;
+        out
     }
 
     fn fabrics<B: AsRef<[u8]>>(&mut self, now_ms: u64, sqe: &Sqe, data: Option<B>) -> Outcome<B> {

@@ -4,6 +4,7 @@
 //! when the guard drops.
 #![allow(dead_code)] // each test file uses its own subset
 
+use std::future::Future;
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -101,4 +102,14 @@ impl Daemon {
     pub fn assert_alive(&mut self) {
         assert!(self.alive(), "daemon exited; log:\n{}", self.log());
     }
+}
+
+/// Runs `f` on a monoio io_uring runtime with timers.
+pub fn block_on<F: Future>(f: F) -> F::Output {
+    monoio::RuntimeBuilder::<monoio::IoUringDriver>::new().enable_timer().build().expect("io_uring runtime").block_on(f)
+}
+
+/// Bounds a whole test body: a stuck test fails instead of hanging.
+pub async fn bounded<F: Future>(secs: u64, f: F) -> F::Output {
+    monoio::time::timeout(Duration::from_secs(secs), f).await.expect("test body timed out")
 }
