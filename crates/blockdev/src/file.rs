@@ -1,27 +1,25 @@
-//! File and block-device backend: reads and writes go through each reactor
-//! thread's own io_uring (monoio), control operations (fallocate, ioctls) are
-//! plain synchronous syscalls because they are rare.
+//! File and block-device backend: reads, writes, flushes and fallocate go
+//! through the calling reactor thread's io_uring (the same ring as its
+//! sockets); the rare block-range ioctls (BLKZEROOUT, BLKDISCARD) are plain
+//! synchronous syscalls.
 //!
 //! The device keeps one `O_DIRECT` descriptor (when the file system or device
-//! accepts it) and one buffered descriptor. Each thread lazily wraps dups of
-//! both in `monoio::fs::File`s, cached in a thread-local map keyed by the
-//! device's unique id. An I/O whose offset, length or buffer address is not
-//! aligned for `O_DIRECT` goes through the buffered descriptor instead, so
-//! 512-byte blocks always work.
+//! accepts it) and one buffered descriptor, shared by every reactor. An I/O
+//! whose offset, length or buffer address is not aligned for `O_DIRECT` goes
+//! through the buffered descriptor instead, so 512-byte blocks always work.
+//! Each I/O holds a reference to the descriptors until its completion, so a
+//! device removed while I/O is in flight never lets the numbers be reused
+//! under the kernel.
 
-use std::cell::RefCell;
-use std::collections::HashMap;
 use std::fs::{File, OpenOptions};
 use std::io;
 use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
-use std::rc::Rc;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Weak};
+use std::sync::Arc;
 
-use crate::fixed;
 use crate::iobuf::{IoBuf, IO_BUF_ALIGN};
+use reactor::buf::{IoBuf as _, IoBufMut as _};
 
 /// Linux `<linux/fs.h>` block ioctls missing from `libc`, encoded for the
 /// asm-generic ioctl layout (x86, arm, riscv, loongarch, s390).
@@ -45,9 +43,6 @@ mod ioctl {
     pub const BLKSSZGET: libc::Ioctl = 0x1268;
 }
 
-/// Unique id per opened device, the key of the per-thread descriptor cache.
-static NEXT_ID: AtomicU64 = AtomicU64::new(1);
-
 /// Largest chunk written at a time when zeroing by writing zeros.
 const ZERO_CHUNK: usize = 1 << 20;
 
@@ -56,20 +51,20 @@ struct Fds {
     direct: Option<File>,
 }
 
-/// Per-thread io_uring views of one device's descriptors.
-struct ThreadFiles {
-    /// Lets a thread drop entries of devices that no longer exist.
-    owner: Weak<Fds>,
-    buffered: monoio::fs::File,
-    direct: Option<monoio::fs::File>,
+/// One I/O's descriptor, holding the device's descriptors open until the
+/// kernel is done with it.
+struct FdRef {
+    fd: RawFd,
+    _owner: Arc<Fds>,
 }
 
-thread_local! {
-    static THREAD_FILES: RefCell<HashMap<u64, Rc<ThreadFiles>>> = RefCell::new(HashMap::new());
+impl AsRawFd for FdRef {
+    fn as_raw_fd(&self) -> RawFd {
+        self.fd
+    }
 }
 
 pub(crate) struct FileBackend {
-    id: u64,
     fds: Arc<Fds>,
     /// Offset and length alignment `O_DIRECT` needs (0 when not direct).
     dio_align: u64,
@@ -199,7 +194,6 @@ impl FileBackend {
         let dio_align = if direct.is_some() { u64::from(dio_align) } else { 0 };
         Ok(Opened {
             backend: FileBackend {
-                id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
                 fds: Arc::new(Fds { buffered, direct }),
                 dio_align,
                 dio_mem_align: usize::try_from(dio_mem_align).unwrap_or(IO_BUF_ALIGN).max(1),
@@ -214,43 +208,6 @@ impl FileBackend {
         self.fds.direct.is_some()
     }
 
-    /// This thread's io_uring-backed descriptors, created on first use.
-    fn thread_files(&self) -> io::Result<Rc<ThreadFiles>> {
-        THREAD_FILES.with(|cell| {
-            let mut map = cell.borrow_mut();
-            if let Some(files) = map.get(&self.id) {
-                return Ok(Rc::clone(files));
-            }
-            map.retain(|_, f| f.owner.strong_count() > 0);
-            let buffered = monoio::fs::File::from_std(self.fds.buffered.try_clone()?)?;
-            let direct = match &self.fds.direct {
-                Some(d) => Some(monoio::fs::File::from_std(d.try_clone()?)?),
-                None => None,
-            };
-            let files = Rc::new(ThreadFiles { owner: Arc::downgrade(&self.fds), buffered, direct });
-            map.insert(self.id, Rc::clone(&files));
-            Ok(files)
-        })
-    }
-
-    /// Drops this thread's cached descriptors for the device, if any.
-    pub(crate) fn forget_on_this_thread(&self) {
-        let _ = THREAD_FILES.try_with(|cell| {
-            if let Ok(mut map) = cell.try_borrow_mut() {
-                map.remove(&self.id);
-            }
-        });
-    }
-
-    /// The descriptor for an I/O of `len` bytes at `pos` from `addr`:
-    /// direct when everything is aligned for it, buffered otherwise.
-    fn pick<'a>(&self, files: &'a ThreadFiles, pos: u64, len: usize, addr: usize) -> &'a monoio::fs::File {
-        match &files.direct {
-            Some(direct) if self.direct_fits(pos, len, addr) => direct,
-            _ => &files.buffered,
-        }
-    }
-
     /// Whether an I/O of `len` bytes at `pos` from `addr` is aligned for
     /// the O_DIRECT descriptor.
     fn direct_fits(&self, pos: u64, len: usize, addr: usize) -> bool {
@@ -260,64 +217,23 @@ impl FileBackend {
             && addr % self.dio_mem_align == 0
     }
 
-    /// The raw descriptor for an I/O of `len` bytes at `pos` from `addr`
-    /// (the same choice as [`pick`](Self::pick)).
-    fn pick_fd(&self, pos: u64, len: usize, addr: usize) -> RawFd {
-        match &self.fds.direct {
+    /// The descriptor for an I/O of `len` bytes at `pos` from `addr`:
+    /// direct when everything is aligned for it, buffered otherwise.
+    fn pick(&self, pos: u64, len: usize, addr: usize) -> FdRef {
+        let fd = match &self.fds.direct {
             Some(direct) if self.direct_fits(pos, len, addr) => direct.as_raw_fd(),
             _ => self.fds.buffered.as_raw_fd(),
-        }
-    }
-
-    /// Reads or writes all of `buf` at `offset` through the thread's
-    /// registered ring (`buf` is arena memory of this thread).
-    async fn fixed_rw(
-        &self,
-        ring: Rc<fixed::Ring>,
-        offset: u64,
-        mut buf: IoBuf,
-        write: Option<bool>,
-    ) -> (io::Result<()>, IoBuf) {
-        let len = buf.len();
-        let mut done = 0usize;
-        while done < len {
-            let Some(pos) = offset.checked_add(done as u64) else {
-                return (Err(io::Error::other("I/O offset overflow")), buf);
-            };
-            let addr = (buf.as_ptr() as usize).wrapping_add(done);
-            let fd = self.pick_fd(pos, len - done, addr);
-            let file = fixed::FileRef { fd, owner: self.fds.clone() };
-            let op = match write {
-                None => ring.read(file, buf, done, len - done, pos),
-                Some(fua) => ring.write(file, buf, done, len - done, pos, fua),
-            };
-            let (res, b) = match op {
-                Ok(io) => io.await,
-                Err((e, b)) => return (Err(e), b),
-            };
-            buf = b;
-            match res {
-                Ok(0) => {
-                    let msg = format!("I/O at byte {pos} transferred nothing (was the file truncated?)");
-                    return (Err(io::Error::new(io::ErrorKind::UnexpectedEof, msg)), buf);
-                }
-                Ok(n) => done = done.saturating_add(n),
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) => return (Err(e), buf),
-            }
-        }
-        (Ok(()), buf)
-    }
-
-    pub(crate) async fn read(&self, offset: u64, mut buf: IoBuf) -> (io::Result<()>, IoBuf) {
-        use monoio::buf::IoBufMut;
-        if let Some(ring) = fixed::ring_for(buf.as_ptr(), buf.len()) {
-            return self.fixed_rw(ring, offset, buf, None).await;
-        }
-        let files = match self.thread_files() {
-            Ok(f) => f,
-            Err(e) => return (Err(e), buf),
         };
+        FdRef { fd, _owner: self.fds.clone() }
+    }
+
+    fn buffered(&self) -> FdRef {
+        FdRef { fd: self.fds.buffered.as_raw_fd(), _owner: self.fds.clone() }
+    }
+
+    /// Reads all of `buf` at `offset`, in as many reads as it takes (fixed
+    /// reads when `buf` is registered memory of this thread).
+    pub(crate) async fn read(&self, offset: u64, mut buf: IoBuf) -> (io::Result<()>, IoBuf) {
         let len = buf.len();
         let mut done = 0usize;
         while done < len {
@@ -325,8 +241,8 @@ impl FileBackend {
                 return (Err(io::Error::other("read offset overflow")), buf);
             };
             let addr = (buf.as_ptr() as usize).wrapping_add(done);
-            let file = self.pick(&files, pos, len - done, addr);
-            let (res, slice) = file.read_at(buf.slice_mut(done..len), pos).await;
+            let file = self.pick(pos, len - done, addr);
+            let (res, slice) = reactor::fs::read_at(file, buf.slice_mut(done..len), pos).await;
             buf = slice.into_inner();
             match res {
                 Ok(0) => {
@@ -341,16 +257,9 @@ impl FileBackend {
         (Ok(()), buf)
     }
 
+    /// Writes all of `buf` at `offset`; with `fua` every write carries
+    /// `RWF_DSYNC`, so the data is durable when this returns.
     pub(crate) async fn write(&self, offset: u64, mut buf: IoBuf, fua: bool) -> (io::Result<()>, IoBuf) {
-        use monoio::buf::IoBuf as _;
-        if let Some(ring) = fixed::ring_for(buf.as_ptr(), buf.len()) {
-            // FUA is RWF_DSYNC on each write.
-            return self.fixed_rw(ring, offset, buf, Some(fua)).await;
-        }
-        let files = match self.thread_files() {
-            Ok(f) => f,
-            Err(e) => return (Err(e), buf),
-        };
         let len = buf.len();
         let mut done = 0usize;
         while done < len {
@@ -358,8 +267,8 @@ impl FileBackend {
                 return (Err(io::Error::other("write offset overflow")), buf);
             };
             let addr = (buf.as_ptr() as usize).wrapping_add(done);
-            let file = self.pick(&files, pos, len - done, addr);
-            let (res, slice) = file.write_at(buf.slice(done..len), pos).await;
+            let file = self.pick(pos, len - done, addr);
+            let (res, slice) = reactor::fs::write_at(file, buf.slice(done..len), pos, fua).await;
             buf = slice.into_inner();
             match res {
                 Ok(0) => {
@@ -371,26 +280,24 @@ impl FileBackend {
                 Err(e) => return (Err(e), buf),
             }
         }
-        if fua {
-            // monoio's write op takes no RWF_DSYNC, so FUA is write + fdatasync.
-            if let Err(e) = files.buffered.sync_data().await {
-                return (Err(e), buf);
-            }
-        }
         (Ok(()), buf)
     }
 
     pub(crate) async fn flush(&self) -> io::Result<()> {
         // fdatasync on a block device also flushes its volatile write cache.
-        self.thread_files()?.buffered.sync_data().await
+        reactor::fs::sync(self.buffered(), true).await
     }
 
-    fn fallocate(&self, mode: libc::c_int, offset: u64, len: u64) -> io::Result<()> {
-        let (off, len) = (to_i64(offset)?, to_i64(len)?);
-        let fd = self.fds.buffered.as_raw_fd();
-        // SAFETY: `fd` is a valid descriptor owned by `self.fds` for the whole
-        // call; fallocate takes no pointers.
-        retry_eintr(|| cvt(unsafe { libc::fallocate(fd, mode, off, len) }))
+    /// fallocate on the ring: the kernel runs it off this thread.
+    async fn fallocate(&self, mode: libc::c_int, offset: u64, len: u64) -> io::Result<()> {
+        to_i64(offset)?;
+        to_i64(len)?;
+        loop {
+            match reactor::fs::fallocate(self.buffered(), mode, offset, len).await {
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                other => return other,
+            }
+        }
     }
 
     fn block_range_ioctl(&self, request: libc::Ioctl, offset: u64, len: u64) -> io::Result<()> {
@@ -432,7 +339,7 @@ impl FileBackend {
             attempts.push(libc::FALLOC_FL_ZERO_RANGE | KEEP);
         }
         for mode in attempts {
-            match self.fallocate(mode, offset, len) {
+            match self.fallocate(mode, offset, len).await {
                 Ok(()) => return Ok(()),
                 Err(e) if is_unsupported(&e) => continue,
                 Err(e) => return Err(e),
@@ -473,11 +380,7 @@ mod tests {
     use super::*;
 
     fn run<F: std::future::Future>(fut: F) -> F::Output {
-        monoio::RuntimeBuilder::<monoio::IoUringDriver>::new()
-            .enable_timer()
-            .build()
-            .expect("io_uring runtime")
-            .block_on(fut)
+        reactor::Runtime::new(reactor::Config::default()).expect("io_uring runtime").block_on(fut)
     }
 
     /// A sized temp file, removed on drop (also when a test panics).
@@ -509,12 +412,11 @@ mod tests {
         opened.backend.dio_mem_align = 4096;
         let backend = opened.backend;
         run(async {
-            let files = backend.thread_files().expect("thread files");
-            let direct = files.direct.as_ref().expect("direct fd");
-            assert!(std::ptr::eq(backend.pick(&files, 8192, 4096, 4096), direct));
-            assert!(!std::ptr::eq(backend.pick(&files, 512, 4096, 4096), direct));
-            assert!(!std::ptr::eq(backend.pick(&files, 4096, 512, 4096), direct));
-            assert!(!std::ptr::eq(backend.pick(&files, 4096, 4096, 4096 + 512), direct));
+            let direct = backend.fds.direct.as_ref().expect("direct fd").as_raw_fd();
+            assert_eq!(backend.pick(8192, 4096, 4096).fd, direct);
+            assert_ne!(backend.pick(512, 4096, 4096).fd, direct);
+            assert_ne!(backend.pick(4096, 512, 4096).fd, direct);
+            assert_ne!(backend.pick(4096, 4096, 4096 + 512).fd, direct);
 
             let (res, _) = backend.write(512, IoBuf::from_slice(&[0x3c; 1536]), false).await;
             res.expect("unaligned write");

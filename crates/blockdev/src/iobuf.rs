@@ -267,7 +267,7 @@ impl fmt::Debug for IoBuf {
 // stay valid and unmoved while the IoBuf is alive, even when the IoBuf value
 // itself moves (the allocation is on the heap); io_uring holds the IoBuf
 // until the operation completes.
-unsafe impl monoio::buf::IoBuf for IoBuf {
+unsafe impl reactor::buf::IoBuf for IoBuf {
     fn read_ptr(&self) -> *const u8 {
         self.ptr.as_ptr()
     }
@@ -282,7 +282,7 @@ unsafe impl monoio::buf::IoBuf for IoBuf {
 // initialized, so the kernel writing any prefix keeps the buffer valid and
 // `set_init` has nothing to record (the length is the I/O size, fixed by the
 // caller, not the number of bytes read).
-unsafe impl monoio::buf::IoBufMut for IoBuf {
+unsafe impl reactor::buf::IoBufMut for IoBuf {
     fn write_ptr(&mut self) -> *mut u8 {
         self.ptr.as_ptr()
     }

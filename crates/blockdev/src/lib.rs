@@ -409,7 +409,7 @@ impl Device {
             Err(e) => return (Err(e), buf),
         };
         if !self.latency.read.is_zero() {
-            monoio::time::sleep(self.latency.read).await;
+            reactor::sleep(self.latency.read).await;
         }
         match &self.backend {
             Backend::Null => {
@@ -435,7 +435,7 @@ impl Device {
             Err(e) => return (Err(e), buf),
         };
         if !self.latency.write.is_zero() {
-            monoio::time::sleep(self.latency.write).await;
+            reactor::sleep(self.latency.write).await;
         }
         match &self.backend {
             Backend::Null => (Ok(()), buf),
@@ -484,15 +484,6 @@ impl Device {
 
 fn usize_len(len: u64) -> Result<usize, Error> {
     usize::try_from(len).map_err(|_| Error::Unsupported("range larger than the address space"))
-}
-
-impl Drop for Device {
-    fn drop(&mut self) {
-        // Other threads drop their cached descriptors on their next miss.
-        if let Backend::File(file) = &self.backend {
-            file.forget_on_this_thread();
-        }
-    }
 }
 
 #[cfg(test)]

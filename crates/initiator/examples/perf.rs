@@ -68,7 +68,7 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let mut rt = match monoio::RuntimeBuilder::<monoio::IoUringDriver>::new().enable_timer().build() {
+    let mut rt = match reactor::Runtime::new(reactor::Config::default()) {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("cannot start an io_uring runtime: {e}");

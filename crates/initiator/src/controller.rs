@@ -243,7 +243,7 @@ pub(crate) async fn enable(admin: &mut Queue) -> Result<(u64, u32)> {
         if start.elapsed() > to {
             return Err(Error::Timeout { what: "CSTS.RDY", after: to });
         }
-        monoio::time::sleep(Duration::from_millis(10)).await;
+        reactor::sleep(Duration::from_millis(10)).await;
     }
 }
 
@@ -514,7 +514,7 @@ impl Controller {
             if start.elapsed() > self.admin.timeout() {
                 return Err(Error::Timeout { what: "CSTS.SHST complete", after: self.admin.timeout() });
             }
-            monoio::time::sleep(Duration::from_millis(10)).await;
+            reactor::sleep(Duration::from_millis(10)).await;
         }
         Ok(())
     }

@@ -18,9 +18,8 @@ use ::iscsi::pdu::{Bhs, Opcode};
 use ::iscsi::target::login_status as ls;
 use ::iscsi::text::Params;
 use ::iscsi::{PduError, RejectReason};
-use monoio::io::{AsyncReadRent, AsyncWriteRentExt};
-use monoio::net::TcpStream;
 use rand::Rng;
+use reactor::net::TcpStream;
 use std::collections::{HashSet, VecDeque};
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
@@ -413,7 +412,7 @@ impl Session {
     /// [`Error::LoginRefused`] with the target's status.
     pub async fn connect(addr: SocketAddr, opts: LoginOptions) -> Result<Session> {
         let cfg = opts.host_config()?;
-        let stream = monoio::time::timeout(opts.timeout, TcpStream::connect_addr(addr))
+        let stream = reactor::timeout(opts.timeout, TcpStream::connect(addr))
             .await
             .map_err(|_| Error::Timeout { what: "TCP connect", after: opts.timeout })??;
         stream.set_nodelay(true)?;
@@ -526,7 +525,7 @@ impl Session {
     }
 
     async fn write(&mut self, buf: Vec<u8>) -> Result<()> {
-        match monoio::time::timeout(self.timeout, self.stream.write_all(buf)).await {
+        match reactor::timeout(self.timeout, self.stream.write_all(buf)).await {
             Ok((Ok(_), mut buf)) => {
                 buf.clear();
                 if buf.capacity() > self.tx.capacity() {
@@ -560,7 +559,7 @@ impl Session {
         rx.clear();
         rx.reserve(RX_BUF);
         let left = deadline.saturating_duration_since(Instant::now());
-        let rx = match monoio::time::timeout(left, self.stream.read(rx)).await {
+        let rx = match reactor::timeout(left, self.stream.read(rx)).await {
             Ok((Ok(0), rx)) => {
                 self.rx = rx;
                 return self.fail(Error::Closed);

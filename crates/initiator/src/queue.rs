@@ -7,11 +7,10 @@
 //! the depth the queue was connected with.
 
 use crate::{Error, Result};
-use monoio::buf::IoBufMut;
-use monoio::io::{AsyncReadRent, AsyncWriteRentExt};
-use monoio::net::TcpStream;
 use nvme_spec::Sqe;
 use nvmf_tcp::host::{Completion, HostConfig, HostConnection};
+use reactor::buf::IoBufMut;
+use reactor::net::TcpStream;
 use std::collections::{HashSet, VecDeque};
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -61,7 +60,7 @@ const RX_BUF: usize = 256 * 1024;
 impl Queue {
     /// Opens a TCP connection to `addr` and exchanges ICReq/ICResp.
     pub async fn connect(addr: SocketAddr, opts: QueueOptions) -> Result<Queue> {
-        let stream = monoio::time::timeout(opts.timeout, TcpStream::connect_addr(addr))
+        let stream = reactor::timeout(opts.timeout, TcpStream::connect(addr))
             .await
             .map_err(|_| Error::Timeout { what: "TCP connect", after: opts.timeout })??;
         stream.set_nodelay(true)?;
@@ -182,7 +181,7 @@ impl Queue {
         let mut tx = std::mem::take(&mut self.tx);
         tx.clear();
         self.conn.take_transmit(&mut tx);
-        let res = monoio::time::timeout(self.timeout, self.stream.write_all(tx)).await;
+        let res = reactor::timeout(self.timeout, self.stream.write_all(tx)).await;
         match res {
             Ok((Ok(_), mut tx)) => {
                 tx.clear();
@@ -209,7 +208,7 @@ impl Queue {
         let rx = self.conn.receive_buffer(RX_BUF);
         let at = rx.len();
         let room = rx.capacity();
-        let res = monoio::time::timeout(self.timeout, self.stream.read(rx.slice_mut(at..room))).await;
+        let res = reactor::timeout(self.timeout, self.stream.read(rx.slice_mut(at..room))).await;
         let rx = match res {
             Ok((Ok(0), _)) => return self.fail(Error::Closed),
             Ok((Ok(_), rx)) => rx.into_inner(),

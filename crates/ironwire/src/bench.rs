@@ -424,10 +424,7 @@ fn cpu_use(a: &CpuSample, b: &CpuSample) -> CpuUse {
 type Engine = Arc<dyn Fn(BenchOptions) -> Result<Report> + Send + Sync>;
 
 fn block_on<F: std::future::Future>(f: F) -> Result<F::Output> {
-    let mut rt = monoio::RuntimeBuilder::<monoio::IoUringDriver>::new()
-        .enable_timer()
-        .build()
-        .context("cannot start an io_uring runtime")?;
+    let mut rt = reactor::Runtime::new(reactor::Config::default()).context("cannot start an io_uring runtime")?;
     Ok(rt.block_on(f))
 }
 

@@ -233,12 +233,44 @@ pub struct ReactorConfig {
     /// buffers for file and block devices); 0 turns registration off.
     #[serde(default = "default_registered_buffers")]
     pub registered_buffers: Size,
+    /// Microseconds a reactor keeps polling its ring after the last
+    /// completion before it sleeps in the kernel (0: never spin).
+    #[serde(default = "default_poll_us")]
+    pub poll_us: u32,
+    /// Receive buffers each reactor shares among its connections
+    /// (multishot receive); a power of two, 0 turns it off.
+    #[serde(default = "default_receive_buffers")]
+    pub receive_buffers: u16,
+    /// Size of each receive buffer.
+    #[serde(default = "default_receive_buffer_size")]
+    pub receive_buffer_size: Size,
 }
 
 impl Default for ReactorConfig {
     fn default() -> Self {
-        ReactorConfig { cores: Vec::new(), registered_buffers: default_registered_buffers() }
+        ReactorConfig {
+            cores: Vec::new(),
+            registered_buffers: default_registered_buffers(),
+            poll_us: default_poll_us(),
+            receive_buffers: default_receive_buffers(),
+            receive_buffer_size: default_receive_buffer_size(),
+        }
     }
+}
+
+/// Longest spin a reactor may be configured for: 10 ms.
+pub const MAX_POLL_US: u32 = 10_000;
+
+fn default_poll_us() -> u32 {
+    u32::try_from(reactor::DEFAULT_POLL.as_micros()).unwrap_or(u32::MAX)
+}
+
+fn default_receive_buffers() -> u16 {
+    reactor::DEFAULT_BUFFERS
+}
+
+fn default_receive_buffer_size() -> Size {
+    Size(reactor::DEFAULT_BUFFER_SIZE as u64)
 }
 
 /// Registered buffer memory per reactor: 16 MiB, a queue depth of 128 at
@@ -346,6 +378,16 @@ impl Config {
 
     /// Checks cross-references and limits; errors name the field.
     pub fn validate(&self) -> Result<()> {
+        let r = &self.reactor;
+        if r.poll_us > MAX_POLL_US {
+            bail!("reactor.poll_us: {} is more than {MAX_POLL_US}", r.poll_us);
+        }
+        if r.receive_buffers != 0 && (!r.receive_buffers.is_power_of_two() || r.receive_buffers > 32768) {
+            bail!("reactor.receive_buffers: {} is not 0 or a power of two up to 32768", r.receive_buffers);
+        }
+        if !(512..=1 << 20).contains(&r.receive_buffer_size.0) {
+            bail!("reactor.receive_buffer_size: {} bytes is not between 512 B and 1 MiB", r.receive_buffer_size.0);
+        }
         let mut names = HashSet::new();
         for (i, d) in self.device.iter().enumerate() {
             let f = |field: &str| format!("device[{i}] ({}).{field}", d.name);

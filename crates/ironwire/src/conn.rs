@@ -2,8 +2,7 @@
 //! sends, the closing flag, and the writer task that flushes what the
 //! sans-IO connection queued.
 
-use monoio::io::AsyncWriteRentExt;
-use monoio::net::tcp::TcpOwnedWriteHalf;
+use reactor::net::TcpStream;
 use reactor::Notify;
 use std::cell::Cell;
 use std::net::SocketAddr;
@@ -15,15 +14,14 @@ pub struct Shell {
     /// send of everything queued.
     pub tx_ready: Notify,
     closing: Cell<bool>,
-    fd: i32,
     /// The peer, for log lines.
     pub peer: SocketAddr,
 }
 
 impl Shell {
-    /// A shell for the socket `fd` connected to `peer`.
-    pub fn new(fd: i32, peer: SocketAddr) -> Self {
-        Shell { tx_ready: Notify::default(), closing: Cell::new(false), fd, peer }
+    /// A shell for a connection to `peer`.
+    pub fn new(peer: SocketAddr) -> Self {
+        Shell { tx_ready: Notify::default(), closing: Cell::new(false), peer }
     }
 
     /// Ends the connection: the writer flushes what is queued, then shuts
@@ -51,7 +49,7 @@ pub trait Outbox {
 }
 
 /// The writer task: one `write_all` per wake-up with everything queued.
-pub async fn write_loop<C: Outbox>(mut wr: TcpOwnedWriteHalf, conn: Rc<C>) {
+pub async fn write_loop<C: Outbox>(wr: TcpStream, conn: Rc<C>) {
     let shell = conn.shell();
     let mut out = Vec::with_capacity(256 * 1024);
     loop {
@@ -69,9 +67,6 @@ pub async fn write_loop<C: Outbox>(mut wr: TcpOwnedWriteHalf, conn: Rc<C>) {
             break;
         }
     }
-    // SAFETY: `fd` is the connection's socket, alive until both halves drop;
-    // shutdown does not close or invalidate it.
-    unsafe {
-        libc::shutdown(shell.fd, libc::SHUT_RDWR);
-    }
+    // Ends the reader's pending receive.
+    wr.shutdown();
 }

@@ -15,13 +15,11 @@ use iscsi::target::{
     tmf_response, Event, Policy, Residual, Seed, TargetConfig, TargetConnection, TargetInfo, TaskRef, TmfFunction,
 };
 use iscsi::text::SessionType;
-use monoio::io::{AsyncReadRent, Splitable};
-use monoio::net::TcpStream;
+use reactor::net::TcpStream;
 use reactor::{now_ms, Notify};
 use scsi::{status, BlockOp, BlockRequest, LogicalUnit, Nexus, Outcome, Sense};
 use std::cell::RefCell;
 use std::collections::BTreeMap;
-use std::os::fd::AsRawFd;
 use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, AtomicU16, Ordering};
 use std::sync::Arc;
@@ -329,28 +327,23 @@ fn seed(model: &IscsiModel) -> Seed {
 pub async fn serve(stream: TcpStream, model: Arc<IscsiModel>, cfg: TargetConfig) {
     let _ = stream.set_nodelay(true);
     let Ok(peer) = stream.peer_addr() else { return };
-    let fd = stream.as_raw_fd();
     let seed = seed(&model);
     let conn = Rc::new(Conn {
         iscsi: RefCell::new(TargetConnection::new(cfg, model.clone(), seed)),
         session: RefCell::new(None),
-        shell: Shell::new(fd, peer),
+        shell: Shell::new(peer),
         running: RefCell::new(Vec::new()),
         io_done: Notify::default(),
     });
-    let (mut rd, wr) = stream.into_split();
-    let writer = monoio::spawn(crate::conn::write_loop(wr, conn.clone()));
-    let ticker = monoio::spawn(tick_loop(conn.clone(), model.clone()));
-    let mut buf = Vec::with_capacity(256 * 1024);
+    let (rd, wr) = stream.into_split();
+    let writer = reactor::spawn(crate::conn::write_loop(wr, conn.clone()));
+    let ticker = reactor::spawn(tick_loop(conn.clone(), model.clone()));
+    let mut rx = rd.receiver();
     while !conn.shell.is_closing() {
-        let (res, b) = rd.read(buf).await;
-        buf = b;
-        match res {
-            Ok(0) | Err(_) => break,
-            Ok(_) => {}
-        }
-        let r = conn.iscsi.borrow_mut().handle_input(&buf);
-        buf.clear();
+        let r = match rx.recv().await {
+            Ok(bytes) if !bytes.is_empty() => conn.iscsi.borrow_mut().handle_input(&bytes),
+            _ => break,
+        };
         dispatch_events(&conn, &model);
         if let Err(e) = r {
             log::warn!("{peer}: fatal iSCSI protocol error, closing: {e}");
@@ -406,7 +399,7 @@ fn dispatch_events(conn: &Rc<Conn>, model: &Arc<IscsiModel>) {
                     // RFC 7143 4.2.3: "function complete" only once every
                     // affected task is over. I/O already submitted cannot
                     // be recalled, so wait for it; its answer is dropped.
-                    monoio::spawn(answer_tmf_when_done(conn.clone(), itt, tasks));
+                    reactor::spawn(answer_tmf_when_done(conn.clone(), itt, tasks));
                 } else {
                     conn.iscsi.borrow_mut().send_tmf_response(itt, response);
                 }
@@ -518,7 +511,7 @@ fn command(conn: &Rc<Conn>, cmd: iscsi::target::Command<Buf>) {
             if let Some(u) = unit {
                 if !read_from_memory(conn, itt, &req) && !write_to_memory(conn, itt, &req, residual) {
                     conn.running.borrow_mut().push((itt.serial, false));
-                    monoio::spawn(run_io(conn.clone(), itt, u, req, residual));
+                    reactor::spawn(run_io(conn.clone(), itt, u, req, residual));
                 }
             }
         }

@@ -10,16 +10,14 @@
 
 use crate::conn::{Outbox, Shell};
 use blockdev::IoBuf;
-use monoio::io::{AsyncReadRent, Splitable};
-use monoio::net::TcpStream;
 use nvme_spec::{Cqe, Sqe, Status};
 use nvmf::{BlockOp, BlockRequest, Outcome, Queue, Target};
 use nvmf_tcp::target::{Event, TargetConfig, TargetConnection};
 use nvmf_tcp::DataBuffer;
+use reactor::net::TcpStream;
 use reactor::now_ms;
 use std::cell::RefCell;
 use std::collections::HashMap;
-use std::os::fd::AsRawFd;
 use std::rc::Rc;
 use std::sync::Arc;
 use std::time::Duration;
@@ -80,27 +78,22 @@ pub async fn serve(stream: TcpStream, target: Arc<Target>, cfg: TargetConfig) {
     let (Ok(local), Ok(peer)) = (stream.local_addr(), stream.peer_addr()) else {
         return;
     };
-    let fd = stream.as_raw_fd();
     let conn = Rc::new(Conn {
         tcp: RefCell::new(TargetConnection::new(cfg)),
         queue: RefCell::new(Queue::new(target, local, peer)),
         awaiting_data: RefCell::new(HashMap::new()),
-        shell: Shell::new(fd, peer),
+        shell: Shell::new(peer),
     });
     log::debug!("{peer}: connected");
-    let (mut rd, wr) = stream.into_split();
-    let writer = monoio::spawn(crate::conn::write_loop(wr, conn.clone()));
-    let ticker = monoio::spawn(tick_loop(conn.clone()));
-    let mut buf = Vec::with_capacity(256 * 1024);
+    let (rd, wr) = stream.into_split();
+    let writer = reactor::spawn(crate::conn::write_loop(wr, conn.clone()));
+    let ticker = reactor::spawn(tick_loop(conn.clone()));
+    let mut rx = rd.receiver();
     while !conn.shell.is_closing() {
-        let (res, b) = rd.read(buf).await;
-        buf = b;
-        match res {
-            Ok(0) | Err(_) => break,
-            Ok(_) => {}
-        }
-        let r = conn.tcp.borrow_mut().handle_input(&buf);
-        buf.clear();
+        let r = match rx.recv().await {
+            Ok(bytes) if !bytes.is_empty() => conn.tcp.borrow_mut().handle_input(&bytes),
+            _ => break,
+        };
         // One clock read per batch of received bytes, not per command.
         dispatch_events(&conn, now_ms());
         if let Err(e) = r {
@@ -172,7 +165,7 @@ fn execute(conn: &Rc<Conn>, now_ms: u64, sqe: Sqe, data: Option<Buf>) {
         }
         Outcome::Io(req) => {
             if !read_from_memory(conn, &req) && !write_to_memory(conn, &req) {
-                monoio::spawn(run_io(conn.clone(), req));
+                reactor::spawn(run_io(conn.clone(), req));
             }
         }
         Outcome::Deferred => {}

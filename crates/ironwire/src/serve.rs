@@ -122,7 +122,12 @@ pub fn run(config: Config, ctl_socket: &std::path::Path) -> Result<()> {
     let icfg = iscsi::target::TargetConfig::default();
     let registered = usize::try_from(config.reactor.registered_buffers.0).unwrap_or(usize::MAX);
     let (ready_tx, ready_rx) = std::sync::mpsc::channel::<Result<(), String>>();
-    let handles = reactor::start(&cpus, 1024, {
+    let rcfg = reactor::Config {
+        poll: std::time::Duration::from_micros(u64::from(config.reactor.poll_us)),
+        ..reactor::Config::default()
+    };
+    let (rx_count, rx_size) = (config.reactor.receive_buffers, config.reactor.receive_buffer_size.0 as usize);
+    let handles = reactor::start(&cpus, rcfg, {
         let target = target.clone();
         let iscsi = iscsi.clone();
         let ports = ports.clone();
@@ -144,6 +149,14 @@ pub fn run(config: Config, ctl_socket: &std::path::Path) -> Result<()> {
                         );
                     }
                 }
+                if rx_count > 0 {
+                    if let Err(e) = reactor::register_receive_buffers(rx_count, rx_size) {
+                        log::warn!(
+                            "reactor {}: no shared receive buffers ({e}); each connection receives into its own",
+                            id.index
+                        );
+                    }
+                }
                 let mut listeners = Vec::new();
                 for (a, proto) in &ports {
                     match reactor::listen(*a) {
@@ -161,15 +174,15 @@ pub fn run(config: Config, ctl_socket: &std::path::Path) -> Result<()> {
                     let target = target.clone();
                     let iscsi = iscsi.clone();
                     let icfg = icfg.clone();
-                    tasks.push(monoio::spawn(async move {
+                    tasks.push(reactor::spawn(async move {
                         loop {
                             match l.accept().await {
                                 Ok((stream, _)) => match proto {
                                     Protocol::NvmeTcp => {
-                                        monoio::spawn(crate::nvme_tcp::serve(stream, target.clone(), tcfg));
+                                        reactor::spawn(crate::nvme_tcp::serve(stream, target.clone(), tcfg));
                                     }
                                     Protocol::Iscsi => {
-                                        monoio::spawn(crate::iscsi_tcp::serve(stream, iscsi.clone(), icfg.clone()));
+                                        reactor::spawn(crate::iscsi_tcp::serve(stream, iscsi.clone(), icfg.clone()));
                                     }
                                 },
                                 Err(e) => {

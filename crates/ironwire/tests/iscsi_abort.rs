@@ -91,7 +91,7 @@ fn late_read_of_an_aborted_task_does_not_answer_the_command_reusing_its_itt() {
         // A read of block 0 that the device holds; abort it while it runs.
         let victim = s.submit(0, &cdb::read16(0, 1), Vec::new(), BLOCK).expect("submit");
         s.flush().await.expect("send");
-        monoio::time::sleep(SETTLE).await;
+        reactor::sleep(SETTLE).await;
         assert_eq!(s.task_mgmt(ABORT_TASK, 0, victim).await.expect("abort answered"), 0, "function complete");
         // The initiator reuses the tag at once for a read of block 8: it
         // must get block 8, not the aborted read's block 0.
@@ -128,7 +128,7 @@ async fn aborted_writes_never_land_after_the_answer(function: u8) {
     for (i, &lba) in lbas.iter().enumerate() {
         itts.push(held_write(&mut s, lba, 0x10 + i as u8).await);
     }
-    monoio::time::sleep(SETTLE).await;
+    reactor::sleep(SETTLE).await;
     let referenced = if function == ABORT_TASK { itts[0] } else { u32::MAX };
     assert_eq!(s.task_mgmt(function, 1, referenced).await.expect("answered"), 0, "function complete");
     // ABORT TASK ends the first write only; the others carry on.
@@ -144,7 +144,7 @@ async fn aborted_writes_never_land_after_the_answer(function: u8) {
         }
     }
     // Well past the device's hold: whatever was aborted is over by now.
-    monoio::time::sleep(HOLD * 2).await;
+    reactor::sleep(HOLD * 2).await;
     for (i, &lba) in watched.iter().enumerate() {
         assert!(
             read(&mut s, 1, lba).await == first[i],

@@ -410,7 +410,7 @@ fn several_sessions_do_pipelined_io_at_once() {
         }
         let mut tasks = Vec::new();
         for (i, mut s) in sessions.into_iter().enumerate() {
-            tasks.push(monoio::spawn(async move {
+            tasks.push(reactor::spawn(async move {
                 // Each session owns 1/SESSIONS of the LUN.
                 let base = i as u64 * (PLAIN_BLOCKS / SESSIONS);
                 for round in 0..3u64 {
@@ -482,7 +482,7 @@ fn commands_beyond_the_cmd_sn_window_wait_for_it_and_all_complete() {
 struct Bystander {
     stop: Rc<Cell<bool>>,
     rounds: Rc<Cell<u64>>,
-    task: monoio::task::JoinHandle<Session>,
+    task: reactor::JoinHandle<Session>,
 }
 
 /// The bystander uses the upper half of the plain LUN.
@@ -492,7 +492,7 @@ fn bystander(mut s: Session) -> Bystander {
     let stop = Rc::new(Cell::new(false));
     let rounds = Rc::new(Cell::new(0u64));
     let (st, n) = (stop.clone(), rounds.clone());
-    let task = monoio::spawn(async move {
+    let task = reactor::spawn(async move {
         while !st.get() {
             let r = n.get();
             let lba = BYSTANDER_LBA + (r % 8) * 256;
@@ -513,7 +513,7 @@ impl Bystander {
     async fn finish(self) {
         let seen = self.rounds.get();
         while self.rounds.get() < seen + 2 {
-            monoio::time::sleep(Duration::from_millis(5)).await;
+            reactor::sleep(Duration::from_millis(5)).await;
         }
         self.stop.set(true);
         let mut s = self.task.await;

@@ -276,13 +276,13 @@ fn keep_alive_expiry_closes_the_admin_queue() {
         // Keep-alives every 300 ms keep the controller through 2.5 s.
         let mut kept = Controller::connect(d.addr, NQN, HOST_A, kato.clone()).await.expect("connect");
         for _ in 0..8 {
-            monoio::time::sleep(Duration::from_millis(300)).await;
+            reactor::sleep(Duration::from_millis(300)).await;
             kept.keep_alive().await.expect("keep alive within KATO");
         }
         kept.write(0, 1, 0, vec![1; 512]).await.expect("I/O still works");
 
         let mut silent = Controller::connect(d.addr, NQN, HOST_A, kato.clone()).await.expect("connect");
-        monoio::time::sleep(Duration::from_secs(3)).await;
+        reactor::sleep(Duration::from_secs(3)).await;
         let e = silent.keep_alive().await.expect_err("admin queue must be gone after KATO");
         assert!(matches!(e, Error::Closed | Error::Io(_) | Error::Status(_)), "unexpected error {e}");
         let e = silent.read(0, 1, 0, 1).await.expect_err("I/O queue of an expired controller must not serve I/O");
@@ -315,7 +315,7 @@ fn sixteen_null_subsystems_serve_io_at_once() {
         }
         let mut tasks = Vec::new();
         for (i, mut c) in ctrls.into_iter().enumerate() {
-            tasks.push(monoio::spawn(async move {
+            tasks.push(reactor::spawn(async move {
                 for round in 0..20u64 {
                     let q = (round % 2) as usize;
                     c.write(q, 1, round * 8, vec![0xee; 4096])

@@ -1,4 +1,4 @@
-//! Shared helpers: a monoio io_uring runtime, temp dirs, loop devices and
+//! Shared helpers: a reactor (io_uring) runtime, temp dirs, loop devices and
 //! data patterns.
 
 #![allow(dead_code)]
@@ -11,9 +11,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use blockdev::{Device, IoBuf};
 
 pub fn run<F: Future>(fut: F) -> F::Output {
-    let mut rt =
-        monoio::RuntimeBuilder::<monoio::IoUringDriver>::new().enable_timer().build().expect("build io_uring runtime");
-    rt.block_on(fut)
+    reactor::Runtime::new(reactor::Config::default()).expect("build io_uring runtime").block_on(fut)
 }
 
 /// A fresh directory under the system temp dir, removed on drop.

@@ -12,9 +12,8 @@
 
 use super::{merge, plan, BenchOptions, Report, Tally, Workload};
 use crate::{Error, Result};
-use monoio::buf::IoBuf as _;
-use monoio::io::{AsyncReadRent, AsyncWriteRent, AsyncWriteRentExt, Splitable};
-use monoio::net::{TcpListener, TcpStream};
+use reactor::buf::IoBuf as _;
+use reactor::net::{TcpListener, TcpStream};
 use reactor::Notify;
 use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
@@ -48,18 +47,15 @@ impl Peer {
         std_listener.set_nonblocking(true)?;
         std::thread::Builder::new().name("ceiling-peer".into()).spawn(move || {
             setup();
-            let rt = monoio::RuntimeBuilder::<monoio::IoUringDriver>::new().enable_timer().build();
+            let rt = reactor::Runtime::new(reactor::Config::default());
             let mut rt = match rt {
                 Ok(rt) => rt,
                 Err(e) => return log::error!("ceiling peer: io_uring runtime failed: {e}"),
             };
             rt.block_on(async move {
-                let listener = match TcpListener::from_std(std_listener) {
-                    Ok(l) => l,
-                    Err(e) => return log::error!("ceiling peer: {e}"),
-                };
+                let listener = TcpListener::from_std(std_listener);
                 while let Ok((s, _)) = listener.accept().await {
-                    monoio::spawn(async move {
+                    reactor::spawn(async move {
                         if let Err(e) = answer(s).await {
                             log::debug!("ceiling peer connection: {e}");
                         }
@@ -81,16 +77,16 @@ struct Owed {
 
 async fn answer(s: TcpStream) -> std::io::Result<()> {
     s.set_nodelay(true)?;
-    let (mut rd, mut wr) = s.into_split();
+    let (rd, wr) = s.into_split();
     let owed = Rc::new(Owed::default());
     let o = owed.clone();
-    let writer = monoio::spawn(async move {
+    let writer = reactor::spawn(async move {
         let mut buf = vec![0u8; CHUNK];
         loop {
             let n = o.bytes.get().min(CHUNK);
             if n == 0 {
                 if o.eof.get() {
-                    return wr.shutdown().await;
+                    return wr.shutdown_write();
                 }
                 o.ready.wait().await;
                 continue;
@@ -169,7 +165,7 @@ pub async fn run(opts: &BenchOptions) -> Result<Report> {
     let start = work.first().map_or_else(Instant::now, |w| w.tally.finished);
     let mut handles = Vec::new();
     for (w, s) in work.into_iter().zip(streams) {
-        handles.push(monoio::spawn(connection(s, w, opts.qd as usize)));
+        handles.push(reactor::spawn(connection(s, w, opts.qd as usize)));
     }
     let mut results = Vec::new();
     for h in handles {
@@ -186,11 +182,11 @@ struct Client {
 
 async fn connection(s: TcpStream, w: Workload, qd: usize) -> Result<Tally> {
     let bs = w.io_bytes() as usize;
-    let (mut rd, mut wr) = s.into_split();
+    let (rd, wr) = s.into_split();
     let c = Rc::new(RefCell::new(Client { w, in_flight: VecDeque::with_capacity(qd), credits: qd }));
     let ready = Rc::new(Notify::default());
     let (cw, ready_w) = (c.clone(), ready.clone());
-    let writer = monoio::spawn(async move {
+    let writer = reactor::spawn(async move {
         let mut batch: Vec<u8> = Vec::new();
         loop {
             let n = cw.borrow().credits;
@@ -222,7 +218,7 @@ async fn connection(s: TcpStream, w: Workload, qd: usize) -> Result<Tally> {
             batch = b;
             res?;
         }
-        wr.shutdown().await
+        wr.shutdown_write()
     });
     let mut buf = vec![0u8; CHUNK];
     let mut have = 0usize;
@@ -270,7 +266,7 @@ mod tests {
     use std::time::Duration;
 
     fn block_on<F: std::future::Future>(f: F) -> F::Output {
-        monoio::RuntimeBuilder::<monoio::IoUringDriver>::new().enable_timer().build().expect("runtime").block_on(f)
+        reactor::Runtime::new(reactor::Config::default()).expect("runtime").block_on(f)
     }
 
     #[test]

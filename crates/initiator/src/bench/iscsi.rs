@@ -77,7 +77,7 @@ pub async fn run_iscsi(target: &IscsiTarget, opts: &BenchOptions) -> Result<Repo
     let mut handles = Vec::new();
     for (w, s) in work.into_iter().zip(sessions) {
         let job = SessionJob { s, lun: target.lun, qd: opts.qd as usize, w };
-        handles.push(monoio::spawn(job.run()));
+        handles.push(reactor::spawn(job.run()));
     }
     let mut results = Vec::new();
     let mut first_err = None;

@@ -27,7 +27,7 @@ pub async fn run_local(device: Arc<Device>, opts: &BenchOptions) -> Result<Repor
         let w = Rc::new(RefCell::new(w));
         let mut tasks = Vec::new();
         for _ in 0..depth {
-            tasks.push(monoio::spawn(worker(device.clone(), w.clone())));
+            tasks.push(reactor::spawn(worker(device.clone(), w.clone())));
         }
         jobs.push((w, tasks));
     }
@@ -76,7 +76,7 @@ mod tests {
     use std::time::Duration;
 
     fn block_on<F: std::future::Future>(f: F) -> F::Output {
-        monoio::RuntimeBuilder::<monoio::IoUringDriver>::new().enable_timer().build().expect("runtime").block_on(f)
+        reactor::Runtime::new(reactor::Config::default()).expect("runtime").block_on(f)
     }
 
     fn opts(pattern: Pattern) -> BenchOptions {

@@ -463,7 +463,7 @@ pub async fn run(opts: &BenchOptions) -> Result<Report> {
     let ka_every = Duration::from_millis(u64::from(opts.kato_ms / 2).max(100));
     let mut last_ka = Instant::now();
     while done.get() < handles.len() {
-        monoio::time::sleep(Duration::from_millis(50)).await;
+        reactor::sleep(Duration::from_millis(50)).await;
         if opts.kato_ms > 0 && last_ka.elapsed() >= ka_every {
             ctrl.keep_alive().await?;
             last_ka = Instant::now();
@@ -489,7 +489,7 @@ pub async fn run_on_queues(queues: Vec<Queue>, ns: &NamespaceInfo, opts: &BenchO
     Ok(merge(opts, &results, start))
 }
 
-type JobHandle = monoio::task::JoinHandle<Result<Tally>>;
+type JobHandle = reactor::JoinHandle<Result<Tally>>;
 
 /// Most I/O slots verify mode tracks (4 bytes each).
 const MAX_VERIFY_SLOTS: u64 = 1 << 26;
@@ -572,7 +572,7 @@ fn spawn_queue_jobs(
     for (w, q) in work.into_iter().zip(queues) {
         let done = done.clone();
         let job = QueueJob { q, nsid: opts.nsid, qd: opts.qd as usize, w };
-        handles.push(monoio::spawn(async move {
+        handles.push(reactor::spawn(async move {
             let r = job.run().await;
             done.set(done.get() + 1);
             r

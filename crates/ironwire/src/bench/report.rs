@@ -20,8 +20,6 @@ use super::{
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use initiator::bench::{BenchOptions, Pattern};
-use monoio::io::AsyncReadRent;
-use monoio::io::AsyncWriteRentExt;
 use serde_json::{json, Value};
 use std::fmt::Write as _;
 use std::net::SocketAddr;
@@ -502,11 +500,11 @@ async fn stream(
     bytes: Arc<AtomicU64>,
     connected: Arc<AtomicU32>,
 ) -> Result<()> {
-    let listener = monoio::net::TcpListener::from_std(listener)?;
-    monoio::spawn(async move {
-        while let Ok((mut s, _)) = listener.accept().await {
+    let listener = reactor::net::TcpListener::from_std(listener);
+    reactor::spawn(async move {
+        while let Ok((s, _)) = listener.accept().await {
             let bytes = bytes.clone();
-            monoio::spawn(async move {
+            reactor::spawn(async move {
                 let mut buf = vec![0u8; 64 << 10];
                 loop {
                     let (res, b) = s.read(buf).await;
@@ -520,10 +518,10 @@ async fn stream(
         }
     });
     for _ in 0..n {
-        let mut s = monoio::net::TcpStream::connect(addr).await.context("connecting a background stream")?;
+        let s = reactor::net::TcpStream::connect(addr).await.context("connecting a background stream")?;
         connected.fetch_add(1, Ordering::Relaxed);
         let stop = stop.clone();
-        monoio::spawn(async move {
+        reactor::spawn(async move {
             let mut buf = vec![0x5au8; 64 << 10];
             while !stop.load(Ordering::Relaxed) {
                 let (res, b) = s.write_all(buf).await;
@@ -535,7 +533,7 @@ async fn stream(
         });
     }
     while !stop.load(Ordering::Relaxed) {
-        monoio::time::sleep(Duration::from_millis(20)).await;
+        reactor::sleep(Duration::from_millis(20)).await;
     }
     Ok(())
 }

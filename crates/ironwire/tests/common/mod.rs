@@ -104,12 +104,12 @@ impl Daemon {
     }
 }
 
-/// Runs `f` on a monoio io_uring runtime with timers.
+/// Runs `f` on a reactor (io_uring) runtime.
 pub fn block_on<F: Future>(f: F) -> F::Output {
-    monoio::RuntimeBuilder::<monoio::IoUringDriver>::new().enable_timer().build().expect("io_uring runtime").block_on(f)
+    reactor::Runtime::new(reactor::Config::default()).expect("io_uring runtime").block_on(f)
 }
 
 /// Bounds a whole test body: a stuck test fails instead of hanging.
 pub async fn bounded<F: Future>(secs: u64, f: F) -> F::Output {
-    monoio::time::timeout(Duration::from_secs(secs), f).await.expect("test body timed out")
+    reactor::timeout(Duration::from_secs(secs), f).await.expect("test body timed out")
 }

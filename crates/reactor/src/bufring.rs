@@ -1,0 +1,268 @@
+//! Multishot receive into a provided-buffer ring.
+//!
+//! Each reactor registers one ring of receive buffers with the kernel
+//! (`IORING_REGISTER_PBUF_RING`). A connection arms one multishot receive
+//! (`IORING_RECV_MULTISHOT`); every completion names the buffer the kernel
+//! filled. The connection parses the bytes and drops the [`RecvBuf`],
+//! which puts the buffer back at once. So an idle connection holds no
+//! receive buffer at all, and a busy one costs one submission per burst of
+//! completions instead of one per read.
+//!
+//! Where the kernel lacks multishot receive (before 6.0) or the ring could
+//! not be registered, [`Receiver`] reads with one-shot receives into a
+//! buffer of its own.
+
+use crate::buf::IoBufMut;
+use crate::net::TcpStream;
+use crate::op::Op;
+use crate::rt::{try_with_core, with_core, Core, State};
+use io_uring::{cqueue, opcode, types};
+use std::io;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::rc::Rc;
+use std::sync::atomic::{AtomicU16, Ordering};
+
+/// The buffer group id of every reactor's receive ring.
+const GROUP: u16 = 0;
+
+/// Receive buffers per reactor and their size, unless configured.
+pub const DEFAULT_BUFFERS: u16 = 512;
+/// See [`DEFAULT_BUFFERS`].
+pub const DEFAULT_BUFFER_SIZE: usize = 32 * 1024;
+
+/// Size of the one-shot fallback's own receive buffer.
+const FALLBACK_BUF: usize = 64 * 1024;
+
+pub(crate) struct BufRing {
+    /// `entries` ring entries (16 bytes each) then `entries` buffers.
+    map: *mut u8,
+    map_len: usize,
+    entries: u16,
+    buf_size: usize,
+    /// Our copy of the tail the kernel reads.
+    tail: u16,
+}
+
+impl BufRing {
+    pub(crate) fn group(&self) -> u16 {
+        GROUP
+    }
+
+    fn ring_base(&self) -> *mut types::BufRingEntry {
+        self.map.cast()
+    }
+
+    fn buf_ptr(&self, bid: u16) -> *mut u8 {
+        let ring_bytes = usize::from(self.entries) * std::mem::size_of::<types::BufRingEntry>();
+        self.map.wrapping_add(ring_bytes + usize::from(bid) * self.buf_size)
+    }
+
+    /// Gives buffer `bid` back to the kernel.
+    fn give(&mut self, bid: u16) {
+        let mask = self.entries - 1;
+        // SAFETY: the index is masked inside the ring's `entries` entries,
+        // which live at the start of the mapping.
+        let entry = unsafe { &mut *self.ring_base().add(usize::from(self.tail & mask)) };
+        entry.set_addr(self.buf_ptr(bid) as u64);
+        entry.set_len(self.buf_size as u32);
+        entry.set_bid(bid);
+        self.tail = self.tail.wrapping_add(1);
+        // SAFETY: the tail field overlays the first entry's reserved word;
+        // the kernel reads it with acquire ordering.
+        let tail = unsafe { &*(types::BufRingEntry::tail(self.ring_base()) as *const AtomicU16) };
+        tail.store(self.tail, Ordering::Release);
+    }
+}
+
+impl Drop for BufRing {
+    fn drop(&mut self) {
+        // SAFETY: the mapping was created by mmap with this length and the
+        // ring was unregistered (or never registered) before the drop.
+        unsafe { libc::munmap(self.map.cast(), self.map_len) };
+    }
+}
+
+/// Registers this reactor's receive buffer ring: `count` buffers (a power
+/// of two, at most 32768) of `size` bytes. Once per reactor; without it (or
+/// when the kernel lacks it) receives are one-shot.
+pub fn register_receive_buffers(count: u16, size: usize) -> io::Result<()> {
+    if !count.is_power_of_two() || count > 32768 || size == 0 || size > 1 << 20 {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "receive buffers: a power of two up to 32768, of 1 B..1 MiB",
+        ));
+    }
+    with_core(|core| {
+        if !core.features().recv_multishot {
+            return Err(io::Error::new(io::ErrorKind::Unsupported, "the kernel has no multishot receive"));
+        }
+        if core.bufring.borrow().is_some() {
+            return Err(io::Error::new(io::ErrorKind::AlreadyExists, "receive buffers already registered"));
+        }
+        let ring_bytes = usize::from(count) * std::mem::size_of::<types::BufRingEntry>();
+        let map_len = ring_bytes + usize::from(count) * size;
+        // SAFETY: an anonymous private mapping; the result is checked.
+        let map = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                map_len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        if map == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        let mut ring = BufRing { map: map.cast(), map_len, entries: count, buf_size: size, tail: 0 };
+        // SAFETY: the ring memory stays mapped until `BufRing` drops, which
+        // happens after it is unregistered (Core::cancel_all).
+        unsafe { core.ring().submitter().register_buf_ring_with_flags(map as u64, count, GROUP, 0)? };
+        for bid in 0..count {
+            ring.give(bid);
+        }
+        *core.bufring.borrow_mut() = Some(ring);
+        Ok(())
+    })
+}
+
+/// The provided buffer a completion names, if any.
+pub(crate) fn buffer_of(flags: u32) -> Option<u16> {
+    cqueue::buffer_select(flags)
+}
+
+pub(crate) fn recycle_in(core: &Core, bid: u16) {
+    if let Some(r) = core.bufring.borrow_mut().as_mut() {
+        r.give(bid);
+    }
+}
+
+/// Received bytes, valid until dropped.
+pub struct RecvBuf<'a> {
+    bytes: &'a [u8],
+    bid: Option<u16>,
+}
+
+impl std::ops::Deref for RecvBuf<'_> {
+    type Target = [u8];
+
+    fn deref(&self) -> &[u8] {
+        self.bytes
+    }
+}
+
+impl Drop for RecvBuf<'_> {
+    fn drop(&mut self) {
+        if let Some(bid) = self.bid {
+            try_with_core(|c| recycle_in(c, bid));
+        }
+    }
+}
+
+/// The receiving side of a connection: multishot into the reactor's
+/// buffer ring, or one-shot into its own buffer.
+pub struct Receiver {
+    fd: Rc<OwnedFd>,
+    /// The armed multishot receive.
+    multi: Option<u32>,
+    own: Vec<u8>,
+}
+
+impl Receiver {
+    pub(crate) fn new(stream: &TcpStream) -> Receiver {
+        Receiver { fd: stream.fd().clone(), multi: None, own: Vec::new() }
+    }
+
+    fn ring_ready() -> bool {
+        try_with_core(|c| c.bufring.borrow().is_some()).unwrap_or(false)
+    }
+
+    /// The next bytes from the peer; empty at end of stream.
+    pub async fn recv(&mut self) -> io::Result<RecvBuf<'_>> {
+        if !Self::ring_ready() {
+            return self.recv_oneshot().await;
+        }
+        loop {
+            let idx = match self.multi {
+                Some(i) => i,
+                None => {
+                    let entry = opcode::RecvMulti::new(types::Fd(self.fd.as_raw_fd()), GROUP).build();
+                    let i = with_core(|c| {
+                        c.push(entry, State::Multi { results: Default::default(), waker: None, ended: false })
+                    });
+                    self.multi = Some(i);
+                    i
+                }
+            };
+            let next = std::future::poll_fn(|cx| with_core(|c| c.poll_multi(idx, cx))).await;
+            match next {
+                None => {
+                    // The multishot ended (the slot is free): arm again.
+                    self.multi = None;
+                }
+                Some((res, flags)) => {
+                    let bid = buffer_of(flags);
+                    if res > 0 {
+                        let Some(bid) = bid else {
+                            return Err(io::Error::other("multishot receive completed without a buffer"));
+                        };
+                        let ptr = with_core(|c| c.bufring.borrow().as_ref().map(|r| r.buf_ptr(bid)));
+                        let Some(ptr) = ptr else { return Err(io::Error::other("receive buffer ring vanished")) };
+                        // SAFETY: the kernel wrote `res` bytes into buffer
+                        // `bid`, which is ours until given back (when the
+                        // RecvBuf drops); the mapping outlives the reactor's
+                        // tasks.
+                        let bytes = unsafe { std::slice::from_raw_parts(ptr, res as usize) };
+                        return Ok(RecvBuf { bytes, bid: Some(bid) });
+                    }
+                    if let Some(b) = bid {
+                        try_with_core(|c| recycle_in(c, b));
+                    }
+                    if res == 0 {
+                        return Ok(RecvBuf { bytes: &[], bid: None });
+                    }
+                    if res == -libc::ENOBUFS {
+                        // Every buffer is in use on this reactor: let the
+                        // others be parsed and given back, then arm again.
+                        crate::rt::yield_now().await;
+                        continue;
+                    }
+                    if res == -libc::EINTR {
+                        continue;
+                    }
+                    return Err(io::Error::from_raw_os_error(-res));
+                }
+            }
+        }
+    }
+
+    async fn recv_oneshot(&mut self) -> io::Result<RecvBuf<'_>> {
+        let mut buf = std::mem::take(&mut self.own);
+        buf.clear();
+        if buf.capacity() < FALLBACK_BUF {
+            buf.reserve(FALLBACK_BUF);
+        }
+        let len = buf.bytes_total();
+        let entry = opcode::Recv::new(types::Fd(self.fd.as_raw_fd()), buf.write_ptr(), len as u32).build();
+        let done = Op::submit(entry, (buf, self.fd.clone())).await;
+        let (mut buf, _) = done.data;
+        let n = crate::op::result(done.res);
+        if let Ok(n) = n {
+            // SAFETY: the kernel wrote `n` bytes.
+            unsafe { buf.set_init(n) };
+        }
+        self.own = buf;
+        n?;
+        Ok(RecvBuf { bytes: &self.own, bid: None })
+    }
+}
+
+impl Drop for Receiver {
+    fn drop(&mut self) {
+        if let Some(idx) = self.multi.take() {
+            let fd = self.fd.clone();
+            try_with_core(|c| c.abandon(idx, Some(Box::new(fd)), true));
+        }
+    }
+}

@@ -1,0 +1,72 @@
+//! One ring operation as a future: it owns what the kernel touches (buffers,
+//! the descriptor's owner, socket addresses) until the completion, and if
+//! it is dropped first, hands them to the ring's slot and asks the kernel
+//! to cancel.
+
+use crate::rt::{with_core, State};
+use io_uring::squeue;
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+pub(crate) struct Op<T: 'static> {
+    idx: u32,
+    data: Option<T>,
+    done: bool,
+}
+
+/// A finished operation: the kernel's result, the CQE flags, and what the
+/// operation owned.
+pub(crate) struct Completed<T> {
+    pub res: i32,
+    pub data: T,
+}
+
+impl<T: 'static> Op<T> {
+    /// Queues `entry`, whose pointers point into `data` (heap memory that
+    /// does not move with it).
+    pub(crate) fn submit(entry: squeue::Entry, data: T) -> Op<T> {
+        let idx = with_core(|c| c.push(entry, State::Waiting(None)));
+        Op { idx, data: Some(data), done: false }
+    }
+}
+
+// Nothing in an Op is pinned in place: the kernel sees only heap memory
+// the data owns.
+impl<T> Unpin for Op<T> {}
+
+impl<T: 'static> Future for Op<T> {
+    type Output = Completed<T>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Completed<T>> {
+        let idx = self.idx;
+        match with_core(|c| c.poll_op(idx, cx)) {
+            Poll::Ready((res, _flags)) => {
+                self.done = true;
+                let data = self.data.take().expect("operation polled after completion");
+                Poll::Ready(Completed { res, data })
+            }
+            Poll::Pending => Poll::Pending,
+        }
+    }
+}
+
+impl<T: 'static> Drop for Op<T> {
+    fn drop(&mut self) {
+        if self.done {
+            return;
+        }
+        let keep = self.data.take().map(|d| Box::new(d) as Box<dyn std::any::Any>);
+        let idx = self.idx;
+        crate::rt::try_with_core(|c| c.abandon(idx, keep, true));
+    }
+}
+
+/// The result of a completion as `io::Result<usize>`.
+pub(crate) fn result(res: i32) -> std::io::Result<usize> {
+    if res < 0 {
+        Err(std::io::Error::from_raw_os_error(-res))
+    } else {
+        Ok(res as usize)
+    }
+}

@@ -1,0 +1,943 @@
+//! The reactor's loop: one io_uring per thread for sockets, files and
+//! block devices together, a single-threaded task executor, and timers.
+//!
+//! One turn of the loop runs every task that was woken, fires the timers
+//! that are due, hands the kernel every queued submission in one
+//! `io_uring_enter`, and turns the completions into wake-ups. While
+//! completions keep coming the loop spins (up to `poll`), checking the
+//! completion queue and the ring's "task work pending" flag without a
+//! system call; after `poll` without any, it sleeps in `io_uring_enter`
+//! until a completion or the next timer. CPU use follows load.
+//!
+//! Rings are created with `SINGLE_ISSUER` and `DEFER_TASKRUN` where the
+//! kernel has them (6.1+), and fall back to `COOP_TASKRUN` or a plain ring
+//! (see [`Features`]).
+//!
+//! Everything here is owned by the thread that runs it: tasks, wakers and
+//! operations never cross threads, so nothing is locked and no atomic is
+//! shared with another core.
+
+use io_uring::{cqueue, opcode, squeue, types, IoUring};
+use std::any::Any;
+use std::cell::{Cell, RefCell};
+use std::collections::{BinaryHeap, VecDeque};
+use std::future::Future;
+use std::io;
+use std::pin::Pin;
+use std::rc::Rc;
+use std::task::{Context, Poll, RawWaker, RawWakerVTable, Waker};
+use std::time::{Duration, Instant};
+
+/// `user_data` of entries whose completions nobody waits for (cancels).
+const IGNORED: u64 = u64::MAX;
+/// `IORING_ENTER_GETEVENTS`.
+const ENTER_GETEVENTS: u32 = 1;
+/// Tasks run per turn before the loop looks at the ring again, so that a
+/// task that keeps waking itself cannot starve I/O.
+const TASKS_PER_TURN: usize = 4096;
+
+/// How a reactor's ring is set up.
+#[derive(Clone, Copy, Debug)]
+pub struct Config {
+    /// Submission queue entries (the completion queue gets four times as
+    /// many).
+    pub entries: u32,
+    /// How long the loop keeps polling the ring after the last completion
+    /// before it sleeps in the kernel. Zero never spins.
+    pub poll: Duration,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config { entries: 4096, poll: DEFAULT_POLL }
+    }
+}
+
+/// The default spin before sleeping; see docs/architecture.md for the
+/// measurement that chose it.
+pub const DEFAULT_POLL: Duration = Duration::from_micros(50);
+
+/// What the running kernel's io_uring offered this ring.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Features {
+    /// `IORING_SETUP_SINGLE_ISSUER` (6.0).
+    pub single_issuer: bool,
+    /// `IORING_SETUP_DEFER_TASKRUN` (6.1): completions are posted only when
+    /// this thread asks, never by interrupting it.
+    pub defer_taskrun: bool,
+    /// `IORING_SETUP_COOP_TASKRUN` (5.19), the fallback without deferral.
+    pub coop_taskrun: bool,
+    /// Multishot receive into a provided-buffer ring (6.0).
+    pub recv_multishot: bool,
+    /// Zero-copy send (6.0).
+    pub send_zc: bool,
+}
+
+/// One operation's place in the ring.
+pub(crate) enum OpState {
+    /// Submitted; wakes this waker when done.
+    Waiting(Option<Waker>),
+    /// A zero-copy send has its result but the kernel still holds the
+    /// buffer until the notification.
+    ZcSent(i32, Option<Waker>),
+    /// Completed: result and CQE flags.
+    Done(i32, u32),
+    /// The future was dropped while in flight: the slot keeps the buffers
+    /// until the kernel is done with them.
+    Abandoned,
+    /// A multishot operation: completions queue up until taken.
+    Multi { results: VecDeque<(i32, u32)>, waker: Option<Waker>, ended: bool },
+    /// Free.
+    Vacant,
+}
+
+struct OpSlot {
+    state: OpState,
+    /// What an abandoned operation's kernel side may still touch.
+    keep: Option<Box<dyn Any>>,
+}
+
+struct TaskSlot {
+    gen: u32,
+    fut: Option<Pin<Box<dyn Future<Output = ()>>>>,
+    queued: bool,
+    live: bool,
+}
+
+struct TimerSlot {
+    gen: u32,
+    waker: Option<Waker>,
+    fired: bool,
+}
+
+#[derive(Default)]
+struct Timers {
+    heap: BinaryHeap<std::cmp::Reverse<(Instant, u32, u32)>>,
+    slots: Vec<TimerSlot>,
+    free: Vec<u32>,
+}
+
+pub(crate) struct Core {
+    ring: RefCell<IoUring>,
+    features: Features,
+    poll: Duration,
+    ops: RefCell<Vec<OpSlot>>,
+    op_free: RefCell<Vec<u32>>,
+    in_flight: Cell<usize>,
+    tasks: RefCell<Vec<TaskSlot>>,
+    task_free: RefCell<Vec<u32>>,
+    ready: RefCell<VecDeque<u32>>,
+    timers: RefCell<Timers>,
+    /// Wakers one reap collected, woken with no borrow held (reused).
+    woken: RefCell<Vec<Waker>>,
+    /// The registered buffer arena (`base`, `len`), if any.
+    fixed: Cell<Option<(usize, usize)>>,
+    pub(crate) bufring: RefCell<Option<crate::bufring::BufRing>>,
+}
+
+thread_local! {
+    static CURRENT: RefCell<Option<Rc<Core>>> = const { RefCell::new(None) };
+}
+
+/// Runs `f` with this thread's reactor core.
+///
+/// # Panics
+///
+/// When the thread runs no reactor: every I/O future must be polled inside
+/// [`Runtime::block_on`].
+pub(crate) fn with_core<R>(f: impl FnOnce(&Rc<Core>) -> R) -> R {
+    CURRENT.with(|c| {
+        let c = c.borrow();
+        let core = c.as_ref().expect("ironwire reactor: I/O outside a running reactor (use reactor::Runtime)");
+        f(core)
+    })
+}
+
+/// Runs `f` with this thread's reactor core, if there is one.
+pub(crate) fn try_with_core<R>(f: impl FnOnce(&Rc<Core>) -> R) -> Option<R> {
+    CURRENT.try_with(|c| c.borrow().as_ref().map(f)).ok().flatten()
+}
+
+/// A reactor: a ring and the tasks that use it, on the current thread.
+pub struct Runtime {
+    core: Rc<Core>,
+}
+
+fn build_ring(entries: u32) -> io::Result<(IoUring, Features)> {
+    let cq = entries.saturating_mul(4);
+    let mut f = Features::default();
+    // Best first: single issuer + deferred task work (6.1), then
+    // cooperative task work (5.19), then a plain ring.
+    let attempts: [(bool, bool, bool); 3] = [(true, true, false), (false, false, true), (false, false, false)];
+    let mut last = None;
+    for (single, defer, coop) in attempts {
+        let mut b = IoUring::builder();
+        b.setup_cqsize(cq).setup_clamp();
+        if single {
+            b.setup_single_issuer();
+        }
+        if defer {
+            b.setup_defer_taskrun().setup_taskrun_flag();
+        }
+        if coop {
+            b.setup_coop_taskrun().setup_taskrun_flag();
+        }
+        match b.build(entries) {
+            Ok(ring) => {
+                f.single_issuer = single;
+                f.defer_taskrun = defer;
+                f.coop_taskrun = coop;
+                return Ok((ring, f));
+            }
+            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => last = Some(e),
+            Err(e) => return Err(e),
+        }
+    }
+    Err(last.unwrap_or_else(|| io::Error::other("io_uring setup failed")))
+}
+
+impl Runtime {
+    /// Creates this thread's reactor. One per thread at a time.
+    pub fn new(config: Config) -> io::Result<Runtime> {
+        if CURRENT.with(|c| c.borrow().is_some()) {
+            return Err(io::Error::new(io::ErrorKind::AlreadyExists, "this thread already runs a reactor"));
+        }
+        let (ring, mut features) = build_ring(config.entries.max(8))?;
+        if !ring.params().is_feature_nodrop() {
+            return Err(io::Error::new(io::ErrorKind::Unsupported, "the kernel's io_uring may drop completions"));
+        }
+        let mut probe = io_uring::Probe::new();
+        if ring.submitter().register_probe(&mut probe).is_ok() {
+            // Multishot receive and zero-copy send came with 6.0, the same
+            // release as SEND_ZC; the probe shows the opcode.
+            features.send_zc = probe.is_supported(opcode::SendZc::CODE);
+            features.recv_multishot = features.send_zc;
+        }
+        let core = Rc::new(Core {
+            ring: RefCell::new(ring),
+            features,
+            poll: config.poll,
+            ops: RefCell::new(Vec::new()),
+            op_free: RefCell::new(Vec::new()),
+            in_flight: Cell::new(0),
+            tasks: RefCell::new(Vec::new()),
+            task_free: RefCell::new(Vec::new()),
+            ready: RefCell::new(VecDeque::new()),
+            timers: RefCell::new(Timers::default()),
+            woken: RefCell::new(Vec::new()),
+            fixed: Cell::new(None),
+            bufring: RefCell::new(None),
+        });
+        CURRENT.with(|c| *c.borrow_mut() = Some(core.clone()));
+        Ok(Runtime { core })
+    }
+
+    /// What the ring got from the kernel.
+    pub fn features(&self) -> Features {
+        self.core.features
+    }
+
+    /// Runs `fut` to completion, running every task it spawns meanwhile.
+    /// Tasks still running when it ends stay, for a later `block_on`, until
+    /// the runtime is dropped.
+    pub fn block_on<F: Future>(&mut self, fut: F) -> F::Output {
+        let mut fut = std::pin::pin!(fut);
+        let main_woken = Rc::new(Cell::new(true));
+        let waker = main_waker(main_woken.clone());
+        let mut cx = Context::from_waker(&waker);
+        let core = self.core.clone();
+        let mut last_activity = Instant::now();
+        loop {
+            if main_woken.replace(false) {
+                if let Poll::Ready(v) = fut.as_mut().poll(&mut cx) {
+                    return v;
+                }
+            }
+            let ran = core.run_ready();
+            if main_woken.get() {
+                continue;
+            }
+            let now = Instant::now();
+            crate::set_loop_time(now);
+            let fired = core.fire_timers(now);
+            let busy = ran > 0 || fired || !core.ready.borrow().is_empty();
+            let reaped = if busy || core.sq_pending() || core.kernel_has_work() {
+                core.enter(0, None);
+                core.reap()
+            } else {
+                core.reap()
+            };
+            if reaped > 0 || busy {
+                last_activity = now;
+                continue;
+            }
+            if now.duration_since(last_activity) < core.poll {
+                std::hint::spin_loop();
+                continue;
+            }
+            // Idle: sleep until a completion or the next timer.
+            let wait = core.next_timer().map(|t| t.saturating_duration_since(now));
+            if wait != Some(Duration::ZERO) {
+                core.enter(1, wait);
+            }
+            core.reap();
+            last_activity = Instant::now();
+        }
+    }
+}
+
+impl Drop for Runtime {
+    fn drop(&mut self) {
+        // Tasks first (they may start cancels), then wait for the kernel to
+        // let go of every buffer still in flight.
+        let tasks = std::mem::take(&mut *self.core.tasks.borrow_mut());
+        drop(tasks);
+        self.core.cancel_all();
+        CURRENT.with(|c| c.borrow_mut().take());
+    }
+}
+
+fn main_waker(flag: Rc<Cell<bool>>) -> Waker {
+    // The block_on future's waker: a flag on this thread. It is built from
+    // the same thread-affine vtable idea as task wakers, with an Rc.
+    fn clone(p: *const ()) -> RawWaker {
+        // SAFETY: `p` came from Rc::into_raw of an Rc<Cell<bool>>.
+        unsafe { Rc::increment_strong_count(p as *const Cell<bool>) };
+        RawWaker::new(p, &MAIN_VTABLE)
+    }
+    fn wake(p: *const ()) {
+        wake_by_ref(p);
+        drop_waker(p);
+    }
+    fn wake_by_ref(p: *const ()) {
+        // SAFETY: as in clone; the Rc is alive while this waker exists.
+        unsafe { (*(p as *const Cell<bool>)).set(true) };
+    }
+    fn drop_waker(p: *const ()) {
+        // SAFETY: as in clone; releases this waker's count.
+        unsafe { drop(Rc::from_raw(p as *const Cell<bool>)) };
+    }
+    static MAIN_VTABLE: RawWakerVTable = RawWakerVTable::new(clone, wake, wake_by_ref, drop_waker);
+    let p = Rc::into_raw(flag) as *const ();
+    // SAFETY: the vtable functions uphold the RawWaker contract on the
+    // thread that made it; the executor never sends it elsewhere.
+    unsafe { Waker::from_raw(RawWaker::new(p, &MAIN_VTABLE)) }
+}
+
+// Task wakers carry (generation << 32 | index) and reach the task through
+// this thread's core: no allocation, no reference count.
+static TASK_VTABLE: RawWakerVTable = RawWakerVTable::new(task_clone, task_wake, task_wake, task_drop);
+
+fn task_clone(p: *const ()) -> RawWaker {
+    RawWaker::new(p, &TASK_VTABLE)
+}
+
+fn task_wake(p: *const ()) {
+    let v = p as usize as u64;
+    let (idx, gen) = ((v & 0xffff_ffff) as u32, (v >> 32) as u32);
+    if try_with_core(|core| core.schedule(idx, gen)).is_none() {
+        log::error!("reactor: a task waker was used on a thread without its reactor");
+    }
+}
+
+fn task_drop(_: *const ()) {}
+
+fn task_waker(idx: u32, gen: u32) -> Waker {
+    let v = (u64::from(gen) << 32 | u64::from(idx)) as usize;
+    // SAFETY: the vtable's functions touch no memory through the pointer;
+    // it is only an encoded number.
+    unsafe { Waker::from_raw(RawWaker::new(v as *const (), &TASK_VTABLE)) }
+}
+
+impl Core {
+    fn schedule(&self, idx: u32, gen: u32) {
+        let mut tasks = self.tasks.borrow_mut();
+        if let Some(t) = tasks.get_mut(idx as usize) {
+            if t.live && t.gen == gen && !t.queued {
+                t.queued = true;
+                self.ready.borrow_mut().push_back(idx);
+            }
+        }
+    }
+
+    fn spawn_boxed(&self, fut: Pin<Box<dyn Future<Output = ()>>>) {
+        let mut tasks = self.tasks.borrow_mut();
+        let idx = match self.task_free.borrow_mut().pop() {
+            Some(i) => i,
+            None => {
+                tasks.push(TaskSlot { gen: 0, fut: None, queued: false, live: false });
+                (tasks.len() - 1) as u32
+            }
+        };
+        let t = &mut tasks[idx as usize];
+        t.gen = t.gen.wrapping_add(1);
+        t.fut = Some(fut);
+        t.live = true;
+        t.queued = true;
+        self.ready.borrow_mut().push_back(idx);
+    }
+
+    /// Polls woken tasks; returns how many ran.
+    fn run_ready(&self) -> usize {
+        let mut ran = 0;
+        while ran < TASKS_PER_TURN {
+            let Some(idx) = self.ready.borrow_mut().pop_front() else { break };
+            let (fut, gen) = {
+                let mut tasks = self.tasks.borrow_mut();
+                let Some(t) = tasks.get_mut(idx as usize) else { continue };
+                t.queued = false;
+                match t.fut.take() {
+                    Some(f) => (f, t.gen),
+                    None => continue,
+                }
+            };
+            let mut fut = fut;
+            let waker = task_waker(idx, gen);
+            let mut cx = Context::from_waker(&waker);
+            let done = fut.as_mut().poll(&mut cx).is_ready();
+            ran += 1;
+            if done {
+                // Dropped outside the borrow: its drop may spawn or wake.
+                drop(fut);
+                let mut tasks = self.tasks.borrow_mut();
+                if let Some(t) = tasks.get_mut(idx as usize) {
+                    t.live = false;
+                    t.queued = false;
+                }
+                drop(tasks);
+                self.task_free.borrow_mut().push(idx);
+            } else if let Some(t) = self.tasks.borrow_mut().get_mut(idx as usize) {
+                t.fut = Some(fut);
+            }
+        }
+        ran
+    }
+
+    fn sq_pending(&self) -> bool {
+        let mut ring = self.ring.borrow_mut();
+        let empty = ring.submission().is_empty();
+        !empty
+    }
+
+    /// Whether the kernel holds completions it posts only when asked
+    /// (deferred task work) or that overflowed the completion queue.
+    fn kernel_has_work(&self) -> bool {
+        let mut ring = self.ring.borrow_mut();
+        let sq = ring.submission();
+        let work = sq.taskrun() || sq.cq_overflow();
+        drop(sq);
+        work
+    }
+
+    /// Submits what is queued and, with `want` 1, waits for a completion
+    /// (at most `timeout`). Errors that only mean "woken early" are not
+    /// errors here.
+    fn enter(&self, want: u32, timeout: Option<Duration>) {
+        let mut ring = self.ring.borrow_mut();
+        let res = match (want, timeout) {
+            (0, _) => {
+                let n = ring.submission().len() as u32;
+                // GETEVENTS so that deferred task work runs and overflowed
+                // completions are flushed, even with nothing to submit.
+                // SAFETY: no argument pointer; the entries were queued by
+                // this thread with their buffers owned by op slots.
+                unsafe { ring.submitter().enter::<libc::sigset_t>(n, 0, ENTER_GETEVENTS, None) }
+            }
+            (w, Some(t)) => {
+                let ts = types::Timespec::from(t);
+                let args = types::SubmitArgs::new().timespec(&ts);
+                ring.submitter().submit_with_args(w as usize, &args)
+            }
+            (w, None) => ring.submitter().submit_and_wait(w as usize),
+        };
+        if let Err(e) = res {
+            match e.raw_os_error() {
+                Some(libc::ETIME) | Some(libc::EINTR) | Some(libc::EBUSY) | Some(libc::EAGAIN) => {}
+                _ => log::warn!("reactor: io_uring_enter failed: {e}"),
+            }
+        }
+    }
+
+    /// Turns completions into wake-ups; returns how many there were.
+    fn reap(&self) -> usize {
+        let mut wake = std::mem::take(&mut *self.woken.borrow_mut());
+        let mut dead: Vec<Box<dyn Any>> = Vec::new();
+        let mut n = 0;
+        {
+            let mut ring = self.ring.borrow_mut();
+            let mut ops = self.ops.borrow_mut();
+            let mut free = self.op_free.borrow_mut();
+            for cqe in ring.completion() {
+                n += 1;
+                let ud = cqe.user_data();
+                if ud == IGNORED {
+                    continue;
+                }
+                let Some(slot) = ops.get_mut(ud as usize) else { continue };
+                let (res, flags) = (cqe.result(), cqe.flags());
+                let more = cqueue::more(flags);
+                if cqueue::notif(flags) {
+                    // A zero-copy send's notification: the buffer is free.
+                    match &mut slot.state {
+                        OpState::ZcSent(r, w) => {
+                            let w = w.take();
+                            slot.state = OpState::Done(*r, 0);
+                            self.in_flight.set(self.in_flight.get().saturating_sub(1));
+                            wake.extend(w);
+                        }
+                        OpState::Abandoned => {
+                            dead.extend(slot.keep.take());
+                            slot.state = OpState::Vacant;
+                            free.push(ud as u32);
+                            self.in_flight.set(self.in_flight.get().saturating_sub(1));
+                        }
+                        _ => {}
+                    }
+                    continue;
+                }
+                match &mut slot.state {
+                    OpState::Waiting(w) => {
+                        let w = w.take();
+                        if more {
+                            // A zero-copy send's result; its notification
+                            // follows.
+                            slot.state = OpState::ZcSent(res, w);
+                            continue;
+                        }
+                        slot.state = OpState::Done(res, flags);
+                        self.in_flight.set(self.in_flight.get().saturating_sub(1));
+                        wake.extend(w);
+                    }
+                    OpState::Multi { results, waker, ended } => {
+                        results.push_back((res, flags));
+                        if !more {
+                            *ended = true;
+                            self.in_flight.set(self.in_flight.get().saturating_sub(1));
+                        }
+                        wake.extend(waker.take());
+                    }
+                    OpState::Abandoned => {
+                        if let Some(b) = crate::bufring::buffer_of(flags) {
+                            crate::bufring::recycle_in(self, b);
+                        }
+                        if !more {
+                            dead.extend(slot.keep.take());
+                            slot.state = OpState::Vacant;
+                            free.push(ud as u32);
+                            self.in_flight.set(self.in_flight.get().saturating_sub(1));
+                        }
+                    }
+                    OpState::ZcSent(..) | OpState::Done(..) | OpState::Vacant => {}
+                }
+            }
+        }
+        drop(dead);
+        for w in wake.drain(..) {
+            w.wake();
+        }
+        *self.woken.borrow_mut() = wake;
+        n
+    }
+
+    fn fire_timers(&self, now: Instant) -> bool {
+        let mut wake = Vec::new();
+        {
+            let mut t = self.timers.borrow_mut();
+            while let Some(std::cmp::Reverse((when, idx, gen))) = t.heap.peek().copied() {
+                if when > now {
+                    break;
+                }
+                t.heap.pop();
+                if let Some(s) = t.slots.get_mut(idx as usize) {
+                    if s.gen == gen && !s.fired {
+                        s.fired = true;
+                        wake.extend(s.waker.take());
+                    }
+                }
+            }
+        }
+        let any = !wake.is_empty();
+        for w in wake {
+            w.wake();
+        }
+        any
+    }
+
+    fn next_timer(&self) -> Option<Instant> {
+        self.timers.borrow().heap.peek().map(|r| r.0 .0)
+    }
+
+    /// Queues `entry` for the kernel as operation `state`; returns its slot.
+    pub(crate) fn push(&self, entry: squeue::Entry, state: OpState) -> u32 {
+        let idx = {
+            let mut ops = self.ops.borrow_mut();
+            match self.op_free.borrow_mut().pop() {
+                Some(i) => {
+                    ops[i as usize] = OpSlot { state, keep: None };
+                    i
+                }
+                None => {
+                    ops.push(OpSlot { state, keep: None });
+                    (ops.len() - 1) as u32
+                }
+            }
+        };
+        self.push_entry(entry.user_data(u64::from(idx)));
+        self.in_flight.set(self.in_flight.get() + 1);
+        idx
+    }
+
+    fn push_entry(&self, entry: squeue::Entry) {
+        loop {
+            let mut ring = self.ring.borrow_mut();
+            // SAFETY: every entry's buffers are owned by its op slot (or the
+            // future that owns the slot) until its completion is reaped.
+            if unsafe { ring.submission().push(&entry) }.is_ok() {
+                return;
+            }
+            // Full: hand the kernel what is queued and try again.
+            drop(ring);
+            self.enter(0, None);
+            self.reap();
+        }
+    }
+
+    fn cancel(&self, idx: u32) {
+        let entry = opcode::AsyncCancel::new(u64::from(idx)).build().user_data(IGNORED);
+        self.push_entry(entry);
+    }
+
+    /// At the end: cancels everything in flight and waits (bounded) for the
+    /// kernel to let go of the buffers; any it still holds are leaked, not
+    /// freed under it.
+    fn cancel_all(&self) {
+        let ids: Vec<u32> = {
+            let ops = self.ops.borrow();
+            ops.iter()
+                .enumerate()
+                .filter(|(_, s)| !matches!(s.state, OpState::Vacant | OpState::Done(..)))
+                .map(|(i, _)| i as u32)
+                .collect()
+        };
+        for i in ids {
+            self.cancel(i);
+        }
+        let deadline = Instant::now() + Duration::from_secs(2);
+        while self.in_flight.get() > 0 && Instant::now() < deadline {
+            self.enter(1, Some(Duration::from_millis(50)));
+            self.reap();
+        }
+        if self.in_flight.get() > 0 {
+            log::warn!(
+                "reactor: {} operations still in flight at shutdown; their buffers are leaked",
+                self.in_flight.get()
+            );
+            let ops = std::mem::take(&mut *self.ops.borrow_mut());
+            std::mem::forget(ops);
+        }
+        if let Some(b) = self.bufring.borrow_mut().take() {
+            let _ = self.ring.borrow().submitter().unregister_buf_ring(b.group());
+            drop(b);
+        }
+    }
+
+    /// The completion of operation `idx`, or registers `cx` for it.
+    pub(crate) fn poll_op(&self, idx: u32, cx: &Context<'_>) -> Poll<(i32, u32)> {
+        let mut ops = self.ops.borrow_mut();
+        let slot = &mut ops[idx as usize];
+        match &mut slot.state {
+            OpState::Done(res, flags) => {
+                let out = (*res, *flags);
+                slot.state = OpState::Vacant;
+                drop(ops);
+                self.op_free.borrow_mut().push(idx);
+                Poll::Ready(out)
+            }
+            OpState::Waiting(w) | OpState::ZcSent(_, w) => {
+                match w {
+                    Some(old) if old.will_wake(cx.waker()) => {}
+                    _ => *w = Some(cx.waker().clone()),
+                }
+                Poll::Pending
+            }
+            _ => Poll::Ready((-libc::ECANCELED, 0)),
+        }
+    }
+
+    /// The next completion of multishot operation `idx`: `Some` result, or
+    /// `None` once it ended and everything was taken (the slot is freed).
+    pub(crate) fn poll_multi(&self, idx: u32, cx: &Context<'_>) -> Poll<Option<(i32, u32)>> {
+        let mut ops = self.ops.borrow_mut();
+        let slot = &mut ops[idx as usize];
+        let OpState::Multi { results, waker, ended } = &mut slot.state else {
+            return Poll::Ready(None);
+        };
+        if let Some(r) = results.pop_front() {
+            return Poll::Ready(Some(r));
+        }
+        if *ended {
+            slot.state = OpState::Vacant;
+            drop(ops);
+            self.op_free.borrow_mut().push(idx);
+            return Poll::Ready(None);
+        }
+        *waker = Some(cx.waker().clone());
+        Poll::Pending
+    }
+
+    /// The future of operation `idx` was dropped: keep `keep` alive until
+    /// the kernel is done and ask it to stop early.
+    pub(crate) fn abandon(&self, idx: u32, keep: Option<Box<dyn Any>>, cancel: bool) {
+        let mut ops = self.ops.borrow_mut();
+        let slot = &mut ops[idx as usize];
+        match &mut slot.state {
+            OpState::Done(..) => {
+                slot.state = OpState::Vacant;
+                drop(ops);
+                self.op_free.borrow_mut().push(idx);
+                drop(keep);
+            }
+            OpState::Multi { ended: true, results, .. } => {
+                let pending: Vec<u16> = results.iter().filter_map(|&(_, f)| crate::bufring::buffer_of(f)).collect();
+                slot.state = OpState::Vacant;
+                drop(ops);
+                for b in pending {
+                    crate::bufring::recycle_in(self, b);
+                }
+                self.op_free.borrow_mut().push(idx);
+                drop(keep);
+            }
+            OpState::Vacant => {}
+            _ => {
+                let pending: Vec<u16> = match &slot.state {
+                    OpState::Multi { results, .. } => {
+                        results.iter().filter_map(|&(_, f)| crate::bufring::buffer_of(f)).collect()
+                    }
+                    _ => Vec::new(),
+                };
+                slot.state = OpState::Abandoned;
+                slot.keep = keep;
+                drop(ops);
+                for b in pending {
+                    crate::bufring::recycle_in(self, b);
+                }
+                if cancel {
+                    self.cancel(idx);
+                }
+            }
+        }
+    }
+
+    pub(crate) fn features(&self) -> Features {
+        self.features
+    }
+
+    pub(crate) fn ring(&self) -> std::cell::Ref<'_, IoUring> {
+        self.ring.borrow()
+    }
+
+    pub(crate) fn fixed_region(&self) -> Option<(usize, usize)> {
+        self.fixed.get()
+    }
+
+    pub(crate) fn set_fixed_region(&self, region: (usize, usize)) {
+        self.fixed.set(Some(region));
+    }
+
+    fn add_timer(&self, when: Instant, waker: Waker) -> (u32, u32) {
+        let mut t = self.timers.borrow_mut();
+        let idx = match t.free.pop() {
+            Some(i) => i,
+            None => {
+                t.slots.push(TimerSlot { gen: 0, waker: None, fired: false });
+                (t.slots.len() - 1) as u32
+            }
+        };
+        let s = &mut t.slots[idx as usize];
+        s.gen = s.gen.wrapping_add(1);
+        s.waker = Some(waker);
+        s.fired = false;
+        let gen = s.gen;
+        t.heap.push(std::cmp::Reverse((when, idx, gen)));
+        (idx, gen)
+    }
+
+    fn poll_timer(&self, idx: u32, gen: u32, cx: &Context<'_>) -> Poll<()> {
+        let mut t = self.timers.borrow_mut();
+        match t.slots.get_mut(idx as usize) {
+            Some(s) if s.gen == gen && !s.fired => {
+                s.waker = Some(cx.waker().clone());
+                Poll::Pending
+            }
+            _ => Poll::Ready(()),
+        }
+    }
+
+    fn remove_timer(&self, idx: u32, gen: u32) {
+        let mut t = self.timers.borrow_mut();
+        if let Some(s) = t.slots.get_mut(idx as usize) {
+            if s.gen == gen {
+                // A bumped generation makes the heap entry stale.
+                s.gen = s.gen.wrapping_add(1);
+                s.waker = None;
+                s.fired = true;
+                t.free.push(idx);
+            }
+        }
+    }
+}
+
+pub(crate) use OpState as State;
+
+/// A spawned task's result, awaited through its handle. Dropping the
+/// handle lets the task run on, detached.
+pub struct JoinHandle<T> {
+    inner: Rc<RefCell<JoinInner<T>>>,
+}
+
+struct JoinInner<T> {
+    value: Option<T>,
+    waker: Option<Waker>,
+}
+
+impl<T> Future for JoinHandle<T> {
+    type Output = T;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<T> {
+        let mut inner = self.inner.borrow_mut();
+        match inner.value.take() {
+            Some(v) => Poll::Ready(v),
+            None => {
+                inner.waker = Some(cx.waker().clone());
+                Poll::Pending
+            }
+        }
+    }
+}
+
+impl<T> JoinHandle<T> {
+    /// Whether the task has finished.
+    pub fn is_finished(&self) -> bool {
+        self.inner.borrow().value.is_some()
+    }
+}
+
+/// Runs `fut` as a task on this thread's reactor.
+///
+/// # Panics
+///
+/// Outside a running reactor.
+pub fn spawn<F>(fut: F) -> JoinHandle<F::Output>
+where
+    F: Future + 'static,
+    F::Output: 'static,
+{
+    let inner = Rc::new(RefCell::new(JoinInner { value: None, waker: None }));
+    let out = inner.clone();
+    let task = async move {
+        let v = fut.await;
+        let w = {
+            let mut i = out.borrow_mut();
+            i.value = Some(v);
+            i.waker.take()
+        };
+        if let Some(w) = w {
+            w.wake();
+        }
+    };
+    with_core(|core| core.spawn_boxed(Box::pin(task)));
+    JoinHandle { inner }
+}
+
+/// Completes after `d` (on the reactor's timers, no ring entry).
+pub fn sleep(d: Duration) -> Sleep {
+    Sleep { when: Instant::now() + d, slot: None }
+}
+
+/// Completes at `when`.
+pub fn sleep_until(when: Instant) -> Sleep {
+    Sleep { when, slot: None }
+}
+
+/// The future of [`sleep`].
+pub struct Sleep {
+    when: Instant,
+    slot: Option<(u32, u32)>,
+}
+
+impl Future for Sleep {
+    type Output = ();
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        match self.slot {
+            None => {
+                if Instant::now() >= self.when {
+                    return Poll::Ready(());
+                }
+                let when = self.when;
+                self.slot = Some(with_core(|c| c.add_timer(when, cx.waker().clone())));
+                Poll::Pending
+            }
+            Some((idx, gen)) => {
+                let r = with_core(|c| c.poll_timer(idx, gen, cx));
+                if r.is_ready() {
+                    with_core(|c| c.remove_timer(idx, gen));
+                    self.slot = None;
+                    self.when = Instant::now();
+                }
+                r
+            }
+        }
+    }
+}
+
+impl Drop for Sleep {
+    fn drop(&mut self) {
+        if let Some((idx, gen)) = self.slot.take() {
+            try_with_core(|c| c.remove_timer(idx, gen));
+        }
+    }
+}
+
+/// `timeout` ran out before the future finished.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Elapsed;
+
+impl std::fmt::Display for Elapsed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("timed out")
+    }
+}
+
+impl std::error::Error for Elapsed {}
+
+/// Runs `fut` for at most `d`.
+pub async fn timeout<F: Future>(d: Duration, fut: F) -> Result<F::Output, Elapsed> {
+    let mut fut = std::pin::pin!(fut);
+    let mut sleep = std::pin::pin!(sleep(d));
+    std::future::poll_fn(|cx| {
+        if let Poll::Ready(v) = fut.as_mut().poll(cx) {
+            return Poll::Ready(Ok(v));
+        }
+        match sleep.as_mut().poll(cx) {
+            Poll::Ready(()) => Poll::Ready(Err(Elapsed)),
+            Poll::Pending => Poll::Pending,
+        }
+    })
+    .await
+}
+
+/// Lets the other ready tasks run before continuing.
+pub async fn yield_now() {
+    let mut yielded = false;
+    std::future::poll_fn(|cx| {
+        if yielded {
+            Poll::Ready(())
+        } else {
+            yielded = true;
+            cx.waker().wake_by_ref();
+            Poll::Pending
+        }
+    })
+    .await
+}
