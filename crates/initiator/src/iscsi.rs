@@ -1,4 +1,4 @@
-//! An async iSCSI initiator session on monoio, for tests, tools and the
+//! An async iSCSI initiator session on the reactor, for tests, tools and the
 //! benchmark: a thin shell around the sans-IO `iscsi::host::HostConnection`.
 //!
 //! One [`Session`] is one TCP connection (MaxConnections=1,

@@ -1,13 +1,13 @@
-//! An async NVMe/TCP host on monoio, for tests, tools and the benchmark.
+//! An async NVMe/TCP host on the reactor, for tests, tools and the benchmark.
 //!
 //! The protocol work is `nvmf_tcp::host::HostConnection`'s; this crate only
-//! moves its bytes over a `monoio` TCP stream ([`Queue`]), runs the NVMe-oF
+//! moves its bytes over a reactor TCP stream ([`Queue`]), runs the NVMe-oF
 //! controller bring-up and the common admin and I/O commands on top
 //! ([`Controller`]), reads discovery log pages ([`discover`]) and drives a
 //! closed-loop load ([`bench`]; also in-process against a `blockdev::Device`
 //! and over bare TCP, the baselines beside each figure). Every wait on the network is bounded by a
 //! timeout, so a silent or stuck target becomes [`Error::Timeout`], never a
-//! hang. It needs a monoio runtime built with `enable_timer()`.
+//! hang. It runs inside a `reactor::Runtime`.
 //!
 //! [`iscsi`] is the same for iSCSI: a [`iscsi::Session`] around
 //! `iscsi::host::HostConnection` (login with CHAP, SendTargets, SCSI

@@ -3,7 +3,7 @@
 //! device, `ceiling` a bare TCP request/response loop; all three print the
 //! same result (human table or fio-like JSON, see docs/bench.md).
 //!
-//! Threads: without `--cpus` every job runs on one thread (one monoio
+//! Threads: without `--cpus` every job runs on one thread (one reactor
 //! runtime). With `--cpus LIST` the load runs on min(cpus, jobs) threads,
 //! thread i pinned to the i-th CPU, jobs dealt out among them; for `run`
 //! each thread connects its own controller with its jobs as I/O queues

@@ -139,11 +139,16 @@ impl Control {
 
 /// The daemon's CPU use since it started: the process (user and system
 /// microseconds, what `ironwire bench --target-ctl` reads) and each reactor
-/// thread.
+/// thread, with the number of heap allocations it made.
 fn stats() -> String {
     let mut out = crate::cpu::stats_line();
+    let allocs = crate::alloc::counts();
     for (name, cpu) in crate::cpu::threads_cpu("reactor-") {
-        out.push_str(&format!("thread {name} cpu_us={}\n", cpu.as_micros()));
+        out.push_str(&format!("thread {name} cpu_us={}", cpu.as_micros()));
+        if let Some((_, n)) = allocs.iter().find(|(n, _)| *n == name) {
+            out.push_str(&format!(" allocs={n}"));
+        }
+        out.push('\n');
     }
     out
 }

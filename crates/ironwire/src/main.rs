@@ -1,5 +1,6 @@
 //! ironwire: one daemon that exports block devices over NVMe/TCP.
 
+mod alloc;
 mod bench;
 mod config;
 mod conn;
@@ -62,6 +63,9 @@ fn load(path: &std::path::Path) -> Result<config::Config> {
     let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
     config::Config::parse(&text).with_context(|| format!("in {}", path.display()))
 }
+
+#[global_allocator]
+static ALLOCATOR: alloc::Counting = alloc::Counting;
 
 fn main() -> std::process::ExitCode {
     match real_main() {

@@ -138,6 +138,7 @@ pub fn run(config: Config, ctl_socket: &std::path::Path) -> Result<()> {
             let ready_tx = ready_tx.clone();
             let icfg = icfg.clone();
             async move {
+                crate::alloc::count_this_thread(format!("reactor-{}", id.index));
                 if registered > 0 {
                     // Without the memlock allowance (non-root, low
                     // RLIMIT_MEMLOCK) the reactor runs on ordinary buffers.

@@ -231,6 +231,40 @@ pub enum State {
     Closed,
 }
 
+/// A command's CDB, held inline (no allocation) unless an Extended CDB
+/// AHS makes it longer than the BHS's 16 bytes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Cdb {
+    short: [u8; 16],
+    /// The whole CDB when it is longer than 16 bytes; empty otherwise.
+    long: Vec<u8>,
+}
+
+impl Cdb {
+    /// The CDB bytes.
+    pub fn as_slice(&self) -> &[u8] {
+        if self.long.is_empty() {
+            &self.short
+        } else {
+            &self.long
+        }
+    }
+}
+
+impl std::ops::Deref for Cdb {
+    type Target = [u8];
+
+    fn deref(&self) -> &[u8] {
+        self.as_slice()
+    }
+}
+
+impl PartialEq<Vec<u8>> for Cdb {
+    fn eq(&self, other: &Vec<u8>) -> bool {
+        self.as_slice() == other.as_slice()
+    }
+}
+
 /// A SCSI command with all its write data.
 #[derive(Debug)]
 pub struct Command<B> {
@@ -239,7 +273,7 @@ pub struct Command<B> {
     /// LUN field as sent (8 bytes, SAM encoding).
     pub lun: u64,
     /// The CDB: 16 bytes, or longer with an Extended CDB AHS.
-    pub cdb: Vec<u8>,
+    pub cdb: Cdb,
     /// Expected Data Transfer Length.
     pub expected_len: u32,
     /// Bidirectional Read Expected Data Transfer Length (AHS), if any.
@@ -560,11 +594,20 @@ impl<B: DataBuffer> TargetConnection<B> {
     }
 
     fn process_rx(&mut self) -> Result<(), PduError> {
+        // The receive buffer is moved out while its PDUs are dispatched, so
+        // that they are handed over as slices of it, never copied.
+        let rx = std::mem::take(&mut self.rx);
+        let result = self.process_pdus(&rx);
+        self.rx = rx;
+        result
+    }
+
+    fn process_pdus(&mut self, rx: &[u8]) -> Result<(), PduError> {
         while self.state != State::Closed {
-            let buf = self.rx.get(self.rx_start..).unwrap_or_default();
+            let buf = rx.get(self.rx_start..).unwrap_or_default();
             let (bhs, ahs, data, digest_ok, len) = match pdu::deframe(buf, self.rx_framing) {
                 None => break,
-                Some(Ok(f)) => (f.bhs, f.ahs.to_vec(), f.data.to_vec(), f.data_digest_ok, f.len),
+                Some(Ok(f)) => (f.bhs, f.ahs, f.data, f.data_digest_ok, f.len),
                 Some(Err(e)) => {
                     self.on_error(&e);
                     if e.is_fatal() {
@@ -575,7 +618,7 @@ impl<B: DataBuffer> TargetConnection<B> {
                 }
             };
             self.rx_start = self.rx_start.saturating_add(len);
-            if let Err(e) = self.dispatch(bhs, &ahs, &data, digest_ok) {
+            if let Err(e) = self.dispatch(bhs, ahs, data, digest_ok) {
                 self.on_error(&e);
                 if e.is_fatal() {
                     return Err(e);
@@ -1143,11 +1186,19 @@ impl<B: DataBuffer> TargetConnection<B> {
         let f = bhs.flags();
         let (read, write) = (f & flags::READ != 0, f & flags::WRITE != 0);
         let edtl = bhs.expected_data_transfer_length();
-        let mut cdb = bhs.cdb().to_vec();
+        let mut cdb = Cdb { short: [0; 16], long: Vec::new() };
+        if let (Some(dst), Some(src)) = (cdb.short.get_mut(..), bhs.cdb().get(..16)) {
+            dst.copy_from_slice(src);
+        }
         let mut bidi_read_len = None;
         for (ty, body) in ahs_entries(ahs) {
             match ty {
-                ahs_type::EXTENDED_CDB => cdb.extend_from_slice(body.get(1..).unwrap_or_default()),
+                ahs_type::EXTENDED_CDB => {
+                    if cdb.long.is_empty() {
+                        cdb.long.extend_from_slice(&cdb.short);
+                    }
+                    cdb.long.extend_from_slice(body.get(1..).unwrap_or_default());
+                }
                 ahs_type::BIDI_READ_LENGTH => {
                     let mut w = [0u8; 4];
                     if let Some(s) = body.get(1..5) {

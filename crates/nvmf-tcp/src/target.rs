@@ -190,7 +190,15 @@ impl<B: DataBuffer> TargetConnection<B> {
                 Some(Ok(f)) => f,
             };
             let len = frame.len;
-            let header = frame.header.to_vec();
+            // The header (HLEN is one byte, so at most 255 bytes) is copied
+            // out of the receive buffer on the stack, not the heap: the
+            // handlers below take `self` mutably.
+            let mut header_buf = [0u8; 256];
+            let hlen = frame.header.len().min(header_buf.len());
+            if let (Some(dst), Some(src)) = (header_buf.get_mut(..hlen), frame.header.get(..hlen)) {
+                dst.copy_from_slice(src);
+            }
+            let header = header_buf.get(..hlen).unwrap_or_default();
             let (pdu_type, data_ok, ch_flags) = (frame.pdu_type, frame.data_digest_ok, frame.ch.flags);
             let data_range = {
                 let base = buf.as_ptr() as usize;
@@ -200,11 +208,11 @@ impl<B: DataBuffer> TargetConnection<B> {
             let abs = self.rx_start.saturating_add(data_range.start)..self.rx_start.saturating_add(data_range.end);
             self.rx_start = self.rx_start.saturating_add(len);
             match pdu_type {
-                PduType::IC_REQ => self.on_ic_req(&header)?,
-                PduType::CAPSULE_CMD => self.on_capsule(&header, abs, data_ok)?,
-                PduType::H2C_DATA => self.on_h2c_data(&header, abs, data_ok, ch_flags)?,
+                PduType::IC_REQ => self.on_ic_req(header)?,
+                PduType::CAPSULE_CMD => self.on_capsule(header, abs, data_ok)?,
+                PduType::H2C_DATA => self.on_h2c_data(header, abs, data_ok, ch_flags)?,
                 PduType::H2C_TERM_REQ => {
-                    let fes = TermReq::read_from_bytes(&header).map(|t| t.fes.get()).unwrap_or(0);
+                    let fes = TermReq::read_from_bytes(header).map(|t| t.fes.get()).unwrap_or(0);
                     self.events.push_back(Event::HostTerminated { fes });
                     self.state = State::Terminated;
                 }

@@ -246,6 +246,18 @@ mod tests {
         });
     }
 
+    #[test]
+    fn timeouts_that_never_fire_do_not_pile_up() {
+        run(async {
+            for _ in 0..100_000 {
+                // Pending once (so the timer is registered), then done.
+                let r = timeout(Duration::from_secs(60), yield_now()).await;
+                assert_eq!(r, Ok(()));
+            }
+            assert!(rt::timer_heap_len() <= 8192, "{} timer entries", rt::timer_heap_len());
+        });
+    }
+
     /// An echo over loopback through accept, connect, receive and send,
     /// with both receive paths (multishot into the buffer ring, one-shot).
     fn echo(multishot: bool) {

@@ -110,11 +110,26 @@ struct TimerSlot {
     fired: bool,
 }
 
-#[derive(Default)]
 struct Timers {
     heap: BinaryHeap<std::cmp::Reverse<(Instant, u32, u32)>>,
     slots: Vec<TimerSlot>,
     free: Vec<u32>,
+    /// Heap entries of timers removed before they fired (a timeout whose
+    /// future finished first); compacted away when they dominate, so a
+    /// timeout per receive cannot grow the heap without bound.
+    stale: usize,
+}
+
+impl Timers {
+    /// Room for this many timers before the first growth.
+    fn with_capacity(n: usize) -> Timers {
+        Timers {
+            heap: BinaryHeap::with_capacity(n),
+            slots: Vec::with_capacity(n),
+            free: Vec::with_capacity(n),
+            stale: 0,
+        }
+    }
 }
 
 pub(crate) struct Core {
@@ -217,14 +232,14 @@ impl Runtime {
             ring: RefCell::new(ring),
             features,
             poll: config.poll,
-            ops: RefCell::new(Vec::new()),
-            op_free: RefCell::new(Vec::new()),
+            ops: RefCell::new(Vec::with_capacity(1024)),
+            op_free: RefCell::new(Vec::with_capacity(1024)),
             in_flight: Cell::new(0),
-            tasks: RefCell::new(Vec::new()),
-            task_free: RefCell::new(Vec::new()),
-            ready: RefCell::new(VecDeque::new()),
-            timers: RefCell::new(Timers::default()),
-            woken: RefCell::new(Vec::new()),
+            tasks: RefCell::new(Vec::with_capacity(1024)),
+            task_free: RefCell::new(Vec::with_capacity(1024)),
+            ready: RefCell::new(VecDeque::with_capacity(1024)),
+            timers: RefCell::new(Timers::with_capacity(1024)),
+            woken: RefCell::new(Vec::with_capacity(1024)),
             fixed: Cell::new(None),
             bufring: RefCell::new(None),
         });
@@ -540,7 +555,7 @@ impl Core {
     }
 
     fn fire_timers(&self, now: Instant) -> bool {
-        let mut wake = Vec::new();
+        let mut wake = std::mem::take(&mut *self.woken.borrow_mut());
         {
             let mut t = self.timers.borrow_mut();
             while let Some(std::cmp::Reverse((when, idx, gen))) = t.heap.peek().copied() {
@@ -548,23 +563,30 @@ impl Core {
                     break;
                 }
                 t.heap.pop();
-                if let Some(s) = t.slots.get_mut(idx as usize) {
-                    if s.gen == gen && !s.fired {
+                match t.slots.get_mut(idx as usize) {
+                    Some(s) if s.gen == gen && !s.fired => {
                         s.fired = true;
                         wake.extend(s.waker.take());
                     }
+                    _ => t.stale = t.stale.saturating_sub(1),
                 }
             }
         }
         let any = !wake.is_empty();
-        for w in wake {
+        for w in wake.drain(..) {
             w.wake();
         }
+        *self.woken.borrow_mut() = wake;
         any
     }
 
     fn next_timer(&self) -> Option<Instant> {
         self.timers.borrow().heap.peek().map(|r| r.0 .0)
+    }
+
+    #[cfg(test)]
+    fn timer_heap_len(&self) -> usize {
+        self.timers.borrow().heap.len()
     }
 
     /// Queues `entry` for the kernel as operation `state`; returns its slot.
@@ -778,11 +800,23 @@ impl Core {
         if let Some(s) = t.slots.get_mut(idx as usize) {
             if s.gen == gen {
                 // A bumped generation makes the heap entry stale.
+                let unfired = !s.fired;
                 s.gen = s.gen.wrapping_add(1);
                 s.waker = None;
                 s.fired = true;
                 t.free.push(idx);
+                if unfired {
+                    t.stale += 1;
+                }
             }
+        }
+        if t.stale > 4096 && t.stale > t.heap.len() / 2 {
+            let Timers { heap, slots, .. } = &mut *t;
+            heap.retain(|e| {
+                let (_, i, g) = e.0;
+                slots.get(i as usize).is_some_and(|s| s.gen == g && !s.fired)
+            });
+            t.stale = 0;
         }
     }
 }
@@ -925,6 +959,11 @@ pub async fn timeout<F: Future>(d: Duration, fut: F) -> Result<F::Output, Elapse
         }
     })
     .await
+}
+
+#[cfg(test)]
+pub(crate) fn timer_heap_len() -> usize {
+    with_core(|c| c.timer_heap_len())
 }
 
 /// Lets the other ready tasks run before continuing.

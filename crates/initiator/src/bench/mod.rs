@@ -7,7 +7,7 @@
 //! [`run_on_queues`]), iSCSI sessions ([`run_iscsi`]), a local
 //! `blockdev::Device` without the network ([`run_local`], the "local" half
 //! of "remote minus local"), and a bare TCP request/response loop
-//! ([`ceiling`]). Each call runs on the calling monoio runtime (one
+//! ([`ceiling`]). Each call runs on the calling reactor runtime (one
 //! thread); callers that want several cores start one call per thread and
 //! add the reports with [`Report::merge`], giving each call its share of
 //! the jobs through `job_base` / `job_total`. Latency is measured

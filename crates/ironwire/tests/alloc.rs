@@ -1,0 +1,132 @@
+//! The I/O path allocates nothing per command: the daemon counts each
+//! reactor thread's heap allocations (`ctl stats`), and after a warm-up,
+//! 100,000 4 KiB reads and writes over loopback against a null device
+//! (NVMe/TCP, one reactor, queue depth 32) and iSCSI (the same against a
+//! null LUN) must not add one.
+
+use initiator::iscsi::{cdb, LoginOptions, Session};
+use initiator::{cmd, Controller, Options};
+mod common;
+
+use common::{block_on, bounded, Daemon};
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::net::UnixStream;
+
+const NQN: &str = "nqn.2026-11.io.ironwire:alloc";
+const IQN: &str = "iqn.2026-11.io.ironwire:alloc";
+const HOST: &str = "nqn.2014-08.org.nvmexpress:uuid:alloc-host";
+const QD: usize = 32;
+const WARM_UP: usize = 20_000;
+const MEASURED: usize = 100_000;
+
+fn start(tag: &str) -> Daemon {
+    Daemon::start_with(&format!("alloc-{tag}"), |_, port| {
+        format!(
+            "[[device]]\nname = \"n\"\nkind = \"null\"\nsize = \"1GiB\"\nblock_size = 4096\n\n\
+             [[subsystem]]\nnqn = \"{NQN}\"\nallow_any_host = true\n[[subsystem.namespace]]\ndevice = \"n\"\n\n\
+             [[iscsi_target]]\niqn = \"{IQN}\"\nallow_any_initiator = true\n[[iscsi_target.lun]]\nlun = 0\ndevice = \"n\"\n\n\
+             [[port]]\naddress = \"127.0.0.1:{port}\"\n\n\
+             [[port]]\ntransport = \"iscsi\"\naddress = \"127.0.0.1:{}\"\n\n\
+             [reactor]\ncores = [0]\n",
+            port + 1
+        )
+    })
+}
+
+/// Allocations the daemon's reactor threads made so far (`ctl stats`).
+fn reactor_allocs(d: &Daemon) -> u64 {
+    let mut s = UnixStream::connect(d.dir.join("ctl.sock")).expect("control socket");
+    s.write_all(b"stats\n").expect("send stats");
+    let mut total = None;
+    for line in BufReader::new(s).lines() {
+        let line = line.expect("reply");
+        if line == "ok" {
+            break;
+        }
+        if line.starts_with("thread reactor-") {
+            let n: u64 = line
+                .split_whitespace()
+                .find_map(|f| f.strip_prefix("allocs="))
+                .and_then(|v| v.parse().ok())
+                .unwrap_or_else(|| panic!("no allocs= in {line:?}"));
+            total = Some(total.unwrap_or(0) + n);
+        }
+    }
+    total.expect("no reactor thread in the stats reply")
+}
+
+/// `n` 4 KiB commands over an NVMe/TCP queue, `QD` outstanding, reads and
+/// writes alternating over the first 256 MiB.
+async fn nvme_ios(c: &mut Controller, n: usize) {
+    let q = c.io_queue(0).expect("I/O queue");
+    let (mut sent, mut done) = (0usize, 0usize);
+    while done < n {
+        while sent < n && q.outstanding() < QD {
+            let lba = (sent as u64 * 7919) % 65536;
+            if sent % 2 == 0 {
+                let mut data = q.buffer(4096);
+                data.resize(4096, 0xa5);
+                q.submit(cmd::write(1, lba, 1), data, 0).expect("submit write");
+            } else {
+                q.submit(cmd::read(1, lba, 1), Vec::new(), 4096).expect("submit read");
+            }
+            sent += 1;
+        }
+        let c = q.next_completion().await.expect("completion");
+        assert!(c.cqe.status().is_success(), "{}", c.cqe.status());
+        q.recycle(c.data);
+        done += 1;
+    }
+}
+
+#[test]
+fn nvme_tcp_reads_and_writes_allocate_nothing_per_command() {
+    let d = start("nvme");
+    let (before, after) = block_on(bounded(120, async {
+        let mut c =
+            Controller::connect(d.addr, NQN, HOST, Options { io_queues: 1, queue_size: 64, ..Options::default() })
+                .await
+                .expect("connect");
+        nvme_ios(&mut c, WARM_UP).await;
+        let before = reactor_allocs(&d);
+        nvme_ios(&mut c, MEASURED).await;
+        (before, reactor_allocs(&d))
+    }));
+    assert_eq!(after - before, 0, "{} allocations in {MEASURED} NVMe/TCP commands after warm-up", after - before);
+}
+
+/// `n` 4 KiB SCSI commands in one session, `QD` outstanding, READ(16)
+/// and WRITE(16) alternating.
+async fn iscsi_ios(s: &mut Session, n: usize) {
+    let (mut sent, mut done) = (0usize, 0usize);
+    while done < n {
+        while sent < n && s.outstanding() < QD {
+            let lba = (sent as u64 * 7919) % 65536;
+            if sent % 2 == 0 {
+                s.submit(0, &cdb::write16(lba, 1), vec![0x5a; 4096], 0).expect("submit write");
+            } else {
+                s.submit(0, &cdb::read16(lba, 1), Vec::new(), 4096).expect("submit read");
+            }
+            sent += 1;
+        }
+        let (_, r) = s.next_completion().await.expect("completion");
+        assert!(r.is_good(), "{r:?}");
+        done += 1;
+    }
+}
+
+#[test]
+fn iscsi_reads_and_writes_allocate_nothing_per_command() {
+    let d = start("iscsi");
+    let portal = std::net::SocketAddr::from(([127, 0, 0, 1], d.addr.port() + 1));
+    let (before, after) = block_on(bounded(120, async {
+        let opts = LoginOptions::new("iqn.2026-11.io.ironwire:alloc-initiator", Some(IQN));
+        let mut s = Session::connect(portal, opts).await.expect("login");
+        s.clear_unit_attentions(0).await.expect("clear unit attentions");
+        iscsi_ios(&mut s, WARM_UP).await;
+        let before = reactor_allocs(&d);
+        iscsi_ios(&mut s, MEASURED).await;
+        (before, reactor_allocs(&d))
+    }));
+    assert_eq!(after - before, 0, "{} allocations in {MEASURED} iSCSI commands after warm-up", after - before);
+}
