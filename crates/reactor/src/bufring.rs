@@ -15,7 +15,7 @@
 use crate::buf::IoBufMut;
 use crate::net::TcpStream;
 use crate::op::Op;
-use crate::rt::{try_with_core, with_core, Core, State};
+use crate::rt::{try_with_core, with_core, Core, OpState};
 use io_uring::{cqueue, opcode, types};
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd};
@@ -189,7 +189,7 @@ impl Receiver {
                 None => {
                     let entry = opcode::RecvMulti::new(types::Fd(self.fd.as_raw_fd()), GROUP).build();
                     let i = with_core(|c| {
-                        c.push(entry, State::Multi { results: Default::default(), waker: None, ended: false })
+                        c.push(entry, OpState::Multi { results: Default::default(), waker: None, ended: false })
                     });
                     self.multi = Some(i);
                     i
@@ -262,7 +262,7 @@ impl Drop for Receiver {
     fn drop(&mut self) {
         if let Some(idx) = self.multi.take() {
             let fd = self.fd.clone();
-            try_with_core(|c| c.abandon(idx, Some(Box::new(fd)), true));
+            try_with_core(|c| c.abandon(idx, Some(Box::new(fd))));
         }
     }
 }

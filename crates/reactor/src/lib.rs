@@ -17,9 +17,7 @@ mod op;
 mod rt;
 
 pub use bufring::{register_receive_buffers, Receiver, RecvBuf, DEFAULT_BUFFERS, DEFAULT_BUFFER_SIZE};
-pub use rt::{
-    sleep, sleep_until, spawn, timeout, yield_now, Config, Elapsed, Features, JoinHandle, Runtime, Sleep, DEFAULT_POLL,
-};
+pub use rt::{sleep, spawn, timeout, yield_now, Config, Elapsed, Features, JoinHandle, Runtime, Sleep, DEFAULT_POLL};
 
 use std::cell::{Cell, RefCell};
 use std::future::Future;

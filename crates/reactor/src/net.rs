@@ -226,16 +226,6 @@ impl TcpStream {
         (n, buf)
     }
 
-    /// Sends `buf`'s bytes once: how many went.
-    pub async fn write<B: IoBuf>(&self, buf: B) -> (io::Result<usize>, B) {
-        let len = buf.bytes_init();
-        let entry = opcode::Send::new(types::Fd(self.fd.as_raw_fd()), buf.read_ptr(), len as u32)
-            .flags(libc::MSG_NOSIGNAL)
-            .build();
-        let done = Op::submit(entry, (buf, self.fd.clone())).await;
-        (result(done.res), done.data.0)
-    }
-
     /// Sends all of `buf`: large buffers zero-copy where the kernel can.
     pub async fn write_all<B: IoBuf>(&self, buf: B) -> (io::Result<()>, B) {
         let total = buf.bytes_init();

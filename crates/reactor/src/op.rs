@@ -3,7 +3,7 @@
 //! it is dropped first, hands them to the ring's slot and asks the kernel
 //! to cancel.
 
-use crate::rt::{with_core, State};
+use crate::rt::{with_core, OpState};
 use io_uring::squeue;
 use std::future::Future;
 use std::pin::Pin;
@@ -26,7 +26,7 @@ impl<T: 'static> Op<T> {
     /// Queues `entry`, whose pointers point into `data` (heap memory that
     /// does not move with it).
     pub(crate) fn submit(entry: squeue::Entry, data: T) -> Op<T> {
-        let idx = with_core(|c| c.push(entry, State::Waiting(None)));
+        let idx = with_core(|c| c.push(entry, OpState::Waiting(None)));
         Op { idx, data: Some(data), done: false }
     }
 }
@@ -58,7 +58,7 @@ impl<T: 'static> Drop for Op<T> {
         }
         let keep = self.data.take().map(|d| Box::new(d) as Box<dyn std::any::Any>);
         let idx = self.idx;
-        crate::rt::try_with_core(|c| c.abandon(idx, keep, true));
+        crate::rt::try_with_core(|c| c.abandon(idx, keep));
     }
 }
 

@@ -709,44 +709,30 @@ impl Core {
 
     /// The future of operation `idx` was dropped: keep `keep` alive until
     /// the kernel is done and ask it to stop early.
-    pub(crate) fn abandon(&self, idx: u32, keep: Option<Box<dyn Any>>, cancel: bool) {
+    pub(crate) fn abandon(&self, idx: u32, keep: Option<Box<dyn Any>>) {
         let mut ops = self.ops.borrow_mut();
         let slot = &mut ops[idx as usize];
-        match &mut slot.state {
-            OpState::Done(..) => {
-                slot.state = OpState::Vacant;
-                drop(ops);
-                self.op_free.borrow_mut().push(idx);
-                drop(keep);
-            }
-            OpState::Multi { ended: true, results, .. } => {
-                let pending: Vec<u16> = results.iter().filter_map(|&(_, f)| crate::bufring::buffer_of(f)).collect();
-                slot.state = OpState::Vacant;
-                drop(ops);
-                for b in pending {
+        let finished = match &slot.state {
+            OpState::Vacant => return,
+            OpState::Done(..) | OpState::Multi { ended: true, .. } => true,
+            _ => false,
+        };
+        let old = std::mem::replace(&mut slot.state, if finished { OpState::Vacant } else { OpState::Abandoned });
+        let keep = if finished { keep } else { std::mem::replace(&mut slot.keep, keep) };
+        drop(ops);
+        drop(keep);
+        // Buffers a multishot receive filled that nobody took go back.
+        if let OpState::Multi { results, .. } = old {
+            for (_, flags) in results {
+                if let Some(b) = crate::bufring::buffer_of(flags) {
                     crate::bufring::recycle_in(self, b);
                 }
-                self.op_free.borrow_mut().push(idx);
-                drop(keep);
             }
-            OpState::Vacant => {}
-            _ => {
-                let pending: Vec<u16> = match &slot.state {
-                    OpState::Multi { results, .. } => {
-                        results.iter().filter_map(|&(_, f)| crate::bufring::buffer_of(f)).collect()
-                    }
-                    _ => Vec::new(),
-                };
-                slot.state = OpState::Abandoned;
-                slot.keep = keep;
-                drop(ops);
-                for b in pending {
-                    crate::bufring::recycle_in(self, b);
-                }
-                if cancel {
-                    self.cancel(idx);
-                }
-            }
+        }
+        if finished {
+            self.op_free.borrow_mut().push(idx);
+        } else {
+            self.cancel(idx);
         }
     }
 
@@ -821,8 +807,6 @@ impl Core {
     }
 }
 
-pub(crate) use OpState as State;
-
 /// A spawned task's result, awaited through its handle. Dropping the
 /// handle lets the task run on, detached.
 pub struct JoinHandle<T> {
@@ -846,13 +830,6 @@ impl<T> Future for JoinHandle<T> {
                 Poll::Pending
             }
         }
-    }
-}
-
-impl<T> JoinHandle<T> {
-    /// Whether the task has finished.
-    pub fn is_finished(&self) -> bool {
-        self.inner.borrow().value.is_some()
     }
 }
 
@@ -886,11 +863,6 @@ where
 /// Completes after `d` (on the reactor's timers, no ring entry).
 pub fn sleep(d: Duration) -> Sleep {
     Sleep { when: Instant::now() + d, slot: None }
-}
-
-/// Completes at `when`.
-pub fn sleep_until(when: Instant) -> Sleep {
-    Sleep { when, slot: None }
 }
 
 /// The future of [`sleep`].
