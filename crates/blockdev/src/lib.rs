@@ -1,10 +1,9 @@
-//! One backend contract for every block device: null, ram, file and raw
-//! block device, all behind [`Device`].
+//! The block-device backends: null, ram, file and raw block device, all
+//! behind [`Device`], which implements the contract the protocol cores see
+//! ([`BlockDevice`], from the runtime-free `block` crate: geometry, the one
+//! range check, the one [`Error`] type).
 //!
-//! This crate owns geometry, the one range check every operation goes through
-//! ([`Device::check_range`]), the typed [`Error`] the protocol crates map once
-//! to NVMe status and once to SCSI sense, and the aligned [`IoBuf`] pool.
-//! It must never panic on any LBA or length a peer sends, never form a Rust
+//! This crate does the I/O and owns the aligned [`IoBuf`] pool. It must never panic on any LBA or length a peer sends, never form a Rust
 //! reference to memory other threads write (the ram region), and never block
 //! a reactor on data I/O: reads, writes and flushes go through the calling
 //! thread's io_uring. Only rare control operations (fallocate, discard and
@@ -24,32 +23,12 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+pub use block::{BlockDevice, Error, Geometry, MAX_BLOCK_SIZE, MIN_BLOCK_SIZE};
 pub use fixed::{arena_usage, register_buffers};
 pub use iobuf::{IoBuf, IO_BUF_ALIGN};
 
 use file::FileBackend;
 use ram::RamRegion;
-
-/// Smallest accepted block size in bytes.
-pub const MIN_BLOCK_SIZE: u32 = 512;
-/// Largest accepted block size in bytes.
-pub const MAX_BLOCK_SIZE: u32 = 65536;
-
-/// Size and shape of a device as the protocols advertise it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Geometry {
-    /// Logical block size in bytes (a power of two, 512..=65536).
-    pub block_size: u32,
-    /// Capacity in blocks.
-    pub blocks: u64,
-}
-
-impl Geometry {
-    /// Capacity in bytes (cannot overflow: checked when the device opened).
-    pub fn size_bytes(&self) -> u64 {
-        self.blocks.saturating_mul(u64::from(self.block_size))
-    }
-}
 
 /// Which backend a device uses.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -64,50 +43,48 @@ pub enum Kind {
     Block,
 }
 
-impl fmt::Display for Kind {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
+impl Kind {
+    /// The backend's name, as configured and as hosts see it.
+    pub fn name(self) -> &'static str {
+        match self {
             Kind::Null => "null",
             Kind::Ram => "ram",
             Kind::File => "file",
             Kind::Block => "block",
-        })
+        }
     }
 }
 
-/// Everything a device operation or constructor can fail with.
-#[derive(thiserror::Error, Debug)]
-pub enum Error {
-    /// The request reaches past the last block (or `lba + blocks` overflows).
-    #[error("lba {lba} + {blocks} blocks is out of range (capacity {capacity} blocks)")]
-    OutOfRange { lba: u64, blocks: u64, capacity: u64 },
-    /// A buffer length that is not a whole number of blocks.
-    #[error("buffer length {len} is not a multiple of block size {block_size}")]
-    Misaligned { len: usize, block_size: u32 },
-    /// The backend cannot do this operation.
-    #[error("unsupported: {0}")]
-    Unsupported(&'static str),
-    /// A block size outside 512..=65536 or not a power of two.
-    #[error("block size {0} unsupported (expected a power of two in 512..=65536)")]
-    InvalidBlockSize(u32),
-    /// A device size of zero or not a whole number of blocks.
-    #[error("device size {size_bytes} bytes is not a non-zero multiple of block size {block_size}")]
-    InvalidSize { size_bytes: u64, block_size: u32 },
-    /// A block size below the block device's logical block size.
-    #[error("block size {requested} is smaller than the device's logical block size {logical}")]
-    BlockSizeBelowLogical { requested: u32, logical: u32 },
-    /// `Device::block` on something that is not a block device.
-    #[error("{0} is not a block device (use a file device for regular files)")]
-    NotBlockDevice(PathBuf),
-    /// `Device::file` on something that is not a regular file.
-    #[error("{0} is not a regular file (use a block device for block devices)")]
-    NotRegularFile(PathBuf),
-    /// Opening or sizing the backing file or device failed.
-    #[error("cannot open {path}: {source}")]
-    Open { path: PathBuf, source: io::Error },
-    /// An I/O error from the backing file or device.
-    #[error("I/O error: {0}")]
-    Io(#[from] io::Error),
+impl fmt::Display for Kind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl BlockDevice for Device {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn backend(&self) -> &'static str {
+        self.kind.name()
+    }
+
+    fn geometry(&self) -> Geometry {
+        self.geometry
+    }
+
+    /// True for file and block devices (page cache, disk cache): completed
+    /// writes are durable after [`Device::flush`].
+    fn volatile_write_cache(&self) -> bool {
+        matches!(self.kind, Kind::File | Kind::Block)
+    }
+
+    /// False for block devices, whose discard behaviour this crate does not
+    /// know.
+    fn deallocate_reads_zeroes(&self) -> bool {
+        !matches!(self.kind, Kind::Block)
+    }
 }
 
 enum Backend {
@@ -274,30 +251,14 @@ impl Device {
         })
     }
 
-    /// The name the device was created with.
-    pub fn name(&self) -> &str {
-        &self.name
-    }
-
     /// Which backend this is.
     pub fn kind(&self) -> Kind {
         self.kind
     }
 
-    /// Block size and capacity.
-    pub fn geometry(&self) -> Geometry {
-        self.geometry
-    }
-
     /// Backing file or device path (file and block devices).
     pub fn path(&self) -> Option<&Path> {
         self.path.as_deref()
-    }
-
-    /// Whether completed writes may sit in a volatile cache until
-    /// [`Device::flush`] (page cache or disk cache): true for file and block.
-    pub fn volatile_write_cache(&self) -> bool {
-        matches!(self.kind, Kind::File | Kind::Block)
     }
 
     /// Whether aligned I/O bypasses the page cache (`O_DIRECT`).
@@ -308,26 +269,9 @@ impl Device {
         }
     }
 
-    /// Whether deallocated blocks are guaranteed to read back as zeros
-    /// (NVMe DLFEAT "reads zeroes", SCSI LBPRZ). False for block devices,
-    /// whose discard behaviour this crate does not know.
-    pub fn deallocate_reads_zeroes(&self) -> bool {
-        !matches!(self.kind, Kind::Block)
-    }
-
-    /// The one range check: `blocks` blocks starting at `lba` must lie within
-    /// the device (`lba + blocks <= capacity`, computed without overflow).
-    pub fn check_range(&self, lba: u64, blocks: u64) -> Result<(), Error> {
-        let capacity = self.geometry.blocks;
-        match lba.checked_add(blocks) {
-            Some(end) if end <= capacity => Ok(()),
-            _ => Err(Error::OutOfRange { lba, blocks, capacity }),
-        }
-    }
-
     /// Range-checks `blocks` at `lba` and returns the byte offset and length.
     fn byte_range(&self, lba: u64, blocks: u64) -> Result<(u64, u64), Error> {
-        self.check_range(lba, blocks)?;
+        self.geometry.check_range(lba, blocks)?;
         let bs = u64::from(self.geometry.block_size);
         let out_of_range = || Error::OutOfRange { lba, blocks, capacity: self.geometry.blocks };
         let offset = lba.checked_mul(bs).ok_or_else(out_of_range)?;
@@ -506,13 +450,6 @@ mod tests {
     }
 
     #[test]
-    fn out_of_range_message_names_request_and_capacity() {
-        let dev = Device::null("n", 1 << 20, 512).expect("null device");
-        let err = dev.check_range(2040, 16).expect_err("past the end");
-        assert_eq!(err.to_string(), "lba 2040 + 16 blocks is out of range (capacity 2048 blocks)");
-    }
-
-    #[test]
     fn memory_devices_write_at_once_and_others_decline() {
         let ram = Device::ram("r", 1 << 20, 512).expect("ram device");
         assert!(matches!(ram.write_now(3, &[0x5a; 1024]), Some(Ok(()))));
@@ -527,15 +464,5 @@ mod tests {
             .with_latency(Latency { read: Duration::ZERO, write: Duration::from_millis(1) });
         assert!(slow.write_now(0, &[1; 512]).is_none(), "injected latency needs the async path");
         assert!(slow.reads_from_memory());
-    }
-
-    #[test]
-    fn check_range_accepts_last_block_and_rejects_overflow() {
-        let dev = Device::null("n", 1 << 20, 4096).expect("null device");
-        assert!(dev.check_range(255, 1).is_ok());
-        assert!(dev.check_range(0, 256).is_ok());
-        assert!(matches!(dev.check_range(256, 1), Err(Error::OutOfRange { .. })));
-        assert!(matches!(dev.check_range(1, u64::MAX), Err(Error::OutOfRange { .. })));
-        assert!(matches!(dev.check_range(u64::MAX, 2), Err(Error::OutOfRange { .. })));
     }
 }

@@ -5,7 +5,7 @@ mod common;
 
 use std::sync::Arc;
 
-use blockdev::{Device, Error, IoBuf, Kind};
+use blockdev::{BlockDevice, Device, Error, IoBuf, Kind};
 use common::{is_zero, pattern, read, run, write, LoopDev, TempDir};
 
 const MIB: u64 = 1 << 20;

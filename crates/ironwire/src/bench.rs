@@ -16,7 +16,7 @@ mod svg;
 
 use crate::cpu::{proc_cpu, self_cpu};
 use anyhow::{bail, Context, Result};
-use blockdev::Device;
+use blockdev::{BlockDevice, Device};
 use clap::{ArgGroup, Args, Subcommand, ValueEnum};
 use hdrhistogram::Histogram;
 use initiator::bench::{self, ceiling, BenchOptions, IscsiTarget, Pattern, Progress, Report};

@@ -6,9 +6,10 @@
 //! takes the object model's locks; reactors never wait on it.
 
 use crate::config::{parse_size, DeviceConfig, Size};
+use crate::nvme_tcp::{Namespace, Target};
 use anyhow::{anyhow, bail, Context, Result};
+use blockdev::BlockDevice;
 use blockdev::Device;
-use nvmf::{Namespace, Target};
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::{UnixListener, UnixStream};

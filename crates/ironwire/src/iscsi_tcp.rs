@@ -10,6 +10,7 @@
 use crate::conn::{Outbox, Shell};
 use crate::nvme_tcp::Buf;
 use blockdev::IoBuf;
+use blockdev::{BlockDevice, Device};
 use iscsi::chap::Secret;
 use iscsi::target::{
     tmf_response, Event, Policy, Residual, Seed, TargetConfig, TargetConnection, TargetInfo, TaskRef, TmfFunction,
@@ -17,7 +18,9 @@ use iscsi::target::{
 use iscsi::text::SessionType;
 use reactor::net::TcpStream;
 use reactor::{now_ms, Notify};
-use scsi::{status, BlockOp, BlockRequest, LogicalUnit, Nexus, Outcome, Sense};
+use scsi::{status, BlockOp, Nexus, Outcome, Sense};
+
+type LogicalUnit = scsi::LogicalUnit<Device>;
 use std::cell::RefCell;
 use std::collections::BTreeMap;
 use std::rc::Rc;
@@ -507,11 +510,12 @@ fn command(conn: &Rc<Conn>, cmd: iscsi::target::Command<Buf>) {
         // The iSCSI layer collects all write data before the command is
         // dispatched; a command asking for more had no data-out phase.
         Outcome::NeedData { .. } => conn.check(itt, &Sense::INVALID_FIELD_IN_CDB),
-        Outcome::Io(req) => {
+        Outcome::Io(op) => {
             if let Some(u) = unit {
-                if !read_from_memory(conn, itt, &req) && !write_to_memory(conn, itt, &req, residual) {
+                let device = &u.lu.device;
+                if !read_from_memory(conn, itt, device, &op) && !write_to_memory(conn, itt, device, &op, residual) {
                     conn.running.borrow_mut().push((itt.serial, false));
-                    reactor::spawn(run_io(conn.clone(), itt, u, req, residual));
+                    reactor::spawn(run_io(conn.clone(), itt, u, op, residual));
                 }
             }
         }
@@ -522,16 +526,14 @@ fn command(conn: &Rc<Conn>, cmd: iscsi::target::Command<Buf>) {
 /// straight into a Data-In that carries GOOD status, with no task and no
 /// buffer in between. `false` when the request is anything else, needs
 /// several Data-In PDUs, or the read failed (`run_io` then answers it).
-fn read_from_memory(conn: &Rc<Conn>, itt: TaskRef, req: &BlockRequest<Buf>) -> bool {
-    let BlockOp::Read { lba, blocks } = req.op else { return false };
-    if !req.device.reads_from_memory() {
+fn read_from_memory(conn: &Rc<Conn>, itt: TaskRef, device: &Device, op: &BlockOp<Buf>) -> bool {
+    let BlockOp::Read { lba, blocks } = *op else { return false };
+    if !device.reads_from_memory() {
         return false;
     }
-    let len = (blocks as usize).saturating_mul(req.device.geometry().block_size as usize);
-    let sent = conn
-        .iscsi
-        .borrow_mut()
-        .send_data_in_with(itt, len, |dst| matches!(req.device.read_now(lba, dst), Some(Ok(()))));
+    let len = (blocks as usize).saturating_mul(device.geometry().block_size as usize);
+    let sent =
+        conn.iscsi.borrow_mut().send_data_in_with(itt, len, |dst| matches!(device.read_now(lba, dst), Some(Ok(()))));
     if sent {
         conn.shell.tx_ready.notify();
     }
@@ -540,21 +542,21 @@ fn read_from_memory(conn: &Rc<Conn>, itt: TaskRef, req: &BlockRequest<Buf>) -> b
 
 /// Completes a write to a null or RAM LU at once, where the command
 /// arrived: no task, no wait. `false` when the request is anything else.
-fn write_to_memory(conn: &Conn, task: TaskRef, req: &BlockRequest<Buf>, residual: Option<Residual>) -> bool {
-    let BlockOp::Write { lba, ref data, .. } = req.op else { return false };
-    let Some(result) = req.device.write_now(lba, &data.0) else { return false };
+fn write_to_memory(conn: &Conn, task: TaskRef, device: &Device, op: &BlockOp<Buf>, residual: Option<Residual>) -> bool {
+    let BlockOp::Write { lba, ref data, .. } = *op else { return false };
+    let Some(result) = device.write_now(lba, &data.0) else { return false };
     match result {
         Ok(()) => conn.good(task, false, &[], residual),
         Err(e) => {
-            log::warn!("{}: write on {} failed: {e}", conn.shell.peer, req.device.name());
+            log::warn!("{}: write on {} failed: {e}", conn.shell.peer, device.name());
             conn.check(task, &scsi::io_error_sense(&e, true));
         }
     }
     true
 }
 
-async fn run_io(conn: Rc<Conn>, itt: TaskRef, unit: Arc<Unit>, req: BlockRequest<Buf>, residual: Option<Residual>) {
-    let BlockRequest { device, op } = req;
+async fn run_io(conn: Rc<Conn>, itt: TaskRef, unit: Arc<Unit>, op: BlockOp<Buf>, residual: Option<Residual>) {
+    let device = &unit.lu.device;
     let write = op.is_write();
     let bs = device.geometry().block_size as usize;
     let sense = |e: blockdev::Error| {
@@ -568,10 +570,10 @@ async fn run_io(conn: Rc<Conn>, itt: TaskRef, unit: Arc<Unit>, req: BlockRequest
         }
         BlockOp::Write { lba, data, fua } => device.write(lba, data.0, fua).await.0.map(|()| None).map_err(sense),
         BlockOp::WriteSame { lba, blocks, block, fua } => {
-            write_same(&conn, itt, &device, lba, blocks, &block.0, fua).await.map(|()| None).map_err(sense)
+            write_same(&conn, itt, device, lba, blocks, &block.0, fua).await.map(|()| None).map_err(sense)
         }
         BlockOp::CompareAndWrite { lba, blocks, data, fua } => {
-            compare_and_write(&conn, itt, &unit, &device, lba, blocks as usize * bs, data.0, fua).await.map(|()| None)
+            compare_and_write(&conn, itt, &unit, device, lba, blocks as usize * bs, data.0, fua).await.map(|()| None)
         }
         BlockOp::Flush => device.flush().await.map(|()| None).map_err(sense),
         BlockOp::WriteZeroes { lba, blocks, unmap } => {

@@ -9,18 +9,26 @@
 //! keep-alive timer and delivers asynchronous events.
 
 use crate::conn::{Outbox, Shell};
-use blockdev::IoBuf;
-use nvme_spec::{Cqe, Sqe, Status};
-use nvmf::{BlockOp, BlockRequest, Outcome, Queue, Target};
+use blockdev::{BlockDevice, Device, IoBuf};
+use nvme_spec::{Cqe, Status};
+use nvmf::{BlockOp, Outcome};
 use nvmf_tcp::target::{Event, TargetConfig, TargetConnection};
 use nvmf_tcp::DataBuffer;
 use reactor::net::TcpStream;
 use reactor::now_ms;
 use std::cell::RefCell;
-use std::collections::HashMap;
 use std::rc::Rc;
 use std::sync::Arc;
 use std::time::Duration;
+
+/// The NVMe-oF target, over the daemon's devices.
+pub type Target = nvmf::Target<Device>;
+/// A subsystem of [`Target`].
+pub type Subsystem = nvmf::Subsystem<Device>;
+/// A namespace of a [`Subsystem`].
+pub type Namespace = nvmf::Namespace<Device>;
+type Queue = nvmf::Queue<Device>;
+type BlockRequest = nvmf::BlockRequest<Buf, Device>;
 
 /// Write data lands straight in a pooled, aligned buffer the backend can
 /// write from with O_DIRECT.
@@ -47,7 +55,6 @@ impl DataBuffer for Buf {
 struct Conn {
     tcp: RefCell<TargetConnection<Buf>>,
     queue: RefCell<Queue>,
-    awaiting_data: RefCell<HashMap<u16, Sqe>>,
     shell: Shell,
 }
 
@@ -73,15 +80,14 @@ impl Conn {
 }
 
 /// Serves one accepted connection until it closes.
-pub async fn serve(stream: TcpStream, target: Arc<Target>, cfg: TargetConfig) {
+pub async fn serve(stream: TcpStream, target: Arc<Target>, cfg: TargetConfig, transport: nvmf::Transport) {
     let _ = stream.set_nodelay(true);
     let (Ok(local), Ok(peer)) = (stream.local_addr(), stream.peer_addr()) else {
         return;
     };
     let conn = Rc::new(Conn {
         tcp: RefCell::new(TargetConnection::new(cfg)),
-        queue: RefCell::new(Queue::new(target, local, peer)),
-        awaiting_data: RefCell::new(HashMap::new()),
+        queue: RefCell::new(Queue::new(target, transport, local, peer)),
         shell: Shell::new(peer),
     });
     log::debug!("{peer}: connected");
@@ -117,7 +123,10 @@ fn dispatch_events(conn: &Rc<Conn>, now_ms: u64) {
                 let len = data.as_ref().map(|d| d.0.len());
                 let checked = conn.tcp.borrow().check_sgl(&sqe, len);
                 match checked {
-                    Ok(_) => execute(conn, now_ms, sqe, data),
+                    Ok(data_len) => {
+                        let outcome = conn.queue.borrow_mut().execute(now_ms, &sqe, data_len, data);
+                        answer(conn, sqe.cid.get(), outcome);
+                    }
                     Err(status) => {
                         log::debug!("{}: cid {} SGL rejected: {status}", conn.shell.peer, sqe.cid.get());
                         conn.respond(Cqe::new(sqe.cid.get(), status, 0));
@@ -125,18 +134,15 @@ fn dispatch_events(conn: &Rc<Conn>, now_ms: u64) {
                 }
             }
             Event::Data { cid, data } => {
-                let sqe = conn.awaiting_data.borrow_mut().remove(&cid);
-                match sqe {
-                    Some(sqe) => execute(conn, now_ms, sqe, Some(data)),
-                    None => conn.respond(Cqe::new(cid, Status::INTERNAL, 0)),
-                }
+                let outcome = conn.queue.borrow_mut().data_arrived(now_ms, cid, data);
+                answer(conn, cid, outcome);
             }
             Event::DataDigestError { cid } => {
                 log::warn!(
                     "{}: data digest mismatch on cid {cid}; completing with Transient Transport Error",
                     conn.shell.peer
                 );
-                conn.awaiting_data.borrow_mut().remove(&cid);
+                conn.queue.borrow_mut().data_failed(cid);
                 conn.respond(Cqe::new(cid, Status::TRANSIENT_TRANSPORT_ERROR, 0));
             }
             Event::HostTerminated { fes } => {
@@ -148,9 +154,7 @@ fn dispatch_events(conn: &Rc<Conn>, now_ms: u64) {
     conn.shell.tx_ready.notify();
 }
 
-fn execute(conn: &Rc<Conn>, now_ms: u64, sqe: Sqe, data: Option<Buf>) {
-    let outcome = conn.queue.borrow_mut().execute(now_ms, &sqe, data);
-    let cid = sqe.cid.get();
+fn answer(conn: &Rc<Conn>, cid: u16, outcome: Outcome<Buf, Device>) {
     match outcome {
         Outcome::Complete { cqe, data } => {
             if data.is_empty() {
@@ -159,10 +163,7 @@ fn execute(conn: &Rc<Conn>, now_ms: u64, sqe: Sqe, data: Option<Buf>) {
                 conn.tcp.borrow_mut().send_data(cid, &data, cqe);
             }
         }
-        Outcome::NeedData { len } => {
-            conn.awaiting_data.borrow_mut().insert(cid, sqe);
-            conn.tcp.borrow_mut().request_data(cid, len);
-        }
+        Outcome::NeedData { len } => conn.tcp.borrow_mut().request_data(cid, len),
         Outcome::Io(req) => {
             if !read_from_memory(conn, &req) && !write_to_memory(conn, &req) {
                 reactor::spawn(run_io(conn.clone(), req));
@@ -185,7 +186,7 @@ fn execute(conn: &Rc<Conn>, now_ms: u64, sqe: Sqe, data: Option<Buf>) {
 /// the device straight into the send buffer, with no task and no buffer in
 /// between. `false` when the request is anything else or the read failed
 /// (`run_io` then answers it, with the error status).
-fn read_from_memory(conn: &Rc<Conn>, req: &BlockRequest<Buf>) -> bool {
+fn read_from_memory(conn: &Rc<Conn>, req: &BlockRequest) -> bool {
     let BlockOp::Read { lba, len_bytes } = req.op else { return false };
     if !req.device.reads_from_memory() {
         return false;
@@ -203,7 +204,7 @@ fn read_from_memory(conn: &Rc<Conn>, req: &BlockRequest<Buf>) -> bool {
 
 /// Completes a write to a null or RAM device at once, where the command
 /// arrived: no task, no wait. `false` when the request is anything else.
-fn write_to_memory(conn: &Conn, req: &BlockRequest<Buf>) -> bool {
+fn write_to_memory(conn: &Conn, req: &BlockRequest) -> bool {
     let BlockOp::Write { lba, ref data, .. } = req.op else { return false };
     let Some(result) = req.device.write_now(lba, &data.0) else { return false };
     let status = match result {
@@ -217,7 +218,7 @@ fn write_to_memory(conn: &Conn, req: &BlockRequest<Buf>) -> bool {
     true
 }
 
-async fn run_io(conn: Rc<Conn>, req: BlockRequest<Buf>) {
+async fn run_io(conn: Rc<Conn>, req: BlockRequest) {
     let BlockRequest { cid, device, op } = req;
     let ok = |s: Result<(), blockdev::Error>, write: bool| match s {
         Ok(()) => Status::SUCCESS,

@@ -4,9 +4,10 @@
 
 use crate::config::{Config, DeviceConfig};
 use crate::iscsi_tcp::{IscsiModel, IscsiTarget};
+use crate::nvme_tcp::{Namespace, Subsystem, Target};
 use anyhow::{Context, Result};
-use blockdev::{Device, Latency};
-use nvmf::{Namespace, Settings, Subsystem, Target};
+use blockdev::{BlockDevice, Device, Latency};
+use nvmf::Settings;
 use nvmf_tcp::target::TargetConfig;
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -46,7 +47,6 @@ pub fn build_target(config: &Config, devices: &HashMap<String, Arc<Device>>) -> 
     let t = &config.nvme_tcp;
     let target = Target::new(Settings {
         max_transfer: t.max_transfer,
-        io_in_capsule: t.in_capsule_data,
         max_io_queues: t.max_io_queues,
         queue_entries: t.queue_entries,
     });
@@ -69,7 +69,6 @@ fn serial_for(nqn: &str) -> String {
     format!("IW{:016X}", h)
 }
 
-/// Runs the target until the process is killed.
 /// The protocol a listening port speaks.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Protocol {
@@ -95,6 +94,7 @@ fn build_iscsi(
 pub fn run(config: Config, ctl_socket: &std::path::Path) -> Result<()> {
     let devices = open_devices(&config)?;
     let target = build_target(&config, &devices)?;
+    let transport = nvmf_tcp::transport(config.nvme_tcp.in_capsule_data);
     let mut ports: Vec<(SocketAddr, Protocol)> = Vec::new();
     // Bind once here so an address in use is reported before any reactor
     // starts; the reactors bind their own SO_REUSEPORT sockets.
@@ -104,7 +104,7 @@ pub fn run(config: Config, ctl_socket: &std::path::Path) -> Result<()> {
         if p.transport == "iscsi" {
             ports.push((a, Protocol::Iscsi));
         } else {
-            target.add_port(a, p.discovery_only);
+            target.add_port(a, transport, p.discovery_only);
             ports.push((a, Protocol::NvmeTcp));
         }
     }
@@ -180,7 +180,7 @@ pub fn run(config: Config, ctl_socket: &std::path::Path) -> Result<()> {
                             match l.accept().await {
                                 Ok((stream, _)) => match proto {
                                     Protocol::NvmeTcp => {
-                                        reactor::spawn(crate::nvme_tcp::serve(stream, target.clone(), tcfg));
+                                        reactor::spawn(crate::nvme_tcp::serve(stream, target.clone(), tcfg, transport));
                                     }
                                     Protocol::Iscsi => {
                                         reactor::spawn(crate::iscsi_tcp::serve(stream, iscsi.clone(), icfg.clone()));

@@ -23,6 +23,6 @@ pub mod text;
 
 /// The buffer type write data lands in; shared with NVMe/TCP so one pooled
 /// buffer type serves both transports.
-pub use nvmf_tcp::DataBuffer;
+pub use block::DataBuffer;
 
 pub use error::{Disposition, PduError, RejectReason};

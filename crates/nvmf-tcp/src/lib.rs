@@ -9,12 +9,30 @@
 #![forbid(unsafe_code)]
 #![deny(clippy::unwrap_used, clippy::indexing_slicing, clippy::arithmetic_side_effects)]
 
-pub mod buffer;
 pub mod digest;
 pub mod error;
 pub mod host;
 pub mod pdu;
 pub mod target;
 
-pub use buffer::DataBuffer;
+pub use block::DataBuffer;
 pub use error::{Fatal, Fes};
+
+use nvme_spec::identify::ctrl;
+use nvme_spec::log::discovery;
+
+/// What hosts are told about NVMe/TCP ports (the discovery log entry, and
+/// Identify Controller's SGLS/IOCCSZ/ICDOFF): TRTYPE tcp, no secure channel
+/// required, TSAS SECTYPE 0 (no TLS); SGLs with offset descriptors for
+/// in-capsule data at offset 0, up to `in_capsule` bytes of it on I/O queues.
+pub fn transport(in_capsule: u32) -> nvmf::Transport {
+    nvmf::Transport {
+        name: "tcp",
+        trtype: discovery::TRTYPE_TCP,
+        treq: discovery::TREQ_NOT_REQUIRED,
+        tsas: [0; 16],
+        sgls: ctrl::SGLS_SUPPORTED | ctrl::SGLS_OFFSET,
+        in_capsule,
+        icdoff: 0,
+    }
+}

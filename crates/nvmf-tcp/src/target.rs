@@ -10,11 +10,11 @@
 //! ([`TargetConnection::request_data`]), and frames read data and
 //! completions.
 
-use crate::buffer::DataBuffer;
 use crate::error::{Fatal, Fes};
 use crate::pdu::{
     self, dgst, flags, offset, CapsuleCmd, CapsuleResp, DataHeader, Framing, IcReq, IcResp, PduType, R2t, TermReq,
 };
+use block::DataBuffer;
 use nvme_spec::{Cqe, Sgl, Sqe};
 use std::collections::VecDeque;
 use zerocopy::{FromBytes, IntoBytes};

@@ -3,6 +3,7 @@
 use crate::controller::Controller;
 use crate::queue::{Outcome, Queue};
 use crate::{identify, logpage};
+use block::BlockDevice;
 use nvme_spec::log::GetLogPage;
 use nvme_spec::opcode::{Admin, Cns, FeatureId, LogId};
 use nvme_spec::{Cqe, Sqe, Status};
@@ -11,8 +12,14 @@ use std::sync::Arc;
 /// Outstanding Asynchronous Event Requests allowed (AERL + 1).
 pub(crate) const AER_LIMIT: usize = 4;
 
-impl Queue {
-    pub(crate) fn admin<B: AsRef<[u8]>>(&mut self, ctrl: &Arc<Controller>, sqe: &Sqe, data: Option<B>) -> Outcome<B> {
+impl<D: BlockDevice> Queue<D> {
+    pub(crate) fn admin<B: AsRef<[u8]>>(
+        &mut self,
+        ctrl: &Arc<Controller<D>>,
+        sqe: &Sqe,
+        data_len: u32,
+        data: Option<B>,
+    ) -> Outcome<B, D> {
         let cid = sqe.cid.get();
         let Some(subsys) = ctrl.subsystem() else {
             return Outcome::status(cid, Status::INTERNAL);
@@ -25,10 +32,10 @@ impl Queue {
                 let page = if discovery && cns != Cns::CONTROLLER {
                     Err(Status::INVALID_FIELD.dnr())
                 } else {
-                    identify::build(&self.target, &subsys, ctrl, cns, sqe.nsid.get(), csi)
+                    identify::build(&self.target, &self.transport, &subsys, ctrl, cns, sqe.nsid.get(), csi)
                 };
                 match page {
-                    Ok(p) => self.host_data(cid, sqe, p),
+                    Ok(p) => self.host_data(cid, data_len, p),
                     Err(s) => {
                         log::debug!("{}: Identify CNS {:#04x} nsid {}: {s}", self.peer, cns.0, sqe.nsid.get());
                         Outcome::status(cid, s)
@@ -43,7 +50,7 @@ impl Queue {
                     logpage::build(&self.target, &subsys, ctrl, glp, self.local)
                 };
                 match page {
-                    Ok(p) => self.host_data(cid, sqe, p),
+                    Ok(p) => self.host_data(cid, data_len, p),
                     Err(s) => {
                         log::debug!("{}: Get Log Page {:#04x}: {s}", self.peer, glp.lid);
                         Outcome::status(cid, s)
@@ -51,7 +58,7 @@ impl Queue {
                 }
             }
             Admin::SET_FEATURES => self.set_features(ctrl, sqe, discovery),
-            Admin::GET_FEATURES => self.get_features(ctrl, sqe, discovery),
+            Admin::GET_FEATURES => self.get_features(ctrl, sqe, data_len, discovery),
             Admin::ASYNC_EVENT_REQUEST => {
                 if self.aers.len() >= AER_LIMIT {
                     return Outcome::status(cid, Status::ASYNC_EVENT_LIMIT.dnr());
@@ -75,8 +82,8 @@ impl Queue {
 
     /// Completes with controller-to-host data, truncated to what the SGL
     /// describes.
-    fn host_data<B>(&self, cid: u16, sqe: &Sqe, mut page: Vec<u8>) -> Outcome<B> {
-        let len = sqe.dptr.length.get() as usize;
+    fn host_data<B>(&self, cid: u16, data_len: u32, mut page: Vec<u8>) -> Outcome<B, D> {
+        let len = data_len as usize;
         if len > self.target.settings.max_transfer as usize {
             return Outcome::status(cid, Status::SGL_DATA_LENGTH_INVALID.dnr());
         }
@@ -84,7 +91,7 @@ impl Queue {
         Outcome::data(cid, page)
     }
 
-    fn set_features<B>(&mut self, ctrl: &Controller, sqe: &Sqe, discovery: bool) -> Outcome<B> {
+    fn set_features<B>(&mut self, ctrl: &Controller<D>, sqe: &Sqe, discovery: bool) -> Outcome<B, D> {
         let cid = sqe.cid.get();
         let cdw10 = sqe.cdw10.get();
         let cdw11 = sqe.cdw11.get();
@@ -129,7 +136,7 @@ impl Queue {
         Outcome::Complete { cqe: Cqe::new(cid, Status::SUCCESS, dw0), data: Vec::new() }
     }
 
-    fn get_features<B>(&mut self, ctrl: &Controller, sqe: &Sqe, discovery: bool) -> Outcome<B> {
+    fn get_features<B>(&mut self, ctrl: &Controller<D>, sqe: &Sqe, data_len: u32, discovery: bool) -> Outcome<B, D> {
         let cid = sqe.cid.get();
         let fid = FeatureId((sqe.cdw10.get() & 0xff) as u8);
         let sel = (sqe.cdw10.get() >> 8) & 0x7;
@@ -159,7 +166,7 @@ impl Queue {
                     return Outcome::status(cid, Status::INVALID_FIELD.dnr());
                 }
                 drop(s);
-                return self.host_data(cid, sqe, ctrl.hostid.to_vec());
+                return self.host_data(cid, data_len, ctrl.hostid.to_vec());
             }
             _ => return Outcome::status(cid, Status::INVALID_FIELD.dnr()),
         };

@@ -4,6 +4,7 @@
 //! connects, events), never per I/O.
 
 use crate::model::Subsystem;
+use block::BlockDevice;
 use nvme_spec::regs::{csts, Cc};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -32,14 +33,14 @@ pub(crate) struct CtrlState {
 
 /// One NVMe-oF controller.
 #[derive(Debug)]
-pub struct Controller {
+pub struct Controller<D> {
     /// Controller ID.
     pub cntlid: u16,
     /// Host NQN that created it.
     pub hostnqn: String,
     /// Host identifier from the Connect data.
     pub hostid: [u8; 16],
-    pub(crate) subsystem: Weak<Subsystem>,
+    pub(crate) subsystem: Weak<Subsystem<D>>,
     pub(crate) state: Mutex<CtrlState>,
     last_keep_alive_ms: AtomicU64,
     dead: AtomicBool,
@@ -47,10 +48,10 @@ pub struct Controller {
     ready: AtomicBool,
 }
 
-impl Controller {
+impl<D: BlockDevice> Controller<D> {
     pub(crate) fn new(
         cntlid: u16,
-        subsystem: &Arc<Subsystem>,
+        subsystem: &Arc<Subsystem<D>>,
         hostnqn: &str,
         hostid: [u8; 16],
         kato_ms: u32,
@@ -78,7 +79,7 @@ impl Controller {
     }
 
     /// The subsystem, while it exists.
-    pub fn subsystem(&self) -> Option<Arc<Subsystem>> {
+    pub fn subsystem(&self) -> Option<Arc<Subsystem<D>>> {
         self.subsystem.upgrade()
     }
 

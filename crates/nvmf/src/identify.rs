@@ -1,7 +1,8 @@
 //! Identify data structures (NVMe Base 2.0 section 5.17.2).
 
 use crate::controller::Controller;
-use crate::model::{Namespace, Subsystem, Target};
+use crate::model::{Namespace, Subsystem, Target, Transport};
+use block::BlockDevice;
 use nvme_spec::identify::{ctrl as c, nid, ns as n, CSI_NVM, LEN};
 use nvme_spec::opcode::Cns;
 use nvme_spec::writer::Page;
@@ -10,23 +11,24 @@ use nvme_spec::{regs, Status};
 /// Largest NSID a controller reports (NN, MNAN).
 pub(crate) const MAX_NSID: u32 = 1024;
 
-pub(crate) fn build(
-    target: &Target,
-    subsys: &Subsystem,
-    ctrl: &Controller,
+pub(crate) fn build<D: BlockDevice>(
+    target: &Target<D>,
+    transport: &Transport,
+    subsys: &Subsystem<D>,
+    ctrl: &Controller<D>,
     cns: Cns,
     nsid: u32,
     csi: u8,
 ) -> Result<Vec<u8>, Status> {
     let invalid_ns = || Status::INVALID_NAMESPACE.dnr();
-    let ns_of = |nsid: u32| -> Result<Option<std::sync::Arc<Namespace>>, Status> {
+    let ns_of = |nsid: u32| -> Result<Option<std::sync::Arc<Namespace<D>>>, Status> {
         if nsid == 0 || nsid > MAX_NSID {
             return Err(invalid_ns());
         }
         Ok(subsys.namespace(nsid))
     };
     match cns {
-        Cns::CONTROLLER => Ok(controller(target, subsys, ctrl)),
+        Cns::CONTROLLER => Ok(controller(target, transport, subsys, ctrl)),
         Cns::NAMESPACE => Ok(ns_of(nsid)?.map(|ns| namespace(&ns)).unwrap_or_else(|| vec![0; LEN])),
         Cns::ACTIVE_NAMESPACES | Cns::CS_ACTIVE_NAMESPACES => {
             if cns == Cns::CS_ACTIVE_NAMESPACES && csi != CSI_NVM {
@@ -86,7 +88,12 @@ pub(crate) fn build(
     }
 }
 
-fn controller(target: &Target, subsys: &Subsystem, ctrl: &Controller) -> Vec<u8> {
+fn controller<D: BlockDevice>(
+    target: &Target<D>,
+    transport: &Transport,
+    subsys: &Subsystem<D>,
+    ctrl: &Controller<D>,
+) -> Vec<u8> {
     let s = &target.settings;
     let mut p = Page::new(LEN);
     let mdts = (s.max_transfer / 4096).max(1).ilog2() as u8;
@@ -103,7 +110,7 @@ fn controller(target: &Target, subsys: &Subsystem, ctrl: &Controller) -> Vec<u8>
     p.u8(c::ELPE, 0).u8(c::NPSS, 0);
     p.u16(c::KAS, 1);
     p.u16(c::MAXCMD, s.queue_entries);
-    p.u32(c::SGLS, c::SGLS_SUPPORTED | c::SGLS_OFFSET);
+    p.u32(c::SGLS, transport.sgls);
     p.ascii_nul(c::SUBNQN, 256, &subsys.nqn);
     if subsys.discovery {
         p.u8(c::CNTRLTYPE, c::TYPE_DISCOVERY);
@@ -120,13 +127,14 @@ fn controller(target: &Target, subsys: &Subsystem, ctrl: &Controller) -> Vec<u8>
         p.u16(c::ONCS, c::ONCS_COMPARE | c::ONCS_DSM | c::ONCS_WRITE_ZEROES);
         // Volatile write cache present; flush to NSID FFFFFFFFh unsupported.
         p.u8(c::VWC, 0x05);
-        p.u32(c::IOCCSZ, (64 + s.io_in_capsule) / 16).u32(c::IORCSZ, 1);
+        p.u32(c::IOCCSZ, (64 + transport.in_capsule) / 16).u32(c::IORCSZ, 1);
+        p.u16(c::ICDOFF, transport.icdoff);
         p.u16(c::PSD0_MP, 2500); // 25 W, informational
     }
     p.into_vec()
 }
 
-fn namespace(ns: &Namespace) -> Vec<u8> {
+fn namespace<D: BlockDevice>(ns: &Namespace<D>) -> Vec<u8> {
     let geo = ns.device.geometry();
     let mut p = Page::new(LEN);
     p.u64(n::NSZE, geo.blocks).u64(n::NCAP, geo.blocks).u64(n::NUSE, geo.blocks);

@@ -5,18 +5,18 @@
 use crate::controller::Controller;
 use crate::model::Namespace;
 use crate::queue::{Outcome, Queue};
-use blockdev::Device;
+use block::BlockDevice;
 use nvme_spec::opcode::Io;
 use nvme_spec::{Sqe, Status};
 use std::sync::Arc;
 
 /// A storage operation for the reactor to run.
 #[derive(Debug)]
-pub struct BlockRequest<B> {
+pub struct BlockRequest<B, D> {
     /// Command identifier to complete.
     pub cid: u16,
     /// The device.
-    pub device: Arc<Device>,
+    pub device: Arc<D>,
     /// What to do.
     pub op: BlockOp<B>,
 }
@@ -67,18 +67,18 @@ pub enum BlockOp<B> {
 
 /// The NVMe status for a failed device operation (`write` tells a failed
 /// write from a failed read).
-pub fn io_error_status(err: &blockdev::Error, write: bool) -> Status {
+pub fn io_error_status(err: &block::Error, write: bool) -> Status {
     match err {
-        blockdev::Error::OutOfRange { .. } => Status::LBA_OUT_OF_RANGE.dnr(),
-        blockdev::Error::Misaligned { .. } => Status::INVALID_FIELD.dnr(),
-        blockdev::Error::Unsupported(_) => Status::INVALID_FIELD.dnr(),
+        block::Error::OutOfRange { .. } => Status::LBA_OUT_OF_RANGE.dnr(),
+        block::Error::Misaligned { .. } => Status::INVALID_FIELD.dnr(),
+        block::Error::Unsupported(_) => Status::INVALID_FIELD.dnr(),
         _ if write => Status::WRITE_FAULT,
         _ => Status::UNRECOVERED_READ,
     }
 }
 
-impl Queue {
-    fn namespace(&mut self, ctrl: &Controller, nsid: u32) -> Option<Arc<Namespace>> {
+impl<D: BlockDevice> Queue<D> {
+    fn namespace(&mut self, ctrl: &Controller<D>, nsid: u32) -> Option<Arc<Namespace<D>>> {
         // The subsystem is looked up once per queue, not upgraded from the
         // controller's weak reference on every command.
         if self.ns_subsys.is_none() {
@@ -102,7 +102,13 @@ impl Queue {
         self.ns_cache.get(nsid as usize).cloned().flatten()
     }
 
-    pub(crate) fn io<B: AsRef<[u8]>>(&mut self, ctrl: &Controller, sqe: &Sqe, data: Option<B>) -> Outcome<B> {
+    pub(crate) fn io<B: AsRef<[u8]>>(
+        &mut self,
+        ctrl: &Controller<D>,
+        sqe: &Sqe,
+        sgl_len: u32,
+        data: Option<B>,
+    ) -> Outcome<B, D> {
         let cid = sqe.cid.get();
         if !ctrl.enabled() {
             return Outcome::status(cid, Status::COMMAND_SEQUENCE_ERROR.dnr());
@@ -115,7 +121,6 @@ impl Queue {
         let device = ns.device.clone();
         let geo = device.geometry();
         let max_transfer = self.target.settings.max_transfer;
-        let sgl_len = sqe.dptr.length.get();
         // Read, Write and Compare move (NLB+1) blocks; the SGL must say so.
         let transfer = |blocks: u32| -> Result<u32, Status> {
             let len = u64::from(blocks) * u64::from(geo.block_size);
@@ -191,7 +196,7 @@ impl Queue {
         }
     }
 
-    fn reject<B>(&self, cid: u16, sqe: &Sqe, status: Status) -> Outcome<B> {
+    fn reject<B>(&self, cid: u16, sqe: &Sqe, status: Status) -> Outcome<B, D> {
         log::debug!(
             "{}: I/O opcode {:#04x} cid {cid} nsid {} slba {} nlb {}: {status}",
             self.peer,

@@ -5,7 +5,10 @@
 //! create with Fabrics Connect, and the parse/execute split of every admin,
 //! fabrics and NVM I/O command. It never does I/O and never reads a clock:
 //! commands that touch storage come back as a [`BlockRequest`] for the
-//! reactor to run, and time arrives as an argument in milliseconds.
+//! reactor to run, and time arrives as an argument in milliseconds. It sees
+//! devices through [`block::BlockDevice`] and transports through
+//! [`Transport`] (what hosts are told) and the transfer length each
+//! transport parses from its own SGL descriptors.
 //! Command failures travel as NVMe [`Status`] values in completions.
 #![forbid(unsafe_code)]
 #![deny(clippy::unwrap_used, clippy::indexing_slicing)]
@@ -20,6 +23,6 @@ mod queue;
 
 pub use controller::Controller;
 pub use io::{io_error_status, BlockOp, BlockRequest};
-pub use model::{Namespace, Port, Settings, Subsystem, Target};
+pub use model::{Namespace, Port, Settings, Subsystem, Target, Transport};
 pub use nvme_spec::Status;
 pub use queue::{Outcome, Queue, QueueKind};

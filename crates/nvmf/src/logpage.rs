@@ -3,16 +3,17 @@
 
 use crate::controller::Controller;
 use crate::model::{Port, Subsystem, Target};
+use block::BlockDevice;
 use nvme_spec::log::{self, discovery as d, GetLogPage};
 use nvme_spec::opcode::{Admin, Io, LogId};
 use nvme_spec::writer::Page;
 use nvme_spec::Status;
 use std::net::SocketAddr;
 
-pub(crate) fn build(
-    target: &Target,
-    subsys: &Subsystem,
-    ctrl: &Controller,
+pub(crate) fn build<D: BlockDevice>(
+    target: &Target<D>,
+    subsys: &Subsystem<D>,
+    ctrl: &Controller<D>,
     glp: GetLogPage,
     local: SocketAddr,
 ) -> Result<Vec<u8>, Status> {
@@ -91,7 +92,7 @@ fn effects() -> Vec<u8> {
 /// The discovery log for `hostnqn`: every subsystem the host may reach, on
 /// every port that serves subsystems, plus the discovery subsystem itself
 /// on every port.
-fn discovery(target: &Target, hostnqn: &str, local: SocketAddr) -> Vec<u8> {
+fn discovery<D: BlockDevice>(target: &Target<D>, hostnqn: &str, local: SocketAddr) -> Vec<u8> {
     let ports = target.ports();
     // A wildcard listen address is advertised as the address the host
     // reached us on.
@@ -99,6 +100,7 @@ fn discovery(target: &Target, hostnqn: &str, local: SocketAddr) -> Vec<u8> {
         .iter()
         .map(|p| Port {
             id: p.id,
+            transport: p.transport,
             discovery_only: p.discovery_only,
             addr: if p.addr.ip().is_unspecified() { SocketAddr::new(local.ip(), p.addr.port()) } else { p.addr },
         })
@@ -118,18 +120,18 @@ fn discovery(target: &Target, hostnqn: &str, local: SocketAddr) -> Vec<u8> {
     p.u64(d::GENCTR, target.genctr()).u64(d::NUMREC, entries.len() as u64).u16(d::RECFMT, 0);
     for (i, (subtype, nqn, port)) in entries.iter().enumerate() {
         let base = d::HEADER_LEN + i * d::ENTRY_LEN;
-        p.u8(base + d::TRTYPE, d::TRTYPE_TCP)
+        p.u8(base + d::TRTYPE, port.transport.trtype)
             .u8(base + d::ADRFAM, if port.addr.is_ipv4() { d::ADRFAM_IPV4 } else { d::ADRFAM_IPV6 })
             .u8(base + d::SUBTYPE, *subtype)
-            .u8(base + d::TREQ, d::TREQ_NOT_REQUIRED)
+            .u8(base + d::TREQ, port.transport.treq)
             .u16(base + d::PORTID, port.id)
             .u16(base + d::CNTLID, 0xffff)
             .u16(base + d::ASQSZ, 32)
             .u16(base + d::EFLAGS, if *subtype == d::SUBTYPE_CURRENT_DISCOVERY { d::EFLAGS_DUPLICATE } else { 0 })
             .ascii_nul(base + d::TRSVCID, 32, &port.addr.port().to_string())
             .ascii_nul(base + d::SUBNQN, 256, nqn)
-            .ascii_nul(base + d::TRADDR, 256, &port.addr.ip().to_string());
-        // TSAS for TCP: SECTYPE 0 (no security) is all zeroes.
+            .ascii_nul(base + d::TRADDR, 256, &port.addr.ip().to_string())
+            .bytes(base + d::TSAS, &port.transport.tsas);
     }
     p.into_vec()
 }

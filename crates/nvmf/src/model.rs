@@ -5,7 +5,7 @@
 //! locks; the I/O path holds `Arc`s to what it needs and takes no lock.
 
 use crate::controller::Controller;
-use blockdev::Device;
+use block::BlockDevice;
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU16, AtomicU64, Ordering};
@@ -16,8 +16,6 @@ use std::sync::{Arc, Mutex, RwLock};
 pub struct Settings {
     /// Most bytes one command may transfer (MDTS is derived from it).
     pub max_transfer: u32,
-    /// In-capsule data bytes accepted on I/O queues (IOCCSZ is derived).
-    pub io_in_capsule: u32,
     /// Most I/O queues per controller.
     pub max_io_queues: u16,
     /// Entries per queue (CAP.MQES + 1).
@@ -26,27 +24,27 @@ pub struct Settings {
 
 impl Default for Settings {
     fn default() -> Self {
-        Settings { max_transfer: 1024 * 1024, io_in_capsule: 8192, max_io_queues: 128, queue_entries: 1024 }
+        Settings { max_transfer: 1024 * 1024, max_io_queues: 128, queue_entries: 1024 }
     }
 }
 
 /// A namespace: a device exported under an NSID.
 #[derive(Debug)]
-pub struct Namespace {
+pub struct Namespace<D> {
     /// Namespace ID (1-based).
     pub nsid: u32,
     /// The backing device.
-    pub device: Arc<Device>,
+    pub device: Arc<D>,
     /// NGUID, stable for a given subsystem NQN, NSID and device name.
     pub nguid: [u8; 16],
     /// UUID (RFC 4122 version 4 layout, derived like the NGUID).
     pub uuid: [u8; 16],
 }
 
-impl Namespace {
+impl<D: BlockDevice> Namespace<D> {
     /// A namespace whose identifiers derive from `subnqn`, `nsid` and the
     /// device name, so they stay the same across restarts.
-    pub fn new(subnqn: &str, nsid: u32, device: Arc<Device>) -> Self {
+    pub fn new(subnqn: &str, nsid: u32, device: Arc<D>) -> Self {
         let seed = format!("{subnqn}/{nsid}/{}", device.name());
         let nguid = hash128(seed.as_bytes());
         let mut uuid = hash128(format!("uuid:{seed}").as_bytes());
@@ -77,7 +75,7 @@ fn hash128(bytes: &[u8]) -> [u8; 16] {
 
 /// An NVM subsystem, or the discovery subsystem.
 #[derive(Debug)]
-pub struct Subsystem {
+pub struct Subsystem<D> {
     /// Subsystem NQN.
     pub nqn: String,
     /// Serial number reported in Identify Controller.
@@ -87,9 +85,9 @@ pub struct Subsystem {
     /// True for the discovery subsystem.
     pub discovery: bool,
     access: RwLock<Access>,
-    namespaces: RwLock<BTreeMap<u32, Arc<Namespace>>>,
+    namespaces: RwLock<BTreeMap<u32, Arc<Namespace<D>>>>,
     ns_gen: AtomicU64,
-    pub(crate) controllers: Mutex<HashMap<u16, Arc<Controller>>>,
+    pub(crate) controllers: Mutex<HashMap<u16, Arc<Controller<D>>>>,
 }
 
 #[derive(Debug, Default)]
@@ -98,7 +96,7 @@ struct Access {
     hosts: Vec<String>,
 }
 
-impl Subsystem {
+impl<D: BlockDevice> Subsystem<D> {
     /// A subsystem with no namespaces.
     pub fn new(nqn: &str, serial: &str, allow_any_host: bool, hosts: Vec<String>) -> Self {
         Subsystem {
@@ -133,18 +131,18 @@ impl Subsystem {
     }
 
     /// The namespace with `nsid`.
-    pub fn namespace(&self, nsid: u32) -> Option<Arc<Namespace>> {
+    pub fn namespace(&self, nsid: u32) -> Option<Arc<Namespace<D>>> {
         self.namespaces.read().unwrap_or_else(|e| e.into_inner()).get(&nsid).cloned()
     }
 
     /// All namespaces in NSID order.
-    pub fn namespaces(&self) -> Vec<Arc<Namespace>> {
+    pub fn namespaces(&self) -> Vec<Arc<Namespace<D>>> {
         self.namespaces.read().unwrap_or_else(|e| e.into_inner()).values().cloned().collect()
     }
 
     /// Adds a namespace and notifies connected controllers with a
     /// namespace-attribute-changed event. Fails if the NSID is taken or 0.
-    pub fn add_namespace(&self, ns: Namespace) -> Result<(), String> {
+    pub fn add_namespace(&self, ns: Namespace<D>) -> Result<(), String> {
         let nsid = ns.nsid;
         if nsid == 0 || nsid == u32::MAX {
             return Err(format!("nsid {nsid} is reserved"));
@@ -161,7 +159,7 @@ impl Subsystem {
     }
 
     /// Removes a namespace and notifies connected controllers.
-    pub fn remove_namespace(&self, nsid: u32) -> Option<Arc<Namespace>> {
+    pub fn remove_namespace(&self, nsid: u32) -> Option<Arc<Namespace<D>>> {
         let removed = self.namespaces.write().unwrap_or_else(|e| e.into_inner()).remove(&nsid);
         if removed.is_some() {
             self.notify_ns_changed(nsid);
@@ -188,11 +186,36 @@ impl Subsystem {
     }
 }
 
+/// What hosts are told about a transport binding: the discovery log
+/// entry's transport fields and the Identify Controller fields that depend
+/// on how bytes move. Each binding (`nvmf-tcp`, the iWARP binding) makes
+/// its own; the core never assumes one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Transport {
+    /// Short name for log lines and the control plane (`tcp`, `rdma`).
+    pub name: &'static str,
+    /// Discovery log TRTYPE.
+    pub trtype: u8,
+    /// Discovery log TREQ.
+    pub treq: u8,
+    /// The leading bytes of the discovery log TSAS (the rest are zero).
+    pub tsas: [u8; 16],
+    /// Identify Controller SGLS.
+    pub sgls: u32,
+    /// Bytes of data an I/O command capsule may carry (Identify IOCCSZ is
+    /// `(64 + in_capsule) / 16`).
+    pub in_capsule: u32,
+    /// Identify Controller ICDOFF, in 16-byte units.
+    pub icdoff: u16,
+}
+
 /// A transport port the target listens on, as the discovery log shows it.
 #[derive(Clone, Debug)]
 pub struct Port {
     /// Port ID.
     pub id: u16,
+    /// The transport hosts use on it.
+    pub transport: Transport,
     /// Listen address.
     pub addr: SocketAddr,
     /// A dedicated discovery port: only the discovery subsystem is served
@@ -202,17 +225,17 @@ pub struct Port {
 
 /// The whole target: subsystems, the discovery subsystem, ports, limits.
 #[derive(Debug)]
-pub struct Target {
+pub struct Target<D> {
     /// Limits.
     pub settings: Settings,
-    subsystems: RwLock<Vec<Arc<Subsystem>>>,
-    discovery: Arc<Subsystem>,
+    subsystems: RwLock<Vec<Arc<Subsystem<D>>>>,
+    discovery: Arc<Subsystem<D>>,
     ports: RwLock<Vec<Port>>,
     next_cntlid: AtomicU16,
     genctr: AtomicU64,
 }
 
-impl Target {
+impl<D: BlockDevice> Target<D> {
     /// An empty target.
     pub fn new(settings: Settings) -> Self {
         Target {
@@ -226,7 +249,7 @@ impl Target {
     }
 
     /// Adds a subsystem; fails on a duplicate NQN.
-    pub fn add_subsystem(&self, s: Subsystem) -> Result<Arc<Subsystem>, String> {
+    pub fn add_subsystem(&self, s: Subsystem<D>) -> Result<Arc<Subsystem<D>>, String> {
         let mut list = self.subsystems.write().unwrap_or_else(|e| e.into_inner());
         if s.nqn == nvme_spec::DISCOVERY_NQN || list.iter().any(|x| x.nqn == s.nqn) {
             return Err(format!("subsystem {} already exists", s.nqn));
@@ -238,7 +261,7 @@ impl Target {
     }
 
     /// The subsystem (or discovery subsystem) named `nqn`.
-    pub fn subsystem(&self, nqn: &str) -> Option<Arc<Subsystem>> {
+    pub fn subsystem(&self, nqn: &str) -> Option<Arc<Subsystem<D>>> {
         if nqn == nvme_spec::DISCOVERY_NQN {
             return Some(self.discovery.clone());
         }
@@ -246,25 +269,29 @@ impl Target {
     }
 
     /// All NVM subsystems.
-    pub fn subsystems(&self) -> Vec<Arc<Subsystem>> {
+    pub fn subsystems(&self) -> Vec<Arc<Subsystem<D>>> {
         self.subsystems.read().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
     /// Registers a listening port for the discovery log.
-    pub fn add_port(&self, addr: SocketAddr, discovery_only: bool) -> u16 {
+    pub fn add_port(&self, addr: SocketAddr, transport: Transport, discovery_only: bool) -> u16 {
         let mut ports = self.ports.write().unwrap_or_else(|e| e.into_inner());
         let id = u16::try_from(ports.len()).unwrap_or(u16::MAX).saturating_add(1);
-        ports.push(Port { id, addr, discovery_only });
+        ports.push(Port { id, transport, addr, discovery_only });
         self.genctr.fetch_add(1, Ordering::Relaxed);
         id
     }
 
-    /// The port a connection to `local` came in on.
-    pub fn port_for(&self, local: SocketAddr) -> Option<Port> {
+    /// The port a connection to `local` over `transport` came in on.
+    pub fn port_for(&self, local: SocketAddr, transport: &Transport) -> Option<Port> {
         let ports = self.ports.read().unwrap_or_else(|e| e.into_inner());
         ports
             .iter()
-            .find(|p| p.addr.port() == local.port() && (p.addr.ip() == local.ip() || p.addr.ip().is_unspecified()))
+            .find(|p| {
+                p.transport.trtype == transport.trtype
+                    && p.addr.port() == local.port()
+                    && (p.addr.ip() == local.ip() || p.addr.ip().is_unspecified())
+            })
             .cloned()
     }
 

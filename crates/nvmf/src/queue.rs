@@ -6,28 +6,30 @@
 
 use crate::controller::Controller;
 use crate::io::BlockRequest;
-use crate::model::{Namespace, Subsystem, Target};
+use crate::model::{Namespace, Subsystem, Target, Transport};
+use block::BlockDevice;
 use nvme_spec::fabrics::{connect_invalid_param_result, ConnectCmd, ConnectData, PropertyCmd};
 use nvme_spec::opcode::{Admin, FabricsType};
 use nvme_spec::{regs, Cqe, Sqe, Status};
+use rustc_hash::FxHashMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use zerocopy::FromBytes;
 
 /// What a queue is after Connect.
-#[derive(Clone, Debug)]
-pub enum QueueKind {
+#[derive(Debug)]
+pub enum QueueKind<D> {
     /// No Connect yet: only Connect is accepted.
     Unconnected,
     /// The admin queue of a controller.
-    Admin(Arc<Controller>),
+    Admin(Arc<Controller<D>>),
     /// I/O queue `qid` of a controller.
-    Io(Arc<Controller>, u16),
+    Io(Arc<Controller<D>>, u16),
 }
 
 /// What the transport does with a command next.
 #[derive(Debug)]
-pub enum Outcome<B> {
+pub enum Outcome<B, D> {
     /// Send the completion, preceded by `data` for the host when non-empty.
     Complete {
         /// The completion.
@@ -35,13 +37,14 @@ pub enum Outcome<B> {
         /// Controller-to-host data.
         data: Vec<u8>,
     },
-    /// Fetch `len` bytes of host data, then call `execute` again with it.
+    /// Fetch `len` bytes of host data, then hand them to
+    /// [`Queue::data_arrived`] (the queue keeps the command until then).
     NeedData {
         /// Bytes to solicit.
         len: u32,
     },
     /// Run the block request, then complete it.
-    Io(BlockRequest<B>),
+    Io(BlockRequest<B, D>),
     /// Nothing now (an Asynchronous Event Request held until an event).
     Deferred,
     /// Connect succeeded: record the queue, then send the completion.
@@ -62,7 +65,7 @@ pub enum Outcome<B> {
     },
 }
 
-impl<B> Outcome<B> {
+impl<B, D> Outcome<B, D> {
     pub(crate) fn status(cid: u16, status: Status) -> Self {
         Outcome::Complete { cqe: Cqe::new(cid, status, 0), data: Vec::new() }
     }
@@ -72,23 +75,34 @@ impl<B> Outcome<B> {
     }
 }
 
+/// A command waiting for its host data.
+#[derive(Debug)]
+struct Pending {
+    sqe: Sqe,
+    data_len: u32,
+}
+
 /// A queue of a connection.
-pub struct Queue {
-    pub(crate) target: Arc<Target>,
-    pub(crate) kind: QueueKind,
+pub struct Queue<D> {
+    pub(crate) target: Arc<Target<D>>,
+    pub(crate) transport: Transport,
+    pub(crate) kind: QueueKind<D>,
     pub(crate) local: SocketAddr,
     pub(crate) peer: SocketAddr,
     pub(crate) aers: Vec<u16>,
-    pub(crate) ns_cache: Vec<Option<Arc<Namespace>>>,
+    pub(crate) ns_cache: Vec<Option<Arc<Namespace<D>>>>,
     pub(crate) ns_cache_gen: u64,
-    pub(crate) ns_subsys: Option<Arc<Subsystem>>,
+    pub(crate) ns_subsys: Option<Arc<Subsystem<D>>>,
+    pending: FxHashMap<u16, Pending>,
 }
 
-impl Queue {
-    /// An unconnected queue on a connection from `peer` to `local`.
-    pub fn new(target: Arc<Target>, local: SocketAddr, peer: SocketAddr) -> Self {
+impl<D: BlockDevice> Queue<D> {
+    /// An unconnected queue on a connection from `peer` to `local`, carried
+    /// by `transport`.
+    pub fn new(target: Arc<Target<D>>, transport: Transport, local: SocketAddr, peer: SocketAddr) -> Self {
         Queue {
             target,
+            transport,
             kind: QueueKind::Unconnected,
             local,
             peer,
@@ -96,28 +110,73 @@ impl Queue {
             ns_cache: Vec::new(),
             ns_cache_gen: u64::MAX,
             ns_subsys: None,
+            pending: FxHashMap::default(),
         }
     }
 
     /// What this queue is.
-    pub fn kind(&self) -> &QueueKind {
+    pub fn kind(&self) -> &QueueKind<D> {
         &self.kind
     }
 
     /// The controller, once connected.
-    pub fn controller(&self) -> Option<&Arc<Controller>> {
+    pub fn controller(&self) -> Option<&Arc<Controller<D>>> {
         match &self.kind {
             QueueKind::Admin(c) | QueueKind::Io(c, _) => Some(c),
             QueueKind::Unconnected => None,
         }
     }
 
-    /// Parses and checks one command. `data` is its host-to-controller data
-    /// when the transport has it (in-capsule or solicited).
-    pub fn execute<B: AsRef<[u8]>>(&mut self, now_ms: u64, sqe: &Sqe, data: Option<B>) -> Outcome<B> {
+    /// Parses and checks one command. `data_len` is the transfer length its
+    /// data pointer describes, as the transport parsed it (each transport
+    /// has its own SGL descriptors); `data` is its host-to-controller data
+    /// when it came in the capsule.
+    ///
+    /// A command that needs data it did not bring comes back as
+    /// [`Outcome::NeedData`]; the queue keeps it until the transport hands
+    /// the data to [`data_arrived`](Self::data_arrived) or gives up on it
+    /// with [`data_failed`](Self::data_failed).
+    pub fn execute<B: AsRef<[u8]>>(&mut self, now_ms: u64, sqe: &Sqe, data_len: u32, data: Option<B>) -> Outcome<B, D> {
+        let cid = sqe.cid.get();
+        if self.pending.contains_key(&cid) {
+            log::warn!("{}: cid {cid} reused while that command still waits for its data", self.peer);
+            return Outcome::status(cid, Status::CID_CONFLICT.dnr());
+        }
+        let out = self.dispatch(now_ms, sqe, data_len, data);
+        if let Outcome::NeedData { .. } = out {
+            self.pending.insert(cid, Pending { sqe: *sqe, data_len });
+        }
+        out
+    }
+
+    /// The host data of a command that asked for it arrived: executes it.
+    /// A `cid` with no such command is a transport bug or a confused host;
+    /// it completes with Command Sequence Error.
+    pub fn data_arrived<B: AsRef<[u8]>>(&mut self, now_ms: u64, cid: u16, data: B) -> Outcome<B, D> {
+        match self.pending.remove(&cid) {
+            Some(p) => self.dispatch(now_ms, &p.sqe, p.data_len, Some(data)),
+            None => {
+                log::warn!("{}: data for cid {cid}, which is not waiting for any", self.peer);
+                Outcome::status(cid, Status::COMMAND_SEQUENCE_ERROR.dnr())
+            }
+        }
+    }
+
+    /// The transport could not deliver the data of `cid` (a data digest
+    /// error): the command is forgotten; the transport completes it.
+    pub fn data_failed(&mut self, cid: u16) {
+        self.pending.remove(&cid);
+    }
+
+    /// Commands waiting for their host data.
+    pub fn awaiting_data(&self) -> usize {
+        self.pending.len()
+    }
+
+    fn dispatch<B: AsRef<[u8]>>(&mut self, now_ms: u64, sqe: &Sqe, data_len: u32, data: Option<B>) -> Outcome<B, D> {
         let cid = sqe.cid.get();
         if sqe.opcode == Admin::FABRICS.0 {
-            return self.fabrics(now_ms, sqe, data);
+            return self.fabrics(now_ms, sqe, data_len, data);
         }
         // Admin and I/O commands never change what the queue is (only
         // Connect does), so the controller is borrowed by moving the kind
@@ -136,21 +195,21 @@ impl Queue {
                     log::warn!("{}: admin opcode {:#04x} while CC.EN is 0", self.peer, sqe.opcode);
                     Outcome::status(cid, Status::COMMAND_SEQUENCE_ERROR.dnr())
                 } else {
-                    self.admin(ctrl, sqe, data)
+                    self.admin(ctrl, sqe, data_len, data)
                 }
             }
             QueueKind::Io(ctrl, _) if ctrl.is_dead() => Outcome::status(cid, Status::ABORTED_SQ_DELETION.dnr()),
-            QueueKind::Io(ctrl, _) => self.io(ctrl, sqe, data),
+            QueueKind::Io(ctrl, _) => self.io(ctrl, sqe, data_len, data),
         };
         self.kind = kind;
         out
     }
 
-    fn fabrics<B: AsRef<[u8]>>(&mut self, now_ms: u64, sqe: &Sqe, data: Option<B>) -> Outcome<B> {
+    fn fabrics<B: AsRef<[u8]>>(&mut self, now_ms: u64, sqe: &Sqe, data_len: u32, data: Option<B>) -> Outcome<B, D> {
         let cid = sqe.cid.get();
         let fctype = FabricsType(sqe.fctype());
         if fctype == FabricsType::CONNECT {
-            return self.connect(now_ms, sqe, data);
+            return self.connect(now_ms, sqe, data_len, data);
         }
         let Some(ctrl) = self.controller().cloned() else {
             log::warn!("{}: fabrics command {:#04x} before Connect", self.peer, fctype.0);
@@ -207,7 +266,7 @@ impl Queue {
         }
     }
 
-    fn connect<B: AsRef<[u8]>>(&mut self, now_ms: u64, sqe: &Sqe, data: Option<B>) -> Outcome<B> {
+    fn connect<B: AsRef<[u8]>>(&mut self, now_ms: u64, sqe: &Sqe, len: u32, data: Option<B>) -> Outcome<B, D> {
         let cid = sqe.cid.get();
         let invalid = |in_data: bool, off: u16| Outcome::Complete {
             cqe: Cqe::new(cid, Status::CONNECT_INVALID_PARAMETERS.dnr(), connect_invalid_param_result(in_data, off)),
@@ -217,7 +276,6 @@ impl Queue {
             log::warn!("{}: second Connect on a connected queue", self.peer);
             return Outcome::status(cid, Status::COMMAND_SEQUENCE_ERROR.dnr());
         }
-        let len = sqe.dptr.length.get();
         if len as usize != core::mem::size_of::<ConnectData>() {
             log::warn!("{}: Connect refused: data length {len} (expected 1024)", self.peer);
             return Outcome::status(cid, Status::SGL_DATA_LENGTH_INVALID.dnr());
@@ -254,7 +312,7 @@ impl Queue {
             log::warn!("{}: Connect to unknown subsystem {subnqn} from {shown}", self.peer);
             return invalid(true, ConnectData::SUBNQN_OFFSET);
         };
-        if !subsys.discovery && self.target.port_for(self.local).is_some_and(|p| p.discovery_only) {
+        if !subsys.discovery && self.target.port_for(self.local, &self.transport).is_some_and(|p| p.discovery_only) {
             log::warn!("{}: Connect to {subnqn} on a discovery-only port", self.peer);
             return invalid(true, ConnectData::SUBNQN_OFFSET);
         }
@@ -290,10 +348,10 @@ impl Queue {
         cid: u16,
         cmd: &ConnectCmd,
         cd: &ConnectData,
-        subsys: &Arc<Subsystem>,
+        subsys: &Arc<Subsystem<D>>,
         hostnqn: &str,
         sq_flow_disabled: bool,
-    ) -> Outcome<B> {
+    ) -> Outcome<B, D> {
         if cd.cntlid.get() != 0xffff {
             log::warn!(
                 "{}: admin Connect asks for static controller {} (only dynamic controllers)",
@@ -334,10 +392,10 @@ impl Queue {
         cid: u16,
         cmd: &ConnectCmd,
         cd: &ConnectData,
-        subsys: &Arc<Subsystem>,
+        subsys: &Arc<Subsystem<D>>,
         hostnqn: &str,
         sq_flow_disabled: bool,
-    ) -> Outcome<B> {
+    ) -> Outcome<B, D> {
         let invalid = |in_data: bool, off: u16| Outcome::Complete {
             cqe: Cqe::new(cid, Status::CONNECT_INVALID_PARAMETERS.dnr(), connect_invalid_param_result(in_data, off)),
             data: Vec::new(),
@@ -423,6 +481,7 @@ impl Queue {
     /// The connection is gone: an admin queue takes its controller with it,
     /// an I/O queue frees its queue ID.
     pub fn close(&mut self) {
+        self.pending.clear();
         match std::mem::replace(&mut self.kind, QueueKind::Unconnected) {
             QueueKind::Admin(c) => {
                 log::info!("{}: controller {} admin queue closed", self.peer, c.cntlid);

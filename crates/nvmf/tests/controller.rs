@@ -1,9 +1,17 @@
 //! Controller behaviour through `Queue::execute`, no transport, no I/O.
 
-use blockdev::Device;
+use block::Described;
 use nvme_spec::fabrics::ConnectData;
 use nvme_spec::{Cqe, Sgl, Sqe, Status};
-use nvmf::{BlockOp, Namespace, Outcome, Queue, QueueKind, Settings, Subsystem, Target};
+use nvmf::{BlockOp, Transport};
+
+type Target = nvmf::Target<Described>;
+type Subsystem = nvmf::Subsystem<Described>;
+type Namespace = nvmf::Namespace<Described>;
+type Queue = nvmf::Queue<Described>;
+type QueueKind = nvmf::QueueKind<Described>;
+type Outcome<B> = nvmf::Outcome<B, Described>;
+use nvmf::Settings;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use zerocopy::IntoBytes;
@@ -13,6 +21,10 @@ const SECRET: &str = "nqn.2026-11.io.ironwire:secret";
 const HOST: &str = "nqn.2014-08.org.nvmexpress:uuid:host-a";
 const OTHER: &str = "nqn.2014-08.org.nvmexpress:uuid:host-b";
 
+/// A transport as a binding describes itself (NVMe/TCP's values).
+const TCP: Transport =
+    Transport { name: "tcp", trtype: 3, treq: 2, tsas: [0; 16], sgls: 1 | (1 << 20), in_capsule: 8192, icdoff: 0 };
+
 fn addr() -> SocketAddr {
     "127.0.0.1:4420".parse().expect("addr")
 }
@@ -20,13 +32,12 @@ fn addr() -> SocketAddr {
 fn target() -> Arc<Target> {
     let t = Target::new(Settings { max_transfer: 128 * 1024, ..Default::default() });
     let s = t.add_subsystem(Subsystem::new(SUB, "SN1", true, Vec::new())).expect("sub");
-    let dev = Arc::new(Device::ram("r0", 1 << 20, 512).expect("ram"));
+    let dev = Arc::new(Described::new("r0", 512, 2048));
     s.add_namespace(Namespace::new(SUB, 1, dev)).expect("ns");
     let s2 = t.add_subsystem(Subsystem::new(SECRET, "SN2", false, vec![OTHER.to_string()])).expect("sub2");
-    s2.add_namespace(Namespace::new(SECRET, 1, Arc::new(Device::null("n0", 1 << 20, 4096).expect("null"))))
-        .expect("ns");
-    t.add_port(addr(), false);
-    t.add_port("127.0.0.1:8009".parse().expect("addr"), true);
+    s2.add_namespace(Namespace::new(SECRET, 1, Arc::new(Described::new("n0", 4096, 256)))).expect("ns");
+    t.add_port(addr(), TCP, false);
+    t.add_port("127.0.0.1:8009".parse().expect("addr"), TCP, true);
     Arc::new(t)
 }
 
@@ -42,15 +53,21 @@ fn fabrics(fctype: u8, cid: u16) -> Sqe {
     s
 }
 
+/// Executes `s` the way a transport does: the transfer length from the
+/// SGL, data handed over after the queue asks for it.
 fn run(q: &mut Queue, s: &Sqe, data: Option<Vec<u8>>) -> Outcome<Vec<u8>> {
-    match q.execute(0, s, None::<Vec<u8>>) {
+    match ex(q, 0, s) {
         Outcome::NeedData { len } => {
             let d = data.expect("command wants data");
             assert_eq!(len as usize, d.len());
-            q.execute(0, s, Some(d))
+            q.data_arrived(0, s.cid.get(), d)
         }
         other => other,
     }
+}
+
+fn ex(q: &mut Queue, now_ms: u64, s: &Sqe) -> Outcome<Vec<u8>> {
+    q.execute(now_ms, s, s.dptr.length.get(), None::<Vec<u8>>)
 }
 
 fn status(o: &Outcome<Vec<u8>>) -> Status {
@@ -101,7 +118,7 @@ fn prop_get(q: &mut Queue, off: u32, eight: bool) -> (Status, u64) {
 
 /// An enabled admin queue and its controller ID.
 fn admin(t: &Arc<Target>) -> (Queue, u16) {
-    let mut q = Queue::new(t.clone(), addr(), addr());
+    let mut q = Queue::new(t.clone(), TCP, addr(), addr());
     let (cqe, _) = cqe_of(connect(&mut q, 0, 0xffff, SUB, HOST));
     assert!(cqe.status().is_success());
     assert_eq!(prop_set_cc(&mut q, 0x0046_0001), Status::SUCCESS);
@@ -109,7 +126,7 @@ fn admin(t: &Arc<Target>) -> (Queue, u16) {
 }
 
 fn io_queue(t: &Arc<Target>, cntlid: u16, qid: u16) -> Queue {
-    let mut q = Queue::new(t.clone(), addr(), addr());
+    let mut q = Queue::new(t.clone(), TCP, addr(), addr());
     assert!(status(&connect(&mut q, qid, cntlid, SUB, HOST)).is_success());
     q
 }
@@ -127,7 +144,7 @@ fn read_sqe(cid: u16, nsid: u32, lba: u64, blocks: u32, bs: u32) -> Sqe {
 #[test]
 fn enables_the_controller_through_cc_and_reports_ready() {
     let t = target();
-    let mut q = Queue::new(t.clone(), addr(), addr());
+    let mut q = Queue::new(t.clone(), TCP, addr(), addr());
     assert!(status(&connect(&mut q, 0, 0xffff, SUB, HOST)).is_success());
     assert_eq!(prop_get(&mut q, 0x1c, false), (Status::SUCCESS, 0));
     let (st, cap) = prop_get(&mut q, 0x00, true);
@@ -144,7 +161,7 @@ fn enables_the_controller_through_cc_and_reports_ready() {
 #[test]
 fn rejects_commands_before_connect_and_before_enable() {
     let t = target();
-    let mut q = Queue::new(t.clone(), addr(), addr());
+    let mut q = Queue::new(t.clone(), TCP, addr(), addr());
     assert_eq!(status(&run(&mut q, &read_sqe(1, 1, 0, 1, 512), None)), Status::COMMAND_SEQUENCE_ERROR.dnr());
     assert!(status(&connect(&mut q, 0, 0xffff, SUB, HOST)).is_success());
     let mut id = sqe(0x06, 4);
@@ -156,12 +173,12 @@ fn rejects_commands_before_connect_and_before_enable() {
 #[test]
 fn refuses_a_host_not_on_the_list_with_invalid_host() {
     let t = target();
-    let mut q = Queue::new(t.clone(), addr(), addr());
+    let mut q = Queue::new(t.clone(), TCP, addr(), addr());
     let (cqe, _) = cqe_of(connect(&mut q, 0, 0xffff, SECRET, HOST));
     assert_eq!(cqe.status(), Status::CONNECT_INVALID_HOST.dnr());
     assert_eq!(cqe.dw0.get(), (512 << 16) | 1, "IPO names HOSTNQN in the connect data");
     assert!(matches!(q.kind(), QueueKind::Unconnected));
-    let mut q2 = Queue::new(t, addr(), addr());
+    let mut q2 = Queue::new(t, TCP, addr(), addr());
     assert!(status(&connect(&mut q2, 0, 0xffff, SECRET, OTHER)).is_success());
 }
 
@@ -169,14 +186,14 @@ fn refuses_a_host_not_on_the_list_with_invalid_host() {
 fn lets_an_empty_host_nqn_into_subsystems_open_to_any_host_only() {
     // spdk_nvme_perf connects with no host NQN unless given one.
     let t = target();
-    let mut q = Queue::new(t.clone(), addr(), addr());
+    let mut q = Queue::new(t.clone(), TCP, addr(), addr());
     let (cqe, _) = cqe_of(connect(&mut q, 0, 0xffff, SUB, ""));
     assert!(cqe.status().is_success(), "{:?}", cqe.status());
     assert_eq!(prop_set_cc(&mut q, 0x0046_0001), Status::SUCCESS);
     let cntlid = cqe.dw0.get() as u16;
-    let mut io = Queue::new(t.clone(), addr(), addr());
+    let mut io = Queue::new(t.clone(), TCP, addr(), addr());
     assert!(status(&connect(&mut io, 1, cntlid, SUB, "")).is_success());
-    let mut q2 = Queue::new(t, addr(), addr());
+    let mut q2 = Queue::new(t, TCP, addr(), addr());
     let (cqe, _) = cqe_of(connect(&mut q2, 0, 0xffff, SECRET, ""));
     assert_eq!(cqe.status(), Status::CONNECT_INVALID_HOST.dnr());
 }
@@ -184,7 +201,7 @@ fn lets_an_empty_host_nqn_into_subsystems_open_to_any_host_only() {
 #[test]
 fn rejects_unknown_subsystem_and_bad_connect_parameters() {
     let t = target();
-    let mut q = Queue::new(t.clone(), addr(), addr());
+    let mut q = Queue::new(t.clone(), TCP, addr(), addr());
     let (cqe, _) = cqe_of(connect(&mut q, 0, 0xffff, "nqn.2026-11.none:x", HOST));
     assert_eq!(cqe.status(), Status::CONNECT_INVALID_PARAMETERS.dnr());
     assert_eq!(cqe.dw0.get(), (256 << 16) | 1);
@@ -192,7 +209,7 @@ fn rejects_unknown_subsystem_and_bad_connect_parameters() {
     let (cqe, _) = cqe_of(run(&mut q, &connect_sqe(0, 0, 0), Some(data)));
     assert_eq!(cqe.dw0.get(), 44 << 16, "IPO names SQSIZE in the SQE");
     let (_a, cntlid) = admin(&t);
-    let mut io = Queue::new(t.clone(), addr(), addr());
+    let mut io = Queue::new(t.clone(), TCP, addr(), addr());
     assert_eq!(
         status(&connect(&mut io, 1, cntlid.wrapping_add(100), SUB, HOST)),
         Status::CONNECT_INVALID_PARAMETERS.dnr()
@@ -200,7 +217,7 @@ fn rejects_unknown_subsystem_and_bad_connect_parameters() {
     assert_eq!(status(&connect(&mut io, 1, cntlid, SUB, OTHER)), Status::CONNECT_INVALID_PARAMETERS.dnr());
     assert_eq!(status(&connect(&mut io, 999, cntlid, SUB, HOST)), Status::CONNECT_INVALID_PARAMETERS.dnr());
     let _q1 = io_queue(&t, cntlid, 1);
-    let mut dup = Queue::new(t.clone(), addr(), addr());
+    let mut dup = Queue::new(t.clone(), TCP, addr(), addr());
     assert_eq!(
         status(&connect(&mut dup, 1, cntlid, SUB, HOST)),
         Status::CONNECT_INVALID_PARAMETERS.dnr(),
@@ -251,8 +268,9 @@ fn write_asks_for_data_then_becomes_a_block_request() {
     let mut w = read_sqe(9, 1, 4, 2, 512);
     w.opcode = 0x01;
     w.cdw12 = (1 | (1 << 30)).into();
-    assert!(matches!(io.execute(0, &w, None::<Vec<u8>>), Outcome::NeedData { len: 1024 }));
-    match io.execute(0, &w, Some(vec![7u8; 1024])) {
+    assert!(matches!(ex(&mut io, 0, &w), Outcome::NeedData { len: 1024 }));
+    assert_eq!(io.awaiting_data(), 1);
+    match io.data_arrived(0, 9, vec![7u8; 1024]) {
         Outcome::Io(req) => {
             assert_eq!(req.cid, 9);
             assert!(matches!(req.op, BlockOp::Write { lba: 4, fua: true, .. }));
@@ -338,7 +356,7 @@ fn get_log(q: &mut Queue, lid: u8, len: u32, offset: u64) -> (Status, Vec<u8>) {
 }
 
 fn discovery_admin(t: &Arc<Target>, host: &str) -> Queue {
-    let mut q = Queue::new(t.clone(), addr(), addr());
+    let mut q = Queue::new(t.clone(), TCP, addr(), addr());
     assert!(status(&connect(&mut q, 0, 0xffff, nvme_spec::DISCOVERY_NQN, host)).is_success());
     prop_set_cc(&mut q, 1);
     q
@@ -430,10 +448,10 @@ fn namespace_added_at_runtime_raises_an_async_event() {
     let t = target();
     let (mut a, _) = admin(&t);
     set_feature(&mut a, 0x0b, 1 << 8);
-    assert!(matches!(a.execute(0, &sqe(0x0c, 40), None::<Vec<u8>>), Outcome::Deferred));
+    assert!(matches!(ex(&mut a, 0, &sqe(0x0c, 40)), Outcome::Deferred));
     assert!(a.poll_event().is_none());
     let sub = t.subsystem(SUB).expect("sub");
-    sub.add_namespace(Namespace::new(SUB, 5, Arc::new(Device::null("n5", 1 << 20, 512).expect("null")))).expect("add");
+    sub.add_namespace(Namespace::new(SUB, 5, Arc::new(Described::new("n5", 512, 2048)))).expect("add");
     let ev = a.poll_event().expect("event");
     assert_eq!(ev.cid.get(), 40);
     assert_eq!(ev.dw0.get(), nvme_spec::log::AEN_NS_CHANGED);
@@ -443,15 +461,15 @@ fn namespace_added_at_runtime_raises_an_async_event() {
     assert!(again.iter().all(|&b| b == 0), "reading the log cleared it");
     assert_eq!(identify(&mut a, 2, 0).1[4], 5, "active list shows nsid 5");
     for cid in 41..45 {
-        assert!(matches!(a.execute(0, &sqe(0x0c, cid), None::<Vec<u8>>), Outcome::Deferred));
+        assert!(matches!(ex(&mut a, 0, &sqe(0x0c, cid)), Outcome::Deferred));
     }
-    assert_eq!(status(&a.execute(0, &sqe(0x0c, 45), None::<Vec<u8>>)), Status::ASYNC_EVENT_LIMIT.dnr());
+    assert_eq!(status(&ex(&mut a, 0, &sqe(0x0c, 45))), Status::ASYNC_EVENT_LIMIT.dnr());
 }
 
 #[test]
 fn keep_alive_expiry_tears_the_controller_down() {
     let t = target();
-    let mut a = Queue::new(t.clone(), addr(), addr());
+    let mut a = Queue::new(t.clone(), TCP, addr(), addr());
     let data = ConnectData::new([1; 16], 0xffff, SUB, HOST).as_bytes().to_vec();
     let mut s = connect_sqe(0, 31, 1000);
     s.dptr = Sgl::in_capsule(1024);
@@ -460,7 +478,7 @@ fn keep_alive_expiry_tears_the_controller_down() {
     prop_set_cc(&mut a, 1);
     let io = io_queue(&t, cntlid, 1);
     assert!(!a.expired(900));
-    assert_eq!(status(&a.execute(900, &sqe(0x18, 9), None::<Vec<u8>>)), Status::SUCCESS);
+    assert_eq!(status(&ex(&mut a, 900, &sqe(0x18, 9))), Status::SUCCESS);
     assert!(!a.expired(1800), "keep alive at 900 restarted the timer");
     assert!(a.expired(2000));
     assert!(io.expired(2000), "I/O queues follow their controller");
@@ -489,10 +507,10 @@ fn abort_is_answered_as_not_aborted() {
 fn dedicated_discovery_port_serves_only_discovery() {
     let t = target();
     let disc: SocketAddr = "127.0.0.1:8009".parse().expect("addr");
-    let mut q = Queue::new(t.clone(), disc, disc);
+    let mut q = Queue::new(t.clone(), TCP, disc, disc);
     let (cqe, _) = cqe_of(connect(&mut q, 0, 0xffff, SUB, HOST));
     assert_eq!(cqe.status(), Status::CONNECT_INVALID_PARAMETERS.dnr());
-    let mut d = Queue::new(t.clone(), disc, disc);
+    let mut d = Queue::new(t.clone(), TCP, disc, disc);
     assert!(status(&connect(&mut d, 0, 0xffff, nvme_spec::DISCOVERY_NQN, HOST)).is_success());
     prop_set_cc(&mut d, 1);
     let (_, page) = get_log(&mut d, 0x70, 4096, 0);
@@ -505,4 +523,72 @@ fn dedicated_discovery_port_serves_only_discovery() {
         .collect();
     // The subsystem is advertised on 4420 only; discovery on both ports.
     assert_eq!(entries, vec![(2, "4420".to_string()), (3, "4420".to_string()), (3, "8009".to_string())]);
+}
+
+/// An RDMA-like binding: every transport-dependent field differs from TCP's.
+const RDMA: Transport = Transport {
+    name: "rdma",
+    trtype: 1,
+    treq: 0,
+    tsas: [1, 5, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0],
+    sgls: 1 | (1 << 2) | (1 << 20),
+    in_capsule: 4096,
+    icdoff: 0,
+};
+
+#[test]
+fn identify_describes_the_transport_the_queue_runs_on() {
+    let t = target();
+    let rdma_addr: SocketAddr = "127.0.0.1:4421".parse().expect("addr");
+    t.add_port(rdma_addr, RDMA, false);
+    for (transport, local) in [(TCP, addr()), (RDMA, rdma_addr)] {
+        let mut q = Queue::new(t.clone(), transport, local, local);
+        assert!(status(&connect(&mut q, 0, 0xffff, SUB, HOST)).is_success());
+        assert_eq!(prop_set_cc(&mut q, 0x0046_0001), Status::SUCCESS);
+        let (st, id) = identify(&mut q, 1, 0);
+        assert_eq!(st, Status::SUCCESS);
+        let u32_at = |off: usize| u32::from_le_bytes(id[off..off + 4].try_into().expect("4"));
+        assert_eq!(u32_at(536), transport.sgls, "SGLS of {}", transport.name);
+        assert_eq!(u32_at(1792), (64 + transport.in_capsule) / 16, "IOCCSZ of {}", transport.name);
+        assert_eq!(u16::from_le_bytes([id[1800], id[1801]]), transport.icdoff);
+    }
+}
+
+#[test]
+fn discovery_log_entries_carry_each_ports_transport() {
+    let t = target();
+    t.add_port("127.0.0.1:4421".parse().expect("addr"), RDMA, false);
+    let mut d = discovery_admin(&t, HOST);
+    let (st, page) = get_log(&mut d, 0x70, 8192, 0);
+    assert_eq!(st, Status::SUCCESS);
+    let n = u64::from_le_bytes(page[8..16].try_into().expect("8")) as usize;
+    let mut seen = Vec::new();
+    for i in 0..n {
+        let e = &page[1024 + i * 1024..2048 + i * 1024];
+        let svc = String::from_utf8_lossy(&e[32..64]).trim_end_matches('\0').to_string();
+        // TRTYPE, TREQ and the leading TSAS bytes per port.
+        seen.push((svc, e[0], e[3], e[768..771].to_vec()));
+    }
+    assert!(seen.contains(&("4420".into(), 3, 2, vec![0, 0, 0])), "{seen:?}");
+    assert!(seen.contains(&("4421".into(), 1, 0, vec![1, 5, 1])), "{seen:?}");
+    assert!(!seen.iter().any(|(svc, trtype, ..)| svc == "4421" && *trtype == 3), "{seen:?}");
+}
+
+#[test]
+fn a_command_waiting_for_data_keeps_its_cid_and_unknown_data_is_refused() {
+    let t = target();
+    let (_a, cntlid) = admin(&t);
+    let mut io = io_queue(&t, cntlid, 1);
+    let mut w = read_sqe(9, 1, 4, 2, 512);
+    w.opcode = 0x01;
+    assert!(matches!(ex(&mut io, 0, &w), Outcome::NeedData { len: 1024 }));
+    // The same CID again before the data: a conflict, the first one stays.
+    assert_eq!(status(&ex(&mut io, 0, &read_sqe(9, 1, 0, 1, 512))), Status::CID_CONFLICT.dnr());
+    assert_eq!(io.awaiting_data(), 1);
+    // Data nobody asked for.
+    assert_eq!(status(&io.data_arrived(0, 10, vec![0u8; 512])), Status::COMMAND_SEQUENCE_ERROR.dnr());
+    // A failed transfer forgets the command; its CID is free again.
+    io.data_failed(9);
+    assert_eq!(io.awaiting_data(), 0);
+    assert!(matches!(ex(&mut io, 0, &read_sqe(9, 1, 0, 1, 512)), Outcome::Io(_)));
 }

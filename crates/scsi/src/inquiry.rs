@@ -6,6 +6,7 @@ use crate::cdb::{self, put, set, Bytes};
 use crate::sense::Sense;
 use crate::unit::{LogicalUnit, Nexus};
 use crate::Outcome;
+use block::BlockDevice;
 
 /// T10 VENDOR IDENTIFICATION.
 pub const VENDOR: &str = "IRONWIRE";
@@ -28,7 +29,7 @@ fn ascii_field(s: &str, len: usize) -> Vec<u8> {
     f
 }
 
-pub(crate) fn inquiry<B>(lu: &LogicalUnit, nexus: &Nexus, c: Bytes<'_>) -> Outcome<B> {
+pub(crate) fn inquiry<B, D: BlockDevice>(lu: &LogicalUnit<D>, nexus: &Nexus, c: Bytes<'_>) -> Outcome<B> {
     let evpd = c.bit(1, 0);
     let page = c.u8(2);
     let alloc_len = u32::from(c.be16(3));
@@ -51,7 +52,7 @@ pub(crate) fn inquiry<B>(lu: &LogicalUnit, nexus: &Nexus, c: Bytes<'_>) -> Outco
 }
 
 /// Standard INQUIRY data: 96 bytes, direct-access block device, SPC-4.
-pub(crate) fn standard(lu: &LogicalUnit) -> Vec<u8> {
+pub(crate) fn standard<D: BlockDevice>(lu: &LogicalUnit<D>) -> Vec<u8> {
     let mut d = vec![0u8; 96];
     // Peripheral qualifier 0, device type 0; RMB 0; VERSION 6 (SPC-4);
     // HISUP and response data format 2; additional length.
@@ -86,7 +87,7 @@ fn page(code: u8, payload: &[u8]) -> Vec<u8> {
     d
 }
 
-pub(crate) fn vpd(lu: &LogicalUnit, nexus: &Nexus, code: u8) -> Option<Vec<u8>> {
+pub(crate) fn vpd<D: BlockDevice>(lu: &LogicalUnit<D>, nexus: &Nexus, code: u8) -> Option<Vec<u8>> {
     Some(match code {
         0x00 => page(0x00, &VPD_PAGES),
         0x80 => page(0x80, &ascii_field(&lu.serial, lu.serial.len().min(MAX_SERIAL))),
@@ -123,7 +124,7 @@ fn scsi_name(name: &str) -> Vec<u8> {
 /// Device Identification (0x83): the LU's NAA and T10 vendor ID
 /// designators, the target port's relative port and port group, and the
 /// iSCSI target port and target device names.
-pub(crate) fn device_identification(lu: &LogicalUnit, nexus: &Nexus) -> Vec<u8> {
+pub(crate) fn device_identification<D: BlockDevice>(lu: &LogicalUnit<D>, nexus: &Nexus) -> Vec<u8> {
     let mut p = Vec::new();
     // Association 0 (logical unit): NAA (binary), T10 vendor ID (ASCII).
     designator(&mut p, 0x01, 0x03, &lu.naa);
@@ -140,7 +141,7 @@ pub(crate) fn device_identification(lu: &LogicalUnit, nexus: &Nexus) -> Vec<u8> 
 }
 
 /// Extended INQUIRY Data (0x86).
-fn extended_inquiry(lu: &LogicalUnit) -> Vec<u8> {
+fn extended_inquiry<D: BlockDevice>(lu: &LogicalUnit<D>) -> Vec<u8> {
     let mut p = vec![0u8; 0x3C];
     // HEADSUP, ORDSUP, SIMPSUP.
     set(&mut p, 1, 0x07);
@@ -152,7 +153,7 @@ fn extended_inquiry(lu: &LogicalUnit) -> Vec<u8> {
 }
 
 /// Block Limits (0xB0, SBC-3 6.5.3).
-fn block_limits(lu: &LogicalUnit) -> Vec<u8> {
+fn block_limits<D: BlockDevice>(lu: &LogicalUnit<D>) -> Vec<u8> {
     let l = &lu.limits;
     let mut p = vec![0u8; 0x3C];
     // WSNZ: a WRITE SAME with zero blocks is rejected.
@@ -172,7 +173,7 @@ fn block_limits(lu: &LogicalUnit) -> Vec<u8> {
 }
 
 /// Logical Block Provisioning (0xB2, SBC-3 6.5.4).
-fn provisioning(lu: &LogicalUnit) -> Vec<u8> {
+fn provisioning<D: BlockDevice>(lu: &LogicalUnit<D>) -> Vec<u8> {
     // LBPU, LBPWS, LBPWS10; LBPRZ when deallocated blocks read as zeros.
     let lbprz = if lu.device.deallocate_reads_zeroes() { 0x04 } else { 0 };
     // Provisioning type 2: thin provisioned.

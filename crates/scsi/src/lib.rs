@@ -5,9 +5,9 @@
 //! READ CAPACITY, SPC-2 and persistent reservations, unit attentions, and
 //! sense data. It never does I/O and never reads a clock: a command that
 //! touches storage comes back from [`LogicalUnit::execute`] as a
-//! [`BlockRequest`] for the reactor to run, and its result goes through
-//! [`BlockRequest::complete`] (the one device-error → sense mapping is
-//! [`io_error_sense`]). Command failures are [`Sense`] values, never Rust
+//! [`BlockOp`] for the daemon to run on the unit's device, and a device
+//! error becomes sense data through [`io_error_sense`] (the one mapping).
+//! The unit sees its device only through [`block::BlockDevice`]. Command failures are [`Sense`] values, never Rust
 //! errors, and no CDB or parameter list from the wire can make it panic.
 //!
 //! The flow for one command is parse → execute → complete:
@@ -20,8 +20,8 @@
 //!    (RESERVATION CONFLICT), [`Outcome::NeedData`] (transfer that many
 //!    bytes of data-out, then call `execute` again with them) or
 //!    [`Outcome::Io`];
-//! 3. the executor runs the [`BlockOp`] and reports the result through
-//!    [`BlockRequest::complete`].
+//! 3. the executor runs the [`BlockOp`] and answers GOOD, or CHECK
+//!    CONDITION with [`io_error_sense`] of the device error.
 #![forbid(unsafe_code)]
 #![deny(clippy::unwrap_used, clippy::indexing_slicing)]
 
@@ -37,9 +37,6 @@ mod unit;
 
 #[cfg(test)]
 mod tests;
-
-use blockdev::Device;
-use std::sync::Arc;
 
 pub use cdb::op;
 pub use lun::{decode_lun, encode_lun, execute_without_lu, report_luns, report_luns_data, Lun, WLUN_REPORT_LUNS};
@@ -82,17 +79,9 @@ pub enum Outcome<B> {
         /// Data-out length in bytes.
         len: u32,
     },
-    /// Run this storage operation, then call [`BlockRequest::complete`].
-    Io(BlockRequest<B>),
-}
-
-/// A storage operation for the executor to run.
-#[derive(Debug)]
-pub struct BlockRequest<B> {
-    /// The device.
-    pub device: Arc<Device>,
-    /// What to do.
-    pub op: BlockOp<B>,
+    /// Run this storage operation on the logical unit's device; a device
+    /// error maps to sense with [`io_error_sense`].
+    Io(BlockOp<B>),
 }
 
 /// The storage operations SCSI commands turn into. All ranges were checked
@@ -183,19 +172,5 @@ impl<B> BlockOp<B> {
     /// Whether the operation modifies the medium (for error mapping).
     pub fn is_write(&self) -> bool {
         !matches!(self, BlockOp::Read { .. } | BlockOp::Verify { .. })
-    }
-}
-
-impl<B> BlockRequest<B> {
-    /// The completion for the operation's device result: `Ok` means GOOD
-    /// status (send the read data for `Read`), `Err` the sense data of a
-    /// CHECK CONDITION. Miscompares are reported by the executor directly
-    /// with [`miscompare`].
-    pub fn complete(&self, result: Result<(), blockdev::Error>) -> Result<(), Sense> {
-        result.map_err(|e| {
-            let sense = io_error_sense(&e, self.op.is_write());
-            log::debug!("{}: {:?} failed: {e}", self.device.name(), sense);
-            sense
-        })
     }
 }

@@ -7,6 +7,7 @@ use crate::sense::Sense;
 use crate::unit::{LogicalUnit, Nexus};
 use crate::DataOut;
 use crate::Outcome;
+use block::BlockDevice;
 
 /// Page control values.
 const PC_CURRENT: u8 = 0;
@@ -67,12 +68,12 @@ fn page(code: u8, pc: u8, wce: bool, swp: bool) -> Option<Vec<u8>> {
     })
 }
 
-fn lock_wce_swp(lu: &LogicalUnit) -> (bool, bool) {
+fn lock_wce_swp<D: BlockDevice>(lu: &LogicalUnit<D>) -> (bool, bool) {
     let st = lu.lock();
     (st.wce, st.swp)
 }
 
-pub(crate) fn mode_sense<B>(lu: &LogicalUnit, c: Bytes<'_>) -> Outcome<B> {
+pub(crate) fn mode_sense<B, D: BlockDevice>(lu: &LogicalUnit<D>, c: Bytes<'_>) -> Outcome<B> {
     let ten = c.u8(0) == op::MODE_SENSE_10;
     let dbd = c.bit(1, 3);
     let llbaa = ten && c.bit(1, 4);
@@ -140,8 +141,8 @@ pub(crate) fn mode_sense<B>(lu: &LogicalUnit, c: Bytes<'_>) -> Outcome<B> {
     Outcome::Good { data_in: cdb::truncate(d, alloc_len) }
 }
 
-pub(crate) fn mode_select<B: DataOut>(
-    lu: &LogicalUnit,
+pub(crate) fn mode_select<B: DataOut, D: BlockDevice>(
+    lu: &LogicalUnit<D>,
     nexus: &Nexus,
     c: Bytes<'_>,
     data_out: Option<B>,

@@ -12,6 +12,7 @@ use crate::sense::{status, Sense};
 use crate::unit::{Access, LogicalUnit, LuState, Nexus};
 use crate::DataOut;
 use crate::Outcome;
+use block::BlockDevice;
 
 /// An I_T nexus as reservations know it.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -126,7 +127,7 @@ fn good<B>() -> Outcome<B> {
 }
 
 /// RESERVE(6) / RELEASE(6) (SPC-2 7.21, 7.16).
-pub(crate) fn spc2<B>(lu: &LogicalUnit, nexus: &Nexus, c: Bytes<'_>) -> Outcome<B> {
+pub(crate) fn spc2<B, D: BlockDevice>(lu: &LogicalUnit<D>, nexus: &Nexus, c: Bytes<'_>) -> Outcome<B> {
     // Third-party and extent reservations are obsolete and unsupported.
     if c.u8(1) & 0x1F != 0 {
         return Outcome::Check(Sense::invalid_cdb_field(1, Some(4)));
@@ -172,7 +173,7 @@ fn transport_id(initiator: &str) -> Vec<u8> {
 }
 
 /// PERSISTENT RESERVE IN (SPC-4 6.15).
-pub(crate) fn persistent_reserve_in<B>(lu: &LogicalUnit, c: Bytes<'_>) -> Outcome<B> {
+pub(crate) fn persistent_reserve_in<B, D: BlockDevice>(lu: &LogicalUnit<D>, c: Bytes<'_>) -> Outcome<B> {
     let alloc_len = u32::from(c.be16(7));
     let st = lu.lock();
     let pr = &st.pr;
@@ -224,8 +225,8 @@ pub(crate) fn persistent_reserve_in<B>(lu: &LogicalUnit, c: Bytes<'_>) -> Outcom
 }
 
 /// PERSISTENT RESERVE OUT (SPC-4 6.16).
-pub(crate) fn persistent_reserve_out<B: DataOut>(
-    lu: &LogicalUnit,
+pub(crate) fn persistent_reserve_out<B: DataOut, D: BlockDevice>(
+    lu: &LogicalUnit<D>,
     nexus: &Nexus,
     c: Bytes<'_>,
     data_out: Option<B>,

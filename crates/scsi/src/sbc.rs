@@ -7,14 +7,15 @@ use crate::cdb::{self, op, put, Bytes};
 use crate::sense::Sense;
 use crate::unit::LogicalUnit;
 use crate::DataOut;
-use crate::{BlockOp, BlockRequest, Outcome};
+use crate::{BlockOp, Outcome};
+use block::BlockDevice;
 
 fn good<B>() -> Outcome<B> {
     Outcome::Good { data_in: Vec::new() }
 }
 
-fn io<B>(lu: &LogicalUnit, op: BlockOp<B>) -> Outcome<B> {
-    Outcome::Io(BlockRequest { device: lu.device.clone(), op })
+fn io<B>(op: BlockOp<B>) -> Outcome<B> {
+    Outcome::Io(op)
 }
 
 /// LBA and transfer length of a READ/WRITE/VERIFY-style CDB by size.
@@ -35,7 +36,7 @@ fn lba_len(c: Bytes<'_>) -> (u64, u32) {
 }
 
 /// Bytes in `blocks` blocks, when it fits a data-out length.
-fn byte_len(lu: &LogicalUnit, blocks: u64) -> Option<u32> {
+fn byte_len<D: BlockDevice>(lu: &LogicalUnit<D>, blocks: u64) -> Option<u32> {
     u32::try_from(blocks.checked_mul(u64::from(lu.device.geometry().block_size))?).ok()
 }
 
@@ -51,7 +52,7 @@ fn exact<B: DataOut>(data: Option<B>, len: u32) -> Result<B, Outcome<B>> {
     }
 }
 
-pub(crate) fn execute<B: DataOut>(lu: &LogicalUnit, c: Bytes<'_>, data: Option<B>) -> Outcome<B> {
+pub(crate) fn execute<B: DataOut, D: BlockDevice>(lu: &LogicalUnit<D>, c: Bytes<'_>, data: Option<B>) -> Outcome<B> {
     let opcode = c.u8(0);
     match opcode {
         op::READ_6 | op::READ_10 | op::READ_12 | op::READ_16 => read_write(lu, c, None, false),
@@ -68,7 +69,7 @@ pub(crate) fn execute<B: DataOut>(lu: &LogicalUnit, c: Bytes<'_>, data: Option<B
             }
             let sync = matches!(opcode, op::SYNCHRONIZE_CACHE_10 | op::SYNCHRONIZE_CACHE_16);
             if sync && lu.device.volatile_write_cache() {
-                io(lu, BlockOp::Flush)
+                io(BlockOp::Flush)
             } else {
                 good()
             }
@@ -92,7 +93,7 @@ pub(crate) fn execute<B: DataOut>(lu: &LogicalUnit, c: Bytes<'_>, data: Option<B
 
 /// Bytes of data-out the CDB describes (0 for commands without any), for
 /// the transport's residual against its expected data transfer length.
-pub(crate) fn data_out_len(lu: &LogicalUnit, c: Bytes<'_>) -> u32 {
+pub(crate) fn data_out_len<D: BlockDevice>(lu: &LogicalUnit<D>, c: Bytes<'_>) -> u32 {
     let blocks = |n: u64| byte_len(lu, n).unwrap_or(u32::MAX);
     match c.u8(0) {
         op::WRITE_6
@@ -117,7 +118,12 @@ pub(crate) fn data_out_len(lu: &LogicalUnit, c: Bytes<'_>) -> u32 {
 
 /// READ, WRITE and WRITE AND VERIFY of every size. `data` is `None` for
 /// reads and `Some(data_out)` for writes.
-fn read_write<B: DataOut>(lu: &LogicalUnit, c: Bytes<'_>, data: Option<Option<B>>, verify: bool) -> Outcome<B> {
+fn read_write<B: DataOut, D: BlockDevice>(
+    lu: &LogicalUnit<D>,
+    c: Bytes<'_>,
+    data: Option<Option<B>>,
+    verify: bool,
+) -> Outcome<B> {
     let six = cdb::cdb_len(c.u8(0)) == Some(6);
     // RDPROTECT/WRPROTECT: no protection information on these devices.
     if !six && c.u8(1) >> 5 != 0 {
@@ -141,7 +147,7 @@ fn read_write<B: DataOut>(lu: &LogicalUnit, c: Bytes<'_>, data: Option<Option<B>
         return Outcome::Check(Sense::invalid_cdb_field(at, None));
     }
     let Some(data) = data else {
-        return io(lu, BlockOp::Read { lba, blocks });
+        return io(BlockOp::Read { lba, blocks });
     };
     let Some(len) = byte_len(lu, u64::from(blocks)) else {
         return Outcome::Check(Sense::INVALID_FIELD_IN_CDB);
@@ -160,11 +166,11 @@ fn read_write<B: DataOut>(lu: &LogicalUnit, c: Bytes<'_>, data: Option<Option<B>
     }
     data.truncate(covered.saturating_mul(bs) as usize);
     let fua = fua || verify || !lu.write_cache_enabled();
-    io(lu, BlockOp::Write { lba, data, fua })
+    io(BlockOp::Write { lba, data, fua })
 }
 
 /// VERIFY(10/12/16) (SBC-3 5.27-5.29).
-fn verify<B: DataOut>(lu: &LogicalUnit, c: Bytes<'_>, data: Option<B>) -> Outcome<B> {
+fn verify<B: DataOut, D: BlockDevice>(lu: &LogicalUnit<D>, c: Bytes<'_>, data: Option<B>) -> Outcome<B> {
     if c.u8(1) >> 5 != 0 {
         return Outcome::Check(Sense::invalid_cdb_field(1, Some(7)));
     }
@@ -185,13 +191,13 @@ fn verify<B: DataOut>(lu: &LogicalUnit, c: Bytes<'_>, data: Option<B>) -> Outcom
         return Outcome::Check(Sense::INVALID_FIELD_IN_CDB);
     }
     if bytchk == 0 {
-        return io(lu, BlockOp::Verify { lba, blocks, data: None });
+        return io(BlockOp::Verify { lba, blocks, data: None });
     }
     let Some(len) = byte_len(lu, u64::from(blocks)) else {
         return Outcome::Check(Sense::INVALID_FIELD_IN_CDB);
     };
     match exact(data, len) {
-        Ok(d) => io(lu, BlockOp::Verify { lba, blocks, data: Some(d) }),
+        Ok(d) => io(BlockOp::Verify { lba, blocks, data: Some(d) }),
         Err(o) => o,
     }
 }
@@ -199,7 +205,7 @@ fn verify<B: DataOut>(lu: &LogicalUnit, c: Bytes<'_>, data: Option<B>) -> Outcom
 /// WRITE SAME(10/16) (SBC-3 5.41-5.42). An all-zero block (or NDOB)
 /// becomes `WriteZeroes`, deallocating with UNMAP; any other block becomes
 /// `WriteSame`, which the executor replicates (UNMAP is only a hint there).
-fn write_same<B: DataOut>(lu: &LogicalUnit, c: Bytes<'_>, data: Option<B>) -> Outcome<B> {
+fn write_same<B: DataOut, D: BlockDevice>(lu: &LogicalUnit<D>, c: Bytes<'_>, data: Option<B>) -> Outcome<B> {
     let sixteen = c.u8(0) == op::WRITE_SAME_16;
     let flags = c.u8(1);
     if flags >> 5 != 0 {
@@ -227,18 +233,18 @@ fn write_same<B: DataOut>(lu: &LogicalUnit, c: Bytes<'_>, data: Option<B>) -> Ou
         return Outcome::Check(Sense::invalid_cdb_field(if sixteen { 10 } else { 7 }, None));
     }
     if ndob {
-        return io(lu, BlockOp::WriteZeroes { lba, blocks, unmap });
+        return io(BlockOp::WriteZeroes { lba, blocks, unmap });
     }
     let block_size = lu.device.geometry().block_size;
     match exact(data, block_size) {
-        Ok(block) if block.as_ref().iter().all(|&b| b == 0) => io(lu, BlockOp::WriteZeroes { lba, blocks, unmap }),
-        Ok(block) => io(lu, BlockOp::WriteSame { lba, blocks, block, fua: !lu.write_cache_enabled() }),
+        Ok(block) if block.as_ref().iter().all(|&b| b == 0) => io(BlockOp::WriteZeroes { lba, blocks, unmap }),
+        Ok(block) => io(BlockOp::WriteSame { lba, blocks, block, fua: !lu.write_cache_enabled() }),
         Err(o) => o,
     }
 }
 
 /// UNMAP (SBC-3 5.28).
-fn unmap<B: DataOut>(lu: &LogicalUnit, c: Bytes<'_>, data: Option<B>) -> Outcome<B> {
+fn unmap<B: DataOut, D: BlockDevice>(lu: &LogicalUnit<D>, c: Bytes<'_>, data: Option<B>) -> Outcome<B> {
     if c.bit(1, 0) {
         return Outcome::Check(Sense::invalid_cdb_field(1, Some(0)));
     }
@@ -283,11 +289,11 @@ fn unmap<B: DataOut>(lu: &LogicalUnit, c: Bytes<'_>, data: Option<B>) -> Outcome
     if ranges.is_empty() {
         return good();
     }
-    io(lu, BlockOp::Unmap { ranges })
+    io(BlockOp::Unmap { ranges })
 }
 
 /// COMPARE AND WRITE (SBC-3 5.2).
-fn compare_and_write<B: DataOut>(lu: &LogicalUnit, c: Bytes<'_>, data: Option<B>) -> Outcome<B> {
+fn compare_and_write<B: DataOut, D: BlockDevice>(lu: &LogicalUnit<D>, c: Bytes<'_>, data: Option<B>) -> Outcome<B> {
     if c.u8(1) >> 5 != 0 {
         return Outcome::Check(Sense::invalid_cdb_field(1, Some(7)));
     }
@@ -314,13 +320,13 @@ fn compare_and_write<B: DataOut>(lu: &LogicalUnit, c: Bytes<'_>, data: Option<B>
         return Outcome::Check(Sense::INVALID_FIELD_IN_CDB);
     };
     match exact(data, len) {
-        Ok(data) => io(lu, BlockOp::CompareAndWrite { lba, blocks: u32::from(blocks), data, fua }),
+        Ok(data) => io(BlockOp::CompareAndWrite { lba, blocks: u32::from(blocks), data, fua }),
         Err(o) => o,
     }
 }
 
 /// READ CAPACITY(10) (SBC-3 5.15).
-fn read_capacity_10<B>(lu: &LogicalUnit, c: Bytes<'_>) -> Outcome<B> {
+fn read_capacity_10<B, D: BlockDevice>(lu: &LogicalUnit<D>, c: Bytes<'_>) -> Outcome<B> {
     // With PMI 0 the LOGICAL BLOCK ADDRESS must be zero.
     if !c.bit(8, 0) && c.be32(2) != 0 {
         return Outcome::Check(Sense::invalid_cdb_field(2, None));
@@ -334,7 +340,7 @@ fn read_capacity_10<B>(lu: &LogicalUnit, c: Bytes<'_>) -> Outcome<B> {
 }
 
 /// READ CAPACITY(16) parameter data (SBC-3 5.16).
-pub(crate) fn read_capacity_16_data(lu: &LogicalUnit) -> Vec<u8> {
+pub(crate) fn read_capacity_16_data<D: BlockDevice>(lu: &LogicalUnit<D>) -> Vec<u8> {
     let geo = lu.device.geometry();
     let mut d = vec![0u8; 32];
     put(&mut d, 0, &geo.blocks.saturating_sub(1).to_be_bytes());
@@ -347,13 +353,13 @@ pub(crate) fn read_capacity_16_data(lu: &LogicalUnit) -> Vec<u8> {
     d
 }
 
-fn read_capacity_16<B>(lu: &LogicalUnit, c: Bytes<'_>) -> Outcome<B> {
+fn read_capacity_16<B, D: BlockDevice>(lu: &LogicalUnit<D>, c: Bytes<'_>) -> Outcome<B> {
     Outcome::Good { data_in: cdb::truncate(read_capacity_16_data(lu), c.be32(10)) }
 }
 
 /// GET LBA STATUS (SBC-3 5.5): one descriptor from the starting LBA to the
 /// end, reported mapped (deallocation is not tracked).
-fn get_lba_status<B>(lu: &LogicalUnit, c: Bytes<'_>) -> Outcome<B> {
+fn get_lba_status<B, D: BlockDevice>(lu: &LogicalUnit<D>, c: Bytes<'_>) -> Outcome<B> {
     let lba = c.be64(2);
     let capacity = lu.device.geometry().blocks;
     if lba >= capacity {

@@ -204,11 +204,11 @@ impl Sense {
 
 /// The one mapping from a block-device error to sense data (`write` tells
 /// a failed write from a failed read).
-pub fn io_error_sense(err: &blockdev::Error, write: bool) -> Sense {
+pub fn io_error_sense(err: &block::Error, write: bool) -> Sense {
     match err {
-        blockdev::Error::OutOfRange { .. } => Sense::LBA_OUT_OF_RANGE,
-        blockdev::Error::Misaligned { .. } | blockdev::Error::Unsupported(_) => Sense::INVALID_FIELD_IN_CDB,
-        blockdev::Error::Io(e) if write && e.kind() == io::ErrorKind::StorageFull => Sense::SPACE_ALLOCATION_FAILED,
+        block::Error::OutOfRange { .. } => Sense::LBA_OUT_OF_RANGE,
+        block::Error::Misaligned { .. } | block::Error::Unsupported(_) => Sense::INVALID_FIELD_IN_CDB,
+        block::Error::Io(e) if write && e.kind() == io::ErrorKind::StorageFull => Sense::SPACE_ALLOCATION_FAILED,
         _ if write => Sense::WRITE_ERROR,
         _ => Sense::UNRECOVERED_READ_ERROR,
     }
@@ -260,12 +260,12 @@ mod tests {
 
     #[test]
     fn io_errors_map_to_sense_once() {
-        let oor = blockdev::Error::OutOfRange { lba: 1, blocks: 1, capacity: 1 };
+        let oor = block::Error::OutOfRange { lba: 1, blocks: 1, capacity: 1 };
         assert_eq!(io_error_sense(&oor, false), Sense::LBA_OUT_OF_RANGE);
-        let eio = blockdev::Error::Io(io::Error::other("eio"));
+        let eio = block::Error::Io(io::Error::other("eio"));
         assert_eq!(io_error_sense(&eio, true), Sense::WRITE_ERROR);
         assert_eq!(io_error_sense(&eio, false), Sense::UNRECOVERED_READ_ERROR);
-        let full = blockdev::Error::Io(io::Error::from(io::ErrorKind::StorageFull));
+        let full = block::Error::Io(io::Error::from(io::ErrorKind::StorageFull));
         assert_eq!(io_error_sense(&full, true), Sense::SPACE_ALLOCATION_FAILED);
     }
 

@@ -1,25 +1,27 @@
 //! Command-level tests through `LogicalUnit::execute` on null and ram
-//! devices. No I/O runs: storage commands are checked as the
-//! `BlockRequest` they produce.
+//! devices described by `block::Described`. No I/O runs: storage commands
+//! are checked as the `BlockOp` they produce.
 #![allow(clippy::indexing_slicing, clippy::unwrap_used)]
 
 use crate::cdb::op;
 use crate::pr::prout_parameters;
-use crate::{BlockOp, Limits, LogicalUnit, Nexus, Outcome, Sense};
-use blockdev::Device;
+use crate::{BlockOp, Limits, Nexus, Outcome, Sense};
+use block::Described;
 use std::sync::Arc;
+
+type LogicalUnit = crate::LogicalUnit<Described>;
 
 const BS: u32 = 512;
 const BLOCKS: u64 = 2048;
 const TARGET: &str = "iqn.2024-01.dev.ironwire:t0";
 
 fn ram_lu() -> LogicalUnit {
-    let dev = Device::ram("ram0", BLOCKS * u64::from(BS), BS).expect("ram device");
+    let dev = Described::new("ram0", BS, BLOCKS);
     LogicalUnit::new(TARGET, 0, Arc::new(dev))
 }
 
 fn null_lu(size_bytes: u64) -> LogicalUnit {
-    let dev = Device::null("null0", size_bytes, BS).expect("null device");
+    let dev = Described { backend: "null", ..Described::new("null0", BS, size_bytes / u64::from(BS)) };
     LogicalUnit::new(TARGET, 1, Arc::new(dev))
 }
 
@@ -67,7 +69,7 @@ fn check(o: Outcome<Vec<u8>>) -> Sense {
 #[track_caller]
 fn block_op(o: Outcome<Vec<u8>>) -> BlockOp<Vec<u8>> {
     match o {
-        Outcome::Io(req) => req.op,
+        Outcome::Io(op) => op,
         other => panic!("expected a block request, got {other:?}"),
     }
 }
@@ -188,7 +190,7 @@ fn vpd_device_identification_golden_designators() {
 
 #[test]
 fn naa_designator_is_stable_and_distinct_per_lun() {
-    let dev = Arc::new(Device::null("d", 1 << 20, BS).unwrap());
+    let dev = Arc::new(Described::new("d", BS, 2048));
     let a = LogicalUnit::new(TARGET, 0, dev.clone());
     let b = LogicalUnit::new(TARGET, 0, dev.clone());
     let c = LogicalUnit::new(TARGET, 1, dev.clone());
@@ -450,14 +452,11 @@ fn synchronize_cache_checks_range_and_needs_no_flush_on_ram() {
 
 #[test]
 fn synchronize_cache_flushes_devices_with_volatile_cache() {
-    let path = std::env::temp_dir().join(format!("scsi-sync-{}.img", std::process::id()));
-    let dev = Device::file("f", &path, Some(1 << 20), BS).expect("file device");
+    let dev = Described { backend: "file", volatile_write_cache: true, ..Described::new("f", BS, 2048) };
     let lu = LogicalUnit::new(TARGET, 0, Arc::new(dev));
     assert!(lu.write_cache_enabled(), "WCE defaults on with a volatile cache");
     let cdb = [op::SYNCHRONIZE_CACHE_10, 0, 0, 0, 0, 0, 0, 0, 0, 0];
     assert!(matches!(block_op(exec(&lu, &nexus(1), &cdb)), BlockOp::Flush));
-    drop(lu);
-    let _ = std::fs::remove_file(path);
 }
 
 // ---- WRITE SAME, UNMAP, COMPARE AND WRITE ----
@@ -600,15 +599,6 @@ fn miscompare_sense_carries_offset_in_information_field() {
     let b = s.to_fixed_bytes();
     assert_eq!(b[0], 0xF0);
     assert_eq!(b[3..7], [0, 0, 0, 2]);
-}
-
-#[test]
-fn block_request_completion_maps_device_errors() {
-    let lu = ram_lu();
-    let Outcome::Io(req) = exec(&lu, &nexus(1), &read10(0, 1, 0)) else { panic!("expected I/O") };
-    assert_eq!(req.complete(Ok(())), Ok(()));
-    let err = blockdev::Error::Io(std::io::Error::other("eio"));
-    assert_eq!(req.complete(Err(err)), Err(Sense::UNRECOVERED_READ_ERROR));
 }
 
 // ---- MODE SENSE / MODE SELECT ----

@@ -12,7 +12,7 @@ use crate::pr::{self, NexusId};
 use crate::sense::{status, Sense};
 use crate::DataOut;
 use crate::{inquiry, lun, mode, opcodes, sbc, Outcome};
-use blockdev::Device;
+use block::BlockDevice;
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -143,11 +143,11 @@ pub(crate) enum Access {
 }
 
 /// A logical unit: a block device exported under a LUN.
-pub struct LogicalUnit {
+pub struct LogicalUnit<D> {
     /// The LUN.
     pub lun: u64,
     /// The device.
-    pub device: Arc<Device>,
+    pub device: Arc<D>,
     /// Unit serial number (VPD 0x80), printable ASCII.
     pub serial: String,
     /// NAA-6 (IEEE registered extended) designator (VPD 0x83).
@@ -165,7 +165,7 @@ pub struct LogicalUnit {
     swp: AtomicBool,
 }
 
-impl std::fmt::Debug for LogicalUnit {
+impl<D: BlockDevice> std::fmt::Debug for LogicalUnit<D> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("LogicalUnit")
             .field("lun", &self.lun)
@@ -194,11 +194,11 @@ fn fnv1a(seed: u64, parts: &[&[u8]]) -> u64 {
 /// keeps the designator well-formed and unique through the vendor fields.
 const NAA_COMPANY_ID: u32 = 0x00_0000;
 
-impl LogicalUnit {
+impl<D: BlockDevice> LogicalUnit<D> {
     /// A logical unit for `device` at `lun` of `target_name`, with serial
     /// number and NAA designator derived stably from target name, LUN and
     /// device name, WCE on when the device has a volatile write cache.
-    pub fn new(target_name: &str, lun: u64, device: Arc<Device>) -> LogicalUnit {
+    pub fn new(target_name: &str, lun: u64, device: Arc<D>) -> Self {
         let lun_bytes = lun.to_be_bytes();
         let parts: [&[u8]; 3] = [target_name.as_bytes(), &lun_bytes, device.name().as_bytes()];
         let (h1, h2) = (fnv1a(0, &parts), fnv1a(0x5a5a_5a5a_5a5a_5a5a, &parts));
@@ -211,7 +211,7 @@ impl LogicalUnit {
         let serial = format!("{h1:016x}");
         let wce = device.volatile_write_cache();
         let limits = Limits::for_block_size(device.geometry().block_size);
-        let product = format!("ironwire {}", device.kind());
+        let product = format!("ironwire {}", device.backend());
         LogicalUnit {
             lun,
             device,

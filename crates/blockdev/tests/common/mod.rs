@@ -3,6 +3,7 @@
 
 #![allow(dead_code)]
 
+use blockdev::BlockDevice;
 use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::process::Command;

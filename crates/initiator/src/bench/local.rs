@@ -6,6 +6,7 @@
 
 use super::{merge, plan, BenchOptions, Report, Tally, Workload};
 use crate::{Error, Result};
+use blockdev::BlockDevice;
 use blockdev::{Device, IoBuf};
 use std::cell::RefCell;
 use std::rc::Rc;
