@@ -300,6 +300,25 @@ pub struct NvmeTcpConfig {
     /// Entries per queue (queue depth limit).
     #[serde(default = "default_queue_entries")]
     pub queue_entries: u16,
+    /// When the last C2HData of a successful read may carry SUCCESS in
+    /// place of a response capsule.
+    #[serde(default)]
+    pub c2h_success: C2hSuccess,
+}
+
+/// When a successful read's last C2HData PDU carries the SUCCESS flag, so
+/// that no CapsuleResp follows it.
+#[derive(Debug, Deserialize, Clone, Copy, Default, PartialEq, Eq)]
+#[serde(rename_all = "kebab-case")]
+pub enum C2hSuccess {
+    /// Only on queues whose host disabled SQ flow control (the spec's rule,
+    /// and nvmet's): otherwise the CapsuleResp carries SQHD.
+    #[default]
+    SqFlowDisabled,
+    /// On every queue, as SPDK's nvmf_tgt does by default: one PDU per read
+    /// instead of two. A host that relies on SQHD for its flow control sees
+    /// no SQ head updates from reads.
+    Always,
 }
 
 fn default_in_capsule() -> u32 {
@@ -326,6 +345,7 @@ impl Default for NvmeTcpConfig {
             max_h2c_data: default_max_h2c(),
             max_io_queues: default_max_queues(),
             queue_entries: default_queue_entries(),
+            c2h_success: C2hSuccess::default(),
         }
     }
 }
@@ -598,6 +618,16 @@ mod tests {
     #[test]
     fn embedded_default_is_valid() {
         Config::embedded_default().validate().expect("valid");
+    }
+
+    #[test]
+    fn c2h_success_defaults_to_the_spec_rule_and_takes_always() {
+        let base = "[[port]]\naddress = \"127.0.0.1:4420\"\n";
+        assert_eq!(Config::parse(base).expect("config").nvme_tcp.c2h_success, C2hSuccess::SqFlowDisabled);
+        let always = format!("{base}[nvme_tcp]\nc2h_success = \"always\"\n");
+        assert_eq!(Config::parse(&always).expect("config").nvme_tcp.c2h_success, C2hSuccess::Always);
+        let bad = format!("{base}[nvme_tcp]\nc2h_success = \"sometimes\"\n");
+        assert!(format!("{:#}", Config::parse(&bad).expect_err("unknown value")).contains("sometimes"));
     }
 
     #[test]

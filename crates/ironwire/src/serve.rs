@@ -118,6 +118,7 @@ pub fn run(config: Config, ctl_socket: &std::path::Path) -> Result<()> {
         max_in_capsule: config.nvme_tcp.in_capsule_data.max(8192),
         max_transfer: config.nvme_tcp.max_transfer,
         cpda: 0,
+        c2h_success_always: config.nvme_tcp.c2h_success == crate::config::C2hSuccess::Always,
     };
     let icfg = iscsi::target::TargetConfig::default();
     let registered = usize::try_from(config.reactor.registered_buffers.0).unwrap_or(usize::MAX);

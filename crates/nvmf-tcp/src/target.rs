@@ -30,11 +30,21 @@ pub struct TargetConfig {
     pub max_transfer: u32,
     /// CPDA we ask of the host: data offsets aligned to (CPDA+1)*4 bytes.
     pub cpda: u8,
+    /// Set SUCCESS on a successful read's last C2HData even when the host
+    /// did not disable SQ flow control (SPDK's default; the host then gets
+    /// no SQHD for that command). Off: only with SQ flow control disabled.
+    pub c2h_success_always: bool,
 }
 
 impl Default for TargetConfig {
     fn default() -> Self {
-        TargetConfig { max_h2c_data: 128 * 1024, max_in_capsule: 8192, max_transfer: 1024 * 1024, cpda: 0 }
+        TargetConfig {
+            max_h2c_data: 128 * 1024,
+            max_in_capsule: 8192,
+            max_transfer: 1024 * 1024,
+            cpda: 0,
+            c2h_success_always: false,
+        }
     }
 }
 
@@ -393,11 +403,21 @@ impl<B: DataBuffer> TargetConnection<B> {
         pdu::encode(&mut self.tx, r2t.as_bytes(), &[], self.tx_framing);
     }
 
-    /// Sends read data for `cid` followed by its completion. With SQ flow
-    /// control disabled and a successful status, the last C2HData carries
-    /// SUCCESS and no response capsule follows (TP 8000 section 7.4.5.2).
+    /// Whether a read completing with `cqe` ends with SUCCESS on its last
+    /// C2HData instead of a response capsule: with SQ flow control disabled
+    /// (TP 8000 section 7.4.5.2), or always when configured so; only for a
+    /// successful completion with nothing in DW0/DW1 for the host.
+    fn success_flag(&self, cqe: &Cqe) -> bool {
+        (self.sq_flow_disabled || self.cfg.c2h_success_always)
+            && cqe.status().is_success()
+            && cqe.dw0.get() == 0
+            && cqe.dw1.get() == 0
+    }
+
+    /// Sends read data for `cid` followed by its completion, or with the
+    /// SUCCESS flag in place of it ([`success_flag`](Self::success_flag)).
     pub fn send_data(&mut self, cid: u16, data: &[u8], cqe: Cqe) {
-        let success_flag = self.sq_flow_disabled && cqe.status().is_success();
+        let success_flag = self.success_flag(&cqe);
         let max = self.cfg.max_transfer.max(4096) as usize;
         let mut offset = 0usize;
         let total = data.len();
@@ -427,7 +447,7 @@ impl<B: DataBuffer> TargetConnection<B> {
         if len == 0 || len > self.cfg.max_transfer.max(4096) as usize {
             return false;
         }
-        let success_flag = self.sq_flow_disabled && cqe.status().is_success();
+        let success_flag = self.success_flag(&cqe);
         let f = flags::LAST_PDU | if success_flag { flags::SUCCESS } else { 0 };
         let h = c2h_header(cid, 0, len, f);
         if !pdu::encode_with(&mut self.tx, h.as_bytes(), len, self.tx_framing, fill) {

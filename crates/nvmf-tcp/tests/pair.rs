@@ -415,3 +415,31 @@ fn data_filled_in_place_is_the_same_pdu_as_copied_data() {
         assert!(!t.has_transmit());
     }
 }
+
+#[test]
+fn c2h_success_always_drops_the_response_capsule_with_sq_flow_control_on() {
+    let mut h = HostConnection::new(HostConfig { header_digest: false, data_digest: false, max_in_capsule: 8192 });
+    let mut t = Target::new(TargetConfig { c2h_success_always: true, ..Default::default() });
+    let mut b = Backend::default();
+    step(&mut h, &mut t, &mut b);
+    t.set_queue(1, 127, false);
+    h.submit(rw_sqe(0x02, 9), Vec::new(), 4096);
+    let mut bytes = Vec::new();
+    h.take_transmit(&mut bytes);
+    t.handle_input(&bytes).expect("valid");
+    serve(&mut t, &mut b);
+    let mut back = Vec::new();
+    t.take_transmit(&mut back);
+    let ch = pdu::CommonHeader::read_from_bytes(back.get(..8).expect("header")).expect("ch");
+    assert_eq!(ch.flags & (flags::LAST_PDU | flags::SUCCESS), flags::LAST_PDU | flags::SUCCESS);
+    assert_eq!(back.len(), ch.plen.get() as usize, "no response capsule after the data");
+    h.handle_input(&back).expect("valid");
+    assert!(h.poll_completion().expect("done").cqe.status().is_success());
+    // A failed read still gets its status in a response capsule.
+    t.send_data(10, &[0; 512], Cqe::new(10, Status::UNRECOVERED_READ, 0));
+    let mut back = Vec::new();
+    t.take_transmit(&mut back);
+    let ch = pdu::CommonHeader::read_from_bytes(back.get(..8).expect("header")).expect("ch");
+    assert_eq!(ch.flags & flags::SUCCESS, 0);
+    assert_eq!(back.get(ch.plen.get() as usize), Some(&PduType::CAPSULE_RESP.0));
+}
