@@ -304,6 +304,14 @@ pub struct NvmeTcpConfig {
     /// place of a response capsule.
     #[serde(default)]
     pub c2h_success: C2hSuccess,
+    /// Most solicited write data a connection buffers at once; further
+    /// R2Ts wait for room.
+    #[serde(default = "default_r2t_buffer")]
+    pub r2t_buffer: Size,
+}
+
+fn default_r2t_buffer() -> Size {
+    Size(8 << 20)
 }
 
 /// When a successful read's last C2HData PDU carries the SUCCESS flag, so
@@ -346,6 +354,7 @@ impl Default for NvmeTcpConfig {
             max_io_queues: default_max_queues(),
             queue_entries: default_queue_entries(),
             c2h_success: C2hSuccess::default(),
+            r2t_buffer: default_r2t_buffer(),
         }
     }
 }
@@ -576,6 +585,9 @@ impl Config {
                 "nvme_tcp.in_capsule_data: {} must be a multiple of 16 no larger than max_transfer",
                 t.in_capsule_data
             );
+        }
+        if !(4096..=1 << 30).contains(&t.r2t_buffer.0) {
+            bail!("nvme_tcp.r2t_buffer: {} must be between 4KiB and 1GiB", t.r2t_buffer.0);
         }
         if t.max_h2c_data < 4096 || t.max_h2c_data % 4 != 0 {
             bail!("nvme_tcp.max_h2c_data: {} must be a multiple of 4 and at least 4096", t.max_h2c_data);

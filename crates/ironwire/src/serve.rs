@@ -119,6 +119,7 @@ pub fn run(config: Config, ctl_socket: &std::path::Path) -> Result<()> {
         max_transfer: config.nvme_tcp.max_transfer,
         cpda: 0,
         c2h_success_always: config.nvme_tcp.c2h_success == crate::config::C2hSuccess::Always,
+        r2t_buffer: u32::try_from(config.nvme_tcp.r2t_buffer.0).unwrap_or(u32::MAX),
     };
     let icfg = iscsi::target::TargetConfig::default();
     let registered = usize::try_from(config.reactor.registered_buffers.0).unwrap_or(usize::MAX);

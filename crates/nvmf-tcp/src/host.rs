@@ -411,6 +411,7 @@ mod tests {
         t.take_transmit(&mut wire);
         h.handle_input(&wire).expect("ICResp");
         assert!(h.is_ready());
+        t.set_queue(1, 63, false);
         const LEN: usize = 64 << 10;
         const READS: u16 = 40;
         for cid in 0..READS {

@@ -34,6 +34,10 @@ pub struct TargetConfig {
     /// did not disable SQ flow control (SPDK's default; the host then gets
     /// no SQHD for that command). Off: only with SQ flow control disabled.
     pub c2h_success_always: bool,
+    /// Most bytes of solicited write data buffered at once on this
+    /// connection: further R2Ts wait until earlier transfers complete. A
+    /// single transfer larger than this still proceeds when it is alone.
+    pub r2t_buffer: u32,
 }
 
 impl Default for TargetConfig {
@@ -44,6 +48,7 @@ impl Default for TargetConfig {
             max_transfer: 1024 * 1024,
             cpda: 0,
             c2h_success_always: false,
+            r2t_buffer: 8 << 20,
         }
     }
 }
@@ -113,6 +118,13 @@ pub struct TargetConnection<B> {
     sq_entries: u16,
     sqid: u16,
     sq_flow_disabled: bool,
+    /// Commands received and not yet completed: never more than the queue
+    /// holds.
+    outstanding: u16,
+    /// Bytes of solicited write data buffered in `transfers`.
+    r2t_bytes: u64,
+    /// R2Ts that wait for buffer room: (cid, length).
+    r2t_waiting: VecDeque<(u16, u32)>,
 }
 
 impl<B: DataBuffer> TargetConnection<B> {
@@ -134,6 +146,9 @@ impl<B: DataBuffer> TargetConnection<B> {
             sq_entries: 32,
             sqid: 0,
             sq_flow_disabled: false,
+            outstanding: 0,
+            r2t_bytes: 0,
+            r2t_waiting: VecDeque::new(),
         }
     }
 
@@ -277,6 +292,20 @@ impl<B: DataBuffer> TargetConnection<B> {
         let Ok(cmd) = CapsuleCmd::read_from_bytes(header) else {
             return Err(Fatal::new(Fes::INVALID_HEADER_FIELD, offset::HLEN, "capsule header truncated"));
         };
+        if self.outstanding >= self.sq_entries {
+            return Err(Fatal {
+                fes: Fes::PDU_SEQUENCE_ERROR,
+                fei: 0,
+                reason: format!(
+                    "command capsule (cid {}) beyond the queue: {} commands outstanding, SQ size {}",
+                    cmd.sqe.cid.get(),
+                    self.outstanding,
+                    self.sq_entries
+                ),
+                header: header.to_vec(),
+            });
+        }
+        self.outstanding = self.outstanding.saturating_add(1);
         self.sqhd = self.sqhd.wrapping_add(1).checked_rem(self.sq_entries).unwrap_or(0);
         let cid = cmd.sqe.cid.get();
         if data.is_empty() {
@@ -361,6 +390,8 @@ impl<B: DataBuffer> TargetConnection<B> {
             }
             if let Some(done) = self.transfers.get_mut(usize::from(ttag)).and_then(Option::take) {
                 self.free_ttags.push(ttag);
+                self.r2t_bytes = self.r2t_bytes.saturating_sub(u64::from(done.len));
+                self.start_waiting_r2ts();
                 self.events.push_back(if done.digest_failed {
                     Event::DataDigestError { cid: done.cid }
                 } else {
@@ -380,7 +411,30 @@ impl<B: DataBuffer> TargetConnection<B> {
     /// Solicits `len` bytes of write data for command `cid` with an R2T.
     /// The data arrives as [`Event::Data`]. One R2T covers the whole
     /// transfer, which honours any MAXR2T the host set (at least one).
+    /// While [`TargetConfig::r2t_buffer`] bytes are already solicited the
+    /// R2T waits (in order) for earlier transfers to complete, so a host
+    /// cannot make the connection buffer more than that.
     pub fn request_data(&mut self, cid: u16, len: u32) {
+        if self.r2t_bytes > 0 && self.r2t_bytes.saturating_add(u64::from(len)) > u64::from(self.cfg.r2t_buffer) {
+            self.r2t_waiting.push_back((cid, len));
+            return;
+        }
+        self.send_r2t(cid, len);
+    }
+
+    /// Sends the waiting R2Ts that fit in the buffer budget now.
+    fn start_waiting_r2ts(&mut self) {
+        while let Some(&(cid, len)) = self.r2t_waiting.front() {
+            if self.r2t_bytes > 0 && self.r2t_bytes.saturating_add(u64::from(len)) > u64::from(self.cfg.r2t_buffer) {
+                break;
+            }
+            self.r2t_waiting.pop_front();
+            self.send_r2t(cid, len);
+        }
+    }
+
+    fn send_r2t(&mut self, cid: u16, len: u32) {
+        self.r2t_bytes = self.r2t_bytes.saturating_add(u64::from(len));
         let ttag = match self.free_ttags.pop() {
             Some(t) => t,
             None => {
@@ -434,7 +488,9 @@ impl<B: DataBuffer> TargetConnection<B> {
             pdu::encode(&mut self.tx, h.as_bytes(), chunk, self.tx_framing);
             offset = offset.saturating_add(chunk.len());
         }
-        if !success_flag {
+        if success_flag {
+            self.outstanding = self.outstanding.saturating_sub(1);
+        } else {
             self.send_response(cqe);
         }
     }
@@ -453,7 +509,9 @@ impl<B: DataBuffer> TargetConnection<B> {
         if !pdu::encode_with(&mut self.tx, h.as_bytes(), len, self.tx_framing, fill) {
             return false;
         }
-        if !success_flag {
+        if success_flag {
+            self.outstanding = self.outstanding.saturating_sub(1);
+        } else {
             self.send_response(cqe);
         }
         true
@@ -461,6 +519,7 @@ impl<B: DataBuffer> TargetConnection<B> {
 
     /// Sends a response capsule. SQHD and SQID are filled in here.
     pub fn send_response(&mut self, mut cqe: Cqe) {
+        self.outstanding = self.outstanding.saturating_sub(1);
         cqe.sqhd = if self.sq_flow_disabled { 0xffff } else { self.sqhd }.into();
         cqe.sqid = self.sqid.into();
         let resp = CapsuleResp { ch: pdu::common_header(PduType::CAPSULE_RESP, 0), cqe };

@@ -443,3 +443,64 @@ fn c2h_success_always_drops_the_response_capsule_with_sq_flow_control_on() {
     assert_eq!(ch.flags & flags::SUCCESS, 0);
     assert_eq!(back.get(ch.plen.get() as usize), Some(&PduType::CAPSULE_RESP.0));
 }
+
+/// R2T PDUs in `wire`: (cccid, ttag, r2tl).
+fn r2ts(wire: &[u8]) -> Vec<(u16, u16, u32)> {
+    let mut out = Vec::new();
+    let mut at = 0;
+    while let Some(ch) = wire.get(at..at + 8).and_then(|b| pdu::CommonHeader::read_from_bytes(b).ok()) {
+        if ch.pdu_type == PduType::R2T.0 {
+            let cid = u16::from_le_bytes([wire[at + 8], wire[at + 9]]);
+            let ttag = u16::from_le_bytes([wire[at + 10], wire[at + 11]]);
+            let len = u32::from_le_bytes(wire[at + 16..at + 20].try_into().expect("4"));
+            out.push((cid, ttag, len));
+        }
+        at += ch.plen.get() as usize;
+    }
+    out
+}
+
+#[test]
+fn a_command_beyond_the_queue_size_is_a_fatal_sequence_error() {
+    let (_h, mut t, _b) = pair(false, false);
+    t.set_queue(1, 3, false); // four entries
+    let mut four = Vec::new();
+    for cid in 0..4u16 {
+        let mut sqe = rw_sqe(0x02, cid);
+        sqe.dptr = nvme_spec::Sgl::transport(512);
+        let cmd = CapsuleCmd { ch: common_header(PduType::CAPSULE_CMD, 0), sqe };
+        pdu::encode(&mut four, cmd.as_bytes(), &[], PLAIN);
+    }
+    t.handle_input(&four).expect("four commands fit");
+    // Completing one frees its slot: a fifth fits now.
+    t.send_response(Cqe::new(0, Status::SUCCESS, 0));
+    t.handle_input(four.get(..72).expect("one capsule")).expect("a fifth after one completed");
+    t.take_transmit(&mut Vec::new());
+    let term = term_after(&mut t, four.get(..72).expect("one capsule"));
+    assert_eq!(term.fes.get(), Fes::PDU_SEQUENCE_ERROR.0);
+}
+
+#[test]
+fn r2ts_wait_for_buffer_room_and_follow_in_order() {
+    let mut h = HostConnection::new(HostConfig { header_digest: false, data_digest: false, max_in_capsule: 8192 });
+    let mut t = Target::new(TargetConfig { r2t_buffer: 16384, ..Default::default() });
+    step(&mut h, &mut t, &mut Backend::default());
+    for cid in 1..=3 {
+        t.request_data(cid, 8192);
+    }
+    let mut wire = Vec::new();
+    t.take_transmit(&mut wire);
+    assert_eq!(r2ts(&wire), vec![(1, 0, 8192), (2, 1, 8192)], "the third waits");
+    // The first transfer completes: its room goes to the third.
+    t.handle_input(&h2c(1, 0, 0, &[1; 8192], true)).expect("data");
+    assert!(matches!(t.poll_event(), Some(Event::Data { cid: 1, .. })));
+    let mut wire = Vec::new();
+    t.take_transmit(&mut wire);
+    assert_eq!(r2ts(&wire), vec![(3, 0, 8192)]);
+    // A transfer larger than the budget still goes when it is alone.
+    let (_h, mut t, _b) = pair(false, false);
+    t.request_data(9, 16 << 20);
+    let mut wire = Vec::new();
+    t.take_transmit(&mut wire);
+    assert_eq!(r2ts(&wire), vec![(9, 0, 16 << 20)]);
+}
