@@ -1,18 +1,29 @@
 //! What every protocol connection driver shares: the wake-up that batches
-//! sends, the closing flag, and the writer task that flushes what the
-//! sans-IO connection queued.
+//! sends, the closing flag, the writer task that flushes what the sans-IO
+//! connection queued, and the send high-water mark that stops a connection
+//! from reading while its peer does not read our replies.
 
 use reactor::net::TcpStream;
-use reactor::Notify;
+use reactor::{Notify, Receiver};
 use std::cell::Cell;
 use std::net::SocketAddr;
 use std::rc::Rc;
+
+/// Bytes of replies a connection may have queued or in its socket send
+/// before it stops reading the peer's commands: a peer that does not read
+/// costs at most this (plus what its outstanding commands produce) and
+/// never holds the reactor's shared receive buffers.
+pub const SEND_HIGH_WATER: usize = 4 << 20;
 
 /// The I/O side of one connection.
 pub struct Shell {
     /// Wakes the writer; notifications before it runs collapse into one
     /// send of everything queued.
     pub tx_ready: Notify,
+    /// Bytes the writer is sending now.
+    sending: Cell<usize>,
+    /// Wakes a reader waiting for the writer to make room.
+    drained: Notify,
     closing: Cell<bool>,
     /// The peer, for log lines.
     pub peer: SocketAddr,
@@ -21,7 +32,13 @@ pub struct Shell {
 impl Shell {
     /// A shell for a connection to `peer`.
     pub fn new(peer: SocketAddr) -> Self {
-        Shell { tx_ready: Notify::default(), closing: Cell::new(false), peer }
+        Shell {
+            tx_ready: Notify::default(),
+            sending: Cell::new(0),
+            drained: Notify::default(),
+            closing: Cell::new(false),
+            peer,
+        }
     }
 
     /// Ends the connection: the writer flushes what is queued, then shuts
@@ -29,6 +46,7 @@ impl Shell {
     pub fn close(&self) {
         if !self.closing.replace(true) {
             self.tx_ready.notify();
+            self.drained.notify();
         }
     }
 
@@ -44,8 +62,31 @@ pub trait Outbox {
     fn shell(&self) -> &Shell;
     /// Moves the queued bytes to the end of `out`.
     fn take_transmit(&self, out: &mut Vec<u8>);
-    /// Whether bytes are queued.
-    fn has_transmit(&self) -> bool;
+    /// How many bytes are queued.
+    fn queued(&self) -> usize;
+}
+
+/// Whether the connection's replies (queued, and being sent) passed
+/// [`SEND_HIGH_WATER`]: its driver must stop dispatching commands.
+pub fn over_high_water<C: Outbox>(conn: &C) -> bool {
+    conn.queued().saturating_add(conn.shell().sending.get()) > SEND_HIGH_WATER
+}
+
+/// Waits, not reading, until the peer took enough of our replies for the
+/// connection to be under [`SEND_HIGH_WATER`] again (or it closes). The
+/// paused receive gives the reactor's shared buffers back to the others.
+pub async fn wait_for_room<C: Outbox>(conn: &C, rx: &mut Receiver) {
+    let shell = conn.shell();
+    let mut logged = false;
+    while over_high_water(conn) && !shell.is_closing() {
+        if !logged {
+            log::debug!("{}: peer is not reading our replies; pausing its commands", shell.peer);
+            logged = true;
+        }
+        rx.pause();
+        shell.tx_ready.notify();
+        shell.drained.wait().await;
+    }
 }
 
 /// The writer task: one `write_all` per wake-up with everything queued.
@@ -56,14 +97,17 @@ pub async fn write_loop<C: Outbox>(wr: TcpStream, conn: Rc<C>) {
         shell.tx_ready.wait().await;
         conn.take_transmit(&mut out);
         if !out.is_empty() {
+            shell.sending.set(out.len());
             let (res, o) = wr.write_all(out).await;
             out = o;
             out.clear();
+            shell.sending.set(0);
+            shell.drained.notify();
             if res.is_err() {
                 shell.closing.set(true);
             }
         }
-        if shell.closing.get() && !conn.has_transmit() {
+        if shell.closing.get() && conn.queued() == 0 {
             break;
         }
     }

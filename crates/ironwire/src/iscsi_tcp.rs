@@ -244,8 +244,8 @@ impl Outbox for Conn {
         self.iscsi.borrow_mut().take_transmit(out);
     }
 
-    fn has_transmit(&self) -> bool {
-        self.iscsi.borrow().has_transmit()
+    fn queued(&self) -> usize {
+        self.iscsi.borrow().transmit_len()
     }
 }
 
@@ -347,7 +347,11 @@ pub async fn serve(stream: TcpStream, model: Arc<IscsiModel>, cfg: TargetConfig)
             Ok(bytes) if !bytes.is_empty() => conn.iscsi.borrow_mut().handle_input(&bytes),
             _ => break,
         };
-        dispatch_events(&conn, &model);
+        // Commands wait, parsed, while the initiator does not read our
+        // replies.
+        while !dispatch_events(&conn, &model) {
+            crate::conn::wait_for_room(&*conn, &mut rx).await;
+        }
         if let Err(e) = r {
             log::warn!("{peer}: fatal iSCSI protocol error, closing: {e}");
             conn.shell.close();
@@ -367,8 +371,14 @@ pub async fn serve(stream: TcpStream, model: Arc<IscsiModel>, cfg: TargetConfig)
     drop(ticker);
 }
 
-fn dispatch_events(conn: &Rc<Conn>, model: &Arc<IscsiModel>) {
+/// Dispatches what the connection parsed. `false` when it stopped early
+/// because the replies passed the send high-water mark.
+fn dispatch_events(conn: &Rc<Conn>, model: &Arc<IscsiModel>) -> bool {
     loop {
+        if crate::conn::over_high_water(&**conn) && !conn.shell.is_closing() {
+            conn.shell.tx_ready.notify();
+            return false;
+        }
         let ev = conn.iscsi.borrow_mut().poll_event();
         let Some(ev) = ev else { break };
         match ev {
@@ -417,6 +427,7 @@ fn dispatch_events(conn: &Rc<Conn>, model: &Arc<IscsiModel>) {
         }
     }
     conn.shell.tx_ready.notify();
+    true
 }
 
 /// Answers task management request `itt` "function complete" once none

@@ -67,8 +67,8 @@ impl Outbox for Conn {
         self.tcp.borrow_mut().take_transmit(out);
     }
 
-    fn has_transmit(&self) -> bool {
-        self.tcp.borrow().has_transmit()
+    fn queued(&self) -> usize {
+        self.tcp.borrow().transmit_len()
     }
 }
 
@@ -101,7 +101,10 @@ pub async fn serve(stream: TcpStream, target: Arc<Target>, cfg: TargetConfig, tr
             _ => break,
         };
         // One clock read per batch of received bytes, not per command.
-        dispatch_events(&conn, now_ms());
+        // Commands wait, parsed, while the host does not read our replies.
+        while !dispatch_events(&conn, now_ms()) {
+            crate::conn::wait_for_room(&*conn, &mut rx).await;
+        }
         if let Err(e) = r {
             log::warn!("{peer}: fatal NVMe/TCP error, sending C2HTermReq: {e}");
             conn.shell.close();
@@ -114,8 +117,14 @@ pub async fn serve(stream: TcpStream, target: Arc<Target>, cfg: TargetConfig, tr
     log::debug!("{peer}: closed");
 }
 
-fn dispatch_events(conn: &Rc<Conn>, now_ms: u64) {
+/// Dispatches the commands and data the connection parsed. `false` when it
+/// stopped early because the replies passed the send high-water mark.
+fn dispatch_events(conn: &Rc<Conn>, now_ms: u64) -> bool {
     loop {
+        if crate::conn::over_high_water(&**conn) && !conn.shell.is_closing() {
+            conn.shell.tx_ready.notify();
+            return false;
+        }
         let ev = conn.tcp.borrow_mut().poll_event();
         let Some(ev) = ev else { break };
         match ev {
@@ -152,6 +161,7 @@ fn dispatch_events(conn: &Rc<Conn>, now_ms: u64) {
         }
     }
     conn.shell.tx_ready.notify();
+    true
 }
 
 fn answer(conn: &Rc<Conn>, cid: u16, outcome: Outcome<Buf, Device>) {

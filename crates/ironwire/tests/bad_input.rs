@@ -374,3 +374,77 @@ fn io_before_connect_and_out_of_range_get_statuses_not_termination() {
     assert!(d.alive());
     assert!(d.log().contains("before Connect"), "{}", d.log());
 }
+
+fn write_sqe(cid: u16, lba: u32, blocks: u32) -> Sqe {
+    let mut s = read_sqe(cid, lba, blocks);
+    s.opcode = 0x01;
+    s.dptr = Sgl::transport(blocks * 512);
+    s
+}
+
+#[test]
+fn a_command_beyond_the_queue_size_gets_pdu_sequence_error() {
+    check_class("sqsize", "beyond the queue", Fes::PDU_SEQUENCE_ERROR, None, |victim, addr| {
+        let (_admin, cntlid) = admin(addr);
+        let done = victim.execute(connect_sqe(1), connect_data(cntlid), 0);
+        assert!(done.cqe.status().is_success(), "{:?}", done.cqe);
+        // SQSIZE 31: 32 writes waiting for their data fill the queue; the
+        // 33rd does not fit.
+        let mut burst = Vec::new();
+        for cid in 0..33 {
+            burst.extend(capsule_bytes(write_sqe(100 + cid, cid.into(), 128), &[]));
+        }
+        victim.send_raw(&burst);
+    });
+}
+
+fn rss_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("status");
+    let line = status.lines().find(|l| l.starts_with("VmRSS:")).expect("VmRSS");
+    line.split_whitespace().nth(1).and_then(|v| v.parse().ok()).expect("kB")
+}
+
+#[test]
+fn a_host_that_never_reads_costs_bounded_memory_and_stalls_nobody() {
+    let mut d = Daemon::start_with("bad-never-reads", |_, port| {
+        format!(
+            "[[device]]\nname = \"n\"\nkind = \"null\"\nsize = \"1GiB\"\n\n[[subsystem]]\nnqn = \"{NQN}\"\nallow_any_host = true\n[[subsystem.namespace]]\ndevice = \"n\"\n\n[[port]]\naddress = \"127.0.0.1:{port}\"\n\n[reactor]\ncores = [0]\n"
+        )
+    });
+    let (mut bystander, cntlid) = admin(d.addr);
+    // The largest queue the daemon allows (1,024 entries), so that what
+    // bounds the daemon below is not the queue's size.
+    let mut greedy = Client::connect(d.addr, false);
+    let mut big = connect_sqe(1);
+    big.cdw11 = 1023.into();
+    let done = greedy.execute(big, connect_data(cntlid), 0);
+    assert!(done.cqe.status().is_success(), "{:?}", done.cqe);
+    let before = rss_kib(d.pid());
+    // 3,200 reads of 128 KiB (400 MiB of replies) from a host that never
+    // reads its socket, sent 64 at a time (well inside its queue) so that
+    // each burst is answered before the next arrives. Our own sends may block
+    // once the daemon stops reading: they give up after a second.
+    greedy.sock.set_write_timeout(Some(Duration::from_secs(1))).expect("timeout");
+    for burst in 0..50u32 {
+        let mut bytes = Vec::new();
+        for i in burst * 64..burst * 64 + 64 {
+            let mut s = read_sqe((i % 1024) as u16, i * 256, 256);
+            s.dptr = Sgl::transport(128 * 1024);
+            bytes.extend(capsule_bytes(s, &[]));
+        }
+        if greedy.sock.write_all(&bytes).is_err() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    let grown = rss_kib(d.pid()).saturating_sub(before);
+    assert!(grown < 64 * 1024, "daemon grew by {grown} KiB for a host that does not read");
+    // Other connections on the same reactor are still served.
+    assert!(property_get_works(&mut bystander));
+    let mut other = io_queue(d.addr, cntlid, 2);
+    let done = other.execute(read_sqe(7, 0, 8), Vec::new(), 4096);
+    assert!(done.cqe.status().is_success(), "{:?}", done.cqe);
+    d.assert_alive();
+    drop(greedy);
+}

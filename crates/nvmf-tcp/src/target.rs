@@ -553,6 +553,11 @@ impl<B: DataBuffer> TargetConnection<B> {
         !self.tx.is_empty()
     }
 
+    /// How many bytes wait to be sent.
+    pub fn transmit_len(&self) -> usize {
+        self.tx.len()
+    }
+
     /// Moves every byte waiting to be sent to the end of `out`.
     pub fn take_transmit(&mut self, out: &mut Vec<u8>) {
         if out.is_empty() {

@@ -228,12 +228,25 @@ impl Receiver {
                         crate::rt::yield_now().await;
                         continue;
                     }
-                    if res == -libc::EINTR {
+                    if res == -libc::EINTR || res == -libc::ECANCELED {
+                        // ECANCELED: `pause` stopped it; arm again.
                         continue;
                     }
                     return Err(io::Error::from_raw_os_error(-res));
                 }
             }
+        }
+    }
+
+    /// Stops the multishot receive from taking more of the reactor's shared
+    /// buffers until the next [`recv`](Self::recv), which first hands over
+    /// what already arrived and then arms a new one. A connection that must
+    /// not read for a while (its peer does not read our replies) calls this
+    /// so that its peer cannot fill the buffers every connection on the
+    /// reactor receives into. One-shot receives hold nothing: no-op.
+    pub fn pause(&mut self) {
+        if let Some(idx) = self.multi {
+            try_with_core(|c| c.cancel(idx));
         }
     }
 

@@ -624,7 +624,7 @@ impl Core {
         }
     }
 
-    fn cancel(&self, idx: u32) {
+    pub(crate) fn cancel(&self, idx: u32) {
         let entry = opcode::AsyncCancel::new(u64::from(idx)).build().user_data(IGNORED);
         self.push_entry(entry);
     }
