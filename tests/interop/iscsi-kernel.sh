@@ -233,7 +233,7 @@ check() {
 	say "$name: $(describe "$name")"
 	echo "+ kernel-peer run -t $limit $*" >&2
 	local t0 rc=0; t0=$(now)
-	"$KP" run --show "$SHOW" --log "$WORK/$name.console.log" -t "$limit" "$@" || rc=$?
+	kp_run "$WORK/$name.console.log" "$limit" "$@" || rc=$?
 	record "$name" "$rc" "$(since "$t0")"
 	say "$name: $( ((rc == 0)) && echo PASS || echo "FAIL (rc=$rc, console: $WORK/$name.console.log)")"
 }

@@ -48,12 +48,12 @@ IW_TARGET_CMD=${IW_TARGET_CMD:-}
 
 MODE=ironwire PORT="" READY_FILE="" ONLY="" SKIP="" SHOW=fail INSTALL=1
 
-CHECKS=(discover-battery digest-battery queues4-smp4 file4k-battery pattern-64m ext4-fs refused-host namespace-aen)
+CHECKS=(discover-battery digest-battery queues2-smp2 file4k-battery pattern-64m ext4-fs refused-host namespace-aen)
 describe() {
 	case $1 in
 	discover-battery) echo "discovery + plain battery on $IW_NQN (ram)" ;;
 	digest-battery) echo "battery with header+data digests" ;;
-	queues4-smp4) echo "battery with -i 4 on 4 vCPUs (4 I/O queues)" ;;
+	queues2-smp2) echo "battery with -i 2 on 2 vCPUs (2 I/O queues)" ;;
 	file4k-battery) echo "battery on $IW_RESTRICTED_NQN (file, 4K LBA) as the allowed host" ;;
 	pattern-64m) echo "64 MiB O_DIRECT pattern write / read back" ;;
 	ext4-fs) echo "mkfs.ext4, 20 files, remount, sha256sums" ;;
@@ -260,7 +260,7 @@ check() {
 	say "$name: $(describe "$name")"
 	echo "+ kernel-peer run -t $limit $*" >&2
 	local t0 rc=0; t0=$(now)
-	"$KP" run --show "$SHOW" --log "$WORK/$name.console.log" -t "$limit" "$@" || rc=$?
+	kp_run "$WORK/$name.console.log" "$limit" "$@" || rc=$?
 	record "$name" "$rc" "$(since "$t0")"
 	say "$name: $( ((rc == 0)) && echo PASS || echo "FAIL (rc=$rc, console: $WORK/$name.console.log)")"
 }
@@ -271,7 +271,7 @@ run_checks() {
 	[[ $MODE == ironwire ]] && strict=(-e NVME_STRICT_DISCARD=1)
 	check discover-battery 150 "${strict[@]}" -e NVME_REQUIRE_DISCOVERED=1 nvme-tcp "$PORT" "$IW_NQN"
 	check digest-battery 180 "${strict[@]}" -e NVME_DIGEST=1 nvme-tcp "$PORT" "$IW_NQN"
-	check queues4-smp4 180 --smp 4 "${strict[@]}" -e NVME_QUEUES=4 nvme-tcp "$PORT" "$IW_NQN"
+	check queues2-smp2 180 --smp 2 "${strict[@]}" -e NVME_QUEUES=2 nvme-tcp "$PORT" "$IW_NQN"
 	check file4k-battery 150 "${strict[@]}" -e KP_HOSTNQN="$IW_ALLOWED_HOSTNQN" nvme-tcp "$RPORT" "$IW_RESTRICTED_NQN"
 	if selected pattern-64m; then
 		head -c 64M /dev/urandom >"$WORK/pattern.bin"
