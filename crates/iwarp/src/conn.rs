@@ -1,0 +1,1206 @@
+//! One iWARP connection, either end: the MPA handshake, then full
+//! operation (FPDU framing, DDP placement, RDMAP messages).
+//!
+//! States are named for what they wait for: the responder for the MPA
+//! request ([`State::AwaitRequest`]) and then for its upper layer to accept
+//! or reject it ([`State::AwaitAccept`]); the initiator for the reply
+//! ([`State::AwaitReply`]); both then run [`State::Rdma`] until a Terminate
+//! is sent or received ([`State::Closed`]), after which input is ignored and
+//! the driver closes the socket once the transmit buffer is flushed.
+//!
+//! Receiving is a stream parser: a segment's header is checked (sequence
+//! numbers, STag, offset and length against the buffer it targets) before
+//! any of its payload is placed, and the payload then goes straight from the
+//! input into that buffer: an RDMA Read Response into the sink buffer of the
+//! read it answers, an RDMA Write into a registered region, a Send into the
+//! next posted receive. The CRC of the FPDU is checked when its last byte
+//! has arrived; a message completes only once all its FPDUs passed.
+
+use crate::error::{ErrorCode, Fatal};
+use crate::mpa::{self, Frame, Kind};
+use crate::wire::{
+    self, hdrct, Ctrl, Opcode, ReadRequest, TaggedHeader, TerminateHeader, UntaggedHeader, CRC_LEN, LEN_FIELD,
+    QN_READ_REQUEST, QN_SEND, QN_TERMINATE, READ_REQUEST_LEN, UNTAGGED_LEN,
+};
+use block::DataBuffer;
+use checksum::Crc32c;
+use std::collections::VecDeque;
+use zerocopy::{FromBytes, IntoBytes};
+
+/// The most bytes of a received Send that land in its head (the part an
+/// upper layer parses, such as a 64-byte NVMe command).
+pub const HEAD_MAX: usize = 64;
+/// Bytes of a Terminate's echoed headers kept for the log.
+const TERMINATE_ECHO_MAX: usize = 128;
+/// Bytes a responder holds that arrived before its upper layer accepted.
+const EARLY_INPUT_MAX: usize = 256 * 1024;
+/// Sink STags of our own RDMA Reads live apart from registered regions.
+const READ_STAG_BASE: u32 = 0x8000_0000;
+
+/// What this end asks for and enforces.
+#[derive(Clone, Copy, Debug)]
+pub struct Config {
+    /// Ask for CRC32C on FPDUs. The peer's request for CRC is honoured
+    /// either way (RFC 5044: CRC is used when either end asks).
+    pub crc: bool,
+    /// IRD: inbound RDMA Reads this end serves (0: none).
+    pub ird: u16,
+    /// ORD: outbound RDMA Reads this end keeps in flight at most.
+    pub ord: u16,
+    /// Refuse a peer that serves no RDMA Reads (this end needs them).
+    pub require_reads: bool,
+    /// Most payload bytes per FPDU sent (kept a multiple of 8, at most what
+    /// the 16-bit ULPDU length allows).
+    pub max_segment: usize,
+    /// Bytes of a received Send that form its head ([`Received::head`]),
+    /// at most [`HEAD_MAX`].
+    pub recv_head: usize,
+    /// The most bytes one received Send may carry (the posted receive
+    /// buffer's size).
+    pub recv_max: usize,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            crc: true,
+            ird: 0,
+            ord: 32,
+            require_reads: false,
+            max_segment: 61440,
+            recv_head: HEAD_MAX,
+            recv_max: 64 + 8192,
+        }
+    }
+}
+
+/// Which end of the MPA handshake.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Role {
+    /// Sends the MPA request (the host).
+    Initiator,
+    /// Answers it (the target).
+    Responder,
+}
+
+/// What the connection waits for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum State {
+    /// Responder: the MPA request.
+    AwaitRequest,
+    /// Responder: the upper layer's [`Connection::accept`] or
+    /// [`Connection::reject`].
+    AwaitAccept,
+    /// Initiator: the MPA reply.
+    AwaitReply,
+    /// Full operation.
+    Rdma,
+    /// A Terminate or reject was sent or received: over.
+    Closed,
+}
+
+/// A complete Send message.
+#[derive(Debug)]
+pub struct Received<B> {
+    /// The first [`Config::recv_head`] bytes (fewer if the message is
+    /// shorter).
+    pub head: [u8; HEAD_MAX],
+    /// How many bytes of `head` the message filled.
+    pub head_len: usize,
+    /// The rest of the message, if any.
+    pub body: Option<B>,
+    /// The STag a Send with Invalidate invalidated.
+    pub invalidated: Option<u32>,
+    /// The Send asked for a solicited event.
+    pub solicited: bool,
+}
+
+impl<B> Received<B> {
+    /// The head bytes.
+    pub fn head(&self) -> &[u8] {
+        self.head.get(..self.head_len).unwrap_or_default()
+    }
+}
+
+/// Something the upper layer must act on.
+#[derive(Debug)]
+pub enum Event<B> {
+    /// Responder: the initiator's MPA request; answer with
+    /// [`Connection::accept`] or [`Connection::reject`].
+    ConnectRequest {
+        /// The upper layer's private data.
+        private_data: Vec<u8>,
+        /// The initiator's IRD.
+        ird: u16,
+        /// The initiator's ORD.
+        ord: u16,
+    },
+    /// Initiator: the responder accepted; full operation begins.
+    Established {
+        /// The upper layer's private data from the reply.
+        private_data: Vec<u8>,
+    },
+    /// Initiator: the responder rejected the connection.
+    Rejected {
+        /// The upper layer's private data from the reply.
+        private_data: Vec<u8>,
+    },
+    /// A Send arrived.
+    Send(Received<B>),
+    /// An RDMA Read this end issued completed: `buf` holds the data.
+    ReadDone {
+        /// The identifier given to [`Connection::read`].
+        id: u64,
+        /// The sink buffer, filled.
+        buf: B,
+    },
+    /// The peer sent a Terminate: the connection is over.
+    Terminated(ErrorCode),
+}
+
+/// Remote access a registered region allows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Access {
+    /// The peer may RDMA Write into it.
+    RemoteWrite,
+    /// The peer may RDMA Read from it.
+    RemoteRead,
+}
+
+struct Region<B> {
+    stag: u32,
+    base: u64,
+    access: Access,
+    valid: bool,
+    buf: B,
+}
+
+/// One of our RDMA Reads, in flight or waiting for ORD room.
+struct Read<B> {
+    id: u64,
+    sink_stag: u32,
+    src_stag: u32,
+    src_to: u64,
+    received: usize,
+    buf: B,
+}
+
+/// Where the payload of the segment being received goes.
+#[derive(Clone, Copy, Debug)]
+enum Dest {
+    /// Zero-length payload.
+    Nothing,
+    /// A registered region (an RDMA Write), at this byte offset.
+    Region { index: usize, offset: usize },
+    /// The oldest read in flight (an RDMA Read Response), at this offset.
+    Sink { offset: usize },
+    /// The Send being reassembled.
+    Send,
+    /// A Terminate's echoed headers.
+    Terminate,
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Rx {
+    /// The fixed header: `need` bytes once the opcode is known (4 before).
+    Header { need: usize },
+    /// Payload bytes still to come.
+    Payload { left: usize },
+    /// Pad and CRC bytes: `need` in all.
+    Trailer { need: usize },
+}
+
+/// The Send being received.
+struct Inbound<B> {
+    active: bool,
+    received: usize,
+    head: [u8; HEAD_MAX],
+    head_len: usize,
+    body: Option<(B, usize)>,
+    staged: Vec<u8>,
+    invalidate: Option<u32>,
+    solicited: bool,
+}
+
+/// One iWARP connection.
+pub struct Connection<B> {
+    cfg: Config,
+    role: Role,
+    state: State,
+    request: Option<Frame>,
+    /// MPA frame bytes, then bytes that arrived before the upper layer
+    /// accepted.
+    mpa_rx: Vec<u8>,
+    crc: bool,
+    ord: u16,
+    ird: u16,
+    events: VecDeque<Event<B>>,
+    tx: Vec<u8>,
+    // receive
+    rx: Rx,
+    hdr: [u8; READ_REQUEST_LEN],
+    hdr_len: usize,
+    trailer: [u8; 7],
+    trailer_len: usize,
+    rx_crc: Crc32c,
+    ctrl: Ctrl,
+    dest: Dest,
+    payload_len: usize,
+    rx_msn: [u32; 2],
+    recv_credits: u32,
+    inbound: Inbound<B>,
+    /// The RDMA Write being received: its STag and the next tagged offset.
+    write_next: Option<(u32, u64)>,
+    term_echo: Vec<u8>,
+    // our reads
+    reads: VecDeque<Read<B>>,
+    reads_waiting: VecDeque<Read<B>>,
+    next_read_stag: u32,
+    // transmit
+    tx_msn: [u32; 2],
+    // registered memory
+    regions: Vec<Option<Region<B>>>,
+    free_regions: Vec<usize>,
+    next_key: u8,
+}
+
+impl<B: DataBuffer> Connection<B> {
+    fn new(cfg: Config, role: Role, state: State) -> Self {
+        let mut cfg = cfg;
+        cfg.max_segment = cfg.max_segment.clamp(8, wire::MAX_ULPDU - UNTAGGED_LEN) & !7;
+        cfg.recv_head = cfg.recv_head.min(HEAD_MAX);
+        cfg.ird = cfg.ird.min(mpa::MAX_IRD_ORD);
+        cfg.ord = cfg.ord.min(mpa::MAX_IRD_ORD);
+        Connection {
+            cfg,
+            role,
+            state,
+            request: None,
+            mpa_rx: Vec::new(),
+            crc: false,
+            ord: 0,
+            ird: 0,
+            events: VecDeque::new(),
+            tx: Vec::new(),
+            rx: Rx::Header { need: 4 },
+            hdr: [0; READ_REQUEST_LEN],
+            hdr_len: 0,
+            trailer: [0; 7],
+            trailer_len: 0,
+            rx_crc: Crc32c::new(),
+            ctrl: Ctrl(0),
+            dest: Dest::Nothing,
+            payload_len: 0,
+            rx_msn: [1, 1],
+            recv_credits: 0,
+            inbound: Inbound {
+                active: false,
+                received: 0,
+                head: [0; HEAD_MAX],
+                head_len: 0,
+                body: None,
+                staged: Vec::new(),
+                invalidate: None,
+                solicited: false,
+            },
+            write_next: None,
+            term_echo: Vec::new(),
+            reads: VecDeque::new(),
+            reads_waiting: VecDeque::new(),
+            next_read_stag: READ_STAG_BASE,
+            tx_msn: [0, 0],
+            regions: Vec::new(),
+            free_regions: Vec::new(),
+            next_key: 0,
+        }
+    }
+
+    /// The passive end: waits for the MPA request.
+    pub fn responder(cfg: Config) -> Self {
+        Self::new(cfg, Role::Responder, State::AwaitRequest)
+    }
+
+    /// The active end: queues the MPA request (enhanced, revision 2, with
+    /// this end's IRD and ORD and the upper layer's `private_data`).
+    pub fn initiator(cfg: Config, private_data: &[u8]) -> Self {
+        let mut c = Self::new(cfg, Role::Initiator, State::AwaitReply);
+        let flags = mpa::flags::ENHANCED | if c.cfg.crc { mpa::flags::CRC } else { 0 };
+        let frame = Frame {
+            kind: Kind::Request,
+            flags,
+            revision: 2,
+            ird_ord: Some((c.cfg.ird, c.cfg.ord)),
+            private_data: private_data.to_vec(),
+        };
+        frame.encode(&mut c.tx);
+        c
+    }
+
+    /// Which end this is.
+    pub fn role(&self) -> Role {
+        self.role
+    }
+
+    /// What the connection waits for.
+    pub fn state(&self) -> State {
+        self.state
+    }
+
+    /// Whether FPDUs carry CRC32C (known once established).
+    pub fn crc(&self) -> bool {
+        self.crc
+    }
+
+    /// The negotiated ORD: RDMA Reads this end keeps in flight at most.
+    pub fn ord(&self) -> u16 {
+        self.ord
+    }
+
+    /// The negotiated IRD: RDMA Reads from the peer this end serves.
+    pub fn ird(&self) -> u16 {
+        self.ird
+    }
+
+    /// The next thing the upper layer must act on.
+    pub fn poll_event(&mut self) -> Option<Event<B>> {
+        self.events.pop_front()
+    }
+
+    /// Moves the bytes to send to the end of `out`.
+    pub fn take_transmit(&mut self, out: &mut Vec<u8>) {
+        if out.is_empty() {
+            std::mem::swap(out, &mut self.tx);
+        } else {
+            out.append(&mut self.tx);
+        }
+    }
+
+    /// Bytes waiting in the transmit buffer.
+    pub fn transmit_len(&self) -> usize {
+        self.tx.len()
+    }
+
+    /// Posts `n` more receives: the peer may send that many more Send
+    /// messages. A Send with no receive posted ends the connection.
+    pub fn post_receives(&mut self, n: u32) {
+        self.recv_credits = self.recv_credits.saturating_add(n);
+    }
+
+    /// Receives posted and not yet used.
+    pub fn posted_receives(&self) -> u32 {
+        self.recv_credits
+    }
+
+    /// Feeds bytes from the socket. An `Err` is fatal: the Terminate (or
+    /// MPA reject) is queued for sending and the connection is closed.
+    pub fn handle_input(&mut self, input: &[u8]) -> Result<(), Fatal> {
+        let r = match self.state {
+            State::Closed => Ok(()),
+            State::AwaitAccept if self.mpa_rx.len().saturating_add(input.len()) > EARLY_INPUT_MAX => Err(Fatal::new(
+                ErrorCode::MPA_FPDU,
+                format!("more than {EARLY_INPUT_MAX} bytes sent before the MPA reply"),
+            )),
+            State::AwaitAccept => {
+                self.mpa_rx.extend_from_slice(input);
+                Ok(())
+            }
+            State::AwaitRequest | State::AwaitReply => self.handle_mpa(input),
+            State::Rdma => self.handle_fpdus(input),
+        };
+        r.map_err(|e| self.fail(e))
+    }
+
+    /// Responder: accepts the connection asked for in
+    /// [`Event::ConnectRequest`], replying with `private_data`, and
+    /// processes what the initiator sent since.
+    pub fn accept(&mut self, private_data: &[u8]) -> Result<(), Fatal> {
+        let Some(req) = self.request.take().filter(|_| self.state == State::AwaitAccept) else {
+            return Ok(());
+        };
+        self.crc = self.cfg.crc || req.has(mpa::flags::CRC);
+        let peer_ird = req.ird();
+        // Without the enhanced setup nothing was negotiated: issue reads
+        // one at a time.
+        self.ord = peer_ird.map_or(1, |ird| self.cfg.ord.min(ird));
+        // The initiator adopts our IRD as its ORD (RFC 6581's relaxed
+        // negotiation, as siw does), so its wish for more reads is not an
+        // error here.
+        self.ird = self.cfg.ird;
+        let mut flags = if self.crc { mpa::flags::CRC } else { 0 };
+        let ird_ord = if req.has(mpa::flags::ENHANCED) {
+            flags |= mpa::flags::ENHANCED;
+            Some((self.ird, self.ord))
+        } else {
+            None
+        };
+        let reply =
+            Frame { kind: Kind::Reply, flags, revision: req.revision, ird_ord, private_data: private_data.to_vec() };
+        reply.encode(&mut self.tx);
+        self.state = State::Rdma;
+        let early = std::mem::take(&mut self.mpa_rx);
+        self.handle_fpdus(&early).map_err(|e| self.fail(e))
+    }
+
+    /// Responder: rejects the connection with an MPA reply with R set,
+    /// carrying `private_data`. The driver closes once it is sent.
+    pub fn reject(&mut self, private_data: &[u8]) {
+        let Some(req) = self.request.take() else { return };
+        self.send_reject(&req, private_data);
+    }
+
+    fn send_reject(&mut self, req: &Frame, private_data: &[u8]) {
+        let enhanced = req.has(mpa::flags::ENHANCED);
+        let flags = mpa::flags::REJECT | if enhanced { mpa::flags::ENHANCED } else { 0 };
+        let ird_ord = enhanced.then_some((0, 0));
+        let reply =
+            Frame { kind: Kind::Reply, flags, revision: req.revision, ird_ord, private_data: private_data.to_vec() };
+        reply.encode(&mut self.tx);
+        self.state = State::Closed;
+    }
+
+    fn handle_mpa(&mut self, input: &[u8]) -> Result<(), Fatal> {
+        self.mpa_rx.extend_from_slice(input);
+        let kind = if self.role == Role::Responder { Kind::Request } else { Kind::Reply };
+        let Some((frame, used)) = Frame::decode(&self.mpa_rx, kind)? else { return Ok(()) };
+        let rest = self.mpa_rx.split_off(used);
+        self.mpa_rx.clear();
+        match self.role {
+            Role::Responder => self.got_request(frame, rest),
+            Role::Initiator => self.got_reply(frame, &rest),
+        }
+    }
+
+    fn got_request(&mut self, req: Frame, rest: Vec<u8>) -> Result<(), Fatal> {
+        let refuse = if req.has(mpa::flags::MARKERS) {
+            Some(Fatal::new(ErrorCode::MPA_INVALID_FRAME, "the initiator requires markers (M set); none are supported"))
+        } else if self.cfg.require_reads && req.ird() == Some(0) {
+            Some(Fatal::new(
+                ErrorCode::MPA_INSUFFICIENT_IRD,
+                "the initiator's IRD is 0: it would refuse the RDMA Reads this end needs",
+            ))
+        } else {
+            None
+        };
+        if let Some(f) = refuse {
+            self.send_reject(&req, &[]);
+            return Err(f);
+        }
+        self.events.push_back(Event::ConnectRequest {
+            private_data: req.private_data.clone(),
+            ird: req.ird().unwrap_or(0),
+            ord: req.ord().unwrap_or(0),
+        });
+        self.request = Some(req);
+        self.mpa_rx = rest;
+        self.state = State::AwaitAccept;
+        Ok(())
+    }
+
+    fn got_reply(&mut self, rep: Frame, rest: &[u8]) -> Result<(), Fatal> {
+        if rep.has(mpa::flags::REJECT) {
+            self.events.push_back(Event::Rejected { private_data: rep.private_data });
+            self.state = State::Closed;
+            return Ok(());
+        }
+        let bad = |code, reason: &str| Err(Fatal::new(code, reason));
+        if rep.has(mpa::flags::MARKERS) {
+            return bad(ErrorCode::MPA_INVALID_FRAME, "the responder requires markers (M set); none are supported");
+        }
+        let (Some(peer_ird), Some(peer_ord)) = (rep.ird(), rep.ord()) else {
+            return bad(ErrorCode::MPA_INVALID_FRAME, "the reply is not enhanced (RFC 6581) though the request was");
+        };
+        self.crc = self.cfg.crc || rep.has(mpa::flags::CRC);
+        self.ord = self.cfg.ord.min(peer_ird);
+        if self.ord == 0 && self.cfg.require_reads {
+            return bad(ErrorCode::MPA_INSUFFICIENT_IRD, "the responder's IRD is 0 and this end needs RDMA Reads");
+        }
+        if peer_ord > self.cfg.ird {
+            return Err(Fatal::new(
+                ErrorCode::MPA_INSUFFICIENT_IRD,
+                format!("the responder's ORD {peer_ord} exceeds this end's IRD {}", self.cfg.ird),
+            ));
+        }
+        self.ird = peer_ord;
+        self.events.push_back(Event::Established { private_data: rep.private_data });
+        self.state = State::Rdma;
+        self.handle_fpdus(rest)
+    }
+
+    /// Queues the answer to a fatal error and closes.
+    fn fail(&mut self, f: Fatal) -> Fatal {
+        if self.state != State::Closed {
+            self.put_terminate(&f);
+            self.state = State::Closed;
+        }
+        f
+    }
+
+    fn put_terminate(&mut self, f: &Fatal) {
+        let mut bits = 0;
+        if !f.header.is_empty() {
+            bits |= hdrct::M | hdrct::D;
+            if f.code.layer == 0 {
+                bits |= hdrct::R;
+            }
+        }
+        let t = TerminateHeader {
+            ddp: untagged(Opcode::TERMINATE, true, 0, QN_TERMINATE, 1, 0),
+            layer_etype: (f.code.layer << 4) | (f.code.etype & 0x0f),
+            ecode: f.code.ecode,
+            hdrct: bits.into(),
+        };
+        let echo = f.header.get(..f.header.len().min(READ_REQUEST_LEN)).unwrap_or_default();
+        // Before full operation nothing was negotiated: no CRC.
+        let crc = self.crc && self.state == State::Rdma;
+        wire::put_fpdu(&mut self.tx, t.as_bytes(), echo.len(), crc, |d| d.copy_from_slice(echo));
+    }
+
+    // ------------------------------------------------------------ receive
+
+    fn handle_fpdus(&mut self, mut input: &[u8]) -> Result<(), Fatal> {
+        while !input.is_empty() && self.state == State::Rdma {
+            match self.rx {
+                Rx::Header { need } => {
+                    let take = need.saturating_sub(self.hdr_len).min(input.len());
+                    let (now, rest) = input.split_at(take);
+                    if let Some(dst) = self.hdr.get_mut(self.hdr_len..self.hdr_len.saturating_add(take)) {
+                        dst.copy_from_slice(now);
+                    }
+                    self.hdr_len = self.hdr_len.saturating_add(take);
+                    input = rest;
+                    if self.hdr_len < need {
+                        continue;
+                    }
+                    if need == 4 {
+                        let ctrl = Ctrl(u16::from_be_bytes([self.hdr[2], self.hdr[3]]));
+                        let Some(len) = ctrl.opcode().header_len() else {
+                            return Err(self.segment_error(
+                                ErrorCode::RDMAP_OPCODE,
+                                format!("opcode {} unknown (expected 0..=7)", ctrl.opcode().0),
+                            ));
+                        };
+                        self.rx = Rx::Header { need: len };
+                        if len > 4 {
+                            continue;
+                        }
+                    }
+                    self.begin_segment()?;
+                }
+                Rx::Payload { left } => {
+                    let take = left.min(input.len());
+                    let (now, rest) = input.split_at(take);
+                    self.place(now);
+                    if self.crc {
+                        self.rx_crc.update(now);
+                    }
+                    input = rest;
+                    let left = left.saturating_sub(take);
+                    self.rx = if left == 0 { self.trailer_state() } else { Rx::Payload { left } };
+                }
+                Rx::Trailer { need } => {
+                    let take = need.saturating_sub(self.trailer_len).min(input.len());
+                    let (now, rest) = input.split_at(take);
+                    if let Some(dst) = self.trailer.get_mut(self.trailer_len..self.trailer_len.saturating_add(take)) {
+                        dst.copy_from_slice(now);
+                    }
+                    self.trailer_len = self.trailer_len.saturating_add(take);
+                    input = rest;
+                    if self.trailer_len == need {
+                        self.end_segment()?;
+                        self.hdr_len = 0;
+                        self.trailer_len = 0;
+                        self.rx = Rx::Header { need: 4 };
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn trailer_state(&self) -> Rx {
+        Rx::Trailer { need: wire::pad_len(self.payload_len).saturating_add(CRC_LEN) }
+    }
+
+    /// A fatal error about the segment whose header is in `hdr`, echoing
+    /// that header (its DDP segment length first).
+    fn segment_error(&self, code: ErrorCode, reason: String) -> Fatal {
+        let mut header = Vec::with_capacity(self.hdr_len);
+        header.extend_from_slice(&(self.payload_len as u16).to_be_bytes());
+        header.extend_from_slice(self.hdr.get(LEN_FIELD..self.hdr_len).unwrap_or_default());
+        Fatal { code, reason, header }
+    }
+
+    /// Checks a complete header and picks where the payload goes.
+    fn begin_segment(&mut self) -> Result<(), Fatal> {
+        let hdr_len = self.hdr_len;
+        let ulpdu = usize::from(u16::from_be_bytes([self.hdr[0], self.hdr[1]]));
+        let ctrl = Ctrl(u16::from_be_bytes([self.hdr[2], self.hdr[3]]));
+        self.ctrl = ctrl;
+        let Some(payload_len) = ulpdu.checked_sub(hdr_len.saturating_sub(LEN_FIELD)) else {
+            self.payload_len = 0;
+            return Err(self.segment_error(
+                ErrorCode::MPA_FPDU,
+                format!("ULPDU length {ulpdu} is shorter than the {}-byte header", hdr_len.saturating_sub(LEN_FIELD)),
+            ));
+        };
+        self.payload_len = payload_len;
+        if self.crc {
+            self.rx_crc = Crc32c::new();
+            self.rx_crc.update(self.hdr.get(..hdr_len).unwrap_or_default());
+        }
+        let op = ctrl.opcode();
+        if ctrl.ddp_version() != 1 {
+            let code = if ctrl.tagged() { ErrorCode::DDP_TAGGED_VERSION } else { ErrorCode::DDP_UNTAGGED_VERSION };
+            return Err(self.segment_error(code, format!("DDP version {} (expected 1)", ctrl.ddp_version())));
+        }
+        if ctrl.rdmap_version() != 1 {
+            return Err(self.segment_error(
+                ErrorCode::RDMAP_VERSION,
+                format!("RDMAP version {} (expected 1)", ctrl.rdmap_version()),
+            ));
+        }
+        if ctrl.tagged() != op.is_tagged() {
+            return Err(self.segment_error(
+                ErrorCode::RDMAP_OPCODE,
+                format!("opcode {} with the tagged bit {}", op.0, if ctrl.tagged() { "set" } else { "clear" }),
+            ));
+        }
+        self.dest = if op.is_tagged() {
+            let t = TaggedHeader::read_from_prefix(&self.hdr).map(|(t, _)| t).map_err(|_| self.internal())?;
+            self.begin_tagged(op, t.stag.get(), t.to.get())?
+        } else {
+            let u = UntaggedHeader::read_from_prefix(&self.hdr).map(|(u, _)| u).map_err(|_| self.internal())?;
+            self.begin_untagged(op, &u)?
+        };
+        self.rx = if payload_len == 0 { self.trailer_state() } else { Rx::Payload { left: payload_len } };
+        Ok(())
+    }
+
+    fn internal(&self) -> Fatal {
+        Fatal::new(ErrorCode::DDP_CATASTROPHIC, "header buffer shorter than its layout")
+    }
+
+    fn begin_tagged(&mut self, op: Opcode, stag: u32, to: u64) -> Result<Dest, Fatal> {
+        let len = self.payload_len;
+        if op == Opcode::READ_RESPONSE {
+            let Some(read) = self.reads.front() else {
+                return Err(self.segment_error(
+                    ErrorCode::RDMAP_CATASTROPHIC_STREAM,
+                    format!("RDMA Read Response for STag {stag:#x} with no read outstanding"),
+                ));
+            };
+            if stag != read.sink_stag {
+                return Err(self.segment_error(
+                    ErrorCode::DDP_TAGGED_INVALID_STAG,
+                    format!("Read Response STag {stag:#x} (expected {:#x}, the oldest read's sink)", read.sink_stag),
+                ));
+            }
+            let size = read.buf.as_ref().len();
+            let end = read.received.saturating_add(len);
+            if to != read.received as u64 || end > size {
+                return Err(self.segment_error(
+                    ErrorCode::DDP_TAGGED_BASE_BOUNDS,
+                    format!(
+                        "Read Response tagged offset {to} length {len} (expected offset {} within {size} bytes)",
+                        read.received
+                    ),
+                ));
+            }
+            if self.ctrl.last() && end != size {
+                return Err(self.segment_error(
+                    ErrorCode::DDP_TAGGED_BASE_BOUNDS,
+                    format!("Read Response ends after {end} of {size} bytes asked"),
+                ));
+            }
+            return Ok(Dest::Sink { offset: read.received });
+        }
+        // RDMA Write into a registered region.
+        if let Some((s, next)) = self.write_next {
+            if s != stag || next != to {
+                return Err(self.segment_error(
+                    ErrorCode::DDP_TAGGED_BASE_BOUNDS,
+                    format!("RDMA Write segment STag {stag:#x} offset {to} (expected {s:#x} at {next}, contiguous)"),
+                ));
+            }
+        }
+        let found = self.region_index(stag);
+        let Some((index, region)) = found.and_then(|i| Some((i, self.regions.get(i)?.as_ref()?))) else {
+            return Err(self.segment_error(
+                ErrorCode::DDP_TAGGED_INVALID_STAG,
+                format!("RDMA Write to STag {stag:#x}, which is not registered"),
+            ));
+        };
+        if !region.valid || region.access != Access::RemoteWrite {
+            return Err(self.segment_error(
+                ErrorCode::RDMAP_ACCESS_RIGHTS,
+                format!("RDMA Write to STag {stag:#x}, which does not allow remote writes"),
+            ));
+        }
+        let Some(offset) = checked_range(region.base, region.buf.as_ref().len(), to, len) else {
+            return Err(self.segment_error(
+                ErrorCode::DDP_TAGGED_BASE_BOUNDS,
+                format!(
+                    "RDMA Write of {len} bytes at offset {to} outside STag {stag:#x} ({} bytes at {})",
+                    region.buf.as_ref().len(),
+                    region.base
+                ),
+            ));
+        };
+        self.write_next = if self.ctrl.last() { None } else { Some((stag, to.saturating_add(len as u64))) };
+        Ok(if len == 0 { Dest::Nothing } else { Dest::Region { index, offset } })
+    }
+
+    fn begin_untagged(&mut self, op: Opcode, u: &UntaggedHeader) -> Result<Dest, Fatal> {
+        let (qn, msn, mo) = (u.qn.get(), u.msn.get(), u.mo.get() as usize);
+        if qn != op.queue() {
+            return Err(self.segment_error(
+                ErrorCode::DDP_UNTAGGED_INVALID_QN,
+                format!("opcode {} on queue {qn} (expected queue {})", op.0, op.queue()),
+            ));
+        }
+        match op {
+            Opcode::TERMINATE => {
+                self.term_echo.clear();
+                Ok(if self.payload_len == 0 { Dest::Nothing } else { Dest::Terminate })
+            }
+            Opcode::READ_REQUEST => {
+                let expected = self.rx_msn[1];
+                if msn != expected {
+                    return Err(self.segment_error(
+                        ErrorCode::DDP_UNTAGGED_MSN_RANGE,
+                        format!("Read Request MSN {msn} (expected {expected})"),
+                    ));
+                }
+                if mo != 0 || !self.ctrl.last() || self.payload_len != 0 {
+                    return Err(self.segment_error(
+                        ErrorCode::DDP_UNTAGGED_INVALID_MO,
+                        format!(
+                            "Read Request with offset {mo}, {} payload bytes, last {} (expected one 0-offset empty segment)",
+                            self.payload_len,
+                            self.ctrl.last()
+                        ),
+                    ));
+                }
+                if self.ird == 0 {
+                    return Err(self.segment_error(
+                        ErrorCode::RDMAP_CATASTROPHIC_STREAM,
+                        "RDMA Read Request, but this end's IRD is 0".into(),
+                    ));
+                }
+                Ok(Dest::Nothing)
+            }
+            _ => {
+                let expected = self.rx_msn[0];
+                if msn != expected {
+                    return Err(self.segment_error(
+                        ErrorCode::DDP_UNTAGGED_MSN_RANGE,
+                        format!("Send MSN {msn} (expected {expected})"),
+                    ));
+                }
+                let inb = &self.inbound;
+                if mo != inb.received {
+                    return Err(self.segment_error(
+                        ErrorCode::DDP_UNTAGGED_INVALID_MO,
+                        format!("Send message offset {mo} (expected {})", inb.received),
+                    ));
+                }
+                let end = mo.saturating_add(self.payload_len);
+                if end > self.cfg.recv_max {
+                    return Err(self.segment_error(
+                        ErrorCode::DDP_UNTAGGED_TOO_LONG,
+                        format!("Send of at least {end} bytes (the posted receive holds {})", self.cfg.recv_max),
+                    ));
+                }
+                if !inb.active {
+                    if self.recv_credits == 0 {
+                        return Err(self.segment_error(
+                            ErrorCode::DDP_UNTAGGED_NO_BUFFER,
+                            format!("Send MSN {msn} with no receive posted"),
+                        ));
+                    }
+                    self.recv_credits = self.recv_credits.saturating_sub(1);
+                    let head = self.cfg.recv_head;
+                    let inb = &mut self.inbound;
+                    inb.active = true;
+                    inb.head_len = 0;
+                    inb.staged.clear();
+                    inb.invalidate = op.invalidates().then(|| u.inv_stag.get());
+                    inb.solicited = op.solicited();
+                    // A message in one segment has a known length: its body
+                    // goes straight into a buffer of that size.
+                    inb.body = (self.ctrl.last() && self.payload_len > head)
+                        .then(|| (B::alloc(self.payload_len.saturating_sub(head)), 0));
+                }
+                Ok(if self.payload_len == 0 { Dest::Nothing } else { Dest::Send })
+            }
+        }
+    }
+
+    /// Places payload bytes where the segment's header said (checked).
+    fn place(&mut self, bytes: &[u8]) {
+        let n = bytes.len();
+        match &mut self.dest {
+            Dest::Nothing => {}
+            Dest::Region { index, offset } => {
+                if let Some(r) = self.regions.get_mut(*index).and_then(Option::as_mut) {
+                    if let Some(dst) = r.buf.as_mut().get_mut(*offset..offset.saturating_add(n)) {
+                        dst.copy_from_slice(bytes);
+                    }
+                }
+                *offset = offset.saturating_add(n);
+            }
+            Dest::Sink { offset } => {
+                if let Some(read) = self.reads.front_mut() {
+                    if let Some(dst) = read.buf.as_mut().get_mut(*offset..offset.saturating_add(n)) {
+                        dst.copy_from_slice(bytes);
+                    }
+                }
+                *offset = offset.saturating_add(n);
+            }
+            Dest::Send => {
+                let head_room = self.cfg.recv_head;
+                let inb = &mut self.inbound;
+                let mut rest = bytes;
+                if inb.head_len < head_room {
+                    let take = head_room.saturating_sub(inb.head_len).min(rest.len());
+                    let (h, r) = rest.split_at(take);
+                    if let Some(dst) = inb.head.get_mut(inb.head_len..inb.head_len.saturating_add(take)) {
+                        dst.copy_from_slice(h);
+                    }
+                    inb.head_len = inb.head_len.saturating_add(take);
+                    rest = r;
+                }
+                if !rest.is_empty() {
+                    match &mut inb.body {
+                        Some((buf, filled)) => {
+                            if let Some(dst) = buf.as_mut().get_mut(*filled..filled.saturating_add(rest.len())) {
+                                dst.copy_from_slice(rest);
+                            }
+                            *filled = filled.saturating_add(rest.len());
+                        }
+                        None => inb.staged.extend_from_slice(rest),
+                    }
+                }
+                inb.received = inb.received.saturating_add(n);
+            }
+            Dest::Terminate => {
+                let room = TERMINATE_ECHO_MAX.saturating_sub(self.term_echo.len());
+                self.term_echo.extend_from_slice(bytes.get(..room.min(n)).unwrap_or_default());
+            }
+        }
+    }
+
+    /// The segment's pad and CRC arrived: check them, then finish the
+    /// message if this was its last segment.
+    fn end_segment(&mut self) -> Result<(), Fatal> {
+        let pad = wire::pad_len(self.payload_len);
+        let (pad_bytes, crc_bytes) = self.trailer.split_at(pad.min(self.trailer.len()));
+        if self.crc {
+            self.rx_crc.update(pad_bytes);
+            let want = self.rx_crc.value().to_le_bytes();
+            let got = crc_bytes.get(..CRC_LEN).unwrap_or_default();
+            if got != want {
+                return Err(
+                    self.segment_error(ErrorCode::MPA_CRC, format!("FPDU CRC {got:02x?} (computed {want:02x?})"))
+                );
+            }
+        }
+        let op = self.ctrl.opcode();
+        let last = self.ctrl.last();
+        match op {
+            Opcode::READ_RESPONSE => {
+                let done = match self.reads.front_mut() {
+                    Some(read) => {
+                        read.received = read.received.saturating_add(self.payload_len);
+                        last
+                    }
+                    None => false,
+                };
+                if done {
+                    if let Some(read) = self.reads.pop_front() {
+                        self.events.push_back(Event::ReadDone { id: read.id, buf: read.buf });
+                    }
+                    self.issue_reads();
+                }
+            }
+            Opcode::RDMA_WRITE => {}
+            Opcode::READ_REQUEST => {
+                self.rx_msn[1] = self.rx_msn[1].wrapping_add(1);
+                let rr = ReadRequest::read_from_prefix(&self.hdr).map(|(r, _)| r).map_err(|_| self.internal())?;
+                self.serve_read(&rr)?;
+            }
+            Opcode::TERMINATE => {
+                let t = TerminateHeader::read_from_prefix(&self.hdr).map(|(t, _)| t).map_err(|_| self.internal())?;
+                let code = ErrorCode { layer: t.layer_etype >> 4, etype: t.layer_etype & 0x0f, ecode: t.ecode };
+                self.events.push_back(Event::Terminated(code));
+                self.state = State::Closed;
+            }
+            _ => {
+                if last {
+                    self.finish_send()?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn finish_send(&mut self) -> Result<(), Fatal> {
+        self.rx_msn[0] = self.rx_msn[0].wrapping_add(1);
+        let inb = &mut self.inbound;
+        inb.active = false;
+        inb.received = 0;
+        let body = match inb.body.take() {
+            Some((buf, _)) => Some(buf),
+            None if !inb.staged.is_empty() => {
+                let mut buf = B::alloc(inb.staged.len());
+                buf.as_mut().copy_from_slice(&inb.staged);
+                inb.staged.clear();
+                Some(buf)
+            }
+            None => None,
+        };
+        let invalidated = inb.invalidate.take();
+        let msg = Received { head: inb.head, head_len: inb.head_len, body, invalidated, solicited: inb.solicited };
+        if let Some(stag) = invalidated {
+            let region = self.region_index(stag).and_then(|i| self.regions.get_mut(i)?.as_mut());
+            match region {
+                Some(r) if r.valid => r.valid = false,
+                _ => {
+                    return Err(Fatal::new(
+                        ErrorCode::RDMAP_CANNOT_INVALIDATE,
+                        format!("Send with Invalidate of STag {stag:#x}, which is not a valid registered STag"),
+                    ))
+                }
+            }
+        }
+        self.events.push_back(Event::Send(msg));
+        Ok(())
+    }
+
+    /// Answers the peer's RDMA Read Request from a registered region.
+    fn serve_read(&mut self, rr: &ReadRequest) -> Result<(), Fatal> {
+        let (src, to, size) = (rr.src_stag.get(), rr.src_to.get(), rr.size.get() as usize);
+        let found = self.region_index(src).and_then(|i| self.regions.get(i)?.as_ref());
+        let Some(region) = found else {
+            return Err(self.segment_error(
+                ErrorCode::RDMAP_INVALID_STAG,
+                format!("RDMA Read Request from STag {src:#x}, which is not registered"),
+            ));
+        };
+        if !region.valid || region.access != Access::RemoteRead {
+            return Err(self.segment_error(
+                ErrorCode::RDMAP_ACCESS_RIGHTS,
+                format!("RDMA Read Request from STag {src:#x}, which does not allow remote reads"),
+            ));
+        }
+        let Some(offset) = checked_range(region.base, region.buf.as_ref().len(), to, size) else {
+            return Err(self.segment_error(
+                ErrorCode::RDMAP_BASE_BOUNDS,
+                format!(
+                    "RDMA Read Request of {size} bytes at offset {to} outside STag {src:#x} ({} bytes at {})",
+                    region.buf.as_ref().len(),
+                    region.base
+                ),
+            ));
+        };
+        let data = region.buf.as_ref().get(offset..offset.saturating_add(size)).unwrap_or_default();
+        put_tagged(
+            &mut self.tx,
+            self.crc,
+            self.cfg.max_segment,
+            Opcode::READ_RESPONSE,
+            rr.sink_stag.get(),
+            rr.sink_to.get(),
+            size,
+            |off, dst| {
+                dst.copy_from_slice(data.get(off..off.saturating_add(dst.len())).unwrap_or_default());
+                true
+            },
+        );
+        Ok(())
+    }
+
+    // ------------------------------------------------------------ transmit
+
+    /// Sends one message (`head` then `body`) as a Send, or a Send with
+    /// Invalidate of `invalidate`.
+    pub fn send(&mut self, head: &[u8], body: &[u8], invalidate: Option<u32>) {
+        if self.state != State::Rdma {
+            return;
+        }
+        self.tx_msn[0] = self.tx_msn[0].wrapping_add(1);
+        let msn = self.tx_msn[0];
+        let op = if invalidate.is_some() { Opcode::SEND_INVALIDATE } else { Opcode::SEND };
+        let total = head.len().saturating_add(body.len());
+        let mut off = 0usize;
+        loop {
+            let n = total.saturating_sub(off).min(self.cfg.max_segment);
+            let last = off.saturating_add(n) == total;
+            let h = untagged(op, last, invalidate.unwrap_or(0), QN_SEND, msn, off as u32);
+            wire::put_fpdu(&mut self.tx, h.as_bytes(), n, self.crc, |dst| copy_concat(dst, off, head, body));
+            off = off.saturating_add(n);
+            if last {
+                break;
+            }
+        }
+    }
+
+    /// Sends `len` bytes as an RDMA Write to the peer's `stag` at tagged
+    /// offset `to`; `fill(offset, dst)` writes each segment's payload in
+    /// place. When `fill` returns false nothing is sent and this returns
+    /// false.
+    pub fn write_with(&mut self, stag: u32, to: u64, len: usize, fill: impl FnMut(usize, &mut [u8]) -> bool) -> bool {
+        if self.state != State::Rdma {
+            return false;
+        }
+        put_tagged(&mut self.tx, self.crc, self.cfg.max_segment, Opcode::RDMA_WRITE, stag, to, len, fill)
+    }
+
+    /// Sends `data` as an RDMA Write to the peer's `stag` at offset `to`.
+    pub fn write(&mut self, stag: u32, to: u64, data: &[u8]) {
+        self.write_with(stag, to, data.len(), |off, dst| {
+            dst.copy_from_slice(data.get(off..off.saturating_add(dst.len())).unwrap_or_default());
+            true
+        });
+    }
+
+    /// Reads `sink.len()` bytes of the peer's `src_stag` at `src_to` into
+    /// `sink`; [`Event::ReadDone`] with `id` gives it back, filled. Reads
+    /// beyond the negotiated ORD wait, in order, for earlier ones.
+    pub fn read(&mut self, id: u64, sink: B, src_stag: u32, src_to: u64) {
+        self.next_read_stag = self.next_read_stag.wrapping_add(1) | READ_STAG_BASE;
+        let read = Read { id, sink_stag: self.next_read_stag, src_stag, src_to, received: 0, buf: sink };
+        self.reads_waiting.push_back(read);
+        self.issue_reads();
+    }
+
+    /// RDMA Reads issued and not yet answered.
+    pub fn reads_in_flight(&self) -> usize {
+        self.reads.len()
+    }
+
+    /// RDMA Reads waiting for ORD room.
+    pub fn reads_waiting(&self) -> usize {
+        self.reads_waiting.len()
+    }
+
+    fn issue_reads(&mut self) {
+        if self.state != State::Rdma {
+            return;
+        }
+        while self.reads.len() < usize::from(self.ord.max(1)) {
+            let Some(read) = self.reads_waiting.pop_front() else { break };
+            self.tx_msn[1] = self.tx_msn[1].wrapping_add(1);
+            let rr = ReadRequest {
+                ddp: untagged(Opcode::READ_REQUEST, true, 0, QN_READ_REQUEST, self.tx_msn[1], 0),
+                sink_stag: read.sink_stag.into(),
+                sink_to: 0.into(),
+                size: (read.buf.as_ref().len() as u32).into(),
+                src_stag: read.src_stag.into(),
+                src_to: read.src_to.into(),
+            };
+            wire::put_fpdu(&mut self.tx, rr.as_bytes(), 0, self.crc, |_| {});
+            self.reads.push_back(read);
+        }
+    }
+
+    // ------------------------------------------------------------ memory
+
+    /// Registers `buf` for the peer to access at tagged offsets from
+    /// `base`; returns its STag (a fresh key each time).
+    pub fn register(&mut self, buf: B, base: u64, access: Access) -> u32 {
+        let index = self.free_regions.pop().unwrap_or_else(|| {
+            self.regions.push(None);
+            self.regions.len().saturating_sub(1)
+        });
+        self.next_key = self.next_key.wrapping_add(1);
+        let stag = ((index as u32 & 0x007f_ffff) << 8) | u32::from(self.next_key);
+        if let Some(slot) = self.regions.get_mut(index) {
+            *slot = Some(Region { stag, base, access, valid: true, buf });
+        }
+        stag
+    }
+
+    /// Ends a registration and gives the buffer back.
+    pub fn deregister(&mut self, stag: u32) -> Option<B> {
+        let index = self.region_index(stag)?;
+        let region = self.regions.get_mut(index)?.take()?;
+        self.free_regions.push(index);
+        Some(region.buf)
+    }
+
+    fn region_index(&self, stag: u32) -> Option<usize> {
+        if stag & READ_STAG_BASE != 0 {
+            return None;
+        }
+        let index = (stag >> 8) as usize;
+        let r = self.regions.get(index)?.as_ref()?;
+        (r.stag == stag).then_some(index)
+    }
+}
+
+/// Fills `dst` with the bytes of `a` then `b` from offset `off`.
+fn copy_concat(dst: &mut [u8], off: usize, a: &[u8], b: &[u8]) {
+    let from_a = a.get(off..).unwrap_or_default();
+    let n = from_a.len().min(dst.len());
+    let (da, db) = dst.split_at_mut(n);
+    da.copy_from_slice(from_a.get(..n).unwrap_or_default());
+    let b_off = off.saturating_sub(a.len());
+    if let Some(src) = b.get(b_off..b_off.saturating_add(db.len())) {
+        db.copy_from_slice(src);
+    }
+}
+
+/// The byte offset of `[to, to + len)` in a region of `size` bytes at
+/// `base`, if it lies inside.
+fn checked_range(base: u64, size: usize, to: u64, len: usize) -> Option<usize> {
+    let off = usize::try_from(to.checked_sub(base)?).ok()?;
+    (off.checked_add(len)? <= size).then_some(off)
+}
+
+fn untagged(op: Opcode, last: bool, inv_stag: u32, qn: u32, msn: u32, mo: u32) -> UntaggedHeader {
+    UntaggedHeader {
+        ulpdu_len: 0.into(),
+        ctrl: Ctrl::new(op, last).0.into(),
+        inv_stag: inv_stag.into(),
+        qn: qn.into(),
+        msn: msn.into(),
+        mo: mo.into(),
+    }
+}
+
+/// Appends a tagged message (RDMA Write or Read Response) in segments.
+#[allow(clippy::too_many_arguments)]
+fn put_tagged(
+    tx: &mut Vec<u8>,
+    crc: bool,
+    max_segment: usize,
+    op: Opcode,
+    stag: u32,
+    to: u64,
+    len: usize,
+    mut fill: impl FnMut(usize, &mut [u8]) -> bool,
+) -> bool {
+    let start = tx.len();
+    let mut off = 0usize;
+    let mut ok = true;
+    loop {
+        let n = len.saturating_sub(off).min(max_segment);
+        let last = off.saturating_add(n) == len;
+        let h = TaggedHeader {
+            ulpdu_len: 0.into(),
+            ctrl: Ctrl::new(op, last).0.into(),
+            stag: stag.into(),
+            to: to.wrapping_add(off as u64).into(),
+        };
+        wire::put_fpdu(tx, h.as_bytes(), n, crc, |dst| ok = fill(off, dst));
+        if !ok {
+            tx.truncate(start);
+            return false;
+        }
+        off = off.saturating_add(n);
+        if last {
+            return true;
+        }
+    }
+}

@@ -1,0 +1,480 @@
+//! Two iWARP connections wired back to back: every rule of MPA, DDP and
+//! RDMAP exercised through the bytes one end sends the other.
+
+use iwarp::error::ErrorCode;
+use iwarp::wire::{Ctrl, Opcode};
+use iwarp::{Access, Config, Connection, DataBuffer, Event, Received, State};
+
+#[derive(Debug, Clone, PartialEq)]
+struct Buf(Vec<u8>);
+
+impl AsRef<[u8]> for Buf {
+    fn as_ref(&self) -> &[u8] {
+        &self.0
+    }
+}
+
+impl AsMut<[u8]> for Buf {
+    fn as_mut(&mut self) -> &mut [u8] {
+        &mut self.0
+    }
+}
+
+impl DataBuffer for Buf {
+    fn alloc(len: usize) -> Self {
+        Buf(vec![0; len])
+    }
+}
+
+type Conn = Connection<Buf>;
+
+fn host_cfg(crc: bool) -> Config {
+    Config { crc, ird: 128, ord: 0, require_reads: false, max_segment: 1424, recv_head: 16, recv_max: 16 }
+}
+
+fn target_cfg(crc: bool) -> Config {
+    Config { crc, ird: 0, ord: 4, require_reads: true, max_segment: 61440, recv_head: 64, recv_max: 64 + 8192 }
+}
+
+/// Moves everything `from` has queued into `to`, `chunk` bytes at a time.
+fn pump(from: &mut Conn, to: &mut Conn, chunk: usize) -> Result<usize, iwarp::Fatal> {
+    let mut out = Vec::new();
+    from.take_transmit(&mut out);
+    for piece in out.chunks(chunk.max(1)) {
+        to.handle_input(piece)?;
+    }
+    Ok(out.len())
+}
+
+fn events(c: &mut Conn) -> Vec<Event<Buf>> {
+    std::iter::from_fn(|| c.poll_event()).collect()
+}
+
+/// An initiator (host) and responder (target), connected.
+fn connected(host: Config, target: Config) -> (Conn, Conn) {
+    let mut h = Conn::initiator(host, b"host private data");
+    let mut t = Conn::responder(target);
+    pump(&mut h, &mut t, usize::MAX).unwrap();
+    match events(&mut t).as_slice() {
+        [Event::ConnectRequest { private_data, ird, ord }] => {
+            assert_eq!(private_data, b"host private data");
+            assert_eq!((*ird, *ord), (host.ird, host.ord));
+        }
+        other => panic!("{other:?}"),
+    }
+    t.accept(b"target says yes").unwrap();
+    pump(&mut t, &mut h, usize::MAX).unwrap();
+    match events(&mut h).as_slice() {
+        [Event::Established { private_data }] => assert_eq!(private_data, b"target says yes"),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!((h.state(), t.state()), (State::Rdma, State::Rdma));
+    (h, t)
+}
+
+fn sends(evs: Vec<Event<Buf>>) -> Vec<Received<Buf>> {
+    evs.into_iter()
+        .map(|e| match e {
+            Event::Send(r) => r,
+            other => panic!("expected a Send, got {other:?}"),
+        })
+        .collect()
+}
+
+/// The Terminate `c` queued: layer/etype byte, ecode, hdrct.
+fn terminate_sent(c: &mut Conn) -> (u8, u8, u16) {
+    let mut out = Vec::new();
+    c.take_transmit(&mut out);
+    // The Terminate is the last FPDU queued; find it by its control word.
+    let at = out.windows(2).rposition(|w| w == [0x41, 0x47]).expect("a Terminate") - 2;
+    let t = &out[at..];
+    assert_eq!(&t[8..12], &2u32.to_be_bytes(), "queue 2");
+    assert_eq!(&t[12..16], &1u32.to_be_bytes(), "MSN 1");
+    (t[20], t[21], u16::from_be_bytes([t[22], t[23]]))
+}
+
+#[test]
+fn handshake_negotiates_crc_when_either_end_asks() {
+    for (hc, tc, want) in [(false, false, false), (true, false, true), (false, true, true), (true, true, true)] {
+        let (h, t) = connected(host_cfg(hc), target_cfg(tc));
+        assert_eq!((h.crc(), t.crc()), (want, want), "host {hc} target {tc}");
+    }
+}
+
+#[test]
+fn handshake_gives_the_target_an_ord_within_the_hosts_ird() {
+    let (h, t) = connected(Config { ird: 2, ..host_cfg(false) }, target_cfg(false));
+    assert_eq!(t.ord(), 2);
+    assert_eq!(h.ird(), 2);
+    assert_eq!(h.ord(), 0);
+}
+
+#[test]
+fn target_needing_reads_rejects_a_host_that_serves_none() {
+    let mut h = Conn::initiator(Config { ird: 0, ..host_cfg(false) }, b"pd");
+    let mut t = Conn::responder(target_cfg(false));
+    let mut out = Vec::new();
+    h.take_transmit(&mut out);
+    let e = t.handle_input(&out).unwrap_err();
+    assert_eq!(e.code, ErrorCode::MPA_INSUFFICIENT_IRD);
+    assert_eq!(t.state(), State::Closed);
+    pump(&mut t, &mut h, usize::MAX).unwrap();
+    assert!(matches!(events(&mut h).as_slice(), [Event::Rejected { .. }]));
+    assert_eq!(h.state(), State::Closed);
+}
+
+#[test]
+fn rejected_connection_carries_private_data_with_r_set() {
+    let mut h = Conn::initiator(host_cfg(false), b"pd");
+    let mut t = Conn::responder(target_cfg(false));
+    pump(&mut h, &mut t, usize::MAX).unwrap();
+    events(&mut t);
+    t.reject(&[0, 0, 6, 0]);
+    let mut out = Vec::new();
+    t.take_transmit(&mut out);
+    assert_eq!(&out[..16], b"MPA ID Rep Frame");
+    assert_eq!(out[16] & 0x20, 0x20, "R");
+    assert_eq!(&out[18..20], &8u16.to_be_bytes(), "IRD/ORD words + 4 bytes");
+    h.handle_input(&out).unwrap();
+    match events(&mut h).as_slice() {
+        [Event::Rejected { private_data }] => assert_eq!(private_data, &[0, 0, 6, 0]),
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn a_request_for_markers_is_rejected() {
+    let mut t = Conn::responder(target_cfg(false));
+    let mut req = b"MPA ID Req Frame".to_vec();
+    req.extend_from_slice(&[0x90, 2, 0, 4, 0, 0x80, 0, 0]);
+    let e = t.handle_input(&req).unwrap_err();
+    assert!(e.reason.contains("markers"), "{e}");
+    let mut out = Vec::new();
+    t.take_transmit(&mut out);
+    assert_eq!(&out[..16], b"MPA ID Rep Frame");
+    assert_eq!(out[16] & 0x20, 0x20);
+}
+
+#[test]
+fn a_malformed_request_gets_a_terminate_naming_mpa() {
+    let mut t = Conn::responder(target_cfg(true));
+    let e = t.handle_input(b"\x00\x00\x00\x80 an NVMe/TCP ICReq is not MPA").unwrap_err();
+    assert_eq!(e.code, ErrorCode::MPA_INVALID_FRAME);
+    let (le, ec, _) = terminate_sent(&mut t);
+    assert_eq!((le, ec), (0x20, 0x04), "LLP layer, MPA etype, invalid request");
+    // Nothing more is read.
+    t.handle_input(b"MPA ID Req Frame").unwrap();
+    assert!(events(&mut t).is_empty());
+}
+
+#[test]
+fn sends_arrive_whole_across_segments_and_byte_by_byte() {
+    for crc in [false, true] {
+        for chunk in [1, 7, 1500, usize::MAX] {
+            let (mut h, mut t) = connected(host_cfg(crc), target_cfg(crc));
+            t.post_receives(2);
+            let body: Vec<u8> = (0..5000u32).map(|i| (i * 7) as u8).collect();
+            // The host segments at 1424 payload bytes, as siw does at MSS 1448.
+            h.send(&[0xaa; 64], &body, None);
+            h.send(&[0xbb; 64], &[], None);
+            pump(&mut h, &mut t, chunk).unwrap();
+            let got = sends(events(&mut t));
+            assert_eq!(got.len(), 2);
+            assert_eq!(got[0].head(), &[0xaa; 64]);
+            assert_eq!(got[0].body.as_ref().unwrap().0, body, "crc {crc} chunk {chunk}");
+            assert_eq!(got[1].head(), &[0xbb; 64]);
+            assert!(got[1].body.is_none());
+            assert_eq!(t.posted_receives(), 0);
+        }
+    }
+}
+
+#[test]
+fn send_with_invalidate_invalidates_the_registered_stag() {
+    let (mut h, mut t) = connected(host_cfg(true), target_cfg(true));
+    let stag = h.register(Buf(vec![0; 4096]), 0x1000, Access::RemoteWrite);
+    h.post_receives(1);
+    t.write(stag, 0x1000, &[5; 4096]);
+    t.send(&[1; 16], &[], Some(stag));
+    pump(&mut t, &mut h, 100).unwrap();
+    let got = sends(events(&mut h));
+    assert_eq!(got[0].invalidated, Some(stag));
+    assert_eq!(got[0].head(), &[1; 16]);
+    assert_eq!(h.deregister(stag).unwrap().0, vec![5; 4096]);
+}
+
+#[test]
+fn rdma_write_lands_at_the_tagged_offset() {
+    let (mut h, mut t) = connected(host_cfg(false), Config { max_segment: 1000, ..target_cfg(false) });
+    let stag = h.register(Buf(vec![0; 10000]), 0xfff0_0000, Access::RemoteWrite);
+    let data: Vec<u8> = (0..6000u32).map(|i| i as u8).collect();
+    assert!(t.write_with(stag, 0xfff0_0000 + 3000, data.len(), |off, dst| {
+        dst.copy_from_slice(&data[off..off + dst.len()]);
+        true
+    }));
+    pump(&mut t, &mut h, 333).unwrap();
+    let buf = h.deregister(stag).unwrap().0;
+    assert_eq!(&buf[3000..9000], &data[..]);
+    assert!(buf[..3000].iter().chain(&buf[9000..]).all(|&b| b == 0));
+}
+
+#[test]
+fn a_failed_fill_sends_nothing() {
+    let (_h, mut t) = connected(host_cfg(false), target_cfg(false));
+    let before = t.transmit_len();
+    assert!(!t.write_with(1, 0, 100_000, |off, _| off == 0));
+    assert_eq!(t.transmit_len(), before);
+}
+
+#[test]
+fn rdma_reads_fetch_registered_data_in_order_within_the_ord() {
+    for crc in [false, true] {
+        let (mut h, mut t) = connected(Config { ird: 2, ..host_cfg(crc) }, target_cfg(crc));
+        assert_eq!(t.ord(), 2);
+        let src: Vec<u8> = (0..100_000u32).map(|i| (i % 251) as u8).collect();
+        let stag = h.register(Buf(src.clone()), 0x10000, Access::RemoteRead);
+        for i in 0..5u64 {
+            t.read(i, Buf(vec![0; 8192]), stag, 0x10000 + i * 8192);
+        }
+        assert_eq!((t.reads_in_flight(), t.reads_waiting()), (2, 3));
+        let mut done = Vec::new();
+        for _ in 0..10 {
+            pump(&mut t, &mut h, 4096).unwrap();
+            pump(&mut h, &mut t, 999).unwrap();
+            assert!(t.reads_in_flight() <= 2);
+            for e in events(&mut t) {
+                match e {
+                    Event::ReadDone { id, buf } => done.push((id, buf)),
+                    other => panic!("{other:?}"),
+                }
+            }
+        }
+        assert_eq!(done.len(), 5);
+        for (n, (id, buf)) in done.into_iter().enumerate() {
+            assert_eq!(id, n as u64);
+            let at = n * 8192;
+            assert_eq!(&buf.0[..], &src[at..at + 8192], "read {id}");
+        }
+    }
+}
+
+#[test]
+fn a_zero_length_read_completes() {
+    let (mut h, mut t) = connected(host_cfg(false), target_cfg(false));
+    let stag = h.register(Buf(vec![1; 16]), 0, Access::RemoteRead);
+    t.read(9, Buf(Vec::new()), stag, 0);
+    pump(&mut t, &mut h, usize::MAX).unwrap();
+    pump(&mut h, &mut t, usize::MAX).unwrap();
+    assert!(matches!(events(&mut t).as_slice(), [Event::ReadDone { id: 9, .. }]));
+}
+
+// ------------------------------------------------------------ bad input
+
+/// The target's bytes, with `edit` applied, fed to the host: the error.
+fn host_rejects(crc: bool, send: impl FnOnce(&mut Conn, u32), edit: impl FnOnce(&mut Vec<u8>)) -> (iwarp::Fatal, Conn) {
+    let (mut h, mut t) = connected(host_cfg(crc), target_cfg(crc));
+    let stag = h.register(Buf(vec![0; 4096]), 0, Access::RemoteWrite);
+    h.post_receives(1);
+    send(&mut t, stag);
+    let mut out = Vec::new();
+    t.take_transmit(&mut out);
+    edit(&mut out);
+    let e = h.handle_input(&out).unwrap_err();
+    assert_eq!(h.state(), State::Closed);
+    (e, h)
+}
+
+#[test]
+fn a_crc_error_ends_the_connection_with_an_mpa_terminate() {
+    let (e, mut h) = host_rejects(true, |t, _| t.send(&[1; 16], &[], None), |b| b[25] ^= 1);
+    assert_eq!(e.code, ErrorCode::MPA_CRC);
+    assert_eq!(terminate_sent(&mut h).0 >> 4, 2, "LLP layer");
+    assert!(events(&mut h).is_empty(), "no Send delivered");
+}
+
+#[test]
+fn with_crc_off_the_field_is_zero_and_not_checked() {
+    let (mut h, mut t) = connected(host_cfg(false), target_cfg(false));
+    h.post_receives(1);
+    t.send(&[1; 16], &[], None);
+    let mut out = Vec::new();
+    t.take_transmit(&mut out);
+    assert_eq!(&out[out.len() - 4..], &[0; 4]);
+    let n = out.len();
+    out[n - 1] = 0x55;
+    h.handle_input(&out).unwrap();
+    assert_eq!(sends(events(&mut h)).len(), 1);
+}
+
+#[test]
+fn a_write_to_an_unknown_stag_places_nothing() {
+    let (e, mut h) = host_rejects(false, |t, stag| t.write(stag ^ 0x01, 0, &[9; 64]), |_| {});
+    assert_eq!(e.code, ErrorCode::DDP_TAGGED_INVALID_STAG);
+    assert!(e.reason.contains("not registered"), "{e}");
+    let (le, ec, hdrct) = terminate_sent(&mut h);
+    assert_eq!((le, ec), (0x11, 0x00));
+    assert_eq!(hdrct & 0xc000, 0xc000, "M and D: the DDP header is echoed");
+}
+
+#[test]
+fn a_write_past_the_region_places_nothing() {
+    let (mut h, mut t) = connected(host_cfg(false), target_cfg(false));
+    let stag = h.register(Buf(vec![0; 4096]), 0x1000, Access::RemoteWrite);
+    t.write(stag, 0x1000 + 4000, &[9; 200]);
+    let mut out = Vec::new();
+    t.take_transmit(&mut out);
+    let e = h.handle_input(&out).unwrap_err();
+    assert_eq!(e.code, ErrorCode::DDP_TAGGED_BASE_BOUNDS);
+    assert!(e.reason.contains("outside"), "{e}");
+    assert!(h.deregister(stag).unwrap().0.iter().all(|&b| b == 0));
+    // Below the base, too.
+    let (mut h, mut t) = connected(host_cfg(false), target_cfg(false));
+    let stag = h.register(Buf(vec![0; 4096]), 0x1000, Access::RemoteWrite);
+    t.write(stag, 0xfff, &[9; 2]);
+    let mut out = Vec::new();
+    t.take_transmit(&mut out);
+    assert_eq!(h.handle_input(&out).unwrap_err().code, ErrorCode::DDP_TAGGED_BASE_BOUNDS);
+}
+
+#[test]
+fn a_write_into_a_read_only_or_invalidated_region_is_refused() {
+    let (mut h, mut t) = connected(host_cfg(false), target_cfg(false));
+    let stag = h.register(Buf(vec![0; 64]), 0, Access::RemoteRead);
+    t.write(stag, 0, &[9; 8]);
+    let mut out = Vec::new();
+    t.take_transmit(&mut out);
+    assert_eq!(h.handle_input(&out).unwrap_err().code, ErrorCode::RDMAP_ACCESS_RIGHTS);
+
+    let (mut h, mut t) = connected(host_cfg(false), target_cfg(false));
+    let stag = h.register(Buf(vec![0; 64]), 0, Access::RemoteWrite);
+    h.post_receives(1);
+    t.send(&[0; 16], &[], Some(stag));
+    t.write(stag, 0, &[9; 8]);
+    let mut out = Vec::new();
+    t.take_transmit(&mut out);
+    assert_eq!(h.handle_input(&out).unwrap_err().code, ErrorCode::RDMAP_ACCESS_RIGHTS);
+    assert!(h.deregister(stag).unwrap().0.iter().all(|&b| b == 0));
+}
+
+#[test]
+fn an_out_of_order_msn_is_a_ddp_error() {
+    // Two Sends; the first one's MSN rewritten to 2.
+    let (e, _) = host_rejects(
+        false,
+        |t, _| {
+            t.send(&[1; 16], &[], None);
+        },
+        |b| b[15] = 2,
+    );
+    assert_eq!(e.code, ErrorCode::DDP_UNTAGGED_MSN_RANGE);
+    assert!(e.reason.contains("MSN 2 (expected 1)"), "{e}");
+}
+
+#[test]
+fn a_wrong_message_offset_is_a_ddp_error() {
+    let (e, _) = host_rejects(false, |t, _| t.send(&[1; 16], &[], None), |b| b[19] = 4);
+    assert_eq!(e.code, ErrorCode::DDP_UNTAGGED_INVALID_MO);
+}
+
+#[test]
+fn a_send_larger_than_the_posted_receive_is_refused() {
+    let (e, _) = host_rejects(false, |t, _| t.send(&[1; 16], &[2; 8], None), |_| {});
+    assert_eq!(e.code, ErrorCode::DDP_UNTAGGED_TOO_LONG);
+}
+
+#[test]
+fn a_send_with_no_receive_posted_is_refused() {
+    let (mut h, mut t) = connected(host_cfg(false), target_cfg(false));
+    h.post_receives(1);
+    t.send(&[1; 16], &[], None);
+    t.send(&[2; 16], &[], None);
+    let mut out = Vec::new();
+    t.take_transmit(&mut out);
+    let e = h.handle_input(&out).unwrap_err();
+    assert_eq!(e.code, ErrorCode::DDP_UNTAGGED_NO_BUFFER);
+    assert_eq!(sends(events(&mut h)).len(), 1, "the first Send was delivered");
+}
+
+#[test]
+fn a_read_response_nobody_asked_for_is_refused() {
+    let (mut h, mut t) = connected(host_cfg(false), target_cfg(false));
+    // The host answers reads; make one up by hand: a Read Response FPDU.
+    let mut fpdu = Vec::new();
+    let hdr = [0u8, 0, 0xc1, 0x42, 0x80, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0];
+    iwarp::wire::put_fpdu(&mut fpdu, &hdr, 8, false, |d| d.fill(7));
+    let e = t.handle_input(&fpdu).unwrap_err();
+    assert_eq!(e.code, ErrorCode::RDMAP_CATASTROPHIC_STREAM);
+    let _ = h.poll_event();
+}
+
+#[test]
+fn a_read_response_beyond_the_sink_is_refused_before_placement() {
+    let (mut h, mut t) = connected(host_cfg(false), target_cfg(false));
+    let stag = h.register(Buf(vec![3; 100]), 0, Access::RemoteRead);
+    t.read(1, Buf(vec![0; 10]), stag, 0);
+    let mut out = Vec::new();
+    t.take_transmit(&mut out);
+    // Ask the host for 100 bytes instead of 10: the response overflows the sink.
+    let size_at = out.len() - 4 - 16;
+    out[size_at..size_at + 4].copy_from_slice(&100u32.to_be_bytes());
+    h.handle_input(&out).unwrap();
+    let mut resp = Vec::new();
+    h.take_transmit(&mut resp);
+    let e = t.handle_input(&resp).unwrap_err();
+    assert_eq!(e.code, ErrorCode::DDP_TAGGED_BASE_BOUNDS);
+}
+
+#[test]
+fn a_read_request_to_an_end_with_no_ird_is_refused() {
+    // The target serves no reads (IRD 0); the host issues one anyway.
+    let (mut h, mut t) = connected(host_cfg(false), target_cfg(false));
+    h.read(1, Buf(vec![0; 8]), 0x100, 0);
+    let mut out = Vec::new();
+    h.take_transmit(&mut out);
+    assert_eq!(t.handle_input(&out).unwrap_err().code, ErrorCode::RDMAP_CATASTROPHIC_STREAM);
+}
+
+#[test]
+fn unknown_opcode_and_versions_are_named() {
+    let (e, _) = host_rejects(false, |t, _| t.send(&[1; 16], &[], None), |b| b[3] = 0x48);
+    assert_eq!(e.code, ErrorCode::RDMAP_OPCODE);
+    assert!(e.reason.contains("opcode 8"), "{e}");
+    let (e, _) = host_rejects(false, |t, _| t.send(&[1; 16], &[], None), |b| b[2] = 0x42);
+    assert_eq!(e.code, ErrorCode::DDP_UNTAGGED_VERSION);
+    let (e, _) = host_rejects(false, |t, _| t.send(&[1; 16], &[], None), |b| b[3] = 0x83);
+    assert_eq!(e.code, ErrorCode::RDMAP_VERSION);
+    let (e, _) = host_rejects(false, |t, _| t.send(&[1; 16], &[], None), |b| b[2] |= 0x80);
+    assert_eq!(e.code, ErrorCode::RDMAP_OPCODE, "tagged bit on a Send");
+}
+
+#[test]
+fn a_ulpdu_shorter_than_its_header_is_a_framing_error() {
+    let (e, _) = host_rejects(false, |t, _| t.send(&[1; 16], &[], None), |b| b[1] = 10);
+    assert_eq!(e.code, ErrorCode::MPA_FPDU);
+}
+
+#[test]
+fn the_peers_terminate_is_reported_and_ends_the_connection() {
+    let (mut h, mut t) = connected(host_cfg(true), target_cfg(true));
+    let stag = h.register(Buf(vec![0; 8]), 0, Access::RemoteWrite);
+    t.write(stag, 100, &[1; 8]);
+    let mut out = Vec::new();
+    t.take_transmit(&mut out);
+    assert!(h.handle_input(&out).is_err());
+    pump(&mut h, &mut t, 5).unwrap();
+    match events(&mut t).as_slice() {
+        [Event::Terminated(code)] => assert_eq!(*code, ErrorCode::DDP_TAGGED_BASE_BOUNDS),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(t.state(), State::Closed);
+}
+
+#[test]
+fn terminate_control_word_follows_rfc_5040() {
+    let (_, mut h) = host_rejects(false, |t, _| t.send(&[1; 16], &[], None), |b| b[15] = 9);
+    let (le, ec, hdrct) = terminate_sent(&mut h);
+    assert_eq!(le, 0x12, "layer DDP (1), etype untagged buffer (2)");
+    assert_eq!(ec, 0x03);
+    assert_eq!(hdrct, 0xc000);
+    assert_eq!(Ctrl::new(Opcode::TERMINATE, true).0, 0x4147);
+}
