@@ -207,7 +207,8 @@ pub struct NamespaceConfig {
 #[derive(Debug, Deserialize, Clone)]
 #[serde(deny_unknown_fields)]
 pub struct PortConfig {
-    /// Transport: `tcp` (NVMe/TCP) or `iscsi`.
+    /// Transport: `tcp` (NVMe/TCP), `rdma` (NVMe/RDMA over iWARP) or
+    /// `iscsi`. A `tcp` and an `rdma` port may share one address.
     #[serde(default = "default_transport")]
     pub transport: String,
     /// Listen address, e.g. "127.0.0.1:4420".
@@ -216,6 +217,10 @@ pub struct PortConfig {
     /// controller is served on it.
     #[serde(default)]
     pub discovery_only: bool,
+    /// `rdma` ports: use CRC32C on iWARP FPDUs (default true; a host that
+    /// asks for CRC gets it either way).
+    #[serde(default)]
+    pub crc: Option<bool>,
 }
 
 fn default_transport() -> String {
@@ -379,8 +384,24 @@ impl Config {
                 namespace: vec![NamespaceConfig { nsid: Some(1), device: "ram0".into() }],
             }],
             port: vec![
-                PortConfig { transport: "tcp".into(), address: "127.0.0.1:4420".into(), discovery_only: false },
-                PortConfig { transport: "iscsi".into(), address: "127.0.0.1:3260".into(), discovery_only: false },
+                PortConfig {
+                    transport: "tcp".into(),
+                    address: "127.0.0.1:4420".into(),
+                    discovery_only: false,
+                    crc: None,
+                },
+                PortConfig {
+                    transport: "rdma".into(),
+                    address: "127.0.0.1:4420".into(),
+                    discovery_only: false,
+                    crc: None,
+                },
+                PortConfig {
+                    transport: "iscsi".into(),
+                    address: "127.0.0.1:3260".into(),
+                    discovery_only: false,
+                    crc: None,
+                },
             ],
             reactor: ReactorConfig::default(),
             nvme_tcp: NvmeTcpConfig::default(),
@@ -498,16 +519,35 @@ impl Config {
         if self.port.iter().all(|p| p.discovery_only) {
             bail!("port: every port is discovery_only; subsystems need at least one other port");
         }
+        let mut addresses: Vec<(SocketAddr, usize)> = Vec::new();
         for (i, p) in self.port.iter().enumerate() {
-            if p.transport != "tcp" && p.transport != "iscsi" {
-                bail!("port[{i}].transport: {:?} is not supported (tcp, iscsi)", p.transport);
+            if !matches!(p.transport.as_str(), "tcp" | "rdma" | "iscsi") {
+                bail!("port[{i}].transport: {:?} is not supported (tcp, rdma, iscsi)", p.transport);
             }
             if p.transport == "iscsi" && p.discovery_only {
-                bail!("port[{i}].discovery_only: only NVMe/TCP ports have dedicated discovery");
+                bail!("port[{i}].discovery_only: only NVMe ports have dedicated discovery");
             }
-            p.address
+            if p.transport != "rdma" && p.crc.is_some() {
+                bail!("port[{i}].crc: only rdma ports have an iWARP CRC setting");
+            }
+            let a = p
+                .address
                 .parse::<SocketAddr>()
                 .map_err(|e| anyhow::anyhow!("port[{i}].address: {:?} is not ip:port ({e})", p.address))?;
+            // NVMe/TCP and NVMe/RDMA share an address (the first byte a host
+            // sends tells them apart); nothing else does.
+            for &(b, j) in &addresses {
+                let q = &self.port[j];
+                let pair = [q.transport.as_str(), p.transport.as_str()];
+                if b == a && !(pair == ["tcp", "rdma"] || pair == ["rdma", "tcp"]) {
+                    bail!(
+                        "port[{i}] ({} {a}) and port[{j}] ({} {b}) share an address; only a tcp and an rdma port may",
+                        p.transport,
+                        q.transport
+                    );
+                }
+            }
+            addresses.push((a, i));
         }
         let mut iqns = HashSet::new();
         for (i, t) in self.iscsi_target.iter().enumerate() {

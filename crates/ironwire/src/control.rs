@@ -6,7 +6,7 @@
 //! takes the object model's locks; reactors never wait on it.
 
 use crate::config::{parse_size, DeviceConfig, Size};
-use crate::nvme_tcp::{Namespace, Target};
+use crate::nvme::{Namespace, Target};
 use anyhow::{anyhow, bail, Context, Result};
 use blockdev::BlockDevice;
 use blockdev::Device;

@@ -8,7 +8,7 @@
 //! one `write_all` per wake-up; a ticker drives NOP-In pings.
 
 use crate::conn::{Outbox, Shell};
-use crate::nvme_tcp::Buf;
+use crate::nvme::Buf;
 use blockdev::IoBuf;
 use blockdev::{BlockDevice, Device};
 use iscsi::chap::Secret;

@@ -7,7 +7,7 @@ mod conn;
 mod control;
 mod cpu;
 mod iscsi_tcp;
-mod nvme_tcp;
+mod nvme;
 mod serve;
 
 use anyhow::{Context, Result};

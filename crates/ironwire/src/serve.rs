@@ -4,7 +4,7 @@
 
 use crate::config::{Config, DeviceConfig};
 use crate::iscsi_tcp::{IscsiModel, IscsiTarget};
-use crate::nvme_tcp::{Namespace, Subsystem, Target};
+use crate::nvme::{Namespace, Subsystem, Target};
 use anyhow::{Context, Result};
 use blockdev::{BlockDevice, Device, Latency};
 use nvmf::Settings;
@@ -69,10 +69,11 @@ fn serial_for(nqn: &str) -> String {
     format!("IW{:016X}", h)
 }
 
-/// The protocol a listening port speaks.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// The protocol a listening address speaks.
+#[derive(Clone, Copy)]
 enum Protocol {
-    NvmeTcp,
+    /// NVMe/TCP, NVMe/RDMA over iWARP, or both.
+    Nvme(crate::nvme::Bindings),
     Iscsi,
 }
 
@@ -94,25 +95,8 @@ fn build_iscsi(
 pub fn run(config: Config, ctl_socket: &std::path::Path) -> Result<()> {
     let devices = open_devices(&config)?;
     let target = build_target(&config, &devices)?;
-    let transport = nvmf_tcp::transport(config.nvme_tcp.in_capsule_data);
-    let mut ports: Vec<(SocketAddr, Protocol)> = Vec::new();
-    // Bind once here so an address in use is reported before any reactor
-    // starts; the reactors bind their own SO_REUSEPORT sockets.
-    for p in &config.port {
-        let a: SocketAddr = p.address.parse().with_context(|| format!("port address {:?}", p.address))?;
-        socket_probe(a).with_context(|| format!("cannot listen on {a}"))?;
-        if p.transport == "iscsi" {
-            ports.push((a, Protocol::Iscsi));
-        } else {
-            target.add_port(a, transport, p.discovery_only);
-            ports.push((a, Protocol::NvmeTcp));
-        }
-    }
-    let portals = ports.iter().filter(|p| p.1 == Protocol::Iscsi).map(|(a, _)| format!("{a},1")).collect();
-    let iscsi = build_iscsi(&config, &devices, portals)?;
-    let control = Arc::new(crate::control::Control { target: target.clone(), devices: std::sync::Mutex::new(devices) });
-    crate::control::spawn(control, ctl_socket)?;
-    let cpus = if config.reactor.cores.is_empty() { reactor::available_cpus() } else { config.reactor.cores.clone() };
+    let tcp_transport = nvmf_tcp::transport(config.nvme_tcp.in_capsule_data);
+    let rdma_transport = nvmf_rdma::transport(config.nvme_tcp.in_capsule_data);
     let tcfg = TargetConfig {
         max_h2c_data: config.nvme_tcp.max_h2c_data,
         max_in_capsule: config.nvme_tcp.in_capsule_data.max(8192),
@@ -121,6 +105,46 @@ pub fn run(config: Config, ctl_socket: &std::path::Path) -> Result<()> {
         c2h_success_always: config.nvme_tcp.c2h_success == crate::config::C2hSuccess::Always,
         r2t_buffer: u32::try_from(config.nvme_tcp.r2t_buffer.0).unwrap_or(u32::MAX),
     };
+    let rdma_cfg = |crc: Option<bool>| nvmf_rdma::target::TargetConfig {
+        crc: crc.unwrap_or(true),
+        max_in_capsule: config.nvme_tcp.in_capsule_data,
+        max_transfer: config.nvme_tcp.max_transfer,
+        max_queue_entries: config.nvme_tcp.queue_entries,
+        ..nvmf_rdma::target::TargetConfig::default()
+    };
+    let mut ports: Vec<(SocketAddr, Protocol)> = Vec::new();
+    // Bind once here so an address in use is reported before any reactor
+    // starts; the reactors bind their own SO_REUSEPORT sockets.
+    for p in &config.port {
+        let a: SocketAddr = p.address.parse().with_context(|| format!("port address {:?}", p.address))?;
+        let at = match ports.iter().position(|(b, _)| *b == a) {
+            Some(at) => at,
+            None => {
+                socket_probe(a).with_context(|| format!("cannot listen on {a}"))?;
+                let none = crate::nvme::Bindings { tcp: None, rdma: None };
+                let proto = if p.transport == "iscsi" { Protocol::Iscsi } else { Protocol::Nvme(none) };
+                ports.push((a, proto));
+                ports.len() - 1
+            }
+        };
+        match (&mut ports[at].1, p.transport.as_str()) {
+            (Protocol::Nvme(b), "tcp") => {
+                target.add_port(a, tcp_transport, p.discovery_only);
+                b.tcp = Some((tcfg, tcp_transport));
+            }
+            (Protocol::Nvme(b), "rdma") => {
+                target.add_port(a, rdma_transport, p.discovery_only);
+                b.rdma = Some((rdma_cfg(p.crc), rdma_transport));
+            }
+            (Protocol::Iscsi, "iscsi") => {}
+            (_, t) => anyhow::bail!("port {a}: {t} cannot share this address (check-config names the pair)"),
+        }
+    }
+    let portals = ports.iter().filter(|p| matches!(p.1, Protocol::Iscsi)).map(|(a, _)| format!("{a},1")).collect();
+    let iscsi = build_iscsi(&config, &devices, portals)?;
+    let control = Arc::new(crate::control::Control { target: target.clone(), devices: std::sync::Mutex::new(devices) });
+    crate::control::spawn(control, ctl_socket)?;
+    let cpus = if config.reactor.cores.is_empty() { reactor::available_cpus() } else { config.reactor.cores.clone() };
     let icfg = iscsi::target::TargetConfig::default();
     let registered = usize::try_from(config.reactor.registered_buffers.0).unwrap_or(usize::MAX);
     let (ready_tx, ready_rx) = std::sync::mpsc::channel::<Result<(), String>>();
@@ -181,8 +205,8 @@ pub fn run(config: Config, ctl_socket: &std::path::Path) -> Result<()> {
                         loop {
                             match l.accept().await {
                                 Ok((stream, _)) => match proto {
-                                    Protocol::NvmeTcp => {
-                                        reactor::spawn(crate::nvme_tcp::serve(stream, target.clone(), tcfg, transport));
+                                    Protocol::Nvme(bindings) => {
+                                        reactor::spawn(crate::nvme::serve(stream, target.clone(), bindings));
                                     }
                                     Protocol::Iscsi => {
                                         reactor::spawn(crate::iscsi_tcp::serve(stream, iscsi.clone(), icfg.clone()));
@@ -211,15 +235,15 @@ pub fn run(config: Config, ctl_socket: &std::path::Path) -> Result<()> {
     }
     eprintln!("ironwire {}: {} reactor(s) on cpus {:?}", env!("CARGO_PKG_VERSION"), handles.len(), cpus);
     for p in target.ports().iter().filter(|p| p.discovery_only) {
-        eprintln!("  nvme/tcp {} discovery only", p.addr);
+        eprintln!("  nvme/{} {} discovery only", p.transport.name, p.addr);
     }
     for s in target.subsystems() {
         for p in target.ports().iter().filter(|p| !p.discovery_only) {
             let ns: Vec<String> = s.namespaces().iter().map(|n| format!("{}:{}", n.nsid, n.device.name())).collect();
-            eprintln!("  nvme/tcp {} {} namespaces [{}]", p.addr, s.nqn, ns.join(", "));
+            eprintln!("  nvme/{} {} {} namespaces [{}]", p.transport.name, p.addr, s.nqn, ns.join(", "));
         }
     }
-    let iscsi_ports: Vec<SocketAddr> = ports.iter().filter(|p| p.1 == Protocol::Iscsi).map(|p| p.0).collect();
+    let iscsi_ports: Vec<SocketAddr> = ports.iter().filter(|p| matches!(p.1, Protocol::Iscsi)).map(|p| p.0).collect();
     for t in &iscsi.targets {
         for a in &iscsi_ports {
             let luns: Vec<String> = t.units.iter().map(|(n, u)| format!("{n}:{}", u.lu.device.name())).collect();
@@ -227,9 +251,11 @@ pub fn run(config: Config, ctl_socket: &std::path::Path) -> Result<()> {
         }
     }
     let mut ready = Vec::new();
-    let first_port = target.ports().into_iter().find(|p| !p.discovery_only);
-    if let (Some(p), Some(s)) = (first_port, target.subsystems().first()) {
-        ready.push(format!("nvme connect -t tcp -a {} -s {} -n {}", p.addr.ip(), p.addr.port(), s.nqn));
+    for name in ["tcp", "rdma"] {
+        let port = target.ports().into_iter().find(|p| !p.discovery_only && p.transport.name == name);
+        if let (Some(p), Some(s)) = (port, target.subsystems().first()) {
+            ready.push(format!("nvme connect -t {name} -a {} -s {} -n {}", p.addr.ip(), p.addr.port(), s.nqn));
+        }
     }
     if let (Some(a), Some(t)) = (iscsi_ports.first(), iscsi.targets.first()) {
         ready.push(format!("iscsiadm -m discovery -t st -p {a}"));

@@ -526,6 +526,13 @@ impl<B: DataBuffer> Connection<B> {
         self.handle_fpdus(rest)
     }
 
+    /// Ends the connection for a reason of the upper layer's (a malformed
+    /// message of its protocol): queues a Terminate with `f`'s code and
+    /// closes. Returns `f` for the log.
+    pub fn abort(&mut self, f: Fatal) -> Fatal {
+        self.fail(f)
+    }
+
     /// Queues the answer to a fatal error and closes.
     fn fail(&mut self, f: Fatal) -> Fatal {
         if self.state != State::Closed {

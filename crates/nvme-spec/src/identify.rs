@@ -115,6 +115,8 @@ pub mod ctrl {
     pub const ONCS_WRITE_ZEROES: u16 = 1 << 3;
     /// SGLS: SGLs supported (any alignment).
     pub const SGLS_SUPPORTED: u32 = 1 << 0;
+    /// SGLS: keyed SGL data block descriptors (NVMe/RDMA).
+    pub const SGLS_KEYED: u32 = 1 << 2;
     /// SGLS: offset SGL descriptors for in-capsule data.
     pub const SGLS_OFFSET: u32 = 1 << 20;
     /// CNTRLTYPE: I/O controller.

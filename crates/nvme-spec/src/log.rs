@@ -72,8 +72,16 @@ pub mod discovery {
     /// Entry: transport specific address subtype (256).
     pub const TSAS: usize = 768;
 
+    /// TRTYPE: RDMA.
+    pub const TRTYPE_RDMA: u8 = 1;
     /// TRTYPE: TCP.
     pub const TRTYPE_TCP: u8 = 3;
+    /// RDMA TSAS byte 0, RDMA_QPTYPE: reliable connected.
+    pub const RDMA_QPTYPE_CONNECTED: u8 = 1;
+    /// RDMA TSAS byte 1, RDMA_PRTYPE: iWARP.
+    pub const RDMA_PRTYPE_IWARP: u8 = 5;
+    /// RDMA TSAS byte 2, RDMA_CMS: the RDMA IP connection manager.
+    pub const RDMA_CMS_RDMA_CM: u8 = 1;
     /// ADRFAM: IPv4.
     pub const ADRFAM_IPV4: u8 = 1;
     /// ADRFAM: IPv6.

@@ -1,0 +1,469 @@
+//! The NVMe-oF connection driver: a thin async shell around a sans-IO
+//! transport binding (`nvmf_tcp::TargetConnection` for NVMe/TCP,
+//! `nvmf_rdma::TargetQueue` for NVMe/RDMA over iWARP) and `nvmf::Queue`
+//! (commands).
+//!
+//! Per connection, on the reactor that accepted it: a reader task feeds
+//! received bytes to the binding and dispatches the commands that come
+//! out; block I/O runs as local tasks; a writer task sends everything
+//! queued for the connection in one `write_all` per wake-up, so responses
+//! finished in the same loop turn share one send. A ticker checks the
+//! keep-alive timer and delivers asynchronous events. A port that serves
+//! both bindings on one address tells them apart by the first byte the host
+//! sends: an NVMe/TCP ICReq starts with PDU type 0, an MPA request with the
+//! `M` of its key.
+
+use crate::conn::{Outbox, Shell};
+use blockdev::{BlockDevice, Device, IoBuf};
+use nvme_spec::{Cqe, Sqe, Status};
+use nvmf::{BlockOp, Outcome};
+use nvmf_tcp::DataBuffer;
+use reactor::net::TcpStream;
+use reactor::now_ms;
+use std::cell::RefCell;
+use std::rc::Rc;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// The NVMe-oF target, over the daemon's devices.
+pub type Target = nvmf::Target<Device>;
+/// A subsystem of [`Target`].
+pub type Subsystem = nvmf::Subsystem<Device>;
+/// A namespace of a [`Subsystem`].
+pub type Namespace = nvmf::Namespace<Device>;
+type Queue = nvmf::Queue<Device>;
+type BlockRequest = nvmf::BlockRequest<Buf, Device>;
+
+/// Write data lands straight in a pooled, aligned buffer the backend can
+/// write from with O_DIRECT.
+pub struct Buf(pub IoBuf);
+
+impl AsRef<[u8]> for Buf {
+    fn as_ref(&self) -> &[u8] {
+        &self.0
+    }
+}
+
+impl AsMut<[u8]> for Buf {
+    fn as_mut(&mut self) -> &mut [u8] {
+        &mut self.0
+    }
+}
+
+impl DataBuffer for Buf {
+    fn alloc(len: usize) -> Self {
+        Buf(IoBuf::with_len(len))
+    }
+}
+
+/// What a binding reports to the driver.
+pub enum BindingEvent {
+    /// A command capsule, with its in-capsule data.
+    Command { sqe: Sqe, data: Option<Buf> },
+    /// The write data solicited for `cid`.
+    Data { cid: u16, data: Buf },
+    /// The data for `cid` failed its digest.
+    DataDigestError { cid: u16 },
+    /// The connection is over (the reason is logged).
+    Close { reason: String },
+}
+
+/// An NVMe-oF transport binding: framing and data movement for one queue.
+/// Its methods mirror `nvmf_tcp::target::TargetConnection`'s.
+pub trait Binding: 'static {
+    /// Feeds received bytes; `Err` names the fatal error (the binding has
+    /// queued the protocol's terminate message).
+    fn handle_input(&mut self, bytes: &[u8]) -> Result<(), String>;
+    /// The next event.
+    fn poll_event(&mut self) -> Option<BindingEvent>;
+    /// The transfer length of a command's data, or the status to fail with.
+    fn check_sgl(&self, sqe: &Sqe, in_capsule_len: Option<usize>) -> Result<u32, Status>;
+    /// Solicits `len` bytes of write data for `cid`.
+    fn request_data(&mut self, cid: u16, len: u32);
+    /// Sends read data for `cid`, then its completion.
+    fn send_data(&mut self, cid: u16, data: &[u8], cqe: Cqe);
+    /// As `send_data`, with `fill` writing the data in place; `false` when
+    /// nothing was queued.
+    fn send_data_with(&mut self, cid: u16, len: usize, cqe: Cqe, fill: impl FnOnce(&mut [u8]) -> bool) -> bool;
+    /// Sends a completion.
+    fn send_response(&mut self, cqe: Cqe);
+    /// Records the queue once Connect succeeded.
+    fn set_queue(&mut self, sqid: u16, sqsize: u16, sq_flow_disabled: bool);
+    /// Moves the bytes to send to the end of `out`.
+    fn take_transmit(&mut self, out: &mut Vec<u8>);
+    /// Bytes waiting to be sent.
+    fn transmit_len(&self) -> usize;
+}
+
+impl Binding for nvmf_tcp::target::TargetConnection<Buf> {
+    fn handle_input(&mut self, bytes: &[u8]) -> Result<(), String> {
+        nvmf_tcp::target::TargetConnection::handle_input(self, bytes)
+            .map_err(|e| format!("fatal NVMe/TCP error, sending C2HTermReq: {e}"))
+    }
+    fn poll_event(&mut self) -> Option<BindingEvent> {
+        use nvmf_tcp::target::Event;
+        Some(match nvmf_tcp::target::TargetConnection::poll_event(self)? {
+            Event::Command { sqe, data } => BindingEvent::Command { sqe, data },
+            Event::Data { cid, data } => BindingEvent::Data { cid, data },
+            Event::DataDigestError { cid } => BindingEvent::DataDigestError { cid },
+            Event::HostTerminated { fes } => {
+                BindingEvent::Close { reason: format!("host sent H2CTermReq (fes {fes:#x}); closing") }
+            }
+        })
+    }
+    fn check_sgl(&self, sqe: &Sqe, in_capsule_len: Option<usize>) -> Result<u32, Status> {
+        nvmf_tcp::target::TargetConnection::check_sgl(self, sqe, in_capsule_len)
+    }
+    fn request_data(&mut self, cid: u16, len: u32) {
+        nvmf_tcp::target::TargetConnection::request_data(self, cid, len)
+    }
+    fn send_data(&mut self, cid: u16, data: &[u8], cqe: Cqe) {
+        nvmf_tcp::target::TargetConnection::send_data(self, cid, data, cqe)
+    }
+    fn send_data_with(&mut self, cid: u16, len: usize, cqe: Cqe, fill: impl FnOnce(&mut [u8]) -> bool) -> bool {
+        nvmf_tcp::target::TargetConnection::send_data_with(self, cid, len, cqe, fill)
+    }
+    fn send_response(&mut self, cqe: Cqe) {
+        nvmf_tcp::target::TargetConnection::send_response(self, cqe)
+    }
+    fn set_queue(&mut self, sqid: u16, sqsize: u16, sq_flow_disabled: bool) {
+        nvmf_tcp::target::TargetConnection::set_queue(self, sqid, sqsize, sq_flow_disabled)
+    }
+    fn take_transmit(&mut self, out: &mut Vec<u8>) {
+        nvmf_tcp::target::TargetConnection::take_transmit(self, out)
+    }
+    fn transmit_len(&self) -> usize {
+        nvmf_tcp::target::TargetConnection::transmit_len(self)
+    }
+}
+
+impl Binding for nvmf_rdma::target::TargetQueue<Buf> {
+    fn handle_input(&mut self, bytes: &[u8]) -> Result<(), String> {
+        nvmf_rdma::target::TargetQueue::handle_input(self, bytes)
+            .map_err(|e| format!("fatal iWARP error, sending Terminate: {e}"))
+    }
+    fn poll_event(&mut self) -> Option<BindingEvent> {
+        use nvmf_rdma::target::Event;
+        Some(match nvmf_rdma::target::TargetQueue::poll_event(self)? {
+            Event::Command { sqe, data } => BindingEvent::Command { sqe, data },
+            Event::Data { cid, data } => BindingEvent::Data { cid, data },
+            Event::Refused { reason } => {
+                BindingEvent::Close { reason: format!("NVMe/RDMA connection request refused: {reason}") }
+            }
+            Event::HostTerminated(code) => {
+                BindingEvent::Close { reason: format!("host sent an iWARP Terminate ({code}); closing") }
+            }
+        })
+    }
+    fn check_sgl(&self, sqe: &Sqe, in_capsule_len: Option<usize>) -> Result<u32, Status> {
+        nvmf_rdma::target::TargetQueue::check_sgl(self, sqe, in_capsule_len)
+    }
+    fn request_data(&mut self, cid: u16, len: u32) {
+        nvmf_rdma::target::TargetQueue::request_data(self, cid, len)
+    }
+    fn send_data(&mut self, cid: u16, data: &[u8], cqe: Cqe) {
+        nvmf_rdma::target::TargetQueue::send_data(self, cid, data, cqe)
+    }
+    fn send_data_with(&mut self, cid: u16, len: usize, cqe: Cqe, fill: impl FnOnce(&mut [u8]) -> bool) -> bool {
+        nvmf_rdma::target::TargetQueue::send_data_with(self, cid, len, cqe, fill)
+    }
+    fn send_response(&mut self, cqe: Cqe) {
+        nvmf_rdma::target::TargetQueue::send_response(self, cqe)
+    }
+    fn set_queue(&mut self, sqid: u16, sqsize: u16, sq_flow_disabled: bool) {
+        nvmf_rdma::target::TargetQueue::set_queue(self, sqid, sqsize, sq_flow_disabled)
+    }
+    fn take_transmit(&mut self, out: &mut Vec<u8>) {
+        nvmf_rdma::target::TargetQueue::take_transmit(self, out)
+    }
+    fn transmit_len(&self) -> usize {
+        nvmf_rdma::target::TargetQueue::transmit_len(self)
+    }
+}
+
+/// The NVMe bindings one listening address serves.
+#[derive(Clone, Copy)]
+pub struct Bindings {
+    /// NVMe/TCP: its limits and transport descriptor.
+    pub tcp: Option<(nvmf_tcp::target::TargetConfig, nvmf::Transport)>,
+    /// NVMe/RDMA over iWARP: its limits and transport descriptor.
+    pub rdma: Option<(nvmf_rdma::target::TargetConfig, nvmf::Transport)>,
+}
+
+struct Conn<T> {
+    wire: RefCell<T>,
+    queue: RefCell<Queue>,
+    shell: Shell,
+}
+
+impl<T: Binding> Outbox for Conn<T> {
+    fn shell(&self) -> &Shell {
+        &self.shell
+    }
+
+    fn take_transmit(&self, out: &mut Vec<u8>) {
+        self.wire.borrow_mut().take_transmit(out);
+    }
+
+    fn queued(&self) -> usize {
+        self.wire.borrow().transmit_len()
+    }
+}
+
+impl<T: Binding> Conn<T> {
+    fn respond(&self, cqe: Cqe) {
+        self.wire.borrow_mut().send_response(cqe);
+        self.shell.tx_ready.notify();
+    }
+}
+
+/// Serves one accepted connection until it closes.
+pub async fn serve(stream: TcpStream, target: Arc<Target>, bindings: Bindings) {
+    let _ = stream.set_nodelay(true);
+    let (Ok(local), Ok(peer)) = (stream.local_addr(), stream.peer_addr()) else {
+        return;
+    };
+    let (rd, wr) = stream.into_split();
+    let mut rx = rd.receiver();
+    let (first, rdma) = match bindings {
+        Bindings { tcp: Some(_), rdma: Some(_) } => match rx.recv().await {
+            Ok(bytes) if !bytes.is_empty() => {
+                let first = bytes.to_vec();
+                let rdma = first.first() == iwarp::mpa::KEY_REQUEST.first();
+                (first, rdma)
+            }
+            _ => return,
+        },
+        Bindings { rdma, .. } => (Vec::new(), rdma.is_some()),
+    };
+    match (bindings.tcp, bindings.rdma) {
+        (_, Some((cfg, transport))) if rdma => {
+            let wire = nvmf_rdma::target::TargetQueue::<Buf>::new(cfg);
+            run(wire, rx, wr, first, Queue::new(target, transport, local, peer), peer).await
+        }
+        (Some((cfg, transport)), _) => {
+            let wire = nvmf_tcp::target::TargetConnection::<Buf>::new(cfg);
+            run(wire, rx, wr, first, Queue::new(target, transport, local, peer), peer).await
+        }
+        _ => {}
+    }
+}
+
+async fn run<T: Binding>(
+    wire: T,
+    mut rx: reactor::Receiver,
+    wr: TcpStream,
+    first: Vec<u8>,
+    queue: Queue,
+    peer: std::net::SocketAddr,
+) {
+    let conn = Rc::new(Conn { wire: RefCell::new(wire), queue: RefCell::new(queue), shell: Shell::new(peer) });
+    log::debug!("{peer}: connected");
+    let writer = reactor::spawn(crate::conn::write_loop(wr, conn.clone()));
+    let ticker = reactor::spawn(tick_loop(conn.clone()));
+    let mut pending = (!first.is_empty()).then_some(first);
+    while !conn.shell.is_closing() {
+        let r = match pending.take() {
+            Some(bytes) => conn.wire.borrow_mut().handle_input(&bytes),
+            None => match rx.recv().await {
+                Ok(bytes) if !bytes.is_empty() => conn.wire.borrow_mut().handle_input(&bytes),
+                _ => break,
+            },
+        };
+        // One clock read per batch of received bytes, not per command.
+        // Commands wait, parsed, while the host does not read our replies.
+        while !dispatch_events(&conn, now_ms()) {
+            crate::conn::wait_for_room(&*conn, &mut rx).await;
+        }
+        if let Err(e) = r {
+            log::warn!("{peer}: {e}");
+            conn.shell.close();
+        }
+    }
+    conn.shell.close();
+    conn.queue.borrow_mut().close();
+    let _ = writer.await;
+    drop(ticker);
+    log::debug!("{peer}: closed");
+}
+
+/// Dispatches the commands and data the connection parsed. `false` when it
+/// stopped early because the replies passed the send high-water mark.
+fn dispatch_events<T: Binding>(conn: &Rc<Conn<T>>, now_ms: u64) -> bool {
+    loop {
+        if crate::conn::over_high_water(&**conn) && !conn.shell.is_closing() {
+            conn.shell.tx_ready.notify();
+            return false;
+        }
+        let ev = conn.wire.borrow_mut().poll_event();
+        let Some(ev) = ev else { break };
+        match ev {
+            BindingEvent::Command { sqe, data } => {
+                let len = data.as_ref().map(|d| d.0.len());
+                let checked = conn.wire.borrow().check_sgl(&sqe, len);
+                match checked {
+                    Ok(data_len) => {
+                        let outcome = conn.queue.borrow_mut().execute(now_ms, &sqe, data_len, data);
+                        answer(conn, sqe.cid.get(), outcome);
+                    }
+                    Err(status) => {
+                        log::debug!("{}: cid {} SGL rejected: {status}", conn.shell.peer, sqe.cid.get());
+                        conn.respond(Cqe::new(sqe.cid.get(), status, 0));
+                    }
+                }
+            }
+            BindingEvent::Data { cid, data } => {
+                let outcome = conn.queue.borrow_mut().data_arrived(now_ms, cid, data);
+                answer(conn, cid, outcome);
+            }
+            BindingEvent::DataDigestError { cid } => {
+                log::warn!(
+                    "{}: data digest mismatch on cid {cid}; completing with Transient Transport Error",
+                    conn.shell.peer
+                );
+                conn.queue.borrow_mut().data_failed(cid);
+                conn.respond(Cqe::new(cid, Status::TRANSIENT_TRANSPORT_ERROR, 0));
+            }
+            BindingEvent::Close { reason } => {
+                log::warn!("{}: {reason}", conn.shell.peer);
+                conn.shell.close();
+            }
+        }
+    }
+    conn.shell.tx_ready.notify();
+    true
+}
+
+fn answer<T: Binding>(conn: &Rc<Conn<T>>, cid: u16, outcome: Outcome<Buf, Device>) {
+    match outcome {
+        Outcome::Complete { cqe, data } => {
+            if data.is_empty() {
+                conn.wire.borrow_mut().send_response(cqe);
+            } else {
+                conn.wire.borrow_mut().send_data(cid, &data, cqe);
+            }
+        }
+        Outcome::NeedData { len } => conn.wire.borrow_mut().request_data(cid, len),
+        Outcome::Io(req) => {
+            if !read_from_memory(conn, &req) && !write_to_memory(conn, &req) {
+                reactor::spawn(run_io(conn.clone(), req));
+            }
+        }
+        Outcome::Deferred => {}
+        Outcome::Connected { cqe, qid, sqsize, sq_flow_disabled } => {
+            let mut wire = conn.wire.borrow_mut();
+            wire.set_queue(qid, sqsize, sq_flow_disabled);
+            wire.send_response(cqe);
+        }
+        Outcome::CompleteAndClose { cqe } => {
+            conn.wire.borrow_mut().send_response(cqe);
+            conn.shell.close();
+        }
+    }
+}
+
+/// Answers a read of a null or RAM device at once: the data is copied from
+/// the device straight into the send buffer, with no task and no buffer in
+/// between. `false` when the request is anything else or the read failed
+/// (`run_io` then answers it, with the error status).
+fn read_from_memory<T: Binding>(conn: &Rc<Conn<T>>, req: &BlockRequest) -> bool {
+    let BlockOp::Read { lba, len_bytes } = req.op else { return false };
+    if !req.device.reads_from_memory() {
+        return false;
+    }
+    let cid = req.cid;
+    let sent =
+        conn.wire.borrow_mut().send_data_with(cid, len_bytes as usize, Cqe::new(cid, Status::SUCCESS, 0), |dst| {
+            matches!(req.device.read_now(lba, dst), Some(Ok(())))
+        });
+    if sent {
+        conn.shell.tx_ready.notify();
+    }
+    sent
+}
+
+/// Completes a write to a null or RAM device at once, where the command
+/// arrived: no task, no wait. `false` when the request is anything else.
+fn write_to_memory<T: Binding>(conn: &Conn<T>, req: &BlockRequest) -> bool {
+    let BlockOp::Write { lba, ref data, .. } = req.op else { return false };
+    let Some(result) = req.device.write_now(lba, &data.0) else { return false };
+    let status = match result {
+        Ok(()) => Status::SUCCESS,
+        Err(e) => {
+            log::warn!("{}: write on {} failed: {e}", conn.shell.peer, req.device.name());
+            nvmf::io_error_status(&e, true)
+        }
+    };
+    conn.respond(Cqe::new(req.cid, status, 0));
+    true
+}
+
+async fn run_io<T: Binding>(conn: Rc<Conn<T>>, req: BlockRequest) {
+    let BlockRequest { cid, device, op } = req;
+    let ok = |s: Result<(), blockdev::Error>, write: bool| match s {
+        Ok(()) => Status::SUCCESS,
+        Err(e) => {
+            log::warn!(
+                "{}: {} on {} failed: {e}",
+                conn.shell.peer,
+                if write { "write" } else { "read" },
+                device.name()
+            );
+            nvmf::io_error_status(&e, write)
+        }
+    };
+    let status = match op {
+        BlockOp::Read { lba, len_bytes } => {
+            let (r, buf) = device.read(lba, IoBuf::with_len(len_bytes as usize)).await;
+            let status = ok(r, false);
+            if status.is_success() {
+                conn.wire.borrow_mut().send_data(cid, &buf, Cqe::new(cid, status, 0));
+                conn.shell.tx_ready.notify();
+                return;
+            }
+            status
+        }
+        BlockOp::Write { lba, data, fua } => ok(device.write(lba, data.0, fua).await.0, true),
+        BlockOp::Flush => ok(device.flush().await, true),
+        BlockOp::WriteZeroes { lba, blocks, deallocate } => {
+            ok(device.write_zeroes(lba, blocks, deallocate).await, true)
+        }
+        BlockOp::Deallocate { ranges } => {
+            let mut status = Status::SUCCESS;
+            for (lba, blocks) in ranges {
+                status = ok(device.deallocate(lba, blocks).await, true);
+                if !status.is_success() {
+                    break;
+                }
+            }
+            status
+        }
+        BlockOp::Compare { lba, data } => {
+            let (r, buf) = device.read(lba, IoBuf::with_len(data.0.len())).await;
+            match ok(r, false) {
+                s if !s.is_success() => s,
+                _ if buf[..] == data.0[..] => Status::SUCCESS,
+                _ => Status::COMPARE_FAILURE,
+            }
+        }
+    };
+    conn.respond(Cqe::new(cid, status, 0));
+}
+
+async fn tick_loop<T: Binding>(conn: Rc<Conn<T>>) {
+    loop {
+        reactor::sleep(Duration::from_millis(100)).await;
+        if conn.shell.is_closing() {
+            break;
+        }
+        let mut q = conn.queue.borrow_mut();
+        if q.expired(now_ms()) {
+            drop(q);
+            conn.shell.close();
+            break;
+        }
+        while let Some(cqe) = q.poll_event() {
+            conn.respond(cqe);
+        }
+    }
+}

@@ -1,0 +1,276 @@
+//! The controller side of one NVMe/RDMA queue over iWARP.
+//!
+//! It answers the MPA request from the host's CM private data (queue size,
+//! [`crate::cm`]), posts one receive per submission queue entry, hands
+//! command capsules up as [`Event::Command`], fetches write data with RDMA
+//! Reads when asked ([`TargetQueue::request_data`]), and sends read data as
+//! RDMA Writes followed by the completion Send. A posted receive is given
+//! back when its command completes, so a host can never have more commands
+//! in flight than its queue holds: one more Send is an iWARP Terminate.
+
+use crate::cm::{self, CmReject, CmReply};
+use crate::sgl::{self, DataPtr, Keyed};
+use block::DataBuffer;
+use iwarp::error::{ErrorCode, Fatal};
+use iwarp::{Connection, State};
+use nvme_spec::{Cqe, Sqe, Status};
+use rustc_hash::FxHashMap;
+use std::collections::VecDeque;
+use zerocopy::{FromBytes, IntoBytes};
+
+/// Bytes of an NVMe command.
+const SQE_LEN: usize = 64;
+
+/// Limits the controller advertises and enforces.
+#[derive(Clone, Copy, Debug)]
+pub struct TargetConfig {
+    /// Use CRC32C on FPDUs even when the host does not ask (it is used
+    /// whenever the host asks).
+    pub crc: bool,
+    /// Most RDMA Reads in flight (the MPA ORD offered, capped by the host's
+    /// IRD).
+    pub ord: u16,
+    /// Most in-capsule data bytes on an I/O queue (IOCCSZ).
+    pub max_in_capsule: u32,
+    /// Most bytes one command may transfer (MDTS in bytes).
+    pub max_transfer: u32,
+    /// Most entries an I/O queue may have.
+    pub max_queue_entries: u16,
+    /// Most payload bytes per FPDU sent.
+    pub max_segment: usize,
+}
+
+impl Default for TargetConfig {
+    fn default() -> Self {
+        TargetConfig {
+            crc: true,
+            ord: 32,
+            max_in_capsule: 8192,
+            max_transfer: 1024 * 1024,
+            max_queue_entries: 1024,
+            max_segment: 61440,
+        }
+    }
+}
+
+/// Something the NVMe-oF layer must act on.
+#[derive(Debug)]
+pub enum Event<B> {
+    /// A command capsule; `data` is its in-capsule data when it has some.
+    Command {
+        /// The submission queue entry.
+        sqe: Sqe,
+        /// In-capsule data.
+        data: Option<B>,
+    },
+    /// The write data fetched for `cid` arrived.
+    Data {
+        /// Command identifier.
+        cid: u16,
+        /// The command's data.
+        data: B,
+    },
+    /// The connection request was refused (the reject is queued): log
+    /// `reason` and close once sent.
+    Refused {
+        /// What was wrong with it.
+        reason: String,
+    },
+    /// The host sent an iWARP Terminate; close.
+    HostTerminated(ErrorCode),
+}
+
+/// The controller side of one NVMe/RDMA queue.
+pub struct TargetQueue<B> {
+    cfg: TargetConfig,
+    conn: Connection<B>,
+    events: VecDeque<Event<B>>,
+    /// The keyed SGL of each command in flight that has one.
+    keyed: FxHashMap<u16, Keyed>,
+    /// The queue ID and entries from the CM request.
+    cm_qid: u16,
+    sqhd: u16,
+    sq_entries: u16,
+    sqid: u16,
+    sq_flow_disabled: bool,
+}
+
+impl<B: DataBuffer> TargetQueue<B> {
+    /// A queue waiting for the host's MPA request.
+    pub fn new(cfg: TargetConfig) -> Self {
+        let icfg = iwarp::Config {
+            crc: cfg.crc,
+            ird: 0,
+            ord: cfg.ord.max(1),
+            require_reads: true,
+            max_segment: cfg.max_segment,
+            recv_head: SQE_LEN,
+            recv_max: SQE_LEN.saturating_add(cfg.max_in_capsule as usize),
+        };
+        TargetQueue {
+            cfg,
+            conn: Connection::responder(icfg),
+            events: VecDeque::new(),
+            keyed: FxHashMap::default(),
+            cm_qid: 0,
+            sqhd: 0,
+            sq_entries: cm::ADMIN_QUEUE_ENTRIES,
+            sqid: 0,
+            sq_flow_disabled: false,
+        }
+    }
+
+    /// Whether the connection is over (a Terminate or reject was sent or
+    /// received): the driver closes once the transmit buffer is flushed.
+    pub fn is_closed(&self) -> bool {
+        self.conn.state() == State::Closed
+    }
+
+    /// Whether FPDUs carry CRC32C.
+    pub fn crc(&self) -> bool {
+        self.conn.crc()
+    }
+
+    /// The queue ID the host asked for in its CM request.
+    pub fn cm_qid(&self) -> u16 {
+        self.cm_qid
+    }
+
+    /// Records the queue once Connect succeeded (as NVMe/TCP's).
+    pub fn set_queue(&mut self, sqid: u16, sqsize: u16, sq_flow_disabled: bool) {
+        self.sqid = sqid;
+        self.sq_entries = sqsize.saturating_add(1);
+        self.sq_flow_disabled = sq_flow_disabled;
+    }
+
+    /// Feeds received bytes. An `Err` is fatal: a Terminate is queued and
+    /// later input is ignored.
+    pub fn handle_input(&mut self, bytes: &[u8]) -> Result<(), Fatal> {
+        let r = self.conn.handle_input(bytes);
+        let r2 = self.drain_connection();
+        r.and(r2)
+    }
+
+    fn drain_connection(&mut self) -> Result<(), Fatal> {
+        while let Some(ev) = self.conn.poll_event() {
+            match ev {
+                iwarp::Event::ConnectRequest { private_data, .. } => self.on_connect_request(&private_data)?,
+                iwarp::Event::Send(m) => self.on_send(m)?,
+                iwarp::Event::ReadDone { id, buf } => {
+                    self.events.push_back(Event::Data { cid: id as u16, data: buf });
+                }
+                iwarp::Event::Terminated(code) => self.events.push_back(Event::HostTerminated(code)),
+                iwarp::Event::Established { .. } | iwarp::Event::Rejected { .. } => {}
+            }
+        }
+        Ok(())
+    }
+
+    fn on_connect_request(&mut self, pd: &[u8]) -> Result<(), Fatal> {
+        match cm::parse_request(pd, self.cfg.max_queue_entries) {
+            Ok(req) => {
+                let entries = req.hsqsize.get().saturating_add(1);
+                self.cm_qid = req.qid.get();
+                self.sq_entries = entries;
+                let reply = CmReply { recfmt: 0.into(), crqsize: entries.into(), rsvd: [0; 28] };
+                self.conn.accept(reply.as_bytes())?;
+                self.conn.post_receives(u32::from(entries));
+                // Commands may have come with the request.
+                self.drain_connection()
+            }
+            Err((sts, reason)) => {
+                let rej = CmReject { recfmt: 0.into(), sts: sts.0.into() };
+                self.conn.reject(rej.as_bytes());
+                self.events.push_back(Event::Refused { reason });
+                Ok(())
+            }
+        }
+    }
+
+    fn on_send(&mut self, m: iwarp::Received<B>) -> Result<(), Fatal> {
+        let Ok(sqe) = Sqe::read_from_bytes(m.head()) else {
+            return Err(self.conn.abort(Fatal::new(
+                ErrorCode::RDMAP_LOCAL_CATASTROPHIC,
+                format!("command capsule of {} bytes (at least {SQE_LEN})", m.head_len),
+            )));
+        };
+        self.sqhd = self.sqhd.wrapping_add(1).checked_rem(self.sq_entries).unwrap_or(0);
+        let in_capsule = m.body.as_ref().map_or(0, |b| b.as_ref().len());
+        if let Ok(DataPtr::Keyed(k)) = sgl::parse(&sqe, in_capsule, self.cfg.max_transfer) {
+            self.keyed.insert(sqe.cid.get(), k);
+        }
+        self.events.push_back(Event::Command { sqe, data: m.body });
+        Ok(())
+    }
+
+    /// The SGL check for a command's data: the transfer length in bytes,
+    /// or the status to complete with.
+    pub fn check_sgl(&self, sqe: &Sqe, in_capsule_len: Option<usize>) -> Result<u32, Status> {
+        match sgl::parse(sqe, in_capsule_len.unwrap_or(0), self.cfg.max_transfer)? {
+            DataPtr::Keyed(k) => Ok(k.len),
+            DataPtr::InCapsule { len } => Ok(len),
+        }
+    }
+
+    /// Fetches `len` bytes of write data for `cid` from the host's keyed
+    /// buffer with an RDMA Read; [`Event::Data`] brings them. Reads beyond
+    /// the negotiated ORD wait in order.
+    pub fn request_data(&mut self, cid: u16, len: u32) {
+        if let Some(k) = self.keyed.get(&cid) {
+            self.conn.read(u64::from(cid), B::alloc(len.min(k.len) as usize), k.key, k.addr);
+        }
+    }
+
+    /// Sends read data for `cid` into the host's keyed buffer, then the
+    /// completion.
+    pub fn send_data(&mut self, cid: u16, data: &[u8], cqe: Cqe) {
+        if let Some(k) = self.keyed.get(&cid) {
+            let n = data.len().min(k.len as usize);
+            self.conn.write(k.key, k.addr, data.get(..n).unwrap_or_default());
+        }
+        self.send_response(cqe);
+    }
+
+    /// As [`send_data`](Self::send_data) with `len` bytes that `fill`
+    /// writes straight into the send buffer (one FPDU). Returns `false`,
+    /// having queued nothing, when `fill` does or when `len` needs more than
+    /// one FPDU; the caller then answers another way.
+    pub fn send_data_with(&mut self, cid: u16, len: usize, cqe: Cqe, fill: impl FnOnce(&mut [u8]) -> bool) -> bool {
+        let Some(k) = self.keyed.get(&cid).copied() else { return false };
+        if len == 0 || len > self.cfg.max_segment || len > k.len as usize {
+            return false;
+        }
+        let mut fill = Some(fill);
+        if !self.conn.write_with(k.key, k.addr, len, |_, dst| fill.take().is_some_and(|f| f(dst))) {
+            return false;
+        }
+        self.send_response(cqe);
+        true
+    }
+
+    /// Sends a completion: one Send of the 16-byte CQE, with Invalidate of
+    /// the command's key when its SGL asked for it. SQHD and SQID are filled
+    /// in here; the command's receive is posted again.
+    pub fn send_response(&mut self, mut cqe: Cqe) {
+        cqe.sqhd = if self.sq_flow_disabled { 0xffff } else { self.sqhd }.into();
+        cqe.sqid = self.sqid.into();
+        let invalidate = self.keyed.remove(&cqe.cid.get()).filter(|k| k.invalidate).map(|k| k.key);
+        self.conn.post_receives(1);
+        self.conn.send(cqe.as_bytes(), &[], invalidate);
+    }
+
+    /// The next event, if any.
+    pub fn poll_event(&mut self) -> Option<Event<B>> {
+        self.events.pop_front()
+    }
+
+    /// Bytes waiting to be sent.
+    pub fn transmit_len(&self) -> usize {
+        self.conn.transmit_len()
+    }
+
+    /// Moves the bytes to send to the end of `out`.
+    pub fn take_transmit(&mut self, out: &mut Vec<u8>) {
+        self.conn.take_transmit(out);
+    }
+}
