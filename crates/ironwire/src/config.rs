@@ -668,6 +668,27 @@ mod tests {
     use super::*;
 
     #[test]
+    fn only_tcp_and_rdma_share_an_address() {
+        let base = Config::embedded_default();
+        assert_eq!(base.port[0].address, base.port[1].address, "the default shares 4420");
+        let mut c = Config::embedded_default();
+        c.port[1].transport = "tcp".into();
+        let e = c.validate().expect_err("two tcp ports on one address").to_string();
+        assert!(e.contains("port[1] (tcp 127.0.0.1:4420) and port[0] (tcp 127.0.0.1:4420)"), "{e}");
+        let mut c = Config::embedded_default();
+        c.port[2].address = "127.0.0.1:4420".into();
+        let e = c.validate().expect_err("iscsi on the NVMe address").to_string();
+        assert!(e.contains("port[2] (iscsi") && e.contains("port[0] (tcp"), "{e}");
+        let mut c = Config::embedded_default();
+        c.port[0].crc = Some(false);
+        assert!(c.validate().expect_err("crc on tcp").to_string().contains("port[0].crc"));
+        let mut c = base;
+        c.port[1].crc = Some(false);
+        c.port[0].crc = None;
+        c.validate().expect("crc on rdma");
+    }
+
+    #[test]
     fn embedded_default_is_valid() {
         Config::embedded_default().validate().expect("valid");
     }

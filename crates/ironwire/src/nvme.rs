@@ -66,6 +66,8 @@ pub enum BindingEvent {
     DataDigestError { cid: u16 },
     /// The connection is over (the reason is logged).
     Close { reason: String },
+    /// Something to log at debug level.
+    Note(String),
 }
 
 /// An NVMe-oF transport binding: framing and data movement for one queue.
@@ -153,6 +155,10 @@ impl Binding for nvmf_rdma::target::TargetQueue<Buf> {
             Event::HostTerminated(code) => {
                 BindingEvent::Close { reason: format!("host sent an iWARP Terminate ({code}); closing") }
             }
+            Event::Accepted { qid, entries, crc, ord } => BindingEvent::Note(format!(
+                "NVMe/RDMA queue {qid} accepted: {entries} entries, CRC {}, ORD {ord}",
+                if crc { "on" } else { "off" }
+            )),
         })
     }
     fn check_sgl(&self, sqe: &Sqe, in_capsule_len: Option<usize>) -> Result<u32, Status> {
@@ -328,6 +334,7 @@ fn dispatch_events<T: Binding>(conn: &Rc<Conn<T>>, now_ms: u64) -> bool {
                 log::warn!("{}: {reason}", conn.shell.peer);
                 conn.shell.close();
             }
+            BindingEvent::Note(note) => log::debug!("{}: {note}", conn.shell.peer),
         }
     }
     conn.shell.tx_ready.notify();

@@ -78,6 +78,17 @@ pub enum Event<B> {
     },
     /// The host sent an iWARP Terminate; close.
     HostTerminated(ErrorCode),
+    /// The connection request was accepted: what was agreed, for the log.
+    Accepted {
+        /// The queue ID asked for.
+        qid: u16,
+        /// Submission queue entries (receives posted).
+        entries: u16,
+        /// FPDUs carry CRC32C.
+        crc: bool,
+        /// RDMA Reads in flight at most.
+        ord: u16,
+    },
 }
 
 /// The controller side of one NVMe/RDMA queue.
@@ -175,6 +186,12 @@ impl<B: DataBuffer> TargetQueue<B> {
                 let reply = CmReply { recfmt: 0.into(), crqsize: entries.into(), rsvd: [0; 28] };
                 self.conn.accept(reply.as_bytes())?;
                 self.conn.post_receives(u32::from(entries));
+                self.events.push_back(Event::Accepted {
+                    qid: self.cm_qid,
+                    entries,
+                    crc: self.conn.crc(),
+                    ord: self.conn.ord(),
+                });
                 // Commands may have come with the request.
                 self.drain_connection()
             }

@@ -3,9 +3,10 @@
 # random sizes (up to FS_MAX_KIB KiB each), sync, record sha256sums, umount,
 # e2fsck -fn, mount again, verify the sums, umount, disconnect.
 # Args: [PORT] [NQN]  (NQN default: first NVM subsystem in the discovery log)
-# Env:  NVME_ADDR, NVME_DIGEST=1, NVME_QUEUES=N, NVME_EXTRA, FS_FILES (20),
+# Env:  NVME_TRANSPORT (tcp|rdma), NVME_ADDR, NVME_DIGEST=1, NVME_QUEUES=N, NVME_EXTRA, FS_FILES (20),
 #       FS_MAX_KIB (4096)
 . /kp/lib.sh
+TR=${NVME_TRANSPORT:-tcp}  # tcp, or rdma: NVMe/RDMA over soft-iWARP (siw0 on eth0)
 A=${NVME_ADDR:-$KP_HOST} P=${1:-${NVME_PORT:-4420}} NQN=${2:-${NVME_NQN:-}}
 NFILES=${FS_FILES:-20} MAXKIB=${FS_MAX_KIB:-4096}
 MNT=/mnt/nvme
@@ -14,15 +15,16 @@ rand() { # rand N : pseudo-random integer in [0, N)
 	echo $(( $(od -An -N4 -tu4 /dev/urandom | tr -d ' ') % $1 ))
 }
 
-kp_nvme_setup tcp || kp_die "module setup failed"
+if [ "$TR" = rdma ]; then kp_siw_up eth0 || kp_die "cannot create siw0 on eth0"; fi
+kp_nvme_setup "$TR" || kp_die "module setup failed"
 kp_modprobe ext4 || kp_die "no ext4 module"
 kp_log "hostnqn=$(cat /etc/nvme/hostnqn)"
 if [ -z "$NQN" ]; then
-	kp_nvme_discover tcp "$A" "$P" || kp_die "nvme discover failed"
+	kp_nvme_discover "$TR" "$A" "$P" || kp_die "nvme discover failed"
 	NQN=$KP_DISC_NQN
 	[ -n "$NQN" ] || kp_die "no NVM subsystem in discovery log"
 fi
-kp_nvme_connect tcp "$A" "$P" "$NQN"
+kp_nvme_connect "$TR" "$A" "$P" "$NQN"
 NS=$KP_NS CTRL=$KP_CTRL
 
 kp_step "mkfs.ext4 $NS"

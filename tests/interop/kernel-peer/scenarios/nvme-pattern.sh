@@ -4,18 +4,20 @@
 # drop caches, read it back with O_DIRECT (1 MiB and 128 KiB reads), compare
 # checksums, disconnect.
 # Args: [PORT] [NQN]  (NQN default: first NVM subsystem in the discovery log)
-# Env:  NVME_ADDR, NVME_DIGEST=1, NVME_QUEUES=N, NVME_EXTRA, PATTERN_MIB (64),
+# Env:  NVME_TRANSPORT (tcp|rdma), NVME_ADDR, NVME_DIGEST=1, NVME_QUEUES=N, NVME_EXTRA, PATTERN_MIB (64),
 #       PATTERN_SEEK_MIB (1: offset of the pattern on the namespace),
 #       PATTERN_FILE (use this file, e.g. copied in with -f, instead of /dev/urandom),
 #       PATTERN_SHA256 (expected sha256 of the pattern, computed on the host)
 . /kp/lib.sh
+TR=${NVME_TRANSPORT:-tcp}  # tcp, or rdma: NVMe/RDMA over soft-iWARP (siw0 on eth0)
 A=${NVME_ADDR:-$KP_HOST} P=${1:-${NVME_PORT:-4420}} NQN=${2:-${NVME_NQN:-}}
 MIB=${PATTERN_MIB:-64} SEEK=${PATTERN_SEEK_MIB:-1}
 
-kp_nvme_setup tcp || kp_die "module setup failed"
+if [ "$TR" = rdma ]; then kp_siw_up eth0 || kp_die "cannot create siw0 on eth0"; fi
+kp_nvme_setup "$TR" || kp_die "module setup failed"
 kp_log "hostnqn=$(cat /etc/nvme/hostnqn)"
 if [ -z "$NQN" ]; then
-	kp_nvme_discover tcp "$A" "$P" || kp_die "nvme discover failed"
+	kp_nvme_discover "$TR" "$A" "$P" || kp_die "nvme discover failed"
 	NQN=$KP_DISC_NQN
 	[ -n "$NQN" ] || kp_die "no NVM subsystem in discovery log"
 fi
@@ -39,7 +41,7 @@ SUM=$(sha256sum < /tmp/pat | cut -d' ' -f1)
 kp_log "pattern sha256=$SUM"
 [ -z "${PATTERN_SHA256:-}" ] || [ "$PATTERN_SHA256" = "$SUM" ] || kp_die "pattern sha256 differs from the host's $PATTERN_SHA256"
 
-kp_nvme_connect tcp "$A" "$P" "$NQN"
+kp_nvme_connect "$TR" "$A" "$P" "$NQN"
 NS=$KP_NS CTRL=$KP_CTRL
 SIZE_MIB=$(( $(cat /sys/block/${NS#/dev/}/size) / 2048 ))
 [ "$SIZE_MIB" -ge $((MIB + SEEK)) ] || kp_die "namespace too small ($SIZE_MIB MiB) for ${MIB} MiB at ${SEEK} MiB"

@@ -5,8 +5,9 @@
 # same subsystem must accept that host NQN (connect, see the namespace,
 # disconnect).
 # Args: PORT NQN
-# Env:  NVME_ADDR, ALLOWED_HOSTNQN, ALLOWED_HOSTID (default: a fresh UUID)
+# Env:  NVME_TRANSPORT (tcp|rdma), NVME_ADDR, ALLOWED_HOSTNQN, ALLOWED_HOSTID (default: a fresh UUID)
 . /kp/lib.sh
+TR=${NVME_TRANSPORT:-tcp}  # tcp, or rdma: NVMe/RDMA over soft-iWARP (siw0 on eth0)
 A=${NVME_ADDR:-$KP_HOST} P=${1:-${NVME_PORT:-4420}} NQN=${2:-${NVME_NQN:-}}
 [ -n "$NQN" ] || kp_die "usage: nvme-refused PORT NQN"
 HOSTNQN=$(cat /etc/nvme/hostnqn)
@@ -14,14 +15,15 @@ HOSTNQN=$(cat /etc/nvme/hostnqn)
 nvme_devs() { ls /dev/nvme* 2>/dev/null | grep -E '^/dev/nvme[0-9]+(n[0-9]+)?$' | grep -v '^/dev/nvme-fabrics$'; }
 ns_devs() { ls /dev/nvme* 2>/dev/null | grep -E '^/dev/nvme[0-9]+n[0-9]+$'; }
 
-kp_nvme_setup tcp || kp_die "module setup failed"
+if [ "$TR" = rdma ]; then kp_siw_up eth0 || kp_die "cannot create siw0 on eth0"; fi
+kp_nvme_setup "$TR" || kp_die "module setup failed"
 [ -z "$(ns_devs)" ] || kp_die "namespaces present before the test: $(ns_devs)"
 
 kp_step "connect to $NQN as NOT-allowed host $HOSTNQN (must fail)"
 # shellcheck disable=SC2046
-echo "+ nvme connect $(kp_nvme_connect_args tcp "$A" "$P" "$NQN") --hostnqn $HOSTNQN"
+echo "+ nvme connect $(kp_nvme_connect_args "$TR" "$A" "$P" "$NQN") --hostnqn $HOSTNQN"
 # shellcheck disable=SC2046
-nvme connect $(kp_nvme_connect_args tcp "$A" "$P" "$NQN") --hostnqn "$HOSTNQN" > /tmp/refused.out 2>&1
+nvme connect $(kp_nvme_connect_args "$TR" "$A" "$P" "$NQN") --hostnqn "$HOSTNQN" > /tmp/refused.out 2>&1
 RC=$?
 cat /tmp/refused.out
 dmesg | grep -i nvme | tail -n 5
@@ -39,7 +41,7 @@ if [ -n "${ALLOWED_HOSTNQN:-}" ]; then
 	HOSTID=${ALLOWED_HOSTID:-$(cat /proc/sys/kernel/random/uuid)}
 	kp_step "connect to $NQN as allowed host $ALLOWED_HOSTNQN (must succeed)"
 	NVME_EXTRA="${NVME_EXTRA:+$NVME_EXTRA }--hostnqn $ALLOWED_HOSTNQN --hostid $HOSTID"
-	kp_nvme_connect tcp "$A" "$P" "$NQN"
+	kp_nvme_connect "$TR" "$A" "$P" "$NQN"
 	kp_must nvme id-ns "$KP_NS" > /dev/null
 	kp_pattern_check "$KP_NS" 4096 4 11 || kp_die "I/O failed for the allowed host"
 	kp_nvme_disconnect "$NQN" "$KP_CTRL"

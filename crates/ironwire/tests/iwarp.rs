@@ -1,0 +1,190 @@
+//! NVMe/RDMA over iWARP against the real daemon on loopback, with the
+//! sans-IO `iwarp` connection as the host's RNIC: the MPA handshake with the
+//! NVMe/RDMA CM private data, a Fabrics Connect whose data the target
+//! fetches by RDMA Read, the completion as a Send with Invalidate; and
+//! hostile FPDUs answered with a Terminate while other connections go on.
+
+mod common;
+
+use common::Daemon;
+use iwarp::error::ErrorCode;
+use iwarp::{Access, Config, Connection, Event, Received};
+use nvme_spec::fabrics::ConnectData;
+use nvme_spec::{Cqe, Sqe};
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::time::{Duration, Instant};
+use zerocopy::{FromBytes, IntoBytes};
+
+const NQN: &str = "nqn.2026-11.io.ironwire:iwarp";
+const HOST: &str = "nqn.2014-08.org.nvmexpress:uuid:iwarp-host";
+
+fn start(tag: &str) -> Daemon {
+    Daemon::start_with(&format!("iwarp-{tag}"), |_, port| {
+        format!(
+            "[[device]]\nname = \"r\"\nkind = \"ram\"\nsize = \"16MiB\"\n\n[[subsystem]]\nnqn = \"{NQN}\"\nallow_any_host = true\n[[subsystem.namespace]]\ndevice = \"r\"\n\n[[port]]\ntransport = \"tcp\"\naddress = \"127.0.0.1:{port}\"\n\n[[port]]\ntransport = \"rdma\"\naddress = \"127.0.0.1:{port}\"\n\n[reactor]\ncores = [0]\n"
+        )
+    })
+}
+
+/// A blocking host queue: a socket and the host's iWARP connection.
+struct Host {
+    sock: TcpStream,
+    conn: Connection<Vec<u8>>,
+}
+
+impl Host {
+    /// Opens queue `qid` (32 entries) and waits for the MPA reply.
+    fn connect(addr: SocketAddr, crc: bool, qid: u16) -> Host {
+        let sock = TcpStream::connect(addr).expect("connect");
+        sock.set_read_timeout(Some(Duration::from_millis(100))).expect("timeout");
+        let mut cm = [0u8; 32];
+        cm[2..4].copy_from_slice(&qid.to_le_bytes());
+        cm[4..6].copy_from_slice(&32u16.to_le_bytes()); // hrqsize
+        cm[6..8].copy_from_slice(&31u16.to_le_bytes()); // hsqsize
+        let cfg =
+            Config { crc, ird: 128, ord: 0, require_reads: false, max_segment: 1424, recv_head: 16, recv_max: 16 };
+        let mut h = Host { sock, conn: Connection::initiator(cfg, &cm) };
+        h.flush();
+        match h.next_event() {
+            Some(Event::Established { private_data }) => {
+                assert_eq!(&private_data[2..4], &32u16.to_le_bytes(), "CRQSIZE = HSQSIZE + 1");
+            }
+            other => panic!("expected the MPA reply, got {other:?}"),
+        }
+        h.conn.post_receives(32);
+        h
+    }
+
+    fn flush(&mut self) {
+        let mut out = Vec::new();
+        self.conn.take_transmit(&mut out);
+        if !out.is_empty() {
+            let _ = self.sock.write_all(&out);
+        }
+    }
+
+    /// The next event, reading the socket (and answering the target's RDMA
+    /// Reads) until one comes; `None` when the target closed.
+    fn next_event(&mut self) -> Option<Event<Vec<u8>>> {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            if let Some(e) = self.conn.poll_event() {
+                return Some(e);
+            }
+            assert!(Instant::now() < deadline, "no event from the target");
+            let mut buf = [0u8; 65536];
+            match self.sock.read(&mut buf) {
+                Ok(0) => return None,
+                Ok(n) => {
+                    let _ = self.conn.handle_input(&buf[..n]);
+                    self.flush();
+                }
+                Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {}
+                Err(_) => return None,
+            }
+        }
+    }
+
+    fn completion(&mut self) -> (Cqe, Received<Vec<u8>>) {
+        match self.next_event() {
+            Some(Event::Send(m)) => {
+                let cqe = Cqe::read_from_bytes(m.head()).expect("a 16-byte CQE");
+                (cqe, m)
+            }
+            other => panic!("expected a completion, got {other:?}"),
+        }
+    }
+
+    /// Fabrics Connect for queue `qid`, its data in a registered buffer the
+    /// target reads (the Linux host's admin queue way).
+    fn fabrics_connect(&mut self, qid: u16, cntlid: u16) -> (Cqe, Received<Vec<u8>>, u32) {
+        let data = ConnectData::new([7; 16], cntlid, NQN, HOST).as_bytes().to_vec();
+        let addr = 0xffff_8880_0000_0000u64;
+        let stag = self.conn.register(data, addr, Access::RemoteRead);
+        let mut sqe = Sqe { opcode: 0x7f, flags: 0x40, ..Default::default() };
+        sqe.cid = 7.into();
+        sqe.nsid = 1.into(); // fctype Connect
+        sqe.cdw10 = (u32::from(qid) << 16).into();
+        sqe.cdw11 = 31.into();
+        sqe.cdw12 = 30_000.into();
+        let mut d = [0u8; 16];
+        d[..8].copy_from_slice(&addr.to_le_bytes());
+        d[8..11].copy_from_slice(&1024u32.to_le_bytes()[..3]);
+        d[11..15].copy_from_slice(&stag.to_le_bytes());
+        d[15] = 0x4f; // keyed data block, invalidate
+        sqe.dptr = nvme_spec::Sgl::read_from_bytes(&d).expect("sgl");
+        self.conn.send(sqe.as_bytes(), &[], None);
+        self.flush();
+        let (cqe, m) = self.completion();
+        (cqe, m, stag)
+    }
+}
+
+#[test]
+fn connect_data_is_fetched_by_rdma_read_and_completed_with_invalidate() {
+    let mut d = start("connect");
+    for crc in [false, true] {
+        let mut h = Host::connect(d.addr, crc, 0);
+        assert!(h.conn.crc(), "the port asks for CRC, so it is on either way");
+        let (cqe, m, stag) = h.fabrics_connect(0, 0xffff);
+        assert!(cqe.status().is_success(), "{cqe:?}");
+        assert_eq!(cqe.cid.get(), 7);
+        assert_eq!(m.invalidated, Some(stag), "Send with Invalidate of the host's key");
+        assert!(h.conn.deregister(stag).is_some());
+    }
+    d.assert_alive();
+    assert!(d.log().contains("created controller"), "{}", d.log());
+}
+
+#[test]
+fn a_malformed_fpdu_gets_a_terminate_and_other_connections_go_on() {
+    let mut d = start("terminate");
+    let mut good = Host::connect(d.addr, false, 0);
+    let mut bad = Host::connect(d.addr, false, 0);
+    // A Send whose MSN skips ahead: 5 where 1 is due.
+    let mut fpdu = Vec::new();
+    let hdr = [0u8, 0, 0x41, 0x43, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 5, 0, 0, 0, 0];
+    iwarp::wire::put_fpdu(&mut fpdu, &hdr, 64, true, |p| p.fill(0));
+    bad.sock.write_all(&fpdu).expect("send");
+    match bad.next_event() {
+        Some(Event::Terminated(code)) => assert_eq!(code, ErrorCode::DDP_UNTAGGED_MSN_RANGE),
+        other => panic!("expected a Terminate, got {other:?}"),
+    }
+    let (cqe, _, _) = good.fabrics_connect(0, 0xffff);
+    assert!(cqe.status().is_success(), "the other connection still works: {cqe:?}");
+    d.assert_alive();
+    let log = d.log();
+    assert!(log.contains("fatal iWARP error") && log.contains("MSN 5 (expected 1)"), "{log}");
+}
+
+#[test]
+fn a_send_beyond_the_queue_size_is_refused() {
+    let mut d = start("overrun");
+    let mut h = Host::connect(d.addr, false, 0);
+    h.conn.post_receives(1000);
+    // 200 Keep Alive commands in one burst on a 32-entry admin queue: the
+    // target posts one receive per entry and reposts it only when that
+    // command completes, so a burst beyond the queue finds no receive.
+    let mut burst = Vec::new();
+    for cid in 0..200u16 {
+        let mut sqe = Sqe { opcode: 0x18, ..Default::default() };
+        sqe.cid = cid.into();
+        let mut one = Vec::new();
+        let mut hdr = [0u8; 20];
+        hdr[2..4].copy_from_slice(&0x4143u16.to_be_bytes());
+        hdr[12..16].copy_from_slice(&(u32::from(cid) + 1).to_be_bytes());
+        iwarp::wire::put_fpdu(&mut one, &hdr, 64, h.conn.crc(), |p| p.copy_from_slice(sqe.as_bytes()));
+        burst.extend_from_slice(&one);
+    }
+    h.sock.write_all(&burst).expect("send");
+    let mut terminated = None;
+    while let Some(e) = h.next_event() {
+        if let Event::Terminated(code) = e {
+            terminated = Some(code);
+            break;
+        }
+    }
+    assert_eq!(terminated, Some(ErrorCode::DDP_UNTAGGED_NO_BUFFER));
+    d.assert_alive();
+}
