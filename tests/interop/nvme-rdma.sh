@@ -1,0 +1,450 @@
+#!/usr/bin/env bash
+# Real-peer interop test: the Linux kernel's NVMe/RDMA host over soft-iWARP
+# (siw on the guest's eth0; Debian's stock kernel under QEMU TCG, nvme-cli in
+# the guest; see kernel-peer/README.md) against an NVMe/RDMA (iWARP) target on
+# 127.0.0.1. iWARP is plain TCP, so QEMU's user networking carries it: the
+# guest reaches 127.0.0.1:P as 10.0.2.2:P.
+#
+# Default: start "$IRONWIRE_BIN" serve --config <generated TOML> on 127.0.0.1
+# (NVMe/TCP and NVMe/RDMA on the same port P, plus an RDMA port with
+# crc = false on a second free port), run the checks below one by one with
+# `kernel-peer run`, print a PASS/FAIL/SKIP table, stop the daemon, exit
+# non-zero if any check failed. Builds nothing: run `cargo build --release`
+# first (or set IRONWIRE_BIN). kernel-peer builds siw.ko (KP_SIW=1) the first
+# time: that needs gcc, make and patch, and downloads linux-source-6.1.
+#
+# Usage: tests/interop/nvme-rdma.sh [options]
+#   --port P            target port on 127.0.0.1 (default: a free port; nvmet: 14460)
+#   --target ironwire   (default) start $IRONWIRE_BIN with a generated config
+#   --target nvmet      self-test of this script: the kernel's own nvmet-rdma in
+#                       two target guests (P: brd, any host; P+1: null_blk 4K-LBA,
+#                       only the allowed host NQN), same NQNs as ironwire. siw
+#                       never asks for MPA CRC, so nvmet's port is CRC-off too.
+#   --target-cmd CMD    start CMD (bash -c; $IW_PORT, $IW_READY_FILE exported)
+#                       instead of ironwire; it must serve IW_NQN (any host) and
+#                       IW_RESTRICTED_NQN (allowed host only) over NVMe/RDMA on
+#                       the port (crc-off runs only if IW_CRC_OFF_PORT is set)
+#   --ready-file F      with --target-cmd: wait until F is non-empty instead
+#                       of connecting to the port (a bare connect wedges the
+#                       kernel nvmet-rdma/siw listener)
+#   --only a,b / --skip a,b   run only / skip these checks (names below)
+#   --show fail|always|never  guest console output (default fail)
+#   --no-install        do not apt-get anything
+#   --list              list the checks and exit
+#
+# Checks that need a scenario the kernel-peer copy does not have (NVMe/RDMA
+# variants of nvme-pattern, nvme-fs, nvme-refused; a TCP+RDMA scenario) are
+# reported as SKIP and run by themselves once the harness has them: the
+# scenario honours NVME_TRANSPORT=rdma, or scenarios/nvme-tcp-rdma.sh exists.
+#
+# Env: IRONWIRE_BIN (default <repo>/target/release/ironwire), KP_CACHE
+# (default /tmp/kernel-peer-cache), IW_NQN, IW_RESTRICTED_NQN,
+# IW_RESTRICTED_PORT, IW_CRC_OFF_PORT, IW_ALLOWED_HOSTNQN, IW_REFUSED_HOSTNQN,
+# IW_READY_TIMEOUT (s, default 20; nvmet 90), IW_TARGET_CMD, IW_WORK_PARENT
+# (default /var/tmp), IW_KEEP_WORK=1, IW_KERNEL_PEER_DIR (another copy of the
+# harness; default tests/interop/kernel-peer), RUST_LOG (default info).
+set -uo pipefail
+
+HERE=$(cd "$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")" && pwd)
+REPO=$(cd "$HERE/../.." && pwd)
+KP_DIR=${IW_KERNEL_PEER_DIR:-$HERE/kernel-peer}
+KP=$KP_DIR/kernel-peer
+TOOL=nvme-rdma
+# shellcheck source=tests/interop/common.sh
+. "$HERE/common.sh"
+export KP_CACHE=${KP_CACHE:-/tmp/kernel-peer-cache}
+# siw.ko is not in Debian's kernel: kernel-peer builds it out of tree.
+export KP_SIW=1
+
+IRONWIRE_BIN=${IRONWIRE_BIN:-$REPO/target/release/ironwire}
+IW_NQN=${IW_NQN:-nqn.2026-11.io.ironwire:interop}
+IW_RESTRICTED_NQN=${IW_RESTRICTED_NQN:-nqn.2026-11.io.ironwire:restricted}
+IW_ALLOWED_HOSTNQN=${IW_ALLOWED_HOSTNQN:-nqn.2014-08.org.nvmexpress:uuid:allowed-host}
+IW_REFUSED_HOSTNQN=${IW_REFUSED_HOSTNQN:-nqn.2014-08.org.nvmexpress:uuid:refused-host}
+IW_TARGET_CMD=${IW_TARGET_CMD:-}
+
+MODE=ironwire PORT="" READY_FILE="" ONLY="" SKIP="" SHOW=fail INSTALL=1
+
+CHECKS=(discover-battery queues2-smp2 file4k-battery crc-off pattern-64m ext4-fs refused-host tcp-same-port tcp-rdma-mixed)
+describe() {
+	case $1 in
+	discover-battery) echo "siw up, discovery over RDMA + plain battery on $IW_NQN (ram)" ;;
+	queues2-smp2) echo "battery with -i 2 on 2 vCPUs (2 I/O queues)" ;;
+	file4k-battery) echo "battery on $IW_RESTRICTED_NQN (file, 4K LBA) as the allowed host" ;;
+	crc-off) echo "battery through the RDMA port with MPA CRC off" ;;
+	pattern-64m) echo "64 MiB O_DIRECT pattern write / read back over RDMA" ;;
+	ext4-fs) echo "mkfs.ext4, 20 files, remount, sha256sums over RDMA" ;;
+	refused-host) echo "not-allowed host NQN: RDMA Connect refused (Invalid Host), no controller" ;;
+	tcp-same-port) echo "NVMe/TCP battery on the port that also serves RDMA (ironwire only)" ;;
+	tcp-rdma-mixed) echo "one guest on the same port over TCP and RDMA at once (ironwire only)" ;;
+	esac
+}
+
+
+usage() { sed -n '2,/^set -uo/{/^set -uo/d;s/^# \{0,1\}//;p}' "${BASH_SOURCE[0]}"; exit "${1:-0}"; }
+
+while (($#)); do
+	case $1 in
+	--port) PORT=$2; shift 2 ;;
+	--target) MODE=$2; shift 2 ;;
+	--target-cmd) MODE=cmd IW_TARGET_CMD=$2; shift 2 ;;
+	--ready-file) READY_FILE=$2; shift 2 ;;
+	--only) ONLY=$2; shift 2 ;;
+	--skip) SKIP=$2; shift 2 ;;
+	--show) SHOW=$2; shift 2 ;;
+	--no-install) INSTALL=0; shift ;;
+	--list) for c in "${CHECKS[@]}"; do printf '%-18s %s\n' "$c" "$(describe "$c")"; done; exit 0 ;;
+	-h|--help) usage 0 ;;
+	*) echo "nvme-rdma: unknown argument $1 (try --help)" >&2; exit 2 ;;
+	esac
+done
+[[ -n $IW_TARGET_CMD && $MODE == ironwire ]] && MODE=cmd
+case $MODE in
+ironwire) PORT=${PORT:-$(free_port)}; IW_READY_TIMEOUT=${IW_READY_TIMEOUT:-20} ;;
+cmd) PORT=${PORT:-4420}; IW_READY_TIMEOUT=${IW_READY_TIMEOUT:-20} ;;
+nvmet) PORT=${PORT:-14460}; IW_READY_TIMEOUT=${IW_READY_TIMEOUT:-90} ;;
+*) echo "nvme-rdma: --target must be ironwire or nvmet" >&2; exit 2 ;;
+esac
+[[ $PORT =~ ^[0-9]+$ ]] || { echo "nvme-rdma: bad port $PORT" >&2; exit 2; }
+case $SHOW in always|fail|never) ;; *) echo "nvme-rdma: --show must be always, fail or never" >&2; exit 2 ;; esac
+# RPORT: the restricted subsystem; CPORT: an RDMA port with MPA CRC off.
+case $MODE in
+ironwire)
+	RPORT=${IW_RESTRICTED_PORT:-$PORT}
+	CPORT=${IW_CRC_OFF_PORT:-}
+	while [[ -z $CPORT || $CPORT == "$PORT" ]]; do CPORT=$(free_port); done ;;
+cmd) RPORT=${IW_RESTRICTED_PORT:-$PORT}; CPORT=${IW_CRC_OFF_PORT:-} ;;
+nvmet) RPORT=${IW_RESTRICTED_PORT:-$((PORT + 1))}; CPORT=$PORT ;;
+esac
+
+
+
+
+# ------------------------------------------------------------------ targets
+WORK=$(mktemp -d "${IW_WORK_PARENT:-/var/tmp}/ironwire-rdma-interop.XXXXXX")
+TARGET_PIDS=() TARGET_LOGS=() RESULTS=() FAILED=0
+
+stop_pid() { # stop one process group we started (setsid) by its id, then the PID
+	local p=$1 i
+	kill -0 "$p" 2>/dev/null || { wait "$p" 2>/dev/null; return 0; }
+	kill -TERM -- "-$p" 2>/dev/null || kill -TERM "$p" 2>/dev/null
+	for i in $(seq 1 50); do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done
+	if kill -0 "$p" 2>/dev/null; then kill -KILL -- "-$p" 2>/dev/null || kill -KILL "$p" 2>/dev/null; fi
+	wait "$p" 2>/dev/null
+	return 0
+}
+cleanup() {
+	local rc=$? p
+	for p in "${TARGET_PIDS[@]}"; do stop_pid "$p"; done
+	if [[ ${IW_KEEP_WORK:-0} == 1 || $FAILED != 0 || $rc != 0 ]]; then
+		echo "nvme-rdma: logs kept in $WORK" >&2
+	else
+		rm -rf "$WORK"
+	fi
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM HUP
+
+# kernel-peer only warns when building siw.ko fails; without it no check
+# can run, so install what the build needs first and check the result after.
+ensure_siw() {
+	local need=()
+	if ! compgen -G "$KP_CACHE/siw-*/siw.ko" >/dev/null; then
+		command -v gcc >/dev/null || need+=(gcc)
+		command -v make >/dev/null || need+=(make)
+		command -v patch >/dev/null || need+=(patch)
+		command -v strip >/dev/null || need+=(binutils)
+	fi
+	if ((${#need[@]})); then
+		((INSTALL)) || die "building siw.ko needs ${need[*]}, and --no-install given"
+		apt_update
+		say "apt-get install ${need[*]} (to build siw.ko)"
+		as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" ||
+			die "apt-get install ${need[*]} failed"
+	fi
+	# linux-headers/linux-source come with apt-get download: package lists needed
+	compgen -G "$KP_CACHE/siw-*/siw.ko" >/dev/null || { ((INSTALL)) && apt_update; }
+	ensure_host_tools
+	compgen -G "$KP_CACHE/siw-*/siw.ko" >/dev/null ||
+		find "$KP_CACHE"/kernel-*/ -name 'siw.ko*' 2>/dev/null | grep -q . ||
+		die "kernel-peer prepare built no siw.ko (see its output above; KP_CACHE=$KP_CACHE)"
+}
+
+# start_target NAME LOG CMD... : start CMD in its own session, in the background
+start_target() {
+	local name=$1 log=$2; shift 2
+	say "starting $name: $*"
+	setsid "$@" >"$log" 2>&1 </dev/null &
+	TARGET_PIDS+=("$!")
+	TARGET_LOGS+=("$name:$log")
+}
+
+# wait_ready PID PORT [READY_FILE] : target PID accepts connections on PORT,
+# or, given READY_FILE, has written it. A guest target is never probed with a
+# connect: QEMU's port forward accepts before the guest is up, and one bare
+# TCP connect + close to the kernel's nvmet-rdma/siw listener (no MPA
+# request) leaves that listener resetting every later connection.
+wait_ready() {
+	local pid=$1 port=$2 ready=${3:-} t0 deadline
+	t0=$(now); deadline=$(( $(date +%s) + IW_READY_TIMEOUT ))
+	while (( $(date +%s) < deadline )); do
+		if ! kill -0 "$pid" 2>/dev/null; then
+			echo "nvme-rdma: target exited before it was ready" >&2; return 1
+		fi
+		if { [[ -n $ready ]] && [[ -s $ready ]]; } || { [[ -z $ready ]] && port_open "$port"; }; then
+			say "target on 127.0.0.1:$port ready after $(since "$t0")s"
+			return 0
+		fi
+		sleep 0.2
+	done
+	echo "nvme-rdma: target not ready on 127.0.0.1:$port after ${IW_READY_TIMEOUT}s" >&2
+	return 1
+}
+
+dump_target_logs() {
+	local e
+	for e in "${TARGET_LOGS[@]}"; do
+		printf '\n----- %s log (%s, last 200 lines) -----\n' "${e%%:*}" "${e#*:}" >&2
+		tail -n 200 "${e#*:}" >&2
+	done
+}
+
+# NVMe/TCP and NVMe/RDMA share 127.0.0.1:PORT (ironwire tells them apart by
+# the first bytes a host sends: an MPA request or an ICReq); CPORT is RDMA
+# only, with MPA CRC off.
+write_ironwire_config() { # FILE
+	mkdir -p "$WORK/img"
+	truncate -s 256M "$WORK/img/file0.img"
+	cat >"$1" <<EOF
+# generated by tests/interop/nvme-rdma.sh
+[[device]]
+name = "ram0"
+kind = "ram"
+size = "512MiB"
+block_size = 512
+
+[[device]]
+name = "file0"
+kind = "file"
+path = "$WORK/img/file0.img"
+size = "256MiB"
+block_size = 4096
+
+[[subsystem]]
+nqn = "$IW_NQN"
+allow_any_host = true
+[[subsystem.namespace]]
+nsid = 1
+device = "ram0"
+
+[[subsystem]]
+nqn = "$IW_RESTRICTED_NQN"
+allow_any_host = false
+hosts = ["$IW_ALLOWED_HOSTNQN"]
+[[subsystem.namespace]]
+nsid = 1
+device = "file0"
+
+[[port]]
+transport = "tcp"
+address = "127.0.0.1:$PORT"
+
+[[port]]
+transport = "rdma"
+address = "127.0.0.1:$PORT"
+
+[[port]]
+transport = "rdma"
+address = "127.0.0.1:$CPORT"
+crc = false
+EOF
+}
+
+start_targets() {
+	local p
+	for p in $(printf '%s\n' "$PORT" "$RPORT" "$CPORT" | sort -u); do
+		port_open "$p" && die "something already listens on 127.0.0.1:$p (stale target?)"
+	done
+	case $MODE in
+	ironwire)
+		[[ -x $IRONWIRE_BIN ]] || die "no ironwire binary at $IRONWIRE_BIN (cargo build --release, or set IRONWIRE_BIN)"
+		write_ironwire_config "$WORK/ironwire.toml"
+		# a control socket of our own, so as not to disturb another running ironwire
+		RUST_LOG=${RUST_LOG:-info} start_target ironwire "$WORK/ironwire.log" \
+			"$IRONWIRE_BIN" serve --config "$WORK/ironwire.toml" --ctl-socket "$WORK/ctl.sock"
+		wait_ready "${TARGET_PIDS[0]}" "$PORT" || return 1
+		wait_ready "${TARGET_PIDS[0]}" "$CPORT" || return 1
+		;;
+	cmd)
+		export IW_PORT=$PORT IW_READY_FILE=$WORK/target.ready
+		[[ -n $READY_FILE ]] && rm -f "$READY_FILE"
+		start_target target-cmd "$WORK/target.log" bash -c "$IW_TARGET_CMD"
+		wait_ready "${TARGET_PIDS[0]}" "$PORT" "$READY_FILE" || return 1
+		;;
+	nvmet)
+		start_target nvmet-main "$WORK/nvmet-main.log" "$KP" target-nvmet --transport rdma --show always -t 1800 \
+			--nqn "$IW_NQN" --size 256 --ready-file "$WORK/ready-main" "$PORT"
+		start_target nvmet-restricted "$WORK/nvmet-restricted.log" "$KP" target-nvmet --transport rdma --show always -t 1800 \
+			--nqn "$IW_RESTRICTED_NQN" --backend null_blk --block-size 4096 --size 128 \
+			--allow-host "$IW_ALLOWED_HOSTNQN" --ready-file "$WORK/ready-restricted" "$RPORT"
+		wait_ready "${TARGET_PIDS[0]}" "$PORT" "$WORK/ready-main" || return 1
+		wait_ready "${TARGET_PIDS[1]}" "$RPORT" "$WORK/ready-restricted" || return 1
+		;;
+	esac
+}
+
+targets_alive() {
+	local p
+	for p in "${TARGET_PIDS[@]}"; do kill -0 "$p" 2>/dev/null || return 1; done
+}
+
+# ------------------------------------------------------------------ checks
+selected() { # NAME
+	[[ -n $ONLY && ",$ONLY," != *",$1,"* ]] && return 1
+	[[ -n $SKIP && ",$SKIP," == *",$1,"* ]] && return 1
+	return 0
+}
+
+record() { # NAME RC SECONDS
+	local st=PASS
+	if [[ $2 != 0 ]]; then
+		FAILED=1
+		case $2 in 124) st="FAIL(timeout)" ;; 125) st="FAIL(guest died)" ;; *) st="FAIL(rc=$2)" ;; esac
+	fi
+	RESULTS+=("$(printf '%-18s %-17s %7ss  %s' "$1" "$st" "$3" "$(describe "$1")")")
+}
+
+# skipped NAME WHY : a selected check that cannot run here (not a failure)
+skipped() {
+	selected "$1" || return 0
+	say "$1: SKIP ($2)"
+	RESULTS+=("$(printf '%-18s %-17s %8s  %s [%s]' "$1" SKIP - "$(describe "$1")" "$2")")
+}
+
+# check NAME TIMEOUT kernel-peer-run-args... : one guest boot, one scenario
+check() {
+	local name=$1 limit=$2; shift 2
+	selected "$name" || return 0
+	if ! targets_alive; then
+		say "$name: SKIPPED, a target process has exited"
+		record "$name" 1 0; return 0
+	fi
+	say "$name: $(describe "$name")"
+	echo "+ kernel-peer run -t $limit $*" >&2
+	local t0 rc=0; t0=$(now)
+	kp_run "$WORK/$name.console.log" "$limit" "$@" || rc=$?
+	record "$name" "$rc" "$(since "$t0")"
+	say "$name: $( ((rc == 0)) && echo PASS || echo "FAIL (rc=$rc, console: $WORK/$name.console.log)")"
+}
+
+# check_refused NAME TIMEOUT kernel-peer-run-args... : the stock nvme-rdma-siw
+# scenario run as a host the target must refuse. It passes only if the guest
+# failed exactly at `nvme connect` (kp_must), no controller appeared, and the
+# kernel logged the Connect status "Connect Invalid Host" (in the dmesg tail
+# the guest prints on failure): a transport failure (a reset, a timeout)
+# fails `nvme connect` too, and must not count as a refusal.
+check_refused() {
+	local name=$1 limit=$2; shift 2
+	selected "$name" || return 0
+	if ! targets_alive; then
+		say "$name: SKIPPED, a target process has exited"
+		record "$name" 1 0; return 0
+	fi
+	say "$name: $(describe "$name") [stock nvme-rdma-siw, expected to fail at connect]"
+	echo "+ kernel-peer run -t $limit $*" >&2
+	local log=$WORK/$name.console.log t0 rc=0 SHOW=$SHOW
+	[[ $SHOW == fail ]] && SHOW=never # a failing guest is what we want here
+	t0=$(now)
+	kp_run "$log" "$limit" "$@" || rc=$?
+	if ((rc == 1)) && grep -q 'FAIL: command failed (rc=[0-9]*): nvme connect -t rdma' "$log" &&
+		! grep -q '^\[kp [0-9.]*\] controller nvme' "$log" &&
+		grep -q 'nvme nvme[0-9]*: Connect for subsystem .* is not allowed' "$log"; then
+		say "$name: refused as expected: $(grep -m1 'Connect for subsystem .* is not allowed' "$log" | tr -s ' ')"
+		rc=0
+	else
+		say "$name: the refused host was NOT refused cleanly (guest rc=$rc)"
+		[[ $SHOW == never ]] || tail -n 60 "$log" >&2
+		((rc == 0 || rc == 1)) && rc=1
+	fi
+	record "$name" "$rc" "$(since "$t0")"
+	say "$name: $( ((rc == 0)) && echo PASS || echo "FAIL (rc=$rc, console: $log)")"
+}
+
+# has_rdma_variant SCENARIO : the harness's SCENARIO can run over NVMe/RDMA
+# (-e NVME_TRANSPORT=rdma). The ironwire copy's nvme-pattern, nvme-fs and
+# nvme-refused hard-code `tcp` today.
+has_rdma_variant() { grep -q 'NVME_TRANSPORT' "$KP_DIR/scenarios/$1.sh" 2>/dev/null; }
+
+run_checks() {
+	# ironwire must also pass the kernel's own discard path (blkdiscard).
+	local strict=()
+	[[ $MODE == ironwire ]] && strict=(-e NVME_STRICT_DISCARD=1)
+	check discover-battery 150 "${strict[@]}" -e NVME_REQUIRE_DISCOVERED=1 nvme-rdma-siw "$PORT" "$IW_NQN"
+	check queues2-smp2 180 --smp 2 "${strict[@]}" -e NVME_QUEUES=2 nvme-rdma-siw "$PORT" "$IW_NQN"
+	check file4k-battery 150 "${strict[@]}" -e KP_HOSTNQN="$IW_ALLOWED_HOSTNQN" nvme-rdma-siw "$RPORT" "$IW_RESTRICTED_NQN"
+	if [[ -n $CPORT ]]; then
+		check crc-off 150 "${strict[@]}" -e NVME_REQUIRE_DISCOVERED=1 nvme-rdma-siw "$CPORT" "$IW_NQN"
+	else
+		skipped crc-off "no CRC-off port: set IW_CRC_OFF_PORT"
+	fi
+	if ! has_rdma_variant nvme-pattern; then
+		skipped pattern-64m "harness: nvme-pattern has no NVME_TRANSPORT=rdma"
+	elif selected pattern-64m; then
+		head -c 64M /dev/urandom >"$WORK/pattern.bin"
+		local sum; sum=$(sha256sum <"$WORK/pattern.bin" | cut -d' ' -f1)
+		check pattern-64m 180 -f "$WORK/pattern.bin:/kp/files/pattern.bin" -e NVME_TRANSPORT=rdma \
+			-e PATTERN_FILE=/kp/files/pattern.bin -e PATTERN_SHA256="$sum" -e PATTERN_MIB=64 \
+			nvme-pattern "$PORT" "$IW_NQN"
+		rm -f "$WORK/pattern.bin"
+	fi
+	if has_rdma_variant nvme-fs; then
+		check ext4-fs 180 -e NVME_TRANSPORT=rdma -e FS_FILES=20 -e FS_MAX_KIB=4096 nvme-fs "$PORT" "$IW_NQN"
+	else
+		skipped ext4-fs "harness: nvme-fs has no NVME_TRANSPORT=rdma"
+	fi
+	if has_rdma_variant nvme-refused; then
+		check refused-host 120 -e NVME_TRANSPORT=rdma -e KP_HOSTNQN="$IW_REFUSED_HOSTNQN" \
+			-e ALLOWED_HOSTNQN="$IW_ALLOWED_HOSTNQN" nvme-refused "$RPORT" "$IW_RESTRICTED_NQN"
+	else
+		check_refused refused-host 120 -e KP_HOSTNQN="$IW_REFUSED_HOSTNQN" -e NVME_SKIP_DISCOVERY=1 \
+			-e KP_DMESG_LINES=200 nvme-rdma-siw "$RPORT" "$IW_RESTRICTED_NQN"
+	fi
+	if [[ $MODE != ironwire ]]; then
+		skipped tcp-same-port "ironwire only"
+		skipped tcp-rdma-mixed "ironwire only"
+		return 0
+	fi
+	check tcp-same-port 150 "${strict[@]}" -e NVME_REQUIRE_DISCOVERED=1 nvme-tcp "$PORT" "$IW_NQN"
+	# One guest, TCP then RDMA to the same port and NQN: two controllers on
+	# one subsystem (native multipath), data written over one transport read
+	# back over the other (paths forced with nvme disconnect -d), teardown.
+	if [[ -f $KP_DIR/scenarios/nvme-tcp-rdma.sh ]]; then
+		check tcp-rdma-mixed 120 -e KP_DMESG_LINES=120 nvme-tcp-rdma "$PORT" "$IW_NQN"
+	else
+		skipped tcp-rdma-mixed "harness: no nvme-tcp-rdma scenario"
+	fi
+}
+
+# ------------------------------------------------------------------ main
+T0=$(now)
+cd "$REPO" || die "no repo at $REPO"
+ensure_siw
+if ! start_targets; then
+	dump_target_logs
+	FAILED=1
+	exit 1
+fi
+run_checks
+for p in "${TARGET_PIDS[@]}"; do
+	kill -0 "$p" 2>/dev/null || { echo "nvme-rdma: a target process exited during the run" >&2; FAILED=1; }
+done
+((FAILED)) && dump_target_logs
+
+printf '\n===== NVMe/RDMA (soft-iWARP) kernel-host interop (%s, 127.0.0.1:%s%s) =====\n' \
+	"$([[ $MODE == ironwire ]] && echo "$IRONWIRE_BIN" || echo "$MODE")" "$PORT" \
+	"$([[ -n $CPORT && $CPORT != "$PORT" ]] && echo ", CRC off :$CPORT")"
+printf '%-18s %-17s %8s  %s\n' CHECK RESULT TIME WHAT
+for r in "${RESULTS[@]}"; do echo "$r"; done
+printf 'total wall %ss\n' "$(since "$T0")"
+((${#RESULTS[@]})) || { echo "nvme-rdma: no check selected" >&2; exit 1; }
+exit "$FAILED"
