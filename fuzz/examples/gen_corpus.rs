@@ -5,7 +5,9 @@
 //! `fuzz/corpus/<target>/` (gitignored); `-- --seeds` writes the few tiny
 //! ones kept in git into `fuzz/seeds/<target>/`.
 
-use ironwire_fuzz::{connect_data, connect_sqe, fabrics_sqe, pattern, SUB};
+use ironwire_fuzz::{chunks, connect_data, connect_sqe, fabrics_sqe, pattern, SUB};
+use iwarp::mpa::{self, Frame, Kind};
+use iwarp::wire::{self, Ctrl, Opcode, ReadRequest, TaggedHeader, UntaggedHeader};
 use nvme_spec::{Cqe, Sgl, Sqe, Status};
 use nvmf_tcp::pdu::{
     self, common_header, flags, CapsuleCmd, CapsuleResp, DataHeader, Framing, IcReq, IcResp, PduType, R2t, TermReq,
@@ -38,8 +40,11 @@ fn ic_resp(dgst: u8) -> Vec<u8> {
     out
 }
 
+/// An SQE with a zero-length transport data block descriptor, as hosts
+/// send for commands without data (the NVMe/TCP binding refuses an all-zero
+/// descriptor).
 fn sqe(opcode: u8, cid: u16, nsid: u32) -> Sqe {
-    let mut s = Sqe { opcode, ..Default::default() };
+    let mut s = Sqe { opcode, dptr: Sgl::transport(0), ..Default::default() };
     s.cid = cid.into();
     s.nsid = nsid.into();
     s
@@ -207,9 +212,12 @@ fn host_connection(all: bool) -> Seeds {
     v
 }
 
-/// One nvmf_queue record.
+/// One nvmf_queue record (with bit 7 of `h`, the clock advances 10 s).
 fn rec(h: u8, s: &Sqe, blob: Option<&[u8]>) -> Vec<u8> {
     let mut v = vec![h];
+    if h & 0x80 != 0 {
+        v.push(10);
+    }
     v.extend_from_slice(s.as_bytes());
     if let Some(b) = blob {
         v.extend_from_slice(&(b.len() as u16).to_le_bytes());
@@ -253,14 +261,14 @@ fn nvmf_queue(all: bool) -> Seeds {
             "io-read-write-dsm",
             cat(&[3], &[rec(1, &read, None), rec(0x15, &write, Some(&pattern(512))), rec(0x15, &dsm, Some(&range))]),
         ),
-        // Queue 2 connects as a second admin queue (valid Connect data),
-        // enables, asks for the discovery log.
+        // Queue 2 connects as a second admin queue (valid Connect data in
+        // the capsule), enables, sets the number of queues.
         (
             "connect-in-input",
             cat(
                 &[0],
                 &[
-                    rec(0x0a, &connect_sqe(0, 1), None),
+                    rec(0x1a, &connect_sqe(0, 1), None),
                     rec(2, &ironwire_fuzz::cc_set_sqe(ironwire_fuzz::CC_ENABLE, 2), None),
                     rec(2, &nq, None),
                 ],
@@ -274,7 +282,7 @@ fn nvmf_queue(all: bool) -> Seeds {
             cat(
                 &[0],
                 &[
-                    rec(0x2a, &connect_sqe(0, 1), None),
+                    rec(0x3a, &connect_sqe(0, 1), None),
                     rec(2, &ironwire_fuzz::cc_set_sqe(ironwire_fuzz::CC_ENABLE, 2), None),
                     rec(2, &disc_log, None),
                 ],
@@ -284,8 +292,138 @@ fn nvmf_queue(all: bool) -> Seeds {
             "aer-keepalive",
             cat(&[1], &[rec(0, &aer, None), rec(0x80, &sqe(0x18, 19, 0), None), rec(0x80, &sqe(0x18, 20, 0), None)]),
         ));
-        v.push(("io-connect-late", cat(&[1], &[rec(0x49, &connect_sqe(2, 3), None), rec(2, &read, None)])));
-        let _ = connect_data(0xffff, SUB);
+        v.push(("io-connect-late", cat(&[1], &[rec(0x59, &connect_sqe(2, 3), None), rec(2, &read, None)])));
+        // Connect data solicited (transport SGL, NeedData, data_arrived).
+        let mut solicited = connect_sqe(0, 1);
+        solicited.dptr = Sgl::transport(1024);
+        v.push(("connect-solicited", cat(&[0], &[rec(0x0a, &solicited, None)])));
+        // A write whose data comes after NeedData: 100 bytes of the input,
+        // padded to the 1024 the SGL describes.
+        let mut write_r2t = sqe(0x01, 21, 1);
+        write_r2t.cdw10 = 16.into();
+        write_r2t.cdw12 = 1.into();
+        write_r2t.dptr = Sgl::transport(1024);
+        v.push(("io-write-solicited", cat(&[3], &[rec(0x05, &write_r2t, Some(&pattern(100)))])));
+    }
+    v
+}
+
+/// An MPA request or reply (enhanced, revision 2) with IRD/ORD words and
+/// 32 zero bytes of private data.
+fn mpa_frame(kind: Kind, crc: bool, ird: u16, ord: u16) -> Vec<u8> {
+    let flags = mpa::flags::ENHANCED | if crc { mpa::flags::CRC } else { 0 };
+    let f = Frame { kind, flags, revision: 2, ird_ord: Some((ird, ord)), private_data: vec![0; 32] };
+    let mut out = Vec::new();
+    f.encode(&mut out);
+    out
+}
+
+/// A whole Send (one FPDU) of `payload` with message sequence number `msn`.
+fn iw_send(msn: u32, payload: &[u8], crc: bool) -> Vec<u8> {
+    let h = UntaggedHeader {
+        ulpdu_len: 0.into(),
+        ctrl: Ctrl::new(Opcode::SEND, true).0.into(),
+        inv_stag: 0.into(),
+        qn: wire::QN_SEND.into(),
+        msn: msn.into(),
+        mo: 0.into(),
+    };
+    let mut out = Vec::new();
+    wire::put_fpdu(&mut out, h.as_bytes(), payload.len(), crc, |d| d.copy_from_slice(payload));
+    out
+}
+
+/// A whole tagged message (RDMA Write or Read Response) to `stag` at `to`.
+fn iw_tagged(op: Opcode, stag: u32, to: u64, payload: &[u8], crc: bool) -> Vec<u8> {
+    let h = TaggedHeader { ulpdu_len: 0.into(), ctrl: Ctrl::new(op, true).0.into(), stag: stag.into(), to: to.into() };
+    let mut out = Vec::new();
+    wire::put_fpdu(&mut out, h.as_bytes(), payload.len(), crc, |d| d.copy_from_slice(payload));
+    out
+}
+
+/// An RDMA Read Request of `size` bytes of `src_stag` at `src_to`.
+fn iw_read_request(msn: u32, sink_stag: u32, size: u32, src_stag: u32, src_to: u64, crc: bool) -> Vec<u8> {
+    let rr = ReadRequest {
+        ddp: UntaggedHeader {
+            ulpdu_len: 0.into(),
+            ctrl: Ctrl::new(Opcode::READ_REQUEST, true).0.into(),
+            inv_stag: 0.into(),
+            qn: wire::QN_READ_REQUEST.into(),
+            msn: msn.into(),
+            mo: 0.into(),
+        },
+        sink_stag: sink_stag.into(),
+        sink_to: 0.into(),
+        size: size.into(),
+        src_stag: src_stag.into(),
+        src_to: src_to.into(),
+    };
+    let mut out = Vec::new();
+    wire::put_fpdu(&mut out, rr.as_bytes(), 0, crc, |_| {});
+    out
+}
+
+/// The first chunking seed (as `iwarp_connection` cuts its input) that puts
+/// a chunk boundary in `lo..=hi` of `stream`, so what follows arrives after
+/// the harness acted on the events before it (accepted, registered, read).
+fn seed_cutting(stream: &[u8], lo: usize, hi: usize) -> u8 {
+    (1..=255u8)
+        .find(|&seed| {
+            let mut at = 0;
+            chunks(stream, seed, 97).iter().any(|c| {
+                at += c.len();
+                (lo..=hi).contains(&at)
+            })
+        })
+        .unwrap_or(0)
+}
+
+fn iwarp_connection(all: bool) -> Seeds {
+    // Responder, no CRC: the request (peer IRD 128, ORD 0) and one Send of
+    // 64 bytes in one chunk.
+    let plain = cat(&[0, 0], &[mpa_frame(Kind::Request, false, 0x80, 0), iw_send(1, &[0; 64], false)]);
+    // Responder, CRC: a Send (the harness reads 512 bytes of the peer's
+    // STag 0 for it, into its first sink STag 0x8000_0001), then the Read
+    // Response and a second Send, cut so the response comes after the read.
+    let req = mpa_frame(Kind::Request, true, 0x80, 0);
+    let send = iw_send(1, &pattern(64), true);
+    let at = req.len() + send.len();
+    let stream = cat(
+        &[],
+        &[req, send, iw_tagged(Opcode::READ_RESPONSE, 0x8000_0001, 0, &pattern(512), true), iw_send(2, b"bye!", true)],
+    );
+    let read_crc = cat(&[2, seed_cutting(&stream, at, at + wire::TAGGED_LEN - 1)], &[stream]);
+    let mut v: Seeds = vec![("responder-send", plain), ("responder-send-read-crc", read_crc)];
+    if all {
+        // Initiator: the reply (IRD 4, ORD 4), then an RDMA Write into the
+        // write region (STag 0x001 at 0x1000), an RDMA Read of the
+        // read-only one (STag 0x102 at 0x8000) and a Send, cut after the
+        // reply so the regions and receives exist.
+        let rep = mpa_frame(Kind::Reply, false, 4, 4);
+        let at = rep.len();
+        let stream = cat(
+            &[],
+            &[
+                rep,
+                iw_tagged(Opcode::RDMA_WRITE, 0x001, 0x1000, &pattern(64), false),
+                iw_read_request(1, 0x7700, 64, 0x102, 0x8000, false),
+                iw_send(1, &[0; 16], false),
+            ],
+        );
+        v.push(("initiator-write-read", cat(&[1, seed_cutting(&stream, at, at + wire::TAGGED_LEN - 1)], &[stream])));
+        // Initiator: a Write into the read-only region must be refused.
+        let rep = mpa_frame(Kind::Reply, true, 4, 4);
+        let at = rep.len();
+        let stream = cat(&[], &[rep, iw_tagged(Opcode::RDMA_WRITE, 0x102, 0x8000, &pattern(8), true)]);
+        v.push((
+            "initiator-write-read-only",
+            cat(&[3, seed_cutting(&stream, at, at + wire::TAGGED_LEN - 1)], &[stream]),
+        ));
+        // Responder, small segments: the request without the enhanced bit.
+        let f = Frame { kind: Kind::Request, flags: 0, revision: 1, ird_ord: None, private_data: b"x".to_vec() };
+        let mut req = Vec::new();
+        f.encode(&mut req);
+        v.push(("responder-rev1-small", cat(&[4, 0], &[req, iw_send(1, &pattern(100), false)])));
     }
     v
 }
@@ -303,11 +441,12 @@ fn main() -> std::io::Result<()> {
     let seeds = std::env::args().any(|a| a == "--seeds");
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join(if seeds { "seeds" } else { "corpus" });
     let all = !seeds;
-    let sets: [(&str, Seeds); 5] = [
+    let sets: [(&str, Seeds); 6] = [
         ("pdu_deframe", pdu_deframe(all)),
         ("target_connection", target_connection(all)),
         ("host_connection", host_connection(all)),
         ("nvmf_queue", nvmf_queue(all)),
+        ("iwarp_connection", iwarp_connection(all)),
         ("spec_decode", spec_decode(all)),
     ];
     for (target, files) in sets {

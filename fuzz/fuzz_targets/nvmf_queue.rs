@@ -1,5 +1,7 @@
 //! NVMe-oF command execution through `nvmf::Queue::execute` against a small
-//! target (one subsystem, a RAM namespace and a null namespace).
+//! target (one subsystem, a RAM namespace and a null namespace, NVMe/TCP
+//! ports), with each command's data pointer parsed the way the NVMe/TCP
+//! binding parses it.
 //!
 //! Input: byte 0 sets the start: bit 0 connects queue 0 as an admin queue
 //! and enables the controller (CC.EN) and bit 1 then connects queue 1 as I/O
@@ -11,23 +13,36 @@
 //!             bit 2 a data blob follows, bit 3 supply valid Connect data
 //!             (bit 5: for the discovery subsystem; bit 6: cntlid of the
 //!             admin queue's controller instead of 0xffff), bit 4 hand the
-//!             data over on the first call (in-capsule) instead of on
-//!             NeedData, bit 7 advance the clock by `dt` seconds
+//!             data over with the command (in-capsule) instead of to
+//!             `data_arrived` after NeedData, bit 7 advance the clock by
+//!             `dt` seconds
 //! [dt: u8]    when bit 7
 //! sqe: [u8; 64]
 //! [len: u16 le, bytes]  when bit 2 (len taken modulo 8193)
 //! ```
 //!
-//! Never panics. A command given its data never asks for data again; block
-//! requests stay inside the device and the transfer limit; completions
-//! carry the command's CID. `poll_event` and `expired` run after every
-//! record.
+//! Like the TCP binding, `TargetConnection::check_sgl` turns the SQE's SGL
+//! (and the in-capsule data, if any) into the `data_len` that `execute`
+//! takes; a command whose SGL it rejects is completed by the binding and
+//! never reaches the queue (in-capsule data needs a data block descriptor
+//! at offset 0 of exactly its length, otherwise a transport data block
+//! descriptor of at most 1 MiB, or a zero-length data block one). On
+//! NeedData the blob, or 0xa5 bytes, cut or padded to the length asked for
+//! (what an R2T solicits), goes to `data_arrived`.
+//!
+//! Never panics. NeedData asks for the SGL's length, and a command given its
+//! data never asks for data again; block requests stay inside the device
+//! and the transfer limit, and a write or compare carries exactly its
+//! blocks; completions carry the command's CID. `poll_event` and `expired`
+//! run after every record; no controller outlives its admin queue.
 #![no_main]
 
-use ironwire_fuzz::{addr, cc_set_sqe, connect_data, connect_sqe, target, CC_ENABLE, SUB};
+use blockdev::{BlockDevice, Device};
+use ironwire_fuzz::{addr, binding, cc_set_sqe, connect_data, connect_sqe, target, transport, CC_ENABLE, SUB};
 use libfuzzer_sys::fuzz_target;
 use nvme_spec::{Sqe, DISCOVERY_NQN};
-use nvmf::{BlockOp, Outcome, Queue, QueueKind};
+use nvmf::{BlockOp, Outcome, Queue, QueueKind, Target};
+use nvmf_tcp::target::TargetConnection;
 use std::sync::Arc;
 use zerocopy::FromBytes;
 
@@ -47,12 +62,13 @@ impl<'a> Reader<'a> {
     }
 }
 
-fn cntlid_of(q: &Queue) -> Option<u16> {
+fn cntlid_of(q: &Queue<Device>) -> Option<u16> {
     q.controller().map(|c| c.cntlid)
 }
 
-/// Checks an outcome against the command that produced it.
-fn check(target: &nvmf::Target, sqe: &Sqe, o: &Outcome<Vec<u8>>, had_data: bool) {
+/// Checks an outcome against the command that produced it, whose SGL
+/// described `data_len` bytes.
+fn check(target: &Target<Device>, sqe: &Sqe, o: &Outcome<Vec<u8>, Device>, data_len: u32, had_data: bool) {
     let cid = sqe.cid.get();
     let max = target.settings.max_transfer;
     match o {
@@ -68,6 +84,7 @@ fn check(target: &nvmf::Target, sqe: &Sqe, o: &Outcome<Vec<u8>>, had_data: bool)
         Outcome::CompleteAndClose { cqe } => assert_eq!(cqe.cid.get(), cid),
         Outcome::NeedData { len } => {
             assert!(!had_data, "asked for data it was given");
+            assert_eq!(*len, data_len, "NeedData for other than the SGL's length");
             assert!(*len <= max.max(1024), "NeedData {len} > MDTS");
         }
         Outcome::Deferred => {}
@@ -84,7 +101,7 @@ fn check(target: &nvmf::Target, sqe: &Sqe, o: &Outcome<Vec<u8>>, had_data: bool)
                 BlockOp::Write { lba, data, .. } | BlockOp::Compare { lba, data } => {
                     assert!(had_data);
                     assert!(req.device.check_range(*lba, u64::from(sqe.blocks())).is_ok());
-                    let _ = data.len();
+                    assert_eq!(data.len() as u64, u64::from(sqe.blocks()) * bs, "data is not the blocks");
                 }
                 BlockOp::WriteZeroes { lba, blocks, .. } => {
                     assert!(req.device.check_range(*lba, *blocks).is_ok());
@@ -101,22 +118,63 @@ fn check(target: &nvmf::Target, sqe: &Sqe, o: &Outcome<Vec<u8>>, had_data: bool)
     }
 }
 
+/// Runs one command as the TCP binding would: SGL check, `execute` with
+/// the in-capsule data `first`, and on NeedData `data_arrived` with `later`
+/// cut or padded to the length asked for.
+fn run(
+    t: &Target<Device>,
+    tcp: &TargetConnection<Vec<u8>>,
+    q: &mut Queue<Device>,
+    now: u64,
+    sqe: &Sqe,
+    first: Option<Vec<u8>>,
+    later: Option<Vec<u8>>,
+) {
+    let had = first.is_some();
+    let data_len = match tcp.check_sgl(sqe, first.as_ref().map(Vec::len)) {
+        Ok(len) => len,
+        // The binding completes the command with this status itself.
+        Err(status) => {
+            assert!(!status.is_success());
+            return;
+        }
+    };
+    let mut o = q.execute(now, sqe, data_len, first);
+    check(t, sqe, &o, data_len, had);
+    if let Outcome::NeedData { len } = o {
+        let mut data = later.unwrap_or_default();
+        data.resize(len as usize, 0xa5);
+        o = q.data_arrived(now, sqe.cid.get(), data);
+        check(t, sqe, &o, data_len, true);
+    }
+    if let Outcome::CompleteAndClose { .. } = o {
+        q.close();
+    }
+}
+
 fuzz_target!(|input: &[u8]| {
     let Some((&start, rest)) = input.split_first() else {
         return;
     };
     let t = target();
+    let tcp = binding();
     let mut now: u64 = 1_000;
-    let mut qs: [Queue; 3] = std::array::from_fn(|_| Queue::new(t.clone(), addr(), addr()));
+    let mut qs: [Queue<Device>; 3] = std::array::from_fn(|_| Queue::new(t.clone(), transport(), addr(), addr()));
 
     if start & 1 != 0 {
-        let o = qs[0].execute(now, &connect_sqe(0, 0xfff0), Some(connect_data(0xffff, SUB)));
+        let connect = connect_sqe(0, 0xfff0);
+        let len = tcp.check_sgl(&connect, Some(1024)).expect("Connect SGL");
+        let o = qs[0].execute(now, &connect, len, Some(connect_data(0xffff, SUB)));
         assert!(matches!(o, Outcome::Connected { qid: 0, .. }), "{o:?}");
-        let o = qs[0].execute(now, &cc_set_sqe(CC_ENABLE, 0xfff1), None::<Vec<u8>>);
+        let cc = cc_set_sqe(CC_ENABLE, 0xfff1);
+        let len = tcp.check_sgl(&cc, None).expect("Property Set SGL");
+        let o = qs[0].execute(now, &cc, len, None::<Vec<u8>>);
         assert!(matches!(&o, Outcome::Complete { cqe, .. } if cqe.status().is_success()));
         if start & 2 != 0 {
             let cntlid = cntlid_of(&qs[0]).expect("admin controller");
-            let o = qs[1].execute(now, &connect_sqe(1, 0xfff2), Some(connect_data(cntlid, SUB)));
+            let connect = connect_sqe(1, 0xfff2);
+            let len = tcp.check_sgl(&connect, Some(1024)).expect("Connect SGL");
+            let o = qs[1].execute(now, &connect, len, Some(connect_data(cntlid, SUB)));
             assert!(matches!(o, Outcome::Connected { qid: 1, .. }), "{o:?}");
         }
     }
@@ -144,23 +202,12 @@ fuzz_target!(|input: &[u8]| {
         let mut qi = usize::from(h & 3);
         if qi == 3 {
             qs[2].close();
-            qs[2] = Queue::new(t.clone(), addr(), addr());
+            qs[2] = Queue::new(t.clone(), transport(), addr(), addr());
             qi = 2;
         }
-        let q = &mut qs[qi];
         let early = h & 0x10 != 0;
         let first = if early { blob.take() } else { None };
-        let had = first.is_some();
-        let mut o = q.execute(now, &sqe, first);
-        check(&t, &sqe, &o, had);
-        if let Outcome::NeedData { len } = o {
-            let data = blob.take().unwrap_or_else(|| vec![0xa5; len as usize]);
-            o = q.execute(now, &sqe, Some(data));
-            check(&t, &sqe, &o, true);
-        }
-        if let Outcome::CompleteAndClose { .. } = o {
-            q.close();
-        }
+        run(&t, &tcp, &mut qs[qi], now, &sqe, first, blob);
         for q in qs.iter_mut() {
             while let Some(cqe) = q.poll_event() {
                 assert!(cqe.status().is_success());

@@ -26,6 +26,7 @@ fuzz_target!(|input: &[u8]| {
         max_in_capsule: if small { 512 } else { 8192 },
         max_transfer: if small { 16 * 1024 } else { 256 * 1024 },
         cpda: cfg & 3,
+        ..TargetConfig::default()
     });
     if cfg & 16 != 0 {
         t.set_queue(u16::from(cfg >> 5), 31, cfg & 8 != 0);

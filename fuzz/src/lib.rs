@@ -1,7 +1,8 @@
 //! Helpers shared by the fuzz targets and the corpus generator: splitting an
 //! input into receive chunks, checking that a byte stream is a sequence of
 //! well-formed PDUs, a tiny controller behind `TargetConnection`, and the
-//! small `nvmf::Target` the queue target runs against.
+//! small `nvmf::Target` (with the NVMe/TCP binding's transport descriptor
+//! and SGL check) the queue target runs against.
 //!
 //! Nothing here links libFuzzer, so `cargo run --example gen_corpus` works on
 //! a stable toolchain.
@@ -10,7 +11,7 @@ use blockdev::Device;
 use nvme_spec::fabrics::ConnectData;
 use nvme_spec::{Cqe, Sgl, Sqe, Status};
 use nvmf_tcp::pdu::{self, Framing};
-use nvmf_tcp::target::{Event, TargetConnection};
+use nvmf_tcp::target::{Event, TargetConfig, TargetConnection};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use zerocopy::IntoBytes;
@@ -41,7 +42,6 @@ pub fn chunks(data: &[u8], seed: u8, max: usize) -> Vec<&[u8]> {
     }
     out
 }
-
 
 /// Checks that `bytes` is a whole number of well-formed PDUs under
 /// `framing` (digests that match, data where PDO says, nothing left over).
@@ -125,16 +125,34 @@ pub fn addr() -> SocketAddr {
     SocketAddr::from(([127, 0, 0, 1], 4420))
 }
 
+/// In-capsule data bytes the fuzz target's NVMe/TCP ports advertise
+/// (Identify IOCCSZ) and its binding accepts.
+pub const IN_CAPSULE: u32 = 8192;
+
+/// The transport descriptor of the fuzz target's ports and queues: NVMe/TCP
+/// with [`IN_CAPSULE`] bytes of in-capsule data.
+pub fn transport() -> nvmf::Transport {
+    nvmf_tcp::transport(IN_CAPSULE)
+}
+
+/// A target-side NVMe/TCP connection used only for
+/// [`TargetConnection::check_sgl`], the binding's parse of a command's data
+/// pointer into the transfer length `nvmf::Queue::execute` takes. Its
+/// transfer limit (1 MiB) is above the target's (64 KiB), as a daemon may
+/// configure them, so the core's own limit checks are reachable.
+pub fn binding() -> TargetConnection<Vec<u8>> {
+    TargetConnection::new(TargetConfig {
+        max_in_capsule: IN_CAPSULE,
+        max_transfer: 1024 * 1024,
+        ..TargetConfig::default()
+    })
+}
+
 /// A target with one subsystem: NSID 1 a 64 KiB RAM device of 512-byte
-/// blocks, NSID 2 a null device of 4 KiB blocks; two ports (one
+/// blocks, NSID 2 a null device of 4 KiB blocks; two NVMe/TCP ports (one
 /// discovery-only) so the discovery log has entries.
-pub fn target() -> Arc<nvmf::Target> {
-    let t = nvmf::Target::new(nvmf::Settings {
-        max_transfer: 64 * 1024,
-        io_in_capsule: 8192,
-        max_io_queues: 4,
-        queue_entries: 32,
-    });
+pub fn target() -> Arc<nvmf::Target<Device>> {
+    let t = nvmf::Target::new(nvmf::Settings { max_transfer: 64 * 1024, max_io_queues: 4, queue_entries: 32 });
     if let Ok(s) = t.add_subsystem(nvmf::Subsystem::new(SUB, "FUZZ1", true, Vec::new())) {
         if let Ok(dev) = Device::ram("fuzz-ram", 64 * 1024, 512) {
             let _ = s.add_namespace(nvmf::Namespace::new(SUB, 1, Arc::new(dev)));
@@ -143,14 +161,15 @@ pub fn target() -> Arc<nvmf::Target> {
             let _ = s.add_namespace(nvmf::Namespace::new(SUB, 2, Arc::new(dev)));
         }
     }
-    t.add_port(addr(), false);
-    t.add_port(SocketAddr::from(([127, 0, 0, 1], 8009)), true);
+    t.add_port(addr(), transport(), false);
+    t.add_port(SocketAddr::from(([127, 0, 0, 1], 8009)), transport(), true);
     Arc::new(t)
 }
 
-/// A Fabrics command SQE.
+/// A Fabrics command SQE, with a zero-length transport data block
+/// descriptor as hosts send for commands without data.
 pub fn fabrics_sqe(fctype: u8, cid: u16) -> Sqe {
-    let mut s = Sqe { opcode: 0x7f, ..Default::default() };
+    let mut s = Sqe { opcode: 0x7f, dptr: Sgl::transport(0), ..Default::default() };
     s.cid = cid.into();
     s.nsid = u32::from(fctype).into();
     s
