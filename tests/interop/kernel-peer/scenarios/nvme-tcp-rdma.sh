@@ -23,11 +23,13 @@
 # Env:  NVME_ADDR (default 10.0.2.2 = host 127.0.0.1), MIXED_MIB (size of each
 #       pattern, default 8), MIXED_SEEK_MIB (offset of the first one, default 128),
 #       NVME_MULTIPATH=0 (load nvme_core with multipath=N: per-path devices),
+#       MIXED_IO_TIMEOUT (s, default 30: a dd that takes longer is a hang; the
+#       scenario then prints controller, socket and QP state and fails),
 #       NVME_QUEUES / NVME_EXTRA (as nvme-tcp, applied to both connects)
 . /kp/lib.sh
 A=${NVME_ADDR:-$KP_HOST} P=${1:-${NVME_PORT:-4420}} NQN=${2:-${NVME_NQN:-}}
 [ -n "$NQN" ] || kp_die "usage: nvme-tcp-rdma PORT NQN"
-MIB=${MIXED_MIB:-8} SEEK0=${MIXED_SEEK_MIB:-128}
+MIB=${MIXED_MIB:-8} SEEK0=${MIXED_SEEK_MIB:-128} IO_TIMEOUT=${MIXED_IO_TIMEOUT:-30}
 BS=262144 BPM=4 # dd block size 256 KiB: 4 blocks per MiB
 
 # ------------------------------------------------------------------ helpers
@@ -53,6 +55,15 @@ path_of() {
 }
 # head_of PATHDEV : the multipath head (nvmeAcBnC -> nvmeAnC)
 head_of() { echo "$1" | sed 's/c[0-9]*n/n/'; }
+# paths_of HEAD : the live controllers' path devices that belong to HEAD
+paths_of() {
+	for _c in /sys/class/nvme/nvme*; do
+		_pc=$(basename "$_c")
+		[ "$(cat "$_c/subsysnqn" 2>/dev/null)" = "$NQN" ] && ctrl_live "$_pc" || continue
+		_pp=$(path_of "$_pc") || continue
+		[ "$(head_of "$_pp")" = "$1" ] && printf '%s(%s) ' "$_pp" "$(cat "$_c/transport")"
+	done
+}
 # sectors CTRL : "read-sectors write-sectors" of CTRL's namespace path
 sectors() { awk '{print $3, $7}' /sys/class/nvme/"$1"/"$(path_of "$1")"/stat 2>/dev/null || echo "0 0"; }
 # moved BEFORE AFTER FIELD : sectors moved on a path (FIELD 1 = read, 2 = write)
@@ -99,9 +110,9 @@ connect_tr() {
 	if [ "$1" = tcp ]; then C_TCP=$_cc; else C_RDMA=$_cc; fi
 	if [ "$MP" = Y ]; then
 		_h=$(head_of "$(path_of "$_cc")")
+		case "$(path_of "$_cc")" in *c*n*) ;; *) kp_die "multipath is on, but $_cc has no hidden path device ($(path_of "$_cc"))" ;; esac
 		[ -z "$HEAD" ] || [ "$_h" = "$HEAD" ] || kp_die "the $1 path of $_cc belongs to $_h, not to $HEAD"
-		kp_wait 10 test -e /sys/block/"$_h"/multipath/"$(path_of "$_cc")" ||
-			kp_die "$(path_of "$_cc") is not a path of /dev/$_h"
+		kp_wait 10 test -b /dev/"$_h" || kp_die "no multipath head /dev/$_h for $(path_of "$_cc")"
 	fi
 }
 
@@ -134,12 +145,43 @@ check_subsys() {
 	kp_log "$(basename "$SS"): 2 live controllers for $NQN (transports$_trs, cntlids$_ids)"
 }
 
+# io_stall WHAT : an I/O hangs: show the controllers, the TCP sockets (siw's
+# included: Recv-Q/Send-Q say which side stopped reading) and the QPs, then
+# fail; /init prints the dmesg tail. The hung dd stays behind in D state.
+io_stall() {
+	echo "[kp $(kp_uptime)] STALL: $1 not done after ${IO_TIMEOUT}s; state:"
+	for _c in /sys/class/nvme/nvme*; do
+		[ -e "$_c/transport" ] &&
+			echo "  $(basename "$_c"): $(cat "$_c/transport") cntlid=$(cat "$_c/cntlid") state=$(cat "$_c/state")"
+	done
+	echo "  paths: $(paths_of "${HEAD:-none}")"
+	netstat -tn 2>/dev/null
+	rdma res show qp 2>/dev/null
+	rdma res show cm_id 2>/dev/null
+	kp_die "$1 hung (I/O not completed in ${IO_TIMEOUT}s)"
+}
+# io WHAT CMD... : run an I/O command with a deadline (IO_TIMEOUT s): a hung
+# path fails the scenario with diagnostics instead of running into the VM limit
+io() {
+	_what=$1; shift
+	echo "+ $*" >&2
+	rm -f /tmp/io.rc
+	( "$@" 2>/tmp/io.err; echo $? > /tmp/io.rc ) &
+	_t=$((IO_TIMEOUT * 5))
+	while [ ! -s /tmp/io.rc ]; do
+		_t=$((_t - 1))
+		[ "$_t" -gt 0 ] || io_stall "$_what"
+		sleep 0.2
+	done
+	wait
+	[ "$(cat /tmp/io.rc)" = 0 ] || { cat /tmp/io.err; kp_die "$_what failed (rc=$(cat /tmp/io.rc)): $*"; }
+}
 # pat_write DEV FILE SEEK_MIB / pat_read DEV SEEK_MIB OUT : O_DIRECT, bs=256k
 pat_write() {
-	kp_must dd if="$2" of="$1" bs=$BS count=$((MIB * BPM)) seek=$(($3 * BPM)) oflag=direct conv=fsync,notrunc 2>/dev/null
+	io "write $2 to $1 at $3 MiB" dd if="$2" of="$1" bs=$BS count=$((MIB * BPM)) seek=$(($3 * BPM)) oflag=direct conv=fsync,notrunc
 }
 pat_read() {
-	kp_must dd if="$1" of="$3" bs=$BS count=$((MIB * BPM)) skip=$(($2 * BPM)) iflag=direct 2>/dev/null
+	io "read $1 at $2 MiB" dd if="$1" of="$3" bs=$BS count=$((MIB * BPM)) skip=$(($2 * BPM)) iflag=direct
 }
 # pat_check DEV FILE SEEK_MIB WHAT : DEV at SEEK_MIB reads back as FILE
 pat_check() {
@@ -203,9 +245,10 @@ kp_run nvme list
 if [ "$MP" = Y ]; then
 	# --------------------------------------------------------- native multipath
 	[ -b /dev/"$HEAD" ] || kp_die "no multipath head /dev/$HEAD"
-	_np=$(ls /sys/block/"$HEAD"/multipath/ | wc -l)
-	[ "$_np" = 2 ] || kp_die "/dev/$HEAD has $_np paths, expected 2: $(ls /sys/block/$HEAD/multipath/)"
-	kp_log "multipath head /dev/$HEAD: paths $(ls /sys/block/$HEAD/multipath/ | tr '\n' ' ')(tcp $(path_of "$C_TCP"), rdma $(path_of "$C_RDMA")), $(( $(cat /sys/block/$HEAD/size) / 2048 )) MiB"
+	[ -e "$SS/$HEAD" ] || kp_die "/dev/$HEAD is not a namespace of $(basename "$SS")"
+	_np=$(paths_of "$HEAD" | wc -w)
+	[ "$_np" = 2 ] || kp_die "/dev/$HEAD has $_np live paths, expected 2: $(paths_of "$HEAD")"
+	kp_log "multipath head /dev/$HEAD of $(basename "$SS"): paths $(paths_of "$HEAD")$(( $(cat /sys/block/$HEAD/size) / 2048 )) MiB"
 	[ $(( $(cat /sys/block/$HEAD/size) / 2048 )) -ge $((SEEK3 + MIB)) ] || kp_die "namespace too small for the patterns"
 	DEV=/dev/$HEAD
 
@@ -233,7 +276,8 @@ if [ "$MP" = Y ]; then
 	kp_step "TCP path only: disconnect the RDMA controller $C_RDMA"
 	disconnect_ctrl "$C_RDMA" rdma
 	[ -b "$DEV" ] || kp_die "$DEV vanished with one path left"
-	kp_log "paths of /dev/$HEAD: $(ls /sys/block/$HEAD/multipath/ | tr '\n' ' ')"
+	[ "$(paths_of "$HEAD" | wc -w)" = 1 ] || kp_die "/dev/$HEAD should have one live path: $(paths_of "$HEAD")"
+	kp_log "/dev/$HEAD still there, one path: $(paths_of "$HEAD")"
 	ctrl_live "$C_TCP" || kp_die "tcp controller $C_TCP not live"
 	S0=$(sectors "$C_TCP")
 	pat_check "$DEV" /tmp/p1 "$SEEK1" "pattern 1 (written over both paths) read back over TCP"
@@ -247,7 +291,8 @@ if [ "$MP" = Y ]; then
 	kp_step "RDMA path only: disconnect the TCP controller $C_TCP"
 	disconnect_ctrl "$C_TCP" tcp
 	[ -b "$DEV" ] || kp_die "$DEV vanished with one path left"
-	kp_log "paths of /dev/$HEAD: $(ls /sys/block/$HEAD/multipath/ | tr '\n' ' ')"
+	[ "$(paths_of "$HEAD" | wc -w)" = 1 ] || kp_die "/dev/$HEAD should have one live path: $(paths_of "$HEAD")"
+	kp_log "/dev/$HEAD still there, one path: $(paths_of "$HEAD")"
 	ctrl_live "$C_RDMA" || kp_die "rdma controller $C_RDMA not live"
 	S0=$(sectors "$C_RDMA")
 	pat_check "$DEV" /tmp/p2 "$SEEK2" "pattern 2 written over TCP, read back over RDMA"
