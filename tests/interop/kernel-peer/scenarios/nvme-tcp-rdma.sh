@@ -158,6 +158,13 @@ io_stall() {
 	netstat -tn 2>/dev/null
 	rdma res show qp 2>/dev/null
 	rdma res show cm_id 2>/dev/null
+	# is it the target, or the guest's network (virtio-net / QEMU slirp)?
+	# slirp answers pings to 10.0.2.2 itself; TX counters that do not move
+	# while TCP retransmits mean the guest's eth0 stopped sending.
+	echo "  eth0 tx/rx: $(sed -n 's/^ *eth0://p' /proc/net/dev | awk '{print "rx_pkts=" $2, "tx_pkts=" $10, "tx_drop=" $12}')"
+	ping -c 2 -W 2 "$KP_HOST" 2>&1 | tail -n 2
+	echo "  eth0 tx/rx: $(sed -n 's/^ *eth0://p' /proc/net/dev | awk '{print "rx_pkts=" $2, "tx_pkts=" $10, "tx_drop=" $12}')"
+	tc -s qdisc show dev eth0 2>/dev/null | head -n 6
 	kp_die "$1 hung (I/O not completed in ${IO_TIMEOUT}s)"
 }
 # io WHAT CMD... : run an I/O command with a deadline (IO_TIMEOUT s): a hung
