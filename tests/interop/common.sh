@@ -56,3 +56,77 @@ kp_run() {
 	fi
 	return "$rc"
 }
+
+# ------------------------------------------------ the runners' shared state
+# The scripts keep TARGET_PIDS / TARGET_LOGS (what they started), RESULTS and
+# FAILED (the summary), ONLY / SKIP (the --only / --skip lists) and define
+# describe NAME (a check's one-line description).
+
+stop_pid() { # stop one process group we started (setsid) by its id, then the PID
+	local p=$1 i
+	kill -0 "$p" 2>/dev/null || { wait "$p" 2>/dev/null; return 0; }
+	kill -TERM -- "-$p" 2>/dev/null || kill -TERM "$p" 2>/dev/null
+	for i in $(seq 1 50); do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done
+	if kill -0 "$p" 2>/dev/null; then kill -KILL -- "-$p" 2>/dev/null || kill -KILL "$p" 2>/dev/null; fi
+	wait "$p" 2>/dev/null
+	return 0
+}
+
+# start_target NAME LOG CMD... : start CMD in its own session, in the background
+start_target() {
+	local name=$1 log=$2; shift 2
+	say "starting $name: $*"
+	setsid "$@" >"$log" 2>&1 </dev/null &
+	TARGET_PIDS+=("$!")
+	TARGET_LOGS+=("$name:$log")
+}
+
+dump_target_logs() {
+	local e
+	for e in "${TARGET_LOGS[@]}"; do
+		printf '\n----- %s log (%s, last 200 lines) -----\n' "${e%%:*}" "${e#*:}" >&2
+		tail -n 200 "${e#*:}" >&2
+	done
+}
+
+# wait_ready PID PORT [READY_FILE] : target PID accepts connections on PORT,
+# or, given READY_FILE, has written it. A guest target is never probed with a
+# connect: QEMU's port forward accepts before the guest is up, and one bare
+# TCP connect + close to the kernel's nvmet-rdma/siw listener (no MPA
+# request) leaves that listener resetting every later connection.
+wait_ready() {
+	local pid=$1 port=$2 ready=${3:-} t0 deadline
+	t0=$(now); deadline=$(( $(date +%s) + IW_READY_TIMEOUT ))
+	while (( $(date +%s) < deadline )); do
+		if ! kill -0 "$pid" 2>/dev/null; then
+			echo "$TOOL: target exited before it was ready" >&2; return 1
+		fi
+		if { [[ -n $ready ]] && [[ -s $ready ]]; } || { [[ -z $ready ]] && port_open "$port"; }; then
+			say "target on 127.0.0.1:$port ready after $(since "$t0")s"
+			return 0
+		fi
+		sleep 0.2
+	done
+	echo "$TOOL: target not ready on 127.0.0.1:$port after ${IW_READY_TIMEOUT}s" >&2
+	return 1
+}
+
+targets_alive() {
+	local p
+	for p in "${TARGET_PIDS[@]}"; do kill -0 "$p" 2>/dev/null || return 1; done
+}
+
+selected() { # NAME
+	[[ -n $ONLY && ",$ONLY," != *",$1,"* ]] && return 1
+	[[ -n $SKIP && ",$SKIP," == *",$1,"* ]] && return 1
+	return 0
+}
+
+record() { # NAME RC SECONDS
+	local st=PASS
+	if [[ $2 != 0 ]]; then
+		FAILED=1
+		case $2 in 124) st="FAIL(timeout)" ;; 125) st="FAIL(guest died)" ;; *) st="FAIL(rc=$2)" ;; esac
+	fi
+	RESULTS+=("$(printf '%-18s %-17s %7ss  %s' "$1" "$st" "$3" "$(describe "$1")")")
+}

@@ -206,21 +206,7 @@ dump_daemon_log() {
 	tail -n 200 "$DAEMON_LOG" >&2
 }
 
-# ------------------------------------------------------------------ checks
-selected() { # NAME
-	[[ -n $ONLY && ",$ONLY," != *",$1,"* ]] && return 1
-	[[ -n $SKIP && ",$SKIP," == *",$1,"* ]] && return 1
-	return 0
-}
 
-record() { # NAME RC SECONDS
-	local st=PASS
-	if [[ $2 != 0 ]]; then
-		FAILED=1
-		case $2 in 124) st="FAIL(timeout)" ;; 125) st="FAIL(guest died)" ;; *) st="FAIL(rc=$2)" ;; esac
-	fi
-	RESULTS+=("$(printf '%-18s %-17s %7ss  %s' "$1" "$st" "$3" "$(describe "$1")")")
-}
 
 # check NAME TIMEOUT kernel-peer-run-args... : one guest boot, one scenario
 check() {

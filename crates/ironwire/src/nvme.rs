@@ -97,6 +97,37 @@ pub trait Binding: 'static {
     fn transmit_len(&self) -> usize;
 }
 
+/// The [`Binding`] methods both bindings have under the same name and
+/// signature, forwarded to the binding type's own.
+macro_rules! forward_binding {
+    ($($ty:ident)::+) => {
+        fn check_sgl(&self, sqe: &Sqe, in_capsule_len: Option<usize>) -> Result<u32, Status> {
+            $($ty)::+::check_sgl(self, sqe, in_capsule_len)
+        }
+        fn request_data(&mut self, cid: u16, len: u32) {
+            $($ty)::+::request_data(self, cid, len)
+        }
+        fn send_data(&mut self, cid: u16, data: &[u8], cqe: Cqe) {
+            $($ty)::+::send_data(self, cid, data, cqe)
+        }
+        fn send_data_with(&mut self, cid: u16, len: usize, cqe: Cqe, fill: impl FnOnce(&mut [u8]) -> bool) -> bool {
+            $($ty)::+::send_data_with(self, cid, len, cqe, fill)
+        }
+        fn send_response(&mut self, cqe: Cqe) {
+            $($ty)::+::send_response(self, cqe)
+        }
+        fn set_queue(&mut self, sqid: u16, sqsize: u16, sq_flow_disabled: bool) {
+            $($ty)::+::set_queue(self, sqid, sqsize, sq_flow_disabled)
+        }
+        fn take_transmit(&mut self, out: &mut Vec<u8>) {
+            $($ty)::+::take_transmit(self, out)
+        }
+        fn transmit_len(&self) -> usize {
+            $($ty)::+::transmit_len(self)
+        }
+    };
+}
+
 impl Binding for nvmf_tcp::target::TargetConnection<Buf> {
     fn handle_input(&mut self, bytes: &[u8]) -> Result<(), String> {
         nvmf_tcp::target::TargetConnection::handle_input(self, bytes)
@@ -113,30 +144,7 @@ impl Binding for nvmf_tcp::target::TargetConnection<Buf> {
             }
         })
     }
-    fn check_sgl(&self, sqe: &Sqe, in_capsule_len: Option<usize>) -> Result<u32, Status> {
-        nvmf_tcp::target::TargetConnection::check_sgl(self, sqe, in_capsule_len)
-    }
-    fn request_data(&mut self, cid: u16, len: u32) {
-        nvmf_tcp::target::TargetConnection::request_data(self, cid, len)
-    }
-    fn send_data(&mut self, cid: u16, data: &[u8], cqe: Cqe) {
-        nvmf_tcp::target::TargetConnection::send_data(self, cid, data, cqe)
-    }
-    fn send_data_with(&mut self, cid: u16, len: usize, cqe: Cqe, fill: impl FnOnce(&mut [u8]) -> bool) -> bool {
-        nvmf_tcp::target::TargetConnection::send_data_with(self, cid, len, cqe, fill)
-    }
-    fn send_response(&mut self, cqe: Cqe) {
-        nvmf_tcp::target::TargetConnection::send_response(self, cqe)
-    }
-    fn set_queue(&mut self, sqid: u16, sqsize: u16, sq_flow_disabled: bool) {
-        nvmf_tcp::target::TargetConnection::set_queue(self, sqid, sqsize, sq_flow_disabled)
-    }
-    fn take_transmit(&mut self, out: &mut Vec<u8>) {
-        nvmf_tcp::target::TargetConnection::take_transmit(self, out)
-    }
-    fn transmit_len(&self) -> usize {
-        nvmf_tcp::target::TargetConnection::transmit_len(self)
-    }
+    forward_binding!(nvmf_tcp::target::TargetConnection);
 }
 
 impl Binding for nvmf_rdma::target::TargetQueue<Buf> {
@@ -161,30 +169,7 @@ impl Binding for nvmf_rdma::target::TargetQueue<Buf> {
             )),
         })
     }
-    fn check_sgl(&self, sqe: &Sqe, in_capsule_len: Option<usize>) -> Result<u32, Status> {
-        nvmf_rdma::target::TargetQueue::check_sgl(self, sqe, in_capsule_len)
-    }
-    fn request_data(&mut self, cid: u16, len: u32) {
-        nvmf_rdma::target::TargetQueue::request_data(self, cid, len)
-    }
-    fn send_data(&mut self, cid: u16, data: &[u8], cqe: Cqe) {
-        nvmf_rdma::target::TargetQueue::send_data(self, cid, data, cqe)
-    }
-    fn send_data_with(&mut self, cid: u16, len: usize, cqe: Cqe, fill: impl FnOnce(&mut [u8]) -> bool) -> bool {
-        nvmf_rdma::target::TargetQueue::send_data_with(self, cid, len, cqe, fill)
-    }
-    fn send_response(&mut self, cqe: Cqe) {
-        nvmf_rdma::target::TargetQueue::send_response(self, cqe)
-    }
-    fn set_queue(&mut self, sqid: u16, sqsize: u16, sq_flow_disabled: bool) {
-        nvmf_rdma::target::TargetQueue::set_queue(self, sqid, sqsize, sq_flow_disabled)
-    }
-    fn take_transmit(&mut self, out: &mut Vec<u8>) {
-        nvmf_rdma::target::TargetQueue::take_transmit(self, out)
-    }
-    fn transmit_len(&self) -> usize {
-        nvmf_rdma::target::TargetQueue::transmit_len(self)
-    }
+    forward_binding!(nvmf_rdma::target::TargetQueue);
 }
 
 /// The NVMe bindings one listening address serves.

@@ -109,17 +109,23 @@ fn reads_and_writes_round_trip_with_and_without_digests() {
     }
 }
 
-#[test]
-fn completes_read_with_success_flag_when_sq_flow_disabled() {
-    let (mut h, mut t, mut b) = pair(false, false);
-    t.set_queue(1, 127, true);
+/// The host reads 4 KiB (cid 9); the target serves it. What the target sent.
+fn read_4k(h: &mut HostConnection, t: &mut Target, b: &mut Backend) -> Vec<u8> {
     h.submit(rw_sqe(0x02, 9), Vec::new(), 4096);
     let mut bytes = Vec::new();
     h.take_transmit(&mut bytes);
     t.handle_input(&bytes).expect("valid");
-    serve(&mut t, &mut b);
+    serve(t, b);
     let mut back = Vec::new();
     t.take_transmit(&mut back);
+    back
+}
+
+#[test]
+fn completes_read_with_success_flag_when_sq_flow_disabled() {
+    let (mut h, mut t, mut b) = pair(false, false);
+    t.set_queue(1, 127, true);
+    let back = read_4k(&mut h, &mut t, &mut b);
     // One C2HData PDU with LAST|SUCCESS and no response capsule.
     let ch = pdu::CommonHeader::read_from_bytes(back.get(..8).expect("header")).expect("ch");
     assert_eq!(ch.pdu_type, PduType::C2H_DATA.0);
@@ -133,13 +139,7 @@ fn completes_read_with_success_flag_when_sq_flow_disabled() {
 fn sends_a_response_capsule_after_data_when_sq_flow_control_is_on() {
     let (mut h, mut t, mut b) = pair(false, false);
     t.set_queue(1, 127, false);
-    h.submit(rw_sqe(0x02, 9), Vec::new(), 4096);
-    let mut bytes = Vec::new();
-    h.take_transmit(&mut bytes);
-    t.handle_input(&bytes).expect("valid");
-    serve(&mut t, &mut b);
-    let mut back = Vec::new();
-    t.take_transmit(&mut back);
+    let back = read_4k(&mut h, &mut t, &mut b);
     let ch = pdu::CommonHeader::read_from_bytes(back.get(..8).expect("header")).expect("ch");
     assert_eq!(ch.flags & flags::SUCCESS, 0);
     let resp_at = ch.plen.get() as usize;
@@ -423,13 +423,7 @@ fn c2h_success_always_drops_the_response_capsule_with_sq_flow_control_on() {
     let mut b = Backend::default();
     step(&mut h, &mut t, &mut b);
     t.set_queue(1, 127, false);
-    h.submit(rw_sqe(0x02, 9), Vec::new(), 4096);
-    let mut bytes = Vec::new();
-    h.take_transmit(&mut bytes);
-    t.handle_input(&bytes).expect("valid");
-    serve(&mut t, &mut b);
-    let mut back = Vec::new();
-    t.take_transmit(&mut back);
+    let back = read_4k(&mut h, &mut t, &mut b);
     let ch = pdu::CommonHeader::read_from_bytes(back.get(..8).expect("header")).expect("ch");
     assert_eq!(ch.flags & (flags::LAST_PDU | flags::SUCCESS), flags::LAST_PDU | flags::SUCCESS);
     assert_eq!(back.len(), ch.plen.get() as usize, "no response capsule after the data");
