@@ -38,6 +38,121 @@ pub struct Config {
     /// iSCSI settings shared by all targets.
     #[serde(default)]
     pub iscsi: IscsiConfig,
+    /// What peers may hold: connections, controllers, sessions, memory.
+    #[serde(default)]
+    pub limits: LimitsConfig,
+    /// How long peers may stall.
+    #[serde(default)]
+    pub timeouts: TimeoutsConfig,
+    /// The control socket and what `ironwire ctl` may open.
+    #[serde(default)]
+    pub control: ControlConfig,
+}
+
+/// What peers may hold. A connection over a limit is refused with a log
+/// line naming the limit; every other connection keeps working.
+#[derive(Debug, Deserialize, Clone, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct LimitsConfig {
+    /// Live connections per listening address (all protocols on it).
+    #[serde(default = "default_connections_per_port")]
+    pub connections_per_port: u32,
+    /// Live connections from one peer IP address, over all ports.
+    #[serde(default = "default_connections_per_host")]
+    pub connections_per_host: u32,
+    /// Live NVMe controllers per subsystem (each takes a CNTLID).
+    #[serde(default = "default_controllers_per_subsystem")]
+    pub controllers_per_subsystem: u32,
+    /// Live iSCSI sessions per target.
+    #[serde(default = "default_sessions_per_target")]
+    pub sessions_per_target: u32,
+    /// iSCSI tasks (commands not yet answered) per session.
+    #[serde(default = "default_tasks_per_session")]
+    pub tasks_per_session: u32,
+    /// Replies a connection may have queued before it stops reading its
+    /// peer's commands (the send high-water mark).
+    #[serde(default = "default_send_high_water")]
+    pub send_high_water: Size,
+}
+
+fn default_connections_per_port() -> u32 {
+    8192
+}
+fn default_connections_per_host() -> u32 {
+    2048
+}
+fn default_controllers_per_subsystem() -> u32 {
+    1024
+}
+fn default_sessions_per_target() -> u32 {
+    2048
+}
+fn default_tasks_per_session() -> u32 {
+    1024
+}
+fn default_send_high_water() -> Size {
+    Size(4 << 20)
+}
+
+impl Default for LimitsConfig {
+    fn default() -> Self {
+        LimitsConfig {
+            connections_per_port: default_connections_per_port(),
+            connections_per_host: default_connections_per_host(),
+            controllers_per_subsystem: default_controllers_per_subsystem(),
+            sessions_per_target: default_sessions_per_target(),
+            tasks_per_session: default_tasks_per_session(),
+            send_high_water: default_send_high_water(),
+        }
+    }
+}
+
+/// How long peers may stall before they are disconnected.
+#[derive(Debug, Deserialize, Clone, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct TimeoutsConfig {
+    /// From accept to a usable connection: the NVMe/TCP ICReq and Fabrics
+    /// Connect, the MPA exchange and Connect, the iSCSI login to Full
+    /// Feature Phase. Milliseconds.
+    #[serde(default = "default_handshake_ms")]
+    pub handshake_ms: u32,
+    /// TCP_USER_TIMEOUT on every connection: how long sent data may stay
+    /// unacknowledged before the kernel gives up on the peer. Milliseconds;
+    /// 0 leaves the kernel default.
+    #[serde(default = "default_tcp_user_timeout_ms")]
+    pub tcp_user_timeout_ms: u32,
+}
+
+fn default_handshake_ms() -> u32 {
+    15_000
+}
+fn default_tcp_user_timeout_ms() -> u32 {
+    30_000
+}
+
+impl Default for TimeoutsConfig {
+    fn default() -> Self {
+        TimeoutsConfig { handshake_ms: default_handshake_ms(), tcp_user_timeout_ms: default_tcp_user_timeout_ms() }
+    }
+}
+
+/// The control socket (`ironwire ctl`) and what it may open.
+#[derive(Debug, Deserialize, Clone, Default, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct ControlConfig {
+    /// The socket's path (default: `/run/ironwire/ctl.sock` as root,
+    /// `$XDG_RUNTIME_DIR/ironwire/ctl.sock` otherwise). `serve
+    /// --ctl-socket` overrides it.
+    #[serde(default)]
+    pub socket: Option<PathBuf>,
+    /// A group whose members may use the socket too (mode 0660 instead of
+    /// 0600).
+    #[serde(default)]
+    pub group: Option<String>,
+    /// Directories (a trailing `/`) or glob patterns (`/dev/nvme*n1`) of the
+    /// paths a `device-add` of a file or block device may open; empty: none.
+    #[serde(default)]
+    pub allow_paths: Vec<String>,
 }
 
 /// CHAP credentials: a user name and its secret.
@@ -132,7 +247,7 @@ pub struct DeviceConfig {
 pub const MAX_INJECTED_LATENCY_US: u64 = 60_000_000;
 
 /// A size written as bytes or with a unit.
-#[derive(Debug, Deserialize, Clone, Copy)]
+#[derive(Debug, Deserialize, Clone, Copy, PartialEq, Eq)]
 #[serde(try_from = "SizeRepr")]
 pub struct Size(pub u64);
 
@@ -416,6 +531,9 @@ impl Config {
                 lun: vec![LunConfig { lun: Some(0), device: "ram0".into() }],
             }],
             iscsi: IscsiConfig::default(),
+            limits: LimitsConfig::default(),
+            timeouts: TimeoutsConfig::default(),
+            control: ControlConfig::default(),
         }
     }
 
