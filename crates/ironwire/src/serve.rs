@@ -49,6 +49,7 @@ pub fn build_target(config: &Config, devices: &HashMap<String, Arc<Device>>) -> 
         max_transfer: t.max_transfer,
         max_io_queues: t.max_io_queues,
         queue_entries: t.queue_entries,
+        max_controllers: config.limits.controllers_per_subsystem,
     });
     for s in &config.subsystem {
         let serial = s.serial.clone().unwrap_or_else(|| serial_for(&s.nqn));

@@ -20,11 +20,14 @@ pub struct Settings {
     pub max_io_queues: u16,
     /// Entries per queue (CAP.MQES + 1).
     pub queue_entries: u16,
+    /// Most live controllers per subsystem; a Connect past it is answered
+    /// Controller Busy.
+    pub max_controllers: u32,
 }
 
 impl Default for Settings {
     fn default() -> Self {
-        Settings { max_transfer: 1024 * 1024, max_io_queues: 128, queue_entries: 1024 }
+        Settings { max_transfer: 1024 * 1024, max_io_queues: 128, queue_entries: 1024, max_controllers: 1024 }
     }
 }
 
@@ -305,14 +308,21 @@ impl<D: BlockDevice> Target<D> {
         self.genctr.load(Ordering::Relaxed)
     }
 
-    pub(crate) fn alloc_cntlid(&self) -> u16 {
-        // Controller IDs 1..=0xffef are valid (0xfff0.. are reserved).
-        loop {
+    /// The next controller ID for which `free` holds, going round the
+    /// valid range (1..=0xffef; 0xfff0.. are reserved) at most once, so a
+    /// wrapped counter never lands on a live controller. `None` when every
+    /// ID is taken.
+    pub(crate) fn alloc_cntlid(&self, free: impl Fn(u16) -> bool) -> Option<u16> {
+        for _ in 0..=0xfff0u32 {
             let id = self.next_cntlid.fetch_add(1, Ordering::Relaxed);
-            if (1..0xfff0).contains(&id) {
-                return id;
+            if !(1..0xfff0).contains(&id) {
+                self.next_cntlid.store(1, Ordering::Relaxed);
+                continue;
             }
-            self.next_cntlid.store(1, Ordering::Relaxed);
+            if free(id) {
+                return Some(id);
+            }
         }
+        None
     }
 }

@@ -367,15 +367,36 @@ impl<D: BlockDevice> Queue<D> {
                 data: Vec::new(),
             };
         }
-        let cntlid = self.target.alloc_cntlid();
-        // Discovery controllers may be given no KATO; nvmet then uses none.
-        let ctrl = Arc::new(Controller::new(cntlid, subsys, hostnqn, cd.hostid, cmd.kato_ms, now_ms));
-        ctrl.lock().io_queues_granted = self.target.settings.max_io_queues;
-        subsys.controllers.lock().unwrap_or_else(|e| e.into_inner()).insert(cntlid, ctrl.clone());
+        let busy = Outcome::Complete { cqe: Cqe::new(cid, Status::CONNECT_CONTROLLER_BUSY, 0), data: Vec::new() };
+        let ctrl = {
+            // One lock over the count, the ID and the insertion: two
+            // reactors connecting at once cannot pass the limit or share an ID.
+            let mut live = subsys.controllers.lock().unwrap_or_else(|e| e.into_inner());
+            let max = self.target.settings.max_controllers;
+            if live.len() >= max as usize {
+                log::warn!(
+                    "{}: host {hostnqn} refused: {} has {max} controllers ([limits] controllers_per_subsystem)",
+                    self.peer,
+                    subsys.nqn
+                );
+                return busy;
+            }
+            let Some(cntlid) = self.target.alloc_cntlid(|id| !live.contains_key(&id)) else {
+                log::warn!("{}: host {hostnqn} refused: no free controller ID in {}", self.peer, subsys.nqn);
+                return busy;
+            };
+            // Discovery controllers may be given no KATO; nvmet then uses none.
+            let ctrl = Arc::new(Controller::new(cntlid, subsys, hostnqn, cd.hostid, cmd.kato_ms, now_ms));
+            ctrl.lock().io_queues_granted = self.target.settings.max_io_queues;
+            live.insert(cntlid, ctrl.clone());
+            ctrl
+        };
+        let cntlid = ctrl.cntlid;
         log::info!(
-            "{}: host {hostnqn} created controller {cntlid} on {} (kato {} ms)",
+            "{}: host {hostnqn} created controller {cntlid} on {} over {} (kato {} ms)",
             self.peer,
             subsys.nqn,
+            self.transport.name,
             cmd.kato_ms
         );
         self.kind = QueueKind::Admin(ctrl);

@@ -592,3 +592,45 @@ fn a_command_waiting_for_data_keeps_its_cid_and_unknown_data_is_refused() {
     assert_eq!(io.awaiting_data(), 0);
     assert!(matches!(ex(&mut io, 0, &read_sqe(9, 1, 0, 1, 512)), Outcome::Io(_)));
 }
+
+#[test]
+fn controllers_per_subsystem_are_limited_and_busy_is_not_final() {
+    let t = Target::new(Settings { max_controllers: 2, ..Default::default() });
+    t.add_subsystem(Subsystem::new(SUB, "SN1", true, Vec::new())).expect("sub");
+    let t = Arc::new(t);
+    let mut a = Queue::new(t.clone(), TCP, addr(), addr());
+    let mut b = Queue::new(t.clone(), TCP, addr(), addr());
+    let mut c = Queue::new(t.clone(), TCP, addr(), addr());
+    assert!(status(&connect(&mut a, 0, 0xffff, SUB, HOST)).is_success());
+    assert!(status(&connect(&mut b, 0, 0xffff, SUB, OTHER)).is_success());
+    let refused = status(&connect(&mut c, 0, 0xffff, SUB, HOST));
+    assert_eq!(
+        refused,
+        Status::CONNECT_CONTROLLER_BUSY,
+        "a third controller past the limit of 2, without DNR: the host may retry"
+    );
+    a.close();
+    let mut d = Queue::new(t.clone(), TCP, addr(), addr());
+    assert!(status(&connect(&mut d, 0, 0xffff, SUB, HOST)).is_success(), "room again after a controller closed");
+}
+
+#[test]
+fn cntlid_never_wraps_onto_a_live_controller() {
+    let t = Target::new(Settings { max_controllers: u32::MAX, ..Default::default() });
+    t.add_subsystem(Subsystem::new(SUB, "SN1", true, Vec::new())).expect("sub");
+    let t = Arc::new(t);
+    let cntlid = |o: Outcome<Vec<u8>>| cqe_of(o).0.dw0.get() as u16;
+    let mut first = Queue::new(t.clone(), TCP, addr(), addr());
+    let held = cntlid(connect(&mut first, 0, 0xffff, SUB, HOST));
+    // Go round the whole ID space (0xffef IDs) with short-lived controllers.
+    let mut seen_wrap = false;
+    for _ in 0..0xfff0u32 {
+        let mut q = Queue::new(t.clone(), TCP, addr(), addr());
+        let id = cntlid(connect(&mut q, 0, 0xffff, SUB, HOST));
+        assert!((1..0xfff0).contains(&id), "reserved or zero CNTLID {id:#x}");
+        assert_ne!(id, held, "a new controller took the live controller's ID");
+        seen_wrap |= id < held.saturating_add(2);
+        q.close();
+    }
+    assert!(seen_wrap, "the counter went round");
+}
