@@ -753,8 +753,74 @@ impl Config {
         if t.max_io_queues == 0 || t.queue_entries < 2 {
             bail!("nvme_tcp: max_io_queues must be >= 1 and queue_entries >= 2");
         }
+        self.validate_limits()?;
+        check_cores(&self.reactor.cores)
+    }
+
+    fn validate_limits(&self) -> Result<()> {
+        let l = &self.limits;
+        for (key, v) in [
+            ("connections_per_port", l.connections_per_port),
+            ("connections_per_host", l.connections_per_host),
+            ("controllers_per_subsystem", l.controllers_per_subsystem),
+            ("sessions_per_target", l.sessions_per_target),
+            ("tasks_per_session", l.tasks_per_session),
+        ] {
+            if v == 0 {
+                bail!("limits.{key}: 0 would refuse everything; at least 1");
+            }
+        }
+        if l.controllers_per_subsystem > 0xffef {
+            bail!(
+                "limits.controllers_per_subsystem: {} is more than the 65519 controller IDs",
+                l.controllers_per_subsystem
+            );
+        }
+        if !(64 << 10..=1 << 30).contains(&l.send_high_water.0) {
+            bail!("limits.send_high_water: {} bytes is not between 64 KiB and 1 GiB", l.send_high_water.0);
+        }
+        let t = &self.timeouts;
+        if !(100..=600_000).contains(&t.handshake_ms) {
+            bail!("timeouts.handshake_ms: {} is not between 100 and 600000", t.handshake_ms);
+        }
+        if t.tcp_user_timeout_ms > 3_600_000 {
+            bail!("timeouts.tcp_user_timeout_ms: {} is more than an hour (3600000)", t.tcp_user_timeout_ms);
+        }
+        for (i, d) in self.device.iter().enumerate() {
+            let Some(path) = &d.path else { continue };
+            let f = format!("device[{i}] ({}).path", d.name);
+            match d.kind.as_str() {
+                "file" => {
+                    let dir = match path.parent() {
+                        Some(p) if !p.as_os_str().is_empty() => p,
+                        _ => std::path::Path::new("."),
+                    };
+                    if !dir.is_dir() {
+                        bail!("{f}: directory {} does not exist", dir.display());
+                    }
+                }
+                "block" if !path.exists() => bail!("{f}: {} does not exist", path.display()),
+                _ => {}
+            }
+        }
         Ok(())
     }
+}
+
+/// Checks reactor cores: each exists on this machine (is a CPU this
+/// process may run on), none twice.
+pub fn check_cores(cores: &[usize]) -> Result<()> {
+    let available = reactor::available_cpus();
+    let mut seen = HashSet::new();
+    for (i, c) in cores.iter().enumerate() {
+        if !available.contains(c) {
+            bail!("reactor.cores[{i}]: CPU {c} is not one this process may run on (available: {available:?})");
+        }
+        if !seen.insert(c) {
+            bail!("reactor.cores[{i}]: CPU {c} listed twice");
+        }
+    }
+    Ok(())
 }
 
 /// An iSCSI name (RFC 7143 section 4.2.7.2): iqn. or eui. form, lower case,
@@ -804,6 +870,33 @@ mod tests {
         c.port[1].crc = Some(false);
         c.port[0].crc = None;
         c.validate().expect("crc on rdma");
+    }
+
+    #[test]
+    fn limits_timeouts_cores_and_paths_are_range_checked() {
+        let base = "[[port]]\naddress = \"127.0.0.1:4420\"\n";
+        let c = Config::parse(base).expect("defaults");
+        assert_eq!(c.limits, LimitsConfig::default());
+        let e = err_of(&format!("{base}[limits]\nconnections_per_host = 0\n"));
+        assert!(e.contains("limits.connections_per_host"), "{e}");
+        let e = err_of(&format!("{base}[limits]\ncontrollers_per_subsystem = 70000\n"));
+        assert!(e.contains("limits.controllers_per_subsystem"), "{e}");
+        let e = err_of(&format!("{base}[limits]\nsend_high_water = \"1KiB\"\n"));
+        assert!(e.contains("limits.send_high_water"), "{e}");
+        let e = err_of(&format!("{base}[timeouts]\nhandshake_ms = 5\n"));
+        assert!(e.contains("timeouts.handshake_ms"), "{e}");
+        let e = err_of(&format!("{base}[reactor]\ncores = [100000]\n"));
+        assert!(e.contains("reactor.cores[0]: CPU 100000"), "{e}");
+        let cpu = reactor::available_cpus()[0];
+        let e = err_of(&format!("{base}[reactor]\ncores = [{cpu}, {cpu}]\n"));
+        assert!(e.contains("reactor.cores[1]") && e.contains("twice"), "{e}");
+        let e = err_of(&format!(
+            "{base}[[device]]\nname = \"f\"\nkind = \"file\"\nsize = \"1MiB\"\npath = \"/nonexistent-dir/f.img\"\n"
+        ));
+        assert!(e.contains("device[0] (f).path: directory /nonexistent-dir does not exist"), "{e}");
+        let e =
+            err_of(&format!("{base}[[device]]\nname = \"b\"\nkind = \"block\"\npath = \"/dev/nonexistent-disk\"\n"));
+        assert!(e.contains("device[0] (b).path") && e.contains("does not exist"), "{e}");
     }
 
     #[test]

@@ -8,12 +8,19 @@ use reactor::{Notify, Receiver};
 use std::cell::Cell;
 use std::net::SocketAddr;
 use std::rc::Rc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 /// Bytes of replies a connection may have queued or in its socket send
 /// before it stops reading the peer's commands: a peer that does not read
 /// costs at most this (plus what its outstanding commands produce) and
-/// never holds the reactor's shared receive buffers.
-pub const SEND_HIGH_WATER: usize = 4 << 20;
+/// never holds the reactor's shared receive buffers. `[limits]
+/// send_high_water`, set once at start.
+static SEND_HIGH_WATER: AtomicUsize = AtomicUsize::new(4 << 20);
+
+/// Sets the send high-water mark for every connection.
+pub fn set_send_high_water(bytes: usize) {
+    SEND_HIGH_WATER.store(bytes, Ordering::Relaxed);
+}
 
 /// The I/O side of one connection.
 pub struct Shell {
@@ -69,7 +76,7 @@ pub trait Outbox {
 /// Whether the connection's replies (queued, and being sent) passed
 /// [`SEND_HIGH_WATER`]: its driver must stop dispatching commands.
 pub fn over_high_water<C: Outbox>(conn: &C) -> bool {
-    conn.queued().saturating_add(conn.shell().sending.get()) > SEND_HIGH_WATER
+    conn.queued().saturating_add(conn.shell().sending.get()) > SEND_HIGH_WATER.load(Ordering::Relaxed)
 }
 
 /// Waits, not reading, until the peer took enough of our replies for the

@@ -1,5 +1,6 @@
 //! ironwire: one daemon that exports block devices over NVMe/TCP.
 
+mod admit;
 mod alloc;
 mod bench;
 mod config;
@@ -91,6 +92,7 @@ fn real_main() -> Result<()> {
                 None => config::Config::embedded_default(),
             };
             if !cores.is_empty() {
+                config::check_cores(&cores).context("--cores")?;
                 cfg.reactor.cores = cores;
             }
             serve::run(cfg, &ctl_socket)

@@ -208,8 +208,9 @@ impl<T: Binding> Conn<T> {
     }
 }
 
-/// Serves one accepted connection until it closes.
-pub async fn serve(stream: TcpStream, target: Arc<Target>, bindings: Bindings) {
+/// Serves one accepted connection until it closes; one that has not
+/// completed Fabrics Connect within `handshake` is closed.
+pub async fn serve(stream: TcpStream, target: Arc<Target>, bindings: Bindings, handshake: Duration) {
     let _ = stream.set_nodelay(true);
     let (Ok(local), Ok(peer)) = (stream.local_addr(), stream.peer_addr()) else {
         return;
@@ -217,24 +218,31 @@ pub async fn serve(stream: TcpStream, target: Arc<Target>, bindings: Bindings) {
     let (rd, wr) = stream.into_split();
     let mut rx = rd.receiver();
     let (first, rdma) = match bindings {
-        Bindings { tcp: Some(_), rdma: Some(_) } => match rx.recv().await {
-            Ok(bytes) if !bytes.is_empty() => {
+        Bindings { tcp: Some(_), rdma: Some(_) } => match reactor::timeout(handshake, rx.recv()).await {
+            Ok(Ok(bytes)) if !bytes.is_empty() => {
                 let first = bytes.to_vec();
                 let rdma = first.first() == iwarp::mpa::KEY_REQUEST.first();
                 (first, rdma)
             }
-            _ => return,
+            Ok(_) => return,
+            Err(_) => {
+                log::warn!(
+                    "{peer}: sent nothing within {} ms ([timeouts] handshake_ms); closing",
+                    handshake.as_millis()
+                );
+                return;
+            }
         },
         Bindings { rdma, .. } => (Vec::new(), rdma.is_some()),
     };
     match (bindings.tcp, bindings.rdma) {
         (_, Some((cfg, transport))) if rdma => {
             let wire = nvmf_rdma::target::TargetQueue::<Buf>::new(cfg);
-            run(wire, rx, wr, first, Queue::new(target, transport, local, peer), peer).await
+            run(wire, rx, wr, first, Queue::new(target, transport, local, peer), peer, handshake).await
         }
         (Some((cfg, transport)), _) => {
             let wire = nvmf_tcp::target::TargetConnection::<Buf>::new(cfg);
-            run(wire, rx, wr, first, Queue::new(target, transport, local, peer), peer).await
+            run(wire, rx, wr, first, Queue::new(target, transport, local, peer), peer, handshake).await
         }
         _ => {}
     }
@@ -247,11 +255,12 @@ async fn run<T: Binding>(
     first: Vec<u8>,
     queue: Queue,
     peer: std::net::SocketAddr,
+    handshake: Duration,
 ) {
     let conn = Rc::new(Conn { wire: RefCell::new(wire), queue: RefCell::new(queue), shell: Shell::new(peer) });
     log::debug!("{peer}: connected");
     let writer = reactor::spawn(crate::conn::write_loop(wr, conn.clone()));
-    let ticker = reactor::spawn(tick_loop(conn.clone()));
+    let ticker = reactor::spawn(tick_loop(conn.clone(), now_ms().saturating_add(handshake.as_millis() as u64)));
     let mut pending = (!first.is_empty()).then_some(first);
     while !conn.shell.is_closing() {
         let r = match pending.take() {
@@ -442,14 +451,26 @@ async fn run_io<T: Binding>(conn: Rc<Conn<T>>, req: BlockRequest) {
     conn.respond(Cqe::new(cid, status, 0));
 }
 
-async fn tick_loop<T: Binding>(conn: Rc<Conn<T>>) {
+/// Every 100 ms: the handshake deadline (`connect_by`, until the queue has
+/// a controller), the keep-alive timer, asynchronous events.
+async fn tick_loop<T: Binding>(conn: Rc<Conn<T>>, connect_by: u64) {
     loop {
         reactor::sleep(Duration::from_millis(100)).await;
         if conn.shell.is_closing() {
             break;
         }
         let mut q = conn.queue.borrow_mut();
-        if q.expired(now_ms()) {
+        let now = now_ms();
+        if q.controller().is_none() && now > connect_by {
+            log::warn!(
+                "{}: no Fabrics Connect within the handshake deadline ([timeouts] handshake_ms); closing",
+                conn.shell.peer
+            );
+            drop(q);
+            conn.shell.close();
+            break;
+        }
+        if q.expired(now) {
             drop(q);
             conn.shell.close();
             break;

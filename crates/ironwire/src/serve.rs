@@ -94,6 +94,10 @@ fn build_iscsi(
 
 /// Runs the target until the process is killed.
 pub fn run(config: Config, ctl_socket: &std::path::Path) -> Result<()> {
+    match crate::admit::raise_open_files() {
+        Ok(n) => log::debug!("open-file limit {n}"),
+        Err(e) => log::warn!("cannot raise the open-file limit: {e}"),
+    }
     let devices = open_devices(&config)?;
     let target = build_target(&config, &devices)?;
     let tcp_transport = nvmf_tcp::transport(config.nvme_tcp.in_capsule_data);
@@ -153,15 +157,25 @@ pub fn run(config: Config, ctl_socket: &std::path::Path) -> Result<()> {
         poll: std::time::Duration::from_micros(u64::from(config.reactor.poll_us)),
         ..reactor::Config::default()
     };
+    let limits = &config.limits;
+    let admission = crate::admit::Admission::new(limits.connections_per_port, limits.connections_per_host);
+    let counts: Vec<Arc<crate::admit::PortCount>> = ports.iter().map(|_| Arc::default()).collect();
+    let handshake = Duration::from_millis(u64::from(config.timeouts.handshake_ms));
+    let user_timeout_ms = config.timeouts.tcp_user_timeout_ms;
+    crate::conn::set_send_high_water(usize::try_from(limits.send_high_water.0).unwrap_or(usize::MAX));
     let (rx_count, rx_size) = (config.reactor.receive_buffers, config.reactor.receive_buffer_size.0 as usize);
     let handles = reactor::start(&cpus, rcfg, {
         let target = target.clone();
         let iscsi = iscsi.clone();
         let ports = ports.clone();
+        let counts = counts.clone();
+        let admission = admission.clone();
         move |id| {
             let target = target.clone();
             let iscsi = iscsi.clone();
             let ports = ports.clone();
+            let counts = counts.clone();
+            let admission = admission.clone();
             let ready_tx = ready_tx.clone();
             let icfg = icfg.clone();
             async move {
@@ -186,9 +200,9 @@ pub fn run(config: Config, ctl_socket: &std::path::Path) -> Result<()> {
                     }
                 }
                 let mut listeners = Vec::new();
-                for (a, proto) in &ports {
+                for ((a, proto), count) in ports.iter().zip(&counts) {
                     match reactor::listen(*a) {
-                        Ok(l) => listeners.push((l, *proto)),
+                        Ok(l) => listeners.push((l, *proto, count.clone())),
                         Err(e) => {
                             let _ = ready_tx.send(Err(format!("reactor {}: listen {a}: {e}", id.index)));
                             return;
@@ -198,24 +212,50 @@ pub fn run(config: Config, ctl_socket: &std::path::Path) -> Result<()> {
                 let _ = ready_tx.send(Ok(()));
                 log::debug!("reactor {} on cpu {:?} serving {} ports", id.index, id.cpu, listeners.len());
                 let mut tasks = Vec::new();
-                for (l, proto) in listeners {
+                for (l, proto, count) in listeners {
                     let target = target.clone();
                     let iscsi = iscsi.clone();
                     let icfg = icfg.clone();
+                    let admission = admission.clone();
                     tasks.push(reactor::spawn(async move {
+                        let what = match l.local_addr() {
+                            Ok(a) => format!("port {a}"),
+                            Err(_) => "a port".to_string(),
+                        };
+                        let mut backoff = crate::admit::Backoff::default();
                         loop {
                             match l.accept().await {
-                                Ok((stream, _)) => match proto {
-                                    Protocol::Nvme(bindings) => {
-                                        reactor::spawn(crate::nvme::serve(stream, target.clone(), bindings));
+                                Ok((stream, peer)) => {
+                                    backoff.accepted(&what);
+                                    // Over a limit the stream drops here: the
+                                    // peer sees the connection closed.
+                                    let Some(slot) = admission.admit(&count, peer.ip(), &what) else { continue };
+                                    if user_timeout_ms > 0 {
+                                        if let Err(e) = stream.set_user_timeout(user_timeout_ms) {
+                                            log::debug!("{peer}: TCP_USER_TIMEOUT: {e}");
+                                        }
                                     }
-                                    Protocol::Iscsi => {
-                                        reactor::spawn(crate::iscsi_tcp::serve(stream, iscsi.clone(), icfg.clone()));
+                                    match proto {
+                                        Protocol::Nvme(bindings) => {
+                                            let serve = crate::nvme::serve(stream, target.clone(), bindings, handshake);
+                                            reactor::spawn(async move {
+                                                serve.await;
+                                                drop(slot);
+                                            });
+                                        }
+                                        Protocol::Iscsi => {
+                                            let serve = crate::iscsi_tcp::serve(stream, iscsi.clone(), icfg.clone());
+                                            reactor::spawn(async move {
+                                                serve.await;
+                                                drop(slot);
+                                            });
+                                        }
                                     }
-                                },
+                                }
                                 Err(e) => {
-                                    log::warn!("accept failed: {e}");
-                                    reactor::sleep(std::time::Duration::from_millis(10)).await;
+                                    if let Some(wait) = backoff.failed(&what, &e) {
+                                        reactor::sleep(wait).await;
+                                    }
                                 }
                             }
                         }

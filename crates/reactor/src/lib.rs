@@ -211,6 +211,29 @@ mod tests {
     }
 
     #[test]
+    fn user_timeout_is_set_on_the_socket() {
+        run(async {
+            let l = listen("127.0.0.1:0".parse().expect("addr")).expect("listen");
+            let s = net::TcpStream::connect(l.local_addr().expect("addr")).await.expect("connect");
+            s.set_user_timeout(12_345).expect("set");
+            let mut v: libc::c_uint = 0;
+            let mut len = std::mem::size_of::<libc::c_uint>() as libc::socklen_t;
+            // SAFETY: getsockopt into a local of the size we pass.
+            let rc = unsafe {
+                libc::getsockopt(
+                    std::os::fd::AsRawFd::as_raw_fd(&s),
+                    libc::IPPROTO_TCP,
+                    libc::TCP_USER_TIMEOUT,
+                    (&mut v as *mut libc::c_uint).cast(),
+                    &mut len,
+                )
+            };
+            assert_eq!(rc, 0);
+            assert_eq!(v, 12_345);
+        });
+    }
+
+    #[test]
     fn two_listeners_share_one_port() {
         run(async {
             let a = listen("127.0.0.1:0".parse().expect("addr")).expect("first");

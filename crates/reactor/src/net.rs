@@ -191,6 +191,24 @@ impl TcpStream {
         with_std(self.fd.as_raw_fd(), |s| s.set_nodelay(on))
     }
 
+    /// Sets TCP_USER_TIMEOUT: how long sent data may stay unacknowledged
+    /// before the kernel drops the connection (0: the kernel's default).
+    pub fn set_user_timeout(&self, ms: u32) -> io::Result<()> {
+        let v: libc::c_uint = ms;
+        // SAFETY: plain syscall on our live descriptor with a pointer to a
+        // local of the size we pass.
+        cvt(unsafe {
+            libc::setsockopt(
+                self.fd.as_raw_fd(),
+                libc::IPPROTO_TCP,
+                libc::TCP_USER_TIMEOUT,
+                (&v as *const libc::c_uint).cast(),
+                std::mem::size_of::<libc::c_uint>() as libc::socklen_t,
+            )
+        })
+        .map(drop)
+    }
+
     /// The local address.
     pub fn local_addr(&self) -> io::Result<SocketAddr> {
         with_std(self.fd.as_raw_fd(), |s| s.local_addr())

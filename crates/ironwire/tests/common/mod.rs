@@ -34,6 +34,12 @@ impl Daemon {
     /// and waits for its ready line. A port taken between probing and
     /// binding is retried on another.
     pub fn start_with(tag: &str, config: impl Fn(&Path, u16) -> String) -> Daemon {
+        Daemon::start_under(tag, &[], config)
+    }
+
+    /// As [`Daemon::start_with`], run under `wrapper` (a command and its
+    /// arguments that execs the rest, e.g. `prlimit --nofile=64:64 --`).
+    pub fn start_under(tag: &str, wrapper: &[&str], config: impl Fn(&Path, u16) -> String) -> Daemon {
         let exe = Path::new(env!("CARGO_BIN_EXE_ironwire"));
         let dir = std::env::temp_dir().join(format!("ironwire-test-{tag}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
@@ -44,7 +50,15 @@ impl Daemon {
             let cfg = dir.join("ironwire.toml");
             std::fs::write(&cfg, config(&dir, port)).expect("write config");
             let log = std::fs::File::create(dir.join("daemon.log")).expect("log file");
-            let mut child = Command::new(exe)
+            let mut cmd = match wrapper.split_first() {
+                Some((w, args)) => {
+                    let mut c = Command::new(w);
+                    c.args(args).arg(exe);
+                    c
+                }
+                None => Command::new(exe),
+            };
+            let mut child = cmd
                 .args(["serve", "--config"])
                 .arg(&cfg)
                 .arg("--ctl-socket")
