@@ -522,12 +522,18 @@ fn stats() -> String {
 pub fn request(socket: &Path, command: &str) -> Result<String> {
     let mut s = UnixStream::connect(socket)
         .with_context(|| format!("connecting to {} (is ironwire serve running?)", socket.display()))?;
-    s.write_all(format!("{command}\n").as_bytes())?;
+    // A daemon that refuses this client answers and closes at once, maybe
+    // before the command is sent: its answer is still there to read.
+    let sent = s.write_all(format!("{command}\n").as_bytes());
     let mut reader = BufReader::new(s);
     let mut out = String::new();
     loop {
         let mut line = String::new();
-        if reader.read_line(&mut line)? == 0 {
+        let n = reader.read_line(&mut line);
+        if !line.starts_with("error: ") {
+            sent.as_ref().map_err(|e| anyhow!("sending to {}: {e}", socket.display()))?;
+        }
+        if n? == 0 {
             bail!("daemon closed the connection");
         }
         if line == "ok\n" {

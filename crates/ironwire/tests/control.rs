@@ -43,10 +43,15 @@ fn config(port: u16, control: &str) -> String {
 fn ctl(socket: &Path, command: &str) -> Result<String, String> {
     let mut s = UnixStream::connect(socket).map_err(|e| format!("connect: {e}"))?;
     s.set_read_timeout(Some(Duration::from_secs(10))).expect("timeout");
-    s.write_all(format!("{command}\n").as_bytes()).map_err(|e| format!("send: {e}"))?;
+    // A refused client may find the socket closed before it sends: the
+    // refusal is still there to read.
+    let sent = s.write_all(format!("{command}\n").as_bytes()).map_err(|e| format!("send: {e}"));
     let mut out = String::new();
     for line in BufReader::new(s).lines() {
         let line = line.map_err(|e| format!("read: {e}"))?;
+        if !line.starts_with("error: ") {
+            sent.clone()?;
+        }
         if line == "ok" {
             return Ok(out);
         }
