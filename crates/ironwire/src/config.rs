@@ -754,6 +754,7 @@ impl Config {
             bail!("nvme_tcp: max_io_queues must be >= 1 and queue_entries >= 2");
         }
         self.validate_limits()?;
+        self.control.validate()?;
         check_cores(&self.reactor.cores)
     }
 
@@ -801,6 +802,34 @@ impl Config {
                 }
                 "block" if !path.exists() => bail!("{f}: {} does not exist", path.display()),
                 _ => {}
+            }
+        }
+        Ok(())
+    }
+}
+
+impl ControlConfig {
+    /// Errors name the `control.` field.
+    fn validate(&self) -> Result<()> {
+        if let Some(s) = &self.socket {
+            if !s.is_absolute() || s.file_name().is_none() {
+                bail!("control.socket: {} is not an absolute path to a file", s.display());
+            }
+            // sun_path holds 108 bytes with the terminating NUL.
+            if s.as_os_str().len() > 107 {
+                bail!("control.socket: {} is longer than a socket path may be (107 bytes)", s.display());
+            }
+        }
+        if let Some(g) = &self.group {
+            crate::control::group_id(g).map_err(|e| anyhow::anyhow!("control.group: {e:#}"))?;
+        }
+        for (i, a) in self.allow_paths.iter().enumerate() {
+            if !a.starts_with('/') {
+                bail!("control.allow_paths[{i}]: {a:?} is not an absolute path or pattern");
+            }
+            // Entries are compared with canonical paths, which have none.
+            if a.split('/').any(|c| c == "." || c == "..") {
+                bail!("control.allow_paths[{i}]: {a:?} has a . or .. component; give the canonical path");
             }
         }
         Ok(())
@@ -948,5 +977,25 @@ mod tests {
         assert!(e.contains("iscsi_target[0] (iqn.2026-11.x:y).acl[0].chap") && e.contains("12 to 255"), "{e}");
         let e = err_of(&format!("{base}bogus = 1\n"));
         assert!(e.contains("bogus"), "{e}");
+    }
+
+    #[test]
+    fn control_section_errors_name_the_field() {
+        let check = |text: &str| {
+            let mut c = Config::embedded_default();
+            c.control = toml::from_str(text).expect("control section");
+            c.validate().err().map(|e| e.to_string())
+        };
+        assert_eq!(check("socket = \"/run/iw/ctl.sock\"\nallow_paths = [\"/srv/\", \"/dev/nvme*n1\"]"), None);
+        let e = check("socket = \"ctl.sock\"").expect("relative socket");
+        assert!(e.starts_with("control.socket:"), "{e}");
+        let e = check(&format!("socket = \"/{}\"", "s".repeat(120))).expect("long socket");
+        assert!(e.starts_with("control.socket:") && e.contains("107"), "{e}");
+        let e = check("group = \"no-such-group-ironwire\"").expect("unknown group");
+        assert!(e.starts_with("control.group:") && e.contains("no-such-group-ironwire"), "{e}");
+        let e = check("allow_paths = [\"/srv/\", \"data/\"]").expect("relative entry");
+        assert!(e.starts_with("control.allow_paths[1]:"), "{e}");
+        let e = check("allow_paths = [\"/srv/../etc/\"]").expect("dot-dot entry");
+        assert!(e.starts_with("control.allow_paths[0]:"), "{e}");
     }
 }

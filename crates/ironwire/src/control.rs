@@ -4,6 +4,12 @@
 //! One request per line, one reply: lines of output ending with `ok`, or a
 //! single `error: ...` line. It runs on its own thread with blocking I/O and
 //! takes the object model's locks; reactors never wait on it.
+//!
+//! Access to the socket must not be root-equivalent: the socket lives in a
+//! directory only its owner can write, is mode 0600 (0660 with `[control]
+//! group`), each client's credentials are checked (SO_PEERCRED), clients
+//! and line lengths are bounded, and `device-add` opens only paths that
+//! `[control] allow_paths` allows. The socket file is removed on exit.
 
 use crate::config::{parse_size, DeviceConfig, Size};
 use crate::nvme::{Namespace, Target};
@@ -11,10 +17,23 @@ use anyhow::{anyhow, bail, Context, Result};
 use blockdev::BlockDevice;
 use blockdev::Device;
 use std::collections::HashMap;
-use std::io::{BufRead, BufReader, Write};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::{DirBuilderExt, FileTypeExt, MetadataExt, PermissionsExt};
+use std::os::unix::io::AsRawFd;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// Control clients served at once; more are refused with an error line.
+const MAX_CLIENTS: usize = 16;
+/// The longest command line (a path may take 4096 bytes); a longer one is
+/// answered with an error and the client is closed.
+const MAX_LINE: usize = 8192;
+/// How long a reply may wait for a client that does not read.
+const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Shared state the control plane edits.
 pub struct Control {
@@ -22,39 +41,263 @@ pub struct Control {
     pub target: Arc<Target>,
     /// Devices by name.
     pub devices: Mutex<HashMap<String, Arc<Device>>>,
+    /// `[control] allow_paths`: what `device-add` may open.
+    pub allow_paths: Vec<String>,
 }
 
-/// The socket path when none is configured.
-pub fn default_socket() -> PathBuf {
-    PathBuf::from("/tmp/ironwire.sock")
+fn euid() -> u32 {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    unsafe { libc::geteuid() }
 }
 
-/// Serves the control socket at `path` on a new thread.
-pub fn spawn(ctl: Arc<Control>, path: &Path) -> Result<()> {
-    if path.exists() {
-        // A live daemon answers; a stale socket file is replaced.
-        if UnixStream::connect(path).is_ok() {
-            bail!("control socket {} is in use by another ironwire", path.display());
+/// The socket path when neither `[control] socket` nor a flag names one:
+/// `/run/ironwire/ctl.sock` as root, `$XDG_RUNTIME_DIR/ironwire/ctl.sock`
+/// otherwise.
+pub fn default_socket() -> Result<PathBuf> {
+    if euid() == 0 {
+        return Ok(PathBuf::from("/run/ironwire/ctl.sock"));
+    }
+    match std::env::var_os("XDG_RUNTIME_DIR") {
+        Some(d) if !d.is_empty() => Ok(PathBuf::from(d).join("ironwire/ctl.sock")),
+        _ => bail!(
+            "XDG_RUNTIME_DIR is not set and ironwire does not run as root, so there is no default control socket; \
+             name one with [control] socket or `serve --ctl-socket PATH` (and `ctl --socket PATH`)"
+        ),
+    }
+}
+
+/// The ID of the group named `name` (`[control] group`).
+pub fn group_id(name: &str) -> Result<u32> {
+    let cname = std::ffi::CString::new(name).map_err(|_| anyhow!("group name {name:?} contains a NUL byte"))?;
+    let mut buf = vec![0 as libc::c_char; 1024];
+    loop {
+        // SAFETY: all-zero bytes are a valid `group` (null pointers, 0 gid).
+        let mut grp: libc::group = unsafe { std::mem::zeroed() };
+        let mut found: *mut libc::group = std::ptr::null_mut();
+        // SAFETY: cname is NUL-terminated; grp, buf (with its true length)
+        // and found are valid for writes for the duration of the call.
+        let r = unsafe { libc::getgrnam_r(cname.as_ptr(), &mut grp, buf.as_mut_ptr(), buf.len(), &mut found) };
+        match r {
+            0 if found.is_null() => bail!("no group named {name:?}"),
+            0 => return Ok(grp.gr_gid),
+            libc::ERANGE if buf.len() < 1 << 20 => buf.resize(buf.len() * 2, 0),
+            e => bail!("looking up group {name:?}: {}", std::io::Error::from_raw_os_error(e)),
         }
-        std::fs::remove_file(path).with_context(|| format!("removing stale {}", path.display()))?;
+    }
+}
+
+/// The bound control socket. Its file is removed when this drops (a start
+/// that fails later) and on SIGINT/SIGTERM ([`ExitSignals`]).
+pub struct Socket {
+    path: PathBuf,
+}
+
+impl Socket {
+    /// The socket file's path.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+impl Drop for Socket {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+/// Creates the socket's directory if it is missing (0700, or 0750 owned by
+/// `gid`) and refuses one that another user owns or others may write: there
+/// anyone could replace the socket with their own.
+fn prepare_dir(dir: &Path, gid: Option<u32>) -> Result<()> {
+    if !dir.exists() {
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir)
+            .with_context(|| format!("creating control socket directory {}", dir.display()))?;
+        if let Some(g) = gid {
+            std::os::unix::fs::chown(dir, None, Some(g))
+                .with_context(|| format!("giving {} to group {g}", dir.display()))?;
+            std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o750))?;
+        }
+    }
+    let m = std::fs::metadata(dir).with_context(|| format!("control socket directory {}", dir.display()))?;
+    if !m.is_dir() {
+        bail!("control socket directory {} is not a directory", dir.display());
+    }
+    let hint = "use a directory only ironwire's user can write ([control] socket or serve --ctl-socket)";
+    if m.uid() != euid() {
+        bail!(
+            "control socket directory {} belongs to uid {}, not to this process's uid {}; {hint}",
+            dir.display(),
+            m.uid(),
+            euid()
+        );
+    }
+    if m.mode() & 0o022 != 0 {
+        bail!(
+            "control socket directory {} is writable by its group or by others (mode {:o}); {hint}",
+            dir.display(),
+            m.mode() & 0o7777
+        );
+    }
+    Ok(())
+}
+
+/// Serves the control socket at `path` on a new thread; `group` lets that
+/// group's members in too.
+pub fn spawn(ctl: Arc<Control>, path: &Path, group: Option<&str>) -> Result<Socket> {
+    let gid = group.map(group_id).transpose().context("[control] group")?;
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    prepare_dir(dir, gid)?;
+    match std::fs::symlink_metadata(path) {
+        Ok(m) if m.file_type().is_socket() => {
+            // A live daemon answers; a stale socket file is replaced.
+            if UnixStream::connect(path).is_ok() {
+                bail!("control socket {} is in use by another ironwire", path.display());
+            }
+            std::fs::remove_file(path).with_context(|| format!("removing stale {}", path.display()))?;
+        }
+        Ok(_) => bail!("{} exists and is not a socket; not replacing it with the control socket", path.display()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e).with_context(|| format!("control socket {}", path.display())),
     }
     let listener = UnixListener::bind(path).with_context(|| format!("binding control socket {}", path.display()))?;
-    std::thread::Builder::new().name("control".into()).spawn(move || {
-        for stream in listener.incoming().flatten() {
-            let ctl = ctl.clone();
-            std::thread::spawn(move || serve_client(&ctl, stream));
+    let socket = Socket { path: path.to_path_buf() };
+    // Until this chmod the socket has the umask's mode, but the directory
+    // already keeps others out and every client's credentials are checked.
+    let mode = if gid.is_some() { 0o660 } else { 0o600 };
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
+        .with_context(|| format!("chmod {mode:o} {}", path.display()))?;
+    if let Some(g) = gid {
+        std::os::unix::fs::chown(path, None, Some(g))
+            .with_context(|| format!("giving {} to group {g}", path.display()))?;
+    }
+    std::thread::Builder::new().name("control".into()).spawn(move || accept_loop(&ctl, &listener, gid))?;
+    Ok(socket)
+}
+
+/// Frees a client's place when its thread ends.
+struct Slot(Arc<AtomicUsize>);
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+fn accept_loop(ctl: &Arc<Control>, listener: &UnixListener, gid: Option<u32>) {
+    let active = Arc::new(AtomicUsize::new(0));
+    for stream in listener.incoming() {
+        let stream = match stream {
+            Ok(s) => s,
+            Err(e) => {
+                // EMFILE and the like: back off instead of spinning.
+                log::warn!("control: accept failed: {e}");
+                std::thread::sleep(Duration::from_millis(100));
+                continue;
+            }
+        };
+        let _ = stream.set_write_timeout(Some(WRITE_TIMEOUT));
+        if let Err(why) = admit(&stream, gid) {
+            log::warn!("control: refused a client: {why}");
+            refuse(stream, &why);
+            continue;
         }
-    })?;
-    Ok(())
+        // Only this thread adds clients, so the check and the add agree.
+        if active.load(Ordering::Relaxed) >= MAX_CLIENTS {
+            log::warn!("control: refused a client: already {MAX_CLIENTS} control clients");
+            refuse(stream, &format!("too many control clients (at most {MAX_CLIENTS} at once)"));
+            continue;
+        }
+        active.fetch_add(1, Ordering::Relaxed);
+        let slot = Slot(active.clone());
+        let ctl = ctl.clone();
+        let spawned = std::thread::Builder::new().name("control-client".into()).spawn(move || {
+            let _slot = slot;
+            serve_client(&ctl, stream);
+        });
+        if let Err(e) = spawned {
+            log::warn!("control: no thread for a client: {e}");
+        }
+    }
+}
+
+fn refuse(mut stream: UnixStream, why: &str) {
+    let _ = stream.write_all(format!("error: {why}\n").as_bytes());
+}
+
+/// The kernel's record of who connected (SO_PEERCRED, taken at connect).
+fn peer_credentials(stream: &UnixStream) -> std::io::Result<libc::ucred> {
+    let mut cred = libc::ucred { pid: 0, uid: 0, gid: 0 };
+    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: the fd is open for the call; cred and len are valid for
+    // writes and len holds cred's size.
+    let r = unsafe {
+        libc::getsockopt(
+            stream.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            std::ptr::addr_of_mut!(cred).cast(),
+            &mut len,
+        )
+    };
+    if r != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(cred)
+}
+
+/// The supplementary groups of process `pid` (`Groups:` in its status).
+fn supplementary_groups(pid: i32) -> Vec<u32> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let groups = status.lines().find_map(|l| l.strip_prefix("Groups:")).unwrap_or("");
+    groups.split_whitespace().filter_map(|g| g.parse().ok()).collect()
+}
+
+/// Lets in root, this process's user and, with `[control] group`, the
+/// group's members; the error names who was refused.
+fn admit(stream: &UnixStream, gid: Option<u32>) -> Result<(), String> {
+    let cred = peer_credentials(stream).map_err(|e| format!("no peer credentials (SO_PEERCRED): {e}"))?;
+    let me = euid();
+    if cred.uid == 0 || cred.uid == me {
+        return Ok(());
+    }
+    if let Some(g) = gid {
+        if cred.gid == g || supplementary_groups(cred.pid).contains(&g) {
+            return Ok(());
+        }
+    }
+    let group = gid.map(|g| format!(" and members of group {g} ([control] group)")).unwrap_or_default();
+    Err(format!("uid {} (pid {}) may not use the control socket: only uid 0, uid {me}{group} may", cred.uid, cred.pid))
 }
 
 fn serve_client(ctl: &Control, stream: UnixStream) {
     let Ok(mut out) = stream.try_clone() else { return };
-    for line in BufReader::new(stream).lines() {
-        let Ok(line) = line else { return };
-        let reply = match ctl.handle(line.trim()) {
-            Ok(text) => format!("{text}ok\n"),
-            Err(e) => format!("error: {e:#}\n"),
+    let mut reader = BufReader::new(stream);
+    let mut line = Vec::new();
+    loop {
+        line.clear();
+        // Read at most one byte past the limit: a client sending an endless
+        // line costs MAX_LINE bytes, not memory without bound.
+        match reader.by_ref().take(MAX_LINE as u64 + 1).read_until(b'\n', &mut line) {
+            Ok(0) | Err(_) => return,
+            Ok(_) => {}
+        }
+        if line.len() > MAX_LINE {
+            log::warn!("control: a command line longer than {MAX_LINE} bytes; closing that client");
+            refuse(out, &format!("command line longer than {MAX_LINE} bytes"));
+            return;
+        }
+        let reply = match std::str::from_utf8(&line) {
+            Err(_) => "error: the command is not UTF-8\n".to_string(),
+            Ok(text) => match ctl.handle(text.trim()) {
+                Ok(text) => format!("{text}ok\n"),
+                Err(e) => format!("error: {e:#}\n"),
+            },
         };
         if out.write_all(reply.as_bytes()).is_err() {
             return;
@@ -127,6 +370,11 @@ impl Control {
                 _ => bail!("unknown device attribute {k:?} (size, block_size, path)"),
             }
         }
+        if let Some(path) = &cfg.path {
+            if matches!(kind, "file" | "block") {
+                cfg.path = Some(self.allowed_path(path)?);
+            }
+        }
         let mut devices = self.devices.lock().unwrap_or_else(|e| e.into_inner());
         if devices.contains_key(name) {
             bail!("device {name:?} already exists");
@@ -134,6 +382,121 @@ impl Control {
         let dev = crate::serve::open_device(&cfg)?;
         devices.insert(name.to_string(), Arc::new(dev));
         log::info!("control: added device {name} ({kind})");
+        Ok(())
+    }
+
+    /// The canonical form of `path` (no `..`, no symlinks) when `[control]
+    /// allow_paths` allows it; the device is opened by that form.
+    fn allowed_path(&self, path: &Path) -> Result<PathBuf> {
+        if self.allow_paths.is_empty() {
+            bail!(
+                "ctl may add only null and ram devices: {} is not allowed ([control] allow_paths is empty)",
+                path.display()
+            );
+        }
+        let canonical = canonical(path)?;
+        if !self.allow_paths.iter().any(|a| allows(a, &canonical)) {
+            log::warn!("control: refused device path {} ({})", path.display(), canonical.display());
+            bail!("{} (resolved to {}) is outside [control] allow_paths", path.display(), canonical.display());
+        }
+        Ok(canonical)
+    }
+}
+
+/// `path` with symlinks and `..` resolved; a file that does not exist yet
+/// (a file device creates it) resolves through its directory.
+fn canonical(path: &Path) -> Result<PathBuf> {
+    match std::fs::canonicalize(path) {
+        Ok(p) => Ok(p),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            let (Some(dir), Some(name)) = (path.parent(), path.file_name()) else {
+                bail!("{}: no such file", path.display());
+            };
+            let dir = if dir.as_os_str().is_empty() { Path::new(".") } else { dir };
+            let dir = std::fs::canonicalize(dir).with_context(|| format!("{}", dir.display()))?;
+            let p = dir.join(name);
+            // A dangling symlink would be followed when the file is created.
+            if std::fs::symlink_metadata(&p).is_ok() {
+                bail!("{} is a symlink to nothing", path.display());
+            }
+            Ok(p)
+        }
+        Err(e) => Err(e).with_context(|| format!("{}", path.display())),
+    }
+}
+
+/// Whether the `[control] allow_paths` entry `entry` allows the canonical
+/// path `path`: a directory (trailing `/`) allows anything beneath it,
+/// anything else is a pattern matched against the whole path.
+fn allows(entry: &str, path: &Path) -> bool {
+    if entry.ends_with('/') {
+        let dir = std::fs::canonicalize(entry).unwrap_or_else(|_| PathBuf::from(entry));
+        path.starts_with(&dir) && path != dir
+    } else {
+        glob(entry.as_bytes(), path.as_os_str().as_bytes())
+    }
+}
+
+/// Shell-style matching of `pattern` against `name`: `*` is any run of
+/// characters and `?` one character, neither crossing a `/`. (All we need;
+/// character classes and `**` would be more to document and to get wrong.)
+fn glob(pattern: &[u8], name: &[u8]) -> bool {
+    match (pattern.split_first(), name.split_first()) {
+        (None, _) => name.is_empty(),
+        (Some((b'*', rest)), next) => {
+            glob(rest, name) || next.is_some_and(|(&c, tail)| c != b'/' && glob(pattern, tail))
+        }
+        (Some((b'?', rest)), Some((&c, tail))) => c != b'/' && glob(rest, tail),
+        (Some((p, rest)), Some((c, tail))) => p == c && glob(rest, tail),
+        (Some(_), None) => false,
+    }
+}
+
+/// SIGINT and SIGTERM, blocked in every thread so that one thread waits for
+/// them: [`ExitSignals::block`] runs before any thread starts.
+pub struct ExitSignals(libc::sigset_t);
+
+impl ExitSignals {
+    /// Blocks SIGINT and SIGTERM in this thread and the threads it starts.
+    pub fn block() -> Result<ExitSignals> {
+        // SAFETY: all-zero bytes are a valid sigset_t, and sigemptyset
+        // initializes it before use.
+        let mut set: libc::sigset_t = unsafe { std::mem::zeroed() };
+        // SAFETY: set is a valid sigset_t for these calls; the old mask is
+        // not asked for (null).
+        let r = unsafe {
+            libc::sigemptyset(&mut set);
+            libc::sigaddset(&mut set, libc::SIGINT);
+            libc::sigaddset(&mut set, libc::SIGTERM);
+            libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut())
+        };
+        if r != 0 {
+            bail!("blocking SIGINT/SIGTERM: {}", std::io::Error::from_raw_os_error(r));
+        }
+        Ok(ExitSignals(set))
+    }
+
+    /// Starts the thread that, on SIGINT or SIGTERM, removes the control
+    /// socket `socket` and exits with status 0.
+    pub fn remove_on_exit(self, socket: PathBuf) -> Result<()> {
+        std::thread::Builder::new().name("signals".into()).spawn(move || {
+            let mut sig = 0;
+            // SAFETY: self.0 is an initialized sigset_t whose signals are
+            // blocked; sig is valid for a write.
+            let r = unsafe { libc::sigwait(&self.0, &mut sig) };
+            let name = match sig {
+                libc::SIGINT => "SIGINT",
+                libc::SIGTERM => "SIGTERM",
+                _ => "a signal",
+            };
+            let _ = std::fs::remove_file(&socket);
+            if r != 0 {
+                log::error!("waiting for SIGINT/SIGTERM failed ({r}); removed {} and exiting", socket.display());
+                std::process::exit(1);
+            }
+            log::info!("{name}: removed the control socket {}; exiting", socket.display());
+            std::process::exit(0);
+        })?;
         Ok(())
     }
 }
@@ -159,12 +522,18 @@ fn stats() -> String {
 pub fn request(socket: &Path, command: &str) -> Result<String> {
     let mut s = UnixStream::connect(socket)
         .with_context(|| format!("connecting to {} (is ironwire serve running?)", socket.display()))?;
-    s.write_all(format!("{command}\n").as_bytes())?;
+    // A daemon that refuses this client answers and closes at once, maybe
+    // before the command is sent: its answer is still there to read.
+    let sent = s.write_all(format!("{command}\n").as_bytes());
     let mut reader = BufReader::new(s);
     let mut out = String::new();
     loop {
         let mut line = String::new();
-        if reader.read_line(&mut line)? == 0 {
+        let n = reader.read_line(&mut line);
+        if !line.starts_with("error: ") {
+            sent.as_ref().map_err(|e| anyhow!("sending to {}: {e}", socket.display()))?;
+        }
+        if n? == 0 {
             bail!("daemon closed the connection");
         }
         if line == "ok\n" {
@@ -182,4 +551,24 @@ pub fn request(socket: &Path, command: &str) -> Result<String> {
 pub fn client(socket: &Path, command: &[String]) -> Result<()> {
     print!("{}", request(socket, &command.join(" "))?);
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::glob;
+
+    #[test]
+    fn glob_stars_and_question_marks_stay_within_one_component() {
+        let m = |p: &str, n: &str| glob(p.as_bytes(), n.as_bytes());
+        assert!(m("/dev/nvme*n1", "/dev/nvme0n1"));
+        assert!(m("/dev/nvme*n1", "/dev/nvme12n1"));
+        assert!(!m("/dev/nvme*n1", "/dev/nvme0n1p1"));
+        assert!(!m("/dev/nvme*n1", "/dev/nvme0/x/n1"), "* crossed a /");
+        assert!(m("/dev/sd?", "/dev/sdb"));
+        assert!(!m("/dev/sd?", "/dev/sdb1"));
+        assert!(!m("/dev/sd?", "/dev/sd"));
+        assert!(m("/srv/img", "/srv/img"));
+        assert!(!m("/srv/img", "/srv/img2"));
+        assert!(m("/srv/*.img", "/srv/a.img") && !m("/srv/*.img", "/srv/a/b.img"));
+    }
 }

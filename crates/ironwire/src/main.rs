@@ -32,17 +32,20 @@ enum Command {
         /// CPUs to run reactors on, e.g. "0" or "0,1" (overrides the config).
         #[arg(long, value_delimiter = ',')]
         cores: Vec<usize>,
-        /// Control socket for `ironwire ctl`.
-        #[arg(long, default_value_os_t = control::default_socket())]
-        ctl_socket: PathBuf,
+        /// Control socket for `ironwire ctl` (overrides `[control] socket`;
+        /// default /run/ironwire/ctl.sock as root,
+        /// $XDG_RUNTIME_DIR/ironwire/ctl.sock otherwise).
+        #[arg(long)]
+        ctl_socket: Option<PathBuf>,
     },
     /// Edit or inspect a running daemon: show | stats | device-add NAME
     /// KIND [size=S] [block_size=N] [path=P] | ns-add NQN NSID DEVICE |
     /// ns-remove NQN NSID
     Ctl {
-        /// Control socket of the daemon.
-        #[arg(long, default_value_os_t = control::default_socket())]
-        socket: PathBuf,
+        /// Control socket of the daemon (default /run/ironwire/ctl.sock as
+        /// root, $XDG_RUNTIME_DIR/ironwire/ctl.sock otherwise).
+        #[arg(long)]
+        socket: Option<PathBuf>,
         /// The command and its arguments.
         #[arg(required = true, trailing_var_arg = true)]
         command: Vec<String>,
@@ -84,7 +87,13 @@ fn real_main() -> Result<()> {
         .init();
     let cli = Cli::parse();
     match cli.command {
-        Command::Ctl { socket, command } => control::client(&socket, &command),
+        Command::Ctl { socket, command } => {
+            let socket = match socket {
+                Some(s) => s,
+                None => control::default_socket()?,
+            };
+            control::client(&socket, &command)
+        }
         Command::Bench { command } => bench::main(command),
         Command::Serve { config, cores, ctl_socket } => {
             let mut cfg = match config {
@@ -95,6 +104,10 @@ fn real_main() -> Result<()> {
                 config::check_cores(&cores).context("--cores")?;
                 cfg.reactor.cores = cores;
             }
+            let ctl_socket = match ctl_socket.or_else(|| cfg.control.socket.clone()) {
+                Some(s) => s,
+                None => control::default_socket()?,
+            };
             serve::run(cfg, &ctl_socket)
         }
         Command::CheckConfig { config } => {

@@ -92,8 +92,11 @@ fn build_iscsi(
     Ok(Arc::new(IscsiModel::new(targets, portals, disc)))
 }
 
-/// Runs the target until the process is killed.
+/// Runs the target until SIGINT or SIGTERM (which remove the control
+/// socket and exit) or until the process is killed.
 pub fn run(config: Config, ctl_socket: &std::path::Path) -> Result<()> {
+    // Before any thread starts, so that every thread inherits the mask.
+    let signals = crate::control::ExitSignals::block()?;
     match crate::admit::raise_open_files() {
         Ok(n) => log::debug!("open-file limit {n}"),
         Err(e) => log::warn!("cannot raise the open-file limit: {e}"),
@@ -147,8 +150,13 @@ pub fn run(config: Config, ctl_socket: &std::path::Path) -> Result<()> {
     }
     let portals = ports.iter().filter(|p| matches!(p.1, Protocol::Iscsi)).map(|(a, _)| format!("{a},1")).collect();
     let iscsi = build_iscsi(&config, &devices, portals)?;
-    let control = Arc::new(crate::control::Control { target: target.clone(), devices: std::sync::Mutex::new(devices) });
-    crate::control::spawn(control, ctl_socket)?;
+    let control = Arc::new(crate::control::Control {
+        target: target.clone(),
+        devices: std::sync::Mutex::new(devices),
+        allow_paths: config.control.allow_paths.clone(),
+    });
+    let ctl_socket = crate::control::spawn(control, ctl_socket, config.control.group.as_deref())?;
+    signals.remove_on_exit(ctl_socket.path().to_path_buf())?;
     let cpus = if config.reactor.cores.is_empty() { reactor::available_cpus() } else { config.reactor.cores.clone() };
     let icfg = iscsi::target::TargetConfig::default();
     let registered = usize::try_from(config.reactor.registered_buffers.0).unwrap_or(usize::MAX);
@@ -306,6 +314,7 @@ pub fn run(config: Config, ctl_socket: &std::path::Path) -> Result<()> {
     for h in handles {
         let _ = h.join();
     }
+    drop(ctl_socket);
     Ok(())
 }
 

@@ -34,23 +34,40 @@ impl Daemon {
     /// and waits for its ready line. A port taken between probing and
     /// binding is retried on another.
     pub fn start_with(tag: &str, config: impl Fn(&Path, u16) -> String) -> Daemon {
-        Daemon::start_under(tag, &[], config)
+        Daemon::start_inner(tag, &[], true, config)
     }
 
     /// As [`Daemon::start_with`], run under `wrapper` (a command and its
     /// arguments that execs the rest, e.g. `prlimit --nofile=64:64 --`).
     pub fn start_under(tag: &str, wrapper: &[&str], config: impl Fn(&Path, u16) -> String) -> Daemon {
+        Daemon::start_inner(tag, wrapper, true, config)
+    }
+
+    /// Like [`Daemon::start_with`] without `--ctl-socket`: the socket is
+    /// where the configuration (`[control] socket`) puts it.
+    pub fn start_with_config_socket(tag: &str, config: impl Fn(&Path, u16) -> String) -> Daemon {
+        Daemon::start_inner(tag, &[], false, config)
+    }
+
+    fn start_inner(
+        tag: &str,
+        wrapper: &[&str],
+        ctl_socket_flag: bool,
+        config: impl Fn(&Path, u16) -> String,
+    ) -> Daemon {
         let exe = Path::new(env!("CARGO_BIN_EXE_ironwire"));
         let dir = std::env::temp_dir().join(format!("ironwire-test-{tag}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).expect("temp dir");
+        // The daemon refuses a control socket directory others may write.
+        std::fs::set_permissions(&dir, std::os::unix::fs::PermissionsExt::from_mode(0o700)).expect("chmod temp dir");
         for _ in 0..3 {
             let port =
                 std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("free port").port();
             let cfg = dir.join("ironwire.toml");
             std::fs::write(&cfg, config(&dir, port)).expect("write config");
             let log = std::fs::File::create(dir.join("daemon.log")).expect("log file");
-            let mut cmd = match wrapper.split_first() {
+            let mut command = match wrapper.split_first() {
                 Some((w, args)) => {
                     let mut c = Command::new(w);
                     c.args(args).arg(exe);
@@ -58,11 +75,11 @@ impl Daemon {
                 }
                 None => Command::new(exe),
             };
-            let mut child = cmd
-                .args(["serve", "--config"])
-                .arg(&cfg)
-                .arg("--ctl-socket")
-                .arg(dir.join("ctl.sock"))
+            command.args(["serve", "--config"]).arg(&cfg);
+            if ctl_socket_flag {
+                command.arg("--ctl-socket").arg(dir.join("ctl.sock"));
+            }
+            let mut child = command
                 .env("RUST_LOG", "info")
                 .stdin(Stdio::null())
                 .stdout(Stdio::piped())
@@ -110,6 +127,17 @@ impl Daemon {
     /// Whether the process is still running.
     pub fn alive(&mut self) -> bool {
         matches!(self.child.try_wait(), Ok(None))
+    }
+
+    /// Waits (at most `secs` seconds) for the process to exit on its own.
+    pub fn wait_exit(&mut self, secs: u64) -> Option<std::process::ExitStatus> {
+        for _ in 0..secs * 20 {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return Some(status);
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        None
     }
 
     /// Asserts the process is still running.
