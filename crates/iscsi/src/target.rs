@@ -161,6 +161,14 @@ pub trait Policy {
     fn chap_secret(&self, target: Option<&str>, initiator: &str, user: &str) -> Option<Secret>;
     /// The target's own CHAP name and secret for mutual CHAP.
     fn target_credentials(&self, target: Option<&str>, initiator: &str) -> Option<(String, Secret)>;
+    /// Takes a place for one more session to `target` as its login
+    /// completes, or says (for the log) which limit it would pass; the
+    /// login is then refused "out of resources" (RFC 7143 section
+    /// 11.13.5). The caller gives the place back when the connection of
+    /// [`TargetConnection::session_target`] ends.
+    fn reserve_session(&self, _target: &str) -> Result<(), String> {
+        Ok(())
+    }
 }
 
 /// Limits and preferences of the target.
@@ -522,6 +530,8 @@ pub struct TargetConnection<B> {
     logout_pending: Option<Bhs>,
     idle_since_ms: Option<u64>,
     rx_activity: bool,
+    /// The login took a session place with [`Policy::reserve_session`].
+    session_reserved: bool,
 }
 
 fn login_fail(status: u16, reason: impl Into<String>) -> (u16, String) {
@@ -574,6 +584,7 @@ impl<B: DataBuffer> TargetConnection<B> {
             logout_pending: None,
             idle_since_ms: None,
             rx_activity: false,
+            session_reserved: false,
         }
     }
 
@@ -585,6 +596,12 @@ impl<B: DataBuffer> TargetConnection<B> {
     /// The negotiated parameters (RFC defaults until login completes).
     pub fn params(&self) -> &Params {
         &self.params
+    }
+
+    /// The target whose session place ([`Policy::reserve_session`]) this
+    /// connection holds: given back by the caller when it ends.
+    pub fn session_target(&self) -> Option<&str> {
+        self.login.target.as_ref().filter(|_| self.session_reserved).map(|t| t.name.as_str())
     }
 
     /// The session type negotiated at login.
@@ -988,6 +1005,10 @@ impl<B: DataBuffer> TargetConnection<B> {
         r.set_login_flags(go, false, csg, if go { nsg } else { Stage(0) }).set_isid(self.login.isid).set_itt(bhs.itt());
         let finish = go && nsg == Stage::FULL_FEATURE;
         if finish {
+            if let Some(info) = &self.login.target {
+                self.policy.reserve_session(&info.name).map_err(|why| login_fail(ls::OUT_OF_RESOURCES, why))?;
+                self.session_reserved = true;
+            }
             r.set_tsih(self.seed.tsih);
         }
         self.stamp(&mut r, true);
