@@ -24,7 +24,7 @@ type LogicalUnit = scsi::LogicalUnit<Device>;
 use std::cell::RefCell;
 use std::collections::BTreeMap;
 use std::rc::Rc;
-use std::sync::atomic::{AtomicBool, AtomicU16, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -84,6 +84,8 @@ pub struct IscsiTarget {
     acl: Vec<Acl>,
     /// Logical units by LUN.
     pub units: BTreeMap<u64, Arc<Unit>>,
+    /// Live sessions (normal logins that completed), on every reactor.
+    sessions: AtomicU32,
 }
 
 impl IscsiTarget {
@@ -114,6 +116,7 @@ impl IscsiTarget {
                 .map(|a| Acl { initiator: a.initiator.clone(), chap: cred(&a.chap), mutual: cred(&a.mutual_chap) })
                 .collect(),
             units,
+            sessions: AtomicU32::new(0),
         })
     }
 
@@ -152,6 +155,10 @@ pub struct IscsiModel {
     /// CHAP credentials for discovery sessions.
     pub discovery_chap: Option<Credentials>,
     next_tsih: AtomicU16,
+    /// `[limits] sessions_per_target`.
+    sessions_per_target: u32,
+    /// `[timeouts] handshake_ms`: from accept to the end of the login.
+    handshake: Duration,
 }
 
 /// The target portal group every portal belongs to.
@@ -160,7 +167,29 @@ const TPGT: u16 = 1;
 impl IscsiModel {
     /// A model for `targets` reached on `portals`.
     pub fn new(targets: Vec<Arc<IscsiTarget>>, portals: Vec<String>, discovery_chap: Option<Credentials>) -> Self {
-        IscsiModel { targets, portals, discovery_chap, next_tsih: AtomicU16::new(1) }
+        IscsiModel {
+            targets,
+            portals,
+            discovery_chap,
+            next_tsih: AtomicU16::new(1),
+            sessions_per_target: u32::MAX,
+            handshake: Duration::from_secs(15),
+        }
+    }
+
+    /// Sets how many sessions each target holds and how long a login may
+    /// take.
+    pub fn with_limits(mut self, sessions_per_target: u32, handshake: Duration) -> Self {
+        self.sessions_per_target = sessions_per_target;
+        self.handshake = handshake;
+        self
+    }
+
+    /// Gives back a session place taken by `reserve_session`.
+    fn release_session(&self, target: &str) {
+        if let Some(t) = self.find(target) {
+            let _ = t.sessions.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1));
+        }
     }
 
     fn find(&self, name: &str) -> Option<&Arc<IscsiTarget>> {
@@ -212,6 +241,15 @@ impl Policy for IscsiModel {
     fn target_credentials(&self, target: Option<&str>, initiator: &str) -> Option<(String, Secret)> {
         let t = self.find(target?)?;
         t.mutual_for(initiator).cloned().map(|(u, s)| (u, Secret(s)))
+    }
+
+    fn reserve_session(&self, target: &str) -> Result<(), String> {
+        let Some(t) = self.find(target) else { return Err(format!("target {target} not found")) };
+        let limit = self.sessions_per_target;
+        t.sessions
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| (n < limit).then_some(n + 1))
+            .map(|_| ())
+            .map_err(|_| format!("target {} already has {limit} sessions ([limits] sessions_per_target)", t.iqn))
     }
 }
 
@@ -366,6 +404,10 @@ pub async fn serve(stream: TcpStream, model: Arc<IscsiModel>, cfg: TargetConfig)
             u.lu.nexus_lost(&s.nexus);
         }
         log::info!("{peer}: session {} to {} ended", s.nexus.initiator, s.target.iqn);
+    }
+    let held = conn.iscsi.borrow().session_target().map(str::to_owned);
+    if let Some(t) = held {
+        model.release_session(&t);
     }
     let _ = writer.await;
     drop(ticker);
@@ -677,9 +719,19 @@ async fn compare_and_write(
 }
 
 async fn tick_loop(conn: Rc<Conn>, model: Arc<IscsiModel>) {
+    let login_deadline = now_ms().saturating_add(u64::try_from(model.handshake.as_millis()).unwrap_or(u64::MAX));
     loop {
         reactor::sleep(Duration::from_millis(100)).await;
         if conn.shell.is_closing() {
+            break;
+        }
+        if conn.iscsi.borrow().state() == iscsi::target::State::AwaitLogin && now_ms() >= login_deadline {
+            log::warn!(
+                "{}: login not finished within {} ms ([timeouts] handshake_ms); closing",
+                conn.shell.peer,
+                model.handshake.as_millis()
+            );
+            conn.shell.close();
             break;
         }
         conn.iscsi.borrow_mut().on_tick(now_ms());

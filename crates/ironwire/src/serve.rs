@@ -89,7 +89,8 @@ fn build_iscsi(
         targets.push(Arc::new(IscsiTarget::new(t, devices).with_context(|| format!("iSCSI target {}", t.iqn))?));
     }
     let disc = config.iscsi.discovery_chap.as_ref().map(|c| (c.user.clone(), c.secret.as_bytes().to_vec()));
-    Ok(Arc::new(IscsiModel::new(targets, portals, disc)))
+    let handshake = std::time::Duration::from_millis(u64::from(config.timeouts.handshake_ms));
+    Ok(Arc::new(IscsiModel::new(targets, portals, disc).with_limits(config.limits.sessions_per_target, handshake)))
 }
 
 /// Runs the target until SIGINT or SIGTERM (which remove the control
@@ -158,7 +159,10 @@ pub fn run(config: Config, ctl_socket: &std::path::Path) -> Result<()> {
     let ctl_socket = crate::control::spawn(control, ctl_socket, config.control.group.as_deref())?;
     signals.remove_on_exit(ctl_socket.path().to_path_buf())?;
     let cpus = if config.reactor.cores.is_empty() { reactor::available_cpus() } else { config.reactor.cores.clone() };
-    let icfg = iscsi::target::TargetConfig::default();
+    let icfg = iscsi::target::TargetConfig {
+        max_tasks: config.limits.tasks_per_session,
+        ..iscsi::target::TargetConfig::default()
+    };
     let registered = usize::try_from(config.reactor.registered_buffers.0).unwrap_or(usize::MAX);
     let (ready_tx, ready_rx) = std::sync::mpsc::channel::<Result<(), String>>();
     let rcfg = reactor::Config {

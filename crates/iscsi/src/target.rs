@@ -123,6 +123,8 @@ pub mod scsi_status {
     pub const INTERMEDIATE: u8 = 0x10;
     /// INTERMEDIATE-CONDITION MET.
     pub const INTERMEDIATE_CONDITION_MET: u8 = 0x14;
+    /// TASK SET FULL: the session holds as many tasks as it may.
+    pub const TASK_SET_FULL: u8 = 0x28;
 
     /// Whether a status may ride in the final Data-In (S bit): only
     /// non-exception statuses (RFC 7143 section 11.7.4).
@@ -159,6 +161,14 @@ pub trait Policy {
     fn chap_secret(&self, target: Option<&str>, initiator: &str, user: &str) -> Option<Secret>;
     /// The target's own CHAP name and secret for mutual CHAP.
     fn target_credentials(&self, target: Option<&str>, initiator: &str) -> Option<(String, Secret)>;
+    /// Takes a place for one more session to `target` as its login
+    /// completes, or says (for the log) which limit it would pass; the
+    /// login is then refused "out of resources" (RFC 7143 section
+    /// 11.13.5). The caller gives the place back when the connection of
+    /// [`TargetConnection::session_target`] ends.
+    fn reserve_session(&self, _target: &str) -> Result<(), String> {
+        Ok(())
+    }
 }
 
 /// Limits and preferences of the target.
@@ -167,10 +177,24 @@ pub struct TargetConfig {
     /// What the target accepts in negotiation; `max_recv_data_segment_length`
     /// is what it declares and enforces on receive.
     pub params: Params,
-    /// Commands the initiator may have outstanding (CmdSN window size).
+    /// Commands the initiator may have outstanding (CmdSN window size,
+    /// never more than `max_tasks`).
     pub queue_depth: u32,
+    /// Tasks open at once: SCSI commands and task management requests not
+    /// yet answered, immediate or not. The CmdSN window keeps a conforming
+    /// initiator's numbered commands within it; past it, an immediate
+    /// command is rejected ("immediate command reject", RFC 7143 sections
+    /// 3.2.2.1 and 11.17.1) and a numbered SCSI command gets TASK SET FULL.
+    pub max_tasks: u32,
     /// Largest Expected Data Transfer Length buffered for a write.
     pub max_write_len: u32,
+    /// Bytes of write buffers the connection holds for data it has yet to
+    /// solicit or receive. A write whose data does not all arrive unasked
+    /// (immediate and unsolicited data, at most FirstBurstLength) gets its
+    /// whole buffer, and its R2Ts, only while this leaves room; until then
+    /// it keeps only the data that did arrive. One write is always let
+    /// through, so a write up to `max_write_len` never waits for ever.
+    pub write_budget: u64,
     /// CHAP algorithms accepted.
     pub chap_algorithms: Vec<ChapAlgorithm>,
     /// Send a NOP-In ping after this much idle time (ms), `None` never.
@@ -197,7 +221,9 @@ impl Default for TargetConfig {
                 ..Params::default()
             },
             queue_depth: 128,
+            max_tasks: 1024,
             max_write_len: 16 << 20,
+            write_budget: 32 << 20,
             chap_algorithms: ChapAlgorithm::ALL.to_vec(),
             nop_interval_ms: Some(5000),
             nop_timeout_ms: 15000,
@@ -400,7 +426,15 @@ struct R2tState {
 }
 
 struct WriteState<B> {
-    buf: B,
+    /// The whole data buffer (`expected_len` bytes), once allocated.
+    buf: Option<B>,
+    /// Data that arrived unasked before `buf` could be allocated: the
+    /// immediate data and unsolicited Data-Out, at most FirstBurstLength.
+    staged: Option<B>,
+    /// `buf` counts against the connection's write budget.
+    budgeted: bool,
+    /// Waits in `write_waiting` for room in the budget.
+    waiting: bool,
     received: u32,
     unsolicited: bool,
     unsol_end: u32,
@@ -409,6 +443,17 @@ struct WriteState<B> {
     next_r2t: u32,
     r2ts: Vec<R2tState>,
     digest_failed: bool,
+}
+
+impl<B: DataBuffer> WriteState<B> {
+    /// Where received data goes: the whole buffer, else the staging one
+    /// (which holds offsets up to the end of the unsolicited data).
+    fn landing(&mut self) -> Option<&mut B> {
+        match self.buf {
+            Some(ref mut b) => Some(b),
+            None => self.staged.as_mut(),
+        }
+    }
 }
 
 /// How many aborted tasks' ITTs are remembered to drop their Data-Out.
@@ -469,6 +514,10 @@ pub struct TargetConnection<B> {
     max_cmd_sn: u32,
     tasks: HashMap<u32, Task<B>>,
     next_serial: u64,
+    /// Bytes of write buffers counted against `cfg.write_budget`.
+    write_held: u64,
+    /// Writes waiting for room in the write budget, oldest first.
+    write_waiting: VecDeque<TaskRef>,
     /// ITTs of recently aborted tasks: the initiator may still send Data-Out
     /// for them, which is dropped (RFC 7143 section 4.2.3.2). Bounded.
     aborted_itts: VecDeque<u32>,
@@ -481,6 +530,8 @@ pub struct TargetConnection<B> {
     logout_pending: Option<Bhs>,
     idle_since_ms: Option<u64>,
     rx_activity: bool,
+    /// The login took a session place with [`Policy::reserve_session`].
+    session_reserved: bool,
 }
 
 fn login_fail(status: u16, reason: impl Into<String>) -> (u16, String) {
@@ -521,6 +572,8 @@ impl<B: DataBuffer> TargetConnection<B> {
             max_cmd_sn: 0,
             tasks: HashMap::new(),
             next_serial: 0,
+            write_held: 0,
+            write_waiting: VecDeque::new(),
             aborted_itts: VecDeque::new(),
             ttts: HashMap::new(),
             next_ttt: 1,
@@ -531,6 +584,7 @@ impl<B: DataBuffer> TargetConnection<B> {
             logout_pending: None,
             idle_since_ms: None,
             rx_activity: false,
+            session_reserved: false,
         }
     }
 
@@ -542,6 +596,12 @@ impl<B: DataBuffer> TargetConnection<B> {
     /// The negotiated parameters (RFC defaults until login completes).
     pub fn params(&self) -> &Params {
         &self.params
+    }
+
+    /// The target whose session place ([`Policy::reserve_session`]) this
+    /// connection holds: given back by the caller when it ends.
+    pub fn session_target(&self) -> Option<&str> {
+        self.login.target.as_ref().filter(|_| self.session_reserved).map(|t| t.name.as_str())
     }
 
     /// The session type negotiated at login.
@@ -821,7 +881,8 @@ impl<B: DataBuffer> TargetConnection<B> {
             self.login.isid = bhs.isid();
             self.login.cid = bhs.cid();
             self.exp_cmd_sn = bhs.cmd_sn();
-            self.max_cmd_sn = bhs.cmd_sn().wrapping_add(self.cfg.queue_depth.max(1)).wrapping_sub(1);
+            let window = self.cfg.queue_depth.min(self.cfg.max_tasks).max(1);
+            self.max_cmd_sn = bhs.cmd_sn().wrapping_add(window).wrapping_sub(1);
         } else if bhs.isid() != self.login.isid || bhs.tsih() != 0 || bhs.cid() != self.login.cid {
             return Err(login_fail(ls::INITIATOR_ERROR, "ISID, TSIH or CID changed during login"));
         }
@@ -944,6 +1005,10 @@ impl<B: DataBuffer> TargetConnection<B> {
         r.set_login_flags(go, false, csg, if go { nsg } else { Stage(0) }).set_isid(self.login.isid).set_itt(bhs.itt());
         let finish = go && nsg == Stage::FULL_FEATURE;
         if finish {
+            if let Some(info) = &self.login.target {
+                self.policy.reserve_session(&info.name).map_err(|why| login_fail(ls::OUT_OF_RESOURCES, why))?;
+                self.session_reserved = true;
+            }
             r.set_tsih(self.seed.tsih);
         }
         self.stamp(&mut r, true);
@@ -1252,6 +1317,9 @@ impl<B: DataBuffer> TargetConnection<B> {
             self.retire(bhs.immediate());
             return Err(e);
         }
+        if self.open_count() >= self.cfg.max_tasks as usize {
+            return self.refuse_task(bhs, write && f & flags::FINAL == 0);
+        }
         let read_expected = match (read, write) {
             (true, true) => bidi_read_len.unwrap_or(0),
             (true, false) => edtl,
@@ -1290,14 +1358,26 @@ impl<B: DataBuffer> TargetConnection<B> {
             self.events.push_back(Event::Command(cmd));
             return Ok(());
         }
-        let mut buf = B::alloc(edtl as usize);
-        if let Some(dst) = buf.as_mut().get_mut(..data.len()) {
-            dst.copy_from_slice(data);
-        }
         let received = u32::try_from(data.len()).unwrap_or(0);
         let unsolicited = f & flags::FINAL == 0;
+        // What arrives without being asked for: the immediate data and,
+        // with the F bit clear, unsolicited Data-Out up to the first burst.
+        let unasked = if unsolicited { self.params.first_burst_length.min(edtl).max(received) } else { received };
+        let (buf, staged, budgeted) = if unasked >= edtl {
+            (Some(B::alloc(edtl as usize)), None, false)
+        } else if self.budget_allows(edtl) {
+            self.write_held = self.write_held.saturating_add(u64::from(edtl));
+            (Some(B::alloc(edtl as usize)), None, true)
+        } else {
+            // No room for the whole buffer: keep only what arrives unasked
+            // until the budget has room (see `advance_write`).
+            (None, (unasked > 0).then(|| B::alloc(unasked as usize)), false)
+        };
         task.write = Some(WriteState {
             buf,
+            staged,
+            budgeted,
+            waiting: false,
             received,
             unsolicited,
             unsol_end: self.params.first_burst_length.min(edtl),
@@ -1307,6 +1387,11 @@ impl<B: DataBuffer> TargetConnection<B> {
             r2ts: Vec::new(),
             digest_failed: !digest_ok && !data.is_empty(),
         });
+        if let Some(w) = task.write.as_mut() {
+            if let Some(dst) = w.landing().and_then(|b| b.as_mut().get_mut(..data.len())) {
+                dst.copy_from_slice(data);
+            }
+        }
         task.cmd = Some(cmd);
         self.tasks.insert(itt, task);
         if !digest_ok && !data.is_empty() {
@@ -1327,9 +1412,31 @@ impl<B: DataBuffer> TargetConnection<B> {
         }
         let edtl = task.expected_len;
         let lun = task.lun;
+        let me = TaskRef { itt, serial: task.serial };
         let Some(w) = task.write.as_mut() else { return };
         if w.unsolicited {
             return;
+        }
+        if w.buf.is_none() {
+            // R2Ts ask for data only into a buffer the budget has room for.
+            if !(self.write_held == 0 || self.write_held.saturating_add(u64::from(edtl)) <= self.cfg.write_budget) {
+                if !w.waiting {
+                    w.waiting = true;
+                    self.write_waiting.push_back(me);
+                }
+                return;
+            }
+            let mut buf = B::alloc(edtl as usize);
+            if let Some(staged) = w.staged.take() {
+                let have = staged.as_ref();
+                if let Some(dst) = buf.as_mut().get_mut(..have.len()) {
+                    dst.copy_from_slice(have);
+                }
+            }
+            w.buf = Some(buf);
+            w.budgeted = true;
+            w.waiting = false;
+            self.write_held = self.write_held.saturating_add(u64::from(edtl));
         }
         while w.r2ts.len().saturating_add(r2ts.len()) < max_out && w.next_r2t < edtl {
             let len = edtl.saturating_sub(w.next_r2t).min(mbl);
@@ -1371,10 +1478,85 @@ impl<B: DataBuffer> TargetConnection<B> {
                 return;
             }
             if let Some(mut cmd) = task.cmd.take() {
-                cmd.data = Some(w.buf);
+                cmd.data = w.buf;
                 self.events.push_back(Event::Command(cmd));
             }
+            if w.budgeted {
+                self.release_write_budget(u64::from(edtl));
+            }
         }
+    }
+
+    /// Whether a write buffer of `len` bytes fits the budget now; the
+    /// first one always does, so no write waits for ever.
+    fn budget_allows(&self, len: u32) -> bool {
+        self.write_held == 0 || self.write_held.saturating_add(u64::from(len)) <= self.cfg.write_budget
+    }
+
+    /// A budgeted write buffer of `len` bytes left the connection: the
+    /// writes waiting for room get their buffers (and R2Ts) in order.
+    fn release_write_budget(&mut self, len: u64) {
+        self.write_held = self.write_held.saturating_sub(len);
+        while let Some(next) = self.write_waiting.front().copied() {
+            let Some(w) = self.task_mut(next).and_then(|t| t.write.as_mut()) else {
+                self.write_waiting.pop_front();
+                continue;
+            };
+            if w.buf.is_some() || !w.waiting {
+                self.write_waiting.pop_front();
+                continue;
+            }
+            let edtl = self.task_mut(next).map_or(0, |t| t.expected_len);
+            if !self.budget_allows(edtl) {
+                return;
+            }
+            self.write_waiting.pop_front();
+            if let Some(w) = self.task_mut(next).and_then(|t| t.write.as_mut()) {
+                w.waiting = false;
+            }
+            self.advance_write(next.itt);
+        }
+    }
+
+    /// Tasks open in the session: SCSI commands and task management
+    /// requests not yet answered.
+    fn open_count(&self) -> usize {
+        self.tasks.len().saturating_add(self.tmf_pending.len())
+    }
+
+    /// Answers a SCSI command that would pass `max_tasks`: an immediate
+    /// one is rejected (RFC 7143 section 3.2.2.1 lets a target refuse
+    /// immediate commands it cannot take), a numbered one, which used its
+    /// place in the window, ends with TASK SET FULL. Data-Out that follows
+    /// for it is dropped.
+    fn refuse_task(&mut self, bhs: &Bhs, data_follows: bool) -> Result<(), PduError> {
+        let limit = self.cfg.max_tasks;
+        if data_follows {
+            self.forget_itt(bhs.itt());
+        }
+        if bhs.immediate() {
+            return Err(Self::field_err(
+                RejectReason::IMMEDIATE_COMMAND_REJECT,
+                "Immediate",
+                format!("immediate command with {limit} tasks open, the session's limit"),
+                bhs,
+            ));
+        }
+        log::warn!("iscsi: ITT {:#x} answered TASK SET FULL: {limit} tasks open, the session's limit", bhs.itt());
+        let mut r = Bhs::new(Opcode::SCSI_RESP);
+        r.set_flags(flags::FINAL).set_byte3(scsi_status::TASK_SET_FULL).set_itt(bhs.itt());
+        self.retire(false);
+        self.stamp(&mut r, true);
+        self.send(&r, &[], &[]);
+        Ok(())
+    }
+
+    /// Remembers that Data-Out for `itt` is to be dropped silently.
+    fn forget_itt(&mut self, itt: u32) {
+        if self.aborted_itts.len() >= ABORTED_ITTS_KEPT {
+            self.aborted_itts.pop_front();
+        }
+        self.aborted_itts.push_back(itt);
     }
 
     fn on_data_out(&mut self, bhs: &Bhs, data: &[u8], digest_ok: bool) -> Result<(), PduError> {
@@ -1454,7 +1636,7 @@ impl<B: DataBuffer> TargetConnection<B> {
         }
         let Some(task) = self.tasks.get_mut(&itt) else { return Ok(()) };
         let Some(w) = task.write.as_mut() else { return Ok(()) };
-        if let Some(dst) = w.buf.as_mut().get_mut(offset as usize..end as usize) {
+        if let Some(dst) = w.landing().and_then(|b| b.as_mut().get_mut(offset as usize..end as usize)) {
             dst.copy_from_slice(data);
         }
         w.received = w.received.saturating_add(len);
@@ -1645,6 +1827,9 @@ impl<B: DataBuffer> TargetConnection<B> {
                 for r in w.r2ts {
                     self.ttts.remove(&r.ttt);
                 }
+                if w.budgeted {
+                    self.release_write_budget(u64::from(t.expected_len));
+                }
             }
             self.retire(t.immediate);
         }
@@ -1668,6 +1853,21 @@ impl<B: DataBuffer> TargetConnection<B> {
         }
         let function = TmfFunction(bhs.flags() & 0x7f);
         let itt = bhs.itt();
+        if self.open_count() >= self.cfg.max_tasks as usize {
+            let limit = self.cfg.max_tasks;
+            if bhs.immediate() {
+                return Err(Self::field_err(
+                    RejectReason::IMMEDIATE_COMMAND_REJECT,
+                    "Immediate",
+                    format!("immediate task management request with {limit} tasks open, the session's limit"),
+                    bhs,
+                ));
+            }
+            log::warn!("iscsi: task management ITT {itt:#x} rejected: {limit} tasks open, the session's limit");
+            self.tmf_pending.insert(itt, PendingTmf { function, immediate: false, scope: Vec::new() });
+            self.send_tmf_response(itt, tmf_response::REJECTED);
+            return Ok(());
+        }
         let supported = matches!(function.0, 1..=7 | 9..=12);
         if !supported || self.login.session_type == SessionType::Discovery {
             let code = if function == TmfFunction::TASK_REASSIGN {
@@ -1738,10 +1938,7 @@ impl<B: DataBuffer> TargetConnection<B> {
             if response == tmf_response::COMPLETE {
                 if self.task_mut(t).is_some() {
                     self.finish_task(t.itt);
-                    if self.aborted_itts.len() >= ABORTED_ITTS_KEPT {
-                        self.aborted_itts.pop_front();
-                    }
-                    self.aborted_itts.push_back(t.itt);
+                    self.forget_itt(t.itt);
                 }
             } else if let Some(task) = self.task_mut(t) {
                 task.aborting = false;

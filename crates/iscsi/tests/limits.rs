@@ -1,0 +1,249 @@
+//! What a hostile initiator can make one target connection hold: tasks
+//! (immediate commands included) and write buffers. The target is fed raw
+//! PDUs after a normal login; write buffers are counted as they are
+//! allocated and dropped. No sockets.
+
+use iscsi::host::{HostConfig, HostConnection};
+use iscsi::pdu::{self, flags, Bhs, Framing, Opcode};
+use iscsi::target::{scsi_status, Event, Policy, Seed, State, TargetConfig, TargetConnection, TargetInfo, TaskRef};
+use iscsi::{DataBuffer, RejectReason};
+use std::cell::Cell;
+use std::sync::Arc;
+
+const TARGET: &str = "iqn.2026-01.test:disk1";
+const INITIATOR: &str = "iqn.2026-01.test:host1";
+
+struct Open;
+
+impl Policy for Open {
+    fn target(&self, name: &str) -> Option<TargetInfo> {
+        (name == TARGET).then(|| TargetInfo { name: TARGET.into(), alias: None, tpgt: 1, portals: Vec::new() })
+    }
+    fn initiator_allowed(&self, _target: &str, _initiator: &str) -> bool {
+        true
+    }
+    fn discovery_targets(&self, _initiator: &str) -> Vec<TargetInfo> {
+        Vec::new()
+    }
+    fn auth_required(&self, _target: Option<&str>, _initiator: &str) -> bool {
+        false
+    }
+    fn chap_secret(&self, _: Option<&str>, _: &str, _: &str) -> Option<iscsi::chap::Secret> {
+        None
+    }
+    fn target_credentials(&self, _: Option<&str>, _: &str) -> Option<(String, iscsi::chap::Secret)> {
+        None
+    }
+}
+
+thread_local! {
+    /// Bytes of write buffers alive on this thread.
+    static LIVE: Cell<usize> = const { Cell::new(0) };
+}
+
+/// A write buffer that counts the bytes alive.
+#[derive(Debug)]
+struct Counted(Vec<u8>);
+
+impl DataBuffer for Counted {
+    fn alloc(len: usize) -> Self {
+        LIVE.with(|l| l.set(l.get() + len));
+        Counted(vec![0; len])
+    }
+}
+
+impl Drop for Counted {
+    fn drop(&mut self) {
+        LIVE.with(|l| l.set(l.get() - self.0.len()));
+    }
+}
+
+impl AsRef<[u8]> for Counted {
+    fn as_ref(&self) -> &[u8] {
+        &self.0
+    }
+}
+
+impl AsMut<[u8]> for Counted {
+    fn as_mut(&mut self) -> &mut [u8] {
+        &mut self.0
+    }
+}
+
+fn live() -> usize {
+    LIVE.with(Cell::get)
+}
+
+type Target = TargetConnection<Counted>;
+
+/// A target logged in to by a host that asked for R2Ts only
+/// (InitialR2T=Yes, ImmediateData=No); the next CmdSN and ExpStatSN.
+fn logged_in(tc: TargetConfig) -> (Target, u32, u32) {
+    let mut hc = HostConfig::new(INITIATOR, Some(TARGET));
+    hc.params.header_digest = false;
+    hc.params.data_digest = false;
+    hc.params.initial_r2t = true;
+    hc.params.immediate_data = false;
+    let mut h = HostConnection::new(hc);
+    let seed = Seed { tsih: 1, stat_sn: 10, chap_id: 1, chap_challenge: [7; 32] };
+    let mut t = Target::new(tc, Arc::new(Open), seed);
+    for _ in 0..10 {
+        let mut bytes = Vec::new();
+        h.take_transmit(&mut bytes);
+        t.handle_input(&bytes).expect("login");
+        let mut back = Vec::new();
+        t.take_transmit(&mut back);
+        h.handle_input(&back).expect("login response");
+    }
+    assert_eq!(t.state(), State::FullFeature);
+    while t.poll_event().is_some() {}
+    let (cmd_sn, exp_stat_sn, _, _) = h.sequence();
+    (t, cmd_sn, exp_stat_sn)
+}
+
+fn config() -> TargetConfig {
+    let mut c = TargetConfig::default();
+    c.params.header_digest = false;
+    c.params.data_digest = false;
+    c
+}
+
+fn feed(t: &mut Target, bhs: &Bhs, data: &[u8]) {
+    let mut bytes = Vec::new();
+    pdu::encode(&mut bytes, bhs, &[], data, Framing::default());
+    t.handle_input(&bytes).expect("not fatal");
+}
+
+fn output(t: &mut Target) -> Vec<(Bhs, Vec<u8>)> {
+    let mut bytes = Vec::new();
+    t.take_transmit(&mut bytes);
+    let mut out = Vec::new();
+    let mut at = 0;
+    while let Some(Ok(f)) = pdu::deframe(bytes.get(at..).unwrap_or_default(), Framing::default()) {
+        out.push((f.bhs, f.data.to_vec()));
+        at += f.len;
+    }
+    out
+}
+
+fn read_cmd(itt: u32, cmd_sn: u32, immediate: bool) -> Bhs {
+    let mut c = Bhs::new(Opcode::SCSI_CMD);
+    c.set_flags(flags::FINAL | flags::READ)
+        .set_itt(itt)
+        .set_expected_data_transfer_length(512)
+        .set_cmd_sn(cmd_sn)
+        .set_cdb(&[0x28, 0, 0, 0, 0, 0, 0, 0, 1, 0]);
+    c.set_immediate(immediate);
+    c
+}
+
+fn write_cmd(itt: u32, cmd_sn: u32, len: u32) -> Bhs {
+    let blocks = u16::try_from(len / 512).expect("blocks").to_be_bytes();
+    let mut c = Bhs::new(Opcode::SCSI_CMD);
+    c.set_flags(flags::FINAL | flags::WRITE)
+        .set_itt(itt)
+        .set_expected_data_transfer_length(len)
+        .set_cmd_sn(cmd_sn)
+        .set_cdb(&[0x2a, 0, 0, 0, 0, 0, 0, blocks[0], blocks[1], 0]);
+    c
+}
+
+fn commands(t: &mut Target) -> Vec<TaskRef> {
+    std::iter::from_fn(|| t.poll_event())
+        .filter_map(|e| match e {
+            Event::Command(c) => Some(c.task),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn cmd_sn_window_never_opens_past_the_task_limit() {
+    let (t, _, _) = logged_in(TargetConfig { queue_depth: 128, max_tasks: 3, ..config() });
+    let (exp, max) = t.cmd_window();
+    assert_eq!(max.wrapping_sub(exp).wrapping_add(1), 3, "window of {exp}..={max}");
+}
+
+#[test]
+fn immediate_commands_past_the_task_limit_are_rejected_and_hold_nothing() {
+    let (mut t, cmd_sn, _) = logged_in(TargetConfig { max_tasks: 4, ..config() });
+    // Immediate commands carry the next CmdSN and do not advance it; the
+    // window does not bound them, the task limit does.
+    for itt in 0..100 {
+        feed(&mut t, &read_cmd(itt, cmd_sn, true), &[]);
+    }
+    assert_eq!(commands(&mut t).len(), 4, "tasks delivered");
+    assert_eq!(t.open_tasks(), 4);
+    let rejects: Vec<_> = output(&mut t).into_iter().filter(|(b, _)| b.opcode() == Opcode::REJECT).collect();
+    assert_eq!(rejects.len(), 96);
+    for (b, echoed) in &rejects {
+        assert_eq!(RejectReason(b.byte2()), RejectReason::IMMEDIATE_COMMAND_REJECT);
+        assert!(Bhs::from_slice(echoed).is_some_and(|e| e.immediate()), "the Reject echoes the command");
+    }
+    assert_eq!(t.state(), State::FullFeature);
+}
+
+#[test]
+fn numbered_command_past_the_task_limit_gets_task_set_full() {
+    let (mut t, cmd_sn, _) = logged_in(TargetConfig { max_tasks: 2, ..config() });
+    feed(&mut t, &read_cmd(1, cmd_sn, true), &[]);
+    feed(&mut t, &read_cmd(2, cmd_sn, true), &[]);
+    // Inside the window, but the immediate commands took every task.
+    feed(&mut t, &read_cmd(3, cmd_sn, false), &[]);
+    let held = commands(&mut t);
+    assert_eq!(held.len(), 2);
+    let out = output(&mut t);
+    let resp = out.iter().find(|(b, _)| b.opcode() == Opcode::SCSI_RESP).expect("a SCSI Response");
+    assert_eq!((resp.0.itt(), resp.0.byte3()), (3, scsi_status::TASK_SET_FULL));
+    // It used its CmdSN: the window moved past it and stays open.
+    let (exp, max) = t.cmd_window();
+    assert_eq!(exp, cmd_sn.wrapping_add(1));
+    assert_eq!(max.wrapping_sub(exp).wrapping_add(1), 2);
+    // Once a task is answered, the next command is taken.
+    assert!(t.send_data_in(held[0], &[0; 512], Some(scsi_status::GOOD)));
+    feed(&mut t, &read_cmd(4, exp, false), &[]);
+    assert_eq!(commands(&mut t).len(), 1);
+}
+
+#[test]
+fn write_buffers_wait_for_the_budget_until_data_can_arrive() {
+    const LEN: u32 = 1 << 20;
+    let (mut t, mut cmd_sn, _) = logged_in(TargetConfig { write_budget: u64::from(LEN), ..config() });
+    let before = live();
+    // Writes that announce 1 MiB each and never send a byte.
+    for itt in 0..32 {
+        feed(&mut t, &write_cmd(itt, cmd_sn, LEN), &[]);
+        cmd_sn = cmd_sn.wrapping_add(1);
+    }
+    assert_eq!(t.open_tasks(), 32);
+    assert_eq!(live() - before, LEN as usize, "only the first write got a buffer");
+    let r2ts: Vec<Bhs> = output(&mut t).into_iter().map(|p| p.0).filter(|b| b.opcode() == Opcode::R2T).collect();
+    assert!(!r2ts.is_empty() && r2ts.iter().all(|b| b.itt() == 0), "R2Ts only for the first write");
+    // The first write's data arrives: it is delivered and the second one
+    // gets its buffer and R2Ts.
+    for r in &r2ts {
+        let (start, end) = (r.buffer_offset(), r.buffer_offset() + r.residual_count());
+        for (sn, at) in (start..end).step_by(65536).enumerate() {
+            let n = (end - at).min(65536);
+            let mut d = Bhs::new(Opcode::DATA_OUT);
+            d.set_flags(if at + n == end { flags::FINAL } else { 0 })
+                .set_itt(0)
+                .set_ttt(r.ttt())
+                .set_data_sn(sn as u32)
+                .set_buffer_offset(at);
+            feed(&mut t, &d, &vec![0x5a; n as usize]);
+        }
+    }
+    let delivered: Vec<_> = std::iter::from_fn(|| t.poll_event())
+        .filter_map(|e| match e {
+            Event::Command(c) => Some(c),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(delivered.len(), 1);
+    assert!(delivered[0].data.as_ref().is_some_and(|d| d.0.iter().all(|&b| b == 0x5a)));
+    drop(delivered);
+    let next: Vec<Bhs> = output(&mut t).into_iter().map(|p| p.0).filter(|b| b.opcode() == Opcode::R2T).collect();
+    assert!(!next.is_empty() && next.iter().all(|b| b.itt() == 1), "R2Ts for the second write: {next:?}");
+    assert_eq!(live() - before, LEN as usize);
+}
