@@ -62,7 +62,9 @@ impl Drop for FullDisk {
         if !self.dev.as_os_str().is_empty() {
             let _ = sh("losetup", &["-d", self.dev.to_str().unwrap_or_default()]);
         }
-        let _ = sh("umount", &[self.dir.to_str().unwrap_or_default()]);
+        // Lazy: the loop driver may let go of its backing file a moment
+        // after `losetup -d` returns.
+        let _ = sh("umount", &["-l", self.dir.to_str().unwrap_or_default()]);
         let _ = std::fs::remove_dir(&self.dir);
     }
 }

@@ -15,7 +15,9 @@ mod common;
 use common::{block_on, bounded, Daemon};
 use initiator::iscsi::{cdb, LoginOptions, Session};
 use initiator::{cmd, Controller, Options};
+use std::fs::OpenOptions;
 use std::net::SocketAddr;
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -96,12 +98,23 @@ impl Host {
     }
 
     async fn flush(&mut self) {
+        self.try_flush().await.expect("flush");
+    }
+
+    /// NVMe Flush or SCSI SYNCHRONIZE CACHE (10): the failure a host sees.
+    async fn try_flush(&mut self) -> Result<(), String> {
         match self {
-            Host::Nvme(c) => c.flush(0, 1).await.expect("NVMe flush"),
+            Host::Nvme(c) => c.flush(0, 1).await.map_err(|e| match e.status() {
+                Some(s) => format!("NVMe status {:#05x}", s.0 & 0x7ff),
+                None => panic!("flush failed without a status: {e}"),
+            }),
             Host::Iscsi(s) => {
-                // SYNCHRONIZE CACHE (10) of the whole LU.
                 let sync = [0x35u8, 0, 0, 0, 0, 0, 0, 0, 0, 0];
-                s.scsi(0, &sync, Vec::new(), 0).await.expect("SYNCHRONIZE CACHE").check().expect("sync status");
+                let r = s.scsi(0, &sync, Vec::new(), 0).await.expect("SYNCHRONIZE CACHE delivered");
+                match r.sense_code() {
+                    Some(sense) => Err(format!("sense {sense:?}")),
+                    None => r.check().map(drop).map_err(|e| e.to_string()),
+                }
             }
         }
     }
@@ -276,4 +289,88 @@ fn nvme_fua_writes_and_flush_reach_the_block_device_and_plain_writes_do_not() {
 #[test]
 fn iscsi_fua_writes_and_synchronize_cache_reach_the_block_device_and_plain_writes_do_not() {
     fua_and_flush_reach_the_block_device(Proto::Iscsi, "iscsi-fua");
+}
+
+/// A tmpfs of a given size mounted on `dir`, unmounted on drop.
+struct Tmpfs(PathBuf);
+
+impl Tmpfs {
+    fn mount(dir: &Path, bytes: u64) -> Result<Tmpfs, String> {
+        std::fs::create_dir_all(dir).map_err(|e| e.to_string())?;
+        let st = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={bytes}"), "tmpfs"])
+            .arg(dir)
+            .status()
+            .map_err(|e| format!("mount: {e}"))?;
+        if !st.success() {
+            return Err(format!("mount tmpfs: {st}"));
+        }
+        Ok(Tmpfs(dir.to_path_buf()))
+    }
+
+    fn resize(&self, bytes: u64) {
+        let st = Command::new("mount").args(["-o", &format!("remount,size={bytes}")]).arg(&self.0).status();
+        assert!(st.is_ok_and(|s| s.success()), "remount tmpfs");
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        // Lazy: the loop driver may let go of its backing file a moment
+        // after `losetup -d` returns.
+        let _ = Command::new("umount").arg("-l").arg(&self.0).status();
+    }
+}
+
+/// A real failing fdatasync: the daemon serves a loop device whose sparse
+/// backing file sits on a 1 MiB tmpfs, and 2 MiB of the loop device's page
+/// cache are dirtied (by the test, through a descriptor of its own: the
+/// daemon's aligned writes go O_DIRECT and would fail at once instead). The
+/// flush that writes them back fails; after the tmpfs is grown the kernel
+/// would let the next fdatasync succeed, but the daemon keeps failing
+/// flushes (fsyncgate) and says why once.
+fn a_failed_flush_fails_every_later_flush(proto: Proto, tag: &str) {
+    let scratch = Scratch::new(tag);
+    let fs = match Tmpfs::mount(&scratch.0.join("tmpfs"), 1 << 20) {
+        Ok(fs) => fs,
+        Err(e) => {
+            eprintln!("skipping: cannot mount a small tmpfs ({e})");
+            return;
+        }
+    };
+    let lo = match LoopDevice::new(&fs.0.join("backing.img")) {
+        Ok(lo) => lo,
+        Err(e) => {
+            eprintln!("skipping: no loop device ({e})");
+            return;
+        }
+    };
+    let mut d = start(tag, proto, "block", &lo.dev);
+    block_on(bounded(60, async {
+        let mut h = Host::connect(proto, d.addr).await;
+        let writer = OpenOptions::new().write(true).open(&lo.dev).expect("writer");
+        writer.write_all_at(&vec![0xab; 2 << 20], 0).expect("buffered writes are accepted");
+        let first = h.try_flush().await.expect_err("writeback into the full tmpfs fails");
+        fs.resize(64 << 20);
+        for _ in 0..2 {
+            let again = h.try_flush().await.expect_err("and every later flush fails too");
+            assert_eq!(again, first, "the same error as the first time");
+        }
+        if let Proto::Nvme = proto {
+            assert_eq!(first, "NVMe status 0x280", "Write Fault");
+        }
+    }));
+    let log = d.log();
+    assert_eq!(log.matches("every later flush of this device fails").count(), 1, "logged once:\n{log}");
+    d.assert_alive();
+}
+
+#[test]
+fn nvme_flush_keeps_failing_after_a_failed_fdatasync() {
+    a_failed_flush_fails_every_later_flush(Proto::Nvme, "nvme-fsyncgate");
+}
+
+#[test]
+fn iscsi_synchronize_cache_keeps_failing_after_a_failed_fdatasync() {
+    a_failed_flush_fails_every_later_flush(Proto::Iscsi, "iscsi-fsyncgate");
 }
