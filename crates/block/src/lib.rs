@@ -82,6 +82,12 @@ pub enum Error {
     /// An I/O error from the backing file or device.
     #[error("I/O error: {0}")]
     Io(#[from] io::Error),
+    /// An earlier flush of this device failed: writes acknowledged before
+    /// it may not be on stable storage, and the kernel reports such an
+    /// error only once (fsyncgate), so every later flush fails too until
+    /// the device is reopened.
+    #[error("an earlier flush failed ({0}); writes acknowledged before it may be lost until the device is reopened")]
+    EarlierFlushFailed(String),
 }
 
 /// What the protocol cores know of a device. Every method is a cheap,

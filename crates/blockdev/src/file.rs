@@ -10,6 +10,13 @@
 //! Each I/O holds a reference to the descriptors until its completion, so a
 //! device removed while I/O is in flight never lets the numbers be reused
 //! under the kernel.
+//!
+//! A third descriptor serves flushes only. The kernel reports a writeback
+//! error once per open file description (`errseq_t`), to whichever
+//! `fsync`-like call comes first on it; an `RWF_DSYNC` (FUA) write on the
+//! buffered descriptor is such a call. Flushing through a descriptor
+//! nothing else syncs means every writeback error since the device opened
+//! reaches a flush, which is what lets [`crate::Device::flush`] latch it.
 
 use std::fs::{File, OpenOptions};
 use std::io;
@@ -49,6 +56,9 @@ const ZERO_CHUNK: usize = 1 << 20;
 struct Fds {
     buffered: File,
     direct: Option<File>,
+    /// Used by [`FileBackend::flush`] and nothing else (see the module
+    /// documentation).
+    sync: File,
 }
 
 /// One I/O's descriptor, holding the device's descriptors open until the
@@ -176,6 +186,8 @@ impl FileBackend {
             opts.custom_flags(libc::O_CLOEXEC);
         }
         let buffered = opts.open(path)?;
+        // Not O_EXCL: the buffered descriptor holds the claim.
+        let sync = OpenOptions::new().read(true).write(true).custom_flags(libc::O_CLOEXEC).open(path)?;
         let meta = buffered.metadata()?;
         let (size_bytes, logical, dio_align, dio_mem_align) = if is_block {
             use std::os::unix::fs::FileTypeExt;
@@ -194,7 +206,7 @@ impl FileBackend {
         let dio_align = if direct.is_some() { u64::from(dio_align) } else { 0 };
         Ok(Opened {
             backend: FileBackend {
-                fds: Arc::new(Fds { buffered, direct }),
+                fds: Arc::new(Fds { buffered, direct, sync }),
                 dio_align,
                 dio_mem_align: usize::try_from(dio_mem_align).unwrap_or(IO_BUF_ALIGN).max(1),
                 is_block,
@@ -283,9 +295,11 @@ impl FileBackend {
         (Ok(()), buf)
     }
 
+    /// fdatasync through the flush-only descriptor. On a block device it
+    /// also flushes the device's volatile write cache.
     pub(crate) async fn flush(&self) -> io::Result<()> {
-        // fdatasync on a block device also flushes its volatile write cache.
-        reactor::fs::sync(self.buffered(), true).await
+        let fd = FdRef { fd: self.fds.sync.as_raw_fd(), _owner: self.fds.clone() };
+        reactor::fs::sync(fd, true).await
     }
 
     /// fallocate on the ring: the kernel runs it off this thread.

@@ -21,6 +21,7 @@ mod ram;
 use std::fmt;
 use std::io;
 use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
 use std::time::Duration;
 
 pub use block::{BlockDevice, Error, Geometry, MAX_BLOCK_SIZE, MIN_BLOCK_SIZE};
@@ -101,6 +102,11 @@ pub struct Device {
     path: Option<PathBuf>,
     backend: Backend,
     latency: Latency,
+    /// The first failed flush, latched: the kernel reports a writeback
+    /// error once, so a later fdatasync may succeed although the writes it
+    /// lost were acknowledged (fsyncgate). Every flush fails from then on,
+    /// until the device is reopened.
+    flush_failed: OnceLock<String>,
 }
 
 /// Latency added to every read and every write, for tests of what happens
@@ -160,6 +166,7 @@ impl Device {
             path: None,
             backend: Backend::Null,
             latency: Latency::default(),
+            flush_failed: OnceLock::new(),
         })
     }
 
@@ -173,6 +180,7 @@ impl Device {
             path: None,
             backend: Backend::Ram(RamRegion::new(size_bytes)?),
             latency: Latency::default(),
+            flush_failed: OnceLock::new(),
         })
     }
 
@@ -216,6 +224,7 @@ impl Device {
             path: Some(path.to_path_buf()),
             backend: Backend::File(opened.backend),
             latency: Latency::default(),
+            flush_failed: OnceLock::new(),
         })
     }
 
@@ -248,6 +257,7 @@ impl Device {
             path: Some(path.to_path_buf()),
             backend: Backend::File(opened.backend),
             latency: Latency::default(),
+            flush_failed: OnceLock::new(),
         })
     }
 
@@ -395,11 +405,37 @@ impl Device {
     }
 
     /// Makes every completed write durable (fdatasync for file and block
-    /// devices; nothing to do for null and ram).
+    /// devices; nothing to do for null and ram). Once a flush failed, every
+    /// later one fails too ([`Error::EarlierFlushFailed`]), until the
+    /// device is reopened: the failed one may have lost acknowledged
+    /// writes, and the kernel would not say so a second time.
     pub async fn flush(&self) -> Result<(), Error> {
-        match &self.backend {
+        self.check_flush_latch()?;
+        let res = match &self.backend {
             Backend::Null | Backend::Ram(_) => Ok(()),
-            Backend::File(file) => Ok(file.flush().await?),
+            Backend::File(file) => file.flush().await,
+        };
+        match res {
+            // A concurrent flush may have failed while this one ran.
+            Ok(()) => self.check_flush_latch(),
+            Err(e) => {
+                if self.flush_failed.set(e.to_string()).is_ok() {
+                    log::error!(
+                        "device {} ({}): flush failed: {e}; writes acknowledged before it may be lost, \
+                         and every later flush of this device fails until it is reopened",
+                        self.name,
+                        self.path.as_deref().unwrap_or(Path::new("-")).display()
+                    );
+                }
+                Err(Error::Io(e))
+            }
+        }
+    }
+
+    fn check_flush_latch(&self) -> Result<(), Error> {
+        match self.flush_failed.get() {
+            Some(first) => Err(Error::EarlierFlushFailed(first.clone())),
+            None => Ok(()),
         }
     }
 

@@ -118,7 +118,12 @@ impl<D: BlockDevice> Queue<D> {
                 s.io_queues_granted = nsq.min(ncq);
                 dw0 = u32::from(nsq - 1) | (u32::from(ncq - 1) << 16);
             }
-            FeatureId::VOLATILE_WRITE_CACHE => s.vwc_enabled = cdw11 & 1 != 0,
+            // Only a controller with a volatile write cache has this feature.
+            FeatureId::VOLATILE_WRITE_CACHE if !ctrl.vwc_present => {
+                log::debug!("{}: Set Features VWC on a controller without a volatile write cache", self.peer);
+                return Outcome::status(cid, Status::INVALID_FIELD.dnr());
+            }
+            FeatureId::VOLATILE_WRITE_CACHE => ctrl.set_vwc_enabled(&mut s, cdw11 & 1 != 0),
             FeatureId::ARBITRATION => s.arbitration = cdw11,
             FeatureId::POWER_MANAGEMENT => {
                 if cdw11 & 0x1f != 0 {
@@ -153,6 +158,9 @@ impl<D: BlockDevice> Queue<D> {
             FeatureId::NUMBER_OF_QUEUES => {
                 let n = u32::from(s.io_queues_granted.saturating_sub(1));
                 n | (n << 16)
+            }
+            FeatureId::VOLATILE_WRITE_CACHE if !ctrl.vwc_present => {
+                return Outcome::status(cid, Status::INVALID_FIELD.dnr())
             }
             FeatureId::VOLATILE_WRITE_CACHE => u32::from(s.vwc_enabled),
             FeatureId::ARBITRATION => s.arbitration,

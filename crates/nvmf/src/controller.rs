@@ -46,6 +46,14 @@ pub struct Controller<D> {
     dead: AtomicBool,
     /// CSTS.RDY, readable without the lock: every I/O command checks it.
     ready: AtomicBool,
+    /// Identify Controller VWC bit 0, fixed at Connect: whether any
+    /// namespace then had a volatile write cache (file, block). Hosts of a
+    /// controller without one never flush.
+    pub(crate) vwc_present: bool,
+    /// Every write is written through (FUA): no volatile write cache was
+    /// advertised, or the host disabled it (Set Features 06h). A load per
+    /// write, no lock.
+    write_through: AtomicBool,
 }
 
 impl<D: BlockDevice> Controller<D> {
@@ -57,6 +65,7 @@ impl<D: BlockDevice> Controller<D> {
         kato_ms: u32,
         now_ms: u64,
     ) -> Self {
+        let vwc_present = subsystem.namespaces().iter().any(|ns| ns.device.volatile_write_cache());
         Controller {
             cntlid,
             hostnqn: hostnqn.to_string(),
@@ -71,7 +80,23 @@ impl<D: BlockDevice> Controller<D> {
             last_keep_alive_ms: AtomicU64::new(now_ms),
             dead: AtomicBool::new(false),
             ready: AtomicBool::new(false),
+            vwc_present,
+            write_through: AtomicBool::new(!vwc_present),
         }
+    }
+
+    /// Whether writes must be durable before they complete, FUA or not: the
+    /// host was told there is no volatile write cache (a namespace added
+    /// after Connect may have one), or it disabled the cache.
+    pub fn write_through(&self) -> bool {
+        self.write_through.load(Ordering::Acquire)
+    }
+
+    /// Set Features Volatile Write Cache (NVMe Base 1.4 §5.21.1.6). The
+    /// caller holds the state lock.
+    pub(crate) fn set_vwc_enabled(&self, s: &mut CtrlState, enabled: bool) {
+        s.vwc_enabled = enabled;
+        self.write_through.store(!(self.vwc_present && enabled), Ordering::Release);
     }
 
     pub(crate) fn lock(&self) -> std::sync::MutexGuard<'_, CtrlState> {

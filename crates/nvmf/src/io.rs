@@ -145,7 +145,8 @@ impl<D: BlockDevice> Queue<D> {
                 (Err(s), _) => self.reject(cid, sqe, s),
                 (Ok(len), None) => Outcome::NeedData { len },
                 (Ok(_), Some(data)) if Io(sqe.opcode) == Io::WRITE => {
-                    req(BlockOp::Write { lba: sqe.slba(), data, fua: sqe.fua() })
+                    let fua = sqe.fua() || (ctrl.write_through() && device.volatile_write_cache());
+                    req(BlockOp::Write { lba: sqe.slba(), data, fua })
                 }
                 (Ok(_), Some(data)) => req(BlockOp::Compare { lba: sqe.slba(), data }),
             },

@@ -325,7 +325,7 @@ fn identify_reports_controller_namespace_and_descriptors() {
     assert_eq!(u16::from_le_bytes([ctrl[78], ctrl[79]]), cntlid);
     assert_eq!(ctrl[77], 5, "MDTS 128 KiB = 2^5 pages");
     assert_eq!(&ctrl[768..768 + SUB.len()], SUB.as_bytes());
-    assert_eq!(ctrl[525] & 1, 1, "volatile write cache advertised");
+    assert_eq!(ctrl[525], 0x04, "memory namespaces only: no volatile write cache; no broadcast flush");
     assert_eq!(u32::from_le_bytes([ctrl[1792], ctrl[1793], ctrl[1794], ctrl[1795]]), (64 + 8192) / 16);
     let (_, ns) = identify(&mut a, 0, 1);
     assert_eq!(u64::from_le_bytes(ns[0..8].try_into().expect("8")), 2048);
@@ -435,12 +435,64 @@ fn features_are_stored_and_number_of_queues_is_granted() {
     assert_eq!(set_feature(&mut a, 0x07, 0xfffe_fffe).1, 0x007f_007f, "capped at 128 queues");
     assert_eq!(set_feature(&mut a, 0x0f, 15000).0, Status::SUCCESS);
     assert_eq!(get_feature(&mut a, 0x0f).1, 15000);
-    assert_eq!(get_feature(&mut a, 0x06).1, 1, "write cache enabled");
+    assert_eq!(get_feature(&mut a, 0x06).0, Status::INVALID_FIELD.dnr(), "no volatile write cache to enable");
+    assert_eq!(set_feature(&mut a, 0x06, 1).0, Status::INVALID_FIELD.dnr());
     assert_eq!(set_feature(&mut a, 0x02, 3).0, Status::INVALID_FIELD.dnr(), "only power state 0");
     assert_eq!(set_feature(&mut a, 0x55, 0).0, Status::INVALID_FIELD.dnr());
     let mut saved = sqe(0x09, 8);
     saved.cdw10 = (0x0b | (1 << 31)).into();
     assert_eq!(status(&run(&mut a, &saved, None)), Status::FEATURE_NOT_SAVEABLE.dnr());
+}
+
+/// A device with a volatile write cache, as file and block devices have.
+fn cached(name: &str) -> Arc<Described> {
+    Arc::new(Described { backend: "file", volatile_write_cache: true, ..Described::new(name, 512, 2048) })
+}
+
+/// The `fua` of the block request a one-block write becomes.
+fn write_fua(io: &mut Queue, cid: u16, nsid: u32, fua: bool) -> bool {
+    let mut w = read_sqe(cid, nsid, 0, 1, 512);
+    w.opcode = 0x01;
+    w.cdw12 = (u32::from(fua) << 30).into();
+    match run(io, &w, Some(vec![1; 512])) {
+        Outcome::Io(req) => match req.op {
+            BlockOp::Write { fua, .. } => fua,
+            other => panic!("{other:?}"),
+        },
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn volatile_write_cache_is_advertised_and_switchable_when_a_namespace_has_one() {
+    let t = target();
+    t.subsystem(SUB).expect("sub").add_namespace(Namespace::new(SUB, 2, cached("f2"))).expect("add");
+    let (mut a, cntlid) = admin(&t);
+    assert_eq!(identify(&mut a, 1, 0).1[525], 0x05, "VWC present");
+    assert_eq!(get_feature(&mut a, 0x06), (Status::SUCCESS, 1), "and enabled");
+    let mut io = io_queue(&t, cntlid, 1);
+    assert!(!write_fua(&mut io, 10, 2, false), "a cached write stays cached");
+    assert!(write_fua(&mut io, 11, 2, true), "FUA is kept");
+    // The host turns the cache off: every write must be durable at once.
+    assert_eq!(set_feature(&mut a, 0x06, 0).0, Status::SUCCESS);
+    assert_eq!(get_feature(&mut a, 0x06).1, 0);
+    assert!(write_fua(&mut io, 12, 2, false), "written through with the cache disabled");
+    assert_eq!(set_feature(&mut a, 0x06, 1).0, Status::SUCCESS);
+    assert!(!write_fua(&mut io, 13, 2, false));
+}
+
+#[test]
+fn a_controller_told_of_no_write_cache_writes_through_a_cached_namespace_added_later() {
+    let t = target();
+    let (mut a, cntlid) = admin(&t);
+    assert_eq!(identify(&mut a, 1, 0).1[525] & 1, 0, "memory namespace only: no VWC");
+    let mut io = io_queue(&t, cntlid, 1);
+    assert!(!write_fua(&mut io, 10, 1, false), "a memory namespace needs no FUA");
+    // The host never flushes a controller without a write cache, so writes
+    // to a cached namespace that arrives later must be durable on their own.
+    t.subsystem(SUB).expect("sub").add_namespace(Namespace::new(SUB, 2, cached("f2"))).expect("add");
+    assert!(write_fua(&mut io, 11, 2, false), "written through");
+    assert_eq!(identify(&mut a, 1, 0).1[525] & 1, 0, "what the controller said at Connect stays true");
 }
 
 #[test]

@@ -1,0 +1,376 @@
+//! Acknowledged writes are where the daemon said they are.
+//!
+//! The kill tests write a known image to a file device over NVMe/TCP and
+//! over iSCSI (half of it with plain writes and a flush, half with FUA
+//! writes and no flush), kill the daemon with SIGKILL, check the file on
+//! disk, restart the daemon on the same file and read every block back. A
+//! SIGKILL loses what the process holds, not the kernel's page cache: these
+//! tests prove nothing acknowledged was still in the daemon, and that a
+//! restart serves it. That flushes and FUA reach stable storage is shown by
+//! the FUA tests, which count the flush requests a loop device receives
+//! (root only: they need `losetup`).
+
+mod common;
+
+use common::{block_on, bounded, Daemon};
+use initiator::iscsi::{cdb, LoginOptions, Session};
+use initiator::{cmd, Controller, Options};
+use std::fs::OpenOptions;
+use std::net::SocketAddr;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+const NQN: &str = "nqn.2026-11.io.ironwire:durability";
+const HOST_NQN: &str = "nqn.2014-08.org.nvmexpress:uuid:durability-host";
+const IQN: &str = "iqn.2026-11.io.ironwire.test:durability";
+const HOST_IQN: &str = "iqn.2026-11.io.ironwire.test:durability-host";
+
+const BS: usize = 512;
+/// 4 MiB of 512-byte blocks.
+const BLOCKS: u64 = 8192;
+const SIZE: usize = BLOCKS as usize * BS;
+
+#[derive(Clone, Copy)]
+enum Proto {
+    Nvme,
+    Iscsi,
+}
+
+/// A daemon serving the device `dev` (kind `kind` at `path`) as namespace 1
+/// of [`NQN`] or LUN 0 of [`IQN`].
+fn start(tag: &str, proto: Proto, kind: &str, path: &Path) -> Daemon {
+    let size = if kind == "file" { format!("size = \"{SIZE}\"\n") } else { String::new() };
+    let device = format!(
+        "[[device]]\nname = \"dev\"\nkind = \"{kind}\"\npath = \"{}\"\n{size}block_size = {BS}\n\n",
+        path.display()
+    );
+    Daemon::start_with(&format!("durability-{tag}"), |_, port| {
+        let export = match proto {
+            Proto::Nvme => format!(
+                "[[subsystem]]\nnqn = \"{NQN}\"\nallow_any_host = true\n[[subsystem.namespace]]\ndevice = \"dev\"\n\n\
+                 [[port]]\naddress = \"127.0.0.1:{port}\"\n"
+            ),
+            Proto::Iscsi => format!(
+                "[[iscsi_target]]\niqn = \"{IQN}\"\nallow_any_initiator = true\n[[iscsi_target.lun]]\nlun = 0\n\
+                 device = \"dev\"\n\n[[port]]\ntransport = \"iscsi\"\naddress = \"127.0.0.1:{port}\"\n"
+            ),
+        };
+        format!("{device}{export}\n[reactor]\ncores = [0]\n")
+    })
+}
+
+/// One host, either protocol: writes with or without FUA, flush, read.
+enum Host {
+    Nvme(Controller),
+    Iscsi(Session),
+}
+
+impl Host {
+    async fn connect(proto: Proto, addr: SocketAddr) -> Host {
+        match proto {
+            Proto::Nvme => {
+                let opts = Options { io_queues: 1, queue_size: 32, ..Options::default() };
+                Host::Nvme(Controller::connect(addr, NQN, HOST_NQN, opts).await.expect("NVMe/TCP connect"))
+            }
+            Proto::Iscsi => {
+                Host::Iscsi(Session::connect(addr, LoginOptions::new(HOST_IQN, Some(IQN))).await.expect("iSCSI login"))
+            }
+        }
+    }
+
+    async fn write(&mut self, lba: u64, data: Vec<u8>, fua: bool) {
+        let blocks = (data.len() / BS) as u32;
+        match self {
+            Host::Nvme(c) => {
+                let mut sqe = cmd::write(1, lba, blocks);
+                // CDW12 bit 30: Force Unit Access (NVM Command Set 1.0 §3.2.6).
+                sqe.cdw12 = (sqe.cdw12.get() | u32::from(fua) << 30).into();
+                c.io_queue(0).expect("queue").execute(sqe, data, 0).await.expect("NVMe write");
+            }
+            Host::Iscsi(s) => {
+                let mut c = cdb::write16(lba, blocks);
+                // Byte 1 bit 3: FUA (SBC-4 §5.48).
+                c[1] |= u8::from(fua) << 3;
+                s.scsi(0, &c, data, 0).await.expect("WRITE(16)").check().expect("WRITE(16) status");
+            }
+        }
+    }
+
+    async fn flush(&mut self) {
+        self.try_flush().await.expect("flush");
+    }
+
+    /// NVMe Flush or SCSI SYNCHRONIZE CACHE (10): the failure a host sees.
+    async fn try_flush(&mut self) -> Result<(), String> {
+        match self {
+            Host::Nvme(c) => c.flush(0, 1).await.map_err(|e| match e.status() {
+                Some(s) => format!("NVMe status {:#05x}", s.0 & 0x7ff),
+                None => panic!("flush failed without a status: {e}"),
+            }),
+            Host::Iscsi(s) => {
+                let sync = [0x35u8, 0, 0, 0, 0, 0, 0, 0, 0, 0];
+                let r = s.scsi(0, &sync, Vec::new(), 0).await.expect("SYNCHRONIZE CACHE delivered");
+                match r.sense_code() {
+                    Some(sense) => Err(format!("sense {sense:?}")),
+                    None => r.check().map(drop).map_err(|e| e.to_string()),
+                }
+            }
+        }
+    }
+
+    async fn read(&mut self, lba: u64, blocks: u32) -> Vec<u8> {
+        match self {
+            Host::Nvme(c) => c.read(0, 1, lba, blocks).await.expect("NVMe read"),
+            Host::Iscsi(s) => s.read16(0, lba, blocks, BS as u32).await.expect("READ(16)"),
+        }
+    }
+}
+
+/// The image the tests write: every block distinct, none all zeros.
+fn image() -> Vec<u8> {
+    (0..SIZE).map(|i| ((i / BS) as u8).wrapping_mul(37) ^ (i as u8).wrapping_mul(11) ^ 0x5a).collect()
+}
+
+/// Writes of 1, 3, 8, 16 and 128 blocks in turn over `lbas`, so both the
+/// 4 KiB-aligned (O_DIRECT) and the unaligned (buffered) paths are used.
+async fn write_range(h: &mut Host, img: &[u8], lbas: std::ops::Range<u64>, fua: bool) {
+    let mut lba = lbas.start;
+    for blocks in [1u64, 3, 8, 16, 128].into_iter().cycle() {
+        if lba >= lbas.end {
+            break;
+        }
+        let n = blocks.min(lbas.end - lba) as usize;
+        let at = lba as usize * BS;
+        h.write(lba, img[at..at + n * BS].to_vec(), fua).await;
+        lba += n as u64;
+    }
+}
+
+/// A directory of the test's own, outside the daemon's (which goes with
+/// the daemon), removed on drop.
+struct Scratch(PathBuf);
+
+impl Scratch {
+    fn new(tag: &str) -> Scratch {
+        let dir = std::env::temp_dir().join(format!("ironwire-durability-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("scratch dir");
+        Scratch(dir)
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn acknowledged_writes_survive_sigkill(proto: Proto, tag: &str) {
+    let scratch = Scratch::new(tag);
+    let file = scratch.0.join("dev.img");
+    let img = image();
+    let half = BLOCKS / 2;
+    let d = start(&format!("{tag}-1"), proto, "file", &file);
+    block_on(bounded(60, async {
+        let mut h = Host::connect(proto, d.addr).await;
+        // First half: cached writes made durable by a flush.
+        write_range(&mut h, &img, 0..half, false).await;
+        h.flush().await;
+        // Second half: FUA writes, no flush after them.
+        write_range(&mut h, &img, half..BLOCKS, true).await;
+    }));
+    // Child::kill is SIGKILL: no shutdown path runs.
+    drop(d);
+    let on_disk = std::fs::read(&file).expect("read the device file");
+    assert_eq!(on_disk.len(), SIZE);
+    if let Some(at) = on_disk.iter().zip(&img).position(|(a, b)| a != b) {
+        panic!("the file differs from what was acknowledged at byte {at} (block {})", at / BS);
+    }
+    let mut d = start(&format!("{tag}-2"), proto, "file", &file);
+    block_on(bounded(60, async {
+        let mut h = Host::connect(proto, d.addr).await;
+        for lba in (0..BLOCKS).step_by(256) {
+            let got = h.read(lba, 256).await;
+            let at = lba as usize * BS;
+            assert!(got == img[at..at + got.len()], "blocks {lba}..{} read back different after restart", lba + 256);
+        }
+    }));
+    d.assert_alive();
+}
+
+#[test]
+fn nvme_writes_acknowledged_before_sigkill_are_all_read_back_after_restart() {
+    acknowledged_writes_survive_sigkill(Proto::Nvme, "nvme-kill");
+}
+
+#[test]
+fn iscsi_writes_acknowledged_before_sigkill_are_all_read_back_after_restart() {
+    acknowledged_writes_survive_sigkill(Proto::Iscsi, "iscsi-kill");
+}
+
+/// A loop device over a sparse file, detached on drop: a block device of
+/// the test's own, whose flush requests nothing else sends.
+struct LoopDevice {
+    dev: PathBuf,
+    name: String,
+}
+
+impl LoopDevice {
+    fn new(backing: &Path) -> Result<LoopDevice, String> {
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            return Err("not root".into());
+        }
+        std::fs::File::create(backing).and_then(|f| f.set_len(SIZE as u64)).map_err(|e| e.to_string())?;
+        let out = Command::new("losetup")
+            .args(["-f", "--show"])
+            .arg(backing)
+            .output()
+            .map_err(|e| format!("losetup: {e}"))?;
+        if !out.status.success() {
+            return Err(format!("losetup: {}", String::from_utf8_lossy(&out.stderr).trim()));
+        }
+        let dev = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
+        let name = dev.file_name().and_then(|n| n.to_str()).ok_or("loop device name")?.to_owned();
+        Ok(LoopDevice { dev, name })
+    }
+
+    /// Flush requests the device completed (`/sys/block/*/stat` field 16).
+    fn flushes(&self) -> u64 {
+        let stat = std::fs::read_to_string(format!("/sys/block/{}/stat", self.name)).expect("block stat");
+        stat.split_whitespace().nth(15).and_then(|v| v.parse().ok()).expect("flush count in stat")
+    }
+}
+
+impl Drop for LoopDevice {
+    fn drop(&mut self) {
+        let _ = Command::new("losetup").arg("-d").arg(&self.dev).status();
+    }
+}
+
+/// FUA writes reach the device as flush/FUA requests, plain writes don't,
+/// and a flush command flushes: counted at the block layer of a loop
+/// device the daemon serves as a block device.
+fn fua_and_flush_reach_the_block_device(proto: Proto, tag: &str) {
+    let scratch = Scratch::new(tag);
+    let lo = match LoopDevice::new(&scratch.0.join("backing.img")) {
+        Ok(lo) => lo,
+        Err(e) => {
+            eprintln!("skipping: no loop device ({e})");
+            return;
+        }
+    };
+    let mut d = start(tag, proto, "block", &lo.dev);
+    let img = image();
+    block_on(bounded(60, async {
+        let mut h = Host::connect(proto, d.addr).await;
+        let before = lo.flushes();
+        for i in 0..8u64 {
+            h.write(i * 8, img[..4096].to_vec(), false).await;
+        }
+        assert_eq!(lo.flushes(), before, "plain writes to a write-back device need no flush");
+        for i in 0..8u64 {
+            h.write(64 + i * 8, img[..4096].to_vec(), true).await;
+        }
+        let after_fua = lo.flushes();
+        assert!(after_fua >= before + 8, "8 FUA writes made {} flush requests", after_fua - before);
+        h.flush().await;
+        assert!(lo.flushes() > after_fua, "the flush command reached the device");
+    }));
+    d.assert_alive();
+}
+
+#[test]
+fn nvme_fua_writes_and_flush_reach_the_block_device_and_plain_writes_do_not() {
+    fua_and_flush_reach_the_block_device(Proto::Nvme, "nvme-fua");
+}
+
+#[test]
+fn iscsi_fua_writes_and_synchronize_cache_reach_the_block_device_and_plain_writes_do_not() {
+    fua_and_flush_reach_the_block_device(Proto::Iscsi, "iscsi-fua");
+}
+
+/// A tmpfs of a given size mounted on `dir`, unmounted on drop.
+struct Tmpfs(PathBuf);
+
+impl Tmpfs {
+    fn mount(dir: &Path, bytes: u64) -> Result<Tmpfs, String> {
+        std::fs::create_dir_all(dir).map_err(|e| e.to_string())?;
+        let st = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={bytes}"), "tmpfs"])
+            .arg(dir)
+            .status()
+            .map_err(|e| format!("mount: {e}"))?;
+        if !st.success() {
+            return Err(format!("mount tmpfs: {st}"));
+        }
+        Ok(Tmpfs(dir.to_path_buf()))
+    }
+
+    fn resize(&self, bytes: u64) {
+        let st = Command::new("mount").args(["-o", &format!("remount,size={bytes}")]).arg(&self.0).status();
+        assert!(st.is_ok_and(|s| s.success()), "remount tmpfs");
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        // Lazy: the loop driver may let go of its backing file a moment
+        // after `losetup -d` returns.
+        let _ = Command::new("umount").arg("-l").arg(&self.0).status();
+    }
+}
+
+/// A real failing fdatasync: the daemon serves a loop device whose sparse
+/// backing file sits on a 1 MiB tmpfs, and 2 MiB of the loop device's page
+/// cache are dirtied (by the test, through a descriptor of its own: the
+/// daemon's aligned writes go O_DIRECT and would fail at once instead). The
+/// flush that writes them back fails; after the tmpfs is grown the kernel
+/// would let the next fdatasync succeed, but the daemon keeps failing
+/// flushes (fsyncgate) and says why once.
+fn a_failed_flush_fails_every_later_flush(proto: Proto, tag: &str) {
+    let scratch = Scratch::new(tag);
+    let fs = match Tmpfs::mount(&scratch.0.join("tmpfs"), 1 << 20) {
+        Ok(fs) => fs,
+        Err(e) => {
+            eprintln!("skipping: cannot mount a small tmpfs ({e})");
+            return;
+        }
+    };
+    let lo = match LoopDevice::new(&fs.0.join("backing.img")) {
+        Ok(lo) => lo,
+        Err(e) => {
+            eprintln!("skipping: no loop device ({e})");
+            return;
+        }
+    };
+    let mut d = start(tag, proto, "block", &lo.dev);
+    block_on(bounded(60, async {
+        let mut h = Host::connect(proto, d.addr).await;
+        let writer = OpenOptions::new().write(true).open(&lo.dev).expect("writer");
+        writer.write_all_at(&vec![0xab; 2 << 20], 0).expect("buffered writes are accepted");
+        let first = h.try_flush().await.expect_err("writeback into the full tmpfs fails");
+        fs.resize(64 << 20);
+        for _ in 0..2 {
+            let again = h.try_flush().await.expect_err("and every later flush fails too");
+            assert_eq!(again, first, "the same error as the first time");
+        }
+        if let Proto::Nvme = proto {
+            assert_eq!(first, "NVMe status 0x280", "Write Fault");
+        }
+    }));
+    let log = d.log();
+    assert_eq!(log.matches("every later flush of this device fails").count(), 1, "logged once:\n{log}");
+    d.assert_alive();
+}
+
+#[test]
+fn nvme_flush_keeps_failing_after_a_failed_fdatasync() {
+    a_failed_flush_fails_every_later_flush(Proto::Nvme, "nvme-fsyncgate");
+}
+
+#[test]
+fn iscsi_synchronize_cache_keeps_failing_after_a_failed_fdatasync() {
+    a_failed_flush_fails_every_later_flush(Proto::Iscsi, "iscsi-fsyncgate");
+}
