@@ -5,7 +5,11 @@
 //! `fuzz/corpus/<target>/` (gitignored); `-- --seeds` writes the few tiny
 //! ones kept in git into `fuzz/seeds/<target>/`.
 
+use ironwire_fuzz::iscsi_peer::{self, Driver, CHAP_SECRET, CHAP_USER, INITIATOR, TARGET, TARGET_SECRET};
 use ironwire_fuzz::{chunks, connect_data, connect_sqe, fabrics_sqe, pattern, SUB};
+use iscsi::chap::{ChapAlgorithm, Secret};
+use iscsi::host::{HostChap, HostConfig, HostConnection, MutualChap};
+use iscsi::pdu::{self as ipdu, Bhs, Opcode as IOpcode, Stage};
 use iwarp::mpa::{self, Frame, Kind};
 use iwarp::wire::{self, Ctrl, Opcode, ReadRequest, TaggedHeader, UntaggedHeader};
 use nvme_spec::{Cqe, Sgl, Sqe, Status};
@@ -437,17 +441,253 @@ fn spec_decode(_all: bool) -> Seeds {
     vec![("connect", s), ("glp", glp.as_bytes().to_vec())]
 }
 
+/// A Login Request PDU carrying `pairs` (iscsi_pdu seeds).
+fn login_pdu(pairs: &[(&str, &str)], framing: ipdu::Framing) -> Vec<u8> {
+    let mut b = Bhs::new(IOpcode::LOGIN_REQ);
+    b.set_login_flags(true, false, Stage::SECURITY, Stage::OPERATIONAL)
+        .set_isid([0x80, 1, 2, 3, 4, 5])
+        .set_itt(1)
+        .set_cmd_sn(1);
+    let mut out = Vec::new();
+    ipdu::encode(&mut out, &b, &[], &iscsi::text::encode(pairs), framing);
+    out
+}
+
+fn iscsi_pdu(all: bool) -> Seeds {
+    let plain = ipdu::Framing::default();
+    let digests = ipdu::Framing { header_digest: true, data_digest: true, max_data_segment: 8192 };
+    // A SCSI Command (READ(10) of 8 blocks) with an Extended CDB AHS.
+    let mut cmd = Bhs::new(IOpcode::SCSI_CMD);
+    cmd.set_flags(ipdu::flags::FINAL | ipdu::flags::READ)
+        .set_itt(2)
+        .set_expected_data_transfer_length(4096)
+        .set_cdb(&[0x28, 0, 0, 0, 0, 0, 0, 0, 8, 0]);
+    let mut with_ahs = Vec::new();
+    ipdu::encode(&mut with_ahs, &cmd, &ipdu::ahs_entry(1, &[0; 7]), &[], digests);
+    let login =
+        [("InitiatorName", INITIATOR), ("SessionType", "Normal"), ("TargetName", TARGET), ("AuthMethod", "CHAP,None")];
+    let mut v: Seeds = vec![
+        ("login", cat(&[0x04], &[login_pdu(&login, plain)])),
+        ("command-ahs-digests", cat(&[0x07], &[with_ahs])),
+        (
+            "text-operational",
+            cat(
+                &[0x80],
+                &[iscsi::text::encode(&[
+                    ("HeaderDigest", "CRC32C,None"),
+                    ("MaxBurstLength", "0x40000"),
+                    ("InitialR2T", "No"),
+                    ("MaxRecvDataSegmentLength", "65536"),
+                    ("CHAP_C", "0xab12"),
+                ])],
+            ),
+        ),
+    ];
+    if all {
+        v.push((
+            "text-discovery",
+            cat(&[0x90], &[iscsi::text::encode(&[("SendTargets", "All"), ("MaxConnections", "4")])]),
+        ));
+    }
+    v
+}
+
+/// Records what an initiator sends while `script` drives it against the
+/// fuzz harness's target of configuration `cfg` (iscsi_target seeds): the
+/// seed is `[cfg, 0]` (one chunk) and those bytes.
+fn iscsi_session(cfg: u8, hc: HostConfig, script: &[&dyn Fn(&mut HostConnection)]) -> Vec<u8> {
+    let mut h = HostConnection::new(hc);
+    let mut t = iscsi_peer::connection(cfg);
+    let mut d = Driver::new(false);
+    let mut sent = vec![cfg, 0];
+    let mut pump = |h: &mut HostConnection| {
+        for _ in 0..64 {
+            let mut bytes = Vec::new();
+            h.take_transmit(&mut bytes);
+            if bytes.is_empty() {
+                return;
+            }
+            sent.extend_from_slice(&bytes);
+            let back = d.feed(&mut t, &bytes);
+            let _ = h.handle_input(&back);
+        }
+    };
+    pump(&mut h);
+    assert!(h.is_full_feature(), "seed login failed: {:?}", h.poll_event());
+    for step in script {
+        step(&mut h);
+        pump(&mut h);
+    }
+    // The fuzz target feeds the seed in one chunk: the target must see the
+    // same session that way.
+    let mut replay = Driver::new(false);
+    replay.feed(&mut iscsi_peer::connection(cfg), sent.get(2..).unwrap_or_default());
+    assert_eq!(replay.events, d.events, "seed for {cfg:#x} replays differently in one chunk");
+    sent
+}
+
+fn read10(blocks: u8) -> [u8; 10] {
+    [0x28, 0, 0, 0, 0, 0, 0, 0, blocks, 0]
+}
+
+fn write10(blocks: u8) -> [u8; 10] {
+    [0x2a, 0, 0, 0, 0, 0, 4, 0, blocks, 0]
+}
+
+fn iscsi_target(all: bool) -> Seeds {
+    let normal = || HostConfig::new(INITIATOR, Some(TARGET));
+    let read = |h: &mut HostConnection| {
+        h.submit(0, &read10(8), 4096, Vec::new());
+    };
+    let write = |h: &mut HostConnection| {
+        h.submit(0, &write10(16), 0, pattern(8192));
+    };
+    let nop = |h: &mut HostConnection| {
+        h.nop(b"ping");
+    };
+    let logout = |h: &mut HostConnection| {
+        h.logout(0);
+    };
+    let abort = |h: &mut HostConnection| {
+        let itt = h.submit(0, &read10(1), 512, Vec::new());
+        h.task_mgmt(1, 0, itt);
+    };
+    let mut chap = normal();
+    chap.chap = Some(HostChap {
+        user: CHAP_USER.into(),
+        secret: Secret::from(CHAP_SECRET),
+        algorithms: vec![ChapAlgorithm::SHA256, ChapAlgorithm::MD5],
+        mutual: Some(MutualChap {
+            target_user: String::new(),
+            target_secret: Secret::from(TARGET_SECRET),
+            id: 3,
+            challenge: vec![0x42; 16],
+        }),
+    });
+    let mut v: Seeds = vec![
+        ("read-write-nop-logout", iscsi_session(0, normal(), &[&read, &write, &nop, &logout])),
+        // Digests, small limits, R2T for every write; the write's ITT
+        // answered late so the abort races it.
+        ("digests-small-r2t-abort", iscsi_session(0x1d, normal(), &[&write, &abort, &read])),
+        ("chap-mutual", iscsi_session(0x02, chap, &[&read])),
+        (
+            "discovery",
+            iscsi_session(
+                0x20,
+                HostConfig::new(INITIATOR, None),
+                &[&|h: &mut HostConnection| {
+                    h.send_targets("All");
+                }],
+            ),
+        ),
+    ];
+    if all {
+        v.push(("write-only", iscsi_session(0x08, normal(), &[&write, &write])));
+    }
+    v
+}
+
+/// One scsi_cdb record.
+fn cdb_rec(h: u8, cdb: &[u8], data: Option<&[u8]>) -> Vec<u8> {
+    let mut v = vec![h | if data.is_some() { 2 } else { 0 }, cdb.len() as u8];
+    v.extend_from_slice(cdb);
+    if let Some(d) = data {
+        v.extend_from_slice(&(d.len() as u16).to_le_bytes());
+        v.extend_from_slice(d);
+    }
+    v
+}
+
+fn scsi_cdb(all: bool) -> Seeds {
+    let inquiry_vpd = [0x12, 1, 0xb0, 0, 0xff, 0];
+    let read_cap16 = [0x9e, 0x10, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 32, 0, 0];
+    let write10 = [0x2a, 0, 0, 0, 0, 8, 0, 0, 2, 0];
+    let read16 = [0x88, 0, 0, 0, 0, 0, 0, 0, 0, 8, 0, 0, 0, 2, 0, 0];
+    let caw = [0x89, 0, 0, 0, 0, 0, 0, 0, 0, 8, 0, 0, 0, 1, 0, 0];
+    let mut unmap_list = vec![0, 22, 0, 16, 0, 0, 0, 0];
+    unmap_list.extend_from_slice(&[0, 0, 0, 0, 0, 0, 0, 16, 0, 0, 0, 8, 0, 0, 0, 0]);
+    let unmap = [0x42, 0, 0, 0, 0, 0, 0, 0, 24, 0];
+    let ws16_unmap = [0x93, 0x08, 0, 0, 0, 0, 0, 0, 0, 32, 0, 0, 0, 16, 0, 0];
+    let report_luns = [0xa0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0];
+    let pr_out_register = [0x5f, 0, 0, 0, 0, 0, 0, 0, 24, 0];
+    let mut register = vec![0u8; 24];
+    register[8..16].copy_from_slice(&0x1234u64.to_be_bytes());
+    let mode_sense = [0x5a, 0, 0x3f, 0, 0, 0, 0, 0x10, 0, 0];
+    let mut v: Seeds = vec![
+        (
+            "inquiry-capacity-rw",
+            cat(
+                &[0],
+                &[
+                    cdb_rec(0, &inquiry_vpd, None),
+                    cdb_rec(0, &read_cap16, None),
+                    cdb_rec(0, &write10, Some(&pattern(1024))),
+                    cdb_rec(1, &read16, None),
+                ],
+            ),
+        ),
+        (
+            "caw-unmap-ws-4k",
+            cat(
+                &[1],
+                &[
+                    cdb_rec(4, &caw, Some(&pattern(8192))),
+                    cdb_rec(4, &unmap, Some(&unmap_list)),
+                    cdb_rec(0, &ws16_unmap, Some(&[0; 4096])),
+                ],
+            ),
+        ),
+        (
+            "luns-pr-mode",
+            cat(
+                &[2],
+                &[
+                    cdb_rec(0, &report_luns, None),
+                    cdb_rec(0x10, &[0x12, 0, 0, 0, 36, 0], None),
+                    cdb_rec(0, &pr_out_register, Some(&register)),
+                    cdb_rec(0x21, &mode_sense, None),
+                ],
+            ),
+        ),
+    ];
+    if all {
+        v.push((
+            "reset-reread",
+            cat(&[0], &[cdb_rec(0xc0, &[0, 0, 0, 0, 0, 0], None), cdb_rec(1, &[3, 0, 0, 0, 252, 0], None)]),
+        ));
+    }
+    v
+}
+
+fn config(all: bool) -> Seeds {
+    let mut v: Seeds = vec![
+        ("example", include_str!("../../docs/examples/ironwire.toml").as_bytes().to_vec()),
+        (
+            "small",
+            b"[[device]]\nname = \"r\"\nkind = \"ram\"\nsize = \"1MiB\"\n\n[[subsystem]]\nnqn = \"nqn.2026-11.io.ironwire:a\"\nallow_any_host = true\nnamespace = [{ nsid = 1, device = \"r\" }]\n\n[[port]]\ntransport = \"tcp\"\naddress = \"127.0.0.1:4420\"\n\n[limits]\nconnections_per_port = 8\n\n[timeouts]\nhandshake_ms = 1000\n".to_vec(),
+        ),
+    ];
+    if all {
+        v.push(("empty", Vec::new()));
+    }
+    v
+}
+
 fn main() -> std::io::Result<()> {
     let seeds = std::env::args().any(|a| a == "--seeds");
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join(if seeds { "seeds" } else { "corpus" });
     let all = !seeds;
-    let sets: [(&str, Seeds); 6] = [
+    let sets: [(&str, Seeds); 10] = [
         ("pdu_deframe", pdu_deframe(all)),
         ("target_connection", target_connection(all)),
         ("host_connection", host_connection(all)),
         ("nvmf_queue", nvmf_queue(all)),
         ("iwarp_connection", iwarp_connection(all)),
         ("spec_decode", spec_decode(all)),
+        ("iscsi_pdu", iscsi_pdu(all)),
+        ("iscsi_target", iscsi_target(all)),
+        ("scsi_cdb", scsi_cdb(all)),
+        ("config", config(all)),
     ];
     for (target, files) in sets {
         let dir = root.join(target);

@@ -152,7 +152,12 @@ pub fn binding() -> TargetConnection<Vec<u8>> {
 /// blocks, NSID 2 a null device of 4 KiB blocks; two NVMe/TCP ports (one
 /// discovery-only) so the discovery log has entries.
 pub fn target() -> Arc<nvmf::Target<Device>> {
-    let t = nvmf::Target::new(nvmf::Settings { max_transfer: 64 * 1024, max_io_queues: 4, queue_entries: 32 });
+    let t = nvmf::Target::new(nvmf::Settings {
+        max_transfer: 64 * 1024,
+        max_io_queues: 4,
+        queue_entries: 32,
+        ..nvmf::Settings::default()
+    });
     if let Ok(s) = t.add_subsystem(nvmf::Subsystem::new(SUB, "FUZZ1", true, Vec::new())) {
         if let Ok(dev) = Device::ram("fuzz-ram", 64 * 1024, 512) {
             let _ = s.add_namespace(nvmf::Namespace::new(SUB, 1, Arc::new(dev)));
@@ -201,3 +206,5 @@ pub fn cc_set_sqe(value: u32, cid: u16) -> Sqe {
 
 /// CC with EN, IOSQES 6 and IOCQES 4, as Linux writes it.
 pub const CC_ENABLE: u32 = 0x0046_0001;
+
+pub mod iscsi_peer;
