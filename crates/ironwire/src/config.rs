@@ -2,7 +2,7 @@
 //! and allowed hosts, ports, reactor cores. Parsed from TOML and validated
 //! with errors that name the field and the reason.
 
-use anyhow::{bail, Context, Result};
+use anyhow::{anyhow, bail, Context, Result};
 use serde::Deserialize;
 use std::collections::HashSet;
 use std::net::SocketAddr;
@@ -821,7 +821,7 @@ impl ControlConfig {
             }
         }
         if let Some(g) = &self.group {
-            crate::control::group_id(g).map_err(|e| anyhow::anyhow!("control.group: {e:#}"))?;
+            group_id(g).map_err(|e| anyhow::anyhow!("control.group: {e:#}"))?;
         }
         for (i, a) in self.allow_paths.iter().enumerate() {
             if !a.starts_with('/') {
@@ -833,6 +833,26 @@ impl ControlConfig {
             }
         }
         Ok(())
+    }
+}
+
+/// The ID of the group named `name` (`[control] group`).
+pub fn group_id(name: &str) -> Result<u32> {
+    let cname = std::ffi::CString::new(name).map_err(|_| anyhow!("group name {name:?} contains a NUL byte"))?;
+    let mut buf = vec![0 as libc::c_char; 1024];
+    loop {
+        // SAFETY: all-zero bytes are a valid `group` (null pointers, 0 gid).
+        let mut grp: libc::group = unsafe { std::mem::zeroed() };
+        let mut found: *mut libc::group = std::ptr::null_mut();
+        // SAFETY: cname is NUL-terminated; grp, buf (with its true length)
+        // and found are valid for writes for the duration of the call.
+        let r = unsafe { libc::getgrnam_r(cname.as_ptr(), &mut grp, buf.as_mut_ptr(), buf.len(), &mut found) };
+        match r {
+            0 if found.is_null() => bail!("no group named {name:?}"),
+            0 => return Ok(grp.gr_gid),
+            libc::ERANGE if buf.len() < 1 << 20 => buf.resize(buf.len() * 2, 0),
+            e => bail!("looking up group {name:?}: {}", std::io::Error::from_raw_os_error(e)),
+        }
     }
 }
 

@@ -66,26 +66,6 @@ pub fn default_socket() -> Result<PathBuf> {
     }
 }
 
-/// The ID of the group named `name` (`[control] group`).
-pub fn group_id(name: &str) -> Result<u32> {
-    let cname = std::ffi::CString::new(name).map_err(|_| anyhow!("group name {name:?} contains a NUL byte"))?;
-    let mut buf = vec![0 as libc::c_char; 1024];
-    loop {
-        // SAFETY: all-zero bytes are a valid `group` (null pointers, 0 gid).
-        let mut grp: libc::group = unsafe { std::mem::zeroed() };
-        let mut found: *mut libc::group = std::ptr::null_mut();
-        // SAFETY: cname is NUL-terminated; grp, buf (with its true length)
-        // and found are valid for writes for the duration of the call.
-        let r = unsafe { libc::getgrnam_r(cname.as_ptr(), &mut grp, buf.as_mut_ptr(), buf.len(), &mut found) };
-        match r {
-            0 if found.is_null() => bail!("no group named {name:?}"),
-            0 => return Ok(grp.gr_gid),
-            libc::ERANGE if buf.len() < 1 << 20 => buf.resize(buf.len() * 2, 0),
-            e => bail!("looking up group {name:?}: {}", std::io::Error::from_raw_os_error(e)),
-        }
-    }
-}
-
 /// The bound control socket. Its file is removed when this drops (a start
 /// that fails later) and on SIGINT/SIGTERM ([`ExitSignals`]).
 pub struct Socket {
@@ -147,7 +127,7 @@ fn prepare_dir(dir: &Path, gid: Option<u32>) -> Result<()> {
 /// Serves the control socket at `path` on a new thread; `group` lets that
 /// group's members in too.
 pub fn spawn(ctl: Arc<Control>, path: &Path, group: Option<&str>) -> Result<Socket> {
-    let gid = group.map(group_id).transpose().context("[control] group")?;
+    let gid = group.map(crate::config::group_id).transpose().context("[control] group")?;
     let dir = match path.parent() {
         Some(d) if !d.as_os_str().is_empty() => d,
         _ => Path::new("."),
