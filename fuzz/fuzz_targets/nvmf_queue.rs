@@ -38,29 +38,13 @@
 #![no_main]
 
 use blockdev::{BlockDevice, Device};
-use ironwire_fuzz::{addr, binding, cc_set_sqe, connect_data, connect_sqe, target, transport, CC_ENABLE, SUB};
+use ironwire_fuzz::{addr, binding, cc_set_sqe, connect_data, connect_sqe, target, transport, Reader, CC_ENABLE, SUB};
 use libfuzzer_sys::fuzz_target;
 use nvme_spec::{Sqe, DISCOVERY_NQN};
 use nvmf::{BlockOp, Outcome, Queue, QueueKind, Target};
 use nvmf_tcp::target::TargetConnection;
 use std::sync::Arc;
 use zerocopy::FromBytes;
-
-struct Reader<'a>(&'a [u8]);
-
-impl<'a> Reader<'a> {
-    fn take(&mut self, n: usize) -> Option<&'a [u8]> {
-        if self.0.len() < n {
-            return None;
-        }
-        let (a, b) = self.0.split_at(n);
-        self.0 = b;
-        Some(a)
-    }
-    fn u8(&mut self) -> Option<u8> {
-        self.take(1).map(|b| b[0])
-    }
-}
 
 fn cntlid_of(q: &Queue<Device>) -> Option<u16> {
     q.controller().map(|c| c.cntlid)

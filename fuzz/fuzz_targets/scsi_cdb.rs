@@ -28,6 +28,7 @@
 #![no_main]
 
 use block::{BlockDevice, Described};
+use ironwire_fuzz::Reader;
 use libfuzzer_sys::fuzz_target;
 use scsi::{BlockOp, LogicalUnit, Nexus, Outcome};
 use std::sync::Arc;
@@ -37,22 +38,6 @@ const LUNS: [u64; 2] = [0, 3];
 /// Data-out beyond this is not handed over (the harness would spend its
 /// time allocating); NeedData is still checked.
 const MAX_DATA: u32 = 1 << 20;
-
-struct Reader<'a>(&'a [u8]);
-
-impl<'a> Reader<'a> {
-    fn take(&mut self, n: usize) -> Option<&'a [u8]> {
-        if self.0.len() < n {
-            return None;
-        }
-        let (a, b) = self.0.split_at(n);
-        self.0 = b;
-        Some(a)
-    }
-    fn u8(&mut self) -> Option<u8> {
-        self.take(1).map(|b| b[0])
-    }
-}
 
 fn nexus(n: u8) -> Nexus {
     Nexus {

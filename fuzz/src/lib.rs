@@ -2,7 +2,8 @@
 //! input into receive chunks, checking that a byte stream is a sequence of
 //! well-formed PDUs, a tiny controller behind `TargetConnection`, and the
 //! small `nvmf::Target` (with the NVMe/TCP binding's transport descriptor
-//! and SGL check) the queue target runs against.
+//! and SGL check) the queue target runs against, and a reader that takes
+//! an input apart field by field.
 //!
 //! Nothing here links libFuzzer, so `cargo run --example gen_corpus` works on
 //! a stable toolchain.
@@ -15,6 +16,26 @@ use nvmf_tcp::target::{Event, TargetConfig, TargetConnection};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use zerocopy::IntoBytes;
+
+/// Takes an input apart front to back; `None` once it runs out.
+pub struct Reader<'a>(pub &'a [u8]);
+
+impl<'a> Reader<'a> {
+    /// The next `n` bytes.
+    pub fn take(&mut self, n: usize) -> Option<&'a [u8]> {
+        if self.0.len() < n {
+            return None;
+        }
+        let (a, b) = self.0.split_at(n);
+        self.0 = b;
+        Some(a)
+    }
+
+    /// The next byte.
+    pub fn u8(&mut self) -> Option<u8> {
+        self.take(1).and_then(|b| b.first().copied())
+    }
+}
 
 /// Splits `data` into chunks whose lengths come from a small PRNG seeded by
 /// `seed`, so one input also chooses where the receive path sees PDU

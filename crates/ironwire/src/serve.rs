@@ -248,21 +248,15 @@ pub fn run(config: Config, ctl_socket: &std::path::Path) -> Result<()> {
                                         }
                                     }
                                     match proto {
-                                        Protocol::Nvme(bindings) => {
-                                            let serve = crate::nvme::serve(stream, target.clone(), bindings, handshake);
-                                            reactor::spawn(async move {
-                                                serve.await;
-                                                drop(slot);
-                                            });
-                                        }
-                                        Protocol::Iscsi => {
-                                            let serve = crate::iscsi_tcp::serve(stream, iscsi.clone(), icfg.clone());
-                                            reactor::spawn(async move {
-                                                serve.await;
-                                                drop(slot);
-                                            });
-                                        }
-                                    }
+                                        Protocol::Nvme(bindings) => reactor::spawn(holding(
+                                            slot,
+                                            crate::nvme::serve(stream, target.clone(), bindings, handshake),
+                                        )),
+                                        Protocol::Iscsi => reactor::spawn(holding(
+                                            slot,
+                                            crate::iscsi_tcp::serve(stream, iscsi.clone(), icfg.clone()),
+                                        )),
+                                    };
                                 }
                                 Err(e) => {
                                     if let Some(wait) = backoff.failed(&what, &e) {
@@ -320,6 +314,13 @@ pub fn run(config: Config, ctl_socket: &std::path::Path) -> Result<()> {
     }
     drop(ctl_socket);
     Ok(())
+}
+
+/// Runs a connection's future, keeping its place in the connection counts
+/// until it ends.
+async fn holding(slot: crate::admit::Slot, conn: impl std::future::Future<Output = ()>) {
+    conn.await;
+    drop(slot);
 }
 
 fn socket_probe(addr: SocketAddr) -> std::io::Result<()> {

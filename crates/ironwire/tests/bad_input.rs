@@ -398,12 +398,6 @@ fn a_command_beyond_the_queue_size_gets_pdu_sequence_error() {
     });
 }
 
-fn rss_kib(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("status");
-    let line = status.lines().find(|l| l.starts_with("VmRSS:")).expect("VmRSS");
-    line.split_whitespace().nth(1).and_then(|v| v.parse().ok()).expect("kB")
-}
-
 #[test]
 fn a_host_that_never_reads_costs_bounded_memory_and_stalls_nobody() {
     let mut d = Daemon::start_with("bad-never-reads", |_, port| {
@@ -419,7 +413,7 @@ fn a_host_that_never_reads_costs_bounded_memory_and_stalls_nobody() {
     big.cdw11 = 1023.into();
     let done = greedy.execute(big, connect_data(cntlid), 0);
     assert!(done.cqe.status().is_success(), "{:?}", done.cqe);
-    let before = rss_kib(d.pid());
+    let before = d.rss_kib();
     // 3,200 reads of 128 KiB (400 MiB of replies) from a host that never
     // reads its socket, sent 64 at a time (well inside its queue) so that
     // each burst is answered before the next arrives. Our own sends may block
@@ -438,7 +432,7 @@ fn a_host_that_never_reads_costs_bounded_memory_and_stalls_nobody() {
         std::thread::sleep(Duration::from_millis(2));
     }
     std::thread::sleep(Duration::from_millis(500));
-    let grown = rss_kib(d.pid()).saturating_sub(before);
+    let grown = d.rss_kib().saturating_sub(before);
     assert!(grown < 64 * 1024, "daemon grew by {grown} KiB for a host that does not read");
     // Other connections on the same reactor are still served.
     assert!(property_get_works(&mut bystander));

@@ -176,12 +176,6 @@ fn immediate_command_flood_past_tasks_per_session_is_rejected() {
     d.assert_alive();
 }
 
-fn vm_rss_kib(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("status");
-    let line = status.lines().find(|l| l.starts_with("VmRSS:")).expect("VmRSS");
-    line.split_whitespace().nth(1).and_then(|n| n.parse().ok()).expect("VmRSS value")
-}
-
 #[test]
 fn writes_announcing_16_mib_without_data_do_not_make_the_daemon_hold_it() {
     const WRITES: u32 = 24;
@@ -193,7 +187,7 @@ fn writes_announcing_16_mib_without_data_do_not_make_the_daemon_hold_it() {
         opts.params.immediate_data = false;
         let mut s = Session::connect(d.addr, opts).await.expect("login");
         s.clear_unit_attentions(0).await.expect("ready");
-        let before = vm_rss_kib(d.pid());
+        let before = d.rss_kib();
         // WRITEs of 16 MiB each that never send a byte of their data.
         for i in 0..WRITES {
             let (cmd_sn, exp_stat_sn, _, _) = s.connection().sequence();
@@ -222,7 +216,7 @@ fn writes_announcing_16_mib_without_data_do_not_make_the_daemon_hold_it() {
                 _ => continue,
             }
         }
-        let grown_mib: u64 = vm_rss_kib(d.pid()).saturating_sub(before) / 1024;
+        let grown_mib: u64 = d.rss_kib().saturating_sub(before) / 1024;
         eprintln!("daemon RSS grew {grown_mib} MiB");
         // Allocated up front, the writes would hold 384 MiB.
         assert!(grown_mib < 96, "daemon RSS grew {grown_mib} MiB for writes that sent no data");

@@ -17,12 +17,6 @@ const HOST: &str = "nqn.2014-08.org.nvmexpress:uuid:scale-host";
 const INITIATOR: &str = "iqn.2026-11.io.ironwire:scale-initiator";
 const HELD: usize = 1000;
 
-fn rss_kib(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("status");
-    let line = status.lines().find(|l| l.starts_with("VmRSS:")).expect("VmRSS");
-    line.split_whitespace().nth(1).and_then(|v| v.parse().ok()).expect("VmRSS value")
-}
-
 /// This test process holds both ends' worth of descriptors for 2,000
 /// connections: its soft limit goes up to the hard one.
 fn raise_own_open_files() {
@@ -51,7 +45,7 @@ fn a_thousand_controllers_and_a_thousand_sessions_leave_a_fresh_host_served() {
     });
     let nvme = d.addr;
     let iscsi = std::net::SocketAddr::from(([127, 0, 0, 1], nvme.port() + 1));
-    let before = rss_kib(d.pid());
+    let before = d.rss_kib();
     block_on(bounded(240, async {
         let mut controllers = Vec::with_capacity(HELD);
         for i in 0..HELD {
@@ -60,7 +54,7 @@ fn a_thousand_controllers_and_a_thousand_sessions_leave_a_fresh_host_served() {
                 .unwrap_or_else(|e| panic!("controller {i} of {HELD}: {e}"));
             controllers.push(c);
         }
-        let after_nvme = rss_kib(d.pid());
+        let after_nvme = d.rss_kib();
         let mut sessions = Vec::with_capacity(HELD);
         for i in 0..HELD {
             let s = Session::connect(iscsi, LoginOptions::new(INITIATOR, Some(IQN)))
@@ -68,7 +62,7 @@ fn a_thousand_controllers_and_a_thousand_sessions_leave_a_fresh_host_served() {
                 .unwrap_or_else(|e| panic!("session {i} of {HELD}: {e}"));
             sessions.push(s);
         }
-        let after_iscsi = rss_kib(d.pid());
+        let after_iscsi = d.rss_kib();
         let per_nvme = after_nvme.saturating_sub(before) * 1024 / HELD as u64;
         let per_iscsi = after_iscsi.saturating_sub(after_nvme) * 1024 / HELD as u64;
         println!(

@@ -1419,7 +1419,7 @@ impl<B: DataBuffer> TargetConnection<B> {
         }
         if w.buf.is_none() {
             // R2Ts ask for data only into a buffer the budget has room for.
-            if !(self.write_held == 0 || self.write_held.saturating_add(u64::from(edtl)) <= self.cfg.write_budget) {
+            if !fits_budget(self.write_held, self.cfg.write_budget, edtl) {
                 if !w.waiting {
                     w.waiting = true;
                     self.write_waiting.push_back(me);
@@ -1487,10 +1487,9 @@ impl<B: DataBuffer> TargetConnection<B> {
         }
     }
 
-    /// Whether a write buffer of `len` bytes fits the budget now; the
-    /// first one always does, so no write waits for ever.
+    /// Whether a write buffer of `len` bytes fits the budget now.
     fn budget_allows(&self, len: u32) -> bool {
-        self.write_held == 0 || self.write_held.saturating_add(u64::from(len)) <= self.cfg.write_budget
+        fits_budget(self.write_held, self.cfg.write_budget, len)
     }
 
     /// A budgeted write buffer of `len` bytes left the connection: the
@@ -2117,6 +2116,12 @@ fn residual_of(expected: u32, sent: u32, overflow: u32) -> (u8, u32) {
     } else {
         (0, 0)
     }
+}
+
+/// Whether a write buffer of `len` bytes fits a budget of which `held`
+/// bytes are taken; the first one always does, so no write waits for ever.
+fn fits_budget(held: u64, budget: u64, len: u32) -> bool {
+    held == 0 || held.saturating_add(u64::from(len)) <= budget
 }
 
 /// Whether `sn` lies in the window [exp, max] (serial arithmetic).

@@ -124,6 +124,13 @@ impl Daemon {
         self.child.id()
     }
 
+    /// The daemon's resident memory (VmRSS), KiB.
+    pub fn rss_kib(&self) -> u64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid())).expect("status");
+        let line = status.lines().find(|l| l.starts_with("VmRSS:")).expect("VmRSS");
+        line.split_whitespace().nth(1).and_then(|v| v.parse().ok()).expect("VmRSS value")
+    }
+
     /// Whether the process is still running.
     pub fn alive(&mut self) -> bool {
         matches!(self.child.try_wait(), Ok(None))
