@@ -159,6 +159,13 @@ pub enum HostEvent {
         /// Time2Retain.
         time2retain: u16,
     },
+    /// An Asynchronous Message (RFC 7143 section 11.9).
+    AsyncMessage {
+        /// AsyncEvent (`pdu::async_event`).
+        event: u8,
+        /// Parameter1..3.
+        parameters: [u16; 3],
+    },
     /// The target rejected a PDU.
     Reject {
         /// Reason code.
@@ -452,6 +459,11 @@ impl HostConnection {
                 self.track(b, true);
                 self.events
                     .push_back(HostEvent::Reject { reason: RejectReason(b.byte2()), bhs: Bhs::from_slice(data) });
+            }
+            Opcode::ASYNC_MSG => {
+                self.track(b, true);
+                self.events
+                    .push_back(HostEvent::AsyncMessage { event: b.async_event(), parameters: b.async_parameters() });
             }
             _ => log::debug!("iscsi host: ignoring opcode {:#04x}", op.0),
         }

@@ -133,6 +133,17 @@ pub mod ahs_type {
     pub const BIDI_READ_LENGTH: u8 = 2;
 }
 
+/// Asynchronous Message events (AsyncEvent, RFC 7143 section 11.9.1).
+pub mod async_event {
+    /// The target asks the initiator to log out within Parameter3 seconds.
+    pub const REQUEST_LOGOUT: u8 = 1;
+    /// The target will drop connection Parameter1 (Time2Wait, Time2Retain
+    /// in Parameter2, Parameter3).
+    pub const DROPPING_CONNECTION: u8 = 2;
+    /// The target will drop every connection of the session.
+    pub const DROPPING_ALL_CONNECTIONS: u8 = 3;
+}
+
 /// Login stages (CSG/NSG, RFC 7143 section 11.12.3).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub struct Stage(pub u8);
@@ -480,6 +491,27 @@ impl Bhs {
     pub fn set_time2(&mut self, wait: u16, retain: u16) -> &mut Self {
         self.set_u16(40, wait);
         self.set_u16(42, retain);
+        self
+    }
+
+    /// Asynchronous Message: AsyncEvent (byte 36).
+    pub fn async_event(&self) -> u8 {
+        self.byte(36)
+    }
+
+    /// Asynchronous Message: Parameter1..3 (bytes 38..44).
+    pub fn async_parameters(&self) -> [u16; 3] {
+        [self.u16_at(38), self.u16_at(40), self.u16_at(42)]
+    }
+
+    /// Sets an Asynchronous Message's AsyncEvent and Parameter1..3
+    /// (AsyncVCode zero).
+    pub fn set_async_event(&mut self, event: u8, parameters: [u16; 3]) -> &mut Self {
+        self.set_byte(36, event);
+        self.set_byte(37, 0);
+        self.set_u16(38, parameters[0]);
+        self.set_u16(40, parameters[1]);
+        self.set_u16(42, parameters[2]);
         self
     }
 

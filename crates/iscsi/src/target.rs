@@ -17,7 +17,7 @@
 use crate::chap::{self, ChapAlgorithm, Secret};
 use crate::error::{Disposition, PduError, RejectReason};
 use crate::pdu::{
-    self, ahs_entries, ahs_type, flags, sn_le, sn_lt, Bhs, Framing, Opcode, Stage, BHS_LEN, RESERVED_TAG,
+    self, ahs_entries, ahs_type, async_event, flags, sn_le, sn_lt, Bhs, Framing, Opcode, Stage, BHS_LEN, RESERVED_TAG,
 };
 use crate::text::{self, Params, SessionType};
 use crate::DataBuffer;
@@ -1187,6 +1187,23 @@ impl<B: DataBuffer> TargetConnection<B> {
         self.stamp(&mut r, true);
         self.send(&r, &[], data);
         Ok(())
+    }
+
+    /// Asks the initiator to log out within `seconds` (an Asynchronous
+    /// Message, AsyncEvent 1, RFC 7143 section 11.9.1): the target is
+    /// going away and will drop the connection after that. `false` (and
+    /// nothing sent) unless this is a logged-in normal session; a
+    /// discovery session or a login in progress has nothing to log out.
+    pub fn request_logout(&mut self, seconds: u16) -> bool {
+        if self.state != State::FullFeature || self.login.session_type != SessionType::Normal {
+            return false;
+        }
+        let mut r = Bhs::new(Opcode::ASYNC_MSG);
+        r.set_flags(flags::FINAL).set_itt(RESERVED_TAG).set_async_event(async_event::REQUEST_LOGOUT, [0, 0, seconds]);
+        // An Asynchronous Message is status: it consumes a StatSN.
+        self.stamp(&mut r, true);
+        self.send(&r, &[], &[]);
+        true
     }
 
     /// Advances the clock: sends a NOP-In ping after `nop_interval_ms` of

@@ -1102,3 +1102,50 @@ fn logout_waits_for_commands_in_flight_and_refuses_new_ones() {
     assert!(matches!(ev.last(), Some(HostEvent::LoggedOut { response: 0, .. })));
     assert_eq!(t.state(), State::Closed);
 }
+
+#[test]
+fn asks_a_logged_in_initiator_to_log_out_with_an_async_message_that_consumes_a_stat_sn() {
+    let (mut h, mut t, mut b) = logged_in(HostConfig::new(INITIATOR, Some(TARGET)), target_cfg(false));
+    h.nop(b"before");
+    step(&mut h, &mut t, &mut b);
+    assert!(matches!(host_events(&mut h).as_slice(), [HostEvent::NopIn { .. }]));
+    assert!(t.request_logout(7));
+    let out = target_output(&mut t);
+    let [(async_msg, data)] = out.as_slice() else { panic!("one PDU expected: {out:?}") };
+    assert_eq!(async_msg.opcode(), Opcode::ASYNC_MSG);
+    assert_eq!(async_msg.itt(), RESERVED_TAG);
+    assert!(async_msg.final_bit());
+    assert!(data.is_empty());
+    assert_eq!(async_msg.async_event(), pdu::async_event::REQUEST_LOGOUT);
+    assert_eq!(async_msg.async_parameters(), [0, 0, 7]);
+    // The next status carries the following StatSN.
+    let mut bytes = Vec::new();
+    h.nop(b"after");
+    h.take_transmit(&mut bytes);
+    t.handle_input(&bytes).expect("nop-out");
+    let out = target_output(&mut t);
+    let [(nop_in, _)] = out.as_slice() else { panic!("one PDU expected: {out:?}") };
+    assert_eq!(nop_in.stat_sn(), async_msg.stat_sn().wrapping_add(1));
+
+    // The host sees the request.
+    let (mut h, mut t, mut b) = logged_in(HostConfig::new(INITIATOR, Some(TARGET)), target_cfg(true));
+    assert!(t.request_logout(30));
+    step(&mut h, &mut t, &mut b);
+    assert_eq!(
+        host_events(&mut h),
+        vec![HostEvent::AsyncMessage { event: pdu::async_event::REQUEST_LOGOUT, parameters: [0, 0, 30] }]
+    );
+    assert_eq!(t.state(), State::FullFeature);
+}
+
+#[test]
+fn a_discovery_session_or_a_login_in_progress_gets_no_logout_request() {
+    let (h, mut t, _) = login_with(HostConfig::new(INITIATOR, None), target_cfg(false), TestPolicy::default());
+    assert!(h.is_full_feature());
+    assert_eq!(t.session_type(), SessionType::Discovery);
+    assert!(!t.request_logout(5));
+    assert!(!t.has_transmit());
+    let mut t = Target::new(target_cfg(false), Arc::new(TestPolicy::default()), seed());
+    assert!(!t.request_logout(5));
+    assert!(!t.has_transmit());
+}
