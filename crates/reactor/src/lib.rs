@@ -234,6 +234,39 @@ mod tests {
     }
 
     #[test]
+    fn shutdown_read_ends_a_pending_receive_and_keeps_the_send_side() {
+        run(async {
+            let l = listen("127.0.0.1:0".parse().expect("addr")).expect("listen");
+            let mut peer = std::net::TcpStream::connect(l.local_addr().expect("addr")).expect("connect");
+            let (s, _) = l.accept().await.expect("accept");
+            let reader = s.clone();
+            let pending = spawn(async move { reader.read(vec![0u8; 16]).await.0 });
+            sleep(Duration::from_millis(20)).await;
+            s.shutdown_read().expect("shutdown_read");
+            assert_eq!(pending.await.expect("read"), 0, "the receive ends as at end of stream");
+            s.write_all(b"still sending".to_vec()).await.0.expect("send after shutdown_read");
+            let mut got = [0u8; 13];
+            std::io::Read::read_exact(&mut peer, &mut got).expect("peer reads");
+            assert_eq!(&got, b"still sending");
+        });
+    }
+
+    #[test]
+    fn shutting_a_listener_down_ends_its_pending_accept() {
+        run(async {
+            let l = Rc::new(listen("127.0.0.1:0".parse().expect("addr")).expect("listen"));
+            let l2 = l.clone();
+            let pending = spawn(async move { l2.accept().await.map(drop) });
+            sleep(Duration::from_millis(20)).await;
+            // What the daemon's stop does from another thread.
+            // SAFETY: plain syscall on a live descriptor.
+            let rc = unsafe { libc::shutdown(std::os::fd::AsRawFd::as_raw_fd(&*l), libc::SHUT_RDWR) };
+            assert_eq!(rc, 0);
+            assert!(pending.await.is_err(), "the accept fails once the listener is shut down");
+        });
+    }
+
+    #[test]
     fn two_listeners_share_one_port() {
         run(async {
             let a = listen("127.0.0.1:0".parse().expect("addr")).expect("first");

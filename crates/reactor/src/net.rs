@@ -279,6 +279,13 @@ impl TcpStream {
         cvt(unsafe { libc::shutdown(self.fd.as_raw_fd(), libc::SHUT_WR) }).map(drop)
     }
 
+    /// Stops receiving: pending and later receives end (read 0) while the
+    /// send side keeps working, so replies still go out.
+    pub fn shutdown_read(&self) -> io::Result<()> {
+        // SAFETY: plain syscall on our live descriptor.
+        cvt(unsafe { libc::shutdown(self.fd.as_raw_fd(), libc::SHUT_RD) }).map(drop)
+    }
+
     /// Shuts both directions down (pending receives end).
     pub fn shutdown(&self) {
         // SAFETY: plain syscall on our live descriptor.
