@@ -25,6 +25,13 @@ pub struct PortCount {
     last_log_ms: AtomicU64,
 }
 
+impl PortCount {
+    /// Connections open on this port now.
+    pub fn open(&self) -> usize {
+        self.live.load(Ordering::Relaxed) as usize
+    }
+}
+
 /// A connection's place in the counts; given back when it drops.
 pub struct Slot {
     admission: Arc<Admission>,

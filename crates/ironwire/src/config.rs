@@ -47,6 +47,31 @@ pub struct Config {
     /// The control socket and what `ironwire ctl` may open.
     #[serde(default)]
     pub control: ControlConfig,
+    /// How a stop (SIGINT, SIGTERM) drains.
+    #[serde(default)]
+    pub shutdown: ShutdownConfig,
+}
+
+/// How a stop drains: see `docs/operations.md`.
+#[derive(Debug, Deserialize, Clone, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct ShutdownConfig {
+    /// Seconds the connections have to finish after SIGINT/SIGTERM: iSCSI
+    /// initiators are asked to log out within it; at its end connections
+    /// that are still open stop reading commands and close once the ones
+    /// they took are answered.
+    #[serde(default = "default_drain_s")]
+    pub drain_s: u32,
+}
+
+fn default_drain_s() -> u32 {
+    10
+}
+
+impl Default for ShutdownConfig {
+    fn default() -> Self {
+        ShutdownConfig { drain_s: default_drain_s() }
+    }
 }
 
 /// What peers may hold. A connection over a limit is refused with a log
@@ -534,6 +559,7 @@ impl Config {
             limits: LimitsConfig::default(),
             timeouts: TimeoutsConfig::default(),
             control: ControlConfig::default(),
+            shutdown: ShutdownConfig::default(),
         }
     }
 
@@ -781,6 +807,9 @@ impl Config {
             bail!("limits.send_high_water: {} bytes is not between 64 KiB and 1 GiB", l.send_high_water.0);
         }
         let t = &self.timeouts;
+        if self.shutdown.drain_s > 3600 {
+            bail!("shutdown.drain_s: {} is more than 3600 seconds", self.shutdown.drain_s);
+        }
         if !(100..=600_000).contains(&t.handshake_ms) {
             bail!("timeouts.handshake_ms: {} is not between 100 and 600000", t.handshake_ms);
         }
@@ -932,6 +961,8 @@ mod tests {
         assert!(e.contains("limits.controllers_per_subsystem"), "{e}");
         let e = err_of(&format!("{base}[limits]\nsend_high_water = \"1KiB\"\n"));
         assert!(e.contains("limits.send_high_water"), "{e}");
+        let e = err_of(&format!("{base}[shutdown]\ndrain_s = 3601\n"));
+        assert!(e.contains("shutdown.drain_s"), "{e}");
         let e = err_of(&format!("{base}[timeouts]\nhandshake_ms = 5\n"));
         assert!(e.contains("timeouts.handshake_ms"), "{e}");
         let e = err_of(&format!("{base}[reactor]\ncores = [100000]\n"));

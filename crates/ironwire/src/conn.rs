@@ -32,8 +32,26 @@ pub struct Shell {
     /// Wakes a reader waiting for the writer to make room.
     drained: Notify,
     closing: Cell<bool>,
+    /// Commands running as I/O tasks.
+    io: Cell<usize>,
+    /// Wakes [`Shell::io_finished`] when the last I/O task ends.
+    io_idle: Notify,
     /// The peer, for log lines.
     pub peer: SocketAddr,
+}
+
+/// One running I/O task of a connection; [`Shell::io_finished`] waits
+/// until none is left.
+pub struct IoTask<'a>(&'a Shell);
+
+impl Drop for IoTask<'_> {
+    fn drop(&mut self) {
+        let left = self.0.io.get().saturating_sub(1);
+        self.0.io.set(left);
+        if left == 0 {
+            self.0.io_idle.notify();
+        }
+    }
 }
 
 impl Shell {
@@ -44,6 +62,8 @@ impl Shell {
             sending: Cell::new(0),
             drained: Notify::default(),
             closing: Cell::new(false),
+            io: Cell::new(0),
+            io_idle: Notify::default(),
             peer,
         }
     }
@@ -60,6 +80,21 @@ impl Shell {
     /// Whether the connection is closing.
     pub fn is_closing(&self) -> bool {
         self.closing.get()
+    }
+
+    /// Counts an I/O task as running until the guard drops.
+    pub fn io_task(&self) -> IoTask<'_> {
+        self.io.set(self.io.get() + 1);
+        IoTask(self)
+    }
+
+    /// Waits until no I/O task of this connection is running, so that its
+    /// answers are queued before the connection closes and the backend
+    /// work is done before the connection's place is given back.
+    pub async fn io_finished(&self) {
+        while self.io.get() > 0 {
+            self.io_idle.wait().await;
+        }
     }
 }
 

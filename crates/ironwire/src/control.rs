@@ -67,7 +67,7 @@ pub fn default_socket() -> Result<PathBuf> {
 }
 
 /// The bound control socket. Its file is removed when this drops (a start
-/// that fails later) and on SIGINT/SIGTERM ([`ExitSignals`]).
+/// that fails later) and when a stop ends (`lifecycle`).
 pub struct Socket {
     path: PathBuf,
 }
@@ -429,55 +429,6 @@ fn glob(pattern: &[u8], name: &[u8]) -> bool {
         (Some((b'?', rest)), Some((&c, tail))) => c != b'/' && glob(rest, tail),
         (Some((p, rest)), Some((c, tail))) => p == c && glob(rest, tail),
         (Some(_), None) => false,
-    }
-}
-
-/// SIGINT and SIGTERM, blocked in every thread so that one thread waits for
-/// them: [`ExitSignals::block`] runs before any thread starts.
-pub struct ExitSignals(libc::sigset_t);
-
-impl ExitSignals {
-    /// Blocks SIGINT and SIGTERM in this thread and the threads it starts.
-    pub fn block() -> Result<ExitSignals> {
-        // SAFETY: all-zero bytes are a valid sigset_t, and sigemptyset
-        // initializes it before use.
-        let mut set: libc::sigset_t = unsafe { std::mem::zeroed() };
-        // SAFETY: set is a valid sigset_t for these calls; the old mask is
-        // not asked for (null).
-        let r = unsafe {
-            libc::sigemptyset(&mut set);
-            libc::sigaddset(&mut set, libc::SIGINT);
-            libc::sigaddset(&mut set, libc::SIGTERM);
-            libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut())
-        };
-        if r != 0 {
-            bail!("blocking SIGINT/SIGTERM: {}", std::io::Error::from_raw_os_error(r));
-        }
-        Ok(ExitSignals(set))
-    }
-
-    /// Starts the thread that, on SIGINT or SIGTERM, removes the control
-    /// socket `socket` and exits with status 0.
-    pub fn remove_on_exit(self, socket: PathBuf) -> Result<()> {
-        std::thread::Builder::new().name("signals".into()).spawn(move || {
-            let mut sig = 0;
-            // SAFETY: self.0 is an initialized sigset_t whose signals are
-            // blocked; sig is valid for a write.
-            let r = unsafe { libc::sigwait(&self.0, &mut sig) };
-            let name = match sig {
-                libc::SIGINT => "SIGINT",
-                libc::SIGTERM => "SIGTERM",
-                _ => "a signal",
-            };
-            let _ = std::fs::remove_file(&socket);
-            if r != 0 {
-                log::error!("waiting for SIGINT/SIGTERM failed ({r}); removed {} and exiting", socket.display());
-                std::process::exit(1);
-            }
-            log::info!("{name}: removed the control socket {}; exiting", socket.display());
-            std::process::exit(0);
-        })?;
-        Ok(())
     }
 }
 

@@ -378,7 +378,7 @@ pub async fn serve(stream: TcpStream, model: Arc<IscsiModel>, cfg: TargetConfig)
     });
     let (rd, wr) = stream.into_split();
     let writer = reactor::spawn(crate::conn::write_loop(wr, conn.clone()));
-    let ticker = reactor::spawn(tick_loop(conn.clone(), model.clone()));
+    let ticker = reactor::spawn(tick_loop(conn.clone(), model.clone(), rd.clone()));
     let mut rx = rd.receiver();
     while !conn.shell.is_closing() {
         let r = match rx.recv().await {
@@ -397,6 +397,10 @@ pub async fn serve(stream: TcpStream, model: Arc<IscsiModel>, cfg: TargetConfig)
         if conn.iscsi.borrow().state() == iscsi::target::State::Closed {
             conn.shell.close();
         }
+    }
+    // The commands already taken finish and their answers go out first.
+    while !conn.running.borrow().is_empty() {
+        conn.io_done.wait().await;
     }
     conn.shell.close();
     if let Some(s) = conn.session.borrow_mut().take() {
@@ -718,12 +722,41 @@ async fn compare_and_write(
     r.map_err(|e| scsi::io_error_sense(&e, true))
 }
 
-async fn tick_loop(conn: Rc<Conn>, model: Arc<IscsiModel>) {
+/// Every 100 ms: the login deadline, NOP-In pings, and a stop of the
+/// daemon: a logged-in initiator is asked to log out within what is left
+/// of the drain; at its end (at once for discovery sessions and logins)
+/// the connection stops reading commands and closes once the ones it took
+/// are answered.
+async fn tick_loop(conn: Rc<Conn>, model: Arc<IscsiModel>, rd: TcpStream) {
     let login_deadline = now_ms().saturating_add(u64::try_from(model.handshake.as_millis()).unwrap_or(u64::MAX));
+    let (mut asked_logout, mut stopped_reading) = (false, false);
     loop {
         reactor::sleep(Duration::from_millis(100)).await;
         if conn.shell.is_closing() {
             break;
+        }
+        if crate::lifecycle::draining() && !stopped_reading {
+            let now = now_ms();
+            if !asked_logout {
+                asked_logout = true;
+                let left = crate::lifecycle::drain_left_s(now);
+                if conn.iscsi.borrow_mut().request_logout(left) {
+                    log::info!("{}: stopping: asked the initiator to log out within {left} s", conn.shell.peer);
+                    conn.shell.tx_ready.notify();
+                } else {
+                    stopped_reading = true;
+                }
+            }
+            if crate::lifecycle::drain_over(now) {
+                stopped_reading = true;
+            }
+            if stopped_reading {
+                log::debug!("{}: stopping: no more commands from this connection", conn.shell.peer);
+                if let Err(e) = rd.shutdown_read() {
+                    log::debug!("{}: shutdown(SHUT_RD): {e}", conn.shell.peer);
+                    conn.shell.close();
+                }
+            }
         }
         if conn.iscsi.borrow().state() == iscsi::target::State::AwaitLogin && now_ms() >= login_deadline {
             log::warn!(

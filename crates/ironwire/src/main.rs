@@ -8,6 +8,7 @@ mod conn;
 mod control;
 mod cpu;
 mod iscsi_tcp;
+mod lifecycle;
 mod nvme;
 mod serve;
 

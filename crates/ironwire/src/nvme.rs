@@ -238,11 +238,11 @@ pub async fn serve(stream: TcpStream, target: Arc<Target>, bindings: Bindings, h
     match (bindings.tcp, bindings.rdma) {
         (_, Some((cfg, transport))) if rdma => {
             let wire = nvmf_rdma::target::TargetQueue::<Buf>::new(cfg);
-            run(wire, rx, wr, first, Queue::new(target, transport, local, peer), peer, handshake).await
+            run(wire, (rd, rx), wr, first, Queue::new(target, transport, local, peer), peer, handshake).await
         }
         (Some((cfg, transport)), _) => {
             let wire = nvmf_tcp::target::TargetConnection::<Buf>::new(cfg);
-            run(wire, rx, wr, first, Queue::new(target, transport, local, peer), peer, handshake).await
+            run(wire, (rd, rx), wr, first, Queue::new(target, transport, local, peer), peer, handshake).await
         }
         _ => {}
     }
@@ -250,7 +250,7 @@ pub async fn serve(stream: TcpStream, target: Arc<Target>, bindings: Bindings, h
 
 async fn run<T: Binding>(
     wire: T,
-    mut rx: reactor::Receiver,
+    (rd, mut rx): (TcpStream, reactor::Receiver),
     wr: TcpStream,
     first: Vec<u8>,
     queue: Queue,
@@ -260,7 +260,7 @@ async fn run<T: Binding>(
     let conn = Rc::new(Conn { wire: RefCell::new(wire), queue: RefCell::new(queue), shell: Shell::new(peer) });
     log::debug!("{peer}: connected");
     let writer = reactor::spawn(crate::conn::write_loop(wr, conn.clone()));
-    let ticker = reactor::spawn(tick_loop(conn.clone(), now_ms().saturating_add(handshake.as_millis() as u64)));
+    let ticker = reactor::spawn(tick_loop(conn.clone(), rd, now_ms().saturating_add(handshake.as_millis() as u64)));
     let mut pending = (!first.is_empty()).then_some(first);
     while !conn.shell.is_closing() {
         let r = match pending.take() {
@@ -280,6 +280,8 @@ async fn run<T: Binding>(
             conn.shell.close();
         }
     }
+    // The commands already taken finish and their answers go out first.
+    conn.shell.io_finished().await;
     conn.shell.close();
     conn.queue.borrow_mut().close();
     let _ = writer.await;
@@ -400,6 +402,7 @@ fn write_to_memory<T: Binding>(conn: &Conn<T>, req: &BlockRequest) -> bool {
 }
 
 async fn run_io<T: Binding>(conn: Rc<Conn<T>>, req: BlockRequest) {
+    let _running = conn.shell.io_task();
     let BlockRequest { cid, device, op } = req;
     let ok = |s: Result<(), blockdev::Error>, write: bool| match s {
         Ok(()) => Status::SUCCESS,
@@ -452,12 +455,26 @@ async fn run_io<T: Binding>(conn: Rc<Conn<T>>, req: BlockRequest) {
 }
 
 /// Every 100 ms: the handshake deadline (`connect_by`, until the queue has
-/// a controller), the keep-alive timer, asynchronous events.
-async fn tick_loop<T: Binding>(conn: Rc<Conn<T>>, connect_by: u64) {
+/// a controller), the keep-alive timer, asynchronous events, and a stop of
+/// the daemon: the connection stops reading commands (NVMe-oF has no way
+/// to tell the host), so it closes once the ones it took are answered.
+async fn tick_loop<T: Binding>(conn: Rc<Conn<T>>, rd: TcpStream, connect_by: u64) {
+    let mut stopped_reading = false;
     loop {
         reactor::sleep(Duration::from_millis(100)).await;
         if conn.shell.is_closing() {
             break;
+        }
+        // An admin queue stops after its controller's I/O queues, which
+        // its close would take down (until the drain is over).
+        let admin_waits = || conn.queue.borrow().has_io_queues() && !crate::lifecycle::drain_over(now_ms());
+        if crate::lifecycle::draining() && !stopped_reading && !admin_waits() {
+            stopped_reading = true;
+            log::debug!("{}: stopping: no more commands from this connection", conn.shell.peer);
+            if let Err(e) = rd.shutdown_read() {
+                log::debug!("{}: shutdown(SHUT_RD): {e}", conn.shell.peer);
+                conn.shell.close();
+            }
         }
         let mut q = conn.queue.borrow_mut();
         let now = now_ms();

@@ -93,11 +93,12 @@ fn build_iscsi(
     Ok(Arc::new(IscsiModel::new(targets, portals, disc).with_limits(config.limits.sessions_per_target, handshake)))
 }
 
-/// Runs the target until SIGINT or SIGTERM (which remove the control
-/// socket and exit) or until the process is killed.
+/// Runs the target until SIGINT or SIGTERM, then stops it in order
+/// (`lifecycle`): drains the connections, flushes the devices, removes
+/// the control socket.
 pub fn run(config: Config, ctl_socket: &std::path::Path) -> Result<()> {
     // Before any thread starts, so that every thread inherits the mask.
-    let signals = crate::control::ExitSignals::block()?;
+    let signals = crate::lifecycle::Signals::block()?;
     match crate::admit::raise_open_files() {
         Ok(n) => log::debug!("open-file limit {n}"),
         Err(e) => log::warn!("cannot raise the open-file limit: {e}"),
@@ -156,8 +157,9 @@ pub fn run(config: Config, ctl_socket: &std::path::Path) -> Result<()> {
         devices: std::sync::Mutex::new(devices),
         allow_paths: config.control.allow_paths.clone(),
     });
-    let ctl_socket = crate::control::spawn(control, ctl_socket, config.control.group.as_deref())?;
-    signals.remove_on_exit(ctl_socket.path().to_path_buf())?;
+    let ctl_socket = crate::control::spawn(control.clone(), ctl_socket, config.control.group.as_deref())?;
+    let (stop_tx, stop_rx) = std::sync::mpsc::channel();
+    signals.spawn(stop_tx, ctl_socket.path().to_path_buf())?;
     let cpus = if config.reactor.cores.is_empty() { reactor::available_cpus() } else { config.reactor.cores.clone() };
     let icfg = iscsi::target::TargetConfig {
         max_tasks: config.limits.tasks_per_session,
@@ -230,13 +232,22 @@ pub fn run(config: Config, ctl_socket: &std::path::Path) -> Result<()> {
                     let icfg = icfg.clone();
                     let admission = admission.clone();
                     tasks.push(reactor::spawn(async move {
+                        // Dropped before the listener: a stop shuts down
+                        // only sockets that are still open.
+                        let _listening = crate::lifecycle::listening(std::os::unix::io::AsRawFd::as_raw_fd(&l));
                         let what = match l.local_addr() {
                             Ok(a) => format!("port {a}"),
                             Err(_) => "a port".to_string(),
                         };
                         let mut backoff = crate::admit::Backoff::default();
                         loop {
-                            match l.accept().await {
+                            let accepted = l.accept().await;
+                            if crate::lifecycle::draining() {
+                                // The stop shut the listener down (or won
+                                // the race with this connection).
+                                break;
+                            }
+                            match accepted {
                                 Ok((stream, peer)) => {
                                     backoff.accepted(&what);
                                     // Over a limit the stream drops here: the
@@ -270,6 +281,9 @@ pub fn run(config: Config, ctl_socket: &std::path::Path) -> Result<()> {
                 for t in tasks {
                     t.await;
                 }
+                // The listeners closed for a stop: the connections' tasks
+                // run on until the main thread, once they are done, exits.
+                std::future::pending::<()>().await;
             }
         }
     })?;
@@ -309,11 +323,43 @@ pub fn run(config: Config, ctl_socket: &std::path::Path) -> Result<()> {
         ready.push(format!("iscsiadm -m node -T {} -p {a} --login", t.iqn));
     }
     println!("ready: {}", ready.join(" | "));
-    for h in handles {
-        let _ = h.join();
+    crate::lifecycle::notify("READY=1");
+    let Ok(stop) = stop_rx.recv() else {
+        anyhow::bail!("the signal thread ended");
+    };
+    let drain = Duration::from_secs(u64::from(config.shutdown.drain_s));
+    let left = crate::lifecycle::drain(stop, drain, || counts.iter().map(|c| c.open()).sum());
+    if left > 0 {
+        log::warn!("{left} connections still open after the drain and its grace period; closing them");
     }
+    let devices: Vec<Arc<Device>> = control.devices.lock().map(|d| d.values().cloned().collect()).unwrap_or_default();
+    let flushed = flush_all(&devices);
     drop(ctl_socket);
+    drop(handles);
+    let flushed = flushed?;
+    log::info!("stopped: flushed {flushed} devices, removed the control socket");
     Ok(())
+}
+
+/// Flushes every device with a volatile write cache, on a ring of the
+/// calling thread; the number flushed, or the first failure (after trying
+/// them all).
+fn flush_all(devices: &[Arc<Device>]) -> Result<usize> {
+    let mut rt = reactor::Runtime::new(reactor::Config::default()).context("a ring to flush the devices on")?;
+    rt.block_on(async {
+        let mut flushed = 0;
+        let mut failed = None;
+        for d in devices.iter().filter(|d| d.volatile_write_cache()) {
+            match d.flush().await {
+                Ok(()) => flushed += 1,
+                Err(e) => {
+                    log::error!("stopping: flushing device {} failed: {e}", d.name());
+                    failed.get_or_insert_with(|| anyhow::anyhow!("flushing device {}: {e}", d.name()));
+                }
+            }
+        }
+        failed.map_or(Ok(flushed), Err)
+    })
 }
 
 /// Runs a connection's future, keeping its place in the connection counts

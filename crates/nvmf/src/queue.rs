@@ -499,6 +499,16 @@ impl<D: BlockDevice> Queue<D> {
         }
     }
 
+    /// Whether this is an admin queue whose controller still has I/O
+    /// queues connected: closing it would take them down with their
+    /// commands, so a stop closes it after them.
+    pub fn has_io_queues(&self) -> bool {
+        match &self.kind {
+            QueueKind::Admin(c) => !c.lock().io_queues_connected.is_empty(),
+            _ => false,
+        }
+    }
+
     /// The connection is gone: an admin queue takes its controller with it,
     /// an I/O queue frees its queue ID.
     pub fn close(&mut self) {

@@ -15,6 +15,8 @@ use std::time::Duration;
 /// A running daemon; killed on drop.
 pub struct Daemon {
     child: Child,
+    /// How it was started, for [`Daemon::restart`].
+    launch: Launch,
     /// The port it listens on (127.0.0.1).
     pub addr: SocketAddr,
     /// Its temp dir: config, log, control socket, file devices.
@@ -34,28 +36,34 @@ impl Daemon {
     /// and waits for its ready line. A port taken between probing and
     /// binding is retried on another.
     pub fn start_with(tag: &str, config: impl Fn(&Path, u16) -> String) -> Daemon {
-        Daemon::start_inner(tag, &[], true, config)
+        Daemon::start_inner(tag, &[], true, &[], config)
+    }
+
+    /// As [`Daemon::start_with`], with `env` added to the daemon's
+    /// environment.
+    pub fn start_env(tag: &str, env: &[(&str, &str)], config: impl Fn(&Path, u16) -> String) -> Daemon {
+        Daemon::start_inner(tag, &[], true, env, config)
     }
 
     /// As [`Daemon::start_with`], run under `wrapper` (a command and its
     /// arguments that execs the rest, e.g. `prlimit --nofile=64:64 --`).
     pub fn start_under(tag: &str, wrapper: &[&str], config: impl Fn(&Path, u16) -> String) -> Daemon {
-        Daemon::start_inner(tag, wrapper, true, config)
+        Daemon::start_inner(tag, wrapper, true, &[], config)
     }
 
     /// Like [`Daemon::start_with`] without `--ctl-socket`: the socket is
     /// where the configuration (`[control] socket`) puts it.
     pub fn start_with_config_socket(tag: &str, config: impl Fn(&Path, u16) -> String) -> Daemon {
-        Daemon::start_inner(tag, &[], false, config)
+        Daemon::start_inner(tag, &[], false, &[], config)
     }
 
     fn start_inner(
         tag: &str,
         wrapper: &[&str],
         ctl_socket_flag: bool,
+        env: &[(&str, &str)],
         config: impl Fn(&Path, u16) -> String,
     ) -> Daemon {
-        let exe = Path::new(env!("CARGO_BIN_EXE_ironwire"));
         let dir = std::env::temp_dir().join(format!("ironwire-test-{tag}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).expect("temp dir");
@@ -66,50 +74,24 @@ impl Daemon {
                 std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("free port").port();
             let cfg = dir.join("ironwire.toml");
             std::fs::write(&cfg, config(&dir, port)).expect("write config");
-            let log = std::fs::File::create(dir.join("daemon.log")).expect("log file");
-            let mut command = match wrapper.split_first() {
-                Some((w, args)) => {
-                    let mut c = Command::new(w);
-                    c.args(args).arg(exe);
-                    c
-                }
-                None => Command::new(exe),
+            let launch = Launch {
+                wrapper: wrapper.iter().map(|w| w.to_string()).collect(),
+                config: cfg,
+                ctl_socket: ctl_socket_flag.then(|| dir.join("ctl.sock")),
+                env: env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
+                log: dir.join("daemon.log"),
             };
-            command.args(["serve", "--config"]).arg(&cfg);
-            if ctl_socket_flag {
-                command.arg("--ctl-socket").arg(dir.join("ctl.sock"));
-            }
-            let mut child = command
-                .env("RUST_LOG", "info")
-                .stdin(Stdio::null())
-                .stdout(Stdio::piped())
-                .stderr(log)
-                .spawn()
-                .expect("spawn ironwire");
-            let stdout = child.stdout.take().expect("stdout");
-            let (tx, rx) = mpsc::channel();
-            std::thread::spawn(move || {
-                for line in BufReader::new(stdout).lines() {
-                    let Ok(line) = line else { break };
-                    if tx.send(line).is_err() {
-                        break;
-                    }
+            match launch.spawn() {
+                Ok(child) => {
+                    return Daemon { child, launch, addr: SocketAddr::from(([127, 0, 0, 1], port)), dir };
                 }
-            });
-            let ready = loop {
-                match rx.recv_timeout(Duration::from_secs(10)) {
-                    Ok(l) if l.starts_with("ready:") => break true,
-                    Ok(_) => continue,
-                    Err(_) => break false,
+                Err(mut child) => {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    let log = std::fs::read_to_string(dir.join("daemon.log")).unwrap_or_default();
+                    eprintln!("daemon did not become ready on port {port}; log:\n{log}");
                 }
-            };
-            if ready {
-                return Daemon { child, addr: SocketAddr::from(([127, 0, 0, 1], port)), dir };
             }
-            let _ = child.kill();
-            let _ = child.wait();
-            let log = std::fs::read_to_string(dir.join("daemon.log")).unwrap_or_default();
-            eprintln!("daemon did not become ready on port {port}; log:\n{log}");
         }
         panic!("ironwire did not start; see {}", dir.display());
     }
@@ -147,9 +129,82 @@ impl Daemon {
         None
     }
 
+    /// Sends the daemon signal `sig`.
+    pub fn signal(&self, sig: i32) {
+        // SAFETY: kill(2) on our own child's pid has no memory effects.
+        let rc = unsafe { libc::kill(self.pid() as i32, sig) };
+        assert_eq!(rc, 0, "kill({}, {sig})", self.pid());
+    }
+
+    /// Starts the daemon again, as before (same configuration, ports,
+    /// control socket and log, which it appends to), once the process
+    /// exited; panics if it does not become ready.
+    pub fn restart(&mut self) {
+        assert!(self.wait_exit(30).is_some(), "the daemon has not exited; log:\n{}", self.log());
+        match self.launch.spawn() {
+            Ok(child) => self.child = child,
+            Err(_) => panic!("the daemon did not start again; log:\n{}", self.log()),
+        }
+    }
+
     /// Asserts the process is still running.
     pub fn assert_alive(&mut self) {
         assert!(self.alive(), "daemon exited; log:\n{}", self.log());
+    }
+}
+
+/// How a daemon is started.
+struct Launch {
+    wrapper: Vec<String>,
+    config: PathBuf,
+    ctl_socket: Option<PathBuf>,
+    env: Vec<(String, String)>,
+    log: PathBuf,
+}
+
+impl Launch {
+    /// Spawns the daemon and waits (bounded) for its ready line: the child
+    /// when it is ready, `Err(child)` otherwise.
+    fn spawn(&self) -> Result<Child, Child> {
+        let exe = Path::new(env!("CARGO_BIN_EXE_ironwire"));
+        let log = std::fs::OpenOptions::new().create(true).append(true).open(&self.log).expect("log file");
+        let mut command = match self.wrapper.split_first() {
+            Some((w, args)) => {
+                let mut c = Command::new(w);
+                c.args(args).arg(exe);
+                c
+            }
+            None => Command::new(exe),
+        };
+        command.args(["serve", "--config"]).arg(&self.config);
+        if let Some(s) = &self.ctl_socket {
+            command.arg("--ctl-socket").arg(s);
+        }
+        let mut child = command
+            .env("RUST_LOG", std::env::var("IRONWIRE_TEST_LOG").unwrap_or("info".into()))
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(log)
+            .spawn()
+            .expect("spawn ironwire");
+        let stdout = child.stdout.take().expect("stdout");
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        loop {
+            match rx.recv_timeout(Duration::from_secs(10)) {
+                Ok(l) if l.starts_with("ready:") => return Ok(child),
+                Ok(_) => continue,
+                Err(_) => return Err(child),
+            }
+        }
     }
 }
 
