@@ -34,24 +34,31 @@ impl Daemon {
     /// and waits for its ready line. A port taken between probing and
     /// binding is retried on another.
     pub fn start_with(tag: &str, config: impl Fn(&Path, u16) -> String) -> Daemon {
-        Daemon::start_inner(tag, &[], true, config)
+        Daemon::start_inner(tag, &[], &[], true, config)
+    }
+
+    /// As [`Daemon::start_with`], with `args` added to `serve` (e.g.
+    /// `--persist`).
+    pub fn start_args(tag: &str, args: &[&str], config: impl Fn(&Path, u16) -> String) -> Daemon {
+        Daemon::start_inner(tag, &[], args, true, config)
     }
 
     /// As [`Daemon::start_with`], run under `wrapper` (a command and its
     /// arguments that execs the rest, e.g. `prlimit --nofile=64:64 --`).
     pub fn start_under(tag: &str, wrapper: &[&str], config: impl Fn(&Path, u16) -> String) -> Daemon {
-        Daemon::start_inner(tag, wrapper, true, config)
+        Daemon::start_inner(tag, wrapper, &[], true, config)
     }
 
     /// Like [`Daemon::start_with`] without `--ctl-socket`: the socket is
     /// where the configuration (`[control] socket`) puts it.
     pub fn start_with_config_socket(tag: &str, config: impl Fn(&Path, u16) -> String) -> Daemon {
-        Daemon::start_inner(tag, &[], false, config)
+        Daemon::start_inner(tag, &[], &[], false, config)
     }
 
     fn start_inner(
         tag: &str,
         wrapper: &[&str],
+        args: &[&str],
         ctl_socket_flag: bool,
         config: impl Fn(&Path, u16) -> String,
     ) -> Daemon {
@@ -75,7 +82,7 @@ impl Daemon {
                 }
                 None => Command::new(exe),
             };
-            command.args(["serve", "--config"]).arg(&cfg);
+            command.args(["serve", "--config"]).arg(&cfg).args(args);
             if ctl_socket_flag {
                 command.arg("--ctl-socket").arg(dir.join("ctl.sock"));
             }
@@ -145,6 +152,12 @@ impl Daemon {
             std::thread::sleep(Duration::from_millis(50));
         }
         None
+    }
+
+    /// Kills the process with SIGKILL and waits for it; its dir stays.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
 
     /// Asserts the process is still running.
