@@ -25,13 +25,6 @@ pub struct PortCount {
     last_log_ms: AtomicU64,
 }
 
-impl PortCount {
-    /// Connections open on this port now.
-    pub fn open(&self) -> usize {
-        self.live.load(Ordering::Relaxed) as usize
-    }
-}
-
 /// A connection's place in the counts; given back when it drops.
 pub struct Slot {
     admission: Arc<Admission>,
@@ -60,6 +53,11 @@ impl Admission {
     /// Counts with the given limits.
     pub fn new(per_port: u32, per_host: u32) -> Arc<Admission> {
         Arc::new(Admission { per_port, per_host, hosts: Mutex::new(HashMap::new()) })
+    }
+
+    /// Connections open now, over every port.
+    pub fn open(&self) -> usize {
+        self.hosts.lock().unwrap_or_else(|e| e.into_inner()).values().map(|&n| n as usize).sum()
     }
 
     /// A slot for a connection from `host` on `port`, or the name of the

@@ -3,7 +3,7 @@
 //! with errors that name the field and the reason.
 
 use anyhow::{anyhow, bail, Context, Result};
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use std::collections::HashSet;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -14,7 +14,7 @@ pub const DEFAULT_NQN: &str = "nqn.2026-11.io.ironwire:default";
 pub const DEFAULT_IQN: &str = "iqn.2026-11.io.ironwire:default";
 
 /// The whole configuration file.
-#[derive(Debug, Deserialize, Default)]
+#[derive(Debug, Deserialize, Serialize, Default, Clone, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct Config {
     /// Block devices.
@@ -53,7 +53,7 @@ pub struct Config {
 }
 
 /// How a stop drains: see `docs/operations.md`.
-#[derive(Debug, Deserialize, Clone, PartialEq, Eq)]
+#[derive(Debug, Deserialize, Serialize, Clone, PartialEq, Eq)]
 #[serde(deny_unknown_fields)]
 pub struct ShutdownConfig {
     /// Seconds the connections have to finish after SIGINT/SIGTERM: iSCSI
@@ -76,7 +76,7 @@ impl Default for ShutdownConfig {
 
 /// What peers may hold. A connection over a limit is refused with a log
 /// line naming the limit; every other connection keeps working.
-#[derive(Debug, Deserialize, Clone, PartialEq, Eq)]
+#[derive(Debug, Deserialize, Serialize, Clone, PartialEq, Eq)]
 #[serde(deny_unknown_fields)]
 pub struct LimitsConfig {
     /// Live connections per listening address (all protocols on it).
@@ -133,7 +133,7 @@ impl Default for LimitsConfig {
 }
 
 /// How long peers may stall before they are disconnected.
-#[derive(Debug, Deserialize, Clone, PartialEq, Eq)]
+#[derive(Debug, Deserialize, Serialize, Clone, PartialEq, Eq)]
 #[serde(deny_unknown_fields)]
 pub struct TimeoutsConfig {
     /// From accept to a usable connection: the NVMe/TCP ICReq and Fabrics
@@ -162,7 +162,7 @@ impl Default for TimeoutsConfig {
 }
 
 /// The control socket (`ironwire ctl`) and what it may open.
-#[derive(Debug, Deserialize, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Deserialize, Serialize, Clone, Default, PartialEq, Eq)]
 #[serde(deny_unknown_fields)]
 pub struct ControlConfig {
     /// The socket's path (default: `/run/ironwire/ctl.sock` as root,
@@ -181,7 +181,7 @@ pub struct ControlConfig {
 }
 
 /// CHAP credentials: a user name and its secret.
-#[derive(Debug, Deserialize, Clone, PartialEq, Eq)]
+#[derive(Debug, Deserialize, Serialize, Clone, PartialEq, Eq)]
 #[serde(deny_unknown_fields)]
 pub struct ChapConfig {
     /// CHAP name.
@@ -191,7 +191,7 @@ pub struct ChapConfig {
 }
 
 /// An iSCSI target: an IQN with LUNs pointing at devices.
-#[derive(Debug, Deserialize, Clone)]
+#[derive(Debug, Deserialize, Serialize, Clone, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct IscsiTargetConfig {
     /// Target name (iqn. or eui. form).
@@ -218,7 +218,7 @@ pub struct IscsiTargetConfig {
 }
 
 /// An initiator allowed into a target, with its own credentials.
-#[derive(Debug, Deserialize, Clone)]
+#[derive(Debug, Deserialize, Serialize, Clone, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct AclConfig {
     /// Initiator name.
@@ -230,7 +230,7 @@ pub struct AclConfig {
 }
 
 /// A logical unit of an iSCSI target.
-#[derive(Debug, Deserialize, Clone)]
+#[derive(Debug, Deserialize, Serialize, Clone, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct LunConfig {
     /// LUN (default: position).
@@ -240,7 +240,7 @@ pub struct LunConfig {
 }
 
 /// iSCSI settings shared by all targets.
-#[derive(Debug, Deserialize, Clone, Default)]
+#[derive(Debug, Deserialize, Serialize, Clone, Default, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct IscsiConfig {
     /// CHAP credentials required for discovery sessions.
@@ -248,7 +248,7 @@ pub struct IscsiConfig {
 }
 
 /// A block device.
-#[derive(Debug, Deserialize, Clone, Default)]
+#[derive(Debug, Deserialize, Serialize, Clone, Default, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct DeviceConfig {
     /// Unique name namespaces refer to.
@@ -272,7 +272,7 @@ pub struct DeviceConfig {
 pub const MAX_INJECTED_LATENCY_US: u64 = 60_000_000;
 
 /// A size written as bytes or with a unit.
-#[derive(Debug, Deserialize, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Deserialize, Serialize, Clone, Copy, PartialEq, Eq)]
 #[serde(try_from = "SizeRepr")]
 pub struct Size(pub u64);
 
@@ -315,7 +315,7 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
 }
 
 /// An NVMe subsystem.
-#[derive(Debug, Deserialize, Clone)]
+#[derive(Debug, Deserialize, Serialize, Clone, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct SubsystemConfig {
     /// Subsystem NQN.
@@ -334,7 +334,7 @@ pub struct SubsystemConfig {
 }
 
 /// A namespace of a subsystem.
-#[derive(Debug, Deserialize, Clone)]
+#[derive(Debug, Deserialize, Serialize, Clone, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct NamespaceConfig {
     /// Namespace ID (default: position + 1).
@@ -344,7 +344,7 @@ pub struct NamespaceConfig {
 }
 
 /// A listening port.
-#[derive(Debug, Deserialize, Clone)]
+#[derive(Debug, Deserialize, Serialize, Clone, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct PortConfig {
     /// Transport: `tcp` (NVMe/TCP), `rdma` (NVMe/RDMA over iWARP) or
@@ -368,7 +368,7 @@ fn default_transport() -> String {
 }
 
 /// Reactor threads.
-#[derive(Debug, Deserialize, Clone)]
+#[derive(Debug, Deserialize, Serialize, Clone, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct ReactorConfig {
     /// CPUs to run one reactor each on (default: every CPU available).
@@ -427,7 +427,7 @@ fn default_registered_buffers() -> Size {
 }
 
 /// NVMe/TCP transport limits.
-#[derive(Debug, Deserialize, Clone)]
+#[derive(Debug, Deserialize, Serialize, Clone, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct NvmeTcpConfig {
     /// In-capsule data accepted on I/O queues, bytes.
@@ -461,7 +461,7 @@ fn default_r2t_buffer() -> Size {
 
 /// When a successful read's last C2HData PDU carries the SUCCESS flag, so
 /// that no CapsuleResp follows it.
-#[derive(Debug, Deserialize, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Deserialize, Serialize, Clone, Copy, Default, PartialEq, Eq)]
 #[serde(rename_all = "kebab-case")]
 pub enum C2hSuccess {
     /// Only on queues whose host disabled SQ flow control (the spec's rule,

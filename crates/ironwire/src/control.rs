@@ -1,5 +1,6 @@
 //! The control plane: a Unix-socket API that edits the running target
-//! (devices, namespaces, allowed hosts) and shows its state.
+//! (every object the configuration file declares, docs/ctl.md), reloads
+//! the configuration file, and shows and saves the running configuration.
 //!
 //! One request per line, one reply: lines of output ending with `ok`, or a
 //! single `error: ...` line. It runs on its own thread with blocking I/O and
@@ -8,15 +9,16 @@
 //! Access to the socket must not be root-equivalent: the socket lives in a
 //! directory only its owner can write, is mode 0600 (0660 with `[control]
 //! group`), each client's credentials are checked (SO_PEERCRED), clients
-//! and line lengths are bounded, and `device-add` opens only paths that
-//! `[control] allow_paths` allows. The socket file is removed on exit.
+//! and line lengths are bounded, a device added or changed by ctl opens
+//! only paths that `[control] allow_paths` allows, and `save FILE` is
+//! written by the client, as the client's user. The socket file is removed
+//! on exit.
 
-use crate::config::{parse_size, DeviceConfig, Size};
-use crate::nvme::{Namespace, Target};
+use crate::config::Config;
+use crate::nvme::Target;
+use crate::runtime::Live;
 use anyhow::{anyhow, bail, Context, Result};
 use blockdev::BlockDevice;
-use blockdev::Device;
-use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{DirBuilderExt, FileTypeExt, MetadataExt, PermissionsExt};
@@ -39,10 +41,26 @@ const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
 pub struct Control {
     /// The target.
     pub target: Arc<Target>,
-    /// Devices by name.
-    pub devices: Mutex<HashMap<String, Arc<Device>>>,
-    /// `[control] allow_paths`: what `device-add` may open.
+    /// `[control] allow_paths`: what a device added by ctl may open.
     pub allow_paths: Vec<String>,
+    /// The running configuration and the live objects it describes; the
+    /// lock serializes changes.
+    pub state: Mutex<State>,
+    /// `serve --config`: what `reload` re-reads.
+    pub config_path: Option<PathBuf>,
+    /// `serve --persist`: rewrite `config_path` after every change.
+    pub persist: bool,
+    /// `serve --cores`, which overrides `[reactor] cores` on reload too.
+    pub cores: Vec<usize>,
+}
+
+/// The running configuration (normalized: every NSID and LUN written out)
+/// and the live objects.
+pub struct State {
+    /// The running configuration.
+    pub config: Config,
+    /// What it describes.
+    pub live: Live,
 }
 
 fn euid() -> u32 {
@@ -286,37 +304,108 @@ fn serve_client(ctl: &Control, stream: UnixStream) {
 }
 
 impl Control {
+    /// Every device open now.
+    pub fn devices(&self) -> Vec<Arc<blockdev::Device>> {
+        self.state.lock().map(|s| s.live.devices.values().cloned().collect()).unwrap_or_default()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     /// Runs one command line and returns its output.
     pub fn handle(&self, line: &str) -> Result<String> {
         let words: Vec<&str> = line.split_whitespace().collect();
         match words.as_slice() {
             ["show"] => Ok(self.show()),
+            ["show", "--json"] => Ok(format!("{}\n", serde_json::to_string_pretty(&self.show_json())?)),
+            ["save"] => Ok(toml::to_string(&self.lock().config)?),
+            ["reload"] => self.reload().map(|()| String::new()),
             ["stats"] => Ok(stats()),
-            ["device-add", name, kind, rest @ ..] => self.device_add(name, kind, rest).map(|_| String::new()),
+            [verb @ ("add" | "set" | "remove"), noun, rest @ ..] => {
+                self.change(|c| crate::edit::edit(c, verb, noun, rest)).map(|()| String::new())
+            }
+            // The first grammar, kept for scripts that use it.
+            ["device-add", name, kind, rest @ ..] => {
+                let mut args = vec![format!("name={name}"), format!("kind={kind}")];
+                args.extend(rest.iter().map(|s| s.to_string()));
+                let args: Vec<&str> = args.iter().map(String::as_str).collect();
+                self.change(|c| crate::edit::edit(c, "add", "device", &args)).map(|()| String::new())
+            }
             ["ns-add", nqn, nsid, device] => {
-                let nsid: u32 = nsid.parse().map_err(|_| anyhow!("nsid {nsid:?} is not a number"))?;
-                let dev = self.devices.lock().unwrap_or_else(|e| e.into_inner()).get(*device).cloned();
-                let dev = dev.ok_or_else(|| anyhow!("no device named {device:?}"))?;
-                let s = self.target.subsystem(nqn).filter(|s| !s.discovery).ok_or_else(|| anyhow!("no subsystem {nqn}"))?;
-                s.add_namespace(Namespace::new(nqn, nsid, dev)).map_err(anyhow::Error::msg)?;
-                log::info!("control: added namespace {nsid} ({device}) to {nqn}");
-                Ok(String::new())
+                let args = [format!("nqn={nqn}"), format!("nsid={nsid}"), format!("device={device}")];
+                let args: Vec<&str> = args.iter().map(String::as_str).collect();
+                self.change(|c| crate::edit::edit(c, "add", "namespace", &args)).map(|()| String::new())
             }
             ["ns-remove", nqn, nsid] => {
-                let nsid: u32 = nsid.parse().map_err(|_| anyhow!("nsid {nsid:?} is not a number"))?;
-                let s = self.target.subsystem(nqn).filter(|s| !s.discovery).ok_or_else(|| anyhow!("no subsystem {nqn}"))?;
-                s.remove_namespace(nsid).ok_or_else(|| anyhow!("{nqn} has no namespace {nsid}"))?;
-                log::info!("control: removed namespace {nsid} from {nqn}");
-                Ok(String::new())
+                let args = [format!("nqn={nqn}"), format!("nsid={nsid}")];
+                let args: Vec<&str> = args.iter().map(String::as_str).collect();
+                self.change(|c| crate::edit::edit(c, "remove", "namespace", &args)).map(|()| String::new())
             }
             [] => bail!("empty command"),
-            _ => bail!("unknown command {line:?} (show | stats | device-add NAME KIND [size=S] [block_size=N] [path=P] | ns-add NQN NSID DEVICE | ns-remove NQN NSID)"),
+            _ => bail!(
+                "unknown command {line:?} (show [--json] | save | reload | stats | add|set|remove OBJECT key=value... \
+                 where OBJECT is {}; see docs/ctl.md)",
+                crate::edit::NOUNS
+            ),
         }
+    }
+
+    /// Makes the change `f` to the running configuration: validated as
+    /// `check-config` validates, device paths checked against `[control]
+    /// allow_paths`, applied to the live objects, then (with `--persist`)
+    /// written to the configuration file. Nothing changes on an error.
+    fn change(&self, f: impl FnOnce(&Config) -> Result<Config>) -> Result<()> {
+        let mut st = self.lock();
+        let mut new = f(&st.config)?;
+        crate::runtime::normalize(&mut new);
+        new.validate()?;
+        for d in &mut new.device {
+            let before = st.config.device.iter().find(|o| o.name == d.name);
+            if before == Some(d) || !matches!(d.kind.as_str(), "file" | "block") {
+                continue;
+            }
+            if let Some(path) = &d.path {
+                d.path = Some(self.allowed_path(path)?);
+            }
+        }
+        let old = st.config.clone();
+        crate::runtime::apply(&mut st.live, &old, &new)?;
+        st.config = new;
+        log::info!("control: configuration changed");
+        if let (true, Some(path)) = (self.persist, &self.config_path) {
+            let text = toml::to_string(&st.config)?;
+            write_atomic(path, text.as_bytes())
+                .with_context(|| format!("the change is live, but saving it to {} failed", path.display()))?;
+        }
+        Ok(())
+    }
+
+    /// Re-reads the `--config` file and applies what changed (`ctl reload`
+    /// and SIGHUP). A file that does not parse or validate changes nothing.
+    pub fn reload(&self) -> Result<()> {
+        let path = self
+            .config_path
+            .as_ref()
+            .ok_or_else(|| anyhow!("serve was started without --config; nothing to reload"))?;
+        let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+        let mut new = Config::parse(&text).with_context(|| format!("in {}", path.display()))?;
+        if !self.cores.is_empty() {
+            new.reactor.cores = self.cores.clone();
+        }
+        crate::runtime::normalize(&mut new);
+        let mut st = self.lock();
+        let old = st.config.clone();
+        crate::runtime::apply(&mut st.live, &old, &new).with_context(|| format!("reloading {}", path.display()))?;
+        st.config = new;
+        log::info!("control: reloaded {}", path.display());
+        Ok(())
     }
 
     fn show(&self) -> String {
         let mut out = String::new();
-        let devices = self.devices.lock().unwrap_or_else(|e| e.into_inner());
+        let st = self.lock();
+        let devices = &st.live.devices;
         let mut names: Vec<&String> = devices.keys().collect();
         names.sort();
         for n in names {
@@ -326,7 +415,10 @@ impl Control {
             }
         }
         for p in self.target.ports() {
-            out.push_str(&format!("port {} tcp {}\n", p.id, p.addr));
+            out.push_str(&format!("port {} {} {}\n", p.id, p.transport.name, p.addr));
+        }
+        for p in st.config.port.iter().filter(|p| p.transport == "iscsi") {
+            out.push_str(&format!("port iscsi {}\n", p.address));
         }
         for s in self.target.subsystems() {
             out.push_str(&format!("subsystem {} controllers={}\n", s.nqn, s.controller_count()));
@@ -334,35 +426,66 @@ impl Control {
                 out.push_str(&format!("  namespace {} device={}\n", ns.nsid, ns.device.name()));
             }
         }
+        for t in st.live.iscsi.targets() {
+            out.push_str(&format!("target {} sessions={}\n", t.iqn, t.session_count()));
+            for (n, u) in &t.units {
+                out.push_str(&format!("  lun {n} device={}\n", u.lu.device.name()));
+            }
+        }
         out
     }
 
-    fn device_add(&self, name: &str, kind: &str, rest: &[&str]) -> Result<()> {
-        let mut cfg = DeviceConfig { name: name.to_string(), kind: kind.to_string(), ..DeviceConfig::default() };
-        for kv in rest {
-            let (k, v) = kv.split_once('=').ok_or_else(|| anyhow!("{kv:?} is not key=value"))?;
-            match k {
-                "size" => cfg.size = Some(Size(parse_size(v).map_err(anyhow::Error::msg)?)),
-                "block_size" => {
-                    cfg.block_size = Some(v.parse().map_err(|_| anyhow!("block_size {v:?} is not a number"))?)
-                }
-                "path" => cfg.path = Some(PathBuf::from(v)),
-                _ => bail!("unknown device attribute {k:?} (size, block_size, path)"),
-            }
-        }
-        if let Some(path) = &cfg.path {
-            if matches!(kind, "file" | "block") {
-                cfg.path = Some(self.allowed_path(path)?);
-            }
-        }
-        let mut devices = self.devices.lock().unwrap_or_else(|e| e.into_inner());
-        if devices.contains_key(name) {
-            bail!("device {name:?} already exists");
-        }
-        let dev = crate::serve::open_device(&cfg)?;
-        devices.insert(name.to_string(), Arc::new(dev));
-        log::info!("control: added device {name} ({kind})");
-        Ok(())
+    /// The running configuration and the live objects, for `show --json`.
+    fn show_json(&self) -> serde_json::Value {
+        let st = self.lock();
+        let mut names: Vec<&String> = st.live.devices.keys().collect();
+        names.sort();
+        let devices: Vec<serde_json::Value> = names
+            .into_iter()
+            .filter_map(|n| st.live.devices.get(n).map(|d| (n, d)))
+            .map(|(n, d)| {
+                let g = d.geometry();
+                serde_json::json!({"name": n, "kind": d.kind().to_string(), "blocks": g.blocks, "block_size": g.block_size})
+            })
+            .collect();
+        let ports: Vec<serde_json::Value> = self
+            .target
+            .ports()
+            .iter()
+            .map(|p| {
+                serde_json::json!({"transport": p.transport.name, "address": p.addr.to_string(),
+                    "discovery_only": p.discovery_only})
+            })
+            .collect();
+        let subsystems: Vec<serde_json::Value> = self
+            .target
+            .subsystems()
+            .iter()
+            .map(|s| {
+                let ns: Vec<serde_json::Value> = s
+                    .namespaces()
+                    .iter()
+                    .map(|n| serde_json::json!({"nsid": n.nsid, "device": n.device.name()}))
+                    .collect();
+                serde_json::json!({"nqn": s.nqn, "serial": s.serial, "controllers": s.controller_count(), "namespaces": ns})
+            })
+            .collect();
+        let targets: Vec<serde_json::Value> = st
+            .live
+            .iscsi
+            .targets()
+            .iter()
+            .map(|t| {
+                let luns: Vec<serde_json::Value> =
+                    t.units.iter().map(|(n, u)| serde_json::json!({"lun": n, "device": u.lu.device.name()})).collect();
+                serde_json::json!({"iqn": t.iqn, "sessions": t.session_count(), "luns": luns})
+            })
+            .collect();
+        serde_json::json!({
+            "config": st.config,
+            "live": {"devices": devices, "nvme_ports": ports, "subsystems": subsystems, "iscsi_targets": targets,
+                     "iscsi_portals": crate::runtime::portals(&st.config)},
+        })
     }
 
     /// The canonical form of `path` (no `..`, no symlinks) when `[control]
@@ -432,6 +555,29 @@ fn glob(pattern: &[u8], name: &[u8]) -> bool {
     }
 }
 
+/// Writes `bytes` to `path` so that a crash leaves either the old file or
+/// the new one: a temporary file beside it, fsync, rename, fsync of the
+/// directory.
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    let name = path.file_name().ok_or_else(|| anyhow!("{} names no file", path.display()))?;
+    let tmp = dir.join(format!(".{}.tmp-{}", name.to_string_lossy(), std::process::id()));
+    let written = (|| -> std::io::Result<()> {
+        let mut f = std::fs::File::create(&tmp)?;
+        f.write_all(bytes)?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, path)?;
+        std::fs::File::open(dir)?.sync_all()
+    })();
+    if written.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    written.with_context(|| format!("writing {}", path.display()))
+}
+
 /// The daemon's CPU use since it started: the process (user and system
 /// microseconds, what `ironwire bench --target-ctl` reads) and each reactor
 /// thread, with the number of heap allocations it made.
@@ -478,9 +624,18 @@ pub fn request(socket: &Path, command: &str) -> Result<String> {
 }
 
 /// `ironwire ctl`: sends one command to a running daemon and prints the
-/// reply; fails when the daemon reports an error.
+/// reply; fails when the daemon reports an error. `save FILE` writes the
+/// running configuration to FILE here, as the calling user (the daemon
+/// never writes a file a client names).
 pub fn client(socket: &Path, command: &[String]) -> Result<()> {
-    print!("{}", request(socket, &command.join(" "))?);
+    match command {
+        [save, file] if save == "save" => {
+            let text = request(socket, "save")?;
+            write_atomic(Path::new(file), text.as_bytes())?;
+            eprintln!("saved the running configuration to {file}");
+        }
+        _ => print!("{}", request(socket, &command.join(" "))?),
+    }
     Ok(())
 }
 

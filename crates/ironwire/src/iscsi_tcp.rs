@@ -25,7 +25,7 @@ use std::cell::RefCell;
 use std::collections::BTreeMap;
 use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU32, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 impl scsi::DataOut for Buf {
@@ -62,7 +62,8 @@ impl Unit {
     }
 }
 
-type Credentials = (String, Vec<u8>);
+/// A CHAP user name and secret.
+pub type Credentials = (String, Vec<u8>);
 
 /// An initiator allowed in, with credentials that override the target's.
 struct Acl {
@@ -84,8 +85,9 @@ pub struct IscsiTarget {
     acl: Vec<Acl>,
     /// Logical units by LUN.
     pub units: BTreeMap<u64, Arc<Unit>>,
-    /// Live sessions (normal logins that completed), on every reactor.
-    sessions: AtomicU32,
+    /// Live sessions (normal logins that completed), on every reactor;
+    /// shared with the target's next version when ctl changes it.
+    sessions: Arc<AtomicU32>,
 }
 
 impl IscsiTarget {
@@ -94,12 +96,30 @@ impl IscsiTarget {
         cfg: &crate::config::IscsiTargetConfig,
         devices: &std::collections::HashMap<String, Arc<blockdev::Device>>,
     ) -> anyhow::Result<IscsiTarget> {
+        IscsiTarget::next(cfg, devices, None)
+    }
+
+    /// The next version of `prev` (a run-time change): the session count
+    /// and the units whose LUN and device stay are carried over, so their
+    /// reservations and unit attentions survive.
+    pub fn next(
+        cfg: &crate::config::IscsiTargetConfig,
+        devices: &std::collections::HashMap<String, Arc<blockdev::Device>>,
+        prev: Option<&IscsiTarget>,
+    ) -> anyhow::Result<IscsiTarget> {
         let mut units = BTreeMap::new();
         for (j, l) in cfg.lun.iter().enumerate() {
             let lun = l.lun.unwrap_or(j as u64);
             let dev = devices.get(&l.device).ok_or_else(|| anyhow::anyhow!("no device {:?}", l.device))?;
-            let lu = Arc::new(LogicalUnit::new(&cfg.iqn, lun, dev.clone()));
-            units.insert(lun, Arc::new(Unit { lu, caw_busy: AtomicBool::new(false) }));
+            let kept = prev.and_then(|p| p.units.get(&lun)).filter(|u| Arc::ptr_eq(&u.lu.device, dev));
+            let unit = match kept {
+                Some(u) => u.clone(),
+                None => {
+                    let lu = Arc::new(LogicalUnit::new(&cfg.iqn, lun, dev.clone()));
+                    Arc::new(Unit { lu, caw_busy: AtomicBool::new(false) })
+                }
+            };
+            units.insert(lun, unit);
         }
         let cred =
             |c: &Option<crate::config::ChapConfig>| c.as_ref().map(|c| (c.user.clone(), c.secret.as_bytes().to_vec()));
@@ -116,8 +136,13 @@ impl IscsiTarget {
                 .map(|a| Acl { initiator: a.initiator.clone(), chap: cred(&a.chap), mutual: cred(&a.mutual_chap) })
                 .collect(),
             units,
-            sessions: AtomicU32::new(0),
+            sessions: prev.map_or_else(Arc::default, |p| p.sessions.clone()),
         })
+    }
+
+    /// Live sessions of this target.
+    pub fn session_count(&self) -> u32 {
+        self.sessions.load(Ordering::Acquire)
     }
 
     fn allows(&self, initiator: &str) -> bool {
@@ -148,12 +173,13 @@ impl IscsiTarget {
 /// Everything iSCSI connections share: the targets, the portals they are
 /// reached on and the discovery credentials. It is the login policy.
 pub struct IscsiModel {
-    /// Targets.
-    pub targets: Vec<Arc<IscsiTarget>>,
+    /// Targets; the control plane replaces the list on a change, sessions
+    /// keep the version they logged in to.
+    targets: RwLock<Vec<Arc<IscsiTarget>>>,
     /// SendTargets portals, `ip:port,tpgt`.
-    pub portals: Vec<String>,
+    portals: RwLock<Vec<String>>,
     /// CHAP credentials for discovery sessions.
-    pub discovery_chap: Option<Credentials>,
+    discovery_chap: RwLock<Option<Credentials>>,
     next_tsih: AtomicU16,
     /// `[limits] sessions_per_target`.
     sessions_per_target: u32,
@@ -168,9 +194,9 @@ impl IscsiModel {
     /// A model for `targets` reached on `portals`.
     pub fn new(targets: Vec<Arc<IscsiTarget>>, portals: Vec<String>, discovery_chap: Option<Credentials>) -> Self {
         IscsiModel {
-            targets,
-            portals,
-            discovery_chap,
+            targets: RwLock::new(targets),
+            portals: RwLock::new(portals),
+            discovery_chap: RwLock::new(discovery_chap),
             next_tsih: AtomicU16::new(1),
             sessions_per_target: u32::MAX,
             handshake: Duration::from_secs(15),
@@ -192,12 +218,26 @@ impl IscsiModel {
         }
     }
 
-    fn find(&self, name: &str) -> Option<&Arc<IscsiTarget>> {
-        self.targets.iter().find(|t| t.iqn.eq_ignore_ascii_case(name))
+    fn find(&self, name: &str) -> Option<Arc<IscsiTarget>> {
+        self.targets().into_iter().find(|t| t.iqn.eq_ignore_ascii_case(name))
+    }
+
+    /// The targets, in configuration order.
+    pub fn targets(&self) -> Vec<Arc<IscsiTarget>> {
+        self.targets.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Replaces the targets, portals and discovery credentials (a run-time
+    /// change); logged-in sessions keep the targets they hold.
+    pub fn replace(&self, targets: Vec<Arc<IscsiTarget>>, portals: Vec<String>, discovery_chap: Option<Credentials>) {
+        *self.targets.write().unwrap_or_else(|e| e.into_inner()) = targets;
+        *self.portals.write().unwrap_or_else(|e| e.into_inner()) = portals;
+        *self.discovery_chap.write().unwrap_or_else(|e| e.into_inner()) = discovery_chap;
     }
 
     fn info(&self, t: &IscsiTarget) -> TargetInfo {
-        TargetInfo { name: t.iqn.clone(), alias: t.alias.clone(), tpgt: TPGT, portals: self.portals.clone() }
+        let portals = self.portals.read().unwrap_or_else(|e| e.into_inner()).clone();
+        TargetInfo { name: t.iqn.clone(), alias: t.alias.clone(), tpgt: TPGT, portals }
     }
 
     fn tsih(&self) -> u16 {
@@ -212,7 +252,7 @@ impl IscsiModel {
 
 impl Policy for IscsiModel {
     fn target(&self, name: &str) -> Option<TargetInfo> {
-        self.find(name).map(|t| self.info(t))
+        self.find(name).map(|t| self.info(&t))
     }
 
     fn initiator_allowed(&self, target: &str, initiator: &str) -> bool {
@@ -220,20 +260,20 @@ impl Policy for IscsiModel {
     }
 
     fn discovery_targets(&self, initiator: &str) -> Vec<TargetInfo> {
-        self.targets.iter().filter(|t| t.allows(initiator)).map(|t| self.info(t)).collect()
+        self.targets().iter().filter(|t| t.allows(initiator)).map(|t| self.info(t)).collect()
     }
 
     fn auth_required(&self, target: Option<&str>, initiator: &str) -> bool {
         match target {
             Some(name) => self.find(name).is_some_and(|t| t.chap_for(initiator).is_some()),
-            None => self.discovery_chap.is_some(),
+            None => self.discovery_chap.read().unwrap_or_else(|e| e.into_inner()).is_some(),
         }
     }
 
     fn chap_secret(&self, target: Option<&str>, initiator: &str, user: &str) -> Option<Secret> {
         let cred = match target {
             Some(name) => self.find(name).and_then(|t| t.chap_for(initiator).cloned()),
-            None => self.discovery_chap.clone(),
+            None => self.discovery_chap.read().unwrap_or_else(|e| e.into_inner()).clone(),
         };
         cred.filter(|(u, _)| u == user).map(|(_, s)| Secret(s))
     }
@@ -430,7 +470,7 @@ fn dispatch_events(conn: &Rc<Conn>, model: &Arc<IscsiModel>) -> bool {
         match ev {
             Event::LoggedIn { initiator, target, session_type, isid, tsih, .. } => {
                 let isid_hex: String = isid.iter().map(|b| format!("{b:02x}")).collect();
-                match (session_type, target.and_then(|t| model.find(&t).cloned())) {
+                match (session_type, target.and_then(|t| model.find(&t))) {
                     (SessionType::Normal, Some(t)) => {
                         let nexus = Nexus {
                             initiator: format!("{initiator},i,0x{isid_hex}"),

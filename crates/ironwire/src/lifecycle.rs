@@ -101,8 +101,8 @@ fn send_notify(path: &std::ffi::OsStr, state: &str) -> std::io::Result<()> {
     Ok(())
 }
 
-/// SIGINT and SIGTERM, blocked in every thread so that one thread waits for
-/// them: [`Signals::block`] runs before any thread starts.
+/// SIGINT, SIGTERM and SIGHUP, blocked in every thread so that one thread
+/// waits for them: [`Signals::block`] runs before any thread starts.
 pub struct Signals(libc::sigset_t);
 
 /// The signal that asked for the stop.
@@ -110,7 +110,8 @@ pub struct Signals(libc::sigset_t);
 pub struct Stop(pub &'static str);
 
 impl Signals {
-    /// Blocks SIGINT and SIGTERM in this thread and the threads it starts.
+    /// Blocks SIGINT, SIGTERM and SIGHUP in this thread and the threads it
+    /// starts.
     pub fn block() -> Result<Signals> {
         // SAFETY: all-zero bytes are a valid sigset_t, and sigemptyset
         // initializes it before use.
@@ -121,18 +122,25 @@ impl Signals {
             libc::sigemptyset(&mut set);
             libc::sigaddset(&mut set, libc::SIGINT);
             libc::sigaddset(&mut set, libc::SIGTERM);
+            libc::sigaddset(&mut set, libc::SIGHUP);
             libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut())
         };
         if r != 0 {
-            bail!("blocking SIGINT/SIGTERM: {}", std::io::Error::from_raw_os_error(r));
+            bail!("blocking SIGINT/SIGTERM/SIGHUP: {}", std::io::Error::from_raw_os_error(r));
         }
         Ok(Signals(set))
     }
 
-    /// Starts the thread that waits for the signals: the first is sent on
-    /// `stop`; a second removes the control socket `socket` and exits at
-    /// once, with status 128 + the signal's number.
-    pub fn spawn(self, stop: std::sync::mpsc::Sender<Stop>, socket: PathBuf) -> Result<()> {
+    /// Starts the thread that waits for the signals: SIGHUP runs `reload`;
+    /// the first SIGINT or SIGTERM is sent on `stop`; a second removes the
+    /// control socket `socket` and exits at once, with status 128 + the
+    /// signal's number.
+    pub fn spawn(
+        self,
+        stop: std::sync::mpsc::Sender<Stop>,
+        socket: PathBuf,
+        reload: impl Fn() + Send + 'static,
+    ) -> Result<()> {
         std::thread::Builder::new().name("signals".into()).spawn(move || {
             let mut first = true;
             loop {
@@ -141,9 +149,17 @@ impl Signals {
                 // are blocked; sig is valid for a write.
                 let r = unsafe { libc::sigwait(&self.0, &mut sig) };
                 if r != 0 {
-                    log::error!("waiting for SIGINT/SIGTERM failed ({r}); removing {} and exiting", socket.display());
+                    log::error!("waiting for signals failed ({r}); removing {} and exiting", socket.display());
                     let _ = std::fs::remove_file(&socket);
                     std::process::exit(1);
+                }
+                if sig == libc::SIGHUP {
+                    if draining() {
+                        log::warn!("SIGHUP while stopping: not reloading");
+                    } else {
+                        reload();
+                    }
+                    continue;
                 }
                 let name = if sig == libc::SIGINT { "SIGINT" } else { "SIGTERM" };
                 if first && stop.send(Stop(name)).is_ok() {

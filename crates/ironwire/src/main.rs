@@ -7,9 +7,12 @@ mod config;
 mod conn;
 mod control;
 mod cpu;
+mod edit;
 mod iscsi_tcp;
 mod lifecycle;
+mod listen;
 mod nvme;
+mod runtime;
 mod serve;
 
 use anyhow::{Context, Result};
@@ -38,10 +41,15 @@ enum Command {
         /// $XDG_RUNTIME_DIR/ironwire/ctl.sock otherwise).
         #[arg(long)]
         ctl_socket: Option<PathBuf>,
+        /// Rewrite the --config file (atomically) after every change made
+        /// with `ironwire ctl`, so that a restart keeps it.
+        #[arg(long, requires = "config")]
+        persist: bool,
     },
-    /// Edit or inspect a running daemon: show | stats | device-add NAME
-    /// KIND [size=S] [block_size=N] [path=P] | ns-add NQN NSID DEVICE |
-    /// ns-remove NQN NSID
+    /// Edit or inspect a running daemon (docs/ctl.md): show [--json] |
+    /// save [FILE] | reload | stats | add|set|remove OBJECT key=value...
+    /// (OBJECT: device, subsystem, namespace, host, port, target, lun,
+    /// initiator, acl, discovery_chap)
     Ctl {
         /// Control socket of the daemon (default /run/ironwire/ctl.sock as
         /// root, $XDG_RUNTIME_DIR/ironwire/ctl.sock otherwise).
@@ -96,20 +104,20 @@ fn real_main() -> Result<()> {
             control::client(&socket, &command)
         }
         Command::Bench { command } => bench::main(command),
-        Command::Serve { config, cores, ctl_socket } => {
-            let mut cfg = match config {
-                Some(p) => load(&p)?,
+        Command::Serve { config, cores, ctl_socket, persist } => {
+            let mut cfg = match &config {
+                Some(p) => load(p)?,
                 None => config::Config::embedded_default(),
             };
             if !cores.is_empty() {
                 config::check_cores(&cores).context("--cores")?;
-                cfg.reactor.cores = cores;
+                cfg.reactor.cores = cores.clone();
             }
             let ctl_socket = match ctl_socket.or_else(|| cfg.control.socket.clone()) {
                 Some(s) => s,
                 None => control::default_socket()?,
             };
-            serve::run(cfg, &ctl_socket)
+            serve::run(cfg, &ctl_socket, serve::Origin { path: config, persist, cores })
         }
         Command::CheckConfig { config } => {
             let cfg = load(&config)?;

@@ -8,7 +8,6 @@ use crate::nvme::{Namespace, Subsystem, Target};
 use anyhow::{Context, Result};
 use blockdev::{BlockDevice, Device, Latency};
 use nvmf::Settings;
-use nvmf_tcp::target::TargetConfig;
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -65,133 +64,112 @@ pub fn build_target(config: &Config, devices: &HashMap<String, Arc<Device>>) -> 
     Ok(Arc::new(target))
 }
 
-fn serial_for(nqn: &str) -> String {
+/// The serial number of a subsystem whose configuration gives none.
+pub fn serial_for(nqn: &str) -> String {
     let h = nqn.bytes().fold(0xcbf2_9ce4_8422_2325u64, |a, b| (a ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3));
     format!("IW{:016X}", h)
 }
 
-/// The protocol a listening address speaks.
-#[derive(Clone, Copy)]
-enum Protocol {
-    /// NVMe/TCP, NVMe/RDMA over iWARP, or both.
-    Nvme(crate::nvme::Bindings),
-    Iscsi,
-}
-
 /// Builds the iSCSI targets of `config`.
-fn build_iscsi(
-    config: &Config,
-    devices: &HashMap<String, Arc<Device>>,
-    portals: Vec<String>,
-) -> Result<Arc<IscsiModel>> {
+fn build_iscsi(config: &Config, devices: &HashMap<String, Arc<Device>>) -> Result<Arc<IscsiModel>> {
     let mut targets = Vec::new();
     for t in &config.iscsi_target {
         targets.push(Arc::new(IscsiTarget::new(t, devices).with_context(|| format!("iSCSI target {}", t.iqn))?));
     }
     let disc = config.iscsi.discovery_chap.as_ref().map(|c| (c.user.clone(), c.secret.as_bytes().to_vec()));
     let handshake = std::time::Duration::from_millis(u64::from(config.timeouts.handshake_ms));
+    let portals = crate::runtime::portals(config);
     Ok(Arc::new(IscsiModel::new(targets, portals, disc).with_limits(config.limits.sessions_per_target, handshake)))
+}
+
+/// Where `serve` came from: the `--config` file (what `ctl reload` and
+/// SIGHUP re-read, and `--persist` rewrites) and `--cores`.
+pub struct Origin {
+    /// `--config`.
+    pub path: Option<std::path::PathBuf>,
+    /// `--persist`.
+    pub persist: bool,
+    /// `--cores`.
+    pub cores: Vec<usize>,
 }
 
 /// Runs the target until SIGINT or SIGTERM, then stops it in order
 /// (`lifecycle`): drains the connections, flushes the devices, removes
 /// the control socket.
-pub fn run(config: Config, ctl_socket: &std::path::Path) -> Result<()> {
+pub fn run(mut config: Config, ctl_socket: &std::path::Path, origin: Origin) -> Result<()> {
     // Before any thread starts, so that every thread inherits the mask.
     let signals = crate::lifecycle::Signals::block()?;
     match crate::admit::raise_open_files() {
         Ok(n) => log::debug!("open-file limit {n}"),
         Err(e) => log::warn!("cannot raise the open-file limit: {e}"),
     }
+    crate::runtime::normalize(&mut config);
     let devices = open_devices(&config)?;
     let target = build_target(&config, &devices)?;
-    let tcp_transport = nvmf_tcp::transport(config.nvme_tcp.in_capsule_data);
-    let rdma_transport = nvmf_rdma::transport(config.nvme_tcp.in_capsule_data);
-    let tcfg = TargetConfig {
-        max_h2c_data: config.nvme_tcp.max_h2c_data,
-        max_in_capsule: config.nvme_tcp.in_capsule_data.max(8192),
-        max_transfer: config.nvme_tcp.max_transfer,
-        cpda: 0,
-        c2h_success_always: config.nvme_tcp.c2h_success == crate::config::C2hSuccess::Always,
-        r2t_buffer: u32::try_from(config.nvme_tcp.r2t_buffer.0).unwrap_or(u32::MAX),
-    };
-    let rdma_cfg = |crc: Option<bool>| nvmf_rdma::target::TargetConfig {
-        crc: crc.unwrap_or(true),
-        max_in_capsule: config.nvme_tcp.in_capsule_data,
-        max_transfer: config.nvme_tcp.max_transfer,
-        max_queue_entries: config.nvme_tcp.queue_entries,
-        ..nvmf_rdma::target::TargetConfig::default()
-    };
-    let mut ports: Vec<(SocketAddr, Protocol)> = Vec::new();
     // Bind once here so an address in use is reported before any reactor
     // starts; the reactors bind their own SO_REUSEPORT sockets.
+    let mut probed = Vec::new();
     for p in &config.port {
         let a: SocketAddr = p.address.parse().with_context(|| format!("port address {:?}", p.address))?;
-        let at = match ports.iter().position(|(b, _)| *b == a) {
-            Some(at) => at,
-            None => {
-                socket_probe(a).with_context(|| format!("cannot listen on {a}"))?;
-                let none = crate::nvme::Bindings { tcp: None, rdma: None };
-                let proto = if p.transport == "iscsi" { Protocol::Iscsi } else { Protocol::Nvme(none) };
-                ports.push((a, proto));
-                ports.len() - 1
-            }
-        };
-        match (&mut ports[at].1, p.transport.as_str()) {
-            (Protocol::Nvme(b), "tcp") => {
-                target.add_port(a, tcp_transport, p.discovery_only);
-                b.tcp = Some((tcfg, tcp_transport));
-            }
-            (Protocol::Nvme(b), "rdma") => {
-                target.add_port(a, rdma_transport, p.discovery_only);
-                b.rdma = Some((rdma_cfg(p.crc), rdma_transport));
-            }
-            (Protocol::Iscsi, "iscsi") => {}
-            (_, t) => anyhow::bail!("port {a}: {t} cannot share this address (check-config names the pair)"),
+        if !probed.contains(&a) {
+            socket_probe(a).with_context(|| format!("cannot listen on {a}"))?;
+            probed.push(a);
         }
     }
-    let portals = ports.iter().filter(|p| matches!(p.1, Protocol::Iscsi)).map(|(a, _)| format!("{a},1")).collect();
-    let iscsi = build_iscsi(&config, &devices, portals)?;
-    let control = Arc::new(crate::control::Control {
-        target: target.clone(),
-        devices: std::sync::Mutex::new(devices),
-        allow_paths: config.control.allow_paths.clone(),
-    });
-    let ctl_socket = crate::control::spawn(control.clone(), ctl_socket, config.control.group.as_deref())?;
-    let (stop_tx, stop_rx) = std::sync::mpsc::channel();
-    signals.spawn(stop_tx, ctl_socket.path().to_path_buf())?;
-    let cpus = if config.reactor.cores.is_empty() { reactor::available_cpus() } else { config.reactor.cores.clone() };
+    let iscsi = build_iscsi(&config, &devices)?;
     let icfg = iscsi::target::TargetConfig {
         max_tasks: config.limits.tasks_per_session,
         ..iscsi::target::TargetConfig::default()
     };
+    let limits = &config.limits;
+    let admission = crate::admit::Admission::new(limits.connections_per_port, limits.connections_per_host);
+    let ctx = crate::listen::Context {
+        target: target.clone(),
+        iscsi: iscsi.clone(),
+        icfg,
+        admission: admission.clone(),
+        handshake: Duration::from_millis(u64::from(config.timeouts.handshake_ms)),
+        user_timeout_ms: config.timeouts.tcp_user_timeout_ms,
+    };
+    let listeners = Arc::new(crate::listen::Listeners::new(&config, ctx));
+    let cpus = if config.reactor.cores.is_empty() { reactor::available_cpus() } else { config.reactor.cores.clone() };
+    let live = crate::runtime::Live {
+        target: target.clone(),
+        iscsi: iscsi.clone(),
+        devices,
+        listeners: listeners.clone(),
+        reactors: cpus.len().max(1),
+    };
+    crate::runtime::add_ports(&live, &[], &config.port)?;
+    let generation = listeners.set(&config.port)?;
+    let control = Arc::new(crate::control::Control {
+        target: target.clone(),
+        allow_paths: config.control.allow_paths.clone(),
+        state: std::sync::Mutex::new(crate::control::State { config: config.clone(), live }),
+        config_path: origin.path,
+        persist: origin.persist,
+        cores: origin.cores,
+    });
+    let ctl_socket = crate::control::spawn(control.clone(), ctl_socket, config.control.group.as_deref())?;
+    let (stop_tx, stop_rx) = std::sync::mpsc::channel();
+    signals.spawn(stop_tx, ctl_socket.path().to_path_buf(), {
+        let control = control.clone();
+        move || match control.reload() {
+            Ok(()) => log::info!("SIGHUP: configuration reloaded"),
+            Err(e) => log::error!("SIGHUP: configuration not reloaded, nothing changed: {e:#}"),
+        }
+    })?;
     let registered = usize::try_from(config.reactor.registered_buffers.0).unwrap_or(usize::MAX);
-    let (ready_tx, ready_rx) = std::sync::mpsc::channel::<Result<(), String>>();
     let rcfg = reactor::Config {
         poll: std::time::Duration::from_micros(u64::from(config.reactor.poll_us)),
         ..reactor::Config::default()
     };
-    let limits = &config.limits;
-    let admission = crate::admit::Admission::new(limits.connections_per_port, limits.connections_per_host);
-    let counts: Vec<Arc<crate::admit::PortCount>> = ports.iter().map(|_| Arc::default()).collect();
-    let handshake = Duration::from_millis(u64::from(config.timeouts.handshake_ms));
-    let user_timeout_ms = config.timeouts.tcp_user_timeout_ms;
     crate::conn::set_send_high_water(usize::try_from(limits.send_high_water.0).unwrap_or(usize::MAX));
     let (rx_count, rx_size) = (config.reactor.receive_buffers, config.reactor.receive_buffer_size.0 as usize);
     let handles = reactor::start(&cpus, rcfg, {
-        let target = target.clone();
-        let iscsi = iscsi.clone();
-        let ports = ports.clone();
-        let counts = counts.clone();
-        let admission = admission.clone();
+        let listeners = listeners.clone();
         move |id| {
-            let target = target.clone();
-            let iscsi = iscsi.clone();
-            let ports = ports.clone();
-            let counts = counts.clone();
-            let admission = admission.clone();
-            let ready_tx = ready_tx.clone();
-            let icfg = icfg.clone();
+            let listeners = listeners.clone();
             async move {
                 crate::alloc::count_this_thread(format!("reactor-{}", id.index));
                 if registered > 0 {
@@ -213,87 +191,12 @@ pub fn run(config: Config, ctl_socket: &std::path::Path) -> Result<()> {
                         );
                     }
                 }
-                let mut listeners = Vec::new();
-                for ((a, proto), count) in ports.iter().zip(&counts) {
-                    match reactor::listen(*a) {
-                        Ok(l) => listeners.push((l, *proto, count.clone())),
-                        Err(e) => {
-                            let _ = ready_tx.send(Err(format!("reactor {}: listen {a}: {e}", id.index)));
-                            return;
-                        }
-                    }
-                }
-                let _ = ready_tx.send(Ok(()));
-                log::debug!("reactor {} on cpu {:?} serving {} ports", id.index, id.cpu, listeners.len());
-                let mut tasks = Vec::new();
-                for (l, proto, count) in listeners {
-                    let target = target.clone();
-                    let iscsi = iscsi.clone();
-                    let icfg = icfg.clone();
-                    let admission = admission.clone();
-                    tasks.push(reactor::spawn(async move {
-                        // Dropped before the listener: a stop shuts down
-                        // only sockets that are still open.
-                        let _listening = crate::lifecycle::listening(std::os::unix::io::AsRawFd::as_raw_fd(&l));
-                        let what = match l.local_addr() {
-                            Ok(a) => format!("port {a}"),
-                            Err(_) => "a port".to_string(),
-                        };
-                        let mut backoff = crate::admit::Backoff::default();
-                        loop {
-                            let accepted = l.accept().await;
-                            if crate::lifecycle::draining() {
-                                // The stop shut the listener down (or won
-                                // the race with this connection).
-                                break;
-                            }
-                            match accepted {
-                                Ok((stream, peer)) => {
-                                    backoff.accepted(&what);
-                                    // Over a limit the stream drops here: the
-                                    // peer sees the connection closed.
-                                    let Some(slot) = admission.admit(&count, peer.ip(), &what) else { continue };
-                                    if user_timeout_ms > 0 {
-                                        if let Err(e) = stream.set_user_timeout(user_timeout_ms) {
-                                            log::debug!("{peer}: TCP_USER_TIMEOUT: {e}");
-                                        }
-                                    }
-                                    match proto {
-                                        Protocol::Nvme(bindings) => reactor::spawn(holding(
-                                            slot,
-                                            crate::nvme::serve(stream, target.clone(), bindings, handshake),
-                                        )),
-                                        Protocol::Iscsi => reactor::spawn(holding(
-                                            slot,
-                                            crate::iscsi_tcp::serve(stream, iscsi.clone(), icfg.clone()),
-                                        )),
-                                    };
-                                }
-                                Err(e) => {
-                                    if let Some(wait) = backoff.failed(&what, &e) {
-                                        reactor::sleep(wait).await;
-                                    }
-                                }
-                            }
-                        }
-                    }));
-                }
-                for t in tasks {
-                    t.await;
-                }
-                // The listeners closed for a stop: the connections' tasks
-                // run on until the main thread, once they are done, exits.
-                std::future::pending::<()>().await;
+                log::debug!("reactor {} on cpu {:?}", id.index, id.cpu);
+                listeners.serve(id.index).await;
             }
         }
     })?;
-    for _ in 0..handles.len() {
-        match ready_rx.recv() {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => anyhow::bail!(e),
-            Err(_) => anyhow::bail!("a reactor stopped during startup"),
-        }
-    }
+    listeners.wait(generation, handles.len(), Duration::from_secs(30)).map_err(anyhow::Error::msg)?;
     eprintln!("ironwire {}: {} reactor(s) on cpus {:?}", env!("CARGO_PKG_VERSION"), handles.len(), cpus);
     for p in target.ports().iter().filter(|p| p.discovery_only) {
         eprintln!("  nvme/{} {} discovery only", p.transport.name, p.addr);
@@ -304,8 +207,10 @@ pub fn run(config: Config, ctl_socket: &std::path::Path) -> Result<()> {
             eprintln!("  nvme/{} {} {} namespaces [{}]", p.transport.name, p.addr, s.nqn, ns.join(", "));
         }
     }
-    let iscsi_ports: Vec<SocketAddr> = ports.iter().filter(|p| matches!(p.1, Protocol::Iscsi)).map(|p| p.0).collect();
-    for t in &iscsi.targets {
+    let iscsi_ports: Vec<&str> =
+        config.port.iter().filter(|p| p.transport == "iscsi").map(|p| p.address.as_str()).collect();
+    let iscsi_targets = iscsi.targets();
+    for t in &iscsi_targets {
         for a in &iscsi_ports {
             let luns: Vec<String> = t.units.iter().map(|(n, u)| format!("{n}:{}", u.lu.device.name())).collect();
             eprintln!("  iscsi {a} {} luns [{}]", t.iqn, luns.join(", "));
@@ -318,7 +223,7 @@ pub fn run(config: Config, ctl_socket: &std::path::Path) -> Result<()> {
             ready.push(format!("nvme connect -t {name} -a {} -s {} -n {}", p.addr.ip(), p.addr.port(), s.nqn));
         }
     }
-    if let (Some(a), Some(t)) = (iscsi_ports.first(), iscsi.targets.first()) {
+    if let (Some(a), Some(t)) = (iscsi_ports.first(), iscsi_targets.first()) {
         ready.push(format!("iscsiadm -m discovery -t st -p {a}"));
         ready.push(format!("iscsiadm -m node -T {} -p {a} --login", t.iqn));
     }
@@ -327,12 +232,14 @@ pub fn run(config: Config, ctl_socket: &std::path::Path) -> Result<()> {
     let Ok(stop) = stop_rx.recv() else {
         anyhow::bail!("the signal thread ended");
     };
-    let drain = Duration::from_secs(u64::from(config.shutdown.drain_s));
-    let left = crate::lifecycle::drain(stop, drain, || counts.iter().map(|c| c.open()).sum());
+    // As the running configuration says now (a reload may change it).
+    let drain_s = control.state.lock().map_or(config.shutdown.drain_s, |s| s.config.shutdown.drain_s);
+    let drain = Duration::from_secs(u64::from(drain_s));
+    let left = crate::lifecycle::drain(stop, drain, || admission.open());
     if left > 0 {
         log::warn!("{left} connections still open after the drain and its grace period; closing them");
     }
-    let devices: Vec<Arc<Device>> = control.devices.lock().map(|d| d.values().cloned().collect()).unwrap_or_default();
+    let devices: Vec<Arc<Device>> = control.devices();
     let flushed = flush_all(&devices);
     drop(ctl_socket);
     drop(handles);
@@ -360,13 +267,6 @@ fn flush_all(devices: &[Arc<Device>]) -> Result<usize> {
         }
         failed.map_or(Ok(flushed), Err)
     })
-}
-
-/// Runs a connection's future, keeping its place in the connection counts
-/// until it ends.
-async fn holding(slot: crate::admit::Slot, conn: impl std::future::Future<Output = ()>) {
-    conn.await;
-    drop(slot);
 }
 
 fn socket_probe(addr: SocketAddr) -> std::io::Result<()> {

@@ -276,13 +276,41 @@ impl<D: BlockDevice> Target<D> {
         self.subsystems.read().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
-    /// Registers a listening port for the discovery log.
+    /// Removes a subsystem that no controller is connected to; the error
+    /// says why it stays.
+    pub fn remove_subsystem(&self, nqn: &str) -> Result<Arc<Subsystem<D>>, String> {
+        let mut list = self.subsystems.write().unwrap_or_else(|e| e.into_inner());
+        let at = list.iter().position(|s| s.nqn == nqn).ok_or_else(|| format!("no subsystem {nqn}"))?;
+        let live = list.get(at).map_or(0, |s| s.controller_count());
+        if live > 0 {
+            return Err(format!("subsystem {nqn} has {live} connected controller(s); disconnect them first"));
+        }
+        let s = list.remove(at);
+        self.genctr.fetch_add(1, Ordering::Relaxed);
+        Ok(s)
+    }
+
+    /// Registers a listening port for the discovery log. Port IDs are
+    /// never reused while the target runs.
     pub fn add_port(&self, addr: SocketAddr, transport: Transport, discovery_only: bool) -> u16 {
         let mut ports = self.ports.write().unwrap_or_else(|e| e.into_inner());
-        let id = u16::try_from(ports.len()).unwrap_or(u16::MAX).saturating_add(1);
+        let id = ports.iter().map(|p| p.id).max().unwrap_or(0).saturating_add(1);
         ports.push(Port { id, transport, addr, discovery_only });
         self.genctr.fetch_add(1, Ordering::Relaxed);
         id
+    }
+
+    /// Takes the port at `addr` over `transport` out of the discovery log;
+    /// false when there is none.
+    pub fn remove_port(&self, addr: SocketAddr, transport: &Transport) -> bool {
+        let mut ports = self.ports.write().unwrap_or_else(|e| e.into_inner());
+        let before = ports.len();
+        ports.retain(|p| !(p.addr == addr && p.transport.trtype == transport.trtype));
+        let removed = ports.len() != before;
+        if removed {
+            self.genctr.fetch_add(1, Ordering::Relaxed);
+        }
+        removed
     }
 
     /// The port a connection to `local` over `transport` came in on.

@@ -686,3 +686,29 @@ fn cntlid_never_wraps_onto_a_live_controller() {
     }
     assert!(seen_wrap, "the counter went round");
 }
+
+#[test]
+fn a_subsystem_with_a_controller_is_not_removed_and_an_idle_one_is() {
+    let t = target();
+    let gen = t.genctr();
+    let (q, _) = admin(&t);
+    let e = t.remove_subsystem(SUB).expect_err("a controller is connected");
+    assert!(e.contains("1 connected controller"), "{e}");
+    assert!(t.subsystem(SUB).is_some());
+    t.remove_subsystem(SECRET).expect("no controller on it");
+    assert!(t.subsystem(SECRET).is_none());
+    assert!(t.genctr() > gen, "the discovery log changed");
+    assert!(t.remove_subsystem(SECRET).is_err(), "already gone");
+    drop(q);
+}
+
+#[test]
+fn a_removed_port_leaves_the_discovery_log_and_its_id_is_not_reused() {
+    let t = target();
+    let ids: Vec<u16> = t.ports().iter().map(|p| p.id).collect();
+    assert!(t.remove_port(addr(), &TCP));
+    assert!(!t.remove_port(addr(), &TCP), "removed twice");
+    assert!(t.ports().iter().all(|p| p.addr != addr()));
+    let id = t.add_port("127.0.0.1:4421".parse().expect("addr"), TCP, false);
+    assert!(!ids.contains(&id), "port id {id} reused ({ids:?})");
+}

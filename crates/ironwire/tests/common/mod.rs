@@ -36,30 +36,37 @@ impl Daemon {
     /// and waits for its ready line. A port taken between probing and
     /// binding is retried on another.
     pub fn start_with(tag: &str, config: impl Fn(&Path, u16) -> String) -> Daemon {
-        Daemon::start_inner(tag, &[], true, &[], config)
+        Daemon::start_inner(tag, &[], &[], true, &[], config)
     }
 
     /// As [`Daemon::start_with`], with `env` added to the daemon's
     /// environment.
     pub fn start_env(tag: &str, env: &[(&str, &str)], config: impl Fn(&Path, u16) -> String) -> Daemon {
-        Daemon::start_inner(tag, &[], true, env, config)
+        Daemon::start_inner(tag, &[], &[], true, env, config)
+    }
+
+    /// As [`Daemon::start_with`], with `args` added to `serve` (e.g.
+    /// `--persist`).
+    pub fn start_args(tag: &str, args: &[&str], config: impl Fn(&Path, u16) -> String) -> Daemon {
+        Daemon::start_inner(tag, &[], args, true, &[], config)
     }
 
     /// As [`Daemon::start_with`], run under `wrapper` (a command and its
     /// arguments that execs the rest, e.g. `prlimit --nofile=64:64 --`).
     pub fn start_under(tag: &str, wrapper: &[&str], config: impl Fn(&Path, u16) -> String) -> Daemon {
-        Daemon::start_inner(tag, wrapper, true, &[], config)
+        Daemon::start_inner(tag, wrapper, &[], true, &[], config)
     }
 
     /// Like [`Daemon::start_with`] without `--ctl-socket`: the socket is
     /// where the configuration (`[control] socket`) puts it.
     pub fn start_with_config_socket(tag: &str, config: impl Fn(&Path, u16) -> String) -> Daemon {
-        Daemon::start_inner(tag, &[], false, &[], config)
+        Daemon::start_inner(tag, &[], &[], false, &[], config)
     }
 
     fn start_inner(
         tag: &str,
         wrapper: &[&str],
+        args: &[&str],
         ctl_socket_flag: bool,
         env: &[(&str, &str)],
         config: impl Fn(&Path, u16) -> String,
@@ -77,6 +84,7 @@ impl Daemon {
             let launch = Launch {
                 wrapper: wrapper.iter().map(|w| w.to_string()).collect(),
                 config: cfg,
+                args: args.iter().map(|a| a.to_string()).collect(),
                 ctl_socket: ctl_socket_flag.then(|| dir.join("ctl.sock")),
                 env: env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
                 log: dir.join("daemon.log"),
@@ -129,6 +137,12 @@ impl Daemon {
         None
     }
 
+    /// Kills the process with SIGKILL and waits for it; its dir stays.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
     /// Sends the daemon signal `sig`.
     pub fn signal(&self, sig: i32) {
         // SAFETY: kill(2) on our own child's pid has no memory effects.
@@ -157,6 +171,7 @@ impl Daemon {
 struct Launch {
     wrapper: Vec<String>,
     config: PathBuf,
+    args: Vec<String>,
     ctl_socket: Option<PathBuf>,
     env: Vec<(String, String)>,
     log: PathBuf,
@@ -176,7 +191,7 @@ impl Launch {
             }
             None => Command::new(exe),
         };
-        command.args(["serve", "--config"]).arg(&self.config);
+        command.args(["serve", "--config"]).arg(&self.config).args(&self.args);
         if let Some(s) = &self.ctl_socket {
             command.arg("--ctl-socket").arg(s);
         }

@@ -1,0 +1,322 @@
+//! The listening addresses every reactor accepts on, changeable at run
+//! time.
+//!
+//! The control plane publishes the wanted set of addresses (each with the
+//! protocols it speaks) under a generation number; a small task on every
+//! reactor notices a new generation, starts the listeners it lacks
+//! (SO_REUSEPORT, one socket per reactor), stops those no longer wanted and
+//! acknowledges, naming any address it could not bind. Stopping a listener
+//! shuts its socket down, which ends its pending accept; connections it
+//! accepted earlier are separate tasks and keep running. Reactors never
+//! block on the control plane: they only read the wanted set.
+
+use crate::admit::{Admission, Backoff, PortCount};
+use crate::config::{Config, PortConfig};
+use crate::iscsi_tcp::IscsiModel;
+use crate::nvme::{Bindings, Target};
+use std::cell::Cell;
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::os::unix::io::{AsRawFd, RawFd};
+use std::rc::Rc;
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+/// How often a reactor looks for a new generation of the wanted set.
+const POLL: Duration = Duration::from_millis(50);
+
+/// The protocol a listening address speaks.
+#[derive(Clone, Copy)]
+pub enum Protocol {
+    /// NVMe/TCP, NVMe/RDMA over iWARP, or both.
+    Nvme(Bindings),
+    /// iSCSI.
+    Iscsi,
+}
+
+/// One wanted listening address.
+#[derive(Clone)]
+struct Wanted {
+    addr: SocketAddr,
+    proto: Protocol,
+    /// The port entries that make up `proto`; a change restarts the
+    /// address's listeners.
+    signature: String,
+    /// Changes when `signature` does, so reactors restart the listener.
+    version: u64,
+    count: Arc<PortCount>,
+}
+
+/// What connections need from the daemon, handed to each accept loop.
+#[derive(Clone)]
+pub struct Context {
+    /// The NVMe-oF target.
+    pub target: Arc<Target>,
+    /// The iSCSI targets.
+    pub iscsi: Arc<IscsiModel>,
+    /// iSCSI connection limits.
+    pub icfg: iscsi::target::TargetConfig,
+    /// `[limits]` connection admission.
+    pub admission: Arc<Admission>,
+    /// `[timeouts] handshake_ms`.
+    pub handshake: Duration,
+    /// `[timeouts] tcp_user_timeout_ms`.
+    pub user_timeout_ms: u32,
+}
+
+#[derive(Default)]
+struct State {
+    generation: u64,
+    next_version: u64,
+    wanted: Vec<Wanted>,
+    /// Per reactor: the last generation applied and the addresses it could
+    /// not bind then.
+    acks: HashMap<usize, (u64, Vec<String>)>,
+}
+
+/// The wanted listening addresses, shared by the control plane and every
+/// reactor.
+pub struct Listeners {
+    state: Mutex<State>,
+    acked: Condvar,
+    ctx: Context,
+    nvme: NvmeSettings,
+}
+
+/// The transport settings each NVMe binding is built from (fixed while the
+/// daemon runs).
+#[derive(Clone, Copy)]
+struct NvmeSettings {
+    tcp: nvmf_tcp::target::TargetConfig,
+    rdma: nvmf_rdma::target::TargetConfig,
+    tcp_transport: nvmf::Transport,
+    rdma_transport: nvmf::Transport,
+}
+
+impl Listeners {
+    /// An empty set for `config`'s transport settings.
+    pub fn new(config: &Config, ctx: Context) -> Listeners {
+        let t = &config.nvme_tcp;
+        let tcp = nvmf_tcp::target::TargetConfig {
+            max_h2c_data: t.max_h2c_data,
+            max_in_capsule: t.in_capsule_data.max(8192),
+            max_transfer: t.max_transfer,
+            cpda: 0,
+            c2h_success_always: t.c2h_success == crate::config::C2hSuccess::Always,
+            r2t_buffer: u32::try_from(t.r2t_buffer.0).unwrap_or(u32::MAX),
+        };
+        let rdma = nvmf_rdma::target::TargetConfig {
+            max_in_capsule: t.in_capsule_data,
+            max_transfer: t.max_transfer,
+            max_queue_entries: t.queue_entries,
+            ..nvmf_rdma::target::TargetConfig::default()
+        };
+        let nvme = NvmeSettings {
+            tcp,
+            rdma,
+            tcp_transport: nvmf_tcp::transport(t.in_capsule_data),
+            rdma_transport: nvmf_rdma::transport(t.in_capsule_data),
+        };
+        Listeners { state: Mutex::default(), acked: Condvar::new(), ctx, nvme }
+    }
+
+    /// The NVMe transport descriptor of a port's `transport` (`tcp` or
+    /// `rdma`); `None` for iSCSI.
+    pub fn nvme_transport(&self, transport: &str) -> Option<nvmf::Transport> {
+        match transport {
+            "tcp" => Some(self.nvme.tcp_transport),
+            "rdma" => Some(self.nvme.rdma_transport),
+            _ => None,
+        }
+    }
+
+    /// The addresses `ports` listen on, with the protocols each speaks.
+    fn plan(&self, ports: &[PortConfig]) -> anyhow::Result<Vec<(SocketAddr, Protocol, String)>> {
+        let mut out: Vec<(SocketAddr, Protocol, String)> = Vec::new();
+        for p in ports {
+            let a: SocketAddr = p.address.parse().map_err(|e| anyhow::anyhow!("port address {:?}: {e}", p.address))?;
+            let at = match out.iter().position(|(b, _, _)| *b == a) {
+                Some(at) => at,
+                None => {
+                    let none = Bindings { tcp: None, rdma: None };
+                    let proto = if p.transport == "iscsi" { Protocol::Iscsi } else { Protocol::Nvme(none) };
+                    out.push((a, proto, String::new()));
+                    out.len() - 1
+                }
+            };
+            let Some((_, proto, sig)) = out.get_mut(at) else { continue };
+            sig.push_str(&format!("{} crc={:?};", p.transport, p.crc));
+            match (proto, p.transport.as_str()) {
+                (Protocol::Nvme(b), "tcp") => b.tcp = Some((self.nvme.tcp, self.nvme.tcp_transport)),
+                (Protocol::Nvme(b), "rdma") => {
+                    let cfg = nvmf_rdma::target::TargetConfig { crc: p.crc.unwrap_or(true), ..self.nvme.rdma };
+                    b.rdma = Some((cfg, self.nvme.rdma_transport));
+                }
+                (Protocol::Iscsi, "iscsi") => {}
+                (_, t) => anyhow::bail!("port {a}: {t} cannot share this address (check-config names the pair)"),
+            }
+        }
+        Ok(out)
+    }
+
+    /// Publishes `ports` as the wanted set and returns its generation, for
+    /// [`Listeners::wait`]. Addresses whose protocols did not change keep
+    /// their listeners.
+    pub fn set(&self, ports: &[PortConfig]) -> anyhow::Result<u64> {
+        let plan = self.plan(ports)?;
+        let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let mut wanted = Vec::new();
+        for (addr, proto, signature) in plan {
+            let old = st.wanted.iter().find(|w| w.addr == addr).cloned();
+            let w = match old {
+                Some(w) if w.signature == signature => w,
+                old => {
+                    st.next_version += 1;
+                    let count = old.map(|w| w.count).unwrap_or_default();
+                    Wanted { addr, proto, signature, version: st.next_version, count }
+                }
+            };
+            wanted.push(w);
+        }
+        st.wanted = wanted;
+        st.generation += 1;
+        Ok(st.generation)
+    }
+
+    /// Waits (at most `limit`) until `reactors` reactors applied generation
+    /// `generation`; the error names every address a reactor could not
+    /// bind, or the reactors that did not answer.
+    pub fn wait(&self, generation: u64, reactors: usize, limit: Duration) -> Result<(), String> {
+        let deadline = Instant::now() + limit;
+        let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        loop {
+            let done: Vec<&Vec<String>> =
+                st.acks.values().filter(|(g, _)| *g >= generation).map(|(_, errors)| errors).collect();
+            if done.len() >= reactors {
+                let errors: Vec<String> = done.into_iter().flatten().cloned().collect();
+                return if errors.is_empty() { Ok(()) } else { Err(errors.join("; ")) };
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return Err(format!("only {} of {reactors} reactors applied the port change in time", done.len()));
+            }
+            st = self.acked.wait_timeout(st, deadline - now).unwrap_or_else(|e| e.into_inner()).0;
+        }
+    }
+
+    /// Runs on reactor `index` for as long as it lives: keeps its
+    /// listeners in step with the wanted set.
+    pub async fn serve(self: Arc<Self>, index: usize) {
+        struct Mine {
+            addr: SocketAddr,
+            version: u64,
+            stop: Rc<Cell<bool>>,
+            fd: RawFd,
+        }
+        let mut mine: Vec<Mine> = Vec::new();
+        let mut seen = 0;
+        loop {
+            // The wanted set is copied only when it changed: a reactor
+            // allocates nothing while nothing changes.
+            let changed = {
+                let st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+                (st.generation != seen).then(|| (st.generation, st.wanted.clone()))
+            };
+            // A stop closes the listeners for good: no change applies
+            // after it (and their descriptors may be closed already).
+            if let Some((generation, wanted)) = changed.filter(|_| !crate::lifecycle::draining()) {
+                mine.retain(|m| {
+                    let keep = wanted.iter().any(|w| w.addr == m.addr && w.version == m.version);
+                    if !keep {
+                        m.stop.set(true);
+                        // SAFETY: the fd belongs to a listener whose task is
+                        // still alive (it closes the fd only after seeing
+                        // `stop`), so it is open; shutdown ends its accept.
+                        unsafe { libc::shutdown(m.fd, libc::SHUT_RDWR) };
+                        log::info!("reactor {index}: stopped listening on {}", m.addr);
+                    }
+                    keep
+                });
+                let mut errors = Vec::new();
+                for w in &wanted {
+                    if mine.iter().any(|m| m.addr == w.addr && m.version == w.version) {
+                        continue;
+                    }
+                    match reactor::listen(w.addr) {
+                        Ok(l) => {
+                            let stop = Rc::new(Cell::new(false));
+                            mine.push(Mine { addr: w.addr, version: w.version, stop: stop.clone(), fd: l.as_raw_fd() });
+                            reactor::spawn(accept_loop(l, w.proto, w.count.clone(), stop, self.ctx.clone()));
+                        }
+                        Err(e) => errors.push(format!("reactor {index}: listen {}: {e}", w.addr)),
+                    }
+                }
+                seen = generation;
+                let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+                st.acks.insert(index, (generation, errors));
+                self.acked.notify_all();
+            }
+            reactor::sleep(POLL).await;
+        }
+    }
+}
+
+async fn accept_loop(
+    l: reactor::net::TcpListener,
+    proto: Protocol,
+    count: Arc<PortCount>,
+    stop: Rc<Cell<bool>>,
+    ctx: Context,
+) {
+    let what = match l.local_addr() {
+        Ok(a) => format!("port {a}"),
+        Err(_) => "a port".to_string(),
+    };
+    let mut backoff = Backoff::default();
+    // Dropped before the listener: a stop shuts down only sockets that are
+    // still open.
+    let _listening = crate::lifecycle::listening(l.as_raw_fd());
+    loop {
+        let accepted = l.accept().await;
+        // A change of the wanted set or a stop shut the listener down (or
+        // won the race with this connection).
+        if stop.get() || crate::lifecycle::draining() {
+            return;
+        }
+        match accepted {
+            Ok((stream, peer)) => {
+                backoff.accepted(&what);
+                // Over a limit the stream drops here: the peer sees the
+                // connection closed.
+                let Some(slot) = ctx.admission.admit(&count, peer.ip(), &what) else { continue };
+                if ctx.user_timeout_ms > 0 {
+                    if let Err(e) = stream.set_user_timeout(ctx.user_timeout_ms) {
+                        log::debug!("{peer}: TCP_USER_TIMEOUT: {e}");
+                    }
+                }
+                match proto {
+                    Protocol::Nvme(bindings) => reactor::spawn(holding(
+                        slot,
+                        crate::nvme::serve(stream, ctx.target.clone(), bindings, ctx.handshake),
+                    )),
+                    Protocol::Iscsi => reactor::spawn(holding(
+                        slot,
+                        crate::iscsi_tcp::serve(stream, ctx.iscsi.clone(), ctx.icfg.clone()),
+                    )),
+                };
+            }
+            Err(e) => {
+                if let Some(wait) = backoff.failed(&what, &e) {
+                    reactor::sleep(wait).await;
+                }
+            }
+        }
+    }
+}
+
+/// Runs a connection's future, keeping its place in the connection counts
+/// until it ends.
+async fn holding(slot: crate::admit::Slot, conn: impl std::future::Future<Output = ()>) {
+    conn.await;
+    drop(slot);
+}

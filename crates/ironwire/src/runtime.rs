@@ -1,0 +1,265 @@
+//! The running configuration and how a change reaches the live objects.
+//!
+//! The running [`Config`] is the single source of truth: every change (a
+//! ctl edit, `ctl reload`, SIGHUP) produces a whole new configuration, which
+//! passes the same `Config::validate` as `check-config`; then [`apply`]
+//! changes only what differs between the two (devices, subsystems,
+//! namespaces, allowed hosts, iSCSI targets, LUNs, ACLs, CHAP, ports) and
+//! the new configuration is swapped in. Nothing is changed when a check
+//! fails. It never drops a connection: a change that would pull an object
+//! from under a connected host is refused, except a namespace, whose
+//! removal the hosts hear of through the namespace-changed AEN.
+
+use crate::config::{Config, DeviceConfig};
+use crate::iscsi_tcp::{IscsiModel, IscsiTarget};
+use crate::listen::Listeners;
+use crate::nvme::{Namespace, Subsystem, Target};
+use anyhow::{anyhow, bail, Context, Result};
+use blockdev::Device;
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// How long a port change may take to reach every reactor.
+const PORT_CHANGE_LIMIT: Duration = Duration::from_secs(5);
+
+/// The live objects a configuration describes.
+pub struct Live {
+    /// The NVMe-oF target.
+    pub target: Arc<Target>,
+    /// The iSCSI targets.
+    pub iscsi: Arc<IscsiModel>,
+    /// Devices by name.
+    pub devices: HashMap<String, Arc<Device>>,
+    /// The listening addresses on every reactor.
+    pub listeners: Arc<Listeners>,
+    /// How many reactors run.
+    pub reactors: usize,
+}
+
+/// Writes the NSID and LUN every namespace and LUN gets by position, so
+/// that configurations compare by what they export and saved files say it.
+pub fn normalize(config: &mut Config) {
+    for s in &mut config.subsystem {
+        for (j, ns) in s.namespace.iter_mut().enumerate() {
+            ns.nsid.get_or_insert(u32::try_from(j).unwrap_or(u32::MAX).saturating_add(1));
+        }
+    }
+    for t in &mut config.iscsi_target {
+        for (j, l) in t.lun.iter_mut().enumerate() {
+            l.lun.get_or_insert(j as u64);
+        }
+    }
+}
+
+/// Refuses a change to the sections that are fixed while the daemon runs,
+/// naming the first key that differs.
+fn check_fixed(old: &Config, new: &Config) -> Result<()> {
+    let fixed = |c: &Config| -> Result<toml::Table> {
+        let mut t = toml::Table::new();
+        t.insert("reactor".into(), toml::Value::try_from(&c.reactor)?);
+        t.insert("nvme_tcp".into(), toml::Value::try_from(&c.nvme_tcp)?);
+        t.insert("limits".into(), toml::Value::try_from(&c.limits)?);
+        t.insert("timeouts".into(), toml::Value::try_from(&c.timeouts)?);
+        t.insert("control".into(), toml::Value::try_from(&c.control)?);
+        Ok(t)
+    };
+    let (a, b) = (fixed(old)?, fixed(new)?);
+    for (section, va) in &a {
+        let (Some(ta), Some(tb)) = (va.as_table(), b.get(section).and_then(toml::Value::as_table)) else { continue };
+        for key in ta.keys().chain(tb.keys()) {
+            if ta.get(key) != tb.get(key) {
+                bail!("{section}.{key}: cannot change while ironwire runs; restart it to apply");
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Where a device is used in `config`: "namespace N of NQN" or "LUN N of
+/// IQN".
+fn users(config: &Config, device: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    for s in &config.subsystem {
+        for ns in s.namespace.iter().filter(|n| n.device == device) {
+            out.push(format!("namespace {} of {}", ns.nsid.unwrap_or(0), s.nqn));
+        }
+    }
+    for t in &config.iscsi_target {
+        for l in t.lun.iter().filter(|l| l.device == device) {
+            out.push(format!("LUN {} of {}", l.lun.unwrap_or(0), t.iqn));
+        }
+    }
+    out
+}
+
+/// Changes the live objects from what `old` describes to what `new` does
+/// (both normalized and valid). On error nothing has changed, except that a
+/// port a reactor could not bind is reported after the rest applied.
+pub fn apply(live: &mut Live, old: &Config, new: &Config) -> Result<()> {
+    check_fixed(old, new)?;
+    // Checks first: a refusal leaves everything as it was.
+    let old_dev: HashMap<&str, &DeviceConfig> = old.device.iter().map(|d| (d.name.as_str(), d)).collect();
+    let mut to_open = Vec::new();
+    for d in &new.device {
+        match old_dev.get(d.name.as_str()) {
+            Some(o) if *o == d => {}
+            Some(_) => {
+                let used = users(old, &d.name);
+                if !used.is_empty() {
+                    bail!("device {}: cannot change while {} uses it; remove those first", d.name, used.join(", "));
+                }
+                to_open.push(d);
+            }
+            None => to_open.push(d),
+        }
+    }
+    for s in &old.subsystem {
+        let Some(live_s) = live.target.subsystem(&s.nqn) else { continue };
+        match new.subsystem.iter().find(|n| n.nqn == s.nqn) {
+            None if live_s.controller_count() > 0 => bail!(
+                "subsystem {}: {} controller(s) connected; disconnect them before removing it",
+                s.nqn,
+                live_s.controller_count()
+            ),
+            Some(n) if n.serial != s.serial && live_s.controller_count() > 0 => bail!(
+                "subsystem {}: serial cannot change while controllers are connected (hosts identify it by it)",
+                s.nqn
+            ),
+            _ => {}
+        }
+    }
+    let live_targets = live.iscsi.targets();
+    for t in &old.iscsi_target {
+        let sessions = live_targets.iter().find(|l| l.iqn == t.iqn).map_or(0, |l| l.session_count());
+        if sessions == 0 {
+            continue;
+        }
+        match new.iscsi_target.iter().find(|n| n.iqn == t.iqn) {
+            None => bail!("iSCSI target {}: {sessions} session(s) logged in; log them out before removing it", t.iqn),
+            Some(n) if n.lun != t.lun => {
+                bail!("iSCSI target {}: {sessions} session(s) logged in; LUNs change only while none is", t.iqn)
+            }
+            _ => {}
+        }
+    }
+    let mut opened = HashMap::new();
+    for d in to_open {
+        opened.insert(d.name.clone(), Arc::new(crate::serve::open_device(d)?));
+    }
+    // The addresses new ports need must be free before anything changes.
+    let old_addrs: Vec<&str> = old.port.iter().map(|p| p.address.as_str()).collect();
+    for p in new.port.iter().filter(|p| !old_addrs.contains(&p.address.as_str())) {
+        let a: SocketAddr = p.address.parse().with_context(|| format!("port address {:?}", p.address))?;
+        std::net::TcpListener::bind(a).map(drop).with_context(|| format!("cannot listen on {a}"))?;
+    }
+
+    // From here on every step succeeds.
+    let mut devices = live.devices.clone();
+    devices.retain(|name, _| new.device.iter().any(|d| &d.name == name));
+    devices.extend(opened);
+    apply_nvme(live, &devices, old, new)?;
+    apply_iscsi(live, &devices, new)?;
+    live.devices = devices;
+    apply_ports(live, old, new)
+}
+
+fn apply_nvme(live: &Live, devices: &HashMap<String, Arc<Device>>, old: &Config, new: &Config) -> Result<()> {
+    let target = &live.target;
+    for s in old.subsystem.iter().filter(|s| !new.subsystem.iter().any(|n| n.nqn == s.nqn)) {
+        target.remove_subsystem(&s.nqn).map_err(anyhow::Error::msg)?;
+        log::info!("removed subsystem {}", s.nqn);
+    }
+    for s in &new.subsystem {
+        let before = old.subsystem.iter().find(|o| o.nqn == s.nqn);
+        let mut live_s = target.subsystem(&s.nqn);
+        if before.is_some_and(|b| b.serial != s.serial) {
+            // Checked above: no controller is connected.
+            target.remove_subsystem(&s.nqn).map_err(anyhow::Error::msg)?;
+            live_s = None;
+        }
+        let live_s = match live_s {
+            Some(l) => l,
+            None => {
+                let serial = s.serial.clone().unwrap_or_else(|| crate::serve::serial_for(&s.nqn));
+                log::info!("added subsystem {}", s.nqn);
+                target
+                    .add_subsystem(Subsystem::new(&s.nqn, &serial, s.allow_any_host, s.hosts.clone()))
+                    .map_err(anyhow::Error::msg)?
+            }
+        };
+        live_s.set_access(s.allow_any_host, s.hosts.clone());
+        for ns in live_s.namespaces() {
+            let wanted = s.namespace.iter().find(|n| n.nsid == Some(ns.nsid));
+            let same = wanted.and_then(|w| devices.get(&w.device)).is_some_and(|d| Arc::ptr_eq(d, &ns.device));
+            if !same {
+                live_s.remove_namespace(ns.nsid);
+                log::info!(
+                    "removed namespace {} ({}) from {}",
+                    ns.nsid,
+                    blockdev::BlockDevice::name(&*ns.device),
+                    s.nqn
+                );
+            }
+        }
+        for ns in &s.namespace {
+            let nsid = ns.nsid.unwrap_or(0);
+            if live_s.namespace(nsid).is_none() {
+                let dev = devices.get(&ns.device).ok_or_else(|| anyhow!("no device {:?}", ns.device))?;
+                live_s.add_namespace(Namespace::new(&s.nqn, nsid, dev.clone())).map_err(anyhow::Error::msg)?;
+                log::info!("added namespace {nsid} ({}) to {}", ns.device, s.nqn);
+            }
+        }
+    }
+    Ok(())
+}
+
+fn apply_iscsi(live: &Live, devices: &HashMap<String, Arc<Device>>, new: &Config) -> Result<()> {
+    let current = live.iscsi.targets();
+    let mut targets = Vec::new();
+    for t in &new.iscsi_target {
+        let prev = current.iter().find(|c| c.iqn == t.iqn);
+        let next =
+            IscsiTarget::next(t, devices, prev.map(|p| &**p)).with_context(|| format!("iSCSI target {}", t.iqn))?;
+        targets.push(Arc::new(next));
+    }
+    let disc = new.iscsi.discovery_chap.as_ref().map(|c| (c.user.clone(), c.secret.as_bytes().to_vec()));
+    live.iscsi.replace(targets, portals(new), disc);
+    Ok(())
+}
+
+/// The SendTargets portals of `config`'s iSCSI ports.
+pub fn portals(config: &Config) -> Vec<String> {
+    let mut out: Vec<String> = Vec::new();
+    for p in config.port.iter().filter(|p| p.transport == "iscsi") {
+        let portal = format!("{},1", p.address);
+        if !out.contains(&portal) {
+            out.push(portal);
+        }
+    }
+    out
+}
+
+fn apply_ports(live: &Live, old: &Config, new: &Config) -> Result<()> {
+    for p in old.port.iter().filter(|p| !new.port.contains(p)) {
+        if let (Some(t), Ok(a)) = (live.listeners.nvme_transport(&p.transport), p.address.parse()) {
+            live.target.remove_port(a, &t);
+        }
+    }
+    add_ports(live, &old.port, &new.port)?;
+    let generation = live.listeners.set(&new.port)?;
+    live.listeners.wait(generation, live.reactors, PORT_CHANGE_LIMIT).map_err(anyhow::Error::msg)
+}
+
+/// Enters the NVMe ports of `new` that `old` lacks in the discovery log.
+pub fn add_ports(live: &Live, old: &[crate::config::PortConfig], new: &[crate::config::PortConfig]) -> Result<()> {
+    for p in new.iter().filter(|p| !old.contains(p)) {
+        if let Some(t) = live.listeners.nvme_transport(&p.transport) {
+            let a: SocketAddr = p.address.parse().with_context(|| format!("port address {:?}", p.address))?;
+            live.target.remove_port(a, &t);
+            live.target.add_port(a, t, p.discovery_only);
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,283 @@
+//! Run-time changes through `ironwire ctl` (docs/ctl.md): every object of
+//! both protocols added and changed on a live daemon survives `ctl save`
+//! and a restart, `--persist` survives SIGKILL, a bad change is refused with
+//! the validation error and changes nothing, and `ctl reload` / SIGHUP
+//! change namespaces and ports under a connected host without dropping it.
+
+mod common;
+
+use common::{block_on, bounded, Daemon};
+use initiator::{Controller, Options};
+use std::net::{SocketAddr, TcpStream};
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+const NQN: &str = "nqn.2026-11.io.ironwire:rt";
+const NQN2: &str = "nqn.2026-11.io.ironwire:rt2";
+const IQN: &str = "iqn.2026-11.io.ironwire:rt";
+const IQN2: &str = "iqn.2026-11.io.ironwire:rt2";
+const HOST: &str = "nqn.2014-08.org.nvmexpress:uuid:rt-host";
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("free port").port()
+}
+
+/// One RAM device exported over NVMe/TCP and iSCSI; ctl may open files
+/// in the test's dir.
+fn config(dir: &Path, port: u16, iscsi_port: u16) -> String {
+    format!(
+        "[[device]]\nname = \"r0\"\nkind = \"ram\"\nsize = \"1MiB\"\n\n\
+         [[subsystem]]\nnqn = \"{NQN}\"\nallow_any_host = true\n[[subsystem.namespace]]\ndevice = \"r0\"\n\n\
+         [[port]]\naddress = \"127.0.0.1:{port}\"\n\n\
+         [[port]]\ntransport = \"iscsi\"\naddress = \"127.0.0.1:{iscsi_port}\"\n\n\
+         [[iscsi_target]]\niqn = \"{IQN}\"\nallow_any_initiator = true\n[[iscsi_target.lun]]\ndevice = \"r0\"\n\n\
+         [reactor]\ncores = [0]\n\n[control]\nallow_paths = [\"{}/\"]\n",
+        dir.display()
+    )
+}
+
+fn start(tag: &str, args: &[&str]) -> Daemon {
+    let iscsi_port = free_port();
+    Daemon::start_args(&format!("rt-{tag}"), args, move |dir, port| config(dir, port, iscsi_port))
+}
+
+/// `ironwire ctl` run as a real client: its output, or its error message.
+fn ctl(d: &Daemon, words: &str) -> Result<String, String> {
+    let out = Command::new(env!("CARGO_BIN_EXE_ironwire"))
+        .args(["ctl", "--socket"])
+        .arg(d.dir.join("ctl.sock"))
+        .args(words.split_whitespace())
+        .output()
+        .expect("run ironwire ctl");
+    if out.status.success() {
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    } else {
+        Err(String::from_utf8_lossy(&out.stderr).into_owned())
+    }
+}
+
+fn ok(d: &Daemon, words: &str) -> String {
+    ctl(d, words).unwrap_or_else(|e| panic!("ctl {words}: {e}\nlog:\n{}", d.log()))
+}
+
+fn refused(d: &Daemon, words: &str) -> String {
+    match ctl(d, words) {
+        Ok(out) => panic!("ctl {words} was accepted: {out}"),
+        Err(e) => e,
+    }
+}
+
+fn show(d: &Daemon) -> serde_json::Value {
+    serde_json::from_str(&ok(d, "show --json")).expect("show --json is JSON")
+}
+
+/// `show --json` once no controller and no session is left (a host that
+/// just disconnected takes a moment to be noticed); bounded.
+fn show_idle(d: &Daemon) -> serde_json::Value {
+    for _ in 0..100 {
+        let v = show(d);
+        let busy = |list: &str, key: &str| {
+            v["live"][list].as_array().expect("list").iter().any(|x| x[key].as_u64().unwrap_or(0) > 0)
+        };
+        if !busy("subsystems", "controllers") && !busy("iscsi_targets", "sessions") {
+            return v;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    panic!("hosts stayed connected");
+}
+
+/// Writes 4 KiB to namespace `nsid` (of `block_size`-byte blocks) of `nqn`
+/// at `addr` and reads it back.
+fn nvme_round_trip(addr: SocketAddr, nqn: &str, nsid: u32, block_size: u32) {
+    block_on(bounded(20, async {
+        let opts = Options { io_queues: 1, queue_size: 16, ..Options::default() };
+        let mut c = Controller::connect(addr, nqn, HOST, opts).await.expect("connect");
+        let data: Vec<u8> = (0..4096u32).map(|i| (i % 251) as u8).collect();
+        c.write(0, nsid, 0, data.clone()).await.expect("write");
+        assert_eq!(c.read(0, nsid, 0, 4096 / block_size).await.expect("read"), data);
+    }));
+}
+
+#[test]
+fn objects_added_at_run_time_over_both_protocols_survive_save_and_restart() {
+    let mut d = start("save", &[]);
+    let dir = d.dir.display().to_string();
+    let extra = free_port();
+    for cmd in [
+        "add device name=r1 kind=ram size=2MiB block_size=4096".to_string(),
+        format!("add device name=f1 kind=file path={dir}/f1.img size=1MiB"),
+        format!("add subsystem nqn={NQN2} allow_any_host=true serial=RT2"),
+        format!("add host nqn={NQN2} host={HOST}"),
+        format!("set subsystem nqn={NQN2} allow_any_host=false"),
+        format!("add namespace nqn={NQN2} device=r1"),
+        format!("add namespace nqn={NQN2} nsid=5 device=f1"),
+        format!("add port address=127.0.0.1:{extra}"),
+        format!("add target iqn={IQN2} allow_any_initiator=true"),
+        format!("add lun iqn={IQN2} device=r1"),
+        format!("add lun iqn={IQN2} lun=3 device=f1"),
+        format!("add initiator iqn={IQN2} initiator=iqn.2026-11.io.test:a"),
+        format!("add acl iqn={IQN2} initiator=iqn.2026-11.io.test:b chap.user=b chap.secret=0123456789abcdef"),
+        format!("set target iqn={IQN2} allow_any_initiator=false alias=second"),
+        "set discovery_chap user=disc secret=discovery-secret".to_string(),
+    ] {
+        ok(&d, &cmd);
+    }
+    // The new objects are live: a host reaches the new namespace on the
+    // new port.
+    nvme_round_trip(SocketAddr::from(([127, 0, 0, 1], extra)), NQN2, 5, 512);
+    let before = show_idle(&d);
+    let t = &before["live"]["iscsi_targets"][1];
+    assert_eq!(t["iqn"], IQN2);
+    assert_eq!(t["luns"], serde_json::json!([{"lun": 0, "device": "r1"}, {"lun": 3, "device": "f1"}]));
+    let s = &before["live"]["subsystems"][1];
+    assert_eq!(s["namespaces"], serde_json::json!([{"nsid": 1, "device": "r1"}, {"nsid": 5, "device": "f1"}]));
+    assert_eq!(before["live"]["nvme_ports"].as_array().map(Vec::len), Some(2));
+
+    let saved = d.dir.join("saved.toml");
+    ok(&d, &format!("save {}", saved.display()));
+    let text = std::fs::read_to_string(&saved).expect("saved file");
+    let check = Command::new(env!("CARGO_BIN_EXE_ironwire")).arg("check-config").arg(&saved).output().expect("run");
+    assert!(check.status.success(), "check-config: {}", String::from_utf8_lossy(&check.stderr));
+    d.kill();
+    let again = Daemon::start_with("rt-save-restarted", |_, _| text.clone());
+    let after = show_idle(&again);
+    assert_eq!(before, after, "the restarted daemon exports something else");
+    nvme_round_trip(SocketAddr::from(([127, 0, 0, 1], extra)), NQN2, 1, 4096);
+}
+
+#[test]
+fn persist_keeps_changes_across_sigkill() {
+    let mut d = start("persist", &["--persist"]);
+    ok(&d, "add device name=r1 kind=ram size=1MiB");
+    ok(&d, &format!("add namespace nqn={NQN} device=r1"));
+    ok(&d, &format!("add target iqn={IQN2} allow_any_initiator=true"));
+    ok(&d, &format!("add lun iqn={IQN2} device=r1"));
+    ok(&d, &format!("remove lun iqn={IQN} lun=0"));
+    let before = show_idle(&d);
+    d.kill();
+    let text = std::fs::read_to_string(d.dir.join("ironwire.toml")).expect("persisted config");
+    assert!(!d.dir.read_dir().expect("dir").any(|e| e.expect("entry").file_name().to_string_lossy().contains(".tmp-")));
+    let again = Daemon::start_with("rt-persist-restarted", |_, _| text.clone());
+    assert_eq!(before["config"], show_idle(&again)["config"]);
+    assert_eq!(before["live"]["subsystems"], show_idle(&again)["live"]["subsystems"]);
+}
+
+#[test]
+fn an_invalid_change_is_refused_with_the_validation_error_and_changes_nothing() {
+    let mut d = start("invalid", &[]);
+    let before = show(&d);
+    let cases = [
+        (
+            format!("add namespace nqn={NQN} device=missing"),
+            format!("subsystem[0] ({NQN}).namespace[1].device: no device named \"missing\""),
+        ),
+        ("add device name=x kind=ram".to_string(), "device[1] (x).size: required for a ram device".to_string()),
+        (
+            format!("set subsystem nqn={NQN} allow_any_host=false"),
+            "hosts: empty while allow_any_host is false".to_string(),
+        ),
+        ("remove device name=r0".to_string(), "no device named \"r0\"".to_string()),
+        (format!("add namespace nqn={NQN} nsid=1 device=r0"), "namespace nsid=1 already exists".to_string()),
+        (format!("add lun iqn={IQN} lun=1 device=r0 colour=red"), "unknown field `colour`".to_string()),
+        (
+            "add port address=127.0.0.1:1 transport=sctp".to_string(),
+            "port[2].transport: \"sctp\" is not supported".to_string(),
+        ),
+        (
+            "add device name=etc kind=file path=/etc/ironwire-test.img size=1MiB".to_string(),
+            "outside [control] allow_paths".to_string(),
+        ),
+    ];
+    for (cmd, want) in cases {
+        let e = refused(&d, &cmd);
+        assert!(e.contains(&want), "ctl {cmd}: {e:?} does not say {want:?}");
+    }
+    // A file that fails validation, or changes what is fixed at run time,
+    // is refused by reload too.
+    let file = d.dir.join("ironwire.toml");
+    let good = std::fs::read_to_string(&file).expect("config");
+    std::fs::write(&file, good.replace("size = \"1MiB\"", "size = \"1MiB\"\nblock_size = 1000")).expect("write");
+    assert!(refused(&d, "reload").contains("device[0] (r0).block_size"));
+    std::fs::write(&file, good.replace("cores = [0]", "cores = [0]\npoll_us = 7")).expect("write");
+    assert!(refused(&d, "reload").contains("reactor.poll_us: cannot change while ironwire runs"));
+    assert_eq!(before, show(&d), "a refused change changed something");
+    d.assert_alive();
+}
+
+#[test]
+fn reload_and_sighup_change_namespaces_and_ports_without_dropping_a_connected_host() {
+    let mut d = start("reload", &[]);
+    let file = d.dir.join("ironwire.toml");
+    let original = std::fs::read_to_string(&file).expect("config");
+    let extra = free_port();
+    // Appended array tables: the namespace joins the last subsystem so far
+    // (NQN), then a second subsystem and a second port follow.
+    let with_ns2 = format!(
+        "{original}\n[[subsystem.namespace]]\nnsid = 2\ndevice = \"r3\"\n\n\
+         [[device]]\nname = \"r3\"\nkind = \"null\"\nsize = \"1MiB\"\n\n\
+         [[device]]\nname = \"r2\"\nkind = \"ram\"\nsize = \"2MiB\"\n\n\
+         [[subsystem]]\nnqn = \"{NQN2}\"\nallow_any_host = true\n[[subsystem.namespace]]\ndevice = \"r2\"\n\n\
+         [[port]]\naddress = \"127.0.0.1:{extra}\"\n"
+    );
+    let pid = d.pid();
+    let addr = d.addr;
+    block_on(bounded(30, async {
+        let opts = Options { io_queues: 1, queue_size: 16, ..Options::default() };
+        let mut c = Controller::connect(addr, NQN, HOST, opts).await.expect("connect");
+        let data = vec![0x5a; 512];
+        c.write(0, 1, 7, data.clone()).await.expect("write before");
+        assert!(c.read(0, 2, 0, 1).await.is_err(), "namespace 2 before it exists");
+
+        std::fs::write(&file, &with_ns2).expect("write config");
+        // SAFETY: kill has no memory preconditions; pid is our child.
+        assert_eq!(unsafe { libc::kill(pid as i32, libc::SIGHUP) }, 0);
+        let mut seen = false;
+        for _ in 0..100 {
+            let v = show(&d);
+            if v["live"]["subsystems"][0]["namespaces"].as_array().map(Vec::len) == Some(2) {
+                seen = true;
+                break;
+            }
+            reactor::sleep(Duration::from_millis(50)).await;
+        }
+        assert!(seen, "SIGHUP did not add namespace 2; log:\n{}", d.log());
+        c.read(0, 2, 0, 1).await.expect("namespace 2 after SIGHUP");
+        TcpStream::connect(("127.0.0.1", extra)).expect("the port added by SIGHUP listens");
+        let v = show(&d);
+        assert_eq!(v["live"]["subsystems"][1]["nqn"], NQN2);
+
+        std::fs::write(&file, &original).expect("write config");
+        ok(&d, "reload");
+        assert!(c.read(0, 2, 0, 1).await.is_err(), "namespace 2 after it was removed");
+        assert_eq!(c.read(0, 1, 7, 1).await.expect("the same connection after both reloads"), data);
+        assert!(TcpStream::connect(("127.0.0.1", extra)).is_err(), "the removed port still accepts");
+        let v = show(&d);
+        assert_eq!(v["live"]["subsystems"][0]["controllers"], 1, "the host's controller was dropped");
+        assert_eq!(v["live"]["subsystems"].as_array().map(Vec::len), Some(1));
+    }));
+    d.assert_alive();
+}
+
+#[test]
+fn objects_in_use_are_not_pulled_from_under_a_connected_host() {
+    let mut d = start("in-use", &[]);
+    let addr = d.addr;
+    block_on(bounded(30, async {
+        let opts = Options { io_queues: 1, queue_size: 16, ..Options::default() };
+        let mut c = Controller::connect(addr, NQN, HOST, opts).await.expect("connect");
+        let e = refused(&d, &format!("remove subsystem nqn={NQN}"));
+        assert!(e.contains("1 controller(s) connected"), "{e}");
+        let e = refused(&d, "set device name=r0 size=2MiB");
+        assert!(e.contains(&format!("namespace 1 of {NQN}")) && e.contains(&format!("LUN 0 of {IQN}")), "{e}");
+        // A port whose listener stops keeps the connections it accepted.
+        let port = format!("127.0.0.1:{}", addr.port());
+        ok(&d, &format!("remove port address={port}"));
+        assert!(TcpStream::connect(addr).is_err(), "the removed port still accepts");
+        c.write(0, 1, 0, vec![1; 512]).await.expect("I/O after the port was removed");
+        ok(&d, &format!("add port address={port}"));
+        TcpStream::connect(addr).expect("the port added back listens");
+    }));
+    d.assert_alive();
+}
