@@ -513,6 +513,40 @@ impl Device {
     }
 }
 
+impl Device {
+    /// Whether [`compare_and_write`](Self::compare_and_write) of `len`
+    /// bytes at `lba` is one atomic backend operation: on rbd devices a
+    /// range inside one 512-byte sector (Ceph 16's limit for
+    /// `rbd_aio_compare_and_write`), which is atomic across every gateway
+    /// of the image. Other devices and ranges compare and write in the
+    /// caller, under its own lock.
+    pub fn atomic_compare_and_write(&self, lba: u64, len: usize) -> bool {
+        let Ok((offset, _)) = self.byte_range(lba, 0) else { return false };
+        matches!(self.backend, Backend::Rbd(_)) && len > 0 && (offset % 512) as usize + len <= 512
+    }
+
+    /// Compares the blocks at `lba` with `expected` and, if equal, writes
+    /// `data` (the same length) there, atomically in the backend: `None`
+    /// when written, `Some(offset)` of the first differing byte when not.
+    /// [`Error::Unsupported`] where
+    /// [`atomic_compare_and_write`](Self::atomic_compare_and_write) is
+    /// false.
+    pub async fn compare_and_write(&self, lba: u64, expected: IoBuf, data: IoBuf) -> Result<Option<u64>, Error> {
+        let offset = self.io_offset(lba, data.len())?;
+        if expected.len() != data.len() || !self.atomic_compare_and_write(lba, data.len()) {
+            return Err(Error::Unsupported("atomic compare-and-write of this range"));
+        }
+        let Backend::Rbd(image) = &self.backend else {
+            return Err(Error::Unsupported("atomic compare-and-write of this range"));
+        };
+        match image.compare_and_write(offset, expected, data).await.0 {
+            Ok(()) => Ok(None),
+            Err(rbd::CompareError::Miscompare { offset }) => Ok(Some(offset)),
+            Err(rbd::CompareError::Io(e)) => Err(Error::Io(e)),
+        }
+    }
+}
+
 fn usize_len(len: u64) -> Result<usize, Error> {
     usize::try_from(len).map_err(|_| Error::Unsupported("range larger than the address space"))
 }

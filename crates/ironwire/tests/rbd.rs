@@ -1,7 +1,8 @@
 //! The daemon on Ceph RBD images of a real cluster (the one `scripts/test`
 //! starts with ceph-peer and names in `IRONWIRE_CEPH_CONF`): NVMe/TCP and
 //! iSCSI write patterns through the daemon that the `rbd` CLI then finds in
-//! the image, flush, deallocate, write zeroes and compare; and a cluster
+//! the image, flush, deallocate, write zeroes, compare and COMPARE AND
+//! WRITE (one `rbd_aio_compare_and_write`); and a cluster
 //! that cannot be reached fails `serve` with a message naming the monitors.
 //! Each test makes its own small image; every wait is bounded.
 
@@ -169,18 +170,54 @@ fn nvme_tcp_write_zeroes_deallocate_and_compare_on_rbd() {
     d.assert_alive();
 }
 
-#[test]
-fn iscsi_writes_land_in_the_rbd_image() {
-    let Some(conf) = cluster() else { return };
-    let img = TestImage::new(&conf, "iscsi");
-    let device = img.device(4096);
-    let mut d = Daemon::start_with("rbd-iscsi", move |_, port| {
+fn iscsi_daemon(tag: &str, img: &TestImage, block_size: u32) -> Daemon {
+    let device = img.device(block_size);
+    Daemon::start_with(&format!("rbd-{tag}"), move |_, port| {
         format!(
             "{device}\n[[iscsi_target]]\niqn = \"{IQN}\"\nallow_any_initiator = true\n[[iscsi_target.lun]]\n\
              lun = 0\ndevice = \"ceph\"\n\n[[port]]\ntransport = \"iscsi\"\naddress = \"127.0.0.1:{port}\"\n\n\
              [reactor]\ncores = [0]\n"
         )
-    });
+    })
+}
+
+/// COMPARE AND WRITE (16) of one block at `lba`.
+fn compare_and_write16(lba: u64) -> [u8; 16] {
+    let mut c = [0u8; 16];
+    c[0] = 0x89;
+    c[2..10].copy_from_slice(&lba.to_be_bytes());
+    c[13] = 1;
+    c
+}
+
+#[test]
+fn iscsi_compare_and_write_on_rbd_writes_only_on_a_match() {
+    let Some(conf) = cluster() else { return };
+    let img = TestImage::new(&conf, "caw");
+    let mut d = iscsi_daemon("caw", &img, 512);
+    let (old, new, other) = (pattern(512, 1), pattern(512, 2), pattern(512, 3));
+    block_on(bounded(60, async {
+        let mut s = Session::connect(d.addr, LoginOptions::new(INITIATOR, Some(IQN))).await.expect("login");
+        s.write16(0, 5, 512, old.clone()).await.expect("write");
+        let r = s.scsi(0, &compare_and_write16(5), [old.clone(), new.clone()].concat(), 0).await.expect("caw");
+        r.check().expect("a matching COMPARE AND WRITE succeeds");
+        // `old` is stale now: MISCOMPARE, and nothing written.
+        let r = s.scsi(0, &compare_and_write16(5), [old.clone(), other.clone()].concat(), 0).await.expect("caw");
+        let sense = r.sense_code().expect("sense for the miscompare");
+        assert_eq!((sense.key, sense.asc), (0x0e, 0x1d), "MISCOMPARE DURING VERIFY OPERATION");
+        assert!(s.read16(0, 5, 1, 512).await.expect("read") == new, "only the matching one wrote");
+        s.logout().await.expect("logout");
+    }));
+    d.assert_alive();
+    drop(d);
+    assert!(img.export()[5 * 512..6 * 512] == new[..], "the image holds the compared-and-written block");
+}
+
+#[test]
+fn iscsi_writes_land_in_the_rbd_image() {
+    let Some(conf) = cluster() else { return };
+    let img = TestImage::new(&conf, "iscsi");
+    let mut d = iscsi_daemon("iscsi", &img, 4096);
     let writes = [(0u64, 4096usize), (3, 256 << 10), (1023, 8192)];
     block_on(bounded(60, async {
         let mut s = Session::connect(d.addr, LoginOptions::new(INITIATOR, Some(IQN))).await.expect("login");
