@@ -1,4 +1,5 @@
-//! The block-device backends: null, ram, file and raw block device, all
+//! The block-device backends: null, ram, file, raw block device and Ceph
+//! RBD image (through the `rbd` binding), all
 //! behind [`Device`], which implements the contract the protocol cores see
 //! ([`BlockDevice`], from the runtime-free `block` crate: geometry, the one
 //! range check, the one [`Error`] type).
@@ -6,8 +7,10 @@
 //! This crate does the I/O and owns the aligned [`IoBuf`] pool. It must never panic on any LBA or length a peer sends, never form a Rust
 //! reference to memory other threads write (the ram region), and never block
 //! a reactor on data I/O: reads, writes and flushes go through the calling
-//! thread's io_uring. Only rare control operations (fallocate, discard and
-//! zero-out ioctls) are synchronous syscalls.
+//! thread's io_uring (or, for rbd, librbd's asynchronous calls completed on
+//! the calling reactor). Only rare control operations (fallocate, discard
+//! and zero-out ioctls) are synchronous syscalls; opening an rbd device
+//! blocks up to its connect timeout and is done off the reactors.
 //!
 //! A [`Device`] is `Send + Sync` and shared as `Arc<Device>` by all reactor
 //! threads; each thread lazily opens its own io_uring view of file and block
@@ -27,6 +30,7 @@ use std::time::Duration;
 pub use block::{BlockDevice, Error, Geometry, MAX_BLOCK_SIZE, MIN_BLOCK_SIZE};
 pub use fixed::{arena_usage, register_buffers};
 pub use iobuf::{IoBuf, IO_BUF_ALIGN};
+pub use rbd::Options as RbdOptions;
 
 use file::FileBackend;
 use ram::RamRegion;
@@ -42,6 +46,8 @@ pub enum Kind {
     File,
     /// A raw block device.
     Block,
+    /// A Ceph RBD image.
+    Rbd,
 }
 
 impl Kind {
@@ -52,6 +58,7 @@ impl Kind {
             Kind::Ram => "ram",
             Kind::File => "file",
             Kind::Block => "block",
+            Kind::Rbd => "rbd",
         }
     }
 }
@@ -76,15 +83,18 @@ impl BlockDevice for Device {
     }
 
     /// True for file and block devices (page cache, disk cache): completed
-    /// writes are durable after [`Device::flush`].
+    /// writes are durable after [`Device::flush`]. False for rbd: librbd's
+    /// client cache is off, so a write completes when the OSDs have it and
+    /// every gateway of the image reads it.
     fn volatile_write_cache(&self) -> bool {
         matches!(self.kind, Kind::File | Kind::Block)
     }
 
     /// False for block devices, whose discard behaviour this crate does not
-    /// know.
+    /// know, and for rbd, where librbd leaves parts of a discard smaller
+    /// than its discard granularity unchanged.
     fn deallocate_reads_zeroes(&self) -> bool {
-        !matches!(self.kind, Kind::Block)
+        !matches!(self.kind, Kind::Block | Kind::Rbd)
     }
 }
 
@@ -92,6 +102,7 @@ enum Backend {
     Null,
     Ram(RamRegion),
     File(FileBackend),
+    Rbd(rbd::Image),
 }
 
 /// A block device shared by every reactor thread.
@@ -261,12 +272,37 @@ impl Device {
         })
     }
 
+    /// A device on a Ceph RBD image, its size the image's (whole blocks of
+    /// `block_size`). Connects to the cluster and opens the image, which
+    /// blocks for up to `options.timeout` per step: call it off the
+    /// reactor threads. Every later I/O is asynchronous.
+    pub fn rbd(name: &str, options: &rbd::Options, block_size: u32) -> Result<Device, Error> {
+        check_block_size(block_size)?;
+        let spec = PathBuf::from(format!("rbd:{}/{}", options.pool, options.image));
+        let image = rbd::Image::open(options)
+            .map_err(|e| Error::Open { path: spec.clone(), source: io::Error::other(e.to_string()) })?;
+        let blocks = image.size() / u64::from(block_size);
+        if blocks == 0 {
+            return Err(Error::InvalidSize { size_bytes: image.size(), block_size });
+        }
+        Ok(Device {
+            name: name.to_owned(),
+            kind: Kind::Rbd,
+            geometry: Geometry { block_size, blocks },
+            path: Some(spec),
+            backend: Backend::Rbd(image),
+            latency: Latency::default(),
+            flush_failed: OnceLock::new(),
+        })
+    }
+
     /// Which backend this is.
     pub fn kind(&self) -> Kind {
         self.kind
     }
 
-    /// Backing file or device path (file and block devices).
+    /// Backing file or device path (file and block devices), or
+    /// `rbd:pool/image`.
     pub fn path(&self) -> Option<&Path> {
         self.path.as_deref()
     }
@@ -331,7 +367,7 @@ impl Device {
                 Some(Ok(()))
             }
             Backend::Ram(ram) => Some(ram.read(offset, dst).map_err(Error::from)),
-            Backend::File(_) => None,
+            Backend::File(_) | Backend::Rbd(_) => None,
         }
     }
 
@@ -352,7 +388,7 @@ impl Device {
         match &self.backend {
             Backend::Null => Some(Ok(())),
             Backend::Ram(ram) => Some(ram.write(offset, src).map_err(Error::from)),
-            Backend::File(_) => None,
+            Backend::File(_) | Backend::Rbd(_) => None,
         }
     }
 
@@ -378,6 +414,10 @@ impl Device {
                 let (res, buf) = file.read(offset, buf).await;
                 (res.map_err(Error::from), buf)
             }
+            Backend::Rbd(image) => {
+                let (res, buf) = image.read(offset, buf).await;
+                (res.map_err(Error::from), buf)
+            }
         }
     }
 
@@ -401,6 +441,12 @@ impl Device {
                 let (res, buf) = file.write(offset, buf, fua).await;
                 (res.map_err(Error::from), buf)
             }
+            // With librbd's cache off a completed write is on the OSDs:
+            // FUA needs nothing more.
+            Backend::Rbd(image) => {
+                let (res, buf) = image.write(offset, buf).await;
+                (res.map_err(Error::from), buf)
+            }
         }
     }
 
@@ -414,6 +460,7 @@ impl Device {
         let res = match &self.backend {
             Backend::Null | Backend::Ram(_) => Ok(()),
             Backend::File(file) => file.flush().await,
+            Backend::Rbd(image) => image.flush().await,
         };
         match res {
             // A concurrent flush may have failed while this one ran.
@@ -447,17 +494,55 @@ impl Device {
             Backend::Null => Ok(()),
             Backend::Ram(ram) => Ok(ram.zero(offset, usize_len(len)?)?),
             Backend::File(file) => Ok(file.write_zeroes(offset, len, deallocate).await?),
+            // librbd releases whole objects it zeroes on its own.
+            Backend::Rbd(image) => Ok(image.write_zeroes(offset, len).await?),
         }
     }
 
     /// Releases `blocks` blocks at `lba`. Null, ram and file devices read
-    /// zeros there afterwards; on block devices this is a discard hint.
+    /// zeros there afterwards; on block and rbd devices this is a discard
+    /// hint.
     pub async fn deallocate(&self, lba: u64, blocks: u64) -> Result<(), Error> {
         let (offset, len) = self.byte_range(lba, blocks)?;
         match &self.backend {
             Backend::Null => Ok(()),
             Backend::Ram(ram) => Ok(ram.zero(offset, usize_len(len)?)?),
             Backend::File(file) => Ok(file.deallocate(offset, len).await?),
+            Backend::Rbd(image) => Ok(image.discard(offset, len).await?),
+        }
+    }
+}
+
+impl Device {
+    /// Whether [`compare_and_write`](Self::compare_and_write) of `len`
+    /// bytes at `lba` is one atomic backend operation: on rbd devices a
+    /// range inside one 512-byte sector (Ceph 16's limit for
+    /// `rbd_aio_compare_and_write`), which is atomic across every gateway
+    /// of the image. Other devices and ranges compare and write in the
+    /// caller, under its own lock.
+    pub fn atomic_compare_and_write(&self, lba: u64, len: usize) -> bool {
+        let Ok((offset, _)) = self.byte_range(lba, 0) else { return false };
+        matches!(self.backend, Backend::Rbd(_)) && len > 0 && (offset % 512) as usize + len <= 512
+    }
+
+    /// Compares the blocks at `lba` with `expected` and, if equal, writes
+    /// `data` (the same length) there, atomically in the backend: `None`
+    /// when written, `Some(offset)` of the first differing byte when not.
+    /// [`Error::Unsupported`] where
+    /// [`atomic_compare_and_write`](Self::atomic_compare_and_write) is
+    /// false.
+    pub async fn compare_and_write(&self, lba: u64, expected: IoBuf, data: IoBuf) -> Result<Option<u64>, Error> {
+        let offset = self.io_offset(lba, data.len())?;
+        if expected.len() != data.len() || !self.atomic_compare_and_write(lba, data.len()) {
+            return Err(Error::Unsupported("atomic compare-and-write of this range"));
+        }
+        let Backend::Rbd(image) = &self.backend else {
+            return Err(Error::Unsupported("atomic compare-and-write of this range"));
+        };
+        match image.compare_and_write(offset, expected, data).await.0 {
+            Ok(()) => Ok(None),
+            Err(rbd::CompareError::Miscompare { offset }) => Ok(Some(offset)),
+            Err(rbd::CompareError::Io(e)) => Err(Error::Io(e)),
         }
     }
 }
@@ -481,8 +566,8 @@ mod tests {
     #[test]
     fn kind_displays_lowercase_names() {
         let names: Vec<String> =
-            [Kind::Null, Kind::Ram, Kind::File, Kind::Block].iter().map(ToString::to_string).collect();
-        assert_eq!(names, ["null", "ram", "file", "block"]);
+            [Kind::Null, Kind::Ram, Kind::File, Kind::Block, Kind::Rbd].iter().map(ToString::to_string).collect();
+        assert_eq!(names, ["null", "ram", "file", "block", "rbd"]);
     }
 
     #[test]

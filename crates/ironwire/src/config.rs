@@ -253,7 +253,7 @@ pub struct IscsiConfig {
 pub struct DeviceConfig {
     /// Unique name namespaces refer to.
     pub name: String,
-    /// `null`, `ram`, `file` or `block`.
+    /// `null`, `ram`, `file`, `block` or `rbd`.
     pub kind: String,
     /// Size ("1GiB", "512MiB", or bytes); required for null and ram,
     /// optional for file (creates or extends), ignored for block.
@@ -266,6 +266,19 @@ pub struct DeviceConfig {
     pub read_latency_us: Option<u64>,
     /// Latency added to every write, in microseconds (testing; default 0).
     pub write_latency_us: Option<u64>,
+    /// rbd: the pool holding the image.
+    pub pool: Option<String>,
+    /// rbd: the image.
+    pub image: Option<String>,
+    /// rbd: the Ceph configuration file (default `/etc/ceph/ceph.conf`).
+    pub ceph_conf: Option<PathBuf>,
+    /// rbd: the cephx user without `client.` (default `admin`).
+    pub client: Option<String>,
+    /// rbd: a keyring instead of the one `ceph_conf` names.
+    pub keyring: Option<PathBuf>,
+    /// rbd: seconds that connecting, and each monitor and OSD operation,
+    /// may take before failing (default 30).
+    pub connect_timeout: Option<u64>,
 }
 
 /// The longest latency a device may inject: one minute.
@@ -605,7 +618,31 @@ impl Config {
                         bail!("{}: required for a {} device", f("path"), d.kind);
                     }
                 }
-                k => bail!("{}: {k:?} is not one of null, ram, file, block", f("kind")),
+                "rbd" => {
+                    for (key, v) in [("pool", &d.pool), ("image", &d.image)] {
+                        if v.as_deref().is_none_or(str::is_empty) {
+                            bail!("{}: required for an rbd device", f(key));
+                        }
+                    }
+                    if d.path.is_some() || d.size.is_some() {
+                        bail!("{}: not used by an rbd device (its size is the image's)", f("path/size"));
+                    }
+                    if d.connect_timeout.is_some_and(|s| !(1..=3600).contains(&s)) {
+                        bail!("{}: not between 1 and 3600 seconds", f("connect_timeout"));
+                    }
+                }
+                k => bail!("{}: {k:?} is not one of null, ram, file, block, rbd", f("kind")),
+            }
+            let rbd_only = [
+                ("pool", d.pool.is_some()),
+                ("image", d.image.is_some()),
+                ("ceph_conf", d.ceph_conf.is_some()),
+                ("client", d.client.is_some()),
+                ("keyring", d.keyring.is_some()),
+                ("connect_timeout", d.connect_timeout.is_some()),
+            ];
+            if let Some((key, _)) = rbd_only.iter().find(|(_, set)| *set && d.kind != "rbd") {
+                bail!("{}: only for rbd devices", f(key));
             }
             for (key, v) in [("read_latency_us", d.read_latency_us), ("write_latency_us", d.write_latency_us)] {
                 if v.is_some_and(|us| us > MAX_INJECTED_LATENCY_US) {

@@ -747,6 +747,16 @@ async fn compare_and_write(
     data: IoBuf,
     fua: bool,
 ) -> Result<(), Sense> {
+    if device.atomic_compare_and_write(lba, len) {
+        // One backend operation (rbd: on the OSD, so atomic across
+        // gateways); a completed write is durable, FUA needs nothing.
+        let (expected, new) = data.split_at(len);
+        return match device.compare_and_write(lba, IoBuf::from_slice(expected), IoBuf::from_slice(new)).await {
+            Ok(None) => Ok(()),
+            Ok(Some(offset)) => Err(Sense::miscompare_at(offset)),
+            Err(e) => Err(scsi::io_error_sense(&e, true)),
+        };
+    }
     let guard = unit.lock_caw().await;
     if conn.is_aborted(task) {
         return Ok(());

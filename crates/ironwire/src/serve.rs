@@ -6,7 +6,7 @@ use crate::config::{Config, DeviceConfig};
 use crate::iscsi_tcp::{IscsiModel, IscsiTarget};
 use crate::nvme::{Namespace, Subsystem, Target};
 use anyhow::{Context, Result};
-use blockdev::{BlockDevice, Device, Latency};
+use blockdev::{BlockDevice, Device, Latency, RbdOptions};
 use nvmf::Settings;
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -23,13 +23,25 @@ pub fn open_device(d: &DeviceConfig) -> Result<Device> {
         "ram" => Device::ram(&d.name, size.unwrap_or(0), bs),
         "file" => Device::file(&d.name, path()?, size, bs),
         "block" => Device::block(&d.name, path()?, d.block_size),
-        k => anyhow::bail!("device {:?}: kind {k:?} is not one of null, ram, file, block", d.name),
+        "rbd" => Device::rbd(&d.name, &rbd_options(d), bs),
+        k => anyhow::bail!("device {:?}: kind {k:?} is not one of null, ram, file, block, rbd", d.name),
     };
     let latency = Latency {
         read: Duration::from_micros(d.read_latency_us.unwrap_or(0)),
         write: Duration::from_micros(d.write_latency_us.unwrap_or(0)),
     };
     Ok(dev.with_context(|| format!("device {:?}", d.name))?.with_latency(latency))
+}
+
+fn rbd_options(d: &DeviceConfig) -> RbdOptions {
+    RbdOptions {
+        ceph_conf: d.ceph_conf.clone().unwrap_or_else(|| rbd::DEFAULT_CEPH_CONF.into()),
+        client: d.client.clone().unwrap_or_else(|| "admin".into()),
+        keyring: d.keyring.clone(),
+        pool: d.pool.clone().unwrap_or_default(),
+        image: d.image.clone().unwrap_or_default(),
+        timeout: d.connect_timeout.map_or(rbd::DEFAULT_TIMEOUT, Duration::from_secs),
+    }
 }
 
 /// Opens every device named in `config`.

@@ -1,0 +1,374 @@
+//! A small binding to Ceph's librados and librbd: open an RBD image, and
+//! read, write, flush, discard, write zeroes and compare-and-write it with
+//! librbd's asynchronous calls, completed on the reactor thread that
+//! submitted them.
+//!
+//! The libraries are loaded at run time (`dlopen` of `librados.so.2` and
+//! `librbd.so.1`), so building needs no Ceph packages and only opening an
+//! image needs librbd1. This is the only crate with Ceph's unsafe code.
+//!
+//! It must never block a reactor on I/O (every data call is librbd AIO;
+//! [`Image::open`] and dropping an [`Image`] block and belong on a thread
+//! that is not a reactor), never hang on an unreachable cluster (every
+//! monitor and OSD operation has the connect timeout), and never let librbd
+//! write into freed memory (see the `aio` module).
+
+mod aio;
+mod ffi;
+
+use std::ffi::{c_char, CStr, CString};
+use std::io;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use reactor::buf::{IoBuf, IoBufMut};
+
+pub use aio::SLOTS;
+
+/// Everything opening an image can fail with; each message names what was
+/// being done and with which value.
+#[derive(thiserror::Error, Debug)]
+pub enum Error {
+    /// librados or librbd could not be loaded (not installed, or too old).
+    #[error("{0}")]
+    Library(String),
+    /// A setting contained a NUL byte.
+    #[error("{field} {value:?} contains a NUL byte")]
+    Nul { field: &'static str, value: String },
+    /// `rados_create2` failed.
+    #[error("cannot create a Ceph client handle for client.{client}: {source}")]
+    Create { client: String, source: io::Error },
+    /// The configuration file could not be read.
+    #[error("ceph_conf {path}: {source}")]
+    Conf { path: PathBuf, source: io::Error },
+    /// A configuration option was refused.
+    #[error("ceph option {option} = {value:?}: {source}")]
+    Option { option: &'static str, value: String, source: io::Error },
+    /// The monitors could not be reached or refused us within the timeout.
+    #[error(
+        "cannot connect to the Ceph cluster (monitors {monitors}) as client.{client} within {timeout_s} s: {source}"
+    )]
+    Connect { monitors: String, client: String, timeout_s: u64, source: io::Error },
+    /// The pool does not exist or cannot be used.
+    #[error("pool {pool:?}: {source}")]
+    Pool { pool: String, source: io::Error },
+    /// The image does not exist or cannot be opened.
+    #[error("image {pool}/{image}: {source}")]
+    Image { pool: String, image: String, source: io::Error },
+}
+
+/// Where an image is and how to reach its cluster.
+#[derive(Clone, Debug)]
+pub struct Options {
+    /// The Ceph configuration file (monitors, and usually the keyring).
+    pub ceph_conf: PathBuf,
+    /// The cephx user, without `client.`.
+    pub client: String,
+    /// A keyring to use instead of the one the configuration names.
+    pub keyring: Option<PathBuf>,
+    /// The pool.
+    pub pool: String,
+    /// The image.
+    pub image: String,
+    /// How long connecting, and each monitor and OSD operation, may take
+    /// before it fails (`client_mount_timeout`, `rados_mon_op_timeout`,
+    /// `rados_osd_op_timeout`); whole seconds, at least one.
+    pub timeout: Duration,
+}
+
+/// The default `ceph_conf`.
+pub const DEFAULT_CEPH_CONF: &str = "/etc/ceph/ceph.conf";
+/// The default connect and operation timeout.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// An open RBD image. Shared by all reactor threads; each I/O completes on
+/// the thread that submitted it.
+pub struct Image {
+    cluster: ffi::Rados,
+    ioctx: ffi::Ioctx,
+    image: ffi::RbdImage,
+    size: u64,
+    spec: String,
+}
+
+// SAFETY: librados cluster and ioctx handles and librbd image handles are
+// thread-safe for the calls made here (AIO submission from any thread);
+// Drop closes them once, when no I/O can be submitted any more.
+unsafe impl Send for Image {}
+// SAFETY: as above.
+unsafe impl Sync for Image {}
+
+impl std::fmt::Debug for Image {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Image").field("spec", &self.spec).field("size", &self.size).finish()
+    }
+}
+
+fn errno(rc: i64) -> io::Error {
+    io::Error::from_raw_os_error(i32::try_from(-rc).unwrap_or(libc::EIO))
+}
+
+fn cstring(field: &'static str, value: &str) -> Result<CString, Error> {
+    CString::new(value).map_err(|_| Error::Nul { field, value: value.to_owned() })
+}
+
+/// A cluster handle that shuts down on drop unless handed to an [`Image`].
+struct Handle(ffi::Rados);
+
+impl Drop for Handle {
+    fn drop(&mut self) {
+        if let Ok(lib) = ffi::lib() {
+            // SAFETY: a handle from rados_create2, shut down once.
+            unsafe { (lib.rados_shutdown)(self.0) };
+        }
+    }
+}
+
+impl Handle {
+    fn set(&self, lib: &ffi::Lib, option: &'static str, value: &str) -> Result<(), Error> {
+        let name = cstring("option", option)?;
+        let v = cstring(option, value)?;
+        // SAFETY: a live, unconnected handle; both strings NUL-terminated.
+        let rc = unsafe { (lib.rados_conf_set)(self.0, name.as_ptr(), v.as_ptr()) };
+        if rc < 0 {
+            return Err(Error::Option { option, value: value.to_owned(), source: errno(rc.into()) });
+        }
+        Ok(())
+    }
+
+    fn get(&self, lib: &ffi::Lib, option: &CStr) -> Option<String> {
+        let mut buf = [0 as c_char; 1024];
+        // SAFETY: a live handle; librados writes at most buf.len() bytes,
+        // NUL-terminated on success.
+        let rc = unsafe { (lib.rados_conf_get)(self.0, option.as_ptr(), buf.as_mut_ptr(), buf.len()) };
+        if rc < 0 {
+            return None;
+        }
+        // SAFETY: NUL-terminated inside buf (above).
+        Some(unsafe { CStr::from_ptr(buf.as_ptr()) }.to_string_lossy().into_owned())
+    }
+}
+
+impl Image {
+    /// Connects to the cluster and opens the image. Blocks for up to the
+    /// timeout (per step): call it off the reactor threads.
+    pub fn open(o: &Options) -> Result<Image, Error> {
+        let lib = ffi::lib().map_err(Error::Library)?;
+        let client = cstring("client", &format!("client.{}", o.client))?;
+        let mut raw: ffi::Rados = std::ptr::null_mut();
+        // SAFETY: `raw` receives the handle; the strings are NUL-terminated.
+        let rc = unsafe { (lib.rados_create2)(&mut raw, c"ceph".as_ptr(), client.as_ptr(), 0) };
+        if rc < 0 {
+            return Err(Error::Create { client: o.client.clone(), source: errno(rc.into()) });
+        }
+        let h = Handle(raw);
+        let conf = cstring("ceph_conf", &o.ceph_conf.to_string_lossy())?;
+        // SAFETY: a live, unconnected handle; a NUL-terminated path.
+        let rc = unsafe { (lib.rados_conf_read_file)(h.0, conf.as_ptr()) };
+        if rc < 0 {
+            return Err(Error::Conf { path: o.ceph_conf.clone(), source: errno(rc.into()) });
+        }
+        if let Some(k) = &o.keyring {
+            h.set(lib, "keyring", &k.to_string_lossy())?;
+        }
+        let timeout_s = o.timeout.as_secs().max(1);
+        let secs = timeout_s.to_string();
+        for option in ["client_mount_timeout", "rados_mon_op_timeout", "rados_osd_op_timeout"] {
+            h.set(lib, option, &secs)?;
+        }
+        // No cache in the gateway: another gateway exporting the same image
+        // must see every acknowledged write, so a write completes only when
+        // the OSDs have it (and a flush has nothing left to do).
+        h.set(lib, "rbd_cache", "false")?;
+        let monitors = h.get(lib, c"mon_host").filter(|m| !m.is_empty()).unwrap_or_else(|| "(none configured)".into());
+        // SAFETY: a live handle, configured above.
+        let rc = unsafe { (lib.rados_connect)(h.0) };
+        if rc < 0 {
+            return Err(Error::Connect { monitors, client: o.client.clone(), timeout_s, source: errno(rc.into()) });
+        }
+        let pool = cstring("pool", &o.pool)?;
+        let mut ioctx: ffi::Ioctx = std::ptr::null_mut();
+        // SAFETY: a connected handle; `ioctx` receives the context.
+        let rc = unsafe { (lib.rados_ioctx_create)(h.0, pool.as_ptr(), &mut ioctx) };
+        if rc < 0 {
+            return Err(Error::Pool { pool: o.pool.clone(), source: errno(rc.into()) });
+        }
+        let name = cstring("image", &o.image)?;
+        let mut image: ffi::RbdImage = std::ptr::null_mut();
+        let image_err = |rc: i64| Error::Image { pool: o.pool.clone(), image: o.image.clone(), source: errno(rc) };
+        // SAFETY: a live ioctx; `image` receives the handle; no snapshot.
+        let rc = unsafe { (lib.rbd_open)(ioctx, name.as_ptr(), &mut image, std::ptr::null()) };
+        if rc < 0 {
+            // SAFETY: the context created above, destroyed once.
+            unsafe { (lib.rados_ioctx_destroy)(ioctx) };
+            return Err(image_err(rc.into()));
+        }
+        let mut size = 0u64;
+        // SAFETY: an open image; `size` receives its size.
+        let rc = unsafe { (lib.rbd_get_size)(image, &mut size) };
+        let cluster = h.0;
+        std::mem::forget(h);
+        let img = Image { cluster, ioctx, image, size, spec: format!("{}/{}", o.pool, o.image) };
+        if rc < 0 {
+            return Err(image_err(rc.into()));
+        }
+        Ok(img)
+    }
+
+    /// The image's size in bytes when it was opened.
+    pub fn size(&self) -> u64 {
+        self.size
+    }
+
+    /// `pool/image`.
+    pub fn spec(&self) -> &str {
+        &self.spec
+    }
+
+    /// Reads `buf`'s total length at `offset`.
+    pub async fn read<B: IoBufMut>(&self, offset: u64, buf: B) -> (io::Result<()>, B) {
+        let image = self.image;
+        // SAFETY: one readv into the memory `buf` owns, described by the
+        // slot's iovec.
+        let (done, mut buf) = unsafe {
+            aio::run(buf, move |b: &mut B, iov, _, c| {
+                let len = b.bytes_total();
+                *iov = libc::iovec { iov_base: b.write_ptr().cast(), iov_len: len };
+                (ffi::loaded().rbd_aio_readv)(image, iov, 1, offset, c)
+            })
+        }
+        .await;
+        let len = buf.bytes_total();
+        let res = match done.ret {
+            r if r < 0 => Err(errno(r)),
+            r if r as u64 != len as u64 => Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                format!("rbd read of {len} bytes at {offset} returned {r}"),
+            )),
+            _ => {
+                // SAFETY: librbd filled all `len` bytes.
+                unsafe { buf.set_init(len) };
+                Ok(())
+            }
+        };
+        (res, buf)
+    }
+
+    /// Writes `buf`'s bytes at `offset`. With the client cache off, the
+    /// write is on the OSDs when this returns.
+    pub async fn write<B: IoBuf>(&self, offset: u64, buf: B) -> (io::Result<()>, B) {
+        let image = self.image;
+        // SAFETY: one writev from the memory `buf` owns.
+        let (done, buf) = unsafe {
+            aio::run(buf, move |b: &mut B, iov, _, c| {
+                *iov = libc::iovec { iov_base: b.read_ptr().cast_mut().cast(), iov_len: b.bytes_init() };
+                (ffi::loaded().rbd_aio_writev)(image, iov, 1, offset, c)
+            })
+        }
+        .await;
+        (status(done.ret), buf)
+    }
+
+    /// Waits until every completed write is durable.
+    pub async fn flush(&self) -> io::Result<()> {
+        let image = self.image;
+        // SAFETY: a flush touches no memory of ours.
+        let (done, ()) = unsafe { aio::run((), move |_, _, _, c| (ffi::loaded().rbd_aio_flush)(image, c)) }.await;
+        status(done.ret)
+    }
+
+    /// Discards `len` bytes at `offset`. librbd may leave parts of the
+    /// range smaller than its discard granularity unchanged: use
+    /// [`write_zeroes`](Self::write_zeroes) when zeros must be read back.
+    pub async fn discard(&self, offset: u64, len: u64) -> io::Result<()> {
+        let image = self.image;
+        // SAFETY: a discard touches no memory of ours.
+        let (done, ()) =
+            unsafe { aio::run((), move |_, _, _, c| (ffi::loaded().rbd_aio_discard)(image, offset, len, c)) }.await;
+        status(done.ret)
+    }
+
+    /// Makes `len` bytes at `offset` read as zeros (releasing whole objects
+    /// where it can).
+    pub async fn write_zeroes(&self, offset: u64, len: u64) -> io::Result<()> {
+        let Ok(len) = usize::try_from(len) else { return Err(io::ErrorKind::InvalidInput.into()) };
+        let image = self.image;
+        // SAFETY: a write-zeroes touches no memory of ours.
+        let (done, ()) = unsafe {
+            aio::run((), move |_, _, _, c| (ffi::loaded().rbd_aio_write_zeroes)(image, offset, len, c, 0, 0))
+        }
+        .await;
+        status(done.ret)
+    }
+
+    /// Atomically (on the OSD, so across every client of the image)
+    /// compares the image at `offset` with `expected` and, if equal, writes
+    /// `data` (of the same length) there.
+    pub async fn compare_and_write<C: IoBuf, B: IoBuf>(
+        &self,
+        offset: u64,
+        expected: C,
+        data: B,
+    ) -> (Result<(), CompareError>, (C, B)) {
+        if expected.bytes_init() != data.bytes_init() {
+            return (Err(CompareError::Io(io::ErrorKind::InvalidInput.into())), (expected, data));
+        }
+        let image = self.image;
+        // SAFETY: librbd reads both buffers, owned by the pair, and writes
+        // the mismatch offset into the slot.
+        let (done, bufs) = unsafe {
+            aio::run((expected, data), move |(e, d): &mut (C, B), _, mismatch, c| {
+                let rc = (ffi::loaded().rbd_aio_compare_and_write)(
+                    image,
+                    offset,
+                    d.bytes_init(),
+                    e.read_ptr().cast(),
+                    d.read_ptr().cast(),
+                    c,
+                    mismatch,
+                    0,
+                );
+                i32::try_from(rc).unwrap_or(-libc::EIO)
+            })
+        }
+        .await;
+        let res = match done.ret {
+            r if r == -i64::from(libc::EILSEQ) => {
+                Err(CompareError::Miscompare { offset: done.mismatch.saturating_sub(offset) })
+            }
+            r => status(r).map_err(CompareError::Io),
+        };
+        (res, bufs)
+    }
+}
+
+fn status(ret: i64) -> io::Result<()> {
+    if ret < 0 {
+        Err(errno(ret))
+    } else {
+        Ok(())
+    }
+}
+
+/// Why a compare-and-write did not write.
+#[derive(thiserror::Error, Debug)]
+pub enum CompareError {
+    /// The data differed, first at byte `offset` of the range.
+    #[error("miscompare at byte {offset}")]
+    Miscompare { offset: u64 },
+    /// The I/O failed.
+    #[error("{0}")]
+    Io(io::Error),
+}
+
+impl Drop for Image {
+    fn drop(&mut self) {
+        let lib = ffi::loaded();
+        // SAFETY: handles from Image::open, each closed once, image first.
+        unsafe {
+            (lib.rbd_close)(self.image);
+            (lib.rados_ioctx_destroy)(self.ioctx);
+            (lib.rados_shutdown)(self.cluster);
+        }
+    }
+}

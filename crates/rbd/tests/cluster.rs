@@ -1,0 +1,172 @@
+//! The binding against a real Ceph cluster (the one `scripts/test` starts
+//! with ceph-peer and names in `IRONWIRE_CEPH_CONF`), and against one that
+//! cannot be reached. Every wait is bounded by the connect timeout.
+
+use rbd::{CompareError, Error, Image, Options};
+use reactor::{Config, Runtime};
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+/// The test cluster's configuration file, or `None` (with a message) when
+/// there is none outside CI. Under CI the rbd tests must run.
+fn cluster() -> Option<PathBuf> {
+    match std::env::var_os("IRONWIRE_CEPH_CONF") {
+        Some(p) => Some(PathBuf::from(p)),
+        None if std::env::var("CI").is_ok_and(|v| v == "true") => {
+            panic!("CI=true but IRONWIRE_CEPH_CONF is not set: scripts/test starts the Ceph cluster these tests need")
+        }
+        None => {
+            eprintln!("skipped: no Ceph cluster (set IRONWIRE_CEPH_CONF, as scripts/test does with ceph-peer)");
+            None
+        }
+    }
+}
+
+fn options(conf: PathBuf, image: &str) -> Options {
+    Options {
+        ceph_conf: conf,
+        client: "admin".into(),
+        keyring: None,
+        pool: "rbd".into(),
+        image: image.into(),
+        timeout: Duration::from_secs(10),
+    }
+}
+
+fn run<F: std::future::Future>(f: F) -> F::Output {
+    Runtime::new(Config::default()).expect("runtime").block_on(f)
+}
+
+fn pattern(len: usize, seed: u8) -> Vec<u8> {
+    (0..len).map(|i| (i as u8).wrapping_mul(13).wrapping_add(seed) ^ (i >> 12) as u8).collect()
+}
+
+#[test]
+fn opens_the_image_with_its_size_and_reads_back_what_it_wrote() {
+    let Some(conf) = cluster() else { return };
+    let img = Image::open(&options(conf, "test")).expect("open rbd/test");
+    assert_eq!(img.size(), 1 << 30, "ceph-peer's image is 1 GiB");
+    run(async {
+        // Offsets spread over several 4 MiB objects, one crossing a boundary.
+        let writes = [(0u64, 4096usize, 1u8), (4 << 20, 65536, 2), ((8 << 20) - 4096, 16384, 3)];
+        for &(off, len, seed) in &writes {
+            let (r, _) = img.write(off, pattern(len, seed)).await;
+            r.unwrap_or_else(|e| panic!("write {len} at {off}: {e}"));
+        }
+        img.flush().await.expect("flush");
+        for &(off, len, seed) in &writes {
+            let (r, got) = img.read(off, Vec::with_capacity(len)).await;
+            r.unwrap_or_else(|e| panic!("read {len} at {off}: {e}"));
+            assert!(got == pattern(len, seed), "data at {off} differs from what was written");
+        }
+    });
+}
+
+#[test]
+fn many_concurrent_ios_complete_on_the_submitting_reactor() {
+    let Some(conf) = cluster() else { return };
+    let img = std::rc::Rc::new(Image::open(&options(conf, "test")).expect("open"));
+    run(async {
+        // More I/Os than completion slots: the rest wait for a free one.
+        let n = rbd::SLOTS + 200;
+        let base = 64u64 << 20;
+        let tasks: Vec<_> = (0..n)
+            .map(|i| {
+                let img = img.clone();
+                reactor::spawn(async move {
+                    let off = base + i as u64 * 4096;
+                    let (r, _) = img.write(off, pattern(4096, i as u8)).await;
+                    r.expect("write");
+                    let (r, got) = img.read(off, Vec::with_capacity(4096)).await;
+                    r.expect("read");
+                    got == pattern(4096, i as u8)
+                })
+            })
+            .collect();
+        let mut ok = 0;
+        for t in tasks {
+            ok += usize::from(t.await);
+        }
+        assert_eq!(ok, n, "every concurrent write read back");
+    });
+}
+
+#[test]
+fn write_zeroes_and_discard_and_compare_and_write() {
+    let Some(conf) = cluster() else { return };
+    let img = Image::open(&options(conf, "test")).expect("open");
+    run(async {
+        let off = 128u64 << 20;
+        let old = pattern(8192, 7);
+        img.write(off, old.clone()).await.0.expect("write");
+        img.write_zeroes(off + 4096, 4096).await.expect("write zeroes");
+        let (r, got) = img.read(off, Vec::with_capacity(8192)).await;
+        r.expect("read");
+        assert!(got[..4096] == old[..4096] && got[4096..].iter().all(|&b| b == 0), "only the zeroed half reads zero");
+
+        // A whole object discarded reads back as zeros.
+        let obj = 132u64 << 20;
+        img.write(obj, pattern(4096, 9)).await.0.expect("write");
+        img.discard(obj, 4 << 20).await.expect("discard");
+        let (r, got) = img.read(obj, Vec::with_capacity(4096)).await;
+        r.expect("read");
+        assert!(got.iter().all(|&b| b == 0), "a discarded object reads zeros");
+
+        // Compare-and-write (librbd 16 takes at most one 512-byte sector):
+        // a match writes, a mismatch names the first differing byte and
+        // writes nothing.
+        let cur = got[..512].to_vec();
+        let new = pattern(512, 11);
+        let (r, _) = img.compare_and_write(obj, cur.clone(), new.clone()).await;
+        r.expect("matching compare-and-write");
+        let mut wrong = new.clone();
+        wrong[100] ^= 0xff;
+        let (r, _) = img.compare_and_write(obj, wrong, pattern(512, 12)).await;
+        match r {
+            Err(CompareError::Miscompare { offset }) => assert_eq!(offset, 100),
+            other => panic!("expected a miscompare at byte 100, got {other:?}"),
+        }
+        let (r, got) = img.read(obj, Vec::with_capacity(4096)).await;
+        r.expect("read");
+        assert!(got[..512] == new[..], "a miscompare writes nothing");
+        assert!(got[512..].iter().all(|&b| b == 0), "nothing past the sector changed");
+    });
+}
+
+#[test]
+fn missing_image_and_pool_are_named() {
+    let Some(conf) = cluster() else { return };
+    let e = Image::open(&options(conf.clone(), "no-such-image")).expect_err("missing image");
+    assert!(matches!(e, Error::Image { .. }) && e.to_string().contains("rbd/no-such-image"), "{e}");
+    let mut o = options(conf, "test");
+    o.pool = "no-such-pool".into();
+    let e = Image::open(&o).expect_err("missing pool");
+    assert!(e.to_string().contains("pool \"no-such-pool\""), "{e}");
+}
+
+#[test]
+fn unreachable_cluster_fails_within_the_timeout_naming_the_monitors() {
+    // A monitor address nothing listens on: needs no cluster, only librbd.
+    if let Err(e) = Image::open(&Options { ceph_conf: "/nonexistent/ceph.conf".into(), ..options(PathBuf::new(), "x") })
+    {
+        if let Error::Library(why) = &e {
+            assert!(why.contains("apt install"), "{why}");
+            eprintln!("skipped: {why}");
+            return;
+        }
+        assert!(e.to_string().contains("/nonexistent/ceph.conf"), "{e}");
+    }
+    let dir = std::env::temp_dir().join(format!("rbd-unreachable-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let conf = dir.join("ceph.conf");
+    std::fs::write(&conf, "[global]\nmon host = 127.0.0.1:9\nauth client required = none\n").expect("conf");
+    let mut o = options(conf, "test");
+    o.timeout = Duration::from_secs(2);
+    let start = Instant::now();
+    let e = Image::open(&o).expect_err("nothing listens there");
+    let took = start.elapsed();
+    let _ = std::fs::remove_dir_all(&dir);
+    let msg = e.to_string();
+    assert!(matches!(e, Error::Connect { .. }) && msg.contains("127.0.0.1:9"), "{msg}");
+    assert!(took < Duration::from_secs(30), "connect gave up after {took:?}, not within the timeout");
+}
