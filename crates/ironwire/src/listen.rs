@@ -2,8 +2,9 @@
 //! time.
 //!
 //! The control plane publishes the wanted set of addresses (each with the
-//! protocols it speaks) under a generation number; a small task on every
-//! reactor notices a new generation, starts the listeners it lacks
+//! protocols it speaks) under a generation number and rings every
+//! reactor's doorbell (an eventfd read posted on its ring); a small task on
+//! every reactor wakes, sees the new generation, starts the listeners it lacks
 //! (SO_REUSEPORT, one socket per reactor), stops those no longer wanted and
 //! acknowledges, naming any address it could not bind. Stopping a listener
 //! shuts its socket down, which ends its pending accept; connections it
@@ -21,9 +22,6 @@ use std::os::unix::io::{AsRawFd, RawFd};
 use std::rc::Rc;
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
-
-/// How often a reactor looks for a new generation of the wanted set.
-const POLL: Duration = Duration::from_millis(50);
 
 /// The protocol a listening address speaks.
 #[derive(Clone, Copy)]
@@ -72,6 +70,8 @@ struct State {
     /// Per reactor: the last generation applied and the addresses it could
     /// not bind then.
     acks: HashMap<usize, (u64, Vec<String>)>,
+    /// Each reactor's doorbell, rung when the wanted set changes.
+    ringers: Vec<reactor::Ringer>,
 }
 
 /// The wanted listening addresses, shared by the control plane and every
@@ -180,6 +180,9 @@ impl Listeners {
         }
         st.wanted = wanted;
         st.generation += 1;
+        for r in &st.ringers {
+            r.ring();
+        }
         Ok(st.generation)
     }
 
@@ -215,6 +218,17 @@ impl Listeners {
         }
         let mut mine: Vec<Mine> = Vec::new();
         let mut seen = 0;
+        // Rung by `set`; until then the reactor sleeps (nothing polls).
+        let bell = match reactor::doorbell() {
+            Ok((bell, ringer)) => {
+                self.state.lock().unwrap_or_else(|e| e.into_inner()).ringers.push(ringer);
+                bell
+            }
+            Err(e) => {
+                log::error!("reactor {index}: no doorbell for port changes ({e}); it serves no ports");
+                return;
+            }
+        };
         loop {
             // The wanted set is copied only when it changed: a reactor
             // allocates nothing while nothing changes.
@@ -256,7 +270,10 @@ impl Listeners {
                 st.acks.insert(index, (generation, errors));
                 self.acked.notify_all();
             }
-            reactor::sleep(POLL).await;
+            if let Err(e) = bell.wait().await {
+                log::error!("reactor {index}: port changes cannot reach this reactor any more: {e}");
+                std::future::pending::<()>().await;
+            }
         }
     }
 }

@@ -281,8 +281,30 @@ fn flush_all(devices: &[Arc<Device>]) -> Result<usize> {
     })
 }
 
+/// How long `serve` waits for a port still held by a process that just
+/// died: the kernel closes a killed process's io_uring, and the listening
+/// sockets its pending accepts hold, a little after the process is gone.
+const PORT_RELEASE_WAIT: Duration = Duration::from_secs(5);
+
 fn socket_probe(addr: SocketAddr) -> std::io::Result<()> {
     // A std listener with SO_REUSEPORT would succeed even against another
-    // process's listener; a plain bind detects a port in use.
-    std::net::TcpListener::bind(addr).map(drop)
+    // process's listener (and share its connections); a plain bind detects
+    // a port in use.
+    let give_up = std::time::Instant::now() + PORT_RELEASE_WAIT;
+    let mut said = false;
+    loop {
+        match std::net::TcpListener::bind(addr) {
+            Err(e) if e.kind() == std::io::ErrorKind::AddrInUse && std::time::Instant::now() < give_up => {
+                if !said {
+                    log::info!(
+                        "{addr} is in use; waiting up to {} s for it to be released",
+                        PORT_RELEASE_WAIT.as_secs()
+                    );
+                    said = true;
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            r => return r.map(drop),
+        }
+    }
 }

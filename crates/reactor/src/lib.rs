@@ -11,12 +11,14 @@
 
 pub mod buf;
 mod bufring;
+mod doorbell;
 pub mod fs;
 pub mod net;
 mod op;
 mod rt;
 
 pub use bufring::{register_receive_buffers, Receiver, RecvBuf, DEFAULT_BUFFERS, DEFAULT_BUFFER_SIZE};
+pub use doorbell::{doorbell, Doorbell, Ringer};
 pub use rt::{sleep, spawn, timeout, yield_now, Config, Elapsed, Features, JoinHandle, Runtime, Sleep, DEFAULT_POLL};
 
 use std::cell::{Cell, RefCell};
@@ -263,6 +265,28 @@ mod tests {
             let rc = unsafe { libc::shutdown(std::os::fd::AsRawFd::as_raw_fd(&*l), libc::SHUT_RDWR) };
             assert_eq!(rc, 0);
             assert!(pending.await.is_err(), "the accept fails once the listener is shut down");
+        });
+    }
+
+    #[test]
+    fn a_doorbell_rung_from_another_thread_wakes_its_reactor_once_per_batch() {
+        run(async {
+            let (bell, ringer) = doorbell().expect("doorbell");
+            let r = ringer.clone();
+            std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_millis(20));
+                r.ring();
+                r.ring();
+            });
+            bell.wait().await.expect("first wake-up");
+            // Both rings came before the read completed, or the second
+            // came after it: either way at most one more wake-up is due.
+            let again = timeout(Duration::from_millis(50), bell.wait()).await;
+            if again.is_ok() {
+                assert!(timeout(Duration::from_millis(50), bell.wait()).await.is_err(), "a third wake-up");
+            }
+            ringer.ring();
+            timeout(Duration::from_secs(5), bell.wait()).await.expect("rung again").expect("read");
         });
     }
 

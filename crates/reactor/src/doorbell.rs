@@ -1,0 +1,64 @@
+//! A wake-up that other threads can ring: an eventfd whose read this
+//! reactor keeps posted on its ring. Ringing writes the eventfd; the
+//! pending read completes and [`Doorbell::wait`] returns. Rings before the
+//! read completes add up into one wake-up. An idle reactor sleeps in the
+//! kernel until then: nothing polls.
+
+use std::cell::RefCell;
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::sync::Arc;
+
+/// The reactor's side: waits for rings. Not `Send`; make it on the
+/// reactor thread that waits.
+pub struct Doorbell {
+    fd: Arc<OwnedFd>,
+    /// The 8-byte counter buffer, reused by every read.
+    counter: RefCell<Option<Vec<u8>>>,
+}
+
+/// Another thread's side: rings the doorbell. Cheap to clone.
+#[derive(Clone, Debug)]
+pub struct Ringer(Arc<OwnedFd>);
+
+struct Fd(Arc<OwnedFd>);
+
+impl AsRawFd for Fd {
+    fn as_raw_fd(&self) -> RawFd {
+        self.0.as_raw_fd()
+    }
+}
+
+/// A doorbell and the ringer that rings it.
+pub fn doorbell() -> io::Result<(Doorbell, Ringer)> {
+    // SAFETY: eventfd has no memory preconditions.
+    let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: a fresh descriptor this function owns.
+    let fd = Arc::new(unsafe { OwnedFd::from_raw_fd(fd) });
+    Ok((Doorbell { fd: fd.clone(), counter: RefCell::new(Some(vec![0; 8])) }, Ringer(fd)))
+}
+
+impl Doorbell {
+    /// Waits until the doorbell was rung (at once if it was rung since the
+    /// last wait). Not for two waiters at a time.
+    pub async fn wait(&self) -> io::Result<()> {
+        let counter = self.counter.borrow_mut().take().unwrap_or_else(|| vec![0; 8]);
+        let (res, counter) = crate::fs::read_at(Fd(self.fd.clone()), counter, 0).await;
+        *self.counter.borrow_mut() = Some(counter);
+        res.map(drop)
+    }
+}
+
+impl Ringer {
+    /// Rings the doorbell from any thread.
+    pub fn ring(&self) {
+        let one = 1u64.to_ne_bytes();
+        // SAFETY: writes 8 bytes from a live buffer to our eventfd; it can
+        // only fail if the counter would overflow, which leaves the
+        // doorbell rung anyway.
+        unsafe { libc::write(self.0.as_raw_fd(), one.as_ptr().cast(), one.len()) };
+    }
+}
