@@ -289,9 +289,11 @@ impl Control {
     /// Runs one command line and returns its output.
     pub fn handle(&self, line: &str) -> Result<String> {
         let words: Vec<&str> = line.split_whitespace().collect();
+        if let Some(reply) = crate::visibility::handle(&words, stats) {
+            return reply;
+        }
         match words.as_slice() {
             ["show"] => Ok(self.show()),
-            ["stats"] => Ok(stats()),
             ["device-add", name, kind, rest @ ..] => self.device_add(name, kind, rest).map(|_| String::new()),
             ["ns-add", nqn, nsid, device] => {
                 let nsid: u32 = nsid.parse().map_err(|_| anyhow!("nsid {nsid:?} is not a number"))?;
@@ -310,7 +312,7 @@ impl Control {
                 Ok(String::new())
             }
             [] => bail!("empty command"),
-            _ => bail!("unknown command {line:?} (show | stats | device-add NAME KIND [size=S] [block_size=N] [path=P] | ns-add NQN NSID DEVICE | ns-remove NQN NSID)"),
+            _ => bail!("unknown command {line:?} (show | stats [--json] | hosts [--json] | sessions [--json] | device-add NAME KIND [size=S] [block_size=N] [path=P] | ns-add NQN NSID DEVICE | ns-remove NQN NSID)"),
         }
     }
 

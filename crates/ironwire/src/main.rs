@@ -8,8 +8,11 @@ mod conn;
 mod control;
 mod cpu;
 mod iscsi_tcp;
+mod metrics;
 mod nvme;
 mod serve;
+mod stats;
+mod visibility;
 
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};

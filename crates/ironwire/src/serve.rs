@@ -158,6 +158,10 @@ pub fn run(config: Config, ctl_socket: &std::path::Path) -> Result<()> {
     });
     let ctl_socket = crate::control::spawn(control, ctl_socket, config.control.group.as_deref())?;
     signals.remove_on_exit(ctl_socket.path().to_path_buf())?;
+    crate::stats::start_clock();
+    if let Some(addr) = config.metrics.addr()? {
+        crate::metrics::spawn(addr)?;
+    }
     let cpus = if config.reactor.cores.is_empty() { reactor::available_cpus() } else { config.reactor.cores.clone() };
     let icfg = iscsi::target::TargetConfig {
         max_tasks: config.limits.tasks_per_session,
@@ -192,6 +196,7 @@ pub fn run(config: Config, ctl_socket: &std::path::Path) -> Result<()> {
             let icfg = icfg.clone();
             async move {
                 crate::alloc::count_this_thread(format!("reactor-{}", id.index));
+                crate::stats::register_reactor(id.index);
                 if registered > 0 {
                     // Without the memlock allowance (non-root, low
                     // RLIMIT_MEMLOCK) the reactor runs on ordinary buffers.
@@ -214,7 +219,7 @@ pub fn run(config: Config, ctl_socket: &std::path::Path) -> Result<()> {
                 let mut listeners = Vec::new();
                 for ((a, proto), count) in ports.iter().zip(&counts) {
                     match reactor::listen(*a) {
-                        Ok(l) => listeners.push((l, *proto, count.clone())),
+                        Ok(l) => listeners.push((l, *a, *proto, count.clone())),
                         Err(e) => {
                             let _ = ready_tx.send(Err(format!("reactor {}: listen {a}: {e}", id.index)));
                             return;
@@ -224,7 +229,7 @@ pub fn run(config: Config, ctl_socket: &std::path::Path) -> Result<()> {
                 let _ = ready_tx.send(Ok(()));
                 log::debug!("reactor {} on cpu {:?} serving {} ports", id.index, id.cpu, listeners.len());
                 let mut tasks = Vec::new();
-                for (l, proto, count) in listeners {
+                for (l, port, proto, count) in listeners {
                     let target = target.clone();
                     let iscsi = iscsi.clone();
                     let icfg = icfg.clone();
@@ -250,11 +255,11 @@ pub fn run(config: Config, ctl_socket: &std::path::Path) -> Result<()> {
                                     match proto {
                                         Protocol::Nvme(bindings) => reactor::spawn(holding(
                                             slot,
-                                            crate::nvme::serve(stream, target.clone(), bindings, handshake),
+                                            crate::nvme::serve(stream, target.clone(), bindings, handshake, port),
                                         )),
                                         Protocol::Iscsi => reactor::spawn(holding(
                                             slot,
-                                            crate::iscsi_tcp::serve(stream, iscsi.clone(), icfg.clone()),
+                                            crate::iscsi_tcp::serve(stream, iscsi.clone(), icfg.clone(), port),
                                         )),
                                     };
                                 }
