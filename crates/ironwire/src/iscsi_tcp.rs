@@ -483,7 +483,8 @@ fn dispatch_events(conn: &Rc<Conn>, model: &Arc<IscsiModel>) -> bool {
                 }
             }
             Event::LoginFailed { status, reason } => {
-                log::warn!("{}: login refused (status {status:#06x}): {reason}", conn.shell.peer);
+                let name = initiator::iscsi::LoginStatus(status).name();
+                log::warn!("{}: login refused ({name}, status {status:#06x}): {reason}", conn.shell.peer);
             }
             Event::Command(cmd) => command(conn, cmd),
             Event::TaskMgmt { itt, function, lun, tasks, .. } => {

@@ -197,6 +197,25 @@ mod tests {
     use super::*;
 
     #[test]
+    fn the_grafana_dashboard_uses_only_metrics_we_serve() {
+        let dashboard = include_str!("../../../docs/grafana/ironwire.json");
+        let served = render(&Snapshot::default(), &[]);
+        let mut checked = 0;
+        for (at, _) in dashboard.match_indices("ironwire_") {
+            let name: String = dashboard
+                .get(at..)
+                .unwrap_or_default()
+                .chars()
+                .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                .collect();
+            let family = name.strip_suffix("_bucket").unwrap_or(&name);
+            assert!(served.contains(&format!("# TYPE {family} ")), "the dashboard's {name} is not served");
+            checked += 1;
+        }
+        assert!(checked > 10, "only {checked} metric names found in the dashboard");
+    }
+
+    #[test]
     fn renders_counters_and_cumulative_buckets_with_escaped_labels() {
         let mut snap = Snapshot::default();
         let mut t = Totals { reads: 3, read_bytes: 12288, ..Totals::default() };
