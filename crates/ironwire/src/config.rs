@@ -47,6 +47,9 @@ pub struct Config {
     /// The control socket and what `ironwire ctl` may open.
     #[serde(default)]
     pub control: ControlConfig,
+    /// The Prometheus endpoint (off unless `listen` is set).
+    #[serde(default)]
+    pub metrics: MetricsConfig,
     /// How a stop (SIGINT, SIGTERM) drains.
     #[serde(default)]
     pub shutdown: ShutdownConfig,
@@ -178,6 +181,25 @@ pub struct ControlConfig {
     /// paths a `device-add` of a file or block device may open; empty: none.
     #[serde(default)]
     pub allow_paths: Vec<String>,
+}
+
+/// The Prometheus text endpoint (`metrics.rs`).
+#[derive(Debug, Deserialize, Serialize, Clone, Default, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct MetricsConfig {
+    /// `IP:PORT` to serve `GET /metrics` on; none: no endpoint.
+    #[serde(default)]
+    pub listen: Option<String>,
+}
+
+impl MetricsConfig {
+    /// The address to listen on, if any; errors name the field.
+    pub fn addr(&self) -> Result<Option<std::net::SocketAddr>> {
+        self.listen
+            .as_deref()
+            .map(|a| a.parse().map_err(|_| anyhow::anyhow!("metrics.listen: {a:?} is not an IP:PORT address")))
+            .transpose()
+    }
 }
 
 /// CHAP credentials: a user name and its secret.
@@ -573,6 +595,7 @@ impl Config {
             timeouts: TimeoutsConfig::default(),
             control: ControlConfig::default(),
             shutdown: ShutdownConfig::default(),
+            metrics: MetricsConfig::default(),
         }
     }
 
@@ -818,6 +841,7 @@ impl Config {
         }
         self.validate_limits()?;
         self.control.validate()?;
+        self.metrics.addr()?;
         check_cores(&self.reactor.cores)
     }
 
@@ -1014,6 +1038,18 @@ mod tests {
         let e =
             err_of(&format!("{base}[[device]]\nname = \"b\"\nkind = \"block\"\npath = \"/dev/nonexistent-disk\"\n"));
         assert!(e.contains("device[0] (b).path") && e.contains("does not exist"), "{e}");
+    }
+
+    #[test]
+    fn metrics_listen_is_off_by_default_and_must_be_an_address() {
+        let base = "[[port]]\naddress = \"127.0.0.1:4420\"\n";
+        assert_eq!(Config::parse(base).expect("config").metrics.addr().expect("addr"), None);
+        let on = Config::parse(&format!("{base}[metrics]\nlisten = \"127.0.0.1:9466\"\n")).expect("config");
+        assert_eq!(on.metrics.addr().expect("addr"), Some("127.0.0.1:9466".parse().expect("addr")));
+        let e = err_of(&format!("{base}[metrics]\nlisten = \"localhost\"\n"));
+        assert!(e.contains("metrics.listen: \"localhost\" is not an IP:PORT address"), "{e}");
+        let e = err_of(&format!("{base}[metrics]\nport = 9466\n"));
+        assert!(e.contains("port"), "{e}");
     }
 
     #[test]

@@ -316,12 +316,14 @@ impl Control {
     /// Runs one command line and returns its output.
     pub fn handle(&self, line: &str) -> Result<String> {
         let words: Vec<&str> = line.split_whitespace().collect();
+        if let Some(reply) = crate::visibility::handle(&words, stats) {
+            return reply;
+        }
         match words.as_slice() {
             ["show"] => Ok(self.show()),
             ["show", "--json"] => Ok(format!("{}\n", serde_json::to_string_pretty(&self.show_json())?)),
             ["save"] => Ok(toml::to_string(&self.lock().config)?),
             ["reload"] => self.reload().map(|()| String::new()),
-            ["stats"] => Ok(stats()),
             [verb @ ("add" | "set" | "remove"), noun, rest @ ..] => {
                 self.change(|c| crate::edit::edit(c, verb, noun, rest)).map(|()| String::new())
             }
@@ -344,7 +346,7 @@ impl Control {
             }
             [] => bail!("empty command"),
             _ => bail!(
-                "unknown command {line:?} (show [--json] | save | reload | stats | add|set|remove OBJECT key=value... \
+                "unknown command {line:?} (show [--json] | save | reload | stats [--json] | hosts [--json] | sessions [--json] | add|set|remove OBJECT key=value... \
                  where OBJECT is {}; see docs/ctl.md)",
                 crate::edit::NOUNS
             ),

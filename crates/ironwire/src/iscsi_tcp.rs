@@ -9,6 +9,7 @@
 
 use crate::conn::{Outbox, Shell};
 use crate::nvme::Buf;
+use crate::stats::{self, Failure, Op};
 use blockdev::IoBuf;
 use blockdev::{BlockDevice, Device};
 use iscsi::chap::Secret;
@@ -311,6 +312,7 @@ struct Conn {
     /// Notified each time an I/O task finishes, for the task management
     /// requests waiting on them.
     io_done: Notify,
+    stats: stats::Connection,
 }
 
 impl Outbox for Conn {
@@ -328,7 +330,26 @@ impl Outbox for Conn {
 }
 
 impl Conn {
+    /// Counts an I/O of LUN `lun` begun at `t0` (µs, the loop clock) that
+    /// failed with `sense` if any.
+    fn record(&self, lun: u64, (op, bytes): (Op, u64), t0: u64, sense: Option<&Sense>) {
+        let failure = sense.map(Failure::sense);
+        let latency = reactor::now_us().saturating_sub(t0);
+        let scope = || {
+            let target = self.session.borrow().as_ref()?.target.iqn.clone();
+            Some(stats::Scope::Lun { target, lun })
+        };
+        self.stats.with(lun, scope, |c| c.record(op, bytes, latency, failure));
+    }
+
+    /// A command failed before reaching a device: counted on the port.
+    fn failed(&self, task: TaskRef, sense: &Sense) {
+        self.stats.port().error(Failure::sense(sense));
+        self.check(task, sense);
+    }
+
     fn check(&self, task: TaskRef, sense: &Sense) {
+        log::debug!("{}: ITT {:#x}: CHECK CONDITION, {sense}", self.shell.peer, task.itt);
         self.iscsi.borrow_mut().send_response(task, status::CHECK_CONDITION, Some(&sense.to_fixed_bytes()), None);
         self.shell.tx_ready.notify();
     }
@@ -404,8 +425,9 @@ fn seed(model: &IscsiModel) -> Seed {
     }
 }
 
-/// Serves one accepted iSCSI connection until it closes.
-pub async fn serve(stream: TcpStream, model: Arc<IscsiModel>, cfg: TargetConfig) {
+/// Serves one accepted iSCSI connection until it closes; `port` is the
+/// listening address it came in on, for the counters.
+pub async fn serve(stream: TcpStream, model: Arc<IscsiModel>, cfg: TargetConfig, port: std::net::SocketAddr) {
     let _ = stream.set_nodelay(true);
     let Ok(peer) = stream.peer_addr() else { return };
     let seed = seed(&model);
@@ -415,6 +437,7 @@ pub async fn serve(stream: TcpStream, model: Arc<IscsiModel>, cfg: TargetConfig)
         shell: Shell::new(peer),
         running: RefCell::new(Vec::new()),
         io_done: Notify::default(),
+        stats: stats::Connection::open("iscsi", port, peer),
     });
     let (rd, wr) = stream.into_split();
     let writer = reactor::spawn(crate::conn::write_loop(wr, conn.clone()));
@@ -468,8 +491,23 @@ fn dispatch_events(conn: &Rc<Conn>, model: &Arc<IscsiModel>) -> bool {
         let ev = conn.iscsi.borrow_mut().poll_event();
         let Some(ev) = ev else { break };
         match ev {
-            Event::LoggedIn { initiator, target, session_type, isid, tsih, .. } => {
+            Event::LoggedIn { initiator, target, session_type, isid, tsih, params } => {
                 let isid_hex: String = isid.iter().map(|b| format!("{b:02x}")).collect();
+                let (exp, max) = conn.iscsi.borrow().cmd_window();
+                let chap = match target.as_deref() {
+                    t if !model.auth_required(t, &initiator) => "none",
+                    t if model.target_credentials(t, &initiator).is_some() => "mutual CHAP",
+                    _ => "CHAP",
+                };
+                conn.stats.logged_in(stats::Login::Iscsi {
+                    initiator: initiator.clone(),
+                    target: target.clone(),
+                    tsih,
+                    isid: isid_hex.clone(),
+                    depth: max.wrapping_sub(exp).wrapping_add(1),
+                    digests: (params.header_digest, params.data_digest),
+                    chap,
+                });
                 match (session_type, target.and_then(|t| model.find(&t))) {
                     (SessionType::Normal, Some(t)) => {
                         let nexus = Nexus {
@@ -489,7 +527,8 @@ fn dispatch_events(conn: &Rc<Conn>, model: &Arc<IscsiModel>) -> bool {
                 }
             }
             Event::LoginFailed { status, reason } => {
-                log::warn!("{}: login refused (status {status:#06x}): {reason}", conn.shell.peer);
+                let name = initiator::iscsi::LoginStatus(status).name();
+                log::warn!("{}: login refused ({name}, status {status:#06x}): {reason}", conn.shell.peer);
             }
             Event::Command(cmd) => command(conn, cmd),
             Event::TaskMgmt { itt, function, lun, tasks, .. } => {
@@ -564,7 +603,7 @@ fn command(conn: &Rc<Conn>, cmd: iscsi::target::Command<Buf>) {
     let session = conn.session.borrow();
     let Some(s) = session.as_ref() else {
         drop(session);
-        conn.check(cmd.task, &Sense::LUN_NOT_SUPPORTED);
+        conn.failed(cmd.task, &Sense::LUN_NOT_SUPPORTED);
         return;
     };
     let itt = cmd.task;
@@ -599,20 +638,27 @@ fn command(conn: &Rc<Conn>, cmd: iscsi::target::Command<Buf>) {
     drop(session);
     match outcome {
         Outcome::Good { data_in } => conn.good(itt, read, &data_in, residual),
-        Outcome::Check(sense) => conn.check(itt, &sense),
+        Outcome::Check(sense) => conn.failed(itt, &sense),
         Outcome::Status(st) => {
+            if st != status::GOOD {
+                conn.stats.port().error(Failure::ScsiStatus(st));
+            }
             conn.iscsi.borrow_mut().send_response(itt, st, None, None);
             conn.shell.tx_ready.notify();
         }
         // The iSCSI layer collects all write data before the command is
         // dispatched; a command asking for more had no data-out phase.
-        Outcome::NeedData { .. } => conn.check(itt, &Sense::INVALID_FIELD_IN_CDB),
+        Outcome::NeedData { .. } => conn.failed(itt, &Sense::INVALID_FIELD_IN_CDB),
         Outcome::Io(op) => {
             if let Some(u) = unit {
+                let t0 = reactor::now_us();
                 let device = &u.lu.device;
-                if !read_from_memory(conn, itt, device, &op) && !write_to_memory(conn, itt, device, &op, residual) {
+                let lun = u.lu.lun;
+                if !read_from_memory(conn, itt, device, &op, (lun, t0))
+                    && !write_to_memory(conn, itt, device, &op, residual, (lun, t0))
+                {
                     conn.running.borrow_mut().push((itt.serial, false));
-                    reactor::spawn(run_io(conn.clone(), itt, u, op, residual));
+                    reactor::spawn(run_io(conn.clone(), itt, u, op, residual, t0));
                 }
             }
         }
@@ -623,7 +669,7 @@ fn command(conn: &Rc<Conn>, cmd: iscsi::target::Command<Buf>) {
 /// straight into a Data-In that carries GOOD status, with no task and no
 /// buffer in between. `false` when the request is anything else, needs
 /// several Data-In PDUs, or the read failed (`run_io` then answers it).
-fn read_from_memory(conn: &Rc<Conn>, itt: TaskRef, device: &Device, op: &BlockOp<Buf>) -> bool {
+fn read_from_memory(conn: &Rc<Conn>, itt: TaskRef, device: &Device, op: &BlockOp<Buf>, (lun, t0): (u64, u64)) -> bool {
     let BlockOp::Read { lba, blocks } = *op else { return false };
     if !device.reads_from_memory() {
         return false;
@@ -632,6 +678,7 @@ fn read_from_memory(conn: &Rc<Conn>, itt: TaskRef, device: &Device, op: &BlockOp
     let sent =
         conn.iscsi.borrow_mut().send_data_in_with(itt, len, |dst| matches!(device.read_now(lba, dst), Some(Ok(()))));
     if sent {
+        conn.record(lun, (Op::Read, len as u64), t0, None);
         conn.shell.tx_ready.notify();
     }
     sent
@@ -639,23 +686,46 @@ fn read_from_memory(conn: &Rc<Conn>, itt: TaskRef, device: &Device, op: &BlockOp
 
 /// Completes a write to a null or RAM LU at once, where the command
 /// arrived: no task, no wait. `false` when the request is anything else.
-fn write_to_memory(conn: &Conn, task: TaskRef, device: &Device, op: &BlockOp<Buf>, residual: Option<Residual>) -> bool {
+fn write_to_memory(
+    conn: &Conn,
+    task: TaskRef,
+    device: &Device,
+    op: &BlockOp<Buf>,
+    residual: Option<Residual>,
+    (lun, t0): (u64, u64),
+) -> bool {
     let BlockOp::Write { lba, ref data, .. } = *op else { return false };
     let Some(result) = device.write_now(lba, &data.0) else { return false };
+    let bytes = (Op::Write, data.0.len() as u64);
     match result {
-        Ok(()) => conn.good(task, false, &[], residual),
+        Ok(()) => {
+            conn.record(lun, bytes, t0, None);
+            conn.good(task, false, &[], residual)
+        }
         Err(e) => {
             log::warn!("{}: write on {} failed: {e}", conn.shell.peer, device.name());
-            conn.check(task, &scsi::io_error_sense(&e, true));
+            let sense = scsi::io_error_sense(&e, true);
+            conn.record(lun, bytes, t0, Some(&sense));
+            conn.check(task, &sense);
         }
     }
     true
 }
 
-async fn run_io(conn: Rc<Conn>, itt: TaskRef, unit: Arc<Unit>, op: BlockOp<Buf>, residual: Option<Residual>) {
+/// What `op` counts as, and the bytes it moves.
+fn op_kind(op: &BlockOp<Buf>, block_size: usize) -> (Op, u64) {
+    match op {
+        BlockOp::Read { blocks, .. } => (Op::Read, (*blocks as u64).saturating_mul(block_size as u64)),
+        BlockOp::Write { data, .. } => (Op::Write, data.0.len() as u64),
+        _ => (Op::Other, 0),
+    }
+}
+
+async fn run_io(conn: Rc<Conn>, itt: TaskRef, unit: Arc<Unit>, op: BlockOp<Buf>, residual: Option<Residual>, t0: u64) {
     let device = &unit.lu.device;
     let write = op.is_write();
     let bs = device.geometry().block_size as usize;
+    let kind = op_kind(&op, bs);
     let sense = |e: blockdev::Error| {
         log::warn!("{}: {} on {} failed: {e}", conn.shell.peer, if write { "write" } else { "read" }, device.name());
         scsi::io_error_sense(&e, write)
@@ -695,6 +765,7 @@ async fn run_io(conn: Rc<Conn>, itt: TaskRef, unit: Arc<Unit>, op: BlockOp<Buf>,
             }
         }
     };
+    conn.record(unit.lu.lun, kind, t0, result.as_ref().err());
     if conn.finished(itt) {
         log::debug!("{}: ITT {:#x} was aborted; its result is dropped", conn.shell.peer, itt.itt);
         return;

@@ -260,7 +260,7 @@ impl Listeners {
                         Ok(l) => {
                             let stop = Rc::new(Cell::new(false));
                             mine.push(Mine { addr: w.addr, version: w.version, stop: stop.clone(), fd: l.as_raw_fd() });
-                            reactor::spawn(accept_loop(l, w.proto, w.count.clone(), stop, self.ctx.clone()));
+                            reactor::spawn(accept_loop(l, w.addr, w.proto, w.count.clone(), stop, self.ctx.clone()));
                         }
                         Err(e) => errors.push(format!("reactor {index}: listen {}: {e}", w.addr)),
                     }
@@ -280,6 +280,7 @@ impl Listeners {
 
 async fn accept_loop(
     l: reactor::net::TcpListener,
+    port: SocketAddr,
     proto: Protocol,
     count: Arc<PortCount>,
     stop: Rc<Cell<bool>>,
@@ -314,11 +315,11 @@ async fn accept_loop(
                 match proto {
                     Protocol::Nvme(bindings) => reactor::spawn(holding(
                         slot,
-                        crate::nvme::serve(stream, ctx.target.clone(), bindings, ctx.handshake),
+                        crate::nvme::serve(stream, ctx.target.clone(), bindings, ctx.handshake, port),
                     )),
                     Protocol::Iscsi => reactor::spawn(holding(
                         slot,
-                        crate::iscsi_tcp::serve(stream, ctx.iscsi.clone(), ctx.icfg.clone()),
+                        crate::iscsi_tcp::serve(stream, ctx.iscsi.clone(), ctx.icfg.clone(), port),
                     )),
                 };
             }

@@ -11,9 +11,12 @@ mod edit;
 mod iscsi_tcp;
 mod lifecycle;
 mod listen;
+mod metrics;
 mod nvme;
 mod runtime;
 mod serve;
+mod stats;
+mod visibility;
 
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};

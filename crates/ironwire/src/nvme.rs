@@ -14,6 +14,7 @@
 //! `M` of its key.
 
 use crate::conn::{Outbox, Shell};
+use crate::stats::{self, Failure, Op};
 use blockdev::{BlockDevice, Device, IoBuf};
 use nvme_spec::{Cqe, Sqe, Status};
 use nvmf::{BlockOp, Outcome};
@@ -95,6 +96,8 @@ pub trait Binding: 'static {
     fn take_transmit(&mut self, out: &mut Vec<u8>);
     /// Bytes waiting to be sent.
     fn transmit_len(&self) -> usize;
+    /// Header and data digests in use (iWARP: the MPA CRC, as both).
+    fn digests(&self) -> (bool, bool);
 }
 
 /// The [`Binding`] methods both bindings have under the same name and
@@ -144,6 +147,9 @@ impl Binding for nvmf_tcp::target::TargetConnection<Buf> {
             }
         })
     }
+    fn digests(&self) -> (bool, bool) {
+        nvmf_tcp::target::TargetConnection::digests(self)
+    }
     forward_binding!(nvmf_tcp::target::TargetConnection);
 }
 
@@ -169,6 +175,10 @@ impl Binding for nvmf_rdma::target::TargetQueue<Buf> {
             )),
         })
     }
+    fn digests(&self) -> (bool, bool) {
+        let crc = nvmf_rdma::target::TargetQueue::crc(self);
+        (crc, crc)
+    }
     forward_binding!(nvmf_rdma::target::TargetQueue);
 }
 
@@ -185,6 +195,7 @@ struct Conn<T> {
     wire: RefCell<T>,
     queue: RefCell<Queue>,
     shell: Shell,
+    stats: stats::Connection,
 }
 
 impl<T: Binding> Outbox for Conn<T> {
@@ -206,11 +217,46 @@ impl<T: Binding> Conn<T> {
         self.wire.borrow_mut().send_response(cqe);
         self.shell.tx_ready.notify();
     }
+
+    /// Counts an I/O of namespace `nsid` begun at `t0` (µs, the loop
+    /// clock) that ended with `status`.
+    fn record(&self, nsid: u32, (op, bytes): (Op, u64), t0: u64, status: Status) {
+        let failure = (!status.is_success()).then_some(Failure::Nvme(status));
+        let latency = reactor::now_us().saturating_sub(t0);
+        let scope = || {
+            let subsystem = self.queue.borrow().controller()?.subsystem()?.nqn.clone();
+            Some(stats::Scope::Namespace { subsystem, nsid })
+        };
+        self.stats.with(u64::from(nsid), scope, |c| c.record(op, bytes, latency, failure));
+    }
+
+    /// Counts a command that failed before reaching a device.
+    fn failed(&self, status: Status) {
+        if !status.is_success() {
+            self.stats.port().error(Failure::Nvme(status));
+        }
+    }
+}
+
+/// What `op` counts as, and the bytes it moves.
+fn op_kind(op: &BlockOp<Buf>) -> (Op, u64) {
+    match op {
+        BlockOp::Read { len_bytes, .. } => (Op::Read, u64::from(*len_bytes)),
+        BlockOp::Write { data, .. } => (Op::Write, data.0.len() as u64),
+        _ => (Op::Other, 0),
+    }
 }
 
 /// Serves one accepted connection until it closes; one that has not
 /// completed Fabrics Connect within `handshake` is closed.
-pub async fn serve(stream: TcpStream, target: Arc<Target>, bindings: Bindings, handshake: Duration) {
+/// `port` is the listening address it came in on, for the counters.
+pub async fn serve(
+    stream: TcpStream,
+    target: Arc<Target>,
+    bindings: Bindings,
+    handshake: Duration,
+    port: std::net::SocketAddr,
+) {
     let _ = stream.set_nodelay(true);
     let (Ok(local), Ok(peer)) = (stream.local_addr(), stream.peer_addr()) else {
         return;
@@ -238,11 +284,13 @@ pub async fn serve(stream: TcpStream, target: Arc<Target>, bindings: Bindings, h
     match (bindings.tcp, bindings.rdma) {
         (_, Some((cfg, transport))) if rdma => {
             let wire = nvmf_rdma::target::TargetQueue::<Buf>::new(cfg);
-            run(wire, (rd, rx), wr, first, Queue::new(target, transport, local, peer), peer, handshake).await
+            let stats = stats::Connection::open("nvme-rdma", port, peer);
+            run(wire, (rd, rx), wr, first, Queue::new(target, transport, local, peer), stats, handshake).await
         }
         (Some((cfg, transport)), _) => {
             let wire = nvmf_tcp::target::TargetConnection::<Buf>::new(cfg);
-            run(wire, (rd, rx), wr, first, Queue::new(target, transport, local, peer), peer, handshake).await
+            let stats = stats::Connection::open("nvme-tcp", port, peer);
+            run(wire, (rd, rx), wr, first, Queue::new(target, transport, local, peer), stats, handshake).await
         }
         _ => {}
     }
@@ -254,10 +302,11 @@ async fn run<T: Binding>(
     wr: TcpStream,
     first: Vec<u8>,
     queue: Queue,
-    peer: std::net::SocketAddr,
+    stats: stats::Connection,
     handshake: Duration,
 ) {
-    let conn = Rc::new(Conn { wire: RefCell::new(wire), queue: RefCell::new(queue), shell: Shell::new(peer) });
+    let peer = stats.peer();
+    let conn = Rc::new(Conn { wire: RefCell::new(wire), queue: RefCell::new(queue), shell: Shell::new(peer), stats });
     log::debug!("{peer}: connected");
     let writer = reactor::spawn(crate::conn::write_loop(wr, conn.clone()));
     let ticker = reactor::spawn(tick_loop(conn.clone(), rd, now_ms().saturating_add(handshake.as_millis() as u64)));
@@ -310,6 +359,7 @@ fn dispatch_events<T: Binding>(conn: &Rc<Conn<T>>, now_ms: u64) -> bool {
                     }
                     Err(status) => {
                         log::debug!("{}: cid {} SGL rejected: {status}", conn.shell.peer, sqe.cid.get());
+                        conn.failed(status);
                         conn.respond(Cqe::new(sqe.cid.get(), status, 0));
                     }
                 }
@@ -324,6 +374,7 @@ fn dispatch_events<T: Binding>(conn: &Rc<Conn<T>>, now_ms: u64) -> bool {
                     conn.shell.peer
                 );
                 conn.queue.borrow_mut().data_failed(cid);
+                conn.failed(Status::TRANSIENT_TRANSPORT_ERROR);
                 conn.respond(Cqe::new(cid, Status::TRANSIENT_TRANSPORT_ERROR, 0));
             }
             BindingEvent::Close { reason } => {
@@ -340,6 +391,7 @@ fn dispatch_events<T: Binding>(conn: &Rc<Conn<T>>, now_ms: u64) -> bool {
 fn answer<T: Binding>(conn: &Rc<Conn<T>>, cid: u16, outcome: Outcome<Buf, Device>) {
     match outcome {
         Outcome::Complete { cqe, data } => {
+            conn.failed(cqe.status());
             if data.is_empty() {
                 conn.wire.borrow_mut().send_response(cqe);
             } else {
@@ -348,8 +400,9 @@ fn answer<T: Binding>(conn: &Rc<Conn<T>>, cid: u16, outcome: Outcome<Buf, Device
         }
         Outcome::NeedData { len } => conn.wire.borrow_mut().request_data(cid, len),
         Outcome::Io(req) => {
-            if !read_from_memory(conn, &req) && !write_to_memory(conn, &req) {
-                reactor::spawn(run_io(conn.clone(), req));
+            let t0 = reactor::now_us();
+            if !read_from_memory(conn, &req, t0) && !write_to_memory(conn, &req, t0) {
+                reactor::spawn(run_io(conn.clone(), req, t0));
             }
         }
         Outcome::Deferred => {}
@@ -357,8 +410,21 @@ fn answer<T: Binding>(conn: &Rc<Conn<T>>, cid: u16, outcome: Outcome<Buf, Device
             let mut wire = conn.wire.borrow_mut();
             wire.set_queue(qid, sqsize, sq_flow_disabled);
             wire.send_response(cqe);
+            let digests = wire.digests();
+            drop(wire);
+            if let Some(c) = conn.queue.borrow().controller() {
+                conn.stats.logged_in(stats::Login::Nvme {
+                    hostnqn: c.hostnqn.clone(),
+                    subsystem: c.subsystem().map(|s| s.nqn.clone()).unwrap_or_default(),
+                    cntlid: c.cntlid,
+                    qid,
+                    depth: u32::from(sqsize) + 1,
+                    digests,
+                });
+            }
         }
         Outcome::CompleteAndClose { cqe } => {
+            conn.failed(cqe.status());
             conn.wire.borrow_mut().send_response(cqe);
             conn.shell.close();
         }
@@ -369,7 +435,7 @@ fn answer<T: Binding>(conn: &Rc<Conn<T>>, cid: u16, outcome: Outcome<Buf, Device
 /// the device straight into the send buffer, with no task and no buffer in
 /// between. `false` when the request is anything else or the read failed
 /// (`run_io` then answers it, with the error status).
-fn read_from_memory<T: Binding>(conn: &Rc<Conn<T>>, req: &BlockRequest) -> bool {
+fn read_from_memory<T: Binding>(conn: &Rc<Conn<T>>, req: &BlockRequest, t0: u64) -> bool {
     let BlockOp::Read { lba, len_bytes } = req.op else { return false };
     if !req.device.reads_from_memory() {
         return false;
@@ -380,6 +446,7 @@ fn read_from_memory<T: Binding>(conn: &Rc<Conn<T>>, req: &BlockRequest) -> bool 
             matches!(req.device.read_now(lba, dst), Some(Ok(())))
         });
     if sent {
+        conn.record(req.nsid, (Op::Read, u64::from(len_bytes)), t0, Status::SUCCESS);
         conn.shell.tx_ready.notify();
     }
     sent
@@ -387,7 +454,7 @@ fn read_from_memory<T: Binding>(conn: &Rc<Conn<T>>, req: &BlockRequest) -> bool 
 
 /// Completes a write to a null or RAM device at once, where the command
 /// arrived: no task, no wait. `false` when the request is anything else.
-fn write_to_memory<T: Binding>(conn: &Conn<T>, req: &BlockRequest) -> bool {
+fn write_to_memory<T: Binding>(conn: &Conn<T>, req: &BlockRequest, t0: u64) -> bool {
     let BlockOp::Write { lba, ref data, .. } = req.op else { return false };
     let Some(result) = req.device.write_now(lba, &data.0) else { return false };
     let status = match result {
@@ -397,13 +464,15 @@ fn write_to_memory<T: Binding>(conn: &Conn<T>, req: &BlockRequest) -> bool {
             nvmf::io_error_status(&e, true)
         }
     };
+    conn.record(req.nsid, (Op::Write, data.0.len() as u64), t0, status);
     conn.respond(Cqe::new(req.cid, status, 0));
     true
 }
 
-async fn run_io<T: Binding>(conn: Rc<Conn<T>>, req: BlockRequest) {
+async fn run_io<T: Binding>(conn: Rc<Conn<T>>, req: BlockRequest, t0: u64) {
     let _running = conn.shell.io_task();
-    let BlockRequest { cid, device, op } = req;
+    let BlockRequest { cid, nsid, device, op } = req;
+    let kind = op_kind(&op);
     let ok = |s: Result<(), blockdev::Error>, write: bool| match s {
         Ok(()) => Status::SUCCESS,
         Err(e) => {
@@ -421,6 +490,7 @@ async fn run_io<T: Binding>(conn: Rc<Conn<T>>, req: BlockRequest) {
             let (r, buf) = device.read(lba, IoBuf::with_len(len_bytes as usize)).await;
             let status = ok(r, false);
             if status.is_success() {
+                conn.record(nsid, kind, t0, status);
                 conn.wire.borrow_mut().send_data(cid, &buf, Cqe::new(cid, status, 0));
                 conn.shell.tx_ready.notify();
                 return;
@@ -451,6 +521,7 @@ async fn run_io<T: Binding>(conn: Rc<Conn<T>>, req: BlockRequest) {
             }
         }
     };
+    conn.record(nsid, kind, t0, status);
     conn.respond(Cqe::new(cid, status, 0));
 }
 

@@ -63,6 +63,7 @@ fn check_fixed(old: &Config, new: &Config) -> Result<()> {
         t.insert("limits".into(), toml::Value::try_from(&c.limits)?);
         t.insert("timeouts".into(), toml::Value::try_from(&c.timeouts)?);
         t.insert("control".into(), toml::Value::try_from(&c.control)?);
+        t.insert("metrics".into(), toml::Value::try_from(&c.metrics)?);
         Ok(t)
     };
     let (a, b) = (fixed(old)?, fixed(new)?);

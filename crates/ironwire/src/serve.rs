@@ -171,6 +171,10 @@ pub fn run(mut config: Config, ctl_socket: &std::path::Path, origin: Origin) -> 
             Err(e) => log::error!("SIGHUP: configuration not reloaded, nothing changed: {e:#}"),
         }
     })?;
+    crate::stats::start_clock();
+    if let Some(addr) = config.metrics.addr()? {
+        crate::metrics::spawn(addr)?;
+    }
     let registered = usize::try_from(config.reactor.registered_buffers.0).unwrap_or(usize::MAX);
     let rcfg = reactor::Config {
         poll: std::time::Duration::from_micros(u64::from(config.reactor.poll_us)),
@@ -184,6 +188,7 @@ pub fn run(mut config: Config, ctl_socket: &std::path::Path, origin: Origin) -> 
             let listeners = listeners.clone();
             async move {
                 crate::alloc::count_this_thread(format!("reactor-{}", id.index));
+                crate::stats::register_reactor(id.index);
                 if registered > 0 {
                     // Without the memlock allowance (non-root, low
                     // RLIMIT_MEMLOCK) the reactor runs on ordinary buffers.

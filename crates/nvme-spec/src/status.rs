@@ -104,14 +104,113 @@ impl Status {
     }
 }
 
+impl Status {
+    /// The status code's name as NVMe Base 2.0 section 4.6.1.2 gives it,
+    /// for logs and `ctl` output; `None` for a code this crate does not
+    /// name. Command-specific code 0x82 means "Connect Invalid Parameters"
+    /// to a Fabrics Connect and "Attempted Write to Read Only Range" to an
+    /// I/O command: both are named.
+    pub fn name(self) -> Option<&'static str> {
+        Some(match (self.sct(), self.sc()) {
+            (0, 0x00) => "Successful Completion",
+            (0, 0x01) => "Invalid Command Opcode",
+            (0, 0x02) => "Invalid Field in Command",
+            (0, 0x03) => "Command ID Conflict",
+            (0, 0x04) => "Data Transfer Error",
+            (0, 0x06) => "Internal Error",
+            (0, 0x07) => "Command Abort Requested",
+            (0, 0x08) => "Command Aborted due to SQ Deletion",
+            (0, 0x0b) => "Invalid Namespace or Format",
+            (0, 0x0c) => "Command Sequence Error",
+            (0, 0x0f) => "Data SGL Length Invalid",
+            (0, 0x11) => "SGL Descriptor Type Invalid",
+            (0, 0x16) => "SGL Offset Invalid",
+            (0, 0x18) => "Host Identifier Inconsistent Format",
+            (0, 0x19) => "Keep Alive Timer Expired",
+            (0, 0x1a) => "Keep Alive Timeout Invalid",
+            (0, 0x22) => "Transient Transport Error",
+            (0, 0x80) => "LBA Out of Range",
+            (0, 0x81) => "Capacity Exceeded",
+            (0, 0x82) => "Namespace Not Ready",
+            (1, 0x01) => "Invalid Queue Identifier",
+            (1, 0x02) => "Invalid Queue Size",
+            (1, 0x05) => "Asynchronous Event Request Limit Exceeded",
+            (1, 0x09) => "Invalid Log Page",
+            (1, 0x0d) => "Feature Identifier Not Saveable",
+            (1, 0x0e) => "Feature Not Changeable",
+            (1, 0x80) => "Connect Incompatible Format",
+            (1, 0x81) => "Connect Controller Busy",
+            (1, 0x82) => "Connect Invalid Parameters / Attempted Write to Read Only Range",
+            (1, 0x84) => "Connect Invalid Host",
+            (2, 0x80) => "Write Fault",
+            (2, 0x81) => "Unrecovered Read Error",
+            (2, 0x85) => "Compare Failure",
+            _ => return None,
+        })
+    }
+}
+
+/// The name, then the codes: `LBA Out of Range (sct 0x0 sc 0x80, dnr)`.
 impl core::fmt::Display for Status {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
-        write!(
-            f,
-            "sct {:#x} sc {:#04x}{}",
-            self.sct(),
-            self.sc(),
-            if self.0 & Self::DNR_BIT != 0 { " dnr" } else { "" }
-        )
+        let dnr = if self.0 & Self::DNR_BIT != 0 { ", dnr" } else { "" };
+        match self.name() {
+            Some(name) => write!(f, "{name} (sct {:#x} sc {:#04x}{dnr})", self.sct(), self.sc()),
+            None => write!(f, "sct {:#x} sc {:#04x}{dnr}", self.sct(), self.sc()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Status;
+
+    #[test]
+    fn displays_the_status_name_before_its_codes() {
+        assert_eq!(Status::LBA_OUT_OF_RANGE.dnr().to_string(), "LBA Out of Range (sct 0x0 sc 0x80, dnr)");
+        assert_eq!(Status::COMPARE_FAILURE.to_string(), "Compare Failure (sct 0x2 sc 0x85)");
+        assert_eq!(Status(0x0ff).to_string(), "sct 0x0 sc 0xff");
+    }
+
+    #[test]
+    fn every_named_constant_has_a_name() {
+        for s in [
+            Status::SUCCESS,
+            Status::INVALID_OPCODE,
+            Status::INVALID_FIELD,
+            Status::CID_CONFLICT,
+            Status::DATA_TRANSFER_ERROR,
+            Status::INTERNAL,
+            Status::ABORT_REQUESTED,
+            Status::ABORTED_SQ_DELETION,
+            Status::INVALID_NAMESPACE,
+            Status::COMMAND_SEQUENCE_ERROR,
+            Status::SGL_DATA_LENGTH_INVALID,
+            Status::SGL_DESCRIPTOR_TYPE_INVALID,
+            Status::SGL_OFFSET_INVALID,
+            Status::HOST_ID_INCONSISTENT,
+            Status::KEEP_ALIVE_EXPIRED,
+            Status::KEEP_ALIVE_INVALID,
+            Status::TRANSIENT_TRANSPORT_ERROR,
+            Status::LBA_OUT_OF_RANGE,
+            Status::CAPACITY_EXCEEDED,
+            Status::NAMESPACE_NOT_READY,
+            Status::INVALID_QUEUE_ID,
+            Status::INVALID_QUEUE_SIZE,
+            Status::ASYNC_EVENT_LIMIT,
+            Status::INVALID_LOG_PAGE,
+            Status::FEATURE_NOT_SAVEABLE,
+            Status::FEATURE_NOT_CHANGEABLE,
+            Status::CONNECT_INCOMPATIBLE_FORMAT,
+            Status::CONNECT_CONTROLLER_BUSY,
+            Status::CONNECT_INVALID_PARAMETERS,
+            Status::CONNECT_INVALID_HOST,
+            Status::WRITE_TO_READ_ONLY,
+            Status::WRITE_FAULT,
+            Status::UNRECOVERED_READ,
+            Status::COMPARE_FAILURE,
+        ] {
+            assert!(s.dnr().name().is_some(), "{:#x} has no name", s.0);
+        }
     }
 }

@@ -15,6 +15,8 @@ use std::sync::Arc;
 pub struct BlockRequest<B, D> {
     /// Command identifier to complete.
     pub cid: u16,
+    /// The namespace the command addressed (for per-namespace figures).
+    pub nsid: u32,
     /// The device.
     pub device: Arc<D>,
     /// What to do.
@@ -135,7 +137,7 @@ impl<D: BlockDevice> Queue<D> {
             }
             Ok(sgl_len)
         };
-        let req = |op| Outcome::Io(BlockRequest { cid, device: device.clone(), op });
+        let req = |op| Outcome::Io(BlockRequest { cid, nsid, device: device.clone(), op });
         match Io(sqe.opcode) {
             Io::READ => match transfer(sqe.blocks()) {
                 Ok(len_bytes) => req(BlockOp::Read { lba: sqe.slba(), len_bytes }),

@@ -42,18 +42,19 @@ fn start_instant() -> Instant {
     *START.get_or_init(Instant::now)
 }
 
-fn ms_since_start(t: Instant) -> u64 {
-    u64::try_from(t.saturating_duration_since(start_instant()).as_millis()).unwrap_or(u64::MAX)
+fn us_since_start(t: Instant) -> u64 {
+    u64::try_from(t.saturating_duration_since(start_instant()).as_micros()).unwrap_or(u64::MAX)
 }
 
 thread_local! {
-    /// The time of the current loop turn, on a reactor thread.
-    static LOOP_MS: Cell<Option<u64>> = const { Cell::new(None) };
+    /// The time of the current loop turn (µs since start), on a reactor
+    /// thread.
+    static LOOP_US: Cell<Option<u64>> = const { Cell::new(None) };
 }
 
 /// Records the time read at the start of a loop turn.
 pub(crate) fn set_loop_time(now: Instant) {
-    LOOP_MS.with(|c| c.set(Some(ms_since_start(now))));
+    LOOP_US.with(|c| c.set(Some(us_since_start(now))));
 }
 
 /// Milliseconds on a monotonic clock that started with the process: the
@@ -61,7 +62,14 @@ pub(crate) fn set_loop_time(now: Instant) {
 /// time of the current loop turn (the clock is read once per turn, not per
 /// command).
 pub fn now_ms() -> u64 {
-    LOOP_MS.with(Cell::get).unwrap_or_else(|| ms_since_start(Instant::now()))
+    now_us() / 1000
+}
+
+/// As [`now_ms`], in microseconds: on a reactor thread the time of the
+/// current loop turn, so timing an I/O with it costs no clock read (and
+/// is as fine as the loop's turns).
+pub fn now_us() -> u64 {
+    LOOP_US.with(Cell::get).unwrap_or_else(|| us_since_start(Instant::now()))
 }
 
 /// The CPUs this process may run on.

@@ -297,6 +297,9 @@ impl Runtime {
             }
             core.reap();
             last_activity = Instant::now();
+            // The tasks this wake-up runs see the time after the sleep,
+            // not the time before it.
+            crate::set_loop_time(last_activity);
         }
     }
 }

@@ -21,6 +21,20 @@ pub mod status {
     pub const TASK_SET_FULL: u8 = 0x28;
     /// TASK ABORTED.
     pub const TASK_ABORTED: u8 = 0x40;
+
+    /// The status's name (SAM-5 table 39), for logs and `ctl` output.
+    pub fn name(status: u8) -> Option<&'static str> {
+        Some(match status {
+            GOOD => "GOOD",
+            CHECK_CONDITION => "CHECK CONDITION",
+            CONDITION_MET => "CONDITION MET",
+            BUSY => "BUSY",
+            RESERVATION_CONFLICT => "RESERVATION CONFLICT",
+            TASK_SET_FULL => "TASK SET FULL",
+            TASK_ABORTED => "TASK ABORTED",
+            _ => return None,
+        })
+    }
 }
 
 /// Sense keys (SPC-4 4.5.6, table 27).
@@ -43,6 +57,27 @@ pub mod key {
     pub const ABORTED_COMMAND: u8 = 0xB;
     /// MISCOMPARE.
     pub const MISCOMPARE: u8 = 0xE;
+
+    /// The sense key's name (SPC-4 table 27).
+    pub fn name(key: u8) -> &'static str {
+        match key & 0x0F {
+            NO_SENSE => "NO SENSE",
+            0x1 => "RECOVERED ERROR",
+            NOT_READY => "NOT READY",
+            MEDIUM_ERROR => "MEDIUM ERROR",
+            HARDWARE_ERROR => "HARDWARE ERROR",
+            ILLEGAL_REQUEST => "ILLEGAL REQUEST",
+            UNIT_ATTENTION => "UNIT ATTENTION",
+            DATA_PROTECT => "DATA PROTECT",
+            0x8 => "BLANK CHECK",
+            0x9 => "VENDOR SPECIFIC",
+            0xA => "COPY ABORTED",
+            ABORTED_COMMAND => "ABORTED COMMAND",
+            0xD => "VOLUME OVERFLOW",
+            MISCOMPARE => "MISCOMPARE",
+            _ => "COMPLETED",
+        }
+    }
 }
 
 /// Where in the CDB or parameter list an invalid field sits (the
@@ -146,6 +181,38 @@ impl Sense {
         Sense { info: Some(offset), ..Sense::MISCOMPARE }
     }
 
+    /// The additional sense code's description (SPC-4 annex D) for the
+    /// codes this crate sends; `None` for others.
+    pub fn asc_name(&self) -> Option<&'static str> {
+        Some(match (self.asc, self.ascq) {
+            (0x00, 0x00) => "NO ADDITIONAL SENSE INFORMATION",
+            (0x0C, 0x00) => "WRITE ERROR",
+            (0x11, 0x00) => "UNRECOVERED READ ERROR",
+            (0x1A, 0x00) => "PARAMETER LIST LENGTH ERROR",
+            (0x1D, 0x00) => "MISCOMPARE DURING VERIFY OPERATION",
+            (0x20, 0x00) => "INVALID COMMAND OPERATION CODE",
+            (0x21, 0x00) => "LOGICAL BLOCK ADDRESS OUT OF RANGE",
+            (0x24, 0x00) => "INVALID FIELD IN CDB",
+            (0x25, 0x00) => "LOGICAL UNIT NOT SUPPORTED",
+            (0x26, 0x00) => "INVALID FIELD IN PARAMETER LIST",
+            (0x26, 0x04) => "INVALID RELEASE OF PERSISTENT RESERVATION",
+            (0x27, 0x00) => "WRITE PROTECTED",
+            (0x27, 0x07) => "SPACE ALLOCATION FAILED WRITE PROTECT",
+            (0x29, 0x00) => "POWER ON, RESET, OR BUS DEVICE RESET OCCURRED",
+            (0x29, 0x03) => "BUS DEVICE RESET FUNCTION OCCURRED",
+            (0x29, 0x07) => "I_T NEXUS LOSS OCCURRED",
+            (0x2A, 0x01) => "MODE PARAMETERS CHANGED",
+            (0x2A, 0x03) => "RESERVATIONS PREEMPTED",
+            (0x2A, 0x04) => "RESERVATIONS RELEASED",
+            (0x2A, 0x05) => "REGISTRATIONS PREEMPTED",
+            (0x2A, 0x09) => "CAPACITY DATA HAS CHANGED",
+            (0x2F, 0x00) => "COMMANDS CLEARED BY ANOTHER INITIATOR",
+            (0x39, 0x00) => "SAVING PARAMETERS NOT SUPPORTED",
+            (0x3F, 0x0E) => "REPORTED LUNS DATA HAS CHANGED",
+            _ => return None,
+        })
+    }
+
     /// Whether this is a unit attention.
     pub fn is_unit_attention(&self) -> bool {
         self.key == key::UNIT_ATTENTION
@@ -202,6 +269,18 @@ impl Sense {
     }
 }
 
+/// The key's and the code's names, then the codes: `ILLEGAL REQUEST:
+/// LOGICAL BLOCK ADDRESS OUT OF RANGE (key 0x5 asc 0x21 ascq 0x00)`.
+impl std::fmt::Display for Sense {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", key::name(self.key))?;
+        if let Some(what) = self.asc_name() {
+            write!(f, ": {what}")?;
+        }
+        write!(f, " (key {:#x} asc {:#04x} ascq {:#04x})", self.key, self.asc, self.ascq)
+    }
+}
+
 /// The one mapping from a block-device error to sense data (`write` tells
 /// a failed write from a failed read).
 pub fn io_error_sense(err: &block::Error, write: bool) -> Sense {
@@ -230,6 +309,17 @@ pub fn miscompare(expected: &[u8], actual: &[u8]) -> Option<Sense> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn displays_sense_and_status_by_name() {
+        assert_eq!(
+            Sense::LBA_OUT_OF_RANGE.to_string(),
+            "ILLEGAL REQUEST: LOGICAL BLOCK ADDRESS OUT OF RANGE (key 0x5 asc 0x21 ascq 0x00)"
+        );
+        assert_eq!(Sense::new(key::MEDIUM_ERROR, 0x77, 0x01).to_string(), "MEDIUM ERROR (key 0x3 asc 0x77 ascq 0x01)");
+        assert_eq!(status::name(status::CHECK_CONDITION), Some("CHECK CONDITION"));
+        assert_eq!(status::name(0x22), None);
+    }
 
     #[test]
     fn fixed_sense_lba_out_of_range_golden() {

@@ -1,0 +1,370 @@
+//! The control socket's read commands on what the daemon is doing: `stats`
+//! (per namespace, LUN, port and reactor) and `hosts` / `sessions` (who is
+//! connected), as text lines or, with `--json`, one JSON document.
+//! Statuses and sense appear by name. It only reads `stats`.
+
+use crate::stats::{self, Failure, Host, Latency, Login, Scope, Snapshot, Totals};
+use serde_json::{json, Value};
+use std::fmt::Write as _;
+use std::time::SystemTime;
+
+/// The quantiles `ctl stats` shows.
+const QUANTILES: [(&str, f64); 4] = [("p50", 0.5), ("p90", 0.9), ("p99", 0.99), ("p99.9", 0.999)];
+
+fn latency_text(name: &str, l: &Latency) -> String {
+    if l.count() == 0 {
+        return String::new();
+    }
+    let mut out = format!(" {name}_lat_us");
+    for (q, v) in QUANTILES {
+        match l.quantile_us(v) {
+            Some(us) => {
+                let _ = write!(out, " {q}<={us}");
+            }
+            None => {
+                let _ = write!(out, " {q}>{}", stats::bucket_bound_us(stats::BUCKETS - 2).unwrap_or(0));
+            }
+        }
+    }
+    out
+}
+
+fn totals_text(t: &Totals) -> String {
+    let mut out = format!(
+        "reads={} writes={} other={} read_bytes={} write_bytes={} errors={}",
+        t.reads, t.writes, t.other, t.read_bytes, t.write_bytes, t.errors
+    );
+    for (name, l) in ["read", "write", "other"].iter().zip(&t.latency) {
+        out.push_str(&latency_text(name, l));
+    }
+    if let Some(f) = t.last_error {
+        let _ = write!(out, " last_error=\"{f}\"");
+    }
+    out
+}
+
+/// `stats` lines after the process's CPU: reactors, namespaces, LUNs,
+/// ports.
+pub fn stats_text(snap: &Snapshot) -> String {
+    let mut out = String::new();
+    for r in &snap.reactors {
+        let _ = writeln!(
+            out,
+            "reactor {} busy={:.1}% connections={} cpu_us={} allocs={}",
+            r.index,
+            r.busy_percent,
+            r.connections,
+            r.cpu.as_micros(),
+            r.allocations
+        );
+    }
+    for (s, t) in &snap.scopes {
+        let what = match s {
+            Scope::Namespace { subsystem, nsid } => format!("namespace {subsystem} {nsid}"),
+            Scope::Lun { target, lun } => format!("lun {target} {lun}"),
+        };
+        let _ = writeln!(out, "{what} {}", totals_text(t));
+    }
+    for (a, p) in &snap.ports {
+        let _ = writeln!(out, "port {a} connections={} accepted={} {}", p.open, p.accepted, totals_text(&p.io));
+    }
+    out
+}
+
+fn latency_json(l: &Latency) -> Value {
+    let mut v = json!({ "count": l.count(), "sum_us": l.sum_us });
+    for (q, x) in QUANTILES {
+        v[format!("{q}_us")] = json!(l.quantile_us(x));
+    }
+    v["buckets"] = Value::Array(
+        l.buckets.iter().enumerate().map(|(i, n)| json!({ "le_us": stats::bucket_bound_us(i), "count": n })).collect(),
+    );
+    v
+}
+
+fn failure_json(f: Option<Failure>) -> Value {
+    match f {
+        None => Value::Null,
+        Some(f) => {
+            let code = match f {
+                Failure::Nvme(s) => {
+                    json!({ "sct": s.sct(), "sc": s.sc(), "dnr": s.0 & nvme_spec::Status::DNR_BIT != 0 })
+                }
+                Failure::Scsi { key, asc, ascq } => json!({ "key": key, "asc": asc, "ascq": ascq }),
+                Failure::ScsiStatus(st) => json!({ "status": st }),
+            };
+            json!({ "name": f.to_string(), "code": code })
+        }
+    }
+}
+
+fn totals_json(t: &Totals) -> Value {
+    json!({
+        "reads": t.reads,
+        "writes": t.writes,
+        "other": t.other,
+        "read_bytes": t.read_bytes,
+        "write_bytes": t.write_bytes,
+        "errors": t.errors,
+        "last_error": failure_json(t.last_error),
+        "latency": {
+            "read": latency_json(&t.latency[0]),
+            "write": latency_json(&t.latency[1]),
+            "other": latency_json(&t.latency[2]),
+        },
+    })
+}
+
+/// `stats --json`.
+pub fn stats_json(snap: &Snapshot) -> String {
+    let (user, system) = crate::cpu::self_cpu();
+    let mut namespaces = Vec::new();
+    let mut luns = Vec::new();
+    for (s, t) in &snap.scopes {
+        let mut v = totals_json(t);
+        match s {
+            Scope::Namespace { subsystem, nsid } => {
+                v["subsystem"] = json!(subsystem);
+                v["nsid"] = json!(nsid);
+                namespaces.push(v);
+            }
+            Scope::Lun { target, lun } => {
+                v["target"] = json!(target);
+                v["lun"] = json!(lun);
+                luns.push(v);
+            }
+        }
+    }
+    let ports: Vec<Value> = snap
+        .ports
+        .iter()
+        .map(|(a, p)| {
+            let mut v = totals_json(&p.io);
+            v["port"] = json!(a.to_string());
+            v["connections"] = json!(p.open);
+            v["accepted"] = json!(p.accepted);
+            v
+        })
+        .collect();
+    let reactors: Vec<Value> = snap
+        .reactors
+        .iter()
+        .map(|r| {
+            json!({
+                "reactor": r.index,
+                "busy_percent": (r.busy_percent * 10.0).round() / 10.0,
+                "connections": r.connections,
+                "cpu_us": r.cpu.as_micros() as u64,
+                "allocations": r.allocations,
+            })
+        })
+        .collect();
+    let doc = json!({
+        "process": { "user_us": user.as_micros() as u64, "system_us": system.as_micros() as u64 },
+        "reactors": reactors,
+        "namespaces": namespaces,
+        "luns": luns,
+        "ports": ports,
+    });
+    format!("{doc:#}\n")
+}
+
+/// `2026-11-25T00:59:19Z`.
+fn utc(t: SystemTime) -> String {
+    let secs = t.duration_since(SystemTime::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
+    let (days, rem) = (secs / 86_400, secs % 86_400);
+    // Days since 1970-01-01 to a civil date (the proleptic Gregorian
+    // calendar, eras of 400 years).
+    let z = days as i64 + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!("{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z", rem / 3600, rem % 3600 / 60, rem % 60)
+}
+
+fn on_off(b: bool) -> &'static str {
+    if b {
+        "on"
+    } else {
+        "off"
+    }
+}
+
+/// An NVMe controller: its queues, which are connections of their own.
+struct Controller<'a> {
+    hostnqn: &'a str,
+    subsystem: &'a str,
+    cntlid: u16,
+    queues: Vec<(&'a Host, u16, u32, (bool, bool))>,
+}
+
+fn controllers(hosts: &[Host]) -> Vec<Controller<'_>> {
+    let mut out: Vec<Controller> = Vec::new();
+    for h in hosts {
+        let Some(Login::Nvme { hostnqn, subsystem, cntlid, qid, depth, digests }) = &h.login else { continue };
+        let q = (h, *qid, *depth, *digests);
+        match out.iter_mut().find(|c| c.subsystem == subsystem && c.cntlid == *cntlid) {
+            Some(c) => c.queues.push(q),
+            None => out.push(Controller { hostnqn, subsystem, cntlid: *cntlid, queues: vec![q] }),
+        }
+    }
+    for c in &mut out {
+        c.queues.sort_by_key(|q| q.1);
+    }
+    out
+}
+
+/// `hosts` (and `sessions`): one line per NVMe controller and per iSCSI
+/// session, then connections that have not logged in yet.
+pub fn hosts_text(hosts: &[Host]) -> String {
+    let mut out = String::new();
+    for c in controllers(hosts) {
+        let Some(&(first, _, _, (hd, dd))) = c.queues.first() else { continue };
+        let queues: Vec<String> = c.queues.iter().map(|(_, qid, depth, _)| format!("{qid}:{depth}")).collect();
+        let _ = writeln!(
+            out,
+            "{} host={} subsystem={} cntlid={} address={} port={} queues={} hdgst={} ddgst={} chap=none since={}",
+            first.protocol,
+            c.hostnqn,
+            c.subsystem,
+            c.cntlid,
+            first.peer.ip(),
+            first.port,
+            queues.join(","),
+            on_off(hd),
+            on_off(dd),
+            utc(first.since)
+        );
+    }
+    for h in hosts {
+        match &h.login {
+            Some(Login::Iscsi { initiator, target, tsih, isid, depth, digests, chap }) => {
+                let _ = writeln!(
+                    out,
+                    "iscsi initiator={initiator} target={} tsih={tsih} isid=0x{isid} address={} port={} \
+                     queue_depth={depth} header_digest={} data_digest={} chap={} since={}",
+                    target.as_deref().unwrap_or("(discovery)"),
+                    h.peer,
+                    h.port,
+                    on_off(digests.0),
+                    on_off(digests.1),
+                    chap.replace(' ', "-"),
+                    utc(h.since)
+                );
+            }
+            Some(Login::Nvme { .. }) => {}
+            None => {
+                let _ = writeln!(
+                    out,
+                    "{} connecting address={} port={} since={}",
+                    h.protocol,
+                    h.peer,
+                    h.port,
+                    utc(h.since)
+                );
+            }
+        }
+    }
+    out
+}
+
+/// `hosts --json`.
+pub fn hosts_json(hosts: &[Host]) -> String {
+    let nvme: Vec<Value> = controllers(hosts)
+        .iter()
+        .map(|c| {
+            let queues: Vec<Value> = c
+                .queues
+                .iter()
+                .map(|(h, qid, depth, (hd, dd))| {
+                    json!({
+                        "qid": qid,
+                        "depth": depth,
+                        "address": h.peer.to_string(),
+                        "reactor": h.reactor,
+                        "header_digest": hd,
+                        "data_digest": dd,
+                        "since": utc(h.since),
+                    })
+                })
+                .collect();
+            let first = c.queues.first().map(|q| q.0);
+            json!({
+                "protocol": first.map(|h| h.protocol),
+                "hostnqn": c.hostnqn,
+                "subsystem": c.subsystem,
+                "cntlid": c.cntlid,
+                "port": first.map(|h| h.port.to_string()),
+                "chap": "none",
+                "since": first.map(|h| utc(h.since)),
+                "connected_s": first.map(|h| h.connected.as_secs()),
+                "queues": queues,
+            })
+        })
+        .collect();
+    let mut iscsi = Vec::new();
+    let mut connecting = Vec::new();
+    for h in hosts {
+        match &h.login {
+            Some(Login::Iscsi { initiator, target, tsih, isid, depth, digests, chap }) => iscsi.push(json!({
+                "initiator": initiator,
+                "target": target,
+                "tsih": tsih,
+                "isid": format!("0x{isid}"),
+                "address": h.peer.to_string(),
+                "port": h.port.to_string(),
+                "reactor": h.reactor,
+                "queue_depth": depth,
+                "header_digest": digests.0,
+                "data_digest": digests.1,
+                "chap": chap,
+                "since": utc(h.since),
+                "connected_s": h.connected.as_secs(),
+            })),
+            Some(Login::Nvme { .. }) => {}
+            None => connecting.push(json!({
+                "protocol": h.protocol,
+                "address": h.peer.to_string(),
+                "port": h.port.to_string(),
+                "since": utc(h.since),
+            })),
+        }
+    }
+    format!("{:#}\n", json!({ "nvme": nvme, "iscsi": iscsi, "connecting": connecting }))
+}
+
+/// Runs a read command (`stats`, `hosts`, `sessions`, each with an
+/// optional `--json`); `None` when `words` is not one.
+pub fn handle(words: &[&str], process_lines: impl FnOnce() -> String) -> Option<anyhow::Result<String>> {
+    let (cmd, json) = match words {
+        [cmd] => (*cmd, false),
+        [cmd, "--json"] => (*cmd, true),
+        _ => return None,
+    };
+    Some(Ok(match (cmd, json) {
+        ("stats", false) => process_lines() + &stats_text(&stats::snapshot()),
+        ("stats", true) => stats_json(&stats::snapshot()),
+        ("hosts" | "sessions", false) => hosts_text(&stats::hosts()),
+        ("hosts" | "sessions", true) => hosts_json(&stats::hosts()),
+        _ => return None,
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::utc;
+    use std::time::{Duration, SystemTime};
+
+    #[test]
+    fn formats_utc_dates() {
+        let at = |s: u64| utc(SystemTime::UNIX_EPOCH + Duration::from_secs(s));
+        assert_eq!(at(0), "1970-01-01T00:00:00Z");
+        assert_eq!(at(951_782_400), "2000-02-29T00:00:00Z");
+        assert_eq!(at(1_795_564_759), "2026-11-24T23:59:19Z");
+    }
+}
