@@ -153,7 +153,7 @@ fn exact_geometry(size_bytes: u64, block_size: u32) -> Result<Geometry, Error> {
 }
 
 fn open_err(path: &Path) -> impl FnOnce(io::Error) -> Error + '_ {
-    move |source| Error::Open { path: path.to_path_buf(), source }
+    move |reason| Error::Open { path: path.to_path_buf(), reason }
 }
 
 impl Device {

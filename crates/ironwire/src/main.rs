@@ -1,4 +1,5 @@
-//! ironwire: one daemon that exports block devices over NVMe/TCP.
+//! ironwire: one daemon that exports block devices over NVMe/TCP, NVMe/RDMA
+//! (iWARP) and iSCSI.
 
 mod admit;
 mod alloc;
@@ -16,7 +17,11 @@ use clap::{Parser, Subcommand};
 use std::path::PathBuf;
 
 #[derive(Parser)]
-#[command(name = "ironwire", version, about = "A user-space storage target: block devices over NVMe/TCP")]
+#[command(
+    name = "ironwire",
+    version,
+    about = "A user-space storage target: block devices over NVMe/TCP, NVMe/RDMA (iWARP) and iSCSI"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,

@@ -308,7 +308,11 @@ pub fn run(config: Config, ctl_socket: &std::path::Path) -> Result<()> {
         ready.push(format!("iscsiadm -m discovery -t st -p {a}"));
         ready.push(format!("iscsiadm -m node -T {} -p {a} --login", t.iqn));
     }
-    println!("ready: {}", ready.join(" | "));
+    // One command per line, so that each can be copied whole.
+    println!("ready: connect with any of:");
+    for r in &ready {
+        println!("  {r}");
+    }
     for h in handles {
         let _ = h.join();
     }
