@@ -887,7 +887,8 @@ pub fn valid_iscsi_name(s: &str) -> bool {
     s.len() <= 223 && (eui || (s.starts_with("iqn.") && s.len() > 4 && ok_chars))
 }
 
-fn check_chap(c: &ChapConfig) -> Result<(), String> {
+/// Checks CHAP credentials as the iSCSI target will take them.
+pub fn check_chap(c: &ChapConfig) -> Result<(), String> {
     if c.user.is_empty() || c.user.len() > 255 {
         return Err(format!("user {:?} must be 1 to 255 bytes", c.user));
     }

@@ -8,6 +8,7 @@ mod config;
 mod conn;
 mod control;
 mod cpu;
+mod import;
 mod iscsi_tcp;
 mod nvme;
 mod serve;
@@ -66,6 +67,15 @@ enum Command {
         /// TOML configuration file.
         config: PathBuf,
     },
+    /// Print the ironwire configuration equivalent to a saved nvmetcli or
+    /// targetcli configuration; what has no equivalent is named on stderr.
+    Import {
+        /// The tool that wrote FILE.
+        #[arg(value_enum)]
+        format: import::Format,
+        /// `nvmetcli save` output, or targetcli's /etc/target/saveconfig.json.
+        file: PathBuf,
+    },
 }
 
 fn load(path: &std::path::Path) -> Result<config::Config> {
@@ -114,6 +124,16 @@ fn real_main() -> Result<()> {
                 None => control::default_socket()?,
             };
             serve::run(cfg, &ctl_socket)
+        }
+        Command::Import { format, file } => {
+            let imported = import::import(format, &file)?;
+            print!("{}", imported.toml);
+            for n in &imported.notes {
+                eprintln!("ironwire import: {n}");
+            }
+            config::Config::parse(&imported.toml)
+                .context("the imported configuration does not pass check-config here")?;
+            Ok(())
         }
         Command::CheckConfig { config } => {
             let cfg = load(&config)?;

@@ -184,3 +184,154 @@ fn check_config_and_serve_agree_on_every_example() {
         let _ = std::fs::remove_dir_all(&dir);
     }
 }
+
+/// A fixture under tests/fixtures.
+fn fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(name)
+}
+
+/// `ironwire import FORMAT FILE`: stdout, stderr and success.
+fn import(format: &str, file: &Path) -> (String, String, bool) {
+    let out = run(&["import", format, file.to_str().expect("utf-8 path")]);
+    (String::from_utf8_lossy(&out.stdout).into(), String::from_utf8_lossy(&out.stderr).into(), out.status.success())
+}
+
+fn array<'a>(t: &'a toml::Table, key: &str) -> &'a Vec<toml::Value> {
+    t.get(key).and_then(toml::Value::as_array).unwrap_or_else(|| panic!("no [[{key}]] in {t}"))
+}
+
+fn find<'a>(list: &'a [toml::Value], key: &str, value: &str) -> &'a toml::Value {
+    list.iter()
+        .find(|v| v.get(key).and_then(toml::Value::as_str) == Some(value))
+        .unwrap_or_else(|| panic!("no {key} = {value:?}"))
+}
+
+#[test]
+fn import_nvmetcli_maps_ports_subsystems_namespaces_and_hosts() {
+    let (out, err, _) = import("nvmetcli", &fixture("nvmetcli.json"));
+    let t: toml::Table = out.parse().unwrap_or_else(|e| panic!("not TOML ({e}):\n{out}\n{err}"));
+    let ports = array(&t, "port");
+    let addrs: Vec<String> = ports
+        .iter()
+        .map(|p| format!("{} {}", p["transport"].as_str().unwrap_or(""), p["address"].as_str().unwrap_or("")))
+        .collect();
+    assert_eq!(addrs, ["tcp 192.168.10.5:4420", "rdma 192.168.10.5:4420", "tcp 192.168.10.5:8009"]);
+    assert_eq!(ports[2].get("discovery_only").and_then(toml::Value::as_bool), Some(true), "a port with no subsystems");
+    let subs = array(&t, "subsystem");
+    assert_eq!(subs.len(), 2, "the subsystem no host may use is left out: {subs:?}");
+    let fast = find(subs, "nqn", "nqn.2026-11.com.example:fast");
+    assert_eq!(fast["allow_any_host"].as_bool(), Some(false));
+    assert_eq!(fast["hosts"].as_array().map(Vec::len), Some(1));
+    assert_eq!(fast["serial"].as_str(), Some("a1b2c3d4e5f60718"));
+    let archive = find(subs, "nqn", "nqn.2026-11.com.example:archive");
+    assert_eq!(archive["namespace"].as_array().map(Vec::len), Some(1), "the disabled namespace is left out");
+    let devices = array(&t, "device");
+    let nvme = find(devices, "path", "/dev/nvme0n1");
+    if !Path::new("/dev/nvme0n1").exists() {
+        assert_eq!(nvme["kind"].as_str(), Some("block"), "a missing /dev path is taken for a block device");
+    }
+    assert_eq!(find(devices, "path", "/var/lib/nvmet/scratch.img")["kind"].as_str(), Some("file"));
+    for note in [
+        "trtype \"loop\" has no equivalent",
+        "1 referral(s) have no equivalent",
+        "attr.model = \"Linux\" has no equivalent",
+        "device.uuid has no equivalent",
+        "namespaces[2]: disabled in nvmet",
+        "subsystems[nqn.2026-11.com.example:closed]: no host may connect",
+        "links only nqn.2026-11.com.example:fast; ironwire exports every subsystem on every port",
+    ] {
+        assert!(err.contains(note), "stderr does not say {note:?}:\n{err}");
+    }
+}
+
+#[test]
+fn import_targetcli_maps_backstores_targets_portals_acls_and_chap() {
+    let (out, err, _) = import("targetcli", &fixture("targetcli.json"));
+    let t: toml::Table = out.parse().unwrap_or_else(|e| panic!("not TOML ({e}):\n{out}\n{err}"));
+    let devices = array(&t, "device");
+    let disk = find(devices, "name", "disk1");
+    assert_eq!((disk["kind"].as_str(), disk["size"].as_integer()), (Some("file"), Some(64 << 20)));
+    assert_eq!(find(devices, "name", "rd1")["kind"].as_str(), Some("ram"));
+    assert_eq!(find(devices, "name", "null1")["kind"].as_str(), Some("null"));
+    assert_eq!(find(devices, "name", "blk1")["block_size"].as_integer(), Some(4096));
+    assert!(devices.iter().all(|d| d["name"].as_str() != Some("tape0")), "pscsi has no equivalent");
+    let ports = array(&t, "port");
+    assert_eq!(ports.len(), 2, "one port per distinct portal: {ports:?}");
+    assert!(ports.iter().all(|p| p["transport"].as_str() == Some("iscsi")));
+    let targets = array(&t, "iscsi_target");
+    assert_eq!(targets.len(), 2, "the loopback target is left out");
+    let acl_target = find(targets, "iqn", "iqn.2003-01.org.linux-iscsi.storage1.x8664:sn.5c1f8a2e9b3d");
+    assert_eq!(acl_target["allow_any_initiator"].as_bool(), Some(false));
+    let acls = acl_target["acl"].as_array().expect("acls");
+    assert_eq!(acls.len(), 2, "the ACL with a 5-byte secret is left out, so it cannot log in: {acls:?}");
+    let host1 = find(acls, "initiator", "iqn.1994-05.com.redhat:host1");
+    assert_eq!(host1["chap"]["user"].as_str(), Some("host1"));
+    assert_eq!(host1["mutual_chap"]["secret"].as_str(), Some("target-secret-22"));
+    assert_eq!(acl_target["lun"].as_array().map(Vec::len), Some(2), "the pscsi LUN is left out");
+    let demo = find(targets, "iqn", "iqn.2003-01.org.linux-iscsi.storage1.x8664:sn.scratch");
+    assert_eq!(demo["allow_any_initiator"].as_bool(), Some(true), "generate_node_acls = 1");
+    assert_eq!(t["iscsi"]["discovery_chap"]["user"].as_str(), Some("discoverer"));
+    for note in [
+        "plugin \"pscsi\" has no equivalent",
+        "readonly has no equivalent",
+        "host2]: write_protect has no equivalent",
+        "host3]: CHAP secret is 5 bytes",
+        "TPG 2 left out",
+        "iser has no equivalent",
+        "fabric \"loopback\" has no equivalent",
+    ] {
+        assert!(err.contains(note), "stderr does not say {note:?}:\n{err}");
+    }
+}
+
+/// The fixture rewritten for this machine: its paths under `dir` (the
+/// /dev ones as regular files, made here), its addresses on free loopback
+/// ports.
+fn localised_fixture(name: &str, dir: &Path) -> PathBuf {
+    let mut text = std::fs::read_to_string(fixture(name)).expect("fixture");
+    for dev in ["/dev/nvme0n1", "/dev/sdb"] {
+        let local = dir.join(dev.trim_start_matches("/dev/"));
+        text = text.replace(&format!("\"{dev}\""), &format!("\"{}\"", local.display()));
+    }
+    // nvmet opens its files as they are; targetcli creates disk1.img.
+    for file in ["nvme0n1", "sdb", "scratch.img", "archive.img"] {
+        std::fs::File::create(dir.join(file)).and_then(|f| f.set_len(16 << 20)).expect("backing file");
+    }
+    for d in ["/var/lib/nvmet", "/var/lib/target"] {
+        text = text.replace(d, &dir.display().to_string());
+    }
+    text = text.replace("192.168.10.5", "127.0.0.1").replace("0.0.0.0", "127.0.0.1");
+    for port in ["4420", "8009"] {
+        text = text.replace(&format!("\"trsvcid\": \"{port}\""), &format!("\"trsvcid\": \"{}\"", free_port()));
+    }
+    for port in ["3260", "3261"] {
+        text = text.replace(&format!("\"port\": {port}"), &format!("\"port\": {}", free_port()));
+    }
+    let path = dir.join(name);
+    std::fs::write(&path, text).expect("localised fixture");
+    path
+}
+
+#[test]
+fn imported_configurations_pass_check_config_and_serve() {
+    for (format, name) in [("nvmetcli", "nvmetcli.json"), ("targetcli", "targetcli.json")] {
+        let dir = temp_dir(&format!("import-{format}"));
+        let (out, err, ok) = import(format, &localised_fixture(name, &dir));
+        assert!(ok, "{format}: import failed:\n{err}\n{out}");
+        assert_eq!(
+            err.contains("cannot be examined"),
+            format == "targetcli",
+            "{format}: only disk1.img is missing:\n{err}"
+        );
+        let cfg = dir.join("ironwire.toml");
+        std::fs::write(&cfg, &out).expect("imported config");
+        let check = run(&["check-config", cfg.to_str().expect("utf-8 path")]);
+        assert!(check.status.success(), "{format}: {}", String::from_utf8_lossy(&check.stderr));
+        let lines = serve_until_ready(&["--config", cfg.to_str().expect("utf-8 path")], &dir, &[]);
+        let log = lines.last().expect("log");
+        let expect =
+            if format == "nvmetcli" { "nqn.2026-11.com.example:fast" } else { "sn.scratch luns [0:rd1, 1:null1]" };
+        assert!(log.contains(expect), "{format}: the daemon does not export {expect:?}:\n{log}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
