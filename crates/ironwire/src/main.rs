@@ -17,10 +17,16 @@ use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
 use std::path::PathBuf;
 
+/// The version and the git revision it was built from.
+const VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), " (git ", env!("IRONWIRE_GIT_REV"), ")");
+
+/// Where `serve` looks for its configuration when given no `--config`.
+const DEFAULT_CONFIG: &str = "/etc/ironwire/ironwire.toml";
+
 #[derive(Parser)]
 #[command(
     name = "ironwire",
-    version,
+    version = VERSION,
     about = "A user-space storage target: block devices over NVMe/TCP, NVMe/RDMA (iWARP) and iSCSI"
 )]
 struct Cli {
@@ -30,7 +36,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Run the target (the embedded default when no --config is given).
+    /// Run the target (with no --config: /etc/ironwire/ironwire.toml when it
+    /// exists, else the embedded default).
     Serve {
         /// TOML configuration file.
         #[arg(long, short)]
@@ -76,6 +83,20 @@ enum Command {
         /// `nvmetcli save` output, or targetcli's /etc/target/saveconfig.json.
         file: PathBuf,
     },
+    /// Print the manual page (roff; `ironwire man | man -l -`), or write
+    /// it and one page per subcommand into a directory.
+    Man {
+        /// Write ironwire.1 and ironwire-SUBCOMMAND.1 here instead, e.g.
+        /// /usr/local/share/man/man1.
+        #[arg(long)]
+        out_dir: Option<PathBuf>,
+    },
+    /// Print the shell completion script for SHELL.
+    Completions {
+        /// The shell.
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
 }
 
 fn load(path: &std::path::Path) -> Result<config::Config> {
@@ -113,7 +134,14 @@ fn real_main() -> Result<()> {
         Command::Serve { config, cores, ctl_socket } => {
             let mut cfg = match config {
                 Some(p) => load(&p)?,
-                None => config::Config::embedded_default(),
+                None if std::path::Path::new(DEFAULT_CONFIG).exists() => {
+                    eprintln!("ironwire: no --config: using {DEFAULT_CONFIG}");
+                    load(std::path::Path::new(DEFAULT_CONFIG))?
+                }
+                None => {
+                    eprintln!("ironwire: no --config and no {DEFAULT_CONFIG}: using the embedded default");
+                    config::Config::embedded_default()
+                }
             };
             if !cores.is_empty() {
                 config::check_cores(&cores).context("--cores")?;
@@ -124,6 +152,20 @@ fn real_main() -> Result<()> {
                 None => control::default_socket()?,
             };
             serve::run(cfg, &ctl_socket)
+        }
+        Command::Man { out_dir } => {
+            let command = <Cli as clap::CommandFactory>::command();
+            match out_dir {
+                Some(dir) => std::fs::create_dir_all(&dir)
+                    .and_then(|()| clap_mangen::generate_to(command, &dir))
+                    .with_context(|| format!("writing manual pages into {}", dir.display())),
+                None => Ok(clap_mangen::Man::new(command).render(&mut std::io::stdout())?),
+            }
+        }
+        Command::Completions { shell } => {
+            let mut command = <Cli as clap::CommandFactory>::command();
+            clap_complete::generate(shell, &mut command, "ironwire", &mut std::io::stdout());
+            Ok(())
         }
         Command::Import { format, file } => {
             let imported = import::import(format, &file)?;

@@ -280,7 +280,7 @@ pub fn run(config: Config, ctl_socket: &std::path::Path) -> Result<()> {
             Err(_) => anyhow::bail!("a reactor stopped during startup"),
         }
     }
-    eprintln!("ironwire {}: {} reactor(s) on cpus {:?}", env!("CARGO_PKG_VERSION"), handles.len(), cpus);
+    eprintln!("ironwire {}: {} reactor(s) on cpus {:?}", crate::VERSION, handles.len(), cpus);
     for p in target.ports().iter().filter(|p| p.discovery_only) {
         eprintln!("  nvme/{} {} discovery only", p.transport.name, p.addr);
     }

@@ -335,3 +335,132 @@ fn imported_configurations_pass_check_config_and_serve() {
         let _ = std::fs::remove_dir_all(&dir);
     }
 }
+
+/// The subcommands `--help` lists (without `help`).
+fn subcommands() -> Vec<String> {
+    let help = String::from_utf8(run(&["--help"]).stdout).expect("utf-8 help");
+    let list: Vec<String> = help
+        .lines()
+        .skip_while(|l| !l.starts_with("Commands:"))
+        .skip(1)
+        .take_while(|l| l.starts_with("  "))
+        .filter_map(|l| l.split_whitespace().next().map(str::to_string))
+        .filter(|c| c != "help")
+        .collect();
+    for expected in ["serve", "ctl", "bench", "check-config", "import", "man", "completions"] {
+        assert!(list.iter().any(|c| c == expected), "--help does not list {expected}: {list:?}");
+    }
+    list
+}
+
+#[test]
+fn version_names_the_git_revision() {
+    let out = String::from_utf8(run(&["--version"]).stdout).expect("utf-8");
+    let git = Command::new("git").args(["rev-parse", "--short", "HEAD"]).current_dir(repo()).output();
+    let rev = match git {
+        Ok(o) if o.status.success() => String::from_utf8_lossy(&o.stdout).trim().to_string(),
+        _ => "unknown".to_string(),
+    };
+    assert_eq!(out.trim(), format!("ironwire {} (git {rev})", env!("CARGO_PKG_VERSION")));
+}
+
+#[test]
+fn man_pages_and_completions_cover_every_subcommand() {
+    let subs = subcommands();
+    let page = String::from_utf8(run(&["man"]).stdout).expect("utf-8 man page");
+    assert!(page.starts_with(".ie") || page.contains(".TH ironwire 1"), "not roff:\n{page}");
+    let dir = temp_dir("man");
+    let out = run(&["man", "--out-dir", dir.join("man1").to_str().expect("utf-8 path")]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    for sub in &subs {
+        assert!(page.contains(&format!("ironwire\\-{}", sub.replace('-', "\\-"))), "the man page omits {sub}");
+        let sub_page = dir.join(format!("man1/ironwire-{sub}.1"));
+        assert!(sub_page.is_file(), "no {}", sub_page.display());
+    }
+    for shell in ["bash", "zsh", "fish", "elvish", "powershell"] {
+        let out = run(&["completions", shell]);
+        assert!(out.status.success(), "{shell}: {}", String::from_utf8_lossy(&out.stderr));
+        let script = String::from_utf8(out.stdout).expect("utf-8 completions");
+        for sub in &subs {
+            assert!(script.contains(sub.as_str()), "{shell} completions omit {sub}");
+        }
+    }
+    let out = run(&["completions", "tcsh"]);
+    assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("tcsh"));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn the_unit_file_passes_systemd_analyze_verify() {
+    let unit = std::fs::read_to_string(repo().join("packaging/ironwire.service")).expect("unit file");
+    for key in ["Type=notify", "ExecReload=/bin/kill -HUP $MAINPID", "LimitMEMLOCK=infinity", "ProtectSystem=strict"] {
+        assert!(unit.lines().any(|l| l == key), "the unit has no {key}");
+    }
+    if Command::new("systemd-analyze").arg("--version").output().is_err() {
+        eprintln!("SKIPPED: systemd-analyze is not installed (scripts/test installs the systemd package)");
+        return;
+    }
+    // verify checks that ExecStart's binary exists and that the
+    // Documentation= man page resolves: point both at this build.
+    let dir = temp_dir("unit");
+    let out = run(&["man", "--out-dir", dir.join("man/man1").to_str().expect("utf-8 path")]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let local = unit.replace("/usr/local/bin/ironwire", &exe().display().to_string());
+    assert_ne!(local, unit, "ExecStart does not run /usr/local/bin/ironwire");
+    let path = dir.join("ironwire.service");
+    std::fs::write(&path, local).expect("unit copy");
+    let out = Command::new("systemd-analyze")
+        .arg("verify")
+        .arg(&path)
+        .env("MANPATH", dir.join("man"))
+        .output()
+        .expect("systemd-analyze");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "systemd-analyze verify failed:\n{err}");
+    let ours: Vec<&str> = err.lines().filter(|l| l.contains("ironwire")).collect();
+    assert!(ours.is_empty(), "systemd-analyze verify warns about the unit:\n{err}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn serve_without_config_says_which_it_used() {
+    if Path::new("/etc/ironwire/ironwire.toml").exists() {
+        eprintln!("SKIPPED: /etc/ironwire/ironwire.toml exists here; the embedded default is not used");
+        return;
+    }
+    // The embedded default listens on 127.0.0.1:4420 and :3260; a network
+    // namespace of its own keeps it off this machine's ports.
+    let probe = Command::new("unshare").args(["--net", "true"]).output();
+    if !probe.is_ok_and(|o| o.status.success()) {
+        eprintln!("SKIPPED: unshare --net cannot run here (needs root and util-linux)");
+        return;
+    }
+    let dir = temp_dir("no-config");
+    let wrapper = ["unshare", "--net", "sh", "-c", "ip link set lo up && exec \"$0\" \"$@\""];
+    let lines = serve_until_ready(&[], &dir, &wrapper);
+    let log = lines.last().expect("log");
+    assert!(
+        log.contains("no --config and no /etc/ironwire/ironwire.toml: using the embedded default"),
+        "serve does not say which configuration it used:\n{log}"
+    );
+    assert!(lines.iter().any(|l| l.contains("nqn.2026-11.io.ironwire:default")), "{lines:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn the_packaged_configuration_is_valid() {
+    // Checked like the examples (its directory is the unit's state
+    // directory, absent outside an installed system).
+    let text = std::fs::read_to_string(repo().join("packaging/ironwire.toml")).expect("packaging/ironwire.toml");
+    let dir = temp_dir("packaged");
+    let cfg = dir.join("ironwire.toml");
+    std::fs::write(&cfg, localised(&text, &dir)).expect("localised config");
+    let out = run(&["check-config", cfg.to_str().expect("utf-8 path")]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let lines = serve_until_ready(&["--config", cfg.to_str().expect("utf-8 path")], &dir, &[]);
+    assert!(
+        lines.iter().any(|l| l.trim().starts_with("iscsiadm -m node -T iqn.2026-11.io.ironwire:disk0")),
+        "{lines:?}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
