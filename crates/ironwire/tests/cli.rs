@@ -464,3 +464,36 @@ fn the_packaged_configuration_is_valid() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn bench_verify_tells_unwritten_blocks_from_corrupt_ones_and_says_ok() {
+    let dir = temp_dir("verify");
+    let file = dir.join("dev.img");
+    std::fs::File::create(&file).and_then(|f| f.set_len(1 << 20)).expect("fresh device file");
+    let device = format!("file:{}", file.display());
+    let bench = |rw: &str| {
+        run(&["bench", "local", "--device", &device, "--rw", rw, "--bs", "4k", "--qd", "4", "--time", "1", "--verify"])
+    };
+    let text = |o: &Output| format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
+    // A fresh device: nothing to verify, and nothing corrupt.
+    let fresh = bench("randread");
+    let t = text(&fresh);
+    assert!(!fresh.status.success(), "a read-only verify of a never-written device verified nothing:\n{t}");
+    assert!(t.contains("never written (zeros), not corrupt") && !t.contains("corrupt blocks"), "{t}");
+    // Written sequentially, then read back: OK, every block checked.
+    let written = bench("write");
+    assert!(written.status.success(), "{}", text(&written));
+    let read = bench("randread");
+    let out = String::from_utf8_lossy(&read.stdout);
+    assert!(read.status.success(), "{}", text(&read));
+    let ok = out.lines().find(|l| l.starts_with("verify OK: ")).unwrap_or_else(|| panic!("no verify OK line:\n{out}"));
+    assert!(ok.ends_with("none corrupt, 0 never written"), "{ok}");
+    // One block overwritten with something that is not zeros: corrupt.
+    let mut data = std::fs::read(&file).expect("device");
+    data[40 * 512..41 * 512].fill(0xff);
+    std::fs::write(&file, &data).expect("corrupt one block");
+    let bad = bench("read");
+    let t = text(&bad);
+    assert!(!bad.status.success() && t.contains("corrupt blocks") && t.contains("LBA 40"), "{t}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
