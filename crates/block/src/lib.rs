@@ -76,18 +76,27 @@ pub enum Error {
     /// A regular file was asked for and this is something else.
     #[error("{0} is not a regular file (use a block device for block devices)")]
     NotRegularFile(PathBuf),
-    /// Opening or sizing the backing file or device failed.
-    #[error("cannot open {path}: {source}")]
-    Open { path: PathBuf, source: io::Error },
-    /// An I/O error from the backing file or device.
+    /// Opening or sizing the backing file or device failed. The OS error is
+    /// part of the message and deliberately not a `source()`, so that a
+    /// printed error chain names it once.
+    #[error("cannot open {path}: {reason}")]
+    Open { path: PathBuf, reason: io::Error },
+    /// An I/O error from the backing file or device (in the message, not a
+    /// `source()`, as for `Open`).
     #[error("I/O error: {0}")]
-    Io(#[from] io::Error),
+    Io(io::Error),
     /// An earlier flush of this device failed: writes acknowledged before
     /// it may not be on stable storage, and the kernel reports such an
     /// error only once (fsyncgate), so every later flush fails too until
     /// the device is reopened.
     #[error("an earlier flush failed ({0}); writes acknowledged before it may be lost until the device is reopened")]
     EarlierFlushFailed(String),
+}
+
+impl From<io::Error> for Error {
+    fn from(e: io::Error) -> Error {
+        Error::Io(e)
+    }
 }
 
 /// What the protocol cores know of a device. Every method is a cheap,

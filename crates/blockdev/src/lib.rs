@@ -164,7 +164,7 @@ fn exact_geometry(size_bytes: u64, block_size: u32) -> Result<Geometry, Error> {
 }
 
 fn open_err(path: &Path) -> impl FnOnce(io::Error) -> Error + '_ {
-    move |source| Error::Open { path: path.to_path_buf(), source }
+    move |reason| Error::Open { path: path.to_path_buf(), reason }
 }
 
 impl Device {
@@ -280,7 +280,7 @@ impl Device {
         check_block_size(block_size)?;
         let spec = PathBuf::from(format!("rbd:{}/{}", options.pool, options.image));
         let image = rbd::Image::open(options)
-            .map_err(|e| Error::Open { path: spec.clone(), source: io::Error::other(e.to_string()) })?;
+            .map_err(|e| Error::Open { path: spec.clone(), reason: io::Error::other(e.to_string()) })?;
         let blocks = image.size() / u64::from(block_size);
         if blocks == 0 {
             return Err(Error::InvalidSize { size_bytes: image.size(), block_size });

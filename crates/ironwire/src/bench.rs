@@ -558,6 +558,7 @@ fn execute(h: &Header, l: &LoadArgs, base: BenchOptions, engine: Engine, exclude
         target: TargetCpu::new(l.target_pid, l.target_ctl.as_ref()),
         progress: l.output == Output::Human,
     };
+    let verify = base.verify;
     let m = how.run(base, engine, exclude)?;
     let r = Results { mode: h.mode, target: &h.target, threads: m.threads, report: &m.report, cpu: m.cpu };
     match l.output {
@@ -568,6 +569,21 @@ fn execute(h: &Header, l: &LoadArgs, base: BenchOptions, engine: Engine, exclude
     if report.verify_errors > 0 {
         let first = report.first_verify_error.as_ref().map(|e| format!(", first at {e}")).unwrap_or_default();
         bail!("verify: {} corrupt blocks{first}", report.verify_errors);
+    }
+    if verify && report.verify_checked > 0 {
+        let (checked, unwritten) = (report.verify_checked, report.verify_unwritten);
+        if checked == unwritten {
+            bail!(
+                "verify: none of the {checked} blocks read holds a pattern: they were never written (zeros), not \
+                 corrupt; write the range first with a writing --verify run"
+            );
+        }
+        let line =
+            format!("verify OK: {} blocks checked, none corrupt, {unwritten} never written", checked - unwritten);
+        match l.output {
+            Output::Human => println!("{line}"),
+            Output::Json => eprintln!("{line}"),
+        }
     }
     Ok(())
 }
@@ -738,6 +754,8 @@ impl Results<'_> {
                 "usr_cpu": c.usr_percent,
                 "sys_cpu": c.sys_percent,
                 "verify_errors": r.verify_errors,
+                "verify_checked": r.verify_checked,
+                "verify_unwritten": r.verify_unwritten,
                 "first_verify_error": first,
             }],
             "ironwire": {

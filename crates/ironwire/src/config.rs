@@ -349,6 +349,12 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
     n.checked_mul(mult).ok_or_else(|| format!("size {s:?} overflows"))
 }
 
+/// A byte count that must fit 32 bits, written as bytes or with a unit.
+fn size_u32<'de, D: serde::Deserializer<'de>>(d: D) -> Result<u32, D::Error> {
+    let Size(b) = Size::deserialize(d)?;
+    u32::try_from(b).map_err(|_| serde::de::Error::custom(format!("{b} bytes is more than 4 GiB - 1")))
+}
+
 /// An NVMe subsystem.
 #[derive(Debug, Deserialize, Serialize, Clone, PartialEq)]
 #[serde(deny_unknown_fields)]
@@ -465,14 +471,15 @@ fn default_registered_buffers() -> Size {
 #[derive(Debug, Deserialize, Serialize, Clone, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct NvmeTcpConfig {
-    /// In-capsule data accepted on I/O queues, bytes.
-    #[serde(default = "default_in_capsule")]
+    /// In-capsule data accepted on I/O queues, bytes (a number or a size
+    /// with a unit, like every byte count in the file).
+    #[serde(default = "default_in_capsule", deserialize_with = "size_u32")]
     pub in_capsule_data: u32,
     /// Largest transfer per command (MDTS), bytes; a power of two >= 4096.
-    #[serde(default = "default_max_transfer")]
+    #[serde(default = "default_max_transfer", deserialize_with = "size_u32")]
     pub max_transfer: u32,
     /// Most data bytes per H2CData PDU the host may send (MAXH2CDATA).
-    #[serde(default = "default_max_h2c")]
+    #[serde(default = "default_max_h2c", deserialize_with = "size_u32")]
     pub max_h2c_data: u32,
     /// Most I/O queues per controller.
     #[serde(default = "default_max_queues")]
@@ -970,7 +977,8 @@ pub fn valid_iscsi_name(s: &str) -> bool {
     s.len() <= 223 && (eui || (s.starts_with("iqn.") && s.len() > 4 && ok_chars))
 }
 
-fn check_chap(c: &ChapConfig) -> Result<(), String> {
+/// Checks CHAP credentials as the iSCSI target will take them.
+pub fn check_chap(c: &ChapConfig) -> Result<(), String> {
     if c.user.is_empty() || c.user.len() > 255 {
         return Err(format!("user {:?} must be 1 to 255 bytes", c.user));
     }
@@ -1065,6 +1073,29 @@ mod tests {
         assert_eq!(Config::parse(&always).expect("config").nvme_tcp.c2h_success, C2hSuccess::Always);
         let bad = format!("{base}[nvme_tcp]\nc2h_success = \"sometimes\"\n");
         assert!(format!("{:#}", Config::parse(&bad).expect_err("unknown value")).contains("sometimes"));
+    }
+
+    #[test]
+    fn every_byte_size_key_takes_units() {
+        let base = "[[port]]\naddress = \"127.0.0.1:4420\"\n";
+        let c = Config::parse(&format!(
+            "{base}[nvme_tcp]\nmax_transfer = \"1MiB\"\nin_capsule_data = \"16KiB\"\nmax_h2c_data = \"64KiB\"\n\
+             r2t_buffer = \"4MiB\"\n[reactor]\nregistered_buffers = \"8MiB\"\nreceive_buffer_size = \"64KiB\"\n\
+             [limits]\nsend_high_water = \"2MiB\"\n"
+        ))
+        .expect("sizes with units");
+        assert_eq!(
+            (c.nvme_tcp.max_transfer, c.nvme_tcp.in_capsule_data, c.nvme_tcp.max_h2c_data),
+            (1 << 20, 16 << 10, 64 << 10)
+        );
+        assert_eq!(
+            Config::parse(&format!("{base}[nvme_tcp]\nmax_transfer = 65536\n")).expect("bytes").nvme_tcp.max_transfer,
+            65536
+        );
+        let e = err_of(&format!("{base}[nvme_tcp]\nmax_transfer = \"8GiB\"\n"));
+        assert!(e.contains("max_transfer") && e.contains("more than 4 GiB"), "{e}");
+        let e = err_of(&format!("{base}[nvme_tcp]\nmax_h2c_data = \"64 parsecs\"\n"));
+        assert!(e.contains("max_h2c_data") && e.contains("unknown unit"), "{e}");
     }
 
     #[test]

@@ -1,4 +1,5 @@
-//! ironwire: one daemon that exports block devices over NVMe/TCP.
+//! ironwire: one daemon that exports block devices over NVMe/TCP, NVMe/RDMA
+//! (iWARP) and iSCSI.
 
 mod admit;
 mod alloc;
@@ -8,6 +9,7 @@ mod conn;
 mod control;
 mod cpu;
 mod edit;
+mod import;
 mod iscsi_tcp;
 mod lifecycle;
 mod listen;
@@ -22,8 +24,18 @@ use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
 use std::path::PathBuf;
 
+/// The version and the git revision it was built from.
+const VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), " (git ", env!("IRONWIRE_GIT_REV"), ")");
+
+/// Where `serve` looks for its configuration when given no `--config`.
+const DEFAULT_CONFIG: &str = "/etc/ironwire/ironwire.toml";
+
 #[derive(Parser)]
-#[command(name = "ironwire", version, about = "A user-space storage target: block devices over NVMe/TCP")]
+#[command(
+    name = "ironwire",
+    version = VERSION,
+    about = "A user-space storage target: block devices over NVMe/TCP, NVMe/RDMA (iWARP) and iSCSI"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -31,7 +43,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Run the target (the embedded default when no --config is given).
+    /// Run the target (with no --config: /etc/ironwire/ironwire.toml when it
+    /// exists, else the embedded default).
     Serve {
         /// TOML configuration file.
         #[arg(long, short)]
@@ -73,6 +86,29 @@ enum Command {
         /// TOML configuration file.
         config: PathBuf,
     },
+    /// Print the ironwire configuration equivalent to a saved nvmetcli or
+    /// targetcli configuration; what has no equivalent is named on stderr.
+    Import {
+        /// The tool that wrote FILE.
+        #[arg(value_enum)]
+        format: import::Format,
+        /// `nvmetcli save` output, or targetcli's /etc/target/saveconfig.json.
+        file: PathBuf,
+    },
+    /// Print the manual page (roff; `ironwire man | man -l -`), or write
+    /// it and one page per subcommand into a directory.
+    Man {
+        /// Write ironwire.1 and ironwire-SUBCOMMAND.1 here instead, e.g.
+        /// /usr/local/share/man/man1.
+        #[arg(long)]
+        out_dir: Option<PathBuf>,
+    },
+    /// Print the shell completion script for SHELL.
+    Completions {
+        /// The shell.
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
 }
 
 fn load(path: &std::path::Path) -> Result<config::Config> {
@@ -110,7 +146,14 @@ fn real_main() -> Result<()> {
         Command::Serve { config, cores, ctl_socket, persist } => {
             let mut cfg = match &config {
                 Some(p) => load(p)?,
-                None => config::Config::embedded_default(),
+                None if std::path::Path::new(DEFAULT_CONFIG).exists() => {
+                    eprintln!("ironwire: no --config: using {DEFAULT_CONFIG}");
+                    load(std::path::Path::new(DEFAULT_CONFIG))?
+                }
+                None => {
+                    eprintln!("ironwire: no --config and no {DEFAULT_CONFIG}: using the embedded default");
+                    config::Config::embedded_default()
+                }
             };
             if !cores.is_empty() {
                 config::check_cores(&cores).context("--cores")?;
@@ -121,6 +164,30 @@ fn real_main() -> Result<()> {
                 None => control::default_socket()?,
             };
             serve::run(cfg, &ctl_socket, serve::Origin { path: config, persist, cores })
+        }
+        Command::Man { out_dir } => {
+            let command = <Cli as clap::CommandFactory>::command();
+            match out_dir {
+                Some(dir) => std::fs::create_dir_all(&dir)
+                    .and_then(|()| clap_mangen::generate_to(command, &dir))
+                    .with_context(|| format!("writing manual pages into {}", dir.display())),
+                None => Ok(clap_mangen::Man::new(command).render(&mut std::io::stdout())?),
+            }
+        }
+        Command::Completions { shell } => {
+            let mut command = <Cli as clap::CommandFactory>::command();
+            clap_complete::generate(shell, &mut command, "ironwire", &mut std::io::stdout());
+            Ok(())
+        }
+        Command::Import { format, file } => {
+            let imported = import::import(format, &file)?;
+            print!("{}", imported.toml);
+            for n in &imported.notes {
+                eprintln!("ironwire import: {n}");
+            }
+            config::Config::parse(&imported.toml)
+                .context("the imported configuration does not pass check-config here")?;
+            Ok(())
         }
         Command::CheckConfig { config } => {
             let cfg = load(&config)?;

@@ -214,7 +214,7 @@ pub fn run(mut config: Config, ctl_socket: &std::path::Path, origin: Origin) -> 
         }
     })?;
     listeners.wait(generation, handles.len(), Duration::from_secs(30)).map_err(anyhow::Error::msg)?;
-    eprintln!("ironwire {}: {} reactor(s) on cpus {:?}", env!("CARGO_PKG_VERSION"), handles.len(), cpus);
+    eprintln!("ironwire {}: {} reactor(s) on cpus {:?}", crate::VERSION, handles.len(), cpus);
     for p in target.ports().iter().filter(|p| p.discovery_only) {
         eprintln!("  nvme/{} {} discovery only", p.transport.name, p.addr);
     }
@@ -244,7 +244,18 @@ pub fn run(mut config: Config, ctl_socket: &std::path::Path, origin: Origin) -> 
         ready.push(format!("iscsiadm -m discovery -t st -p {a}"));
         ready.push(format!("iscsiadm -m node -T {} -p {a} --login", t.iqn));
     }
-    println!("ready: {}", ready.join(" | "));
+    // One command per line, so that each can be copied whole. A reader
+    // that went away (`serve | head -1`) must not stop the target: write
+    // errors are ignored.
+    {
+        use std::io::Write;
+        let mut out = std::io::stdout().lock();
+        let _ = writeln!(out, "ready: connect with any of:");
+        for r in &ready {
+            let _ = writeln!(out, "  {r}");
+        }
+        let _ = out.flush();
+    }
     crate::lifecycle::notify("READY=1");
     let Ok(stop) = stop_rx.recv() else {
         anyhow::bail!("the signal thread ended");

@@ -77,8 +77,9 @@ impl Daemon {
         // The daemon refuses a control socket directory others may write.
         std::fs::set_permissions(&dir, std::os::unix::fs::PermissionsExt::from_mode(0o700)).expect("chmod temp dir");
         for _ in 0..3 {
-            let port =
-                std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("free port").port();
+            // Configurations may use port + 1 too (an iSCSI portal beside
+            // NVMe): both must be free.
+            let port = free_port_pair();
             let cfg = dir.join("ironwire.toml");
             std::fs::write(&cfg, config(&dir, port)).expect("write config");
             let launch = Launch {
@@ -167,6 +168,17 @@ impl Daemon {
     }
 }
 
+/// A port P with P + 1 free as well (at the time of asking).
+fn free_port_pair() -> u16 {
+    loop {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").expect("free port");
+        let port = l.local_addr().expect("local addr").port();
+        if port < u16::MAX && std::net::TcpListener::bind(("127.0.0.1", port + 1)).is_ok() {
+            return port;
+        }
+    }
+}
+
 /// How a daemon is started.
 struct Launch {
     wrapper: Vec<String>,
@@ -206,11 +218,11 @@ impl Launch {
         let stdout = child.stdout.take().expect("stdout");
         let (tx, rx) = mpsc::channel();
         std::thread::spawn(move || {
+            // Reads to the end, so the daemon never writes into a closed
+            // pipe.
             for line in BufReader::new(stdout).lines() {
                 let Ok(line) = line else { break };
-                if tx.send(line).is_err() {
-                    break;
-                }
+                let _ = tx.send(line);
             }
         });
         loop {
