@@ -2,8 +2,10 @@
 //! starts with ceph-peer and names in `IRONWIRE_CEPH_CONF`): NVMe/TCP and
 //! iSCSI write patterns through the daemon that the `rbd` CLI then finds in
 //! the image, flush, deallocate, write zeroes, compare and COMPARE AND
-//! WRITE (one `rbd_aio_compare_and_write`); and a cluster
-//! that cannot be reached fails `serve` with a message naming the monitors.
+//! WRITE (one `rbd_aio_compare_and_write`); a cluster that cannot be
+//! reached fails `serve` and `ctl add device` with a message naming the
+//! monitors; and the faults: an OSD stopped during I/O (a cluster of the
+//! test's own), `rbd resize` while exported, a blocklisted client.
 //! Each test makes its own small image; every wait is bounded.
 
 mod common;
@@ -532,4 +534,47 @@ fn rbd_resize_while_exported_reaches_nvme_and_iscsi_hosts() {
         s.logout().await.expect("logout");
     }));
     d.assert_alive();
+}
+
+#[test]
+fn blocklisted_client_gets_errors_and_the_daemon_keeps_serving() {
+    let Some(conf) = cluster() else { return };
+    let img = TestImage::new(&conf, "blocklist");
+    let rbd = img.device(512);
+    let mut d = Daemon::start_with("rbd-blocklist", move |_, port| {
+        format!(
+            "{rbd}\n[[device]]\nname = \"mem\"\nkind = \"ram\"\nsize = \"1MiB\"\n\n\
+             [[subsystem]]\nnqn = \"{NQN}\"\nallow_any_host = true\n\
+             [[subsystem.namespace]]\nnsid = 1\ndevice = \"ceph\"\n[[subsystem.namespace]]\nnsid = 2\ndevice = \"mem\"\n\n\
+             [[port]]\naddress = \"127.0.0.1:{port}\"\n\n[reactor]\ncores = [0]\n"
+        )
+    });
+    // The daemon's librados client, from the image's watchers.
+    let status = String::from_utf8(rbd_cli(&conf, &["status", &format!("rbd/{}", img.name)])).expect("utf-8");
+    let client = status
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix("watcher="))
+        .unwrap_or_else(|| panic!("the daemon watches its image: {status}"))
+        .to_string();
+    block_on(bounded(120, async {
+        let mut c = Controller::connect(d.addr, NQN, HOST, opts()).await.expect("connect");
+        c.write(0, 1, 0, pattern(4096, 1)).await.expect("write before the blocklist");
+        let out = Command::new("timeout")
+            .args(["60", "ceph", "-c"])
+            .arg(&conf)
+            .args(["osd", "blocklist", "add", &client])
+            .output()
+            .expect("run ceph");
+        assert!(out.status.success(), "ceph osd blocklist add: {}", String::from_utf8_lossy(&out.stderr));
+        let e = c.write(0, 1, 8, pattern(4096, 2)).await.expect_err("a blocklisted client's write fails");
+        assert!(e.status().is_some_and(|s| !s.is_success()), "an NVMe error status: {e}");
+        c.write(0, 2, 0, pattern(4096, 3)).await.expect("the RAM namespace still works");
+        assert!(c.read(0, 2, 0, 8).await.expect("ram read") == pattern(4096, 3));
+    }));
+    d.assert_alive();
+    let _ = Command::new("timeout")
+        .args(["60", "ceph", "-c"])
+        .arg(&conf)
+        .args(["osd", "blocklist", "rm", &client])
+        .output();
 }
