@@ -24,6 +24,7 @@ mod ram;
 use std::fmt;
 use std::io;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
 use std::time::Duration;
 
@@ -79,7 +80,7 @@ impl BlockDevice for Device {
     }
 
     fn geometry(&self) -> Geometry {
-        self.geometry
+        Geometry { block_size: self.geometry.block_size, blocks: self.blocks.load(Ordering::Acquire) }
     }
 
     /// True for file and block devices (page cache, disk cache): completed
@@ -109,7 +110,11 @@ enum Backend {
 pub struct Device {
     name: String,
     kind: Kind,
+    /// The block size; `blocks` here is the size at open.
     geometry: Geometry,
+    /// The capacity in blocks now: an rbd image may be resized while it
+    /// is exported ([`Device::refresh_size`]).
+    blocks: AtomicU64,
     path: Option<PathBuf>,
     backend: Backend,
     latency: Latency,
@@ -136,7 +141,7 @@ impl fmt::Debug for Device {
         f.debug_struct("Device")
             .field("name", &self.name)
             .field("kind", &self.kind)
-            .field("geometry", &self.geometry)
+            .field("geometry", &self.geometry())
             .field("path", &self.path)
             .field("direct_io", &self.direct_io())
             .field("latency", &self.latency)
@@ -170,10 +175,12 @@ fn open_err(path: &Path) -> impl FnOnce(io::Error) -> Error + '_ {
 impl Device {
     /// A device that reads zeros and discards writes, like `null_blk`.
     pub fn null(name: &str, size_bytes: u64, block_size: u32) -> Result<Device, Error> {
+        let geometry = exact_geometry(size_bytes, block_size)?;
         Ok(Device {
             name: name.to_owned(),
             kind: Kind::Null,
-            geometry: exact_geometry(size_bytes, block_size)?,
+            geometry,
+            blocks: AtomicU64::new(geometry.blocks),
             path: None,
             backend: Backend::Null,
             latency: Latency::default(),
@@ -188,6 +195,7 @@ impl Device {
             name: name.to_owned(),
             kind: Kind::Ram,
             geometry,
+            blocks: AtomicU64::new(geometry.blocks),
             path: None,
             backend: Backend::Ram(RamRegion::new(size_bytes)?),
             latency: Latency::default(),
@@ -232,6 +240,7 @@ impl Device {
             name: name.to_owned(),
             kind: Kind::File,
             geometry,
+            blocks: AtomicU64::new(geometry.blocks),
             path: Some(path.to_path_buf()),
             backend: Backend::File(opened.backend),
             latency: Latency::default(),
@@ -265,6 +274,7 @@ impl Device {
             name: name.to_owned(),
             kind: Kind::Block,
             geometry: Geometry { block_size, blocks },
+            blocks: AtomicU64::new(blocks),
             path: Some(path.to_path_buf()),
             backend: Backend::File(opened.backend),
             latency: Latency::default(),
@@ -289,11 +299,23 @@ impl Device {
             name: name.to_owned(),
             kind: Kind::Rbd,
             geometry: Geometry { block_size, blocks },
+            blocks: AtomicU64::new(blocks),
             path: Some(spec),
             backend: Backend::Rbd(image),
             latency: Latency::default(),
             flush_failed: OnceLock::new(),
         })
+    }
+
+    /// Re-reads the size of an rbd image (which `rbd resize` may change
+    /// while it is exported) and adopts it: `Ok(true)` when the capacity
+    /// changed, so hosts must be told. Other kinds have a fixed size.
+    /// May wait on the cluster for up to its operation timeout: call it
+    /// off the reactor threads.
+    pub fn refresh_size(&self) -> io::Result<bool> {
+        let Backend::Rbd(image) = &self.backend else { return Ok(false) };
+        let blocks = image.current_size()? / u64::from(self.geometry.block_size);
+        Ok(self.blocks.swap(blocks, Ordering::AcqRel) != blocks)
     }
 
     /// Which backend this is.
@@ -317,9 +339,10 @@ impl Device {
 
     /// Range-checks `blocks` at `lba` and returns the byte offset and length.
     fn byte_range(&self, lba: u64, blocks: u64) -> Result<(u64, u64), Error> {
-        self.geometry.check_range(lba, blocks)?;
-        let bs = u64::from(self.geometry.block_size);
-        let out_of_range = || Error::OutOfRange { lba, blocks, capacity: self.geometry.blocks };
+        let geometry = self.geometry();
+        geometry.check_range(lba, blocks)?;
+        let bs = u64::from(geometry.block_size);
+        let out_of_range = || Error::OutOfRange { lba, blocks, capacity: geometry.blocks };
         let offset = lba.checked_mul(bs).ok_or_else(out_of_range)?;
         let len = blocks.checked_mul(bs).ok_or_else(out_of_range)?;
         Ok((offset, len))

@@ -303,7 +303,58 @@ fn serve_client(ctl: &Control, stream: UnixStream) {
     }
 }
 
+/// How often the sizes of rbd images are re-read.
+const SIZE_CHECK: Duration = Duration::from_secs(1);
+
+/// Starts the thread that notices rbd images resized while exported
+/// (`rbd resize`) and tells hosts. librbd re-reads an image's header when
+/// its watch reports a change, so a check is a lock and a load until then;
+/// when it does reach the cluster it waits on this thread, never on a
+/// reactor. The thread ends with the daemon's control object.
+pub fn spawn_size_watch(ctl: &Arc<Control>) -> Result<()> {
+    let ctl = Arc::downgrade(ctl);
+    std::thread::Builder::new()
+        .name("rbd-size".into())
+        .spawn(move || loop {
+            std::thread::sleep(SIZE_CHECK);
+            match ctl.upgrade() {
+                Some(ctl) => ctl.check_sizes(),
+                None => return,
+            }
+        })
+        .context("starting the rbd size watch")?;
+    Ok(())
+}
+
 impl Control {
+    /// Re-reads the size of every rbd device and tells the hosts of each
+    /// one that changed: NVMe namespace-attribute-changed events and SCSI
+    /// CAPACITY DATA HAS CHANGED unit attentions.
+    fn check_sizes(&self) {
+        for dev in self.devices().into_iter().filter(|d| d.kind() == blockdev::Kind::Rbd) {
+            match dev.refresh_size() {
+                Ok(false) => {}
+                Ok(true) => self.capacity_changed(&dev),
+                Err(e) => log::debug!("device {}: cannot read the image size: {e}", dev.name()),
+            }
+        }
+    }
+
+    fn capacity_changed(&self, dev: &Arc<blockdev::Device>) {
+        log::info!("device {}: resized to {} blocks; telling hosts", dev.name(), dev.geometry().blocks);
+        let st = self.lock();
+        for t in st.live.iscsi.targets() {
+            for u in t.units.values().filter(|u| Arc::ptr_eq(&u.lu.device, dev)) {
+                u.lu.capacity_changed();
+            }
+        }
+        for s in st.live.target.subsystems() {
+            for ns in s.namespaces().iter().filter(|ns| Arc::ptr_eq(&ns.device, dev)) {
+                s.namespace_resized(ns.nsid);
+            }
+        }
+    }
+
     /// Every device open now.
     pub fn devices(&self) -> Vec<Arc<blockdev::Device>> {
         self.state.lock().map(|s| s.live.devices.values().cloned().collect()).unwrap_or_default()

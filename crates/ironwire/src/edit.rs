@@ -12,7 +12,7 @@ use anyhow::{anyhow, bail, Result};
 use toml::{Table, Value};
 
 /// Keys whose values are numbers.
-const NUMBER_KEYS: &[&str] = &["block_size", "read_latency_us", "write_latency_us", "nsid", "lun"];
+const NUMBER_KEYS: &[&str] = &["block_size", "read_latency_us", "write_latency_us", "nsid", "lun", "connect_timeout"];
 /// Keys whose values are `true` or `false`.
 const BOOL_KEYS: &[&str] = &["allow_any_host", "allow_any_initiator", "discovery_only", "crc"];
 
@@ -290,6 +290,9 @@ mod tests {
         assert_eq!(c.device[1].size, Some(crate::config::Size(1 << 20)));
         let c = edit(&c, "add", "namespace", &["nqn=nqn.2026-11.io.ironwire:default", "device=d2"]).expect("ns");
         assert_eq!(c.subsystem[0].namespace[1].nsid, Some(2), "the first free NSID");
+        let rbd = ["name=r", "kind=rbd", "pool=p", "image=i", "ceph_conf=/c.conf", "connect_timeout=5"];
+        let r = edit(&c, "add", "device", &rbd).expect("add rbd device");
+        assert_eq!(r.device[2].connect_timeout, Some(5), "connect_timeout is a number");
         let c = edit(
             &c,
             "set",

@@ -163,6 +163,7 @@ pub fn run(mut config: Config, ctl_socket: &std::path::Path, origin: Origin) -> 
         cores: origin.cores,
     });
     let ctl_socket = crate::control::spawn(control.clone(), ctl_socket, config.control.group.as_deref())?;
+    crate::control::spawn_size_watch(&control)?;
     let (stop_tx, stop_rx) = std::sync::mpsc::channel();
     signals.spawn(stop_tx, ctl_socket.path().to_path_buf(), {
         let control = control.clone();

@@ -2,8 +2,10 @@
 //! starts with ceph-peer and names in `IRONWIRE_CEPH_CONF`): NVMe/TCP and
 //! iSCSI write patterns through the daemon that the `rbd` CLI then finds in
 //! the image, flush, deallocate, write zeroes, compare and COMPARE AND
-//! WRITE (one `rbd_aio_compare_and_write`); and a cluster
-//! that cannot be reached fails `serve` with a message naming the monitors.
+//! WRITE (one `rbd_aio_compare_and_write`); a cluster that cannot be
+//! reached fails `serve` and `ctl add device` with a message naming the
+//! monitors; and the faults: an OSD stopped during I/O (a cluster of the
+//! test's own), `rbd resize` while exported, a blocklisted client.
 //! Each test makes its own small image; every wait is bounded.
 
 mod common;
@@ -296,4 +298,283 @@ fn serve_fails_naming_the_monitors_when_the_cluster_is_unreachable() {
     let _ = std::fs::remove_dir_all(&dir);
     assert!(!status.expect("exited").success(), "serve must fail; stderr:\n{err}");
     assert!(err.contains("127.0.0.1:9") && err.contains("gone"), "the error names the device and monitors:\n{err}");
+}
+
+/// `ironwire ctl --socket SOCKET WORDS...`, bounded: its success and what
+/// it printed (stdout, then stderr).
+fn ctl(d: &Daemon, words: &[&str]) -> (bool, String) {
+    let out = Command::new("timeout")
+        .arg("60")
+        .arg(env!("CARGO_BIN_EXE_ironwire"))
+        .arg("ctl")
+        .arg("--socket")
+        .arg(d.dir.join("ctl.sock"))
+        .args(words)
+        .stdin(Stdio::null())
+        .output()
+        .expect("run ironwire ctl");
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    (out.status.success(), text)
+}
+
+#[test]
+fn ctl_adds_an_rbd_device_at_run_time_and_refuses_an_unreachable_cluster() {
+    let Some(conf) = cluster() else { return };
+    let img = TestImage::new(&conf, "ctl");
+    let mut d = Daemon::start_with("rbd-ctl", |_, port| {
+        format!(
+            "[[subsystem]]\nnqn = \"{NQN}\"\nallow_any_host = true\n\n[[port]]\naddress = \"127.0.0.1:{port}\"\n\n\
+             [reactor]\ncores = [0]\n"
+        )
+    });
+    let (image, ceph_conf) = (format!("image={}", img.name), format!("ceph_conf={}", conf.display()));
+    let (ok, out) =
+        ctl(&d, &["add", "device", "name=live", "kind=rbd", "pool=rbd", &image, &ceph_conf, "connect_timeout=10"]);
+    assert!(ok, "ctl add device kind=rbd: {out}");
+    let (ok, out) = ctl(&d, &["add", "namespace", &format!("nqn={NQN}"), "nsid=1", "device=live"]);
+    assert!(ok, "ctl add namespace: {out}");
+
+    // An unreachable cluster: a clear error within connect_timeout, and
+    // nothing added.
+    let gone = d.dir.join("gone.conf");
+    std::fs::write(&gone, "[global]\nmon host = 127.0.0.1:9\nauth client required = none\n").expect("ceph.conf");
+    let gone_conf = format!("ceph_conf={}", gone.display());
+    let (ok, out) =
+        ctl(&d, &["add", "device", "name=gone", "kind=rbd", "pool=rbd", "image=x", &gone_conf, "connect_timeout=2"]);
+    assert!(!ok, "adding a device on an unreachable cluster must fail: {out}");
+    assert!(out.contains("127.0.0.1:9") && out.contains("gone"), "the error names the device and monitors: {out}");
+    let (ok, shown) = ctl(&d, &["save"]);
+    assert!(ok && shown.contains("name = \"live\"") && !shown.contains("gone"), "only the live device: {shown}");
+
+    let data = pattern(64 << 10, 7);
+    block_on(bounded(60, async {
+        let mut c = Controller::connect(d.addr, NQN, HOST, opts()).await.expect("connect");
+        let ns = c.identify_namespace(1).await.expect("identify namespace");
+        assert_eq!(ns.size_bytes(), IMAGE_BYTES as u64, "size from the image");
+        c.write(0, 1, 64, data.clone()).await.expect("write");
+        assert!(c.read(1, 1, 64, 128).await.expect("read") == data, "read back");
+    }));
+    d.assert_alive();
+    drop(d);
+    assert!(img.export()[64 * 512..][..data.len()] == data[..], "the write is in the image");
+}
+
+/// A cluster of this test's own (ceph-peer in a temp dir), for tests that
+/// stop its OSD: the shared cluster of the other tests stays untouched.
+/// Destroyed on drop.
+struct OwnCluster {
+    script: PathBuf,
+    dir: PathBuf,
+    conf: PathBuf,
+}
+
+impl OwnCluster {
+    fn start(tag: &str) -> OwnCluster {
+        let script = std::env::var_os("CEPH_PEER").map_or_else(
+            || Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/interop/ceph-peer/ceph-peer"),
+            PathBuf::from,
+        );
+        let dir = std::env::temp_dir().join(format!("ironwire-ceph-{tag}-{}", std::process::id()));
+        // A port pair of its own, so a parallel start elsewhere cannot race
+        // it for the same free pair.
+        let port = 36000 + (std::process::id() % 1000) * 2;
+        let out = Command::new("timeout")
+            .arg("120")
+            .arg(&script)
+            .arg("start")
+            .arg(&dir)
+            .env("CEPH_PEER_PORT", port.to_string())
+            .env("CEPH_PEER_IMAGE", "")
+            .stdin(Stdio::null())
+            .output()
+            .expect("run ceph-peer");
+        let cluster = OwnCluster { script, conf: dir.join("ceph.conf"), dir };
+        assert!(out.status.success(), "ceph-peer start: {}", String::from_utf8_lossy(&out.stderr));
+        cluster
+    }
+
+    /// Signals the OSD (from ceph-peer's pid file).
+    fn signal_osd(&self, sig: i32) {
+        let pid = std::fs::read_to_string(self.dir.join("run/ceph-osd.0.pid")).expect("osd pid file");
+        let pid: i32 = pid.trim().parse().expect("osd pid");
+        // SAFETY: kill has no memory preconditions; the pid is the OSD's.
+        assert_eq!(unsafe { libc::kill(pid, sig) }, 0, "signal {sig} to the OSD");
+    }
+}
+
+impl Drop for OwnCluster {
+    fn drop(&mut self) {
+        let _ = Command::new("timeout").arg("60").arg(&self.script).arg("destroy").arg(&self.dir).output();
+    }
+}
+
+#[test]
+fn stopped_osd_fails_io_retryably_spares_other_devices_and_recovers() {
+    if cluster().is_none() {
+        return;
+    }
+    let own = OwnCluster::start("osd");
+    let img = TestImage::new(&own.conf, "osd");
+    let rbd = img.device(512).replace("connect_timeout = 10", "connect_timeout = 3");
+    let iscsi_port = std::sync::Arc::new(std::sync::atomic::AtomicU16::new(0));
+    let chosen = iscsi_port.clone();
+    let mut d = Daemon::start_with("rbd-osd", move |_, port| {
+        let iscsi = std::net::TcpListener::bind("127.0.0.1:0").expect("probe").local_addr().expect("addr").port();
+        chosen.store(iscsi, std::sync::atomic::Ordering::Relaxed);
+        format!(
+            "{rbd}\n[[device]]\nname = \"mem\"\nkind = \"ram\"\nsize = \"1MiB\"\n\n\
+             [[subsystem]]\nnqn = \"{NQN}\"\nallow_any_host = true\n\
+             [[subsystem.namespace]]\nnsid = 1\ndevice = \"ceph\"\n[[subsystem.namespace]]\nnsid = 2\ndevice = \"mem\"\n\n\
+             [[iscsi_target]]\niqn = \"{IQN}\"\nallow_any_initiator = true\n[[iscsi_target.lun]]\nlun = 0\n\
+             device = \"ceph\"\n\n[[port]]\naddress = \"127.0.0.1:{port}\"\n\n\
+             [[port]]\ntransport = \"iscsi\"\naddress = \"127.0.0.1:{iscsi}\"\n\n[reactor]\ncores = [0]\n"
+        )
+    });
+    let iscsi_addr =
+        std::net::SocketAddr::from(([127, 0, 0, 1], iscsi_port.load(std::sync::atomic::Ordering::Relaxed)));
+    let addr = d.addr;
+    block_on(bounded(60, async {
+        let mut c = Controller::connect(addr, NQN, HOST, opts()).await.expect("connect");
+        c.write(0, 1, 0, pattern(4096, 1)).await.expect("write before the fault");
+    }));
+
+    own.signal_osd(libc::SIGSTOP);
+    // An rbd write in flight while the OSD is stopped, on its own thread.
+    let pending = std::thread::spawn(move || {
+        block_on(bounded(60, async {
+            let mut c = Controller::connect(addr, NQN, HOST, opts()).await.expect("connect");
+            c.write(0, 1, 8, pattern(4096, 2)).await.expect_err("a write while the OSD is stopped fails")
+        }))
+    });
+    // Meanwhile the RAM namespace of the same daemon works.
+    block_on(bounded(60, async {
+        let mut c = Controller::connect(addr, NQN, HOST, opts()).await.expect("connect");
+        for i in 0..20u8 {
+            c.write(0, 2, 0, pattern(4096, i)).await.expect("ram write during the fault");
+            assert!(c.read(0, 2, 0, 8).await.expect("ram read") == pattern(4096, i), "ram read back");
+        }
+    }));
+    assert!(!pending.is_finished(), "the rbd write waits for the OSD while the RAM namespace answers");
+    let e = pending.join().expect("rbd writer thread");
+    let status = e.status().unwrap_or_else(|| panic!("an NVMe status, got {e}"));
+    assert_eq!(status.0 & 0x7ff, Status::NAMESPACE_NOT_READY.0, "Namespace Not Ready: {e}");
+    assert_eq!(status.0 & Status::DNR_BIT, 0, "no DNR: the host may retry");
+
+    // iSCSI: ABORTED COMMAND / LOGICAL UNIT COMMUNICATION TIME-OUT.
+    block_on(bounded(60, async {
+        let mut s = Session::connect(iscsi_addr, LoginOptions::new(INITIATOR, Some(IQN))).await.expect("login");
+        let r = s.scsi(0, &cdb::write16(16, 1), pattern(512, 3), 0).await.expect("write16 answered");
+        let sense = r.sense_code().expect("sense for the timed-out write");
+        assert_eq!((sense.key, sense.asc, sense.ascq), (0x0b, 0x08, 0x01), "a retryable sense");
+    }));
+
+    own.signal_osd(libc::SIGCONT);
+    // I/O works again once the OSD answers (librados resends; a few tries
+    // at most while it reconnects).
+    block_on(bounded(120, async {
+        let mut c = Controller::connect(addr, NQN, HOST, opts()).await.expect("connect");
+        let mut tries = 0;
+        while let Err(e) = c.write(0, 1, 8, pattern(4096, 4)).await {
+            tries += 1;
+            assert!(tries < 10, "the write keeps failing after the OSD returned: {e}");
+        }
+        assert!(c.read(0, 1, 0, 16).await.expect("read after the fault")[..4096] == pattern(4096, 1)[..]);
+        assert!(c.read(0, 1, 8, 8).await.expect("read after the fault") == pattern(4096, 4));
+    }));
+    d.assert_alive();
+}
+
+#[test]
+fn rbd_resize_while_exported_reaches_nvme_and_iscsi_hosts() {
+    let Some(conf) = cluster() else { return };
+    let img = TestImage::new(&conf, "resize");
+    let rbd = img.device(512);
+    let iscsi_port = std::sync::Arc::new(std::sync::atomic::AtomicU16::new(0));
+    let chosen = iscsi_port.clone();
+    let mut d = Daemon::start_with("rbd-resize", move |_, port| {
+        let iscsi = std::net::TcpListener::bind("127.0.0.1:0").expect("probe").local_addr().expect("addr").port();
+        chosen.store(iscsi, std::sync::atomic::Ordering::Relaxed);
+        format!(
+            "{rbd}\n[[subsystem]]\nnqn = \"{NQN}\"\nallow_any_host = true\n[[subsystem.namespace]]\n\
+             device = \"ceph\"\n\n[[iscsi_target]]\niqn = \"{IQN}\"\nallow_any_initiator = true\n\
+             [[iscsi_target.lun]]\nlun = 0\ndevice = \"ceph\"\n\n[[port]]\naddress = \"127.0.0.1:{port}\"\n\n\
+             [[port]]\ntransport = \"iscsi\"\naddress = \"127.0.0.1:{iscsi}\"\n\n[reactor]\ncores = [0]\n"
+        )
+    });
+    let iscsi_addr =
+        std::net::SocketAddr::from(([127, 0, 0, 1], iscsi_port.load(std::sync::atomic::Ordering::Relaxed)));
+    let grown = 2 * IMAGE_BYTES as u64;
+    block_on(bounded(90, async {
+        let mut s = Session::connect(iscsi_addr, LoginOptions::new(INITIATOR, Some(IQN))).await.expect("login");
+        s.scsi(0, &cdb::test_unit_ready(), Vec::new(), 0).await.expect("tur").check().expect("tur before");
+        let mut c = Controller::connect(d.addr, NQN, HOST, opts()).await.expect("connect");
+        let cfg = initiator::cmd::set_features(nvme_spec::opcode::FeatureId::ASYNC_EVENT_CONFIG, 1 << 8);
+        c.admin_command(cfg, Vec::new(), 0).await.expect("enable namespace-attribute events");
+        let aer = nvme_spec::Sqe { opcode: nvme_spec::opcode::Admin::ASYNC_EVENT_REQUEST.0, ..Default::default() };
+        c.admin().submit(aer, Vec::new(), 0).expect("submit AER");
+        c.admin().flush().await.expect("send AER");
+
+        rbd_cli(&conf, &["resize", "--no-progress", "--size", "32M", &format!("rbd/{}", img.name)]);
+
+        // NVMe: the event, then Identify Namespace with the new size.
+        let ev = c.admin().next_completion().await.expect("the namespace-attribute-changed event");
+        assert_eq!(ev.cqe.dw0.get(), nvme_spec::log::AEN_NS_CHANGED, "namespace attribute changed");
+        let ns = c.identify_namespace(1).await.expect("identify namespace");
+        assert_eq!(ns.size_bytes(), grown, "the new size");
+        let data = pattern(4096, 9);
+        c.write(0, 1, (IMAGE_BYTES / 512) as u64 + 8, data.clone()).await.expect("write past the old end");
+
+        // iSCSI: CAPACITY DATA HAS CHANGED, then READ CAPACITY the new size.
+        let r = s.scsi(0, &cdb::test_unit_ready(), Vec::new(), 0).await.expect("tur");
+        let sense = r.sense_code().expect("a unit attention");
+        assert_eq!((sense.key, sense.asc, sense.ascq), (0x06, 0x2a, 0x09), "CAPACITY DATA HAS CHANGED");
+        let cap = s.read_capacity16(0).await.expect("read capacity");
+        assert_eq!(cap.blocks * u64::from(cap.block_len), grown, "READ CAPACITY after the resize");
+        assert!(s.read16(0, (IMAGE_BYTES / 512) as u64 + 8, 8, 512).await.expect("read") == data);
+        s.logout().await.expect("logout");
+    }));
+    d.assert_alive();
+}
+
+#[test]
+fn blocklisted_client_gets_errors_and_the_daemon_keeps_serving() {
+    let Some(conf) = cluster() else { return };
+    let img = TestImage::new(&conf, "blocklist");
+    let rbd = img.device(512);
+    let mut d = Daemon::start_with("rbd-blocklist", move |_, port| {
+        format!(
+            "{rbd}\n[[device]]\nname = \"mem\"\nkind = \"ram\"\nsize = \"1MiB\"\n\n\
+             [[subsystem]]\nnqn = \"{NQN}\"\nallow_any_host = true\n\
+             [[subsystem.namespace]]\nnsid = 1\ndevice = \"ceph\"\n[[subsystem.namespace]]\nnsid = 2\ndevice = \"mem\"\n\n\
+             [[port]]\naddress = \"127.0.0.1:{port}\"\n\n[reactor]\ncores = [0]\n"
+        )
+    });
+    // The daemon's librados client, from the image's watchers.
+    let status = String::from_utf8(rbd_cli(&conf, &["status", &format!("rbd/{}", img.name)])).expect("utf-8");
+    let client = status
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix("watcher="))
+        .unwrap_or_else(|| panic!("the daemon watches its image: {status}"))
+        .to_string();
+    block_on(bounded(120, async {
+        let mut c = Controller::connect(d.addr, NQN, HOST, opts()).await.expect("connect");
+        c.write(0, 1, 0, pattern(4096, 1)).await.expect("write before the blocklist");
+        let out = Command::new("timeout")
+            .args(["60", "ceph", "-c"])
+            .arg(&conf)
+            .args(["osd", "blocklist", "add", &client])
+            .output()
+            .expect("run ceph");
+        assert!(out.status.success(), "ceph osd blocklist add: {}", String::from_utf8_lossy(&out.stderr));
+        let e = c.write(0, 1, 8, pattern(4096, 2)).await.expect_err("a blocklisted client's write fails");
+        assert!(e.status().is_some_and(|s| !s.is_success()), "an NVMe error status: {e}");
+        c.write(0, 2, 0, pattern(4096, 3)).await.expect("the RAM namespace still works");
+        assert!(c.read(0, 2, 0, 8).await.expect("ram read") == pattern(4096, 3));
+    }));
+    d.assert_alive();
+    let _ = Command::new("timeout")
+        .args(["60", "ceph", "-c"])
+        .arg(&conf)
+        .args(["osd", "blocklist", "rm", &client])
+        .output();
 }

@@ -74,6 +74,10 @@ pub fn io_error_status(err: &block::Error, write: bool) -> Status {
         block::Error::OutOfRange { .. } => Status::LBA_OUT_OF_RANGE.dnr(),
         block::Error::Misaligned { .. } => Status::INVALID_FIELD.dnr(),
         block::Error::Unsupported(_) => Status::INVALID_FIELD.dnr(),
+        // A backend that did not answer in time (an rbd image whose OSD is
+        // down): nothing is wrong with the data, so Namespace Not Ready
+        // without DNR tells the host to retry (NVMe base 2.0 4.2.3.1).
+        block::Error::Io(e) if e.kind() == std::io::ErrorKind::TimedOut => Status::NAMESPACE_NOT_READY,
         _ if write => Status::WRITE_FAULT,
         _ => Status::UNRECOVERED_READ,
     }

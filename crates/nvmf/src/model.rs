@@ -161,6 +161,15 @@ impl<D: BlockDevice> Subsystem<D> {
         Ok(())
     }
 
+    /// The namespace `nsid`'s device changed size: connected controllers
+    /// get the namespace-attribute-changed event (NVMe base 2.0 5.27.1.7)
+    /// and re-read Identify Namespace, which reports the device's size now.
+    pub fn namespace_resized(&self, nsid: u32) {
+        if self.namespace(nsid).is_some() {
+            self.notify_ns_changed(nsid);
+        }
+    }
+
     /// Removes a namespace and notifies connected controllers.
     pub fn remove_namespace(&self, nsid: u32) -> Option<Arc<Namespace<D>>> {
         let removed = self.namespaces.write().unwrap_or_else(|e| e.into_inner()).remove(&nsid);

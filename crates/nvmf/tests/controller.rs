@@ -712,3 +712,13 @@ fn a_removed_port_leaves_the_discovery_log_and_its_id_is_not_reused() {
     let id = t.add_port("127.0.0.1:4421".parse().expect("addr"), TCP, false);
     assert!(!ids.contains(&id), "port id {id} reused ({ids:?})");
 }
+
+#[test]
+fn device_timeout_is_namespace_not_ready_without_dnr() {
+    let late = block::Error::Io(std::io::Error::from_raw_os_error(110));
+    for write in [false, true] {
+        assert_eq!(nvmf::io_error_status(&late, write), Status::NAMESPACE_NOT_READY, "retryable, no DNR");
+    }
+    let eio = block::Error::Io(std::io::Error::from_raw_os_error(5));
+    assert_eq!(nvmf::io_error_status(&eio, true), Status::WRITE_FAULT);
+}

@@ -220,6 +220,22 @@ impl Image {
         self.size
     }
 
+    /// The image's size in bytes now. librbd watches the image header and
+    /// re-reads it after a resize (`rbd resize` anywhere in the cluster),
+    /// so this sees the new size; that re-read may wait on the cluster for
+    /// up to the operation timeout: call it off the reactor threads.
+    pub fn current_size(&self) -> io::Result<u64> {
+        let lib = ffi::lib().map_err(io::Error::other)?;
+        let mut size = 0u64;
+        // SAFETY: an open image (closed only on drop); `size` receives its
+        // size. librbd's image calls are thread-safe.
+        let rc = unsafe { (lib.rbd_get_size)(self.image, &mut size) };
+        if rc < 0 {
+            return Err(errno(rc.into()));
+        }
+        Ok(size)
+    }
+
     /// `pool/image`.
     pub fn spec(&self) -> &str {
         &self.spec

@@ -141,6 +141,9 @@ impl Sense {
     pub const WRITE_ERROR: Sense = Sense::new(key::MEDIUM_ERROR, 0x0C, 0x00);
     /// MEDIUM ERROR / UNRECOVERED READ ERROR.
     pub const UNRECOVERED_READ_ERROR: Sense = Sense::new(key::MEDIUM_ERROR, 0x11, 0x00);
+    /// ABORTED COMMAND / LOGICAL UNIT COMMUNICATION TIME-OUT: the backend
+    /// did not answer in time; initiators retry ABORTED COMMAND.
+    pub const LU_COMMUNICATION_TIMEOUT: Sense = Sense::new(key::ABORTED_COMMAND, 0x08, 0x01);
     /// DATA PROTECT / SPACE ALLOCATION FAILED WRITE PROTECT (thin backing full).
     pub const SPACE_ALLOCATION_FAILED: Sense = Sense::new(key::DATA_PROTECT, 0x27, 0x07);
     /// UNIT ATTENTION / POWER ON, RESET, OR BUS DEVICE RESET OCCURRED.
@@ -288,6 +291,10 @@ pub fn io_error_sense(err: &block::Error, write: bool) -> Sense {
         block::Error::OutOfRange { .. } => Sense::LBA_OUT_OF_RANGE,
         block::Error::Misaligned { .. } | block::Error::Unsupported(_) => Sense::INVALID_FIELD_IN_CDB,
         block::Error::Io(e) if write && e.kind() == io::ErrorKind::StorageFull => Sense::SPACE_ALLOCATION_FAILED,
+        // Not a medium error: the backend (an rbd image whose OSD is down)
+        // did not answer in time. ABORTED COMMAND is retried by initiators
+        // (Linux's scsi_check_sense: NEEDS_RETRY), as SPC-4 4.5.6 intends.
+        block::Error::Io(e) if e.kind() == io::ErrorKind::TimedOut => Sense::LU_COMMUNICATION_TIMEOUT,
         _ if write => Sense::WRITE_ERROR,
         _ => Sense::UNRECOVERED_READ_ERROR,
     }
@@ -357,6 +364,9 @@ mod tests {
         assert_eq!(io_error_sense(&eio, false), Sense::UNRECOVERED_READ_ERROR);
         let full = block::Error::Io(io::Error::from(io::ErrorKind::StorageFull));
         assert_eq!(io_error_sense(&full, true), Sense::SPACE_ALLOCATION_FAILED);
+        let late = block::Error::Io(io::Error::from_raw_os_error(110));
+        assert_eq!(io_error_sense(&late, true), Sense::LU_COMMUNICATION_TIMEOUT, "ETIMEDOUT is retryable");
+        assert_eq!(io_error_sense(&late, false), Sense::LU_COMMUNICATION_TIMEOUT);
     }
 
     #[test]
