@@ -96,6 +96,10 @@ impl BlockDevice for Device {
     fn deallocate_reads_zeroes(&self) -> bool {
         !matches!(self.kind, Kind::Block | Kind::Rbd)
     }
+
+    fn shared_identity(&self) -> Option<&str> {
+        self.shared.as_deref()
+    }
 }
 
 enum Backend {
@@ -118,6 +122,8 @@ pub struct Device {
     /// lost were acknowledged (fsyncgate). Every flush fails from then on,
     /// until the device is reopened.
     flush_failed: OnceLock<String>,
+    /// [`BlockDevice::shared_identity`]: rbd images only.
+    shared: Option<String>,
 }
 
 /// Latency added to every read and every write, for tests of what happens
@@ -178,6 +184,7 @@ impl Device {
             backend: Backend::Null,
             latency: Latency::default(),
             flush_failed: OnceLock::new(),
+            shared: None,
         })
     }
 
@@ -192,6 +199,7 @@ impl Device {
             backend: Backend::Ram(RamRegion::new(size_bytes)?),
             latency: Latency::default(),
             flush_failed: OnceLock::new(),
+            shared: None,
         })
     }
 
@@ -236,6 +244,7 @@ impl Device {
             backend: Backend::File(opened.backend),
             latency: Latency::default(),
             flush_failed: OnceLock::new(),
+            shared: None,
         })
     }
 
@@ -269,6 +278,7 @@ impl Device {
             backend: Backend::File(opened.backend),
             latency: Latency::default(),
             flush_failed: OnceLock::new(),
+            shared: None,
         })
     }
 
@@ -290,6 +300,7 @@ impl Device {
             kind: Kind::Rbd,
             geometry: Geometry { block_size, blocks },
             path: Some(spec),
+            shared: Some(format!("ceph:{}:{}", image.fsid(), image.id())),
             backend: Backend::Rbd(image),
             latency: Latency::default(),
             flush_failed: OnceLock::new(),

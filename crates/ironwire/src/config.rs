@@ -341,9 +341,21 @@ pub struct SubsystemConfig {
     /// Host NQNs allowed when `allow_any_host` is false.
     #[serde(default)]
     pub hosts: Vec<String>,
+    /// Lowest controller ID handed out (default 1). Gateways that export
+    /// one subsystem NQN need disjoint `min_cntlid..=max_cntlid` ranges.
+    pub min_cntlid: Option<u16>,
+    /// Highest controller ID handed out (default 0xffef).
+    pub max_cntlid: Option<u16>,
     /// Namespaces.
     #[serde(default)]
     pub namespace: Vec<NamespaceConfig>,
+}
+
+impl SubsystemConfig {
+    /// `min_cntlid` and `max_cntlid` with their defaults.
+    pub fn cntlid_range(&self) -> (u16, u16) {
+        (self.min_cntlid.unwrap_or(nvmf::CNTLID_MIN), self.max_cntlid.unwrap_or(nvmf::CNTLID_MAX))
+    }
 }
 
 /// A namespace of a subsystem.
@@ -674,6 +686,15 @@ impl Config {
             }
             if !s.allow_any_host && s.hosts.is_empty() {
                 bail!("{}: empty while allow_any_host is false; no host could connect", f("hosts"));
+            }
+            let (min, max) = s.cntlid_range();
+            for (key, v) in [("min_cntlid", min), ("max_cntlid", max)] {
+                if !(nvmf::CNTLID_MIN..=nvmf::CNTLID_MAX).contains(&v) {
+                    bail!("{}: {v} outside 1..=65519 (0xffef)", f(key));
+                }
+            }
+            if min > max {
+                bail!("{}: {min} is more than max_cntlid {max}", f("min_cntlid"));
             }
             for (j, h) in s.hosts.iter().enumerate() {
                 if !valid_nqn(h) {

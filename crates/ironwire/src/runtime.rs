@@ -123,8 +123,8 @@ pub fn apply(live: &mut Live, old: &Config, new: &Config) -> Result<()> {
                 s.nqn,
                 live_s.controller_count()
             ),
-            Some(n) if n.serial != s.serial && live_s.controller_count() > 0 => bail!(
-                "subsystem {}: serial cannot change while controllers are connected (hosts identify it by it)",
+            Some(n) if recreated(s, n) && live_s.controller_count() > 0 => bail!(
+                "subsystem {}: serial, min_cntlid and max_cntlid cannot change while controllers are connected",
                 s.nqn
             ),
             _ => {}
@@ -174,7 +174,7 @@ fn apply_nvme(live: &Live, devices: &HashMap<String, Arc<Device>>, old: &Config,
     for s in &new.subsystem {
         let before = old.subsystem.iter().find(|o| o.nqn == s.nqn);
         let mut live_s = target.subsystem(&s.nqn);
-        if before.is_some_and(|b| b.serial != s.serial) {
+        if before.is_some_and(|b| recreated(b, s)) {
             // Checked above: no controller is connected.
             target.remove_subsystem(&s.nqn).map_err(anyhow::Error::msg)?;
             live_s = None;
@@ -182,11 +182,8 @@ fn apply_nvme(live: &Live, devices: &HashMap<String, Arc<Device>>, old: &Config,
         let live_s = match live_s {
             Some(l) => l,
             None => {
-                let serial = s.serial.clone().unwrap_or_else(|| crate::serve::serial_for(&s.nqn));
                 log::info!("added subsystem {}", s.nqn);
-                target
-                    .add_subsystem(Subsystem::new(&s.nqn, &serial, s.allow_any_host, s.hosts.clone()))
-                    .map_err(anyhow::Error::msg)?
+                target.add_subsystem(crate::serve::subsystem(s)).map_err(anyhow::Error::msg)?
             }
         };
         live_s.set_access(s.allow_any_host, s.hosts.clone());
@@ -213,6 +210,13 @@ fn apply_nvme(live: &Live, devices: &HashMap<String, Arc<Device>>, old: &Config,
         }
     }
     Ok(())
+}
+
+/// Whether the change from `a` to `b` makes a new live subsystem: what a
+/// host identifies it by (the serial) or what it was built with (the
+/// controller ID range) differs.
+fn recreated(a: &crate::config::SubsystemConfig, b: &crate::config::SubsystemConfig) -> bool {
+    a.serial != b.serial || a.cntlid_range() != b.cntlid_range()
 }
 
 fn apply_iscsi(live: &Live, devices: &HashMap<String, Arc<Device>>, new: &Config) -> Result<()> {
