@@ -3,6 +3,7 @@
 //! with errors that name the field and the reason.
 
 use anyhow::{anyhow, bail, Context, Result};
+use nvme_spec::log::AnaState;
 use serde::{Deserialize, Serialize};
 use std::collections::HashSet;
 use std::net::SocketAddr;
@@ -359,13 +360,72 @@ impl SubsystemConfig {
 }
 
 /// A namespace of a subsystem.
-#[derive(Debug, Deserialize, Serialize, Clone, PartialEq)]
+#[derive(Debug, Deserialize, Serialize, Clone, PartialEq, Default)]
 #[serde(deny_unknown_fields)]
 pub struct NamespaceConfig {
     /// Namespace ID (default: position + 1).
     pub nsid: Option<u32>,
     /// Device name.
     pub device: String,
+    /// UUID hosts see, `xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx` (default
+    /// derived: from the image for rbd devices, else from the NQN, NSID
+    /// and device name).
+    pub uuid: Option<String>,
+    /// NGUID hosts see, 32 hex digits (default derived like the UUID).
+    pub nguid: Option<String>,
+    /// This gateway's ANA state for the namespace: `optimized` (default),
+    /// `non-optimized`, `inaccessible`, `persistent-loss` or `change`.
+    pub ana_state: Option<String>,
+}
+
+/// The ANA state names, as nvmet's configfs spells them.
+const ANA_STATES: [(&str, AnaState); 5] = [
+    ("optimized", AnaState::OPTIMIZED),
+    ("non-optimized", AnaState::NON_OPTIMIZED),
+    ("inaccessible", AnaState::INACCESSIBLE),
+    ("persistent-loss", AnaState::PERSISTENT_LOSS),
+    ("change", AnaState::CHANGE),
+];
+
+impl NamespaceConfig {
+    /// The configured UUID, if valid.
+    pub fn uuid_bytes(&self) -> Option<Result<[u8; 16], String>> {
+        self.uuid.as_deref().map(|u| hex_id(u, &[8, 4, 4, 4, 12]).ok_or_else(|| format!("{u:?} is not a UUID")))
+    }
+
+    /// The configured NGUID, if valid.
+    pub fn nguid_bytes(&self) -> Option<Result<[u8; 16], String>> {
+        self.nguid.as_deref().map(|n| hex_id(n, &[32]).ok_or_else(|| format!("{n:?} is not 32 hex digits")))
+    }
+
+    /// The ANA state, optimized when none is set.
+    pub fn ana(&self) -> Result<AnaState, String> {
+        let Some(name) = self.ana_state.as_deref() else {
+            return Ok(AnaState::OPTIMIZED);
+        };
+        ANA_STATES.iter().find(|(n, _)| *n == name).map(|(_, s)| *s).ok_or_else(|| {
+            let names: Vec<&str> = ANA_STATES.iter().map(|(n, _)| *n).collect();
+            format!("{name:?} is not one of {}", names.join(", "))
+        })
+    }
+}
+
+/// 16 bytes written as hex digits in dash-separated groups of the given
+/// lengths.
+fn hex_id(text: &str, groups: &[usize]) -> Option<[u8; 16]> {
+    let parts: Vec<&str> = text.split('-').collect();
+    if parts.len() != groups.len() || parts.iter().zip(groups).any(|(p, &n)| p.len() != n) {
+        return None;
+    }
+    let digits: String = parts.concat();
+    if !digits.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return None;
+    }
+    let mut out = [0u8; 16];
+    for (i, b) in out.iter_mut().enumerate() {
+        *b = u8::from_str_radix(digits.get(2 * i..2 * i + 2)?, 16).ok()?;
+    }
+    Some(out)
 }
 
 /// A listening port.
@@ -546,7 +606,9 @@ impl Config {
                 serial: None,
                 allow_any_host: true,
                 hosts: Vec::new(),
-                namespace: vec![NamespaceConfig { nsid: Some(1), device: "ram0".into() }],
+                min_cntlid: None,
+                max_cntlid: None,
+                namespace: vec![NamespaceConfig { nsid: Some(1), device: "ram0".into(), ..Default::default() }],
             }],
             port: vec![
                 PortConfig {
@@ -712,6 +774,15 @@ impl Config {
                 }
                 if !names.contains(ns.device.as_str()) {
                     bail!("{}: no device named {:?}", f(&format!("namespace[{j}].device")), ns.device);
+                }
+                if let Some(Err(e)) = ns.uuid_bytes() {
+                    bail!("{}: {e}", f(&format!("namespace[{j}].uuid")));
+                }
+                if let Some(Err(e)) = ns.nguid_bytes() {
+                    bail!("{}: {e}", f(&format!("namespace[{j}].nguid")));
+                }
+                if let Err(e) = ns.ana() {
+                    bail!("{}: {e}", f(&format!("namespace[{j}].ana_state")));
                 }
             }
         }

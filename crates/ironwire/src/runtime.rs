@@ -13,7 +13,7 @@
 use crate::config::{Config, DeviceConfig};
 use crate::iscsi_tcp::{IscsiModel, IscsiTarget};
 use crate::listen::Listeners;
-use crate::nvme::{Namespace, Subsystem, Target};
+use crate::nvme::Target;
 use anyhow::{anyhow, bail, Context, Result};
 use blockdev::Device;
 use std::collections::HashMap;
@@ -189,7 +189,11 @@ fn apply_nvme(live: &Live, devices: &HashMap<String, Arc<Device>>, old: &Config,
         live_s.set_access(s.allow_any_host, s.hosts.clone());
         for ns in live_s.namespaces() {
             let wanted = s.namespace.iter().find(|n| n.nsid == Some(ns.nsid));
-            let same = wanted.and_then(|w| devices.get(&w.device)).is_some_and(|d| Arc::ptr_eq(d, &ns.device));
+            let was = before.and_then(|b| b.namespace.iter().find(|n| n.nsid == Some(ns.nsid)));
+            // A namespace whose identifiers change is a new namespace.
+            let same_ids = wanted.zip(was).is_some_and(|(w, o)| (&w.uuid, &w.nguid) == (&o.uuid, &o.nguid));
+            let same = same_ids
+                && wanted.and_then(|w| devices.get(&w.device)).is_some_and(|d| Arc::ptr_eq(d, &ns.device));
             if !same {
                 live_s.remove_namespace(ns.nsid);
                 log::info!(
@@ -204,8 +208,14 @@ fn apply_nvme(live: &Live, devices: &HashMap<String, Arc<Device>>, old: &Config,
             let nsid = ns.nsid.unwrap_or(0);
             if live_s.namespace(nsid).is_none() {
                 let dev = devices.get(&ns.device).ok_or_else(|| anyhow!("no device {:?}", ns.device))?;
-                live_s.add_namespace(Namespace::new(&s.nqn, nsid, dev.clone())).map_err(anyhow::Error::msg)?;
+                live_s.add_namespace(crate::serve::namespace(&s.nqn, nsid, ns, dev)?).map_err(anyhow::Error::msg)?;
                 log::info!("added namespace {nsid} ({}) to {}", ns.device, s.nqn);
+            } else {
+                let state = ns.ana().map_err(anyhow::Error::msg)?;
+                if live_s.namespace(nsid).is_some_and(|l| l.ana_state() != state) {
+                    live_s.set_ana_state(nsid, state);
+                    log::info!("namespace {nsid} of {}: ANA state {}", s.nqn, ns.ana_state.as_deref().unwrap_or("optimized"));
+                }
             }
         }
     }
