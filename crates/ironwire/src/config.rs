@@ -1059,6 +1059,38 @@ mod tests {
     use super::*;
 
     #[test]
+    fn cntlid_range_identifiers_and_ana_state_are_checked() {
+        let sub = |extra: &str, ns: &str| {
+            format!(
+                "[[device]]\nname = \"r\"\nkind = \"ram\"\nsize = \"1MiB\"\n[[subsystem]]\n\
+                 nqn = \"nqn.2026-11.io.ironwire:gw\"\nallow_any_host = true\n{extra}\n\
+                 [[subsystem.namespace]]\ndevice = \"r\"\n{ns}\n[[port]]\naddress = \"127.0.0.1:4420\"\n"
+            )
+        };
+        let c = Config::parse(&sub("min_cntlid = 100\nmax_cntlid = 199", "")).expect("a range");
+        assert_eq!(c.subsystem[0].cntlid_range(), (100, 199));
+        assert_eq!(Config::parse(&sub("", "")).expect("defaults").subsystem[0].cntlid_range(), (1, 0xffef));
+        let e = err_of(&sub("min_cntlid = 0", ""));
+        assert!(e.contains("subsystem[0] (nqn.2026-11.io.ironwire:gw).min_cntlid: 0 outside"), "{e}");
+        assert!(err_of(&sub("max_cntlid = 65520", "")).contains(".max_cntlid: 65520 outside"));
+        assert!(err_of(&sub("min_cntlid = 9\nmax_cntlid = 8", "")).contains(".min_cntlid: 9 is more than max_cntlid 8"));
+
+        let ids = "uuid = \"0F1E2D3C-4b5a-4978-8695-a4b3c2d1e0f9\"\nnguid = \"00112233445566778899aabbccddeeff\"";
+        let c = Config::parse(&sub("", &format!("{ids}\nana_state = \"non-optimized\""))).expect("ids");
+        let ns = &c.subsystem[0].namespace[0];
+        assert_eq!(
+            ns.uuid_bytes(),
+            Some(Ok([15, 30, 45, 60, 75, 90, 73, 120, 134, 149, 164, 179, 194, 209, 224, 249]))
+        );
+        assert_eq!(ns.nguid_bytes().and_then(Result::ok).map(|n| n[15]), Some(0xff));
+        assert_eq!(ns.ana(), Ok(AnaState::NON_OPTIMIZED));
+        assert!(err_of(&sub("", "uuid = \"0f1e2d3c4b5a49788695a4b3c2d1e0f9\"")).contains("namespace[0].uuid"));
+        assert!(err_of(&sub("", "nguid = \"+0112233445566778899aabbccddeeff\"")).contains("namespace[0].nguid"));
+        let e = err_of(&sub("", "ana_state = \"standby\""));
+        assert!(e.contains("namespace[0].ana_state: \"standby\" is not one of optimized, non-optimized"), "{e}");
+    }
+
+    #[test]
     fn only_tcp_and_rdma_share_an_address() {
         let base = Config::embedded_default();
         assert_eq!(base.port[0].address, base.port[1].address, "the default shares 4420");

@@ -192,8 +192,8 @@ fn apply_nvme(live: &Live, devices: &HashMap<String, Arc<Device>>, old: &Config,
             let was = before.and_then(|b| b.namespace.iter().find(|n| n.nsid == Some(ns.nsid)));
             // A namespace whose identifiers change is a new namespace.
             let same_ids = wanted.zip(was).is_some_and(|(w, o)| (&w.uuid, &w.nguid) == (&o.uuid, &o.nguid));
-            let same = same_ids
-                && wanted.and_then(|w| devices.get(&w.device)).is_some_and(|d| Arc::ptr_eq(d, &ns.device));
+            let same =
+                same_ids && wanted.and_then(|w| devices.get(&w.device)).is_some_and(|d| Arc::ptr_eq(d, &ns.device));
             if !same {
                 live_s.remove_namespace(ns.nsid);
                 log::info!(
@@ -214,7 +214,11 @@ fn apply_nvme(live: &Live, devices: &HashMap<String, Arc<Device>>, old: &Config,
                 let state = ns.ana().map_err(anyhow::Error::msg)?;
                 if live_s.namespace(nsid).is_some_and(|l| l.ana_state() != state) {
                     live_s.set_ana_state(nsid, state);
-                    log::info!("namespace {nsid} of {}: ANA state {}", s.nqn, ns.ana_state.as_deref().unwrap_or("optimized"));
+                    log::info!(
+                        "namespace {nsid} of {}: ANA state {}",
+                        s.nqn,
+                        ns.ana_state.as_deref().unwrap_or("optimized")
+                    );
                 }
             }
         }

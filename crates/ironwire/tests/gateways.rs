@@ -135,7 +135,8 @@ fn two_gateways_on_one_file_show_one_namespace_and_fail_over_by_ana_state() {
     let path: PathBuf = dir.join("shared.img");
     // Both gateways open the same file under the same device name: a
     // local device's identifiers come from the NQN, NSID and that name.
-    let device = format!("[[device]]\nname = \"shared\"\nkind = \"file\"\npath = \"{}\"\nsize = \"4MiB\"\n", path.display());
+    let device =
+        format!("[[device]]\nname = \"shared\"\nkind = \"file\"\npath = \"{}\"\nsize = \"4MiB\"\n", path.display());
     let a = gateway("fa", "shared", device.clone(), (1, 99), "optimized");
     let b = gateway("fb", "shared", device, (100, 199), "non-optimized");
     block_on(bounded(60, async {

@@ -6,11 +6,11 @@
 
 use crate::controller::Controller;
 use block::BlockDevice;
+use nvme_spec::log::AnaState;
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
-use nvme_spec::log::AnaState;
-use std::sync::atomic::{AtomicU16, AtomicU64, AtomicU8, Ordering};
 use std::ops::RangeInclusive;
+use std::sync::atomic::{AtomicU16, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
 /// The lowest valid controller ID.

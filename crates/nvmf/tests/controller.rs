@@ -2,8 +2,8 @@
 
 use block::Described;
 use nvme_spec::fabrics::ConnectData;
-use nvme_spec::{Cqe, Sgl, Sqe, Status};
 use nvme_spec::log::AnaState;
+use nvme_spec::{Cqe, Sgl, Sqe, Status};
 use nvmf::{BlockOp, Transport};
 
 type Target = nvmf::Target<Described>;
