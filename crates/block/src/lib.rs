@@ -121,6 +121,15 @@ pub trait BlockDevice: Send + Sync + std::fmt::Debug + 'static {
     /// (NVMe DLFEAT, SCSI LBPRZ).
     fn deallocate_reads_zeroes(&self) -> bool;
 
+    /// A name for the storage behind this device that is the same in
+    /// every process that opens it, on any machine (rbd:
+    /// `ceph:<fsid>:<image id>`). Several gateways exporting one image
+    /// derive the identifiers hosts group paths by from it. `None` for
+    /// storage only this process reaches.
+    fn shared_identity(&self) -> Option<&str> {
+        None
+    }
+
     /// [`Geometry::check_range`] on this device.
     fn check_range(&self, lba: u64, blocks: u64) -> Result<(), Error> {
         self.geometry().check_range(lba, blocks)
@@ -141,6 +150,8 @@ pub struct Described {
     pub volatile_write_cache: bool,
     /// [`BlockDevice::deallocate_reads_zeroes`].
     pub deallocate_reads_zeroes: bool,
+    /// [`BlockDevice::shared_identity`].
+    pub shared_identity: Option<String>,
 }
 
 impl Described {
@@ -153,6 +164,7 @@ impl Described {
             geometry: Geometry { block_size, blocks },
             volatile_write_cache: false,
             deallocate_reads_zeroes: true,
+            shared_identity: None,
         }
     }
 }
@@ -176,6 +188,10 @@ impl BlockDevice for Described {
 
     fn deallocate_reads_zeroes(&self) -> bool {
         self.deallocate_reads_zeroes
+    }
+
+    fn shared_identity(&self) -> Option<&str> {
+        self.shared_identity.as_deref()
     }
 }
 

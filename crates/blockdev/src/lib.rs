@@ -97,6 +97,10 @@ impl BlockDevice for Device {
     fn deallocate_reads_zeroes(&self) -> bool {
         !matches!(self.kind, Kind::Block | Kind::Rbd)
     }
+
+    fn shared_identity(&self) -> Option<&str> {
+        self.shared.as_deref()
+    }
 }
 
 enum Backend {
@@ -123,6 +127,8 @@ pub struct Device {
     /// lost were acknowledged (fsyncgate). Every flush fails from then on,
     /// until the device is reopened.
     flush_failed: OnceLock<String>,
+    /// [`BlockDevice::shared_identity`]: rbd images only.
+    shared: Option<String>,
 }
 
 /// Latency added to every read and every write, for tests of what happens
@@ -185,6 +191,7 @@ impl Device {
             backend: Backend::Null,
             latency: Latency::default(),
             flush_failed: OnceLock::new(),
+            shared: None,
         })
     }
 
@@ -200,6 +207,7 @@ impl Device {
             backend: Backend::Ram(RamRegion::new(size_bytes)?),
             latency: Latency::default(),
             flush_failed: OnceLock::new(),
+            shared: None,
         })
     }
 
@@ -245,6 +253,7 @@ impl Device {
             backend: Backend::File(opened.backend),
             latency: Latency::default(),
             flush_failed: OnceLock::new(),
+            shared: None,
         })
     }
 
@@ -279,6 +288,7 @@ impl Device {
             backend: Backend::File(opened.backend),
             latency: Latency::default(),
             flush_failed: OnceLock::new(),
+            shared: None,
         })
     }
 
@@ -301,6 +311,7 @@ impl Device {
             geometry: Geometry { block_size, blocks },
             blocks: AtomicU64::new(blocks),
             path: Some(spec),
+            shared: Some(format!("ceph:{}:{}", image.fsid(), image.id())),
             backend: Backend::Rbd(image),
             latency: Latency::default(),
             flush_failed: OnceLock::new(),

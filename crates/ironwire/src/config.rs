@@ -3,6 +3,7 @@
 //! with errors that name the field and the reason.
 
 use anyhow::{anyhow, bail, Context, Result};
+use nvme_spec::log::AnaState;
 use serde::{Deserialize, Serialize};
 use std::collections::HashSet;
 use std::net::SocketAddr;
@@ -369,19 +370,90 @@ pub struct SubsystemConfig {
     /// Host NQNs allowed when `allow_any_host` is false.
     #[serde(default)]
     pub hosts: Vec<String>,
+    /// Lowest controller ID handed out (default 1). Gateways that export
+    /// one subsystem NQN need disjoint `min_cntlid..=max_cntlid` ranges.
+    pub min_cntlid: Option<u16>,
+    /// Highest controller ID handed out (default 0xffef).
+    pub max_cntlid: Option<u16>,
     /// Namespaces.
     #[serde(default)]
     pub namespace: Vec<NamespaceConfig>,
 }
 
+impl SubsystemConfig {
+    /// `min_cntlid` and `max_cntlid` with their defaults.
+    pub fn cntlid_range(&self) -> (u16, u16) {
+        (self.min_cntlid.unwrap_or(nvmf::CNTLID_MIN), self.max_cntlid.unwrap_or(nvmf::CNTLID_MAX))
+    }
+}
+
 /// A namespace of a subsystem.
-#[derive(Debug, Deserialize, Serialize, Clone, PartialEq)]
+#[derive(Debug, Deserialize, Serialize, Clone, PartialEq, Default)]
 #[serde(deny_unknown_fields)]
 pub struct NamespaceConfig {
     /// Namespace ID (default: position + 1).
     pub nsid: Option<u32>,
     /// Device name.
     pub device: String,
+    /// UUID hosts see, `xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx` (default
+    /// derived: from the image for rbd devices, else from the NQN, NSID
+    /// and device name).
+    pub uuid: Option<String>,
+    /// NGUID hosts see, 32 hex digits (default derived like the UUID).
+    pub nguid: Option<String>,
+    /// This gateway's ANA state for the namespace: `optimized` (default),
+    /// `non-optimized`, `inaccessible`, `persistent-loss` or `change`.
+    pub ana_state: Option<String>,
+}
+
+/// The ANA state names, as nvmet's configfs spells them.
+const ANA_STATES: [(&str, AnaState); 5] = [
+    ("optimized", AnaState::OPTIMIZED),
+    ("non-optimized", AnaState::NON_OPTIMIZED),
+    ("inaccessible", AnaState::INACCESSIBLE),
+    ("persistent-loss", AnaState::PERSISTENT_LOSS),
+    ("change", AnaState::CHANGE),
+];
+
+impl NamespaceConfig {
+    /// The configured UUID, if valid.
+    pub fn uuid_bytes(&self) -> Option<Result<[u8; 16], String>> {
+        self.uuid.as_deref().map(|u| hex_id(u, &[8, 4, 4, 4, 12]).ok_or_else(|| format!("{u:?} is not a UUID")))
+    }
+
+    /// The configured NGUID, if valid.
+    pub fn nguid_bytes(&self) -> Option<Result<[u8; 16], String>> {
+        self.nguid.as_deref().map(|n| hex_id(n, &[32]).ok_or_else(|| format!("{n:?} is not 32 hex digits")))
+    }
+
+    /// The ANA state, optimized when none is set.
+    pub fn ana(&self) -> Result<AnaState, String> {
+        let Some(name) = self.ana_state.as_deref() else {
+            return Ok(AnaState::OPTIMIZED);
+        };
+        ANA_STATES.iter().find(|(n, _)| *n == name).map(|(_, s)| *s).ok_or_else(|| {
+            let names: Vec<&str> = ANA_STATES.iter().map(|(n, _)| *n).collect();
+            format!("{name:?} is not one of {}", names.join(", "))
+        })
+    }
+}
+
+/// 16 bytes written as hex digits in dash-separated groups of the given
+/// lengths.
+fn hex_id(text: &str, groups: &[usize]) -> Option<[u8; 16]> {
+    let parts: Vec<&str> = text.split('-').collect();
+    if parts.len() != groups.len() || parts.iter().zip(groups).any(|(p, &n)| p.len() != n) {
+        return None;
+    }
+    let digits: String = parts.concat();
+    if !digits.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return None;
+    }
+    let mut out = [0u8; 16];
+    for (i, b) in out.iter_mut().enumerate() {
+        *b = u8::from_str_radix(digits.get(2 * i..2 * i + 2)?, 16).ok()?;
+    }
+    Some(out)
 }
 
 /// A listening port.
@@ -563,7 +635,9 @@ impl Config {
                 serial: None,
                 allow_any_host: true,
                 hosts: Vec::new(),
-                namespace: vec![NamespaceConfig { nsid: Some(1), device: "ram0".into() }],
+                min_cntlid: None,
+                max_cntlid: None,
+                namespace: vec![NamespaceConfig { nsid: Some(1), device: "ram0".into(), ..Default::default() }],
             }],
             port: vec![
                 PortConfig {
@@ -705,6 +779,15 @@ impl Config {
             if !s.allow_any_host && s.hosts.is_empty() {
                 bail!("{}: empty while allow_any_host is false; no host could connect", f("hosts"));
             }
+            let (min, max) = s.cntlid_range();
+            for (key, v) in [("min_cntlid", min), ("max_cntlid", max)] {
+                if !(nvmf::CNTLID_MIN..=nvmf::CNTLID_MAX).contains(&v) {
+                    bail!("{}: {v} outside 1..=65519 (0xffef)", f(key));
+                }
+            }
+            if min > max {
+                bail!("{}: {min} is more than max_cntlid {max}", f("min_cntlid"));
+            }
             for (j, h) in s.hosts.iter().enumerate() {
                 if !valid_nqn(h) {
                     bail!("{}: {h:?} is not an NQN", f(&format!("hosts[{j}]")));
@@ -721,6 +804,15 @@ impl Config {
                 }
                 if !names.contains(ns.device.as_str()) {
                     bail!("{}: no device named {:?}", f(&format!("namespace[{j}].device")), ns.device);
+                }
+                if let Some(Err(e)) = ns.uuid_bytes() {
+                    bail!("{}: {e}", f(&format!("namespace[{j}].uuid")));
+                }
+                if let Some(Err(e)) = ns.nguid_bytes() {
+                    bail!("{}: {e}", f(&format!("namespace[{j}].nguid")));
+                }
+                if let Err(e) = ns.ana() {
+                    bail!("{}: {e}", f(&format!("namespace[{j}].ana_state")));
                 }
             }
         }
@@ -997,6 +1089,38 @@ pub fn valid_nqn(s: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn cntlid_range_identifiers_and_ana_state_are_checked() {
+        let sub = |extra: &str, ns: &str| {
+            format!(
+                "[[device]]\nname = \"r\"\nkind = \"ram\"\nsize = \"1MiB\"\n[[subsystem]]\n\
+                 nqn = \"nqn.2026-11.io.ironwire:gw\"\nallow_any_host = true\n{extra}\n\
+                 [[subsystem.namespace]]\ndevice = \"r\"\n{ns}\n[[port]]\naddress = \"127.0.0.1:4420\"\n"
+            )
+        };
+        let c = Config::parse(&sub("min_cntlid = 100\nmax_cntlid = 199", "")).expect("a range");
+        assert_eq!(c.subsystem[0].cntlid_range(), (100, 199));
+        assert_eq!(Config::parse(&sub("", "")).expect("defaults").subsystem[0].cntlid_range(), (1, 0xffef));
+        let e = err_of(&sub("min_cntlid = 0", ""));
+        assert!(e.contains("subsystem[0] (nqn.2026-11.io.ironwire:gw).min_cntlid: 0 outside"), "{e}");
+        assert!(err_of(&sub("max_cntlid = 65520", "")).contains(".max_cntlid: 65520 outside"));
+        assert!(err_of(&sub("min_cntlid = 9\nmax_cntlid = 8", "")).contains(".min_cntlid: 9 is more than max_cntlid 8"));
+
+        let ids = "uuid = \"0F1E2D3C-4b5a-4978-8695-a4b3c2d1e0f9\"\nnguid = \"00112233445566778899aabbccddeeff\"";
+        let c = Config::parse(&sub("", &format!("{ids}\nana_state = \"non-optimized\""))).expect("ids");
+        let ns = &c.subsystem[0].namespace[0];
+        assert_eq!(
+            ns.uuid_bytes(),
+            Some(Ok([15, 30, 45, 60, 75, 90, 73, 120, 134, 149, 164, 179, 194, 209, 224, 249]))
+        );
+        assert_eq!(ns.nguid_bytes().and_then(Result::ok).map(|n| n[15]), Some(0xff));
+        assert_eq!(ns.ana(), Ok(AnaState::NON_OPTIMIZED));
+        assert!(err_of(&sub("", "uuid = \"0f1e2d3c4b5a49788695a4b3c2d1e0f9\"")).contains("namespace[0].uuid"));
+        assert!(err_of(&sub("", "nguid = \"+0112233445566778899aabbccddeeff\"")).contains("namespace[0].nguid"));
+        let e = err_of(&sub("", "ana_state = \"standby\""));
+        assert!(e.contains("namespace[0].ana_state: \"standby\" is not one of optimized, non-optimized"), "{e}");
+    }
 
     #[test]
     fn only_tcp_and_rdma_share_an_address() {

@@ -12,7 +12,16 @@ use anyhow::{anyhow, bail, Result};
 use toml::{Table, Value};
 
 /// Keys whose values are numbers.
-const NUMBER_KEYS: &[&str] = &["block_size", "read_latency_us", "write_latency_us", "nsid", "lun", "connect_timeout"];
+const NUMBER_KEYS: &[&str] = &[
+    "block_size",
+    "read_latency_us",
+    "write_latency_us",
+    "nsid",
+    "lun",
+    "connect_timeout",
+    "min_cntlid",
+    "max_cntlid",
+];
 /// Keys whose values are `true` or `false`.
 const BOOL_KEYS: &[&str] = &["allow_any_host", "allow_any_initiator", "discovery_only", "crc"];
 

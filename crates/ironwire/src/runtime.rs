@@ -13,7 +13,7 @@
 use crate::config::{Config, DeviceConfig};
 use crate::iscsi_tcp::{IscsiModel, IscsiTarget};
 use crate::listen::Listeners;
-use crate::nvme::{Namespace, Subsystem, Target};
+use crate::nvme::Target;
 use anyhow::{anyhow, bail, Context, Result};
 use blockdev::Device;
 use std::collections::HashMap;
@@ -124,8 +124,8 @@ pub fn apply(live: &mut Live, old: &Config, new: &Config) -> Result<()> {
                 s.nqn,
                 live_s.controller_count()
             ),
-            Some(n) if n.serial != s.serial && live_s.controller_count() > 0 => bail!(
-                "subsystem {}: serial cannot change while controllers are connected (hosts identify it by it)",
+            Some(n) if recreated(s, n) && live_s.controller_count() > 0 => bail!(
+                "subsystem {}: serial, min_cntlid and max_cntlid cannot change while controllers are connected",
                 s.nqn
             ),
             _ => {}
@@ -175,7 +175,7 @@ fn apply_nvme(live: &Live, devices: &HashMap<String, Arc<Device>>, old: &Config,
     for s in &new.subsystem {
         let before = old.subsystem.iter().find(|o| o.nqn == s.nqn);
         let mut live_s = target.subsystem(&s.nqn);
-        if before.is_some_and(|b| b.serial != s.serial) {
+        if before.is_some_and(|b| recreated(b, s)) {
             // Checked above: no controller is connected.
             target.remove_subsystem(&s.nqn).map_err(anyhow::Error::msg)?;
             live_s = None;
@@ -183,17 +183,18 @@ fn apply_nvme(live: &Live, devices: &HashMap<String, Arc<Device>>, old: &Config,
         let live_s = match live_s {
             Some(l) => l,
             None => {
-                let serial = s.serial.clone().unwrap_or_else(|| crate::serve::serial_for(&s.nqn));
                 log::info!("added subsystem {}", s.nqn);
-                target
-                    .add_subsystem(Subsystem::new(&s.nqn, &serial, s.allow_any_host, s.hosts.clone()))
-                    .map_err(anyhow::Error::msg)?
+                target.add_subsystem(crate::serve::subsystem(s)).map_err(anyhow::Error::msg)?
             }
         };
         live_s.set_access(s.allow_any_host, s.hosts.clone());
         for ns in live_s.namespaces() {
             let wanted = s.namespace.iter().find(|n| n.nsid == Some(ns.nsid));
-            let same = wanted.and_then(|w| devices.get(&w.device)).is_some_and(|d| Arc::ptr_eq(d, &ns.device));
+            let was = before.and_then(|b| b.namespace.iter().find(|n| n.nsid == Some(ns.nsid)));
+            // A namespace whose identifiers change is a new namespace.
+            let same_ids = wanted.zip(was).is_some_and(|(w, o)| (&w.uuid, &w.nguid) == (&o.uuid, &o.nguid));
+            let same =
+                same_ids && wanted.and_then(|w| devices.get(&w.device)).is_some_and(|d| Arc::ptr_eq(d, &ns.device));
             if !same {
                 live_s.remove_namespace(ns.nsid);
                 log::info!(
@@ -208,12 +209,29 @@ fn apply_nvme(live: &Live, devices: &HashMap<String, Arc<Device>>, old: &Config,
             let nsid = ns.nsid.unwrap_or(0);
             if live_s.namespace(nsid).is_none() {
                 let dev = devices.get(&ns.device).ok_or_else(|| anyhow!("no device {:?}", ns.device))?;
-                live_s.add_namespace(Namespace::new(&s.nqn, nsid, dev.clone())).map_err(anyhow::Error::msg)?;
+                live_s.add_namespace(crate::serve::namespace(&s.nqn, nsid, ns, dev)?).map_err(anyhow::Error::msg)?;
                 log::info!("added namespace {nsid} ({}) to {}", ns.device, s.nqn);
+            } else {
+                let state = ns.ana().map_err(anyhow::Error::msg)?;
+                if live_s.namespace(nsid).is_some_and(|l| l.ana_state() != state) {
+                    live_s.set_ana_state(nsid, state);
+                    log::info!(
+                        "namespace {nsid} of {}: ANA state {}",
+                        s.nqn,
+                        ns.ana_state.as_deref().unwrap_or("optimized")
+                    );
+                }
             }
         }
     }
     Ok(())
+}
+
+/// Whether the change from `a` to `b` makes a new live subsystem: what a
+/// host identifies it by (the serial) or what it was built with (the
+/// controller ID range) differs.
+fn recreated(a: &crate::config::SubsystemConfig, b: &crate::config::SubsystemConfig) -> bool {
+    a.serial != b.serial || a.cntlid_range() != b.cntlid_range()
 }
 
 fn apply_iscsi(live: &Live, devices: &HashMap<String, Arc<Device>>, new: &Config) -> Result<()> {

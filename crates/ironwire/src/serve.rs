@@ -2,7 +2,7 @@
 //! the devices, and starts one reactor per configured core, each listening
 //! on every port.
 
-use crate::config::{Config, DeviceConfig};
+use crate::config::{Config, DeviceConfig, NamespaceConfig, SubsystemConfig};
 use crate::iscsi_tcp::{IscsiModel, IscsiTarget};
 use crate::nvme::{Namespace, Subsystem, Target};
 use anyhow::{Context, Result};
@@ -63,17 +63,33 @@ pub fn build_target(config: &Config, devices: &HashMap<String, Arc<Device>>) -> 
         max_controllers: config.limits.controllers_per_subsystem,
     });
     for s in &config.subsystem {
-        let serial = s.serial.clone().unwrap_or_else(|| serial_for(&s.nqn));
-        let subsys = target
-            .add_subsystem(Subsystem::new(&s.nqn, &serial, s.allow_any_host, s.hosts.clone()))
-            .map_err(anyhow::Error::msg)?;
+        let subsys = target.add_subsystem(subsystem(s)).map_err(anyhow::Error::msg)?;
         for (j, ns) in s.namespace.iter().enumerate() {
             let nsid = ns.nsid.unwrap_or(u32::try_from(j).unwrap_or(u32::MAX).saturating_add(1));
             let dev = devices.get(&ns.device).with_context(|| format!("no device {:?}", ns.device))?;
-            subsys.add_namespace(Namespace::new(&s.nqn, nsid, dev.clone())).map_err(anyhow::Error::msg)?;
+            subsys.add_namespace(namespace(&s.nqn, nsid, ns, dev)?).map_err(anyhow::Error::msg)?;
         }
     }
     Ok(Arc::new(target))
+}
+
+/// The live subsystem `s` describes, without namespaces.
+pub fn subsystem(s: &SubsystemConfig) -> Subsystem {
+    let serial = s.serial.clone().unwrap_or_else(|| serial_for(&s.nqn));
+    let (min, max) = s.cntlid_range();
+    Subsystem::new(&s.nqn, &serial, s.allow_any_host, s.hosts.clone()).with_cntlid_range(min..=max)
+}
+
+/// The live namespace `ns` describes, as `nsid` of `nqn` on `dev`.
+pub fn namespace(nqn: &str, nsid: u32, ns: &NamespaceConfig, dev: &Arc<Device>) -> Result<Namespace> {
+    let mut live = Namespace::new(nqn, nsid, dev.clone()).with_ana_state(ns.ana().map_err(anyhow::Error::msg)?);
+    if let Some(nguid) = ns.nguid_bytes() {
+        live = live.with_nguid(nguid.map_err(anyhow::Error::msg)?);
+    }
+    if let Some(uuid) = ns.uuid_bytes() {
+        live = live.with_uuid(uuid.map_err(anyhow::Error::msg)?);
+    }
+    Ok(live)
 }
 
 /// The serial number of a subsystem whose configuration gives none.

@@ -57,6 +57,14 @@ pub mod ctrl {
     pub const CCTEMP: usize = 268;
     /// Keep alive support, granularity in 100 ms (u16).
     pub const KAS: usize = 320;
+    /// ANA transition time in seconds (u8).
+    pub const ANATT: usize = 342;
+    /// Asymmetric namespace access capabilities (u8).
+    pub const ANACAP: usize = 343;
+    /// ANA group identifier maximum (u32).
+    pub const ANAGRPMAX: usize = 344;
+    /// Number of ANA group identifiers (u32).
+    pub const NANAGRPID: usize = 348;
     /// Submission queue entry size (u8).
     pub const SQES: usize = 512;
     /// Completion queue entry size (u8).
@@ -100,6 +108,19 @@ pub mod ctrl {
 
     /// OAES bit: namespace attribute notices.
     pub const OAES_NS_ATTR: u32 = 1 << 8;
+    /// OAES bit: asymmetric namespace access change notices.
+    pub const OAES_ANA_CHANGE: u32 = 1 << 11;
+    /// CMIC: the subsystem may have more than one port.
+    pub const CMIC_MULTI_PORT: u8 = 1 << 0;
+    /// CMIC: the subsystem may have more than one controller.
+    pub const CMIC_MULTI_CTRL: u8 = 1 << 1;
+    /// CMIC: asymmetric namespace access reporting.
+    pub const CMIC_ANA: u8 = 1 << 3;
+    /// ANACAP: the optimized, non-optimized, inaccessible, persistent loss
+    /// and change states may be reported (bits 0..=4).
+    pub const ANACAP_ALL_STATES: u8 = 0x1f;
+    /// ANACAP: a namespace's ANAGRPID does not change while it is attached.
+    pub const ANACAP_GRPID_STATIC: u8 = 1 << 6;
     /// LPA bits: SMART per namespace, commands supported and effects log,
     /// extended data for Get Log Page.
     pub const LPA_SMART_PER_NS: u8 = 1 << 0;
@@ -147,6 +168,8 @@ pub mod ns {
     pub const NPWG: usize = 64;
     /// Namespace preferred deallocate granularity (u16).
     pub const NPDG: usize = 68;
+    /// ANA group identifier (u32).
+    pub const ANAGRPID: usize = 92;
     /// Namespace globally unique identifier (16 bytes).
     pub const NGUID: usize = 104;
     /// IEEE extended unique identifier (8 bytes).
@@ -154,6 +177,8 @@ pub mod ns {
     /// LBA format 0 (u32): MS 15:0, LBADS 23:16, RP 25:24.
     pub const LBAF0: usize = 128;
 
+    /// NMIC: the namespace may be attached to two or more controllers.
+    pub const NMIC_SHARED: u8 = 1 << 0;
     /// NSFEAT: the NPWG..NOWS fields are valid.
     pub const NSFEAT_OPTPERF: u8 = 1 << 4;
     /// NSFEAT: deallocated or unwritten logical block error support.

@@ -112,3 +112,60 @@ pub const ERROR_ENTRY_LEN: usize = 64;
 /// Async event completion DW0 for "namespace attribute changed"
 /// (type notice = 2, info 0, log page 04h; NVMe Base 2.0 figure 150).
 pub const AEN_NS_CHANGED: u32 = 0x02 | (0x04 << 16);
+
+/// Async event completion DW0 for "asymmetric namespace access change"
+/// (type notice = 2, info 03h, log page 0Ch; NVMe Base 2.0 figure 150).
+pub const AEN_ANA_CHANGE: u32 = 0x02 | (0x03 << 8) | (0x0c << 16);
+
+/// Asymmetric Namespace Access log page (NVMe Base 2.0 section 5.16.1.12):
+/// a header, then one descriptor per ANA group, each followed by its NSIDs.
+pub mod ana {
+    /// Header length.
+    pub const HEADER_LEN: usize = 16;
+    /// Header: change count (u64).
+    pub const CHGCNT: usize = 0;
+    /// Header: number of ANA group descriptors (u16).
+    pub const NGRPS: usize = 8;
+    /// Descriptor length before its NSID list.
+    pub const DESC_LEN: usize = 32;
+    /// Descriptor: ANA group ID (u32).
+    pub const ANAGRPID: usize = 0;
+    /// Descriptor: number of NSIDs that follow (u32).
+    pub const NNSIDS: usize = 4;
+    /// Descriptor: change count (u64).
+    pub const DESC_CHGCNT: usize = 8;
+    /// Descriptor: ANA state, bits 3:0 (u8).
+    pub const STATE: usize = 16;
+    /// LSP bit 0, Return Groups Only: descriptors without NSID lists.
+    pub const LSP_RGO: u8 = 1 << 0;
+}
+
+/// An ANA state (NVMe Base 2.0 section 8.1.3), open for values a peer
+/// sends that this code does not name.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct AnaState(pub u8);
+
+impl AnaState {
+    /// ANA Optimized.
+    pub const OPTIMIZED: AnaState = AnaState(0x1);
+    /// ANA Non-Optimized.
+    pub const NON_OPTIMIZED: AnaState = AnaState(0x2);
+    /// ANA Inaccessible.
+    pub const INACCESSIBLE: AnaState = AnaState(0x3);
+    /// ANA Persistent Loss.
+    pub const PERSISTENT_LOSS: AnaState = AnaState(0x4);
+    /// ANA Change (a transition in progress).
+    pub const CHANGE: AnaState = AnaState(0xf);
+
+    /// The status an I/O command gets in this state: `None` where I/O is
+    /// served (optimized, non-optimized). Path-related, never DNR: the
+    /// host retries on another path (NVMe Base 2.0 section 8.1.3).
+    pub fn io_status(self) -> Option<crate::Status> {
+        match self {
+            AnaState::INACCESSIBLE => Some(crate::Status::ANA_INACCESSIBLE),
+            AnaState::PERSISTENT_LOSS => Some(crate::Status::ANA_PERSISTENT_LOSS),
+            AnaState::CHANGE => Some(crate::Status::ANA_TRANSITION),
+            _ => None,
+        }
+    }
+}

@@ -106,6 +106,8 @@ impl LogId {
     pub const CHANGED_NAMESPACES: LogId = LogId(0x04);
     /// Commands Supported and Effects.
     pub const COMMANDS_EFFECTS: LogId = LogId(0x05);
+    /// Asymmetric namespace access.
+    pub const ANA: LogId = LogId(0x0c);
     /// Discovery (NVMe-oF 1.1 section 5.3).
     pub const DISCOVERY: LogId = LogId(0x70);
 }

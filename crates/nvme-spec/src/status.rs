@@ -72,6 +72,12 @@ impl Status {
     pub const CONNECT_INVALID_HOST: Status = Status(0x184);
     /// NVM command set specific: attempted write to a read-only range.
     pub const WRITE_TO_READ_ONLY: Status = Status(0x182);
+    /// Path related: asymmetric access persistent loss.
+    pub const ANA_PERSISTENT_LOSS: Status = Status(0x301);
+    /// Path related: asymmetric access inaccessible.
+    pub const ANA_INACCESSIBLE: Status = Status(0x302);
+    /// Path related: asymmetric access transition.
+    pub const ANA_TRANSITION: Status = Status(0x303);
     /// Media error: write fault.
     pub const WRITE_FAULT: Status = Status(0x280);
     /// Media error: unrecovered read error.

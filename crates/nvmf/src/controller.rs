@@ -29,6 +29,7 @@ pub(crate) struct CtrlState {
     pub pending_aens: VecDeque<u32>,
     pub changed_ns: Vec<u32>,
     pub ns_aen_outstanding: bool,
+    pub ana_aen_outstanding: bool,
 }
 
 /// One NVMe-oF controller.
@@ -176,6 +177,17 @@ impl<D: BlockDevice> Controller<D> {
         if s.aec & (1 << 8) != 0 && !s.ns_aen_outstanding {
             s.ns_aen_outstanding = true;
             s.pending_aens.push_back(nvme_spec::log::AEN_NS_CHANGED);
+        }
+    }
+
+    /// Queues an ANA change event if the host enabled it (Asynchronous
+    /// Event Configuration bit 11) and none is outstanding; reading the
+    /// ANA log page without RAE re-arms it.
+    pub(crate) fn ana_changed(&self) {
+        let mut s = self.lock();
+        if s.aec & (1 << 11) != 0 && !s.ana_aen_outstanding {
+            s.ana_aen_outstanding = true;
+            s.pending_aens.push_back(nvme_spec::log::AEN_ANA_CHANGE);
         }
     }
 }

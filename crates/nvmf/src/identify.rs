@@ -8,8 +8,12 @@ use nvme_spec::opcode::Cns;
 use nvme_spec::writer::Page;
 use nvme_spec::{regs, Status};
 
-/// Largest NSID a controller reports (NN, MNAN).
+/// Largest NSID a controller reports (NN, MNAN), and largest ANA group ID.
 pub(crate) const MAX_NSID: u32 = 1024;
+
+/// ANATT: how long a host waits in the change state before it gives up on
+/// a path. A state is set, not transitioned, here; ten seconds as nvmet.
+const ANATT_S: u8 = 10;
 
 pub(crate) fn build<D: BlockDevice>(
     target: &Target<D>,
@@ -47,7 +51,12 @@ pub(crate) fn build<D: BlockDevice>(
             let ns = ns_of(nsid)?.ok_or_else(invalid_ns)?;
             let mut p = Page::new(LEN);
             let mut off = 0;
-            for (t, v) in [(nid::NGUID, &ns.nguid[..]), (nid::UUID, &ns.uuid[..]), (nid::CSI, &[CSI_NVM][..])] {
+            for (t, v) in [
+                (nid::EUI64, &ns.eui64[..]),
+                (nid::NGUID, &ns.nguid[..]),
+                (nid::UUID, &ns.uuid[..]),
+                (nid::CSI, &[CSI_NVM][..]),
+            ] {
                 p.u8(off, t).u8(off + 1, v.len() as u8).bytes(off + 4, v);
                 off += 4 + v.len();
             }
@@ -73,7 +82,7 @@ pub(crate) fn build<D: BlockDevice>(
             let ns = ns_of(nsid)?;
             let mut p = Page::new(LEN);
             if ns.is_some() {
-                p.u8(1, 1); // NMIC: may be shared
+                p.u8(1, n::NMIC_SHARED);
                 p.u8(13, 1); // NSTAT: namespace ready
             }
             Ok(p.into_vec())
@@ -117,8 +126,13 @@ fn controller<D: BlockDevice>(
         p.u16(c::MAXCMD, 32);
     } else {
         p.u8(c::CNTRLTYPE, c::TYPE_IO);
-        p.u8(c::CMIC, 0x02); // may have several controllers
-        p.u32(c::OAES, c::OAES_NS_ATTR);
+        // Several gateways may export the subsystem (ports, controllers),
+        // and each reports its ANA state per namespace.
+        p.u8(c::CMIC, c::CMIC_MULTI_PORT | c::CMIC_MULTI_CTRL | c::CMIC_ANA);
+        p.u32(c::OAES, c::OAES_NS_ATTR | c::OAES_ANA_CHANGE);
+        // One ANA group per namespace, its ID the NSID.
+        p.u8(c::ANATT, ANATT_S).u8(c::ANACAP, c::ANACAP_ALL_STATES | c::ANACAP_GRPID_STATIC);
+        p.u32(c::ANAGRPMAX, MAX_NSID).u32(c::NANAGRPID, MAX_NSID);
         p.u32(c::CTRATT, 1); // 128-bit host identifier
         p.u8(c::FRMW, 0x03); // slot 1 read-only, 1 slot
         p.u16(c::WCTEMP, 0x0157).u16(c::CCTEMP, 0x0175);
@@ -140,11 +154,12 @@ fn namespace<D: BlockDevice>(ns: &Namespace<D>) -> Vec<u8> {
     let mut p = Page::new(LEN);
     p.u64(n::NSZE, geo.blocks).u64(n::NCAP, geo.blocks).u64(n::NUSE, geo.blocks);
     p.u8(n::NSFEAT, n::NSFEAT_OPTPERF);
-    p.u8(n::NLBAF, 0).u8(n::FLBAS, 0).u8(n::NMIC, 1);
+    p.u8(n::NLBAF, 0).u8(n::FLBAS, 0).u8(n::NMIC, n::NMIC_SHARED);
+    p.u32(n::ANAGRPID, ns.nsid);
     p.u8(n::DLFEAT, n::DLFEAT_READ_ZEROES_WZ_DEALLOC);
     let bs_blocks = (4096 / geo.block_size).max(1) as u16;
     p.u16(n::NPWG, bs_blocks - 1).u16(n::NPDG, bs_blocks - 1);
-    p.bytes(n::NGUID, &ns.nguid);
+    p.bytes(n::NGUID, &ns.nguid).bytes(n::EUI64, &ns.eui64);
     p.u32(n::LBAF0, u32::from(geo.block_size.trailing_zeros() as u8) << 16);
     p.into_vec()
 }

@@ -124,6 +124,9 @@ impl<D: BlockDevice> Queue<D> {
             log::debug!("{}: I/O opcode {:#04x} to inactive nsid {nsid}", self.peer, sqe.opcode);
             return Outcome::status(cid, Status::INVALID_NAMESPACE.dnr());
         };
+        if let Some(status) = ns.ana_state().io_status() {
+            return self.reject(cid, sqe, status);
+        }
         let device = ns.device.clone();
         let geo = device.geometry();
         let max_transfer = self.target.settings.max_transfer;

@@ -23,6 +23,6 @@ mod queue;
 
 pub use controller::Controller;
 pub use io::{io_error_status, BlockOp, BlockRequest};
-pub use model::{Namespace, Port, Settings, Subsystem, Target, Transport};
+pub use model::{Namespace, Port, Settings, Subsystem, Target, Transport, CNTLID_MAX, CNTLID_MIN};
 pub use nvme_spec::Status;
 pub use queue::{Outcome, Queue, QueueKind};

@@ -42,6 +42,13 @@ pub(crate) fn build<D: BlockDevice>(
             p.into_vec()
         }
         LogId::COMMANDS_EFFECTS => effects(),
+        LogId::ANA => {
+            let page = ana(subsys, glp.lsp & log::ana::LSP_RGO != 0);
+            if !glp.rae {
+                ctrl.lock().ana_aen_outstanding = false;
+            }
+            page
+        }
         LogId::DISCOVERY if subsys.discovery => discovery(target, &ctrl.hostnqn, local),
         _ => return Err(Status::INVALID_LOG_PAGE.dnr()),
     };
@@ -62,6 +69,25 @@ fn smart() -> Vec<u8> {
     p.u8(3, 100); // available spare
     p.u8(4, 10); // available spare threshold
     p.u8(5, 0); // percentage used
+    p.into_vec()
+}
+
+/// The ANA log page: one group per namespace (its ID the NSID) with this
+/// gateway's state; `groups_only` leaves out the NSID lists (RGO).
+fn ana<D: BlockDevice>(subsys: &Subsystem<D>, groups_only: bool) -> Vec<u8> {
+    use log::ana as a;
+    let namespaces = subsys.namespaces();
+    let per_group = if groups_only { a::DESC_LEN } else { a::DESC_LEN + 4 };
+    let mut p = Page::new(a::HEADER_LEN + namespaces.len() * per_group);
+    let count = subsys.ana_change_count();
+    p.u64(a::CHGCNT, count).u16(a::NGRPS, namespaces.len() as u16);
+    for (i, ns) in namespaces.iter().enumerate() {
+        let base = a::HEADER_LEN + i * per_group;
+        p.u32(base + a::ANAGRPID, ns.nsid).u64(base + a::DESC_CHGCNT, count).u8(base + a::STATE, ns.ana_state().0);
+        if !groups_only {
+            p.u32(base + a::NNSIDS, 1).u32(base + a::DESC_LEN, ns.nsid);
+        }
+    }
     p.into_vec()
 }
 

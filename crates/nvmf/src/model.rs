@@ -6,10 +6,17 @@
 
 use crate::controller::Controller;
 use block::BlockDevice;
+use nvme_spec::log::AnaState;
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU16, AtomicU64, Ordering};
+use std::ops::RangeInclusive;
+use std::sync::atomic::{AtomicU16, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
+
+/// The lowest valid controller ID.
+pub const CNTLID_MIN: u16 = 1;
+/// The highest valid controller ID (0xfff0..=0xffff are reserved).
+pub const CNTLID_MAX: u16 = 0xffef;
 
 /// Target-wide limits.
 #[derive(Clone, Copy, Debug)]
@@ -34,21 +41,34 @@ impl Default for Settings {
 /// A namespace: a device exported under an NSID.
 #[derive(Debug)]
 pub struct Namespace<D> {
-    /// Namespace ID (1-based).
+    /// Namespace ID (1-based); also its ANA group ID (one group per
+    /// namespace, so each namespace's state is set on its own).
     pub nsid: u32,
     /// The backing device.
     pub device: Arc<D>,
-    /// NGUID, stable for a given subsystem NQN, NSID and device name.
+    /// NGUID.
     pub nguid: [u8; 16],
-    /// UUID (RFC 4122 version 4 layout, derived like the NGUID).
+    /// IEEE EUI-64.
+    pub eui64: [u8; 8],
+    /// UUID (RFC 4122 version 4 layout).
     pub uuid: [u8; 16],
+    /// This gateway's ANA state for the namespace's group; every I/O
+    /// command loads it.
+    ana_state: AtomicU8,
 }
 
 impl<D: BlockDevice> Namespace<D> {
-    /// A namespace whose identifiers derive from `subnqn`, `nsid` and the
-    /// device name, so they stay the same across restarts.
+    /// A namespace whose identifiers stay the same across restarts. A
+    /// device with a [`BlockDevice::shared_identity`] (an rbd image)
+    /// derives them from it alone, so every gateway exporting that storage
+    /// reports the same NGUID, EUI-64 and UUID and hosts see one namespace
+    /// with several paths; others derive them from `subnqn`, `nsid` and the
+    /// device name. The ANA state starts optimized.
     pub fn new(subnqn: &str, nsid: u32, device: Arc<D>) -> Self {
-        let seed = format!("{subnqn}/{nsid}/{}", device.name());
+        let seed = match device.shared_identity() {
+            Some(shared) => shared.to_string(),
+            None => format!("{subnqn}/{nsid}/{}", device.name()),
+        };
         let nguid = hash128(seed.as_bytes());
         let mut uuid = hash128(format!("uuid:{seed}").as_bytes());
         if let Some(b) = uuid.get_mut(6) {
@@ -57,7 +77,37 @@ impl<D: BlockDevice> Namespace<D> {
         if let Some(b) = uuid.get_mut(8) {
             *b = (*b & 0x3f) | 0x80;
         }
-        Namespace { nsid, device, nguid, uuid }
+        let mut eui64 = [0u8; 8];
+        for (d, s) in eui64.iter_mut().zip(hash128(format!("eui64:{seed}").as_bytes())) {
+            *d = s;
+        }
+        Namespace { nsid, device, nguid, eui64, uuid, ana_state: AtomicU8::new(AnaState::OPTIMIZED.0) }
+    }
+
+    /// Replaces the derived NGUID (a configured one).
+    #[must_use]
+    pub fn with_nguid(mut self, nguid: [u8; 16]) -> Self {
+        self.nguid = nguid;
+        self
+    }
+
+    /// Replaces the derived UUID (a configured one).
+    #[must_use]
+    pub fn with_uuid(mut self, uuid: [u8; 16]) -> Self {
+        self.uuid = uuid;
+        self
+    }
+
+    /// Starts in `state` instead of optimized.
+    #[must_use]
+    pub fn with_ana_state(self, state: AnaState) -> Self {
+        self.ana_state.store(state.0, Ordering::Relaxed);
+        self
+    }
+
+    /// This gateway's ANA state for the namespace.
+    pub fn ana_state(&self) -> AnaState {
+        AnaState(self.ana_state.load(Ordering::Acquire))
     }
 }
 
@@ -90,7 +140,16 @@ pub struct Subsystem<D> {
     access: RwLock<Access>,
     namespaces: RwLock<BTreeMap<u32, Arc<Namespace<D>>>>,
     ns_gen: AtomicU64,
+    /// ANA change count (the ANA log page's CHGCNT): bumped by every
+    /// state change, never 0 once one happened.
+    ana_changes: AtomicU64,
     pub(crate) controllers: Mutex<HashMap<u16, Arc<Controller<D>>>>,
+    /// Controller IDs this subsystem hands out (SPDK's `min_cntlid` and
+    /// `max_cntlid`): gateways exporting one subsystem NQN get disjoint
+    /// ranges, since a host refuses a second controller with an ID it
+    /// already has in that subsystem.
+    cntlids: RangeInclusive<u16>,
+    next_cntlid: AtomicU16,
 }
 
 #[derive(Debug, Default)]
@@ -110,8 +169,50 @@ impl<D: BlockDevice> Subsystem<D> {
             access: RwLock::new(Access { allow_any_host, hosts }),
             namespaces: RwLock::new(BTreeMap::new()),
             ns_gen: AtomicU64::new(0),
+            ana_changes: AtomicU64::new(0),
             controllers: Mutex::new(HashMap::new()),
+            cntlids: CNTLID_MIN..=CNTLID_MAX,
+            next_cntlid: AtomicU16::new(CNTLID_MIN),
         }
+    }
+
+    /// Hands out controller IDs from `range` only, clamped to the valid
+    /// 1..=0xffef.
+    #[must_use]
+    pub fn with_cntlid_range(mut self, range: RangeInclusive<u16>) -> Self {
+        let min = (*range.start()).max(CNTLID_MIN);
+        let max = (*range.end()).min(CNTLID_MAX).max(min);
+        self.cntlids = min..=max;
+        self.next_cntlid = AtomicU16::new(min);
+        self
+    }
+
+    /// The controller IDs this subsystem hands out.
+    pub fn cntlid_range(&self) -> RangeInclusive<u16> {
+        self.cntlids.clone()
+    }
+
+    /// The next controller ID in the range for which `free` holds, going
+    /// round the range at most once, so a wrapped counter never lands on a
+    /// live controller. `None` when every ID is taken.
+    pub(crate) fn alloc_cntlid(&self, free: impl Fn(u16) -> bool) -> Option<u16> {
+        let (min, max) = (*self.cntlids.start(), *self.cntlids.end());
+        for _ in min..=max {
+            let id = self.next_cntlid.fetch_add(1, Ordering::Relaxed);
+            if !(min..=max).contains(&id) {
+                // Wrapped past the end (or past u16::MAX): restart at min
+                // and take it now, so each turn of the loop tries one ID.
+                self.next_cntlid.store(min.saturating_add(1), Ordering::Relaxed);
+                if free(min) {
+                    return Some(min);
+                }
+                continue;
+            }
+            if free(id) {
+                return Some(id);
+            }
+        }
+        None
     }
 
     fn new_discovery() -> Self {
@@ -192,6 +293,27 @@ impl<D: BlockDevice> Subsystem<D> {
         }
     }
 
+    /// Sets this gateway's ANA state of namespace `nsid` and, when it
+    /// changed, tells connected controllers with an ANA change event.
+    /// False when there is no such namespace.
+    pub fn set_ana_state(&self, nsid: u32, state: AnaState) -> bool {
+        let Some(ns) = self.namespace(nsid) else {
+            return false;
+        };
+        if ns.ana_state.swap(state.0, Ordering::AcqRel) != state.0 {
+            self.ana_changes.fetch_add(1, Ordering::AcqRel);
+            for c in self.controllers.lock().unwrap_or_else(|e| e.into_inner()).values() {
+                c.ana_changed();
+            }
+        }
+        true
+    }
+
+    /// The ANA change count.
+    pub fn ana_change_count(&self) -> u64 {
+        self.ana_changes.load(Ordering::Acquire)
+    }
+
     /// Controllers currently alive in this subsystem.
     pub fn controller_count(&self) -> usize {
         self.controllers.lock().unwrap_or_else(|e| e.into_inner()).len()
@@ -243,7 +365,6 @@ pub struct Target<D> {
     subsystems: RwLock<Vec<Arc<Subsystem<D>>>>,
     discovery: Arc<Subsystem<D>>,
     ports: RwLock<Vec<Port>>,
-    next_cntlid: AtomicU16,
     genctr: AtomicU64,
 }
 
@@ -255,7 +376,6 @@ impl<D: BlockDevice> Target<D> {
             subsystems: RwLock::new(Vec::new()),
             discovery: Arc::new(Subsystem::new_discovery()),
             ports: RwLock::new(Vec::new()),
-            next_cntlid: AtomicU16::new(1),
             genctr: AtomicU64::new(1),
         }
     }
@@ -343,23 +463,5 @@ impl<D: BlockDevice> Target<D> {
     /// Discovery log generation counter.
     pub fn genctr(&self) -> u64 {
         self.genctr.load(Ordering::Relaxed)
-    }
-
-    /// The next controller ID for which `free` holds, going round the
-    /// valid range (1..=0xffef; 0xfff0.. are reserved) at most once, so a
-    /// wrapped counter never lands on a live controller. `None` when every
-    /// ID is taken.
-    pub(crate) fn alloc_cntlid(&self, free: impl Fn(u16) -> bool) -> Option<u16> {
-        for _ in 0..=0xfff0u32 {
-            let id = self.next_cntlid.fetch_add(1, Ordering::Relaxed);
-            if !(1..0xfff0).contains(&id) {
-                self.next_cntlid.store(1, Ordering::Relaxed);
-                continue;
-            }
-            if free(id) {
-                return Some(id);
-            }
-        }
-        None
     }
 }

@@ -381,7 +381,7 @@ impl<D: BlockDevice> Queue<D> {
                 );
                 return busy;
             }
-            let Some(cntlid) = self.target.alloc_cntlid(|id| !live.contains_key(&id)) else {
+            let Some(cntlid) = subsys.alloc_cntlid(|id| !live.contains_key(&id)) else {
                 log::warn!("{}: host {hostnqn} refused: no free controller ID in {}", self.peer, subsys.nqn);
                 return busy;
             };

@@ -2,6 +2,7 @@
 
 use block::Described;
 use nvme_spec::fabrics::ConnectData;
+use nvme_spec::log::AnaState;
 use nvme_spec::{Cqe, Sgl, Sqe, Status};
 use nvmf::{BlockOp, Transport};
 
@@ -333,9 +334,12 @@ fn identify_reports_controller_namespace_and_descriptors() {
     let (_, list) = identify(&mut a, 2, 0);
     assert_eq!(&list[0..8], &[1, 0, 0, 0, 0, 0, 0, 0]);
     let (_, descs) = identify(&mut a, 3, 1);
-    assert_eq!((descs[0], descs[1]), (2, 16), "NGUID first");
-    assert_eq!((descs[20], descs[21]), (3, 16), "then UUID");
-    assert_eq!((descs[40], descs[41], descs[44]), (4, 1, 0), "then CSI = NVM");
+    assert_eq!((descs[0], descs[1]), (1, 8), "EUI-64 first");
+    assert_eq!(&descs[4..12], &ns[120..128], "the EUI-64 Identify Namespace shows");
+    assert_eq!((descs[12], descs[13]), (2, 16), "then NGUID");
+    assert_eq!(&descs[16..32], &ns[104..120], "the NGUID Identify Namespace shows");
+    assert_eq!((descs[32], descs[33]), (3, 16), "then UUID");
+    assert_eq!((descs[52], descs[53], descs[56]), (4, 1, 0), "then CSI = NVM");
     assert_eq!(identify(&mut a, 0, 0).0, Status::INVALID_NAMESPACE.dnr());
     assert_eq!(identify(&mut a, 3, 9).0, Status::INVALID_NAMESPACE.dnr());
     assert_eq!(identify(&mut a, 0x42, 0).0, Status::INVALID_FIELD.dnr());
@@ -518,6 +522,91 @@ fn namespace_added_at_runtime_raises_an_async_event() {
     assert_eq!(status(&ex(&mut a, 0, &sqe(0x0c, 45))), Status::ASYNC_EVENT_LIMIT.dnr());
 }
 
+fn u32_at(b: &[u8], at: usize) -> u32 {
+    u32::from_le_bytes(b[at..at + 4].try_into().expect("4"))
+}
+
+#[test]
+fn identify_reports_a_shared_namespace_with_ana_reporting() {
+    let t = target();
+    let (mut a, _) = admin(&t);
+    let (_, ctrl) = identify(&mut a, 1, 0);
+    assert_eq!(ctrl[76], 0x0b, "CMIC: multi-port, multi-controller, ANA reporting");
+    assert_ne!(u32_at(&ctrl, 92) & (1 << 11), 0, "OAES: ANA change notices");
+    assert_ne!(ctrl[342], 0, "ANATT");
+    assert_eq!(ctrl[343], 0x5f, "ANACAP: all five states, group ID fixed while attached");
+    assert_eq!((u32_at(&ctrl, 344), u32_at(&ctrl, 348)), (1024, 1024), "ANAGRPMAX, NANAGRPID");
+    let (_, ns) = identify(&mut a, 0, 1);
+    assert_eq!(ns[30], 1, "NMIC: shared");
+    assert_eq!(u32_at(&ns, 92), 1, "ANAGRPID is the NSID");
+}
+
+#[test]
+fn one_shared_storage_identity_gives_the_same_identifiers_on_every_gateway() {
+    let shared = |name: &str, id: Option<&str>| {
+        Arc::new(Described { shared_identity: id.map(str::to_string), ..Described::new(name, 512, 2048) })
+    };
+    let img = Some("ceph:0b1d2c3e-0000-4000-8000-00000000abcd:10a2b3c4d5e6");
+    // Another gateway may name the device and even the subsystem otherwise.
+    let a = Namespace::new(SUB, 1, shared("ceph", img));
+    let b = Namespace::new(SECRET, 1, shared("rbd0", img));
+    assert_eq!((a.nguid, a.eui64, a.uuid), (b.nguid, b.eui64, b.uuid));
+    assert_eq!((a.uuid[6] >> 4, a.uuid[8] >> 6), (4, 2), "a version 4, variant 1 UUID");
+    let other = Namespace::new(SUB, 1, shared("ceph", Some("ceph:0b1d2c3e-0000-4000-8000-00000000abcd:99")));
+    assert_ne!(a.nguid, other.nguid, "another image");
+    let local = Namespace::new(SUB, 1, shared("ceph", None));
+    assert_eq!(local.nguid, Namespace::new(SUB, 1, shared("ceph", None)).nguid, "stable across restarts");
+    assert_ne!(local.nguid, Namespace::new(SECRET, 1, shared("ceph", None)).nguid, "local storage: per subsystem");
+    let set = Namespace::new(SUB, 1, shared("ceph", img)).with_nguid([7; 16]).with_uuid([8; 16]);
+    assert_eq!((set.nguid, set.uuid, set.eui64), ([7; 16], [8; 16], a.eui64), "configured values win");
+}
+
+#[test]
+fn ana_state_change_raises_an_event_and_shows_in_the_ana_log() {
+    let t = target();
+    let (mut a, cntlid) = admin(&t);
+    set_feature(&mut a, 0x0b, 1 << 11);
+    assert!(matches!(ex(&mut a, 0, &sqe(0x0c, 40)), Outcome::Deferred));
+    let sub = t.subsystem(SUB).expect("sub");
+    let (_, log) = get_log(&mut a, 0x0c, 4096, 0);
+    assert_eq!(u64::from_le_bytes(log[0..8].try_into().expect("8")), 0, "no change yet");
+    assert_eq!(u16::from_le_bytes([log[8], log[9]]), 1, "one group");
+    assert_eq!((u32_at(&log, 16), u32_at(&log, 20), log[32], u32_at(&log, 48)), (1, 1, 1, 1), "group 1 optimized");
+    assert!(sub.set_ana_state(1, AnaState::OPTIMIZED), "no change");
+    assert!(a.poll_event().is_none(), "the same state is no event");
+
+    assert!(sub.set_ana_state(1, AnaState::INACCESSIBLE));
+    let ev = a.poll_event().expect("event");
+    assert_eq!((ev.cid.get(), ev.dw0.get()), (40, nvme_spec::log::AEN_ANA_CHANGE));
+    let (_, log) = get_log(&mut a, 0x0c, 4096, 0);
+    assert_eq!(u64::from_le_bytes(log[0..8].try_into().expect("8")), 1, "CHGCNT");
+    assert_eq!(u64::from_le_bytes(log[24..32].try_into().expect("8")), 1, "group CHGCNT");
+    assert_eq!(log[32], 3, "inaccessible");
+    let mut rgo = sqe(0x02, 8);
+    rgo.cdw10 = (0x0c | (1 << 8) | ((64 / 4 - 1) << 16)).into();
+    rgo.dptr = Sgl::transport(64);
+    let (_, groups) = cqe_of(run(&mut a, &rgo, None));
+    assert_eq!((u32_at(&groups, 16), u32_at(&groups, 20), groups[32]), (1, 0, 3), "RGO: no NSID list");
+    assert!(!sub.set_ana_state(9, AnaState::OPTIMIZED), "no namespace 9");
+
+    let mut io = io_queue(&t, cntlid, 1);
+    let st = status(&ex(&mut io, 0, &read_sqe(1, 1, 0, 1, 512)));
+    assert_eq!(st, Status::ANA_INACCESSIBLE, "path-related, no DNR: the host retries on another path");
+    assert_eq!((st.sct(), st.sc()), (3, 2));
+    assert!(sub.set_ana_state(1, AnaState::CHANGE));
+    assert_eq!(status(&ex(&mut io, 0, &read_sqe(2, 1, 0, 1, 512))), Status::ANA_TRANSITION);
+    assert!(sub.set_ana_state(1, AnaState::PERSISTENT_LOSS));
+    assert_eq!(status(&ex(&mut io, 0, &read_sqe(3, 1, 0, 1, 512))), Status::ANA_PERSISTENT_LOSS);
+    assert!(sub.set_ana_state(1, AnaState::NON_OPTIMIZED));
+    assert!(matches!(ex(&mut io, 0, &read_sqe(4, 1, 0, 1, 512)), Outcome::Io(_)), "non-optimized still serves I/O");
+
+    // One event until the log is read; the reads above re-armed it, but no
+    // AER was outstanding: the later changes wait for the next one.
+    assert!(matches!(ex(&mut a, 0, &sqe(0x0c, 41)), Outcome::Deferred));
+    assert_eq!(a.poll_event().expect("queued event").dw0.get(), nvme_spec::log::AEN_ANA_CHANGE);
+    assert!(a.poll_event().is_none(), "one event for several changes before the log was read");
+}
+
 #[test]
 fn keep_alive_expiry_tears_the_controller_down() {
     let t = target();
@@ -685,6 +774,24 @@ fn cntlid_never_wraps_onto_a_live_controller() {
         q.close();
     }
     assert!(seen_wrap, "the counter went round");
+}
+
+#[test]
+fn controller_ids_stay_within_the_subsystem_range_and_skip_live_ones() {
+    let t = Target::new(Settings::default());
+    t.add_subsystem(Subsystem::new(SUB, "SN1", true, Vec::new()).with_cntlid_range(10..=12)).expect("sub");
+    let t = Arc::new(t);
+    let cntlid = |o: Outcome<Vec<u8>>| cqe_of(o).0.dw0.get() as u16;
+    let mut qs: Vec<Queue> = (0..3).map(|_| Queue::new(t.clone(), TCP, addr(), addr())).collect();
+    let ids: Vec<u16> = qs.iter_mut().map(|q| cntlid(connect(q, 0, 0xffff, SUB, HOST))).collect();
+    assert_eq!(ids, [10, 11, 12]);
+    let mut full = Queue::new(t.clone(), TCP, addr(), addr());
+    assert_eq!(status(&connect(&mut full, 0, 0xffff, SUB, HOST)), Status::CONNECT_CONTROLLER_BUSY, "range used up");
+    qs[1].close();
+    let mut again = Queue::new(t.clone(), TCP, addr(), addr());
+    assert_eq!(cntlid(connect(&mut again, 0, 0xffff, SUB, HOST)), 11, "the freed ID, not a live one");
+    let clamped = Subsystem::new(SECRET, "SN2", true, Vec::new()).with_cntlid_range(0..=0xffff);
+    assert_eq!(clamped.cntlid_range(), nvmf::CNTLID_MIN..=nvmf::CNTLID_MAX);
 }
 
 #[test]

@@ -89,6 +89,8 @@ pub struct Image {
     image: ffi::RbdImage,
     size: u64,
     spec: String,
+    fsid: String,
+    id: String,
 }
 
 // SAFETY: librados cluster and ioctx handles and librbd image handles are
@@ -206,12 +208,29 @@ impl Image {
         let mut size = 0u64;
         // SAFETY: an open image; `size` receives its size.
         let rc = unsafe { (lib.rbd_get_size)(image, &mut size) };
+        // The cluster's fsid and the image's id name the image the same
+        // way on every client, whatever pool or image name it is opened by.
+        // SAFETY: a connected handle; librados writes at most the length
+        // given, NUL-terminated when it fits.
+        let fsid = read_text(|buf, len| unsafe { (lib.rados_cluster_fsid)(h.0, buf, len) });
+        // SAFETY: an open image; as above.
+        let id = read_text(|buf, len| unsafe { (lib.rbd_get_id)(image, buf, len) });
         let cluster = h.0;
         std::mem::forget(h);
-        let img = Image { cluster, ioctx, image, size, spec: format!("{}/{}", o.pool, o.image) };
+        let mut img = Image {
+            cluster,
+            ioctx,
+            image,
+            size,
+            spec: format!("{}/{}", o.pool, o.image),
+            fsid: String::new(),
+            id: String::new(),
+        };
         if rc < 0 {
             return Err(image_err(rc.into()));
         }
+        img.fsid = fsid.map_err(|rc| image_err(rc.into()))?;
+        img.id = id.map_err(|rc| image_err(rc.into()))?;
         Ok(img)
     }
 
@@ -239,6 +258,16 @@ impl Image {
     /// `pool/image`.
     pub fn spec(&self) -> &str {
         &self.spec
+    }
+
+    /// The cluster's fsid (`rados_cluster_fsid`).
+    pub fn fsid(&self) -> &str {
+        &self.fsid
+    }
+
+    /// The image's id within its pool (`rbd_get_id`), which a rename keeps.
+    pub fn id(&self) -> &str {
+        &self.id
     }
 
     /// Reads `buf`'s total length at `offset`.
@@ -356,6 +385,18 @@ impl Image {
         };
         (res, bufs)
     }
+}
+
+/// A NUL-terminated text `call` writes into a buffer of the length it is
+/// given (a negative errno on failure).
+fn read_text(call: impl FnOnce(*mut c_char, usize) -> std::ffi::c_int) -> Result<String, std::ffi::c_int> {
+    let mut buf = [0 as c_char; 128];
+    let rc = call(buf.as_mut_ptr(), buf.len() - 1);
+    if rc < 0 {
+        return Err(rc);
+    }
+    // SAFETY: the last byte was never handed out and is still NUL.
+    Ok(unsafe { CStr::from_ptr(buf.as_ptr()) }.to_string_lossy().into_owned())
 }
 
 fn status(ret: i64) -> io::Result<()> {

@@ -63,6 +63,16 @@ fn opens_the_image_with_its_size_and_reads_back_what_it_wrote() {
 }
 
 #[test]
+fn every_client_sees_the_same_cluster_fsid_and_image_id() {
+    let Some(conf) = cluster() else { return };
+    let a = Image::open(&options(conf.clone(), "test")).expect("open rbd/test");
+    let b = Image::open(&options(conf, "test")).expect("open rbd/test again");
+    assert_eq!(a.fsid().len(), 36, "an fsid is a UUID in text: {:?}", a.fsid());
+    assert!(!a.id().is_empty(), "a format 2 image has an id");
+    assert_eq!((a.fsid(), a.id()), (b.fsid(), b.id()), "a second cluster connection names the image alike");
+}
+
+#[test]
 fn many_concurrent_ios_complete_on_the_submitting_reactor() {
     let Some(conf) = cluster() else { return };
     let img = std::rc::Rc::new(Image::open(&options(conf, "test")).expect("open"));
