@@ -10,7 +10,7 @@
 
 mod common;
 
-use common::{block_on, bounded, Daemon};
+use common::{block_on, bounded, ceph_cluster, Daemon};
 use initiator::{cmd, Controller, Options, Status};
 use nvme_spec::opcode::{Cns, FeatureId};
 use std::path::{Path, PathBuf};
@@ -147,21 +147,6 @@ fn two_gateways_on_one_file_show_one_namespace_and_fail_over_by_ana_state() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// The test cluster's configuration file, or `None` (with a message) when
-/// there is none outside CI. Under CI the rbd tests must run.
-fn cluster() -> Option<PathBuf> {
-    match std::env::var_os("IRONWIRE_CEPH_CONF") {
-        Some(p) => Some(PathBuf::from(p)),
-        None if std::env::var("CI").is_ok_and(|v| v == "true") => {
-            panic!("CI=true but IRONWIRE_CEPH_CONF is not set: scripts/test starts the Ceph cluster these tests need")
-        }
-        None => {
-            eprintln!("skipped: no Ceph cluster (set IRONWIRE_CEPH_CONF, as scripts/test does with ceph-peer)");
-            None
-        }
-    }
-}
-
 /// A fresh 16 MiB image with the features docs/ceph.md recommends for
 /// several gateways (layering only: no exclusive-lock). Left for
 /// `scripts/test` to destroy with the cluster, as in rbd.rs.
@@ -179,7 +164,7 @@ fn image(conf: &Path) -> String {
 
 #[test]
 fn two_gateways_on_one_rbd_image_show_one_namespace_whatever_they_call_it() {
-    let Some(conf) = cluster() else { return };
+    let Some(conf) = ceph_cluster() else { return };
     let name = image(&conf);
     // The gateways give the device different names: the identifiers come
     // from the cluster fsid and the image id alone.

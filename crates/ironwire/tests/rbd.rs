@@ -10,7 +10,7 @@
 
 mod common;
 
-use common::{block_on, bounded, Daemon};
+use common::{block_on, bounded, ceph_cluster, Daemon};
 use initiator::iscsi::{cdb, LoginOptions, Session};
 use initiator::{Controller, Options, Status};
 use std::path::{Path, PathBuf};
@@ -22,21 +22,6 @@ const HOST: &str = "nqn.2014-08.org.nvmexpress:uuid:rbd-host";
 const IQN: &str = "iqn.2026-11.io.ironwire.test:rbd";
 const INITIATOR: &str = "iqn.2026-11.io.ironwire.test:rbd-host";
 const IMAGE_BYTES: usize = 16 << 20;
-
-/// The test cluster's configuration file, or `None` (with a message) when
-/// there is none outside CI. Under CI the rbd tests must run.
-fn cluster() -> Option<PathBuf> {
-    match std::env::var_os("IRONWIRE_CEPH_CONF") {
-        Some(p) => Some(PathBuf::from(p)),
-        None if std::env::var("CI").is_ok_and(|v| v == "true") => {
-            panic!("CI=true but IRONWIRE_CEPH_CONF is not set: scripts/test starts the Ceph cluster these tests need")
-        }
-        None => {
-            eprintln!("skipped: no Ceph cluster (set IRONWIRE_CEPH_CONF, as scripts/test does with ceph-peer)");
-            None
-        }
-    }
-}
 
 fn rbd_cli(conf: &Path, args: &[&str]) -> Vec<u8> {
     let out = Command::new("timeout")
@@ -114,7 +99,7 @@ fn code(e: &initiator::Error) -> u16 {
 
 #[test]
 fn nvme_tcp_writes_land_in_the_rbd_image() {
-    let Some(conf) = cluster() else { return };
+    let Some(conf) = ceph_cluster() else { return };
     let img = TestImage::new(&conf, "nvme");
     let mut d = nvme_daemon("nvme", &img, 512);
     // (LBA, bytes): in-capsule and R2T sizes, one crossing a 4 MiB object.
@@ -145,7 +130,7 @@ fn nvme_tcp_writes_land_in_the_rbd_image() {
 
 #[test]
 fn nvme_tcp_write_zeroes_deallocate_and_compare_on_rbd() {
-    let Some(conf) = cluster() else { return };
+    let Some(conf) = ceph_cluster() else { return };
     let img = TestImage::new(&conf, "cmds");
     let mut d = nvme_daemon("cmds", &img, 4096);
     block_on(bounded(60, async {
@@ -194,7 +179,7 @@ fn compare_and_write16(lba: u64) -> [u8; 16] {
 
 #[test]
 fn iscsi_compare_and_write_on_rbd_writes_only_on_a_match() {
-    let Some(conf) = cluster() else { return };
+    let Some(conf) = ceph_cluster() else { return };
     let img = TestImage::new(&conf, "caw");
     let mut d = iscsi_daemon("caw", &img, 512);
     let (old, new, other) = (pattern(512, 1), pattern(512, 2), pattern(512, 3));
@@ -217,7 +202,7 @@ fn iscsi_compare_and_write_on_rbd_writes_only_on_a_match() {
 
 #[test]
 fn iscsi_writes_land_in_the_rbd_image() {
-    let Some(conf) = cluster() else { return };
+    let Some(conf) = ceph_cluster() else { return };
     let img = TestImage::new(&conf, "iscsi");
     let mut d = iscsi_daemon("iscsi", &img, 4096);
     let writes = [(0u64, 4096usize), (3, 256 << 10), (1023, 8192)];
@@ -253,7 +238,7 @@ fn iscsi_writes_land_in_the_rbd_image() {
 #[test]
 fn serve_fails_naming_the_monitors_when_the_cluster_is_unreachable() {
     // Needs librbd only: nothing listens on the monitor address.
-    if cluster().is_none() && !Path::new("/usr/lib/x86_64-linux-gnu/librbd.so.1").exists() {
+    if ceph_cluster().is_none() && !Path::new("/usr/lib/x86_64-linux-gnu/librbd.so.1").exists() {
         return;
     }
     let dir = std::env::temp_dir().join(format!("ironwire-rbd-unreachable-{}", std::process::id()));
@@ -319,7 +304,7 @@ fn ctl(d: &Daemon, words: &[&str]) -> (bool, String) {
 
 #[test]
 fn ctl_adds_an_rbd_device_at_run_time_and_refuses_an_unreachable_cluster() {
-    let Some(conf) = cluster() else { return };
+    let Some(conf) = ceph_cluster() else { return };
     let img = TestImage::new(&conf, "ctl");
     let mut d = Daemon::start_with("rbd-ctl", |_, port| {
         format!(
@@ -410,7 +395,7 @@ impl Drop for OwnCluster {
 
 #[test]
 fn stopped_osd_fails_io_retryably_spares_other_devices_and_recovers() {
-    if cluster().is_none() {
+    if ceph_cluster().is_none() {
         return;
     }
     let own = OwnCluster::start("osd");
@@ -486,7 +471,7 @@ fn stopped_osd_fails_io_retryably_spares_other_devices_and_recovers() {
 
 #[test]
 fn rbd_resize_while_exported_reaches_nvme_and_iscsi_hosts() {
-    let Some(conf) = cluster() else { return };
+    let Some(conf) = ceph_cluster() else { return };
     let img = TestImage::new(&conf, "resize");
     let rbd = img.device(512);
     let iscsi_port = std::sync::Arc::new(std::sync::atomic::AtomicU16::new(0));
@@ -538,7 +523,7 @@ fn rbd_resize_while_exported_reaches_nvme_and_iscsi_hosts() {
 
 #[test]
 fn blocklisted_client_gets_errors_and_the_daemon_keeps_serving() {
-    let Some(conf) = cluster() else { return };
+    let Some(conf) = ceph_cluster() else { return };
     let img = TestImage::new(&conf, "blocklist");
     let rbd = img.device(512);
     let mut d = Daemon::start_with("rbd-blocklist", move |_, port| {
