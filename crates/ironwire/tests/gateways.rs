@@ -34,13 +34,9 @@ fn gateway(tag: &str, name: &str, device: String, cntlids: (u16, u16), ana_state
 }
 
 fn ctl(d: &Daemon, words: &str) {
-    let out = Command::new(env!("CARGO_BIN_EXE_ironwire"))
-        .args(["ctl", "--socket"])
-        .arg(d.dir.join("ctl.sock"))
-        .args(words.split_whitespace())
-        .output()
-        .expect("run ironwire ctl");
-    assert!(out.status.success(), "ctl {words}: {}\nlog:\n{}", String::from_utf8_lossy(&out.stderr), d.log());
+    if let Err(e) = d.ctl(words) {
+        panic!("ctl {words}: {e}\nlog:\n{}", d.log());
+    }
 }
 
 fn opts() -> Options {

@@ -12,7 +12,6 @@ use initiator::{cmd, Controller, Options};
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::Path;
-use std::process::Command;
 use std::time::Duration;
 
 const NQN: &str = "nqn.2026-11.io.ironwire:metrics";
@@ -225,15 +224,7 @@ fn the_endpoint_answers_only_get_metrics_and_bounds_the_request() {
 
 /// `ironwire ctl --socket S ARGS...`, the real client: its stdout.
 fn ctl(socket: &Path, args: &[&str]) -> String {
-    let out = Command::new(env!("CARGO_BIN_EXE_ironwire"))
-        .arg("ctl")
-        .arg("--socket")
-        .arg(socket)
-        .args(args)
-        .output()
-        .expect("run ironwire ctl");
-    assert!(out.status.success(), "ctl {args:?}: {}", String::from_utf8_lossy(&out.stderr));
-    String::from_utf8(out.stdout).expect("UTF-8")
+    common::ctl(socket, args).unwrap_or_else(|e| panic!("ctl {args:?}: {e}"))
 }
 
 fn json(text: &str) -> serde_json::Value {

@@ -286,20 +286,12 @@ fn serve_fails_naming_the_monitors_when_the_cluster_is_unreachable() {
 }
 
 /// `ironwire ctl --socket SOCKET WORDS...`, bounded: its success and what
-/// it printed (stdout, then stderr).
+/// it printed (stdout when it succeeded, stderr when it failed).
 fn ctl(d: &Daemon, words: &[&str]) -> (bool, String) {
-    let out = Command::new("timeout")
-        .arg("60")
-        .arg(env!("CARGO_BIN_EXE_ironwire"))
-        .arg("ctl")
-        .arg("--socket")
-        .arg(d.dir.join("ctl.sock"))
-        .args(words)
-        .stdin(Stdio::null())
-        .output()
-        .expect("run ironwire ctl");
-    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-    (out.status.success(), text)
+    match common::ctl(&d.dir.join("ctl.sock"), words) {
+        Ok(out) => (true, out),
+        Err(err) => (false, err),
+    }
 }
 
 #[test]

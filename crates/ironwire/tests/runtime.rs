@@ -44,17 +44,7 @@ fn start(tag: &str, args: &[&str]) -> Daemon {
 
 /// `ironwire ctl` run as a real client: its output, or its error message.
 fn ctl(d: &Daemon, words: &str) -> Result<String, String> {
-    let out = Command::new(env!("CARGO_BIN_EXE_ironwire"))
-        .args(["ctl", "--socket"])
-        .arg(d.dir.join("ctl.sock"))
-        .args(words.split_whitespace())
-        .output()
-        .expect("run ironwire ctl");
-    if out.status.success() {
-        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-    } else {
-        Err(String::from_utf8_lossy(&out.stderr).into_owned())
-    }
+    d.ctl(words)
 }
 
 fn ok(d: &Daemon, words: &str) -> String {

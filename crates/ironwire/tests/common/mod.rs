@@ -144,6 +144,11 @@ impl Daemon {
         let _ = self.child.wait();
     }
 
+    /// [`ctl`] on this daemon's socket, `words` split at whitespace.
+    pub fn ctl(&self, words: &str) -> Result<String, String> {
+        ctl(&self.dir.join("ctl.sock"), &words.split_whitespace().collect::<Vec<_>>())
+    }
+
     /// Sends the daemon signal `sig`.
     pub fn signal(&self, sig: i32) {
         // SAFETY: kill(2) on our own child's pid has no memory effects.
@@ -247,6 +252,26 @@ pub fn ceph_cluster() -> Option<PathBuf> {
             eprintln!("skipped: no Ceph cluster (set IRONWIRE_CEPH_CONF, as scripts/test does with ceph-peer)");
             None
         }
+    }
+}
+
+/// `ironwire ctl --socket SOCKET ARGS...`, the real client, bounded to 60 s:
+/// its stdout, or its stderr when it failed.
+pub fn ctl(socket: &Path, args: &[&str]) -> Result<String, String> {
+    let out = Command::new("timeout")
+        .arg("60")
+        .arg(env!("CARGO_BIN_EXE_ironwire"))
+        .arg("ctl")
+        .arg("--socket")
+        .arg(socket)
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .expect("run ironwire ctl");
+    if out.status.success() {
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    } else {
+        Err(String::from_utf8_lossy(&out.stderr).into_owned())
     }
 }
 
