@@ -6,11 +6,14 @@
 //! gateway's ANA state; `ctl set namespace ... ana_state=` on one gateway
 //! reaches the host as an ANA change event and in the ANA log page, and
 //! I/O there is answered with the path-related ANA status while the other
-//! gateway serves it. Every wait is bounded.
+//! gateway serves it. For iSCSI, the same image reports the same device
+//! identification (VPD 0x83, 0x80) through every gateway. Every wait is
+//! bounded.
 
 mod common;
 
 use common::{block_on, bounded, ceph_cluster, Daemon};
+use initiator::iscsi::{LoginOptions, Session};
 use initiator::{cmd, Controller, Options, Status};
 use nvme_spec::opcode::{Cns, FeatureId};
 use std::path::{Path, PathBuf};
@@ -146,8 +149,8 @@ fn two_gateways_on_one_file_show_one_namespace_and_fail_over_by_ana_state() {
 /// A fresh 16 MiB image with the features docs/ceph.md recommends for
 /// several gateways (layering only: no exclusive-lock). Left for
 /// `scripts/test` to destroy with the cluster, as in rbd.rs.
-fn image(conf: &Path) -> String {
-    let name = format!("ironwire-gw-{}", std::process::id());
+fn image(conf: &Path, tag: &str) -> String {
+    let name = format!("ironwire-gw{tag}-{}", std::process::id());
     let out = Command::new("timeout")
         .args(["60", "rbd", "-c"])
         .arg(conf)
@@ -161,7 +164,7 @@ fn image(conf: &Path) -> String {
 #[test]
 fn two_gateways_on_one_rbd_image_show_one_namespace_whatever_they_call_it() {
     let Some(conf) = ceph_cluster() else { return };
-    let name = image(&conf);
+    let name = image(&conf, "");
     // The gateways give the device different names: the identifiers come
     // from the cluster fsid and the image id alone.
     let device = |dev: &str| {
@@ -177,4 +180,74 @@ fn two_gateways_on_one_rbd_image_show_one_namespace_whatever_they_call_it() {
         let (mut ca, mut cb) = one_namespace_two_paths(&a, &b).await;
         fail_over(&a, &mut ca, &mut cb).await;
     }));
+}
+
+/// INQUIRY of vital product data page `page`.
+fn inquiry_vpd(page: u8) -> [u8; 6] {
+    [0x12, 1, page, 0x04, 0x00, 0]
+}
+
+/// The logical unit's designators (association 0) of a VPD 0x83 page; the
+/// target port and target device ones name each gateway's own target.
+fn lu_designators(page: &[u8]) -> Vec<Vec<u8>> {
+    let mut out = Vec::new();
+    let mut at = 4;
+    while at + 4 <= page.len() {
+        let len = usize::from(page[at + 3]);
+        let d = &page[at..(at + 4 + len).min(page.len())];
+        if (page[at + 1] >> 4) & 3 == 0 {
+            out.push(d.to_vec());
+        }
+        at += 4 + len;
+    }
+    out
+}
+
+/// One gateway's iSCSI view of an rbd image: VPD 0x83 and 0x80 of the
+/// image, exported as LUN `lun` of `iqn` under the device name `dev`.
+fn iscsi_view(tag: &str, conf: &Path, image: &str, dev: &str, iqn: &str, lun: u64) -> (Daemon, Vec<u8>, Vec<u8>) {
+    let (conf, image, dev, iqn) = (conf.display().to_string(), image.to_string(), dev.to_string(), iqn.to_string());
+    let d = Daemon::start_with(&format!("gw-{tag}"), {
+        let iqn = iqn.clone();
+        move |_, port| {
+            format!(
+                "[[device]]\nname = \"{dev}\"\nkind = \"rbd\"\npool = \"rbd\"\nimage = \"{image}\"\n\
+                 ceph_conf = \"{conf}\"\nconnect_timeout = 10\n\n[[iscsi_target]]\niqn = \"{iqn}\"\n\
+                 allow_any_initiator = true\n[[iscsi_target.lun]]\nlun = {lun}\ndevice = \"{dev}\"\n\n\
+                 [[port]]\ntransport = \"iscsi\"\naddress = \"127.0.0.1:{port}\"\n\n[reactor]\ncores = [0]\n"
+            )
+        }
+    });
+    let (p83, p80) = block_on(bounded(60, async {
+        let opts = LoginOptions::new("iqn.2026-11.io.ironwire:gw-initiator", Some(&iqn));
+        let mut s = Session::connect(d.addr, opts).await.expect("login");
+        let p83 = s.scsi(lun, &inquiry_vpd(0x83), Vec::new(), 1024).await.expect("VPD 0x83").check().expect("good").data;
+        let p80 = s.scsi(lun, &inquiry_vpd(0x80), Vec::new(), 1024).await.expect("VPD 0x80").check().expect("good").data;
+        s.logout().await.expect("logout");
+        (p83, p80)
+    }));
+    (d, p83, p80)
+}
+
+#[test]
+fn two_iscsi_gateways_on_one_rbd_image_report_the_same_device_identification() {
+    let Some(conf) = ceph_cluster() else { return };
+    let name = image(&conf, "-iscsi");
+    // Other target names, LUNs and device names on each gateway: dm-multipath
+    // groups paths by VPD 0x83, which must come from the image alone.
+    let (a, a83, a80) = iscsi_view("ia", &conf, &name, "ceph-a", "iqn.2026-11.io.ironwire:gw-a", 0);
+    let (b, b83, b80) = iscsi_view("ib", &conf, &name, "ceph-b", "iqn.2026-11.io.ironwire:gw-b", 3);
+    assert_eq!(a83[1], 0x83, "a VPD 0x83 page: {a83:02x?}");
+    let (a_lu, b_lu) = (lu_designators(&a83), lu_designators(&b83));
+    assert!(a_lu.iter().any(|d| d[1] & 0x0f == 3), "an NAA designator for the logical unit: {a83:02x?}");
+    assert_eq!(a_lu, b_lu, "the logical unit's VPD 0x83 designators through both gateways");
+    assert_ne!(a83, b83, "the target port designators name each gateway's target");
+    assert_eq!(a80, b80, "unit serial number through both gateways");
+    // A second image is another logical unit.
+    let other = image(&conf, "-iscsi-other");
+    let (c, c83, _) = iscsi_view("ic", &conf, &other, "ceph-a", "iqn.2026-11.io.ironwire:gw-a", 0);
+    assert_ne!(a_lu, lu_designators(&c83), "another image has its own identification");
+    for mut d in [a, b, c] {
+        d.assert_alive();
+    }
 }

@@ -203,6 +203,32 @@ fn naa_designator_is_stable_and_distinct_per_lun() {
 }
 
 #[test]
+fn shared_storage_has_the_same_identification_on_every_gateway() {
+    // Two gateways export one rbd image under other target names, LUNs and
+    // device names: VPD 0x80 and 0x83 must match so multipath groups them.
+    let image = |name: &str| {
+        let mut d = Described::new(name, BS, 2048);
+        d.shared_identity = Some("ceph:fsid-1:image-1".into());
+        Arc::new(d)
+    };
+    let a = LogicalUnit::new(TARGET, 0, image("vol0"));
+    let b = LogicalUnit::new("iqn.other", 3, image("gw-b-vol"));
+    assert_eq!(a.naa, b.naa);
+    assert_eq!(a.serial, b.serial);
+    let vpd = |lu: &LogicalUnit, page| good(exec(lu, &nexus(1), &inquiry(true, page, 1024)));
+    assert_eq!(vpd(&a, 0x83), vpd(&b, 0x83));
+    assert_eq!(vpd(&a, 0x80), vpd(&b, 0x80));
+    let mut other = Described::new("vol0", BS, 2048);
+    other.shared_identity = Some("ceph:fsid-1:image-2".into());
+    let c = LogicalUnit::new(TARGET, 0, Arc::new(other));
+    assert_ne!(a.naa, c.naa);
+    assert_ne!(a.serial, c.serial);
+    // Local storage keeps its per-target, per-LUN identification.
+    let local = LogicalUnit::new(TARGET, 0, Arc::new(Described::new("vol0", BS, 2048)));
+    assert_ne!(a.naa, local.naa);
+}
+
+#[test]
 fn vpd_block_limits_report_limits() {
     let lu = ram_lu();
     let d = good(exec(&lu, &nexus(1), &inquiry(true, 0xB0, 255)));

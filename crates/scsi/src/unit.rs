@@ -197,11 +197,17 @@ const NAA_COMPANY_ID: u32 = 0x00_0000;
 impl<D: BlockDevice> LogicalUnit<D> {
     /// A logical unit for `device` at `lun` of `target_name`, with serial
     /// number and NAA designator derived stably from target name, LUN and
-    /// device name, WCE on when the device has a volatile write cache.
+    /// device name, WCE on when the device has a volatile write cache. A
+    /// device with a [`BlockDevice::shared_identity`] (an rbd image)
+    /// derives them from it alone, so every gateway exporting that storage
+    /// reports the same VPD 0x80 and 0x83 identification, whatever the
+    /// target name and LUN, and dm-multipath groups the paths.
     pub fn new(target_name: &str, lun: u64, device: Arc<D>) -> Self {
         let lun_bytes = lun.to_be_bytes();
-        let parts: [&[u8]; 3] = [target_name.as_bytes(), &lun_bytes, device.name().as_bytes()];
-        let (h1, h2) = (fnv1a(0, &parts), fnv1a(0x5a5a_5a5a_5a5a_5a5a, &parts));
+        let local: [&[u8]; 3] = [target_name.as_bytes(), &lun_bytes, device.name().as_bytes()];
+        let shared: [&[u8]; 2] = [b"shared", device.shared_identity().unwrap_or_default().as_bytes()];
+        let parts: &[&[u8]] = if device.shared_identity().is_some() { &shared } else { &local };
+        let (h1, h2) = (fnv1a(0, parts), fnv1a(0x5a5a_5a5a_5a5a_5a5a, parts));
         // NAA 6h: 4-bit NAA, 24-bit company ID, 36-bit vendor specific
         // identifier, 64-bit vendor specific identifier extension.
         let hi = (6u64 << 60) | (u64::from(NAA_COMPANY_ID) << 36) | (h1 >> 28);
