@@ -221,8 +221,10 @@ fn iscsi_view(tag: &str, conf: &Path, image: &str, dev: &str, iqn: &str, lun: u6
     let (p83, p80) = block_on(bounded(60, async {
         let opts = LoginOptions::new("iqn.2026-11.io.ironwire:gw-initiator", Some(&iqn));
         let mut s = Session::connect(d.addr, opts).await.expect("login");
-        let p83 = s.scsi(lun, &inquiry_vpd(0x83), Vec::new(), 1024).await.expect("VPD 0x83").check().expect("good").data;
-        let p80 = s.scsi(lun, &inquiry_vpd(0x80), Vec::new(), 1024).await.expect("VPD 0x80").check().expect("good").data;
+        let p83 =
+            s.scsi(lun, &inquiry_vpd(0x83), Vec::new(), 1024).await.expect("VPD 0x83").check().expect("good").data;
+        let p80 =
+            s.scsi(lun, &inquiry_vpd(0x80), Vec::new(), 1024).await.expect("VPD 0x80").check().expect("good").data;
         s.logout().await.expect("logout");
         (p83, p80)
     }));
