@@ -1,7 +1,22 @@
-//! File and block-device backend: reads, writes, flushes and fallocate go
-//! through the calling reactor thread's io_uring (the same ring as its
-//! sockets); the rare block-range ioctls (BLKZEROOUT, BLKDISCARD) are plain
-//! synchronous syscalls.
+//! File and block-device backend: reads, writes, flushes, write zeroes and
+//! deallocate go through the calling reactor thread's io_uring (the same
+//! ring as its sockets). Zeroing is a ring `FALLOCATE`, which the kernel
+//! runs in its io-wq workers, and a block device's discard a ring command:
+//! no zeroing or discard of any size is a synchronous syscall on a reactor
+//! thread. The only block ioctls left
+//! (size, logical block size) run once, when the device is opened.
+//!
+//! On a block device `fallocate` means (Linux `block/fops.c`,
+//! `blkdev_fallocate`, unchanged since 4.9): `ZERO_RANGE | KEEP_SIZE` zeroes
+//! without unmapping (`blkdev_issue_zeroout` with `BLKDEV_ZERO_NOUNMAP`,
+//! which writes zero pages itself when the device has no Write Zeroes);
+//! `PUNCH_HOLE | KEEP_SIZE` zeroes by unmapping and fails with EOPNOTSUPP
+//! where the device cannot (`BLKDEV_ZERO_NOFALLBACK`); `PUNCH_HOLE |
+//! KEEP_SIZE | NO_HIDE_STALE` was meant to discard but `vfs_fallocate`
+//! always refused that flag (it was removed in 6.12), so a discard is the
+//! block device's io_uring command `BLOCK_URING_CMD_DISCARD` (6.12). On
+//! older kernels a deallocate zeroes by unmapping where the device can
+//! (`PUNCH_HOLE | KEEP_SIZE`), and is otherwise skipped (it is a hint).
 //!
 //! The device keeps one `O_DIRECT` descriptor (when the file system or device
 //! accepts it) and one buffered descriptor, shared by every reactor. An I/O
@@ -40,10 +55,6 @@ use reactor::buf::{IoBuf as _, IoBufMut as _};
     target_arch = "s390x"
 ))]
 mod ioctl {
-    /// `_IO(0x12, 119)`: discard a byte range `[u64 start, u64 len]`.
-    pub const BLKDISCARD: libc::Ioctl = 0x1277;
-    /// `_IO(0x12, 127)`: zero a byte range `[u64 start, u64 len]`.
-    pub const BLKZEROOUT: libc::Ioctl = 0x127f;
     /// `_IOR(0x12, 114, size_t)`: device size in bytes (`u64`).
     pub const BLKGETSIZE64: libc::Ioctl = (2 << 30) | (8 << 16) | (0x12 << 8) | 114;
     /// `_IO(0x12, 104)`: logical block size (`int`).
@@ -96,16 +107,6 @@ fn cvt(rc: libc::c_int) -> io::Result<()> {
         Err(io::Error::last_os_error())
     } else {
         Ok(())
-    }
-}
-
-/// Runs a syscall wrapper again while it fails with EINTR.
-fn retry_eintr(mut f: impl FnMut() -> io::Result<()>) -> io::Result<()> {
-    loop {
-        match f() {
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-            other => return other,
-        }
     }
 }
 
@@ -314,14 +315,6 @@ impl FileBackend {
         }
     }
 
-    fn block_range_ioctl(&self, request: libc::Ioctl, offset: u64, len: u64) -> io::Result<()> {
-        let range: [u64; 2] = [offset, len];
-        let fd = self.fds.buffered.as_raw_fd();
-        // SAFETY: BLKZEROOUT / BLKDISCARD read two u64s (start, length) from
-        // the pointer, which points at a live local `[u64; 2]`.
-        retry_eintr(|| cvt(unsafe { libc::ioctl(fd, request, range.as_ptr()) }))
-    }
-
     /// Zeroes `[offset, offset + len)` by writing zero buffers.
     async fn write_zero_buffers(&self, offset: u64, len: u64) -> io::Result<()> {
         let mut done = 0u64;
@@ -342,27 +335,18 @@ impl FileBackend {
         if len == 0 {
             return Ok(());
         }
-        // For a block device, fallocate(PUNCH_HOLE) is "write zeroes, unmap
-        // allowed, no fallback": it fails unless the device guarantees zeros
-        // after unmap. ZERO_RANGE / BLKZEROOUT zero without unmapping.
-        let mut attempts: Vec<libc::c_int> = Vec::with_capacity(2);
-        if deallocate {
-            attempts.push(libc::FALLOC_FL_PUNCH_HOLE | KEEP);
-        }
-        if !self.is_block {
-            attempts.push(libc::FALLOC_FL_ZERO_RANGE | KEEP);
-        }
-        for mode in attempts {
+        // Unmapping first where allowed (a hole in a file; on a block device
+        // zeroes by unmap, refused unless the device guarantees them), then
+        // zeroing in place (ZERO_RANGE; on a block device the kernel falls
+        // back to writing zero pages itself), then zero buffers through the
+        // ring where neither exists (old kernels, file systems without
+        // ZERO_RANGE).
+        let unmap = [libc::FALLOC_FL_PUNCH_HOLE | KEEP, libc::FALLOC_FL_ZERO_RANGE | KEEP];
+        let attempts = if deallocate { &unmap[..] } else { &unmap[1..] };
+        for &mode in attempts {
             match self.fallocate(mode, offset, len).await {
                 Ok(()) => return Ok(()),
                 Err(e) if is_unsupported(&e) => continue,
-                Err(e) => return Err(e),
-            }
-        }
-        if self.is_block {
-            match self.block_range_ioctl(ioctl::BLKZEROOUT, offset, len) {
-                Ok(()) => return Ok(()),
-                Err(e) if is_unsupported(&e) => {}
                 Err(e) => return Err(e),
             }
         }
@@ -370,16 +354,25 @@ impl FileBackend {
     }
 
     /// Releases `[offset, offset + len)`. Regular files read zeros afterwards
-    /// (hole punch, else zeroing); block devices get BLKDISCARD, a hint that
-    /// is silently skipped when the device does not support discard.
+    /// (hole punch, else zeroing); block devices get a discard, a hint that
+    /// is skipped when the kernel or the device cannot discard (a block
+    /// device never claims that deallocated blocks read zeros).
     pub(crate) async fn deallocate(&self, offset: u64, len: u64) -> io::Result<()> {
         if len == 0 {
             return Ok(());
         }
         if self.is_block {
-            return match self.block_range_ioctl(ioctl::BLKDISCARD, offset, len) {
+            to_i64(offset)?;
+            to_i64(len)?;
+            // The discard command first (6.12); then zeroing by unmap,
+            // which releases the blocks on devices that can.
+            let err = match reactor::fs::discard(self.buffered(), offset, len).await {
+                Err(e) if is_unsupported(&e) => e,
+                other => return other,
+            };
+            return match self.fallocate(libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE, offset, len).await {
                 Err(e) if is_unsupported(&e) => {
-                    log::debug!("discard unsupported, deallocate ignored: {e}");
+                    log::debug!("discard unsupported ({err}), nor zeroing by unmap ({e}): deallocate ignored");
                     Ok(())
                 }
                 other => other,

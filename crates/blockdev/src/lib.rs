@@ -8,9 +8,9 @@
 //! reference to memory other threads write (the ram region), and never block
 //! a reactor on data I/O: reads, writes and flushes go through the calling
 //! thread's io_uring (or, for rbd, librbd's asynchronous calls completed on
-//! the calling reactor). Only rare control operations (fallocate, discard
-//! and zero-out ioctls) are synchronous syscalls; opening an rbd device
-//! blocks up to its connect timeout and is done off the reactors.
+//! the calling reactor), and so do write zeroes and deallocate (ring
+//! `FALLOCATE`, run by the kernel off the reactor thread). Opening an rbd
+//! device blocks up to its connect timeout and is done off the reactors.
 //!
 //! A [`Device`] is `Send + Sync` and shared as `Arc<Device>` by all reactor
 //! threads; each thread lazily opens its own io_uring view of file and block

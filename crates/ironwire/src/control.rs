@@ -8,7 +8,8 @@
 //!
 //! Access to the socket must not be root-equivalent: the socket lives in a
 //! directory only its owner can write, is mode 0600 (0660 with `[control]
-//! group`), each client's credentials are checked (SO_PEERCRED), clients
+//! group`), each client's credentials are checked (SO_PEERCRED, and
+//! SO_PEERGROUPS for its supplementary groups as of connect), clients
 //! and line lengths are bounded, a device added or changed by ctl opens
 //! only paths that `[control] allow_paths` allows, and `save FILE` is
 //! written by the client, as the client's user. The socket file is removed
@@ -249,11 +250,39 @@ fn peer_credentials(stream: &UnixStream) -> std::io::Result<libc::ucred> {
     Ok(cred)
 }
 
-/// The supplementary groups of process `pid` (`Groups:` in its status).
-fn supplementary_groups(pid: i32) -> Vec<u32> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    let groups = status.lines().find_map(|l| l.strip_prefix("Groups:")).unwrap_or("");
-    groups.split_whitespace().filter_map(|g| g.parse().ok()).collect()
+/// `SO_PEERGROUPS` (`<asm-generic/socket.h>`, Linux 4.13), not exported by
+/// `libc` for every target.
+const SO_PEERGROUPS: libc::c_int = 59;
+
+/// Most supplementary groups a process can have (`NGROUPS_MAX`).
+const NGROUPS_MAX: usize = 65536;
+
+/// The peer's supplementary groups as the kernel recorded them when it
+/// connected (SO_PEERGROUPS), not as they are when it is checked: a process
+/// that has exited or changed its groups since is judged by what it was.
+fn peer_groups(stream: &UnixStream) -> std::io::Result<Vec<libc::gid_t>> {
+    const GID: usize = std::mem::size_of::<libc::gid_t>();
+    let mut groups: Vec<libc::gid_t> = vec![0; 32];
+    loop {
+        let mut len = libc::socklen_t::try_from(groups.len() * GID).unwrap_or(libc::socklen_t::MAX);
+        // SAFETY: the fd is open for the call; `groups` is valid for writes
+        // of `len` bytes and `len` says so.
+        let r = unsafe {
+            libc::getsockopt(stream.as_raw_fd(), libc::SOL_SOCKET, SO_PEERGROUPS, groups.as_mut_ptr().cast(), &mut len)
+        };
+        let wanted = len as usize / GID;
+        if r == 0 {
+            groups.truncate(wanted);
+            return Ok(groups);
+        }
+        let err = std::io::Error::last_os_error();
+        // ERANGE: the buffer was too small and `len` now says how large.
+        if err.raw_os_error() == Some(libc::ERANGE) && wanted > groups.len() && wanted <= NGROUPS_MAX {
+            groups.resize(wanted, 0);
+            continue;
+        }
+        return Err(err);
+    }
 }
 
 /// Lets in root, this process's user and, with `[control] group`, the
@@ -265,7 +294,8 @@ fn admit(stream: &UnixStream, gid: Option<u32>) -> Result<(), String> {
         return Ok(());
     }
     if let Some(g) = gid {
-        if cred.gid == g || supplementary_groups(cred.pid).contains(&g) {
+        let groups = peer_groups(stream).map_err(|e| format!("no peer groups (SO_PEERGROUPS): {e}"))?;
+        if cred.gid == g || groups.contains(&g) {
             return Ok(());
         }
     }

@@ -172,6 +172,45 @@ fn with_a_group_the_directory_is_0750_the_socket_0660_and_members_get_in() {
 }
 
 #[test]
+fn a_member_only_by_a_supplementary_group_gets_in_and_a_non_member_does_not() {
+    assert_root();
+    let group = std::fs::read_to_string("/etc/group")
+        .expect("/etc/group")
+        .lines()
+        .find_map(|l| {
+            let f: Vec<&str> = l.split(':').collect();
+            (f.get(2) == Some(&"65534")).then(|| f[0].to_string())
+        })
+        .expect("a group with gid 65534");
+    let mut d = Daemon::start_with_config_socket("ctl-supgroup", |dir, port| {
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o711)).expect("chmod");
+        config(port, &format!("socket = \"{}/run/ctl.sock\"\ngroup = \"{group}\"", dir.display()))
+    });
+    let sock = d.dir.join("run/ctl.sock");
+    // uid 65534 with primary gid 4242: in group 65534 only through its
+    // supplementary groups, which the daemon learns from SO_PEERGROUPS.
+    let run = |groups: &str| {
+        Command::new("setpriv")
+            .args(["--reuid", "65534", "--regid", "4242", "--groups", groups, "--"])
+            .arg(exe())
+            .args(["ctl", "--socket"])
+            .arg(&sock)
+            .arg("show")
+            .stdin(Stdio::null())
+            .output()
+            .expect("run setpriv (util-linux)")
+    };
+    let out = run("4243,65534");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success() && stdout.contains("device r ram"), "{}", String::from_utf8_lossy(&out.stderr));
+    // The same user without the group: the socket's mode (0660, group
+    // 65534) already keeps it out.
+    let out = run("4243");
+    assert!(!out.status.success(), "a non-member ran ctl show: {}", String::from_utf8_lossy(&out.stdout));
+    d.assert_alive();
+}
+
+#[test]
 fn without_a_group_the_configured_directory_is_created_0700() {
     let d = Daemon::start_with_config_socket("ctl-mkdir", |dir, port| {
         config(port, &format!("socket = \"{}/run/ctl.sock\"", dir.display()))

@@ -146,6 +146,26 @@ pub mod ctrl {
     pub const TYPE_DISCOVERY: u8 = 2;
 }
 
+/// I/O Command Set specific Identify Controller for the NVM command set
+/// (CNS 06h, CSI 00h; NVM Command Set 1.0 figure 112) field offsets. A
+/// zero limit means "no limit beyond the command's own fields".
+pub mod ctrl_nvm {
+    /// VSL: Verify size limit, 2^n units of CAP.MPSMIN (u8).
+    pub const VSL: usize = 0;
+    /// WZSL: Write Zeroes size limit, 2^n units of CAP.MPSMIN (u8).
+    pub const WZSL: usize = 1;
+    /// WUSL: Write Uncorrectable size limit, 2^n units of CAP.MPSMIN (u8).
+    pub const WUSL: usize = 2;
+    /// DMRL: Dataset Management ranges limit, ranges per command (u8).
+    pub const DMRL: usize = 3;
+    /// DMRSL: Dataset Management range size limit, logical blocks per
+    /// range (u32).
+    pub const DMRSL: usize = 4;
+    /// DMSL: Dataset Management size limit, logical blocks per command
+    /// (u64).
+    pub const DMSL: usize = 8;
+}
+
 /// Identify Namespace, NVM command set (CNS 00h) field offsets.
 pub mod ns {
     /// Namespace size in blocks (u64).

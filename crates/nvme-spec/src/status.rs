@@ -72,6 +72,10 @@ impl Status {
     pub const CONNECT_INVALID_HOST: Status = Status(0x184);
     /// NVM command set specific: attempted write to a read-only range.
     pub const WRITE_TO_READ_ONLY: Status = Status(0x182);
+    /// NVM command set specific: the command exceeds a size limit of the
+    /// NVM command set's Identify Controller (DMRL, DMRSL, DMSL, WZSL; NVM
+    /// Command Set 1.0 figure 32, code 83h).
+    pub const COMMAND_SIZE_LIMIT_EXCEEDED: Status = Status(0x183);
     /// Path related: asymmetric access persistent loss.
     pub const ANA_PERSISTENT_LOSS: Status = Status(0x301);
     /// Path related: asymmetric access inaccessible.
@@ -147,6 +151,7 @@ impl Status {
             (1, 0x80) => "Connect Incompatible Format",
             (1, 0x81) => "Connect Controller Busy",
             (1, 0x82) => "Connect Invalid Parameters / Attempted Write to Read Only Range",
+            (1, 0x83) => "Connect Restart Discovery / Command Size Limit Exceeded",
             (1, 0x84) => "Connect Invalid Host",
             (2, 0x80) => "Write Fault",
             (2, 0x81) => "Unrecovered Read Error",

@@ -75,8 +75,9 @@ pub(crate) fn build<D: BlockDevice>(
             if csi != CSI_NVM {
                 return Err(Status::INVALID_FIELD.dnr());
             }
-            // VSL, WZSL, WUSL, DMRL, DMRSL, DMSL zero: no limits beyond MDTS.
-            Ok(vec![0; LEN])
+            // WZSL, DMRL, DMRSL, DMSL as enforced; VSL and WUSL zero
+            // (no Verify, no Write Uncorrectable).
+            Ok(crate::limits::identify_page())
         }
         Cns::CS_INDEPENDENT_NAMESPACE => {
             let ns = ns_of(nsid)?;

@@ -3,6 +3,7 @@
 //! device errors map to NVMe status in [`io_error_status`] only.
 
 use crate::controller::Controller;
+use crate::limits;
 use crate::model::Namespace;
 use crate::queue::{Outcome, Queue};
 use block::BlockDevice;
@@ -162,6 +163,10 @@ impl<D: BlockDevice> Queue<D> {
             Io::FLUSH => req(BlockOp::Flush),
             Io::WRITE_ZEROES => {
                 let blocks = u64::from(sqe.blocks());
+                if let Err(why) = limits::check_write_zeroes(blocks, geo.block_size) {
+                    log::warn!("{}: cid {cid} nsid {nsid}: {why}", self.peer);
+                    return self.reject(cid, sqe, limits::EXCEEDED);
+                }
                 if device.check_range(sqe.slba(), blocks).is_err() {
                     return self.reject(cid, sqe, Status::LBA_OUT_OF_RANGE.dnr());
                 }
@@ -185,20 +190,29 @@ impl<D: BlockDevice> Queue<D> {
                 if sqe.cdw11.get() & (1 << 2) == 0 {
                     return Outcome::status(cid, Status::SUCCESS);
                 }
-                let mut list = Vec::new();
-                for r in data.as_ref().chunks_exact(16).take(ranges) {
+                // The size limits first, over every range, so a command
+                // past them is told so whatever its LBAs.
+                let mut list = Vec::with_capacity(ranges.min(limits::DMRL));
+                let mut total = 0u64;
+                for (index, r) in data.as_ref().chunks_exact(16).take(ranges).enumerate() {
                     let mut nlb = [0u8; 4];
                     let mut slba = [0u8; 8];
                     nlb.copy_from_slice(r.get(4..8).unwrap_or(&[0; 4]));
                     slba.copy_from_slice(r.get(8..16).unwrap_or(&[0; 8]));
                     let (slba, nlb) = (u64::from_le_bytes(slba), u64::from(u32::from_le_bytes(nlb)));
-                    if nlb == 0 {
-                        continue;
+                    total = match limits::check_dsm_range(index, nlb, total) {
+                        Ok(total) => total,
+                        Err(why) => {
+                            log::warn!("{}: cid {cid} nsid {nsid}: {why}", self.peer);
+                            return self.reject(cid, sqe, limits::EXCEEDED);
+                        }
+                    };
+                    if nlb != 0 {
+                        list.push((slba, nlb));
                     }
-                    if device.check_range(slba, nlb).is_err() {
-                        return self.reject(cid, sqe, Status::LBA_OUT_OF_RANGE.dnr());
-                    }
-                    list.push((slba, nlb));
+                }
+                if list.iter().any(|&(slba, nlb)| device.check_range(slba, nlb).is_err()) {
+                    return self.reject(cid, sqe, Status::LBA_OUT_OF_RANGE.dnr());
                 }
                 req(BlockOp::Deallocate { ranges: list })
             }

@@ -17,6 +17,7 @@ mod admin;
 mod controller;
 mod identify;
 mod io;
+pub mod limits;
 mod logpage;
 mod model;
 mod queue;

@@ -307,6 +307,88 @@ fn dataset_management_deallocates_the_listed_ranges() {
     assert_eq!(status(&run(&mut io, &d, Some(ranges))), Status::LBA_OUT_OF_RANGE.dnr());
 }
 
+/// A Dataset Management (AD set) of `ranges` `(slba, nlb)` on namespace 1.
+fn dsm_sqe(cid: u16, ranges: &[(u64, u32)]) -> (Sqe, Vec<u8>) {
+    let mut d = sqe(0x09, cid);
+    d.nsid = 1.into();
+    d.cdw10 = (ranges.len() as u32 - 1).into();
+    d.cdw11 = 4.into();
+    d.dptr = Sgl::in_capsule(16 * ranges.len() as u32);
+    let mut data = Vec::new();
+    for &(slba, nlb) in ranges {
+        data.extend_from_slice(&0u32.to_le_bytes());
+        data.extend_from_slice(&nlb.to_le_bytes());
+        data.extend_from_slice(&slba.to_le_bytes());
+    }
+    (d, data)
+}
+
+#[test]
+fn dataset_management_beyond_dmsl_is_refused_with_command_size_limit_exceeded() {
+    let t = target();
+    let (_a, cntlid) = admin(&t);
+    let mut io = io_queue(&t, cntlid, 1);
+    // Two ranges of the largest NLB: each within DMRSL, together past DMSL.
+    // The limit is checked before the LBA range (the 2048-block namespace
+    // could not hold either), so the status names the size.
+    let (d, data) = dsm_sqe(7, &[(0, u32::MAX), (0, u32::MAX)]);
+    assert_eq!(status(&run(&mut io, &d, Some(data))), Status::COMMAND_SIZE_LIMIT_EXCEEDED.dnr());
+    assert_eq!(nvmf::limits::DMSL, u64::from(u32::MAX));
+    // One such range is within every limit, and then out of range.
+    let (d, data) = dsm_sqe(8, &[(0, u32::MAX)]);
+    assert_eq!(status(&run(&mut io, &d, Some(data))), Status::LBA_OUT_OF_RANGE.dnr());
+    // 256 ranges (NR 255), every one the command can carry, are accepted.
+    let many: Vec<(u64, u32)> = (0..256).map(|i| (i * 8, 8)).collect();
+    let (d, data) = dsm_sqe(9, &many);
+    match run(&mut io, &d, Some(data)) {
+        Outcome::Io(req) => match req.op {
+            BlockOp::Deallocate { ranges } => assert_eq!(ranges.len(), 256),
+            other => panic!("{other:?}"),
+        },
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn write_zeroes_beyond_wzsl_is_refused_with_command_size_limit_exceeded() {
+    let t = target();
+    let sub = t.subsystem(SUB).expect("subsystem");
+    sub.add_namespace(Namespace::new(SUB, 2, Arc::new(Described::new("big4k", 4096, 1 << 20)))).expect("ns 2");
+    let (_a, cntlid) = admin(&t);
+    let mut io = io_queue(&t, cntlid, 1);
+    let wz = |cid: u16, nsid: u32, blocks: u32| {
+        let mut s = sqe(0x08, cid);
+        s.nsid = nsid.into();
+        s.cdw12 = (blocks - 1).into();
+        s
+    };
+    let limit_blocks = (nvmf::limits::WZSL_BYTES / 4096) as u32;
+    assert_eq!(limit_blocks, 8192, "32 MiB of 4 KiB blocks");
+    match ex(&mut io, 0, &wz(1, 2, limit_blocks)) {
+        Outcome::Io(req) => assert!(matches!(req.op, BlockOp::WriteZeroes { blocks: 8192, .. }), "{:?}", req.op),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(status(&ex(&mut io, 0, &wz(2, 2, limit_blocks + 1))), Status::COMMAND_SIZE_LIMIT_EXCEEDED.dnr());
+    // A 512-byte namespace cannot exceed it: 65536 blocks are 32 MiB (and
+    // more than the 2048-block device holds).
+    assert_eq!(status(&ex(&mut io, 0, &wz(3, 1, 65536))), Status::LBA_OUT_OF_RANGE.dnr());
+}
+
+#[test]
+fn identify_nvm_controller_reports_the_enforced_limits() {
+    let t = target();
+    let (mut a, _) = admin(&t);
+    let (st, page) = identify(&mut a, 0x06, 0);
+    assert_eq!(st, Status::SUCCESS);
+    assert_eq!(page[0], 0, "VSL: no Verify");
+    assert_eq!(page[1], nvmf::limits::WZSL, "WZSL");
+    assert_eq!(4096u64 << page[1], nvmf::limits::WZSL_BYTES);
+    assert_eq!(page[3], 0, "DMRL: every range NR can carry");
+    assert_eq!(u32::from_le_bytes(page[4..8].try_into().expect("4")), u32::MAX, "DMRSL");
+    assert_eq!(u64::from_le_bytes(page[8..16].try_into().expect("8")), nvmf::limits::DMSL, "DMSL");
+    assert!(page[16..].iter().all(|&b| b == 0));
+}
+
 fn identify(q: &mut Queue, cns: u8, nsid: u32) -> (Status, Vec<u8>) {
     let mut s = sqe(0x06, 6);
     s.cdw10 = u32::from(cns).into();
