@@ -539,8 +539,11 @@ impl Control {
             .targets()
             .iter()
             .map(|t| {
-                let luns: Vec<serde_json::Value> =
-                    t.units.iter().map(|(n, u)| serde_json::json!({"lun": n, "device": u.lu.device.name()})).collect();
+                let luns: Vec<serde_json::Value> = t
+                    .units
+                    .iter()
+                    .map(|(n, u)| serde_json::json!({"lun": n, "device": u.lu.device.name(), "busy": u.busy()}))
+                    .collect();
                 serde_json::json!({"iqn": t.iqn, "sessions": t.session_count(), "luns": luns})
             })
             .collect();
