@@ -53,12 +53,12 @@ fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("free port").port()
 }
 
-/// A file device whose writes take 200 ms, as namespace 1 and LUN 0; the
+/// A file device whose writes take 1 s, as namespace 1 and LUN 0; the
 /// control socket, `allow_paths` and metrics in the test's dir and ports.
 fn config(dir: &Path, ports: [u16; 3]) -> String {
     format!(
         "[[device]]\nname = \"slow\"\nkind = \"file\"\npath = \"{d}/slow.img\"\nsize = \"1MiB\"\nblock_size = {BS}\n\
-         write_latency_us = 200000\n\n\
+         write_latency_us = 1000000\n\n\
          [[subsystem]]\nnqn = \"{NQN}\"\nallow_any_host = true\n[[subsystem.namespace]]\nnsid = 1\ndevice = \"slow\"\n\n\
          [[iscsi_target]]\niqn = \"{IQN}\"\nallow_any_initiator = true\n[[iscsi_target.lun]]\nlun = 0\ndevice = \"slow\"\n\n\
          [[port]]\naddress = \"127.0.0.1:{}\"\n\n[[port]]\ntransport = \"iscsi\"\naddress = \"127.0.0.1:{}\"\n\n\
@@ -236,7 +236,9 @@ fn the_shipped_unit_runs_changes_reloads_stops_and_restarts_with_the_same_export
             q.submit(cmd::write(1, i, 1), block(i), 0).expect("submit");
         }
         q.flush().await.expect("send the writes");
-        reactor::sleep(Duration::from_millis(50)).await;
+        // The writes reach the daemon (as in tests/lifecycle.rs), each 1 s
+        // from done when the stop begins.
+        reactor::sleep(Duration::from_millis(200)).await;
         // SAFETY: kill(2) on our own child's pid has no memory effects.
         assert_eq!(unsafe { libc::kill(svc.child.id() as i32, libc::SIGTERM) }, 0);
         let mut acknowledged = 0;
