@@ -415,6 +415,12 @@ const ANA_STATES: [(&str, AnaState); 5] = [
     ("change", AnaState::CHANGE),
 ];
 
+/// The configuration name of an ANA state (`ctl show`), or its number
+/// for a state no configuration names.
+pub fn ana_state_name(state: AnaState) -> String {
+    ANA_STATES.iter().find(|(_, s)| *s == state).map_or_else(|| format!("0x{:x}", state.0), |(n, _)| (*n).to_string())
+}
+
 impl NamespaceConfig {
     /// The configured UUID, if valid.
     pub fn uuid_bytes(&self) -> Option<Result<[u8; 16], String>> {

@@ -506,7 +506,14 @@ impl Control {
         for s in self.target.subsystems() {
             out.push_str(&format!("subsystem {} controllers={}\n", s.nqn, s.controller_count()));
             for ns in s.namespaces() {
-                out.push_str(&format!("  namespace {} device={}\n", ns.nsid, ns.device.name()));
+                // One ANA group per namespace, its ID the NSID (nvmf::identify).
+                out.push_str(&format!(
+                    "  namespace {} device={} ana_group={} ana_state={}\n",
+                    ns.nsid,
+                    ns.device.name(),
+                    ns.nsid,
+                    crate::config::ana_state_name(ns.ana_state())
+                ));
             }
         }
         for t in st.live.iscsi.targets() {
@@ -548,7 +555,10 @@ impl Control {
                 let ns: Vec<serde_json::Value> = s
                     .namespaces()
                     .iter()
-                    .map(|n| serde_json::json!({"nsid": n.nsid, "device": n.device.name()}))
+                    .map(|n| {
+                        serde_json::json!({"nsid": n.nsid, "device": n.device.name(), "ana_group": n.nsid,
+                            "ana_state": crate::config::ana_state_name(n.ana_state())})
+                    })
                     .collect();
                 serde_json::json!({"nqn": s.nqn, "serial": s.serial, "controllers": s.controller_count(), "namespaces": ns})
             })
@@ -559,8 +569,11 @@ impl Control {
             .targets()
             .iter()
             .map(|t| {
-                let luns: Vec<serde_json::Value> =
-                    t.units.iter().map(|(n, u)| serde_json::json!({"lun": n, "device": u.lu.device.name()})).collect();
+                let luns: Vec<serde_json::Value> = t
+                    .units
+                    .iter()
+                    .map(|(n, u)| serde_json::json!({"lun": n, "device": u.lu.device.name(), "busy": u.busy()}))
+                    .collect();
                 serde_json::json!({"iqn": t.iqn, "sessions": t.session_count(), "luns": luns})
             })
             .collect();

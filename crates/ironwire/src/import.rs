@@ -69,6 +69,9 @@ pub fn import(format: Format, path: &Path) -> Result<Imported> {
     })
 }
 
+/// Put before a subsystem name nvmet accepted but that is no NQN.
+const IMPORTED_NQN_PREFIX: &str = "nqn.2026-11.io.ironwire.imported:";
+
 /// nvmetcli's JSON: what `nvmetcli save` writes (nvmet configfs, one object
 /// per directory).
 mod nvmet {
@@ -411,13 +414,44 @@ impl Builder {
                 self.note(format!("{what}: linked to no port in nvmet; ironwire exports it on every port"));
             }
             let any = sub.attr.get("allow_any_host").is_some_and(|v| v == "1");
-            if !any && sub.allowed_hosts.is_empty() {
-                self.note(format!("{what}: no host may connect (allow_any_host 0, no allowed_hosts); left out"));
+            let mut hosts = Vec::new();
+            for h in &sub.allowed_hosts {
+                if crate::config::valid_nqn(h) {
+                    hosts.push(h.clone());
+                } else {
+                    self.note(format!(
+                        "{what}: allowed host {h:?} is not an NQN (\"nqn.\" followed by a name, NVMe Base 2.0 \
+                         section 4.5); ironwire cannot allow it; left out"
+                    ));
+                }
+            }
+            if !any && hosts.is_empty() {
+                self.note(format!("{what}: no host may connect (allow_any_host 0, no usable allowed_hosts); left out"));
                 continue;
             }
+            let nqn = if crate::config::valid_nqn(&sub.nqn) {
+                sub.nqn.clone()
+            } else {
+                let renamed = format!("{IMPORTED_NQN_PREFIX}{}", sub.nqn);
+                self.note(format!(
+                    "{what}: {:?} is not an NQN (\"nqn.\" followed by a name, NVMe Base 2.0 section 4.5); \
+                     exported as {renamed:?}, the name hosts must connect to",
+                    sub.nqn
+                ));
+                renamed
+            };
+            let mut t = vec![("nqn", s(&nqn))];
             for (k, v) in &sub.attr {
-                if !matches!(k.as_str(), "allow_any_host" | "serial" | "version") {
-                    self.note(format!("{what}: attr.{k} = {v:?} has no equivalent; left out"));
+                match (k.as_str(), v.as_str()) {
+                    ("allow_any_host" | "version", _) | ("pi_enable", "0") => {}
+                    ("serial", _) => t.push(("serial", s(v))),
+                    ("cntlid_min" | "cntlid_max", _) => match v.parse::<i64>() {
+                        Ok(n) => {
+                            t.push((if k == "cntlid_min" { "min_cntlid" } else { "max_cntlid" }, Value::Integer(n)))
+                        }
+                        Err(_) => bail!("{what}: attr.{k} = {v:?} is not a number"),
+                    },
+                    _ => self.note(format!("{what}: attr.{k} = {v:?} has no equivalent; left out")),
                 }
             }
             let mut namespaces = Vec::new();
@@ -430,8 +464,17 @@ impl Builder {
                 let Some(path) = ns.device.get("path").and_then(|v| v.as_str()) else {
                     bail!("{nwhat}: device.path is missing");
                 };
-                for k in ns.device.keys().filter(|k| *k != "path") {
-                    self.note(format!("{nwhat}: device.{k} has no equivalent (ironwire derives its own); left out"));
+                let mut ids = Vec::new();
+                for (k, v) in ns.device.iter().filter(|(k, _)| *k != "path") {
+                    let text = v.as_str().unwrap_or_default();
+                    match k.as_str() {
+                        "uuid" => ids.push(("uuid", s(text))),
+                        // nvmet writes an unset NGUID as zeros; ironwire
+                        // then derives one.
+                        "nguid" if text.chars().all(|c| c == '0' || c == '-') => {}
+                        "nguid" => ids.push(("nguid", s(&text.replace('-', "")))),
+                        _ => self.note(format!("{nwhat}: device.{k} has no equivalent; left out")),
+                    }
                 }
                 if ns.ana_grpid.is_some_and(|g| g != 1) {
                     self.note(format!("{nwhat}: ana_grpid has no equivalent; left out"));
@@ -439,15 +482,13 @@ impl Builder {
                 let base = Path::new(path).file_name().map(|n| n.to_string_lossy().to_string()).unwrap_or_default();
                 let hint = if path.starts_with("/dev/") { "block" } else { "file" };
                 let dev = self.path_device(&nwhat, &base, path, hint, None);
-                namespaces.push(table([("nsid", Value::Integer(i64::from(ns.nsid))), ("device", s(&dev))]));
-            }
-            let mut t = vec![("nqn", s(&sub.nqn))];
-            if let Some(serial) = sub.attr.get("serial") {
-                t.push(("serial", s(serial)));
+                let mut entry = vec![("nsid", Value::Integer(i64::from(ns.nsid))), ("device", s(&dev))];
+                entry.extend(ids);
+                namespaces.push(table(entry));
             }
             t.push(("allow_any_host", Value::Boolean(any)));
             if !any {
-                t.push(("hosts", Value::Array(sub.allowed_hosts.iter().map(|h| s(h)).collect())));
+                t.push(("hosts", Value::Array(hosts.iter().map(|h| s(h)).collect())));
             }
             t.push(("namespace", Value::Array(namespaces)));
             self.subsystems.push(table(t));

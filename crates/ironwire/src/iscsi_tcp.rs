@@ -25,7 +25,7 @@ type LogicalUnit = scsi::LogicalUnit<Device>;
 use std::cell::RefCell;
 use std::collections::BTreeMap;
 use std::rc::Rc;
-use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
@@ -41,6 +41,19 @@ pub struct Unit {
     /// The SCSI logical unit.
     pub lu: Arc<LogicalUnit>,
     caw_busy: AtomicBool,
+    /// Commands of this unit between dispatch and answer, on every reactor.
+    busy: AtomicU32,
+    /// Set when ctl removed the unit: no command starts on it any more.
+    retired: AtomicBool,
+}
+
+/// A command running on a unit; the unit counts it until this drops.
+struct Busy(Arc<Unit>);
+
+impl Drop for Busy {
+    fn drop(&mut self) {
+        self.0.busy.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 /// Holds a unit's COMPARE AND WRITE flag; clears it when dropped.
@@ -53,6 +66,38 @@ impl Drop for CawGuard<'_> {
 }
 
 impl Unit {
+    fn new(lu: Arc<LogicalUnit>) -> Unit {
+        Unit { lu, caw_busy: AtomicBool::new(false), busy: AtomicU32::new(0), retired: AtomicBool::new(false) }
+    }
+
+    /// Counts a command starting on the unit; `None` once it is retired.
+    /// With `retire` this is a Dekker pair (both sides SeqCst): either the
+    /// command sees the unit retired, or `retire` sees the command.
+    fn enter(self: &Arc<Self>) -> Option<Busy> {
+        self.busy.fetch_add(1, Ordering::SeqCst);
+        let busy = Busy(self.clone());
+        (!self.retired.load(Ordering::SeqCst)).then_some(busy)
+    }
+
+    /// Commands of the unit being executed now.
+    pub fn busy(&self) -> u32 {
+        self.busy.load(Ordering::Acquire)
+    }
+
+    /// Stops new commands on the unit and waits (at most `limit`, off the
+    /// reactors) for those running to be answered; how many still run.
+    pub fn retire(&self, limit: Duration) -> u32 {
+        self.retired.store(true, Ordering::SeqCst);
+        let deadline = std::time::Instant::now() + limit;
+        loop {
+            let n = self.busy.load(Ordering::SeqCst);
+            if n == 0 || std::time::Instant::now() >= deadline {
+                return n;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
     /// Takes the unit's COMPARE AND WRITE flag, waiting (without blocking
     /// the reactor) while another task on any reactor holds it.
     async fn lock_caw(&self) -> CawGuard<'_> {
@@ -73,6 +118,29 @@ struct Acl {
     mutual: Option<Credentials>,
 }
 
+/// The LUN inventory of a target as its logged-in sessions see it, shared
+/// by every version of the target: a run-time LUN change is published here
+/// and each session picks it up before its next command.
+struct LunTable {
+    /// Bumped (under the lock) at each change; read without it on every
+    /// command.
+    generation: AtomicU64,
+    units: RwLock<Arc<BTreeMap<u64, Arc<Unit>>>>,
+}
+
+impl LunTable {
+    /// The current generation and units.
+    fn snapshot(&self) -> (u64, Arc<BTreeMap<u64, Arc<Unit>>>) {
+        let units = self.units.read().unwrap_or_else(|e| e.into_inner());
+        (self.generation.load(Ordering::Acquire), units.clone())
+    }
+}
+
+/// Whether `a` and `b` hold the same units under the same LUNs.
+fn same_units(a: &BTreeMap<u64, Arc<Unit>>, b: &BTreeMap<u64, Arc<Unit>>) -> bool {
+    a.len() == b.len() && a.iter().zip(b).all(|((la, ua), (lb, ub))| la == lb && Arc::ptr_eq(ua, ub))
+}
+
 /// An iSCSI target: a name, who may log in, and its logical units.
 pub struct IscsiTarget {
     /// Target name.
@@ -89,6 +157,8 @@ pub struct IscsiTarget {
     /// Live sessions (normal logins that completed), on every reactor;
     /// shared with the target's next version when ctl changes it.
     sessions: Arc<AtomicU32>,
+    /// What the sessions see; shared with the next version like `sessions`.
+    table: Arc<LunTable>,
 }
 
 impl IscsiTarget {
@@ -115,10 +185,7 @@ impl IscsiTarget {
             let kept = prev.and_then(|p| p.units.get(&lun)).filter(|u| Arc::ptr_eq(&u.lu.device, dev));
             let unit = match kept {
                 Some(u) => u.clone(),
-                None => {
-                    let lu = Arc::new(LogicalUnit::new(&cfg.iqn, lun, dev.clone()));
-                    Arc::new(Unit { lu, caw_busy: AtomicBool::new(false) })
-                }
+                None => Arc::new(Unit::new(Arc::new(LogicalUnit::new(&cfg.iqn, lun, dev.clone())))),
             };
             units.insert(lun, unit);
         }
@@ -136,9 +203,32 @@ impl IscsiTarget {
                 .iter()
                 .map(|a| Acl { initiator: a.initiator.clone(), chap: cred(&a.chap), mutual: cred(&a.mutual_chap) })
                 .collect(),
-            units,
             sessions: prev.map_or_else(Arc::default, |p| p.sessions.clone()),
+            table: prev.map_or_else(
+                || Arc::new(LunTable { generation: AtomicU64::new(0), units: RwLock::new(Arc::new(units.clone())) }),
+                |p| p.table.clone(),
+            ),
+            units,
         })
+    }
+
+    /// Makes this version's LUNs the ones logged-in sessions see. Each
+    /// session then gets REPORTED LUNS DATA HAS CHANGED once (SPC-4
+    /// 6.33, SAM-5 5.14); returns the units it no longer has, for the
+    /// caller to [`Unit::retire`].
+    pub fn publish(&self) -> Vec<Arc<Unit>> {
+        let mut current = self.table.units.write().unwrap_or_else(|e| e.into_inner());
+        if same_units(&current, &self.units) {
+            return Vec::new();
+        }
+        let gone = current
+            .iter()
+            .filter(|(n, u)| !self.units.get(n).is_some_and(|k| Arc::ptr_eq(k, u)))
+            .map(|(_, u)| u.clone());
+        let gone = gone.collect();
+        *current = Arc::new(self.units.clone());
+        self.table.generation.fetch_add(1, Ordering::AcqRel);
+        gone
     }
 
     /// Live sessions of this target.
@@ -297,7 +387,61 @@ impl Policy for IscsiModel {
 struct Session {
     target: Arc<IscsiTarget>,
     nexus: Nexus,
+    /// The target's LUNs as this session last saw them, and their
+    /// generation in the target's [`LunTable`].
+    units: Arc<BTreeMap<u64, Arc<Unit>>>,
+    generation: u64,
     luns: Vec<u64>,
+    /// REPORTED LUNS DATA HAS CHANGED is pending for this I_T nexus.
+    luns_changed: bool,
+}
+
+impl Session {
+    fn new(target: Arc<IscsiTarget>, nexus: Nexus) -> Session {
+        let (generation, units) = target.table.snapshot();
+        for u in units.values() {
+            u.lu.nexus_created(&nexus);
+        }
+        let luns = units.keys().copied().collect();
+        Session { target, nexus, units, generation, luns, luns_changed: false }
+    }
+
+    /// Catches up with a LUN change made since the last command: new units
+    /// learn the nexus, removed ones forget it, and the unit attention is
+    /// queued. One atomic load when nothing changed.
+    fn refresh(&mut self) {
+        if self.target.table.generation.load(Ordering::Acquire) == self.generation {
+            return;
+        }
+        let (generation, units) = self.target.table.snapshot();
+        for (n, u) in units.iter() {
+            if !self.units.get(n).is_some_and(|o| Arc::ptr_eq(o, u)) {
+                u.lu.nexus_created(&self.nexus);
+            }
+        }
+        for (n, u) in self.units.iter() {
+            if !units.get(n).is_some_and(|o| Arc::ptr_eq(o, u)) {
+                u.lu.nexus_lost(&self.nexus);
+            }
+        }
+        self.luns = units.keys().copied().collect();
+        self.units = units;
+        self.generation = generation;
+        self.luns_changed = true;
+    }
+
+    /// The unit attention `opcode` gets for the LUN change, once per nexus.
+    /// INQUIRY, REPORT LUNS and REQUEST SENSE never report it (SAM-5 5.14);
+    /// a REPORT LUNS that succeeds clears it (SPC-4 6.33).
+    fn luns_changed_attention(&mut self, opcode: Option<u8>) -> Option<Sense> {
+        if !self.luns_changed
+            || matches!(opcode, Some(scsi::op::INQUIRY | scsi::op::REPORT_LUNS | scsi::op::REQUEST_SENSE))
+        {
+            return None;
+        }
+        self.luns_changed = false;
+        Some(Sense::UA_REPORTED_LUNS_CHANGED)
+    }
 }
 
 struct Conn {
@@ -467,7 +611,7 @@ pub async fn serve(stream: TcpStream, model: Arc<IscsiModel>, cfg: TargetConfig,
     }
     conn.shell.close();
     if let Some(s) = conn.session.borrow_mut().take() {
-        for u in s.target.units.values() {
+        for u in s.units.values() {
             u.lu.nexus_lost(&s.nexus);
         }
         log::info!("{peer}: session {} to {} ended", s.nexus.initiator, s.target.iqn);
@@ -516,12 +660,8 @@ fn dispatch_events(conn: &Rc<Conn>, model: &Arc<IscsiModel>) -> bool {
                             relative_port: 1,
                             tpgt: TPGT,
                         };
-                        for u in t.units.values() {
-                            u.lu.nexus_created(&nexus);
-                        }
                         log::info!("{}: {initiator} logged in to {} (tsih {tsih})", conn.shell.peer, t.iqn);
-                        let luns = t.units.keys().copied().collect();
-                        *conn.session.borrow_mut() = Some(Session { target: t, nexus, luns });
+                        *conn.session.borrow_mut() = Some(Session::new(t, nexus));
                     }
                     _ => log::info!("{}: {initiator} opened a discovery session", conn.shell.peer),
                 }
@@ -566,10 +706,11 @@ async fn answer_tmf_when_done(conn: Rc<Conn>, itt: u32, tasks: Vec<TaskRef>) {
 }
 
 fn task_mgmt(conn: &Conn, function: TmfFunction, lun: u64) -> u8 {
-    let session = conn.session.borrow();
-    let Some(s) = session.as_ref() else { return tmf_response::NOT_SUPPORTED };
+    let mut session = conn.session.borrow_mut();
+    let Some(s) = session.as_mut() else { return tmf_response::NOT_SUPPORTED };
+    s.refresh();
     let unit = match scsi::decode_lun(lun.to_be_bytes()) {
-        Some(scsi::Lun::Unit(n)) => s.target.units.get(&n).cloned(),
+        Some(scsi::Lun::Unit(n)) => s.units.get(&n).cloned(),
         _ => None,
     };
     // The affected tasks still running are waited for by the caller.
@@ -590,7 +731,7 @@ fn task_mgmt(conn: &Conn, function: TmfFunction, lun: u64) -> u8 {
         },
         TmfFunction::TARGET_WARM_RESET | TmfFunction::TARGET_COLD_RESET => {
             log::info!("{}: target reset of {}", conn.shell.peer, s.target.iqn);
-            for u in s.target.units.values() {
+            for u in s.units.values() {
                 u.lu.target_reset();
             }
             tmf_response::COMPLETE
@@ -600,8 +741,8 @@ fn task_mgmt(conn: &Conn, function: TmfFunction, lun: u64) -> u8 {
 }
 
 fn command(conn: &Rc<Conn>, cmd: iscsi::target::Command<Buf>) {
-    let session = conn.session.borrow();
-    let Some(s) = session.as_ref() else {
+    let mut session = conn.session.borrow_mut();
+    let Some(s) = session.as_mut() else {
         drop(session);
         conn.failed(cmd.task, &Sense::LUN_NOT_SUPPORTED);
         return;
@@ -609,10 +750,20 @@ fn command(conn: &Rc<Conn>, cmd: iscsi::target::Command<Buf>) {
     let itt = cmd.task;
     let read = cmd.read;
     let cdb = cmd.cdb.as_slice();
-    let unit = match scsi::decode_lun(cmd.lun.to_be_bytes()) {
-        Some(scsi::Lun::Unit(n)) => s.target.units.get(&n).cloned(),
+    s.refresh();
+    if let Some(ua) = s.luns_changed_attention(cdb.first().copied()) {
+        drop(session);
+        log::debug!("{}: unit attention REPORTED LUNS DATA HAS CHANGED", conn.shell.peer);
+        conn.check(itt, &ua);
+        return;
+    }
+    // A unit ctl is removing takes no new command: it is gone for this
+    // session as soon as the session sees the change.
+    let busy = match scsi::decode_lun(cmd.lun.to_be_bytes()) {
+        Some(scsi::Lun::Unit(n)) => s.units.get(&n).and_then(Unit::enter),
         _ => None,
     };
+    let unit = busy.as_ref().map(|b| b.0.clone());
     // The connection collected all of the write data before dispatching,
     // so the command gets its data-out (possibly none) on the first call.
     // What the CDB asks for and what the initiator sent may differ: the
@@ -635,6 +786,9 @@ fn command(conn: &Rc<Conn>, cmd: iscsi::target::Command<Buf>) {
         (Some(u), _) => u.lu.execute(&s.nexus, cdb, Some(data)),
         (None, _) => scsi::execute_without_lu(cdb, &s.luns),
     };
+    if cdb.first() == Some(&scsi::op::REPORT_LUNS) && matches!(outcome, Outcome::Good { .. }) {
+        s.luns_changed = false;
+    }
     drop(session);
     match outcome {
         Outcome::Good { data_in } => conn.good(itt, read, &data_in, residual),
@@ -650,15 +804,15 @@ fn command(conn: &Rc<Conn>, cmd: iscsi::target::Command<Buf>) {
         // dispatched; a command asking for more had no data-out phase.
         Outcome::NeedData { .. } => conn.failed(itt, &Sense::INVALID_FIELD_IN_CDB),
         Outcome::Io(op) => {
-            if let Some(u) = unit {
+            if let Some(busy) = busy {
                 let t0 = reactor::now_us();
-                let device = &u.lu.device;
-                let lun = u.lu.lun;
+                let device = &busy.0.lu.device;
+                let lun = busy.0.lu.lun;
                 if !read_from_memory(conn, itt, device, &op, (lun, t0))
                     && !write_to_memory(conn, itt, device, &op, residual, (lun, t0))
                 {
                     conn.running.borrow_mut().push((itt.serial, false));
-                    reactor::spawn(run_io(conn.clone(), itt, u, op, residual, t0));
+                    reactor::spawn(run_io(conn.clone(), itt, busy, op, residual, t0));
                 }
             }
         }
@@ -721,7 +875,9 @@ fn op_kind(op: &BlockOp<Buf>, block_size: usize) -> (Op, u64) {
     }
 }
 
-async fn run_io(conn: Rc<Conn>, itt: TaskRef, unit: Arc<Unit>, op: BlockOp<Buf>, residual: Option<Residual>, t0: u64) {
+/// Runs `op` on `busy`'s unit; the unit counts it busy until it is answered.
+async fn run_io(conn: Rc<Conn>, itt: TaskRef, busy: Busy, op: BlockOp<Buf>, residual: Option<Residual>, t0: u64) {
+    let unit = &busy.0;
     let device = &unit.lu.device;
     let write = op.is_write();
     let bs = device.geometry().block_size as usize;
@@ -740,7 +896,7 @@ async fn run_io(conn: Rc<Conn>, itt: TaskRef, unit: Arc<Unit>, op: BlockOp<Buf>,
             write_same(&conn, itt, device, lba, blocks, &block.0, fua).await.map(|()| None).map_err(sense)
         }
         BlockOp::CompareAndWrite { lba, blocks, data, fua } => {
-            compare_and_write(&conn, itt, &unit, device, lba, blocks as usize * bs, data.0, fua).await.map(|()| None)
+            compare_and_write(&conn, itt, unit, device, lba, blocks as usize * bs, data.0, fua).await.map(|()| None)
         }
         BlockOp::Flush => device.flush().await.map(|()| None).map_err(sense),
         BlockOp::WriteZeroes { lba, blocks, unmap } => {

@@ -15,6 +15,7 @@ use crate::iscsi_tcp::{IscsiModel, IscsiTarget};
 use crate::listen::Listeners;
 use crate::nvme::Target;
 use anyhow::{anyhow, bail, Context, Result};
+use blockdev::BlockDevice;
 use blockdev::Device;
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -137,12 +138,9 @@ pub fn apply(live: &mut Live, old: &Config, new: &Config) -> Result<()> {
         if sessions == 0 {
             continue;
         }
-        match new.iscsi_target.iter().find(|n| n.iqn == t.iqn) {
-            None => bail!("iSCSI target {}: {sessions} session(s) logged in; log them out before removing it", t.iqn),
-            Some(n) if n.lun != t.lun => {
-                bail!("iSCSI target {}: {sessions} session(s) logged in; LUNs change only while none is", t.iqn)
-            }
-            _ => {}
+        // LUN changes are published to the sessions (apply_iscsi).
+        if !new.iscsi_target.iter().any(|n| n.iqn == t.iqn) {
+            bail!("iSCSI target {}: {sessions} session(s) logged in; log them out before removing it", t.iqn);
         }
     }
     let mut opened = HashMap::new();
@@ -244,9 +242,31 @@ fn apply_iscsi(live: &Live, devices: &HashMap<String, Arc<Device>>, new: &Config
         targets.push(Arc::new(next));
     }
     let disc = new.iscsi.discovery_chap.as_ref().map(|c| (c.user.clone(), c.secret.as_bytes().to_vec()));
+    // Logged-in sessions see the new LUNs from their next command on, with
+    // REPORTED LUNS DATA HAS CHANGED; a removed unit takes no new command
+    // and the change returns once the commands it was running are answered.
+    let gone: Vec<(String, Arc<crate::iscsi_tcp::Unit>)> =
+        targets.iter().flat_map(|t| t.publish().into_iter().map(|u| (t.iqn.clone(), u))).collect();
     live.iscsi.replace(targets, portals(new), disc);
+    for (iqn, u) in gone {
+        let left = u.retire(LUN_DRAIN_LIMIT);
+        if left > 0 {
+            log::warn!(
+                "iSCSI target {iqn} LUN {}: removed, but {left} command(s) still running after {} s; \
+                 they finish on device {}",
+                u.lu.lun,
+                LUN_DRAIN_LIMIT.as_secs(),
+                u.lu.device.name()
+            );
+        } else {
+            log::info!("iSCSI target {iqn}: LUN {} removed", u.lu.lun);
+        }
+    }
     Ok(())
 }
+
+/// How long removing an iSCSI LUN waits for the commands running on it.
+const LUN_DRAIN_LIMIT: Duration = Duration::from_secs(30);
 
 /// The SendTargets portals of `config`'s iSCSI ports.
 pub fn portals(config: &Config) -> Vec<String> {

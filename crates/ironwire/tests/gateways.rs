@@ -127,6 +127,32 @@ async fn fail_over(a: &Daemon, ca: &mut Controller, cb: &mut Controller) {
     assert_eq!(cb.read(0, 1, 8, 8).await.expect("read through gateway b"), data, "the other path reads the data");
 }
 
+/// Namespace 1's ANA group and state as `ctl show` and `ctl show --json`
+/// print them; asserts the two agree.
+fn shown_ana(d: &Daemon) -> (u64, String) {
+    let text = d.ctl("show").expect("ctl show");
+    let line = text.lines().find(|l| l.trim_start().starts_with("namespace 1 ")).expect("namespace 1 in ctl show");
+    let field = |key: &str| {
+        line.split_whitespace().find_map(|w| w.strip_prefix(key)).unwrap_or_else(|| panic!("{key} in {line:?}"))
+    };
+    let json: serde_json::Value = serde_json::from_str(&d.ctl("show --json").expect("ctl show --json")).expect("JSON");
+    let ns = &json["live"]["subsystems"][0]["namespaces"][0];
+    let (group, state) = (ns["ana_group"].as_u64().expect("ana_group"), ns["ana_state"].as_str().expect("ana_state"));
+    assert_eq!(
+        (field("ana_group=").to_string(), field("ana_state=")),
+        (group.to_string(), state),
+        "text and JSON agree"
+    );
+    (group, state.to_string())
+}
+
+/// Each gateway's `ctl show` names the ANA state it serves: a's after the
+/// fail-over, b's as configured.
+fn assert_shown_after_fail_over(a: &Daemon, b: &Daemon) {
+    assert_eq!(shown_ana(a), (1, "inaccessible".to_string()), "gateway a after ctl set ana_state");
+    assert_eq!(shown_ana(b), (1, "non-optimized".to_string()), "gateway b as configured");
+}
+
 #[test]
 fn two_gateways_on_one_file_show_one_namespace_and_fail_over_by_ana_state() {
     let dir = std::env::temp_dir().join(format!("ironwire-gw-file-{}", std::process::id()));
@@ -138,10 +164,12 @@ fn two_gateways_on_one_file_show_one_namespace_and_fail_over_by_ana_state() {
         format!("[[device]]\nname = \"shared\"\nkind = \"file\"\npath = \"{}\"\nsize = \"4MiB\"\n", path.display());
     let a = gateway("fa", "shared", device.clone(), (1, 99), "optimized");
     let b = gateway("fb", "shared", device, (100, 199), "non-optimized");
+    assert_eq!(shown_ana(&a), (1, "optimized".to_string()), "gateway a as configured");
     block_on(bounded(60, async {
         let (mut ca, mut cb) = one_namespace_two_paths(&a, &b).await;
         fail_over(&a, &mut ca, &mut cb).await;
     }));
+    assert_shown_after_fail_over(&a, &b);
     drop((a, b));
     let _ = std::fs::remove_dir_all(&dir);
 }
@@ -180,6 +208,7 @@ fn two_gateways_on_one_rbd_image_show_one_namespace_whatever_they_call_it() {
         let (mut ca, mut cb) = one_namespace_two_paths(&a, &b).await;
         fail_over(&a, &mut ca, &mut cb).await;
     }));
+    assert_shown_after_fail_over(&a, &b);
 }
 
 /// INQUIRY of vital product data page `page`.

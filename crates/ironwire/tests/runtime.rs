@@ -120,9 +120,18 @@ fn objects_added_at_run_time_over_both_protocols_survive_save_and_restart() {
     let before = show_idle(&d);
     let t = &before["live"]["iscsi_targets"][1];
     assert_eq!(t["iqn"], IQN2);
-    assert_eq!(t["luns"], serde_json::json!([{"lun": 0, "device": "r1"}, {"lun": 3, "device": "f1"}]));
+    assert_eq!(
+        t["luns"],
+        serde_json::json!([{"lun": 0, "device": "r1", "busy": 0}, {"lun": 3, "device": "f1", "busy": 0}])
+    );
     let s = &before["live"]["subsystems"][1];
-    assert_eq!(s["namespaces"], serde_json::json!([{"nsid": 1, "device": "r1"}, {"nsid": 5, "device": "f1"}]));
+    assert_eq!(
+        s["namespaces"],
+        serde_json::json!([
+            {"nsid": 1, "device": "r1", "ana_group": 1, "ana_state": "optimized"},
+            {"nsid": 5, "device": "f1", "ana_group": 5, "ana_state": "optimized"}
+        ])
+    );
     assert_eq!(before["live"]["nvme_ports"].as_array().map(Vec::len), Some(2));
 
     let saved = d.dir.join("saved.toml");
