@@ -426,15 +426,27 @@ impl Device {
         }
     }
 
+    /// The latency injected before each read and write reaches the backend.
+    pub fn latency(&self) -> Latency {
+        self.latency
+    }
+
     /// Reads `buf.len()` bytes (a whole number of blocks) starting at `lba`.
-    pub async fn read(&self, lba: u64, mut buf: IoBuf) -> (Result<(), Error>, IoBuf) {
+    pub async fn read(&self, lba: u64, buf: IoBuf) -> (Result<(), Error>, IoBuf) {
+        if !self.latency.read.is_zero() {
+            reactor::sleep(self.latency.read).await;
+        }
+        self.read_undelayed(lba, buf).await
+    }
+
+    /// As [`read`](Self::read) without the injected latency, for a caller
+    /// that waits it out itself so that it can give the I/O up before the
+    /// backend sees it (an aborted command).
+    pub async fn read_undelayed(&self, lba: u64, mut buf: IoBuf) -> (Result<(), Error>, IoBuf) {
         let offset = match self.io_offset(lba, buf.len()) {
             Ok(offset) => offset,
             Err(e) => return (Err(e), buf),
         };
-        if !self.latency.read.is_zero() {
-            reactor::sleep(self.latency.read).await;
-        }
         match &self.backend {
             Backend::Null => {
                 buf.fill(0);
@@ -458,13 +470,19 @@ impl Device {
     /// Writes `buf` (a whole number of blocks) starting at `lba`. With `fua`
     /// the data is durable when this returns.
     pub async fn write(&self, lba: u64, buf: IoBuf, fua: bool) -> (Result<(), Error>, IoBuf) {
+        if !self.latency.write.is_zero() {
+            reactor::sleep(self.latency.write).await;
+        }
+        self.write_undelayed(lba, buf, fua).await
+    }
+
+    /// As [`write`](Self::write) without the injected latency (see
+    /// [`read_undelayed`](Self::read_undelayed)).
+    pub async fn write_undelayed(&self, lba: u64, buf: IoBuf, fua: bool) -> (Result<(), Error>, IoBuf) {
         let offset = match self.io_offset(lba, buf.len()) {
             Ok(offset) => offset,
             Err(e) => return (Err(e), buf),
         };
-        if !self.latency.write.is_zero() {
-            reactor::sleep(self.latency.write).await;
-        }
         match &self.backend {
             Backend::Null => (Ok(()), buf),
             Backend::Ram(ram) => {

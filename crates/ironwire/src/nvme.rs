@@ -26,6 +26,8 @@ use std::rc::Rc;
 use std::sync::Arc;
 use std::time::Duration;
 
+mod abort;
+
 /// The NVMe-oF target, over the daemon's devices.
 pub type Target = nvmf::Target<Device>;
 /// A subsystem of [`Target`].
@@ -83,6 +85,9 @@ pub trait Binding: 'static {
     fn check_sgl(&self, sqe: &Sqe, in_capsule_len: Option<usize>) -> Result<u32, Status>;
     /// Solicits `len` bytes of write data for `cid`.
     fn request_data(&mut self, cid: u16, len: u32);
+    /// Gives up the data transfer of `cid` (an Abort): `false` when it
+    /// can no longer be stopped.
+    fn cancel_data(&mut self, cid: u16) -> bool;
     /// Sends read data for `cid`, then its completion.
     fn send_data(&mut self, cid: u16, data: &[u8], cqe: Cqe);
     /// As `send_data`, with `fill` writing the data in place; `false` when
@@ -109,6 +114,9 @@ macro_rules! forward_binding {
         }
         fn request_data(&mut self, cid: u16, len: u32) {
             $($ty)::+::request_data(self, cid, len)
+        }
+        fn cancel_data(&mut self, cid: u16) -> bool {
+            $($ty)::+::cancel_data(self, cid)
         }
         fn send_data(&mut self, cid: u16, data: &[u8], cqe: Cqe) {
             $($ty)::+::send_data(self, cid, data, cqe)
@@ -196,6 +204,7 @@ struct Conn<T> {
     queue: RefCell<Queue>,
     shell: Shell,
     stats: stats::Connection,
+    aborts: abort::Aborts,
 }
 
 impl<T: Binding> Outbox for Conn<T> {
@@ -306,7 +315,13 @@ async fn run<T: Binding>(
     handshake: Duration,
 ) {
     let peer = stats.peer();
-    let conn = Rc::new(Conn { wire: RefCell::new(wire), queue: RefCell::new(queue), shell: Shell::new(peer), stats });
+    let conn = Rc::new(Conn {
+        wire: RefCell::new(wire),
+        queue: RefCell::new(queue),
+        shell: Shell::new(peer),
+        stats,
+        aborts: abort::Aborts::default(),
+    });
     log::debug!("{peer}: connected");
     let writer = reactor::spawn(crate::conn::write_loop(wr, conn.clone()));
     let ticker = reactor::spawn(tick_loop(conn.clone(), rd, now_ms().saturating_add(handshake.as_millis() as u64)));
@@ -333,6 +348,7 @@ async fn run<T: Binding>(
     conn.shell.io_finished().await;
     conn.shell.close();
     conn.queue.borrow_mut().close();
+    conn.aborts.stop();
     let _ = writer.await;
     drop(ticker);
     log::debug!("{peer}: closed");
@@ -412,6 +428,10 @@ fn answer<T: Binding>(conn: &Rc<Conn<T>>, cid: u16, outcome: Outcome<Buf, Device
             wire.send_response(cqe);
             let digests = wire.digests();
             drop(wire);
+            let nvm = conn.queue.borrow().controller().and_then(|c| c.subsystem()).is_some_and(|s| !s.discovery);
+            if nvm {
+                abort::start(conn);
+            }
             if let Some(c) = conn.queue.borrow().controller() {
                 conn.stats.logged_in(stats::Login::Nvme {
                     hostnqn: c.hostnqn.clone(),
@@ -473,6 +493,16 @@ async fn run_io<T: Binding>(conn: Rc<Conn<T>>, req: BlockRequest, t0: u64) {
     let _running = conn.shell.io_task();
     let BlockRequest { cid, nsid, device, op } = req;
     let kind = op_kind(&op);
+    // An injected latency is waited out here, where an Abort can stop the
+    // command before the device sees it.
+    let delay = match op {
+        BlockOp::Read { .. } | BlockOp::Compare { .. } => device.latency().read,
+        BlockOp::Write { .. } => device.latency().write,
+        _ => Duration::ZERO,
+    };
+    if !delay.is_zero() && !abort::wait_delay(&conn, cid, delay).await {
+        return;
+    }
     let ok = |s: Result<(), blockdev::Error>, write: bool| match s {
         Ok(()) => Status::SUCCESS,
         Err(e) => {
@@ -487,7 +517,7 @@ async fn run_io<T: Binding>(conn: Rc<Conn<T>>, req: BlockRequest, t0: u64) {
     };
     let status = match op {
         BlockOp::Read { lba, len_bytes } => {
-            let (r, buf) = device.read(lba, IoBuf::with_len(len_bytes as usize)).await;
+            let (r, buf) = device.read_undelayed(lba, IoBuf::with_len(len_bytes as usize)).await;
             let status = ok(r, false);
             if status.is_success() {
                 conn.record(nsid, kind, t0, status);
@@ -497,7 +527,7 @@ async fn run_io<T: Binding>(conn: Rc<Conn<T>>, req: BlockRequest, t0: u64) {
             }
             status
         }
-        BlockOp::Write { lba, data, fua } => ok(device.write(lba, data.0, fua).await.0, true),
+        BlockOp::Write { lba, data, fua } => ok(device.write_undelayed(lba, data.0, fua).await.0, true),
         BlockOp::Flush => ok(device.flush().await, true),
         BlockOp::WriteZeroes { lba, blocks, deallocate } => {
             ok(device.write_zeroes(lba, blocks, deallocate).await, true)
@@ -513,7 +543,7 @@ async fn run_io<T: Binding>(conn: Rc<Conn<T>>, req: BlockRequest, t0: u64) {
             status
         }
         BlockOp::Compare { lba, data } => {
-            let (r, buf) = device.read(lba, IoBuf::with_len(data.0.len())).await;
+            let (r, buf) = device.read_undelayed(lba, IoBuf::with_len(data.0.len())).await;
             match ok(r, false) {
                 s if !s.is_success() => s,
                 _ if buf[..] == data.0[..] => Status::SUCCESS,

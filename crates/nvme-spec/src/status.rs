@@ -54,6 +54,9 @@ impl Status {
     pub const INVALID_QUEUE_ID: Status = Status(0x101);
     /// Command specific: invalid queue size.
     pub const INVALID_QUEUE_SIZE: Status = Status(0x102);
+    /// Command specific: abort command limit exceeded (more Aborts
+    /// outstanding than Identify Controller's ACL + 1).
+    pub const ABORT_COMMAND_LIMIT: Status = Status(0x103);
     /// Command specific: asynchronous event request limit exceeded.
     pub const ASYNC_EVENT_LIMIT: Status = Status(0x105);
     /// Command specific: invalid log page.
@@ -144,6 +147,7 @@ impl Status {
             (0, 0x82) => "Namespace Not Ready",
             (1, 0x01) => "Invalid Queue Identifier",
             (1, 0x02) => "Invalid Queue Size",
+            (1, 0x03) => "Abort Command Limit Exceeded",
             (1, 0x05) => "Asynchronous Event Request Limit Exceeded",
             (1, 0x09) => "Invalid Log Page",
             (1, 0x0d) => "Feature Identifier Not Saveable",
@@ -209,6 +213,7 @@ mod tests {
             Status::INVALID_QUEUE_ID,
             Status::INVALID_QUEUE_SIZE,
             Status::ASYNC_EVENT_LIMIT,
+            Status::ABORT_COMMAND_LIMIT,
             Status::INVALID_LOG_PAGE,
             Status::FEATURE_NOT_SAVEABLE,
             Status::FEATURE_NOT_CHANGEABLE,

@@ -104,6 +104,9 @@ pub struct TargetQueue<B> {
     sq_entries: u16,
     sqid: u16,
     sq_flow_disabled: bool,
+    /// Aborted commands whose RDMA Read Response is still to come: it is
+    /// dropped when it does, never delivered.
+    discard: Vec<u16>,
 }
 
 impl<B: DataBuffer> TargetQueue<B> {
@@ -128,6 +131,7 @@ impl<B: DataBuffer> TargetQueue<B> {
             sq_entries: cm::ADMIN_QUEUE_ENTRIES,
             sqid: 0,
             sq_flow_disabled: false,
+            discard: Vec::new(),
         }
     }
 
@@ -168,7 +172,16 @@ impl<B: DataBuffer> TargetQueue<B> {
                 iwarp::Event::ConnectRequest { private_data, .. } => self.on_connect_request(&private_data)?,
                 iwarp::Event::Send(m) => self.on_send(m)?,
                 iwarp::Event::ReadDone { id, buf } => {
-                    self.events.push_back(Event::Data { cid: id as u16, data: buf });
+                    let cid = id as u16;
+                    // Read Responses come in the order of their requests,
+                    // so the first one for an aborted CID is the aborted
+                    // command's (a reused CID's read was requested later).
+                    match self.discard.iter().position(|&c| c == cid) {
+                        Some(i) => {
+                            self.discard.swap_remove(i);
+                        }
+                        None => self.events.push_back(Event::Data { cid, data: buf }),
+                    }
                 }
                 iwarp::Event::Terminated(code) => self.events.push_back(Event::HostTerminated(code)),
                 iwarp::Event::Established { .. } | iwarp::Event::Rejected { .. } => {}
@@ -236,6 +249,21 @@ impl<B: DataBuffer> TargetQueue<B> {
         if let Some(k) = self.keyed.get(&cid) {
             self.conn.read(u64::from(cid), B::alloc(len.min(k.len) as usize), k.key, k.addr);
         }
+    }
+
+    /// Gives up the write data of `cid` (its command is being aborted): the
+    /// RDMA Read already requested cannot be recalled, so its response is
+    /// dropped when it arrives. `false` when no read of `cid` is
+    /// outstanding (its data arrived already, or it has no keyed SGL) or
+    /// when as many responses as the queue has entries are already to be
+    /// dropped.
+    pub fn cancel_data(&mut self, cid: u16) -> bool {
+        let arrived = self.events.iter().any(|e| matches!(e, Event::Data { cid: c, .. } if *c == cid));
+        if arrived || !self.keyed.contains_key(&cid) || self.discard.len() >= usize::from(self.sq_entries) {
+            return false;
+        }
+        self.discard.push(cid);
+        true
     }
 
     /// Sends read data for `cid` into the host's keyed buffer, then the

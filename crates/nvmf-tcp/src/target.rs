@@ -96,7 +96,9 @@ pub enum Event<B> {
 
 struct Transfer<B> {
     cid: u16,
-    buf: B,
+    /// Where the data goes; `None` once the command was aborted: what the
+    /// host still sends for it is checked and dropped.
+    buf: Option<B>,
     len: u32,
     received: u32,
     digest_failed: bool,
@@ -125,6 +127,8 @@ pub struct TargetConnection<B> {
     r2t_bytes: u64,
     /// R2Ts that wait for buffer room: (cid, length).
     r2t_waiting: VecDeque<(u16, u32)>,
+    /// Transfers of aborted commands whose data is still to be dropped.
+    discarding: u16,
 }
 
 impl<B: DataBuffer> TargetConnection<B> {
@@ -149,6 +153,7 @@ impl<B: DataBuffer> TargetConnection<B> {
             outstanding: 0,
             r2t_bytes: 0,
             r2t_waiting: VecDeque::new(),
+            discarding: 0,
         }
     }
 
@@ -374,7 +379,9 @@ impl<B: DataBuffer> TargetConnection<B> {
         }
         let src = self.rx.get(data).unwrap_or_default();
         let dst_start = datao as usize;
-        if let Some(dst) = t.buf.as_mut().get_mut(dst_start..dst_start.saturating_add(src.len())) {
+        if let Some(dst) =
+            t.buf.as_mut().and_then(|b| b.as_mut().get_mut(dst_start..dst_start.saturating_add(src.len())))
+        {
             dst.copy_from_slice(src);
         }
         t.received = end.unwrap_or(t.len);
@@ -390,12 +397,18 @@ impl<B: DataBuffer> TargetConnection<B> {
             }
             if let Some(done) = self.transfers.get_mut(usize::from(ttag)).and_then(Option::take) {
                 self.free_ttags.push(ttag);
+                let Some(buf) = done.buf else {
+                    // An aborted command's data, all dropped: the TTAG may
+                    // now serve another transfer.
+                    self.discarding = self.discarding.saturating_sub(1);
+                    return Ok(());
+                };
                 self.r2t_bytes = self.r2t_bytes.saturating_sub(u64::from(done.len));
                 self.start_waiting_r2ts();
                 self.events.push_back(if done.digest_failed {
                     Event::DataDigestError { cid: done.cid }
                 } else {
-                    Event::Data { cid: done.cid, data: done.buf }
+                    Event::Data { cid: done.cid, data: buf }
                 });
             }
         } else if last {
@@ -422,6 +435,33 @@ impl<B: DataBuffer> TargetConnection<B> {
         self.send_r2t(cid, len);
     }
 
+    /// Gives up the data transfer of `cid` (its command is being aborted):
+    /// an R2T still waiting for buffer room is never sent; one sent has its
+    /// buffer and budget released, and the H2CData the host still sends
+    /// for its TTAG is checked as usual and dropped, never delivered (the
+    /// TTAG is reused once the host sent the last of it). `false` when no
+    /// transfer of `cid` is outstanding (its data arrived already, or it
+    /// never needed any) or when as many aborted transfers as the queue
+    /// has entries are already being dropped.
+    pub fn cancel_data(&mut self, cid: u16) -> bool {
+        if let Some(i) = self.r2t_waiting.iter().position(|&(c, _)| c == cid) {
+            self.r2t_waiting.remove(i);
+            return true;
+        }
+        if self.discarding >= self.sq_entries {
+            return false;
+        }
+        let Some(t) = self.transfers.iter_mut().flatten().find(|t| t.cid == cid && t.buf.is_some()) else {
+            return false;
+        };
+        t.buf = None;
+        let len = t.len;
+        self.discarding = self.discarding.saturating_add(1);
+        self.r2t_bytes = self.r2t_bytes.saturating_sub(u64::from(len));
+        self.start_waiting_r2ts();
+        true
+    }
+
     /// Sends the waiting R2Ts that fit in the buffer budget now.
     fn start_waiting_r2ts(&mut self) {
         while let Some(&(cid, len)) = self.r2t_waiting.front() {
@@ -444,7 +484,7 @@ impl<B: DataBuffer> TargetConnection<B> {
             }
         };
         if let Some(slot) = self.transfers.get_mut(usize::from(ttag)) {
-            *slot = Some(Transfer { cid, buf: B::alloc(len as usize), len, received: 0, digest_failed: false });
+            *slot = Some(Transfer { cid, buf: Some(B::alloc(len as usize)), len, received: 0, digest_failed: false });
         }
         let r2t = R2t {
             ch: pdu::common_header(PduType::R2T, 0),

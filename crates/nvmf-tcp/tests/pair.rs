@@ -498,3 +498,53 @@ fn r2ts_wait_for_buffer_room_and_follow_in_order() {
     t.take_transmit(&mut wire);
     assert_eq!(r2ts(&wire), vec![(9, 0, 16 << 20)]);
 }
+
+#[test]
+fn an_aborted_transfer_drops_its_late_data_and_frees_its_room() {
+    let mut h = HostConnection::new(HostConfig { header_digest: false, data_digest: false, max_in_capsule: 8192 });
+    let mut t = Target::new(TargetConfig { r2t_buffer: 8192, ..Default::default() });
+    step(&mut h, &mut t, &mut Backend::default());
+    t.set_queue(1, 3, false);
+    t.request_data(1, 8192);
+    t.request_data(2, 8192);
+    t.request_data(3, 8192);
+    let mut wire = Vec::new();
+    t.take_transmit(&mut wire);
+    assert_eq!(r2ts(&wire), vec![(1, 0, 8192)], "the others wait for room");
+    // A waiting R2T is simply never sent.
+    assert!(t.cancel_data(3));
+    // Cancelling the one in flight gives its room to the next.
+    assert!(t.cancel_data(1));
+    let mut wire = Vec::new();
+    t.take_transmit(&mut wire);
+    assert_eq!(r2ts(&wire), vec![(2, 1, 8192)], "cid 2 gets the room, on a fresh TTAG");
+    assert!(!t.cancel_data(1), "already cancelled");
+    assert!(!t.cancel_data(9), "no such transfer");
+    // The host's late data for the aborted transfer is checked and dropped.
+    t.handle_input(&h2c(1, 0, 0, &[7; 4096], false)).expect("late data is no error");
+    t.handle_input(&h2c(1, 0, 4096, &[7; 4096], true)).expect("late data is no error");
+    assert!(t.poll_event().is_none(), "nothing of the aborted transfer is delivered");
+    // Its TTAG is free again once the host sent the last of it.
+    t.handle_input(&h2c(2, 1, 0, &[2; 8192], true)).expect("data");
+    assert!(matches!(t.poll_event(), Some(Event::Data { cid: 2, .. })));
+    t.request_data(4, 8192);
+    let mut wire = Vec::new();
+    t.take_transmit(&mut wire);
+    assert_eq!(r2ts(&wire), vec![(4, 1, 8192)]);
+    // Data beyond the aborted transfer is still a protocol error.
+    assert!(t.cancel_data(4));
+    let term = term_after(&mut t, &h2c(4, 1, 0, &[0; 16384], true));
+    assert_eq!(term.fes.get(), Fes::DATA_OUT_OF_RANGE.0);
+}
+
+#[test]
+fn no_more_aborted_transfers_are_dropped_at_once_than_the_queue_has_entries() {
+    let (_h, mut t, _b) = pair(false, false);
+    t.set_queue(1, 1, false); // two entries
+    for cid in 0..3 {
+        t.request_data(cid, 512);
+    }
+    assert!(t.cancel_data(0));
+    assert!(t.cancel_data(1));
+    assert!(!t.cancel_data(2), "a third transfer whose data would be dropped: not cancelled");
+}

@@ -67,11 +67,7 @@ impl<D: BlockDevice> Queue<D> {
                 Outcome::Deferred
             }
             Admin::KEEP_ALIVE => Outcome::status(cid, Status::SUCCESS),
-            Admin::ABORT if !discovery => {
-                // Commands here run to completion quickly; report "not
-                // aborted" (DW0 bit 0 set), which the spec always permits.
-                Outcome::Complete { cqe: Cqe::new(cid, Status::SUCCESS, 1), data: Vec::new() }
-            }
+            Admin::ABORT if !discovery => self.abort_command(ctrl, cid, sqe.cdw10.get()),
             _ => {
                 drop(data);
                 log::debug!("{}: admin opcode {:#04x} unsupported", self.peer, sqe.opcode);

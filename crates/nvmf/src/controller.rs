@@ -43,6 +43,8 @@ pub struct Controller<D> {
     pub hostid: [u8; 16],
     pub(crate) subsystem: Weak<Subsystem<D>>,
     pub(crate) state: Mutex<CtrlState>,
+    /// Aborts between the admin queue and the I/O queues.
+    pub(crate) aborts: Mutex<crate::abort::Mailbox>,
     last_keep_alive_ms: AtomicU64,
     dead: AtomicBool,
     /// CSTS.RDY, readable without the lock: every I/O command checks it.
@@ -78,6 +80,7 @@ impl<D: BlockDevice> Controller<D> {
                 temp_threshold: 0x0157, // 343 K
                 ..Default::default()
             }),
+            aborts: Mutex::default(),
             last_keep_alive_ms: AtomicU64::new(now_ms),
             dead: AtomicBool::new(false),
             ready: AtomicBool::new(false),

@@ -115,7 +115,7 @@ fn controller<D: BlockDevice>(
     );
     p.u8(c::RAB, 6).u16(c::CNTLID, ctrl.cntlid).u32(c::VER, regs::VERSION_1_4);
     p.u8(c::MDTS, mdts);
-    p.u8(c::ACL, 3).u8(c::AERL, (crate::admin::AER_LIMIT - 1) as u8);
+    p.u8(c::ACL, (crate::abort::ABORT_LIMIT - 1) as u8).u8(c::AERL, (crate::admin::AER_LIMIT - 1) as u8);
     p.u8(c::LPA, if subsys.discovery { c::LPA_EXTENDED } else { c::LPA_CMD_EFFECTS | c::LPA_EXTENDED });
     p.u8(c::ELPE, 0).u8(c::NPSS, 0);
     p.u16(c::KAS, 1);

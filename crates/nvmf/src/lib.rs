@@ -13,6 +13,7 @@
 #![forbid(unsafe_code)]
 #![deny(clippy::unwrap_used, clippy::indexing_slicing)]
 
+mod abort;
 mod admin;
 mod controller;
 mod identify;
@@ -22,6 +23,7 @@ mod logpage;
 mod model;
 mod queue;
 
+pub use abort::{AbortRequest, Doorbell};
 pub use controller::Controller;
 pub use io::{io_error_status, BlockOp, BlockRequest};
 pub use model::{Namespace, Port, Settings, Subsystem, Target, Transport, CNTLID_MAX, CNTLID_MIN};

@@ -77,7 +77,7 @@ impl<B, D> Outcome<B, D> {
 
 /// A command waiting for its host data.
 #[derive(Debug)]
-struct Pending {
+pub(crate) struct Pending {
     sqe: Sqe,
     data_len: u32,
 }
@@ -93,7 +93,7 @@ pub struct Queue<D> {
     pub(crate) ns_cache: Vec<Option<Arc<Namespace<D>>>>,
     pub(crate) ns_cache_gen: u64,
     pub(crate) ns_subsys: Option<Arc<Subsystem<D>>>,
-    pending: FxHashMap<u16, Pending>,
+    pub(crate) pending: FxHashMap<u16, Pending>,
 }
 
 impl<D: BlockDevice> Queue<D> {
@@ -513,6 +513,7 @@ impl<D: BlockDevice> Queue<D> {
     /// an I/O queue frees its queue ID.
     pub fn close(&mut self) {
         self.pending.clear();
+        self.close_aborts();
         match std::mem::replace(&mut self.kind, QueueKind::Unconnected) {
             QueueKind::Admin(c) => {
                 log::info!("{}: controller {} admin queue closed", self.peer, c.cntlid);
