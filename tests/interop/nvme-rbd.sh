@@ -10,7 +10,7 @@
 #               refused host) against one gateway whose namespaces are rbd
 #               images (512-byte and 4 KiB LBAs).
 #   multipath   two gateways export one image (layering only, as
-#               docs/rbd.md recommends) under one NQN with disjoint
+#               docs/ceph.md recommends) under one NQN with disjoint
 #               controller IDs; the kernel's native multipath must show one
 #               namespace with two paths; gateway A is killed with SIGKILL
 #               while fio writes with crc32c verification, and fio's run,
