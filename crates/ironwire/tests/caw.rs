@@ -10,7 +10,7 @@ mod common;
 
 use common::{block_on, bounded, Daemon};
 use initiator::iscsi::{cdb, LoginOptions, ScsiResult, Session};
-use initiator::{cmd, Controller, Options};
+use initiator::{cmd, Controller, Options, Status};
 use std::net::SocketAddr;
 use std::time::Duration;
 
@@ -199,5 +199,88 @@ fn compare_and_write_holds_only_its_own_blocks() {
         assert_eq!(order, [elsewhere, caw, same], "completion order (write elsewhere, CAW, write to its block)");
         assert!(s.read16(1, 0, 1, BLOCK).await.expect("read") == pattern(0xb), "the waiting write landed last");
         assert!(s.read16(1, 8, 1, BLOCK).await.expect("read") == pattern(0xe));
+    }));
+}
+
+/// `sqe` with CDW0 FUSE set to `fuse` (01b first, 10b second).
+fn fused(mut sqe: nvme_spec::Sqe, fuse: u8) -> nvme_spec::Sqe {
+    sqe.flags |= fuse;
+    sqe
+}
+
+/// Sends a fused Compare (`expected`) + Write (`data`) of block `lba` of
+/// namespace 1 and returns both statuses (Compare's, Write's).
+async fn fused_compare_and_write(
+    q: &mut initiator::Queue,
+    lba: u64,
+    expected: Vec<u8>,
+    data: Vec<u8>,
+) -> (Status, Status) {
+    let compare = q.submit(fused(cmd::compare(1, lba, 1), 0b01), expected, 0).expect("submit Compare");
+    let write = q.submit(fused(cmd::write(1, lba, 1), 0b10), data, 0).expect("submit Write");
+    q.flush().await.expect("send the pair");
+    let (mut c, mut w) = (None, None);
+    for _ in 0..2 {
+        let done = q.next_completion().await.expect("completion");
+        let cid = done.cqe.cid.get();
+        if cid == compare {
+            c = Some(done.cqe.status());
+        } else {
+            assert_eq!(cid, write, "a completion for neither half");
+            w = Some(done.cqe.status());
+        }
+    }
+    (c.expect("Compare completed"), w.expect("Write completed"))
+}
+
+async fn nvme_read_block(q: &mut initiator::Queue, lba: u64) -> Vec<u8> {
+    let done = q.execute(cmd::read(1, lba, 1), Vec::new(), BLOCK).await.expect("read");
+    assert!(done.cqe.status().is_success(), "read: {}", done.cqe.status());
+    done.data
+}
+
+#[test]
+fn nvme_fused_compare_and_write_writes_on_a_match_and_aborts_the_write_on_a_mismatch() {
+    let d = start("fused");
+    block_on(bounded(30, async {
+        let mut c = controller(&d).await;
+        let q = c.io_queue(0).expect("I/O queue");
+        let done = q.execute(cmd::write(1, 3, 1), pattern(0xa), 0).await.expect("write A");
+        assert!(done.cqe.status().is_success());
+        let (cs, ws) = fused_compare_and_write(q, 3, pattern(0xa), pattern(0xc)).await;
+        assert_eq!((cs, ws), (Status::SUCCESS, Status::SUCCESS), "matching pair");
+        assert!(nvme_read_block(q, 3).await == pattern(0xc), "the matching pair wrote");
+        let (cs, ws) = fused_compare_and_write(q, 3, pattern(0xa), pattern(0xd)).await;
+        assert_eq!((cs, ws), (Status::COMPARE_FAILURE, Status::ABORTED_FAILED_FUSED), "stale compare");
+        assert!(nvme_read_block(q, 3).await == pattern(0xc), "a miscompare leaves the block unchanged");
+        // A second half alone is refused, and writes nothing.
+        let done = q.execute_raw(fused(cmd::write(1, 3, 1), 0b10), pattern(0xe), 0).await.expect("lone Write");
+        assert_eq!(done.cqe.status(), Status::ABORTED_MISSING_FUSED);
+        assert!(nvme_read_block(q, 3).await == pattern(0xc), "the lone half wrote nothing");
+    }));
+}
+
+#[test]
+fn nvme_write_under_way_is_not_overwritten_by_a_fused_compare_and_write_that_read_before_it() {
+    let d = start("fused-race");
+    block_on(bounded(30, async {
+        let mut c = controller(&d).await;
+        let mut other = controller(&d).await;
+        let q = c.io_queue(0).expect("I/O queue");
+        let done = q.execute(cmd::write(1, 0, 1), pattern(0xa), 0).await.expect("write A");
+        assert!(done.cqe.status().is_success());
+        let w = other.io_queue(0).expect("I/O queue");
+        w.submit(cmd::write(1, 0, 1), pattern(0xb), 0).expect("submit B");
+        w.flush().await.expect("send B");
+        reactor::sleep(SETTLE).await;
+        let (cs, ws) = fused_compare_and_write(q, 0, pattern(0xa), pattern(0xc)).await;
+        assert!(
+            (cs, ws) == (Status::SUCCESS, Status::SUCCESS)
+                || (cs, ws) == (Status::COMPARE_FAILURE, Status::ABORTED_FAILED_FUSED),
+            "fused pair: {cs} / {ws}"
+        );
+        let done = w.next_completion().await.expect("write B completes");
+        assert!(done.cqe.status().is_success(), "write B: {}", done.cqe.status());
+        assert!(nvme_read_block(q, 0).await == pattern(0xb), "block 0 must end as B, whichever went first");
     }));
 }

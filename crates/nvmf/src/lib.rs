@@ -15,6 +15,7 @@
 
 mod admin;
 mod controller;
+mod fused;
 mod identify;
 mod io;
 mod logpage;
