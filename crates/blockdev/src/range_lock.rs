@@ -287,11 +287,12 @@ impl WriteGate {
         if state & LOCKED != 0 {
             return None;
         }
-        let entry = match self.slots.get(thread_index()) {
+        let thread = thread_index();
+        let entry = match self.slots.get(thread) {
             Some(slot) => {
                 // Only this thread stores to its slot: no read-modify-write.
                 slot.0.store(slot.0.load(Ordering::Relaxed).wrapping_add(1), Ordering::Relaxed);
-                Entry::Slot(thread_index())
+                Entry::Slot(thread)
             }
             None => {
                 self.shared.fetch_add(1, Ordering::SeqCst);

@@ -93,11 +93,38 @@ fn compare_and_write16(lba: u64) -> [u8; 16] {
 }
 
 async fn session(d: &Daemon) -> Session {
+    session_as(d, INITIATOR).await
+}
+
+async fn session_as(d: &Daemon, initiator: &str) -> Session {
     let portal = SocketAddr::from(([127, 0, 0, 1], d.addr.port() + 1));
-    let mut s = Session::connect(portal, LoginOptions::new(INITIATOR, Some(IQN))).await.expect("login");
+    let mut s = Session::connect(portal, LoginOptions::new(initiator, Some(IQN))).await.expect("login");
     s.clear_unit_attentions(0).await.expect("LUN 0 ready");
     s.clear_unit_attentions(1).await.expect("LUN 1 ready");
     s
+}
+
+/// The reactor serving `initiator`'s session (`ctl hosts --json`).
+fn reactor_of(d: &Daemon, initiator: &str) -> u64 {
+    let hosts: serde_json::Value = serde_json::from_str(&d.ctl("hosts --json").expect("ctl hosts")).expect("JSON");
+    let sessions = hosts["iscsi"].as_array().expect("iscsi sessions");
+    let s = sessions.iter().find(|s| s["initiator"] == initiator).unwrap_or_else(|| panic!("{initiator}: {hosts:#}"));
+    s["reactor"].as_u64().expect("reactor index")
+}
+
+/// A session served by another reactor than `initiator`'s: SO_REUSEPORT
+/// spreads connections by their addresses, so a few tries find one.
+async fn session_on_another_reactor(d: &Daemon, initiator: &str) -> Session {
+    let theirs = reactor_of(d, initiator);
+    for i in 0..32 {
+        let name = format!("{INITIATOR}-{i}");
+        let s = session_as(d, &name).await;
+        if reactor_of(d, &name) != theirs {
+            return s;
+        }
+        s.logout().await.expect("logout");
+    }
+    panic!("32 sessions all landed on reactor {theirs}");
 }
 
 async fn controller(d: &Daemon) -> Controller {
@@ -139,12 +166,13 @@ async fn assert_block_0_holds_b(caw: &mut Session, matched: bool) {
     );
 }
 
+/// The plain write comes from a session on the other reactor.
 #[test]
 fn iscsi_write_under_way_is_not_overwritten_by_a_compare_and_write_that_read_before_it() {
     let d = start("iscsi-write");
     block_on(bounded(30, async {
         let mut caw = session(&d).await;
-        let mut w = session(&d).await;
+        let mut w = session_on_another_reactor(&d, INITIATOR).await;
         caw.write16(0, 0, BLOCK, pattern(0xa)).await.expect("write A");
         let itt = w.submit(0, &cdb::write16(0, 1), pattern(0xb), 0).expect("submit B");
         w.flush().await.expect("send B");
