@@ -20,6 +20,7 @@ mod file;
 mod fixed;
 mod iobuf;
 mod ram;
+mod range_lock;
 
 use std::fmt;
 use std::io;
@@ -31,10 +32,12 @@ use std::time::Duration;
 pub use block::{BlockDevice, Error, Geometry, MAX_BLOCK_SIZE, MIN_BLOCK_SIZE};
 pub use fixed::{arena_usage, register_buffers};
 pub use iobuf::{IoBuf, IO_BUF_ALIGN};
+pub use range_lock::RangeLock;
 pub use rbd::Options as RbdOptions;
 
 use file::FileBackend;
 use ram::RamRegion;
+use range_lock::{Range, WriteGate};
 
 /// Which backend a device uses.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -129,6 +132,8 @@ pub struct Device {
     flush_failed: OnceLock<String>,
     /// [`BlockDevice::shared_identity`]: rbd images only.
     shared: Option<String>,
+    /// The LBA range lock every write passes (docs/architecture.md).
+    gate: WriteGate,
 }
 
 /// Latency added to every read and every write, for tests of what happens
@@ -192,6 +197,7 @@ impl Device {
             latency: Latency::default(),
             flush_failed: OnceLock::new(),
             shared: None,
+            gate: WriteGate::new(),
         })
     }
 
@@ -208,6 +214,7 @@ impl Device {
             latency: Latency::default(),
             flush_failed: OnceLock::new(),
             shared: None,
+            gate: WriteGate::new(),
         })
     }
 
@@ -254,6 +261,7 @@ impl Device {
             latency: Latency::default(),
             flush_failed: OnceLock::new(),
             shared: None,
+            gate: WriteGate::new(),
         })
     }
 
@@ -289,6 +297,7 @@ impl Device {
             latency: Latency::default(),
             flush_failed: OnceLock::new(),
             shared: None,
+            gate: WriteGate::new(),
         })
     }
 
@@ -315,6 +324,7 @@ impl Device {
             backend: Backend::Rbd(image),
             latency: Latency::default(),
             flush_failed: OnceLock::new(),
+            gate: WriteGate::new(),
         })
     }
 
@@ -419,6 +429,11 @@ impl Device {
             Ok(offset) => offset,
             Err(e) => return Some(Err(e)),
         };
+        if matches!(self.backend, Backend::File(_) | Backend::Rbd(_)) {
+            return None;
+        }
+        // A write that would wait for a locked range goes the async way.
+        let _token = self.gate.try_write(self.block_range(lba, src.len()))?;
         match &self.backend {
             Backend::Null => Some(Ok(())),
             Backend::Ram(ram) => Some(ram.write(offset, src).map_err(Error::from)),
@@ -468,7 +483,8 @@ impl Device {
     }
 
     /// Writes `buf` (a whole number of blocks) starting at `lba`. With `fua`
-    /// the data is durable when this returns.
+    /// the data is durable when this returns. Waits while the blocks
+    /// overlap a [`RangeLock`].
     pub async fn write(&self, lba: u64, buf: IoBuf, fua: bool) -> (Result<(), Error>, IoBuf) {
         if !self.latency.write.is_zero() {
             reactor::sleep(self.latency.write).await;
@@ -477,8 +493,54 @@ impl Device {
     }
 
     /// As [`write`](Self::write) without the injected latency (see
-    /// [`read_undelayed`](Self::read_undelayed)).
+    /// [`read_undelayed`](Self::read_undelayed)): the transport has waited
+    /// it out where an abort can still cancel the command. Waits while the
+    /// blocks overlap a [`RangeLock`].
     pub async fn write_undelayed(&self, lba: u64, buf: IoBuf, fua: bool) -> (Result<(), Error>, IoBuf) {
+        let _token = match self.gate.write(self.block_range(lba, buf.len())).await {
+            Ok(token) => token,
+            Err(e) => return (Err(Error::Io(e)), buf),
+        };
+        self.write_unchecked(lba, buf, fua).await
+    }
+
+    /// Writes `buf` at `lba` inside the range `lock` holds (the second
+    /// half of a compare-and-write), without waiting for the lock.
+    /// [`Error::Unsupported`] when the blocks are not all inside it.
+    pub async fn write_locked(
+        &self,
+        lock: &RangeLock<'_>,
+        lba: u64,
+        buf: IoBuf,
+        fua: bool,
+    ) -> (Result<(), Error>, IoBuf) {
+        if !std::ptr::eq(lock.gate(), &self.gate) || !lock.covers(lba, self.block_count(buf.len())) {
+            return (Err(Error::Unsupported("write outside the locked range")), buf);
+        }
+        self.write_unchecked(lba, buf, fua).await
+    }
+
+    /// Locks `blocks` blocks at `lba` against every other write to them
+    /// (from any reactor, protocol or export of this device): waits,
+    /// without blocking the reactor, for the writes already under way on
+    /// the device and for earlier locks of overlapping blocks. Writes to
+    /// other blocks go on. For compare-and-write: read, compare and
+    /// [`write_locked`](Self::write_locked) while holding it.
+    pub async fn lock_range(&self, lba: u64, blocks: u64) -> Result<RangeLock<'_>, Error> {
+        self.byte_range(lba, blocks)?;
+        self.gate.lock(Range::new(lba, blocks)).await.map_err(Error::Io)
+    }
+
+    /// The blocks `len` bytes at `lba` cover (range-checked later).
+    fn block_range(&self, lba: u64, len: usize) -> Range {
+        Range::new(lba, self.block_count(len))
+    }
+
+    fn block_count(&self, len: usize) -> u64 {
+        (len as u64).div_ceil(u64::from(self.geometry.block_size))
+    }
+
+    async fn write_unchecked(&self, lba: u64, buf: IoBuf, fua: bool) -> (Result<(), Error>, IoBuf) {
         let offset = match self.io_offset(lba, buf.len()) {
             Ok(offset) => offset,
             Err(e) => return (Err(e), buf),
@@ -542,6 +604,7 @@ impl Device {
     /// backend may also release their storage (hole punch, unmap).
     pub async fn write_zeroes(&self, lba: u64, blocks: u64, deallocate: bool) -> Result<(), Error> {
         let (offset, len) = self.byte_range(lba, blocks)?;
+        let _token = self.gate.write(Range::new(lba, blocks)).await?;
         match &self.backend {
             Backend::Null => Ok(()),
             Backend::Ram(ram) => Ok(ram.zero(offset, usize_len(len)?)?),
@@ -556,6 +619,7 @@ impl Device {
     /// hint.
     pub async fn deallocate(&self, lba: u64, blocks: u64) -> Result<(), Error> {
         let (offset, len) = self.byte_range(lba, blocks)?;
+        let _token = self.gate.write(Range::new(lba, blocks)).await?;
         match &self.backend {
             Backend::Null => Ok(()),
             Backend::Ram(ram) => Ok(ram.zero(offset, usize_len(len)?)?),
@@ -571,7 +635,7 @@ impl Device {
     /// range inside one 512-byte sector (Ceph 16's limit for
     /// `rbd_aio_compare_and_write`), which is atomic across every gateway
     /// of the image. Other devices and ranges compare and write in the
-    /// caller, under its own lock.
+    /// caller, under [`lock_range`](Self::lock_range).
     pub fn atomic_compare_and_write(&self, lba: u64, len: usize) -> bool {
         let Ok((offset, _)) = self.byte_range(lba, 0) else { return false };
         matches!(self.backend, Backend::Rbd(_)) && len > 0 && (offset % 512) as usize + len <= 512

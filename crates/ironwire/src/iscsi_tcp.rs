@@ -35,12 +35,10 @@ impl scsi::DataOut for Buf {
     }
 }
 
-/// A logical unit and the lock that makes COMPARE AND WRITE atomic against
-/// other COMPARE AND WRITEs of the unit.
+/// A logical unit as the driver holds it.
 pub struct Unit {
     /// The SCSI logical unit.
     pub lu: Arc<LogicalUnit>,
-    caw_busy: AtomicBool,
     /// Commands of this unit between dispatch and answer, on every reactor.
     busy: AtomicU32,
     /// Set when ctl removed the unit: no command starts on it any more.
@@ -56,18 +54,9 @@ impl Drop for Busy {
     }
 }
 
-/// Holds a unit's COMPARE AND WRITE flag; clears it when dropped.
-struct CawGuard<'a>(&'a AtomicBool);
-
-impl Drop for CawGuard<'_> {
-    fn drop(&mut self) {
-        self.0.store(false, Ordering::Release);
-    }
-}
-
 impl Unit {
     fn new(lu: Arc<LogicalUnit>) -> Unit {
-        Unit { lu, caw_busy: AtomicBool::new(false), busy: AtomicU32::new(0), retired: AtomicBool::new(false) }
+        Unit { lu, busy: AtomicU32::new(0), retired: AtomicBool::new(false) }
     }
 
     /// Counts a command starting on the unit; `None` once it is retired.
@@ -96,15 +85,6 @@ impl Unit {
             }
             std::thread::sleep(Duration::from_millis(1));
         }
-    }
-
-    /// Takes the unit's COMPARE AND WRITE flag, waiting (without blocking
-    /// the reactor) while another task on any reactor holds it.
-    async fn lock_caw(&self) -> CawGuard<'_> {
-        while self.caw_busy.compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed).is_err() {
-            reactor::sleep(Duration::from_micros(50)).await;
-        }
-        CawGuard(&self.caw_busy)
     }
 }
 
@@ -896,7 +876,7 @@ async fn run_io(conn: Rc<Conn>, itt: TaskRef, busy: Busy, op: BlockOp<Buf>, resi
             write_same(&conn, itt, device, lba, blocks, &block.0, fua).await.map(|()| None).map_err(sense)
         }
         BlockOp::CompareAndWrite { lba, blocks, data, fua } => {
-            compare_and_write(&conn, itt, unit, device, lba, blocks as usize * bs, data.0, fua).await.map(|()| None)
+            compare_and_write(&conn, itt, device, lba, blocks as usize * bs, data.0, fua).await.map(|()| None)
         }
         BlockOp::Flush => device.flush().await.map(|()| None).map_err(sense),
         BlockOp::WriteZeroes { lba, blocks, unmap } => {
@@ -960,42 +940,40 @@ async fn write_same(
 }
 
 /// COMPARE AND WRITE: read, compare with the first half of `data`, write
-/// the second half, all under the unit's lock so that two of them on the
-/// same unit never interleave. An abort while it waits for the lock
-/// cancels it.
-#[allow(clippy::too_many_arguments)]
+/// the second half, all under the device's range lock, so that no other
+/// write to those blocks (any protocol, any reactor, any LU on the device)
+/// lands in between. An abort while it waits for the lock cancels it.
 async fn compare_and_write(
     conn: &Conn,
     task: TaskRef,
-    unit: &Unit,
     device: &blockdev::Device,
     lba: u64,
     len: usize,
     data: IoBuf,
     fua: bool,
 ) -> Result<(), Sense> {
+    let (expected, new) = data.split_at(len);
     if device.atomic_compare_and_write(lba, len) {
         // One backend operation (rbd: on the OSD, so atomic across
         // gateways); a completed write is durable, FUA needs nothing.
-        let (expected, new) = data.split_at(len);
         return match device.compare_and_write(lba, IoBuf::from_slice(expected), IoBuf::from_slice(new)).await {
             Ok(None) => Ok(()),
             Ok(Some(offset)) => Err(Sense::miscompare_at(offset)),
             Err(e) => Err(scsi::io_error_sense(&e, true)),
         };
     }
-    let guard = unit.lock_caw().await;
+    let blocks = (len / device.geometry().block_size as usize) as u64;
+    let lock = device.lock_range(lba, blocks).await.map_err(|e| scsi::io_error_sense(&e, true))?;
     if conn.is_aborted(task) {
         return Ok(());
     }
     let (r, current) = device.read(lba, IoBuf::with_len(len)).await;
     r.map_err(|e| scsi::io_error_sense(&e, false))?;
-    let (expected, new) = data.split_at(len);
     if let Some(sense) = scsi::miscompare(expected, &current) {
         return Err(sense);
     }
-    let r = device.write(lba, IoBuf::from_slice(new), fua).await.0;
-    drop(guard);
+    let r = device.write_locked(&lock, lba, IoBuf::from_slice(new), fua).await.0;
+    drop(lock);
     r.map_err(|e| scsi::io_error_sense(&e, true))
 }
 

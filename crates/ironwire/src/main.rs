@@ -9,6 +9,7 @@ mod conn;
 mod control;
 mod cpu;
 mod edit;
+mod fused;
 mod import;
 mod iscsi_tcp;
 mod lifecycle;

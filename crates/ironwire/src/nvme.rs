@@ -362,6 +362,11 @@ fn dispatch_events<T: Binding>(conn: &Rc<Conn<T>>, now_ms: u64) -> bool {
             conn.shell.tx_ready.notify();
             return false;
         }
+        // Fused halves the last event aborted (nvmf's fused.rs).
+        while let Some(cqe) = conn.queue.borrow_mut().poll_completion() {
+            conn.failed(cqe.status());
+            conn.respond(cqe);
+        }
         let ev = conn.wire.borrow_mut().poll_event();
         let Some(ev) = ev else { break };
         match ev {
@@ -549,6 +554,12 @@ async fn run_io<T: Binding>(conn: Rc<Conn<T>>, req: BlockRequest, t0: u64) {
                 _ if buf[..] == data.0[..] => Status::SUCCESS,
                 _ => Status::COMPARE_FAILURE,
             }
+        }
+        BlockOp::CompareAndWrite { compare_cid, lba, expected, data, fua } => {
+            let (compare, write) = crate::fused::compare_and_write(&device, lba, &expected, &data, fua).await;
+            conn.failed(compare);
+            conn.respond(Cqe::new(compare_cid, compare, 0));
+            write
         }
     };
     conn.record(nsid, kind, t0, status);

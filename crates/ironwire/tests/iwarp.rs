@@ -188,3 +188,67 @@ fn a_send_beyond_the_queue_size_is_refused() {
     assert_eq!(terminated, Some(ErrorCode::DDP_UNTAGGED_NO_BUFFER));
     d.assert_alive();
 }
+
+/// A command of `opcode` on namespace 1, block `lba`, with FUSE `fuse`
+/// and `data` in the capsule (or a zero-length keyed SGL without data).
+fn capsule(opcode: u8, fuse: u8, cid: u16, lba: u64, data: &[u8]) -> Sqe {
+    let mut sqe = Sqe { opcode, flags: 0x40 | fuse, ..Default::default() };
+    sqe.cid = cid.into();
+    sqe.nsid = 1.into();
+    sqe.cdw10 = (lba as u32).into();
+    sqe.cdw11 = ((lba >> 32) as u32).into();
+    sqe.dptr = if data.is_empty() {
+        let mut d = [0u8; 16];
+        d[15] = 0x40; // keyed data block, no data
+        nvme_spec::Sgl::read_from_bytes(&d).expect("sgl")
+    } else {
+        nvme_spec::Sgl::in_capsule(data.len() as u32)
+    };
+    sqe
+}
+
+impl Host {
+    /// Sends `cmds` (with their in-capsule data) and returns each one's
+    /// completion status, in the order of `cmds`.
+    fn run(&mut self, cmds: &[(Sqe, &[u8])]) -> Vec<nvme_spec::Status> {
+        for (sqe, data) in cmds {
+            self.conn.send(sqe.as_bytes(), data, None);
+        }
+        self.flush();
+        let mut statuses = vec![None; cmds.len()];
+        for _ in cmds {
+            let (cqe, _) = self.completion();
+            let at = cmds.iter().position(|(s, _)| s.cid == cqe.cid).expect("a completion for a command sent");
+            statuses[at] = Some(cqe.status());
+        }
+        statuses.into_iter().map(|s| s.expect("completed")).collect()
+    }
+}
+
+#[test]
+fn fused_compare_and_write_over_rdma_writes_only_on_a_match() {
+    use nvme_spec::Status;
+    let mut d = start("fused");
+    let mut admin = Host::connect(d.addr, false, 0);
+    let (cqe, _, _) = admin.fabrics_connect(0, 0xffff);
+    assert!(cqe.status().is_success(), "{cqe:?}");
+    let cntlid = cqe.dw0.get() as u16;
+    let mut cc = capsule(0x7f, 0, 8, 0, &[]);
+    cc.nsid = 0.into(); // fctype Property Set
+    cc.cdw11 = 0x14.into();
+    cc.cdw12 = 0x0046_0001.into();
+    assert_eq!(admin.run(&[(cc, &[])]), [Status::SUCCESS], "CC.EN = 1");
+    let mut io = Host::connect(d.addr, false, 1);
+    let (cqe, _, _) = io.fabrics_connect(1, cntlid);
+    assert!(cqe.status().is_success(), "{cqe:?}");
+    let (a, c, e) = ([0xa; 512], [0xc; 512], [0xe; 512]);
+    assert_eq!(io.run(&[(capsule(0x01, 0, 1, 5, &a), &a)]), [Status::SUCCESS], "write A");
+    let pair = |cid, expected, data| {
+        [(capsule(0x05, 1, cid, 5, expected), expected), (capsule(0x01, 2, cid + 1, 5, data), data)]
+    };
+    assert_eq!(io.run(&pair(2, &a, &c)), [Status::SUCCESS, Status::SUCCESS], "matching pair");
+    assert_eq!(io.run(&pair(4, &a, &e)), [Status::COMPARE_FAILURE, Status::ABORTED_FAILED_FUSED], "stale pair");
+    assert_eq!(io.run(&[(capsule(0x01, 2, 6, 5, &e), &e)]), [Status::ABORTED_MISSING_FUSED], "lone second half");
+    assert_eq!(io.run(&[(capsule(0x05, 0, 7, 5, &c), &c)]), [Status::SUCCESS], "the block holds C");
+    d.assert_alive();
+}

@@ -1,8 +1,9 @@
 //! The daemon on Ceph RBD images of a real cluster (the one `scripts/test`
 //! starts with ceph-peer and names in `IRONWIRE_CEPH_CONF`): NVMe/TCP and
 //! iSCSI write patterns through the daemon that the `rbd` CLI then finds in
-//! the image, flush, deallocate, write zeroes, compare and COMPARE AND
-//! WRITE (one `rbd_aio_compare_and_write`); a cluster that cannot be
+//! the image, flush, deallocate, write zeroes, compare, COMPARE AND WRITE
+//! and NVMe fused Compare and Write (one `rbd_aio_compare_and_write`); a
+//! cluster that cannot be
 //! reached fails `serve` and `ctl add device` with a message naming the
 //! monitors; and the faults: an OSD stopped during I/O (a cluster of the
 //! test's own), `rbd resize` while exported, a blocklisted client.
@@ -155,6 +156,47 @@ fn nvme_tcp_write_zeroes_deallocate_and_compare_on_rbd() {
         assert!(c.read(0, 1, obj, 1).await.expect("read").iter().all(|&b| b == 0), "deallocated object");
     }));
     d.assert_alive();
+}
+
+/// A fused Compare + Write of block `lba` of namespace 1 on I/O queue 0:
+/// both statuses (Compare's, Write's).
+async fn fused_compare_and_write(c: &mut Controller, lba: u64, expected: Vec<u8>, data: Vec<u8>) -> (Status, Status) {
+    let q = c.io_queue(0).expect("I/O queue");
+    let mut first = initiator::cmd::compare(1, lba, 1);
+    first.flags |= 0b01;
+    let mut second = initiator::cmd::write(1, lba, 1);
+    second.flags |= 0b10;
+    let compare = q.submit(first, expected, 0).expect("submit Compare");
+    q.submit(second, data, 0).expect("submit Write");
+    q.flush().await.expect("send the pair");
+    let (a, b) = (q.next_completion().await.expect("completion"), q.next_completion().await.expect("completion"));
+    if a.cqe.cid.get() == compare {
+        (a.cqe.status(), b.cqe.status())
+    } else {
+        (b.cqe.status(), a.cqe.status())
+    }
+}
+
+/// One 512-byte block is one sector: the pair is one
+/// `rbd_aio_compare_and_write`, atomic on the OSD.
+#[test]
+fn nvme_fused_compare_and_write_on_rbd_writes_only_on_a_match() {
+    let Some(conf) = ceph_cluster() else { return };
+    let img = TestImage::new(&conf, "fused");
+    let mut d = nvme_daemon("fused", &img, 512);
+    let (old, new, other) = (pattern(512, 1), pattern(512, 2), pattern(512, 3));
+    block_on(bounded(60, async {
+        let mut c = Controller::connect(d.addr, NQN, HOST, opts()).await.expect("connect");
+        c.write(0, 1, 5, old.clone()).await.expect("write");
+        let statuses = fused_compare_and_write(&mut c, 5, old.clone(), new.clone()).await;
+        assert_eq!(statuses, (Status::SUCCESS, Status::SUCCESS), "matching pair");
+        let statuses = fused_compare_and_write(&mut c, 5, old.clone(), other.clone()).await;
+        assert_eq!(statuses, (Status::COMPARE_FAILURE, Status::ABORTED_FAILED_FUSED), "stale pair");
+        assert!(c.read(0, 1, 5, 1).await.expect("read") == new, "only the matching pair wrote");
+    }));
+    d.assert_alive();
+    drop(d);
+    assert!(img.export()[5 * 512..6 * 512] == new[..], "the image holds the compared-and-written block");
 }
 
 fn iscsi_daemon(tag: &str, img: &TestImage, block_size: u32) -> Daemon {

@@ -128,6 +128,8 @@ pub mod ctrl {
     pub const LPA_CMD_EFFECTS: u8 = 1 << 1;
     /// LPA: extended data (NUMDU, LPOL/LPOU) for Get Log Page.
     pub const LPA_EXTENDED: u8 = 1 << 2;
+    /// FUSES: fused Compare and Write supported.
+    pub const FUSES_COMPARE_AND_WRITE: u16 = 1 << 0;
     /// ONCS: Compare.
     pub const ONCS_COMPARE: u16 = 1 << 0;
     /// ONCS: Dataset Management.

@@ -85,6 +85,11 @@ impl Status {
     pub const ANA_INACCESSIBLE: Status = Status(0x302);
     /// Path related: asymmetric access transition.
     pub const ANA_TRANSITION: Status = Status(0x303);
+    /// Generic: command aborted due to failed fused command (the other
+    /// half of a fused operation failed).
+    pub const ABORTED_FAILED_FUSED: Status = Status(0x09);
+    /// Generic: command aborted due to missing fused command.
+    pub const ABORTED_MISSING_FUSED: Status = Status(0x0a);
     /// Media error: write fault.
     pub const WRITE_FAULT: Status = Status(0x280);
     /// Media error: unrecovered read error.
@@ -133,6 +138,8 @@ impl Status {
             (0, 0x06) => "Internal Error",
             (0, 0x07) => "Command Abort Requested",
             (0, 0x08) => "Command Aborted due to SQ Deletion",
+            (0, 0x09) => "Command Aborted due to Failed Fused Command",
+            (0, 0x0a) => "Command Aborted due to Missing Fused Command",
             (0, 0x0b) => "Invalid Namespace or Format",
             (0, 0x0c) => "Command Sequence Error",
             (0, 0x0f) => "Data SGL Length Invalid",

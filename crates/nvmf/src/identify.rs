@@ -140,6 +140,7 @@ fn controller<D: BlockDevice>(
         p.u8(c::SQES, 0x66).u8(c::CQES, 0x44);
         p.u32(c::NN, MAX_NSID).u32(c::MNAN, MAX_NSID);
         p.u16(c::ONCS, c::ONCS_COMPARE | c::ONCS_DSM | c::ONCS_WRITE_ZEROES);
+        p.u16(c::FUSES, c::FUSES_COMPARE_AND_WRITE);
         // Bit 0: a volatile write cache (some namespace's device had one at
         // Connect); bits 2:1 = 10b: flush to NSID FFFFFFFFh unsupported.
         p.u8(c::VWC, 0x04 | u8::from(ctrl.vwc_present));

@@ -66,6 +66,23 @@ pub enum BlockOp<B> {
         /// Expected data.
         data: B,
     },
+    /// A fused Compare and Write, atomic against every other write to the
+    /// blocks: compare them with `expected` and, if equal, write `data`.
+    /// The request's `cid` is the Write's; on a mismatch the Compare
+    /// completes with Compare Failure and the Write with Command Aborted
+    /// due to Failed Fused Command.
+    CompareAndWrite {
+        /// Command identifier of the Compare (the first half).
+        compare_cid: u16,
+        /// Starting LBA.
+        lba: u64,
+        /// The Compare's data.
+        expected: Vec<u8>,
+        /// The Write's data (the same length).
+        data: Vec<u8>,
+        /// Force Unit Access on the write.
+        fua: bool,
+    },
 }
 
 /// The NVMe status for a failed device operation (`write` tells a failed

@@ -16,6 +16,7 @@
 mod abort;
 mod admin;
 mod controller;
+mod fused;
 mod identify;
 mod io;
 pub mod limits;

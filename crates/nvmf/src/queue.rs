@@ -94,6 +94,10 @@ pub struct Queue<D> {
     pub(crate) ns_cache_gen: u64,
     pub(crate) ns_subsys: Option<Arc<Subsystem<D>>>,
     pub(crate) pending: FxHashMap<u16, Pending>,
+    /// A fused Compare and Write being assembled (`fused.rs`).
+    pub(crate) fused: Option<crate::fused::First<D>>,
+    /// Completions of fused halves aborted because of their partner.
+    pub(crate) fused_done: Vec<Cqe>,
 }
 
 impl<D: BlockDevice> Queue<D> {
@@ -111,6 +115,8 @@ impl<D: BlockDevice> Queue<D> {
             ns_cache_gen: u64::MAX,
             ns_subsys: None,
             pending: FxHashMap::default(),
+            fused: None,
+            fused_done: Vec::new(),
         }
     }
 
@@ -142,6 +148,22 @@ impl<D: BlockDevice> Queue<D> {
             log::warn!("{}: cid {cid} reused while that command still waits for its data", self.peer);
             return Outcome::status(cid, Status::CID_CONFLICT.dnr());
         }
+        if self.fused_path(sqe) {
+            return self.execute_fused(now_ms, sqe, data_len, data);
+        }
+        self.execute_plain(now_ms, sqe, data_len, data)
+    }
+
+    /// [`execute`](Self::execute) of a command that is not part of a
+    /// fused operation (or one half of it, checked as a plain command).
+    pub(crate) fn execute_plain<B: AsRef<[u8]>>(
+        &mut self,
+        now_ms: u64,
+        sqe: &Sqe,
+        data_len: u32,
+        data: Option<B>,
+    ) -> Outcome<B, D> {
+        let cid = sqe.cid.get();
         let out = self.dispatch(now_ms, sqe, data_len, data);
         if let Outcome::NeedData { .. } = out {
             self.pending.insert(cid, Pending { sqe: *sqe, data_len });
@@ -154,6 +176,14 @@ impl<D: BlockDevice> Queue<D> {
     /// it completes with Command Sequence Error.
     pub fn data_arrived<B: AsRef<[u8]>>(&mut self, now_ms: u64, cid: u16, data: B) -> Outcome<B, D> {
         match self.pending.remove(&cid) {
+            Some(p) if crate::fused::fuse(&p.sqe) != 0 && p.sqe.opcode != Admin::FABRICS.0 => {
+                if !self.is_fused_half(cid) {
+                    // Its partner failed while this data was on its way.
+                    return Outcome::status(cid, Status::ABORTED_FAILED_FUSED);
+                }
+                let out = self.dispatch(now_ms, &p.sqe, p.data_len, Some(data));
+                self.fused_half(cid, out)
+            }
             Some(p) => self.dispatch(now_ms, &p.sqe, p.data_len, Some(data)),
             None => {
                 log::warn!("{}: data for cid {cid}, which is not waiting for any", self.peer);
@@ -166,6 +196,7 @@ impl<D: BlockDevice> Queue<D> {
     /// error): the command is forgotten; the transport completes it.
     pub fn data_failed(&mut self, cid: u16) {
         self.pending.remove(&cid);
+        self.fused_half_failed(cid);
     }
 
     /// Commands waiting for their host data.
@@ -514,6 +545,8 @@ impl<D: BlockDevice> Queue<D> {
     pub fn close(&mut self) {
         self.pending.clear();
         self.close_aborts();
+        self.fused = None;
+        self.fused_done.clear();
         match std::mem::replace(&mut self.kind, QueueKind::Unconnected) {
             QueueKind::Admin(c) => {
                 log::info!("{}: controller {} admin queue closed", self.peer, c.cntlid);

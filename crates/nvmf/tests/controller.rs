@@ -911,3 +911,88 @@ fn device_timeout_is_namespace_not_ready_without_dnr() {
     let eio = block::Error::Io(std::io::Error::from_raw_os_error(5));
     assert_eq!(nvmf::io_error_status(&eio, true), Status::WRITE_FAULT);
 }
+
+/// A Compare (FUSE 01b) or Write (FUSE 10b) of one block at `lba`, its
+/// data in the capsule.
+fn fused_sqe(opcode: u8, fuse: u8, cid: u16, lba: u64) -> Sqe {
+    let mut s = read_sqe(cid, 1, lba, 1, 512);
+    s.opcode = opcode;
+    s.flags = fuse;
+    s
+}
+
+fn in_capsule(q: &mut Queue, s: &Sqe, byte: u8) -> Outcome<Vec<u8>> {
+    q.execute(0, s, 512, Some(vec![byte; 512]))
+}
+
+#[test]
+fn fused_compare_and_write_becomes_one_block_request_once_both_halves_are_in() {
+    let t = target();
+    let (mut a, cntlid) = admin(&t);
+    let (st, page) = identify(&mut a, 1, 0);
+    assert!(st.is_success());
+    assert_eq!(page.get(522..524), Some(&[1u8, 0][..]), "FUSES: Compare and Write");
+    let mut io = io_queue(&t, cntlid, 1);
+    // Data in the capsules.
+    assert!(matches!(in_capsule(&mut io, &fused_sqe(0x05, 1, 3, 7), 0xa), Outcome::Deferred));
+    match in_capsule(&mut io, &fused_sqe(0x01, 2, 4, 7), 0xc) {
+        Outcome::Io(req) => {
+            assert_eq!(req.cid, 4, "the request carries the Write's CID");
+            match req.op {
+                BlockOp::CompareAndWrite { compare_cid: 3, lba: 7, expected, data, fua: false } => {
+                    assert_eq!((expected, data), (vec![0xa; 512], vec![0xc; 512]));
+                }
+                other => panic!("{other:?}"),
+            }
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(io.poll_completion().is_none());
+    // Data solicited, the Write's arriving first.
+    assert!(matches!(ex(&mut io, 0, &fused_sqe(0x05, 1, 5, 9)), Outcome::NeedData { len: 512 }));
+    assert!(matches!(ex(&mut io, 0, &fused_sqe(0x01, 2, 6, 9)), Outcome::NeedData { len: 512 }));
+    assert!(matches!(io.data_arrived(0, 6, vec![2; 512]), Outcome::Deferred));
+    match io.data_arrived(0, 5, vec![1; 512]) {
+        Outcome::Io(req) => assert!(matches!(req.op, BlockOp::CompareAndWrite { compare_cid: 5, lba: 9, .. })),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(io.awaiting_data(), 0);
+}
+
+#[test]
+fn lone_or_mismatched_fused_halves_are_aborted_as_missing_their_partner() {
+    let t = target();
+    let (_a, cntlid) = admin(&t);
+    let mut io = io_queue(&t, cntlid, 1);
+    // A second half with no first.
+    assert_eq!(status(&in_capsule(&mut io, &fused_sqe(0x01, 2, 1, 0), 0)), Status::ABORTED_MISSING_FUSED);
+    // A first half followed by a plain command: the command runs, the
+    // Compare is aborted.
+    assert!(matches!(in_capsule(&mut io, &fused_sqe(0x05, 1, 2, 0), 0), Outcome::Deferred));
+    assert!(matches!(ex(&mut io, 0, &read_sqe(3, 1, 0, 1, 512)), Outcome::Io(_)));
+    let cqe = io.poll_completion().expect("the Compare's completion");
+    assert_eq!((cqe.cid.get(), cqe.status()), (2, Status::ABORTED_MISSING_FUSED));
+    // A Write to other blocks is not the partner: both are aborted, and
+    // nothing is written.
+    assert!(matches!(in_capsule(&mut io, &fused_sqe(0x05, 1, 4, 0), 0), Outcome::Deferred));
+    assert_eq!(status(&in_capsule(&mut io, &fused_sqe(0x01, 2, 5, 1), 0)), Status::ABORTED_MISSING_FUSED);
+    let cqe = io.poll_completion().expect("the Compare's completion");
+    assert_eq!((cqe.cid.get(), cqe.status()), (4, Status::ABORTED_MISSING_FUSED));
+    assert!(io.poll_completion().is_none());
+    // Only Compare may be a first half; 11b is reserved.
+    assert_eq!(status(&in_capsule(&mut io, &fused_sqe(0x01, 1, 6, 0), 0)), Status::INVALID_FIELD.dnr());
+    assert_eq!(status(&in_capsule(&mut io, &fused_sqe(0x01, 3, 7, 0), 0)), Status::INVALID_FIELD.dnr());
+}
+
+#[test]
+fn fused_write_that_fails_its_checks_aborts_the_compare_as_failed_fused() {
+    let t = target();
+    let (_a, cntlid) = admin(&t);
+    let mut io = io_queue(&t, cntlid, 1);
+    assert!(matches!(in_capsule(&mut io, &fused_sqe(0x05, 1, 1, 3), 0), Outcome::Deferred));
+    let mut w = fused_sqe(0x01, 2, 2, 3);
+    w.dptr = Sgl::transport(1024); // the SGL says two blocks, NLB one
+    assert_eq!(status(&io.execute(0, &w, 1024, None::<Vec<u8>>)), Status::SGL_DATA_LENGTH_INVALID.dnr());
+    let cqe = io.poll_completion().expect("the Compare's completion");
+    assert_eq!((cqe.cid.get(), cqe.status()), (1, Status::ABORTED_FAILED_FUSED));
+}

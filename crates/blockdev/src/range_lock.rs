@@ -1,0 +1,562 @@
+//! The per-device LBA range lock that makes compare-and-write atomic
+//! against every other write to the same blocks of the device: from any
+//! reactor, any protocol, any target or LUN that shares the device in this
+//! process. SPDK's bdev LBA range lock is the model: a locker quiesces the
+//! writes of every thread before it reads.
+//!
+//! It must never cost a plain write a lock, an atomic read-modify-write, a
+//! fence or an allocation while no range is locked (the data-path rules of
+//! docs/architecture.md), and never block a reactor: whoever waits, waits
+//! asynchronously and is woken by the release it waits for.
+//!
+//! How: [`WriteGate::state`] says whether any lock is pending or held.
+//! While none is, a write takes the fast path: it counts itself in its
+//! thread's own in-flight slot (a plain load and store by the one thread
+//! that writes that slot) and checks the state again. A locker sets the
+//! state, then issues `membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED)`,
+//! which puts a full barrier on every running thread of the process; after
+//! it, either a writer's second check sees the lock (and the writer leaves
+//! the fast path) or the locker sees the writer's count (and waits for it
+//! to drain). That is Dekker's handshake with the writer's half of the
+//! barrier paid by the rare locker. Where membarrier is unavailable the
+//! gate is created with [`FENCE`] set and writers pay a `SeqCst` fence.
+//!
+//! While a lock is pending or held, writes take the slow path under the
+//! table's mutex: a write overlapping no lock starts at once (and is
+//! recorded, so that a later locker waits for it); one overlapping a lock
+//! waits for its release. A lock waits until no fast-path write is in
+//! flight, no recorded write overlaps it and no earlier lock overlaps it
+//! (first come, first served). Reads take no lock.
+
+use std::cell::Cell;
+use std::marker::PhantomData;
+use std::sync::atomic::{compiler_fence, fence, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Mutex, MutexGuard, OnceLock};
+
+/// [`WriteGate::state`]: a lock is pending or held; writes take the slow path.
+const LOCKED: u32 = 1;
+/// [`WriteGate::state`]: no membarrier here; fast-path writers fence.
+const FENCE: u32 = 2;
+
+/// Threads with their own in-flight slot per device; later threads share
+/// one counter updated with atomic read-modify-writes.
+const SLOTS: usize = 64;
+
+static NEXT_THREAD: AtomicUsize = AtomicUsize::new(0);
+
+thread_local! {
+    /// This thread's slot index, assigned at its first write.
+    static THREAD: Cell<usize> = const { Cell::new(usize::MAX) };
+}
+
+fn thread_index() -> usize {
+    THREAD.with(|t| match t.get() {
+        usize::MAX => {
+            let i = NEXT_THREAD.fetch_add(1, Ordering::Relaxed);
+            t.set(i);
+            i
+        }
+        i => i,
+    })
+}
+
+/// `MEMBARRIER_CMD_PRIVATE_EXPEDITED` and its registration (linux/membarrier.h).
+const MEMBARRIER_CMD_PRIVATE_EXPEDITED: libc::c_long = 1 << 3;
+const MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED: libc::c_long = 1 << 4;
+
+fn membarrier(cmd: libc::c_long) -> bool {
+    // SAFETY: membarrier takes no pointers; flags and cpu_id are 0.
+    unsafe { libc::syscall(libc::SYS_membarrier, cmd, 0 as libc::c_long, 0 as libc::c_long) == 0 }
+}
+
+/// Whether this process may use `MEMBARRIER_CMD_PRIVATE_EXPEDITED`
+/// (registered once, at the first device).
+fn membarrier_registered() -> bool {
+    static REGISTERED: OnceLock<bool> = OnceLock::new();
+    *REGISTERED.get_or_init(|| {
+        let ok = membarrier(MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED);
+        if !ok {
+            log::info!(
+                "membarrier(PRIVATE_EXPEDITED) unavailable ({}): every write pays a fence for the range lock",
+                std::io::Error::last_os_error()
+            );
+        }
+        ok
+    })
+}
+
+/// A range of blocks, `[start, end)`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Range {
+    start: u64,
+    end: u64,
+}
+
+impl Range {
+    pub(crate) fn new(lba: u64, blocks: u64) -> Range {
+        Range { start: lba, end: lba.saturating_add(blocks) }
+    }
+
+    /// Whether the two share a block (an empty range shares none).
+    fn overlaps(self, other: Range) -> bool {
+        self.start < self.end && other.start < other.end && self.start < other.end && other.start < self.end
+    }
+}
+
+#[derive(Debug)]
+struct Lock {
+    id: u64,
+    range: Range,
+    granted: bool,
+}
+
+/// The slow path's bookkeeping: locks in arrival order, writes that
+/// started on the slow path, and who waits.
+#[derive(Debug, Default)]
+struct Table {
+    locks: Vec<Lock>,
+    writes: Vec<(u64, Range)>,
+    waiters: Vec<reactor::Ringer>,
+    next_id: u64,
+}
+
+impl Table {
+    fn id(&mut self) -> u64 {
+        self.next_id = self.next_id.wrapping_add(1);
+        self.next_id
+    }
+
+    /// A write may start unless it overlaps a lock, pending or held.
+    fn write_may_start(&self, range: Range) -> bool {
+        !self.locks.iter().any(|l| l.range.overlaps(range))
+    }
+
+    fn add_write(&mut self, range: Range) -> u64 {
+        let id = self.id();
+        self.writes.push((id, range));
+        id
+    }
+
+    fn end_write(&mut self, id: u64) {
+        self.writes.retain(|w| w.0 != id);
+    }
+
+    fn add_lock(&mut self, range: Range) -> u64 {
+        let id = self.id();
+        self.locks.push(Lock { id, range, granted: false });
+        id
+    }
+
+    /// Grants lock `id` if no recorded write and no earlier lock overlaps
+    /// it (the caller has checked the fast-path writes).
+    fn try_grant(&mut self, id: u64) -> bool {
+        let Some(pos) = self.locks.iter().position(|l| l.id == id) else { return false };
+        let Some(range) = self.locks.get(pos).map(|l| l.range) else { return false };
+        if self.locks.iter().take(pos).any(|l| l.range.overlaps(range))
+            || self.writes.iter().any(|w| w.1.overlaps(range))
+        {
+            return false;
+        }
+        if let Some(lock) = self.locks.get_mut(pos) {
+            lock.granted = true;
+        }
+        true
+    }
+
+    fn remove_lock(&mut self, id: u64) {
+        self.locks.retain(|l| l.id != id);
+    }
+
+    fn wake_all(&mut self) {
+        for w in self.waiters.drain(..) {
+            w.ring();
+        }
+    }
+}
+
+/// How a write got in, for its release.
+#[derive(Debug)]
+enum Entry {
+    /// Counted in this thread's slot.
+    Slot(usize),
+    /// Counted in the shared overflow counter.
+    Shared,
+    /// Recorded in the table under this id.
+    Table(u64),
+}
+
+/// The write side of a device's range lock; see the module comment.
+pub(crate) struct WriteGate {
+    /// [`LOCKED`] and [`FENCE`]. Writers only load it.
+    state: AtomicU32,
+    /// In-flight fast-path writes per thread; slot `i` is written only by
+    /// thread `i`.
+    slots: Box<[Slot]>,
+    /// In-flight fast-path writes of threads beyond [`SLOTS`].
+    shared: AtomicU64,
+    table: Mutex<Table>,
+}
+
+/// One thread's in-flight count, alone on its cache line.
+#[repr(align(64))]
+#[derive(Default)]
+struct Slot(AtomicU64);
+
+impl std::fmt::Debug for WriteGate {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WriteGate").field("state", &self.state.load(Ordering::Relaxed)).finish_non_exhaustive()
+    }
+}
+
+/// A write in progress: released when dropped, on the thread that made it
+/// (hence not `Send`: a slot has one writer).
+#[must_use]
+pub(crate) struct WriteToken<'a> {
+    gate: &'a WriteGate,
+    entry: Entry,
+    _thread_bound: PhantomData<*const ()>,
+}
+
+impl Drop for WriteToken<'_> {
+    fn drop(&mut self) {
+        self.gate.end_write(&self.entry);
+    }
+}
+
+/// A held lock on a range of a device's blocks: no other write to those
+/// blocks runs until it is dropped. Its holder writes the range with
+/// [`Device::write_locked`](crate::Device::write_locked).
+#[must_use = "the range is unlocked when this is dropped"]
+pub struct RangeLock<'a> {
+    gate: &'a WriteGate,
+    id: u64,
+    range: Range,
+}
+
+impl std::fmt::Debug for RangeLock<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RangeLock").field("range", &self.range).finish()
+    }
+}
+
+impl RangeLock<'_> {
+    /// Whether `lba`..`lba + blocks` lies inside the locked range.
+    pub(crate) fn covers(&self, lba: u64, blocks: u64) -> bool {
+        let r = Range::new(lba, blocks);
+        self.range.start <= r.start && r.end <= self.range.end
+    }
+
+    pub(crate) fn gate(&self) -> &WriteGate {
+        self.gate
+    }
+}
+
+impl Drop for RangeLock<'_> {
+    fn drop(&mut self) {
+        self.gate.unlock(self.id);
+    }
+}
+
+impl WriteGate {
+    pub(crate) fn new() -> WriteGate {
+        WriteGate {
+            state: AtomicU32::new(if membarrier_registered() { 0 } else { FENCE }),
+            slots: (0..SLOTS).map(|_| Slot::default()).collect(),
+            shared: AtomicU64::new(0),
+            table: Mutex::new(Table::default()),
+        }
+    }
+
+    fn table(&self) -> MutexGuard<'_, Table> {
+        self.table.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Orders this thread's slot update before its next load of `state`
+    /// (the writer's half of the handshake).
+    fn writer_barrier(state: u32) {
+        if state & FENCE != 0 {
+            fence(Ordering::SeqCst);
+        } else {
+            compiler_fence(Ordering::SeqCst);
+        }
+    }
+
+    /// The fast path: `None` when a lock is pending or held.
+    fn try_fast(&self) -> Option<WriteToken<'_>> {
+        let state = self.state.load(Ordering::Relaxed);
+        if state & LOCKED != 0 {
+            return None;
+        }
+        let thread = thread_index();
+        let entry = match self.slots.get(thread) {
+            Some(slot) => {
+                // Only this thread stores to its slot: no read-modify-write.
+                slot.0.store(slot.0.load(Ordering::Relaxed).wrapping_add(1), Ordering::Relaxed);
+                Entry::Slot(thread)
+            }
+            None => {
+                self.shared.fetch_add(1, Ordering::SeqCst);
+                Entry::Shared
+            }
+        };
+        let token = WriteToken { gate: self, entry, _thread_bound: PhantomData };
+        Self::writer_barrier(state);
+        if self.state.load(Ordering::Relaxed) & LOCKED != 0 {
+            // A locker came in between: undo (waking it) and go slow.
+            drop(token);
+            return None;
+        }
+        Some(token)
+    }
+
+    fn end_write(&self, entry: &Entry) {
+        match *entry {
+            Entry::Slot(i) => {
+                if let Some(slot) = self.slots.get(i) {
+                    slot.0.store(slot.0.load(Ordering::Relaxed).wrapping_sub(1), Ordering::Release);
+                }
+                let state = self.state.load(Ordering::Relaxed);
+                Self::writer_barrier(state);
+                if self.state.load(Ordering::Relaxed) & LOCKED != 0 {
+                    // A locker may be waiting for this write to drain.
+                    self.table().wake_all();
+                }
+            }
+            Entry::Shared => {
+                self.shared.fetch_sub(1, Ordering::SeqCst);
+                if self.state.load(Ordering::SeqCst) & LOCKED != 0 {
+                    self.table().wake_all();
+                }
+            }
+            Entry::Table(id) => {
+                let mut t = self.table();
+                t.end_write(id);
+                t.wake_all();
+            }
+        }
+    }
+
+    /// Fast-path writes in flight (the locker reads them after its
+    /// membarrier).
+    fn fast_in_flight(&self) -> bool {
+        self.shared.load(Ordering::SeqCst) != 0 || self.slots.iter().any(|s| s.0.load(Ordering::Acquire) != 0)
+    }
+
+    /// A write to `range` that may start now without waiting: `None` when
+    /// it overlaps a locked range.
+    pub(crate) fn try_write(&self, range: Range) -> Option<WriteToken<'_>> {
+        if let Some(token) = self.try_fast() {
+            return Some(token);
+        }
+        let mut t = self.table();
+        if !t.write_may_start(range) {
+            return None;
+        }
+        Some(WriteToken { gate: self, entry: Entry::Table(t.add_write(range)), _thread_bound: PhantomData })
+    }
+
+    /// Admits a write to `range`, waiting (asynchronously) while it
+    /// overlaps a locked range.
+    pub(crate) async fn write(&self, range: Range) -> std::io::Result<WriteToken<'_>> {
+        if let Some(token) = self.try_fast() {
+            return Ok(token);
+        }
+        loop {
+            let bell = {
+                let mut t = self.table();
+                if t.write_may_start(range) {
+                    let entry = Entry::Table(t.add_write(range));
+                    return Ok(WriteToken { gate: self, entry, _thread_bound: PhantomData });
+                }
+                let (bell, ringer) = reactor::doorbell()?;
+                t.waiters.push(ringer);
+                bell
+            };
+            bell.wait().await?;
+        }
+    }
+
+    /// Locks `range` against every write, waiting (asynchronously) for the
+    /// writes already under way on it and for earlier overlapping locks.
+    pub(crate) async fn lock(&self, range: Range) -> std::io::Result<RangeLock<'_>> {
+        let lock = {
+            let mut t = self.table();
+            let id = t.add_lock(range);
+            if t.locks.len() == 1 {
+                let state = self.state.fetch_or(LOCKED, Ordering::SeqCst);
+                // Under the table's mutex, so no second locker reads the
+                // slots before every fast-path writer has seen the lock or
+                // been counted.
+                if state & FENCE == 0 && !membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED) {
+                    log::error!("membarrier(PRIVATE_EXPEDITED) failed: {}", std::io::Error::last_os_error());
+                }
+                fence(Ordering::SeqCst);
+            }
+            // Dropped before it is granted (a cancelled wait), it still
+            // leaves the table.
+            RangeLock { gate: self, id, range }
+        };
+        loop {
+            let bell = {
+                let mut t = self.table();
+                if !self.fast_in_flight() && t.try_grant(lock.id) {
+                    return Ok(lock);
+                }
+                let (bell, ringer) = reactor::doorbell()?;
+                t.waiters.push(ringer);
+                bell
+            };
+            bell.wait().await?;
+        }
+    }
+
+    fn unlock(&self, id: u64) {
+        let mut t = self.table();
+        t.remove_lock(id);
+        if t.locks.is_empty() {
+            self.state.fetch_and(!LOCKED, Ordering::SeqCst);
+        }
+        t.wake_all();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ranges_overlap_only_when_they_share_a_block() {
+        let r = Range::new(8, 4);
+        assert!(r.overlaps(Range::new(11, 1)));
+        assert!(r.overlaps(Range::new(0, 9)));
+        assert!(r.overlaps(Range::new(0, 100)));
+        assert!(!r.overlaps(Range::new(12, 4)), "adjacent after");
+        assert!(!r.overlaps(Range::new(4, 4)), "adjacent before");
+        assert!(!r.overlaps(Range::new(9, 0)), "an empty range overlaps nothing");
+        assert!(Range::new(u64::MAX - 1, 8).overlaps(Range::new(u64::MAX - 1, 1)), "saturates at the end");
+    }
+
+    #[test]
+    fn table_orders_locks_and_writes_by_overlap() {
+        let mut t = Table::default();
+        let w = t.add_write(Range::new(0, 8));
+        let a = t.add_lock(Range::new(4, 4));
+        let b = t.add_lock(Range::new(100, 1));
+        assert!(!t.try_grant(a), "a lock waits for an overlapping write under way");
+        assert!(t.try_grant(b), "a lock elsewhere does not");
+        assert!(!t.write_may_start(Range::new(7, 2)), "a write waits for a pending lock it overlaps");
+        assert!(t.write_may_start(Range::new(8, 92)), "a write between the locks starts");
+        t.end_write(w);
+        assert!(t.try_grant(a));
+        let c = t.add_lock(Range::new(0, 5));
+        assert!(!t.try_grant(c), "an overlapping later lock waits for the earlier one");
+        t.remove_lock(a);
+        assert!(t.try_grant(c));
+        t.remove_lock(b);
+        t.remove_lock(c);
+        assert!(t.write_may_start(Range::new(0, 1000)));
+        assert!(t.locks.is_empty() && t.writes.is_empty());
+    }
+
+    fn block_on<F: std::future::Future>(f: F) -> F::Output {
+        reactor::Runtime::new(reactor::Config::default()).expect("io_uring runtime").block_on(f)
+    }
+
+    async fn bounded<F: std::future::Future>(f: F) -> F::Output {
+        reactor::timeout(std::time::Duration::from_secs(10), f).await.expect("bounded")
+    }
+
+    #[test]
+    fn plain_writes_take_the_fast_path_until_a_lock_is_pending() {
+        let gate = WriteGate::new();
+        let fast = gate.try_write(Range::new(0, 1)).expect("no lock: starts");
+        assert!(matches!(fast.entry, Entry::Slot(_) | Entry::Shared));
+        drop(fast);
+        block_on(bounded(async {
+            let lock = gate.lock(Range::new(0, 4)).await.expect("lock");
+            assert!(gate.try_write(Range::new(2, 1)).is_none(), "overlapping write must wait");
+            let other = gate.try_write(Range::new(4, 4)).expect("a write elsewhere starts");
+            assert!(matches!(other.entry, Entry::Table(_)), "while locked, writes are recorded");
+            drop(other);
+            drop(lock);
+            assert!(matches!(
+                gate.try_write(Range::new(2, 1)).expect("unlocked").entry,
+                Entry::Slot(_) | Entry::Shared
+            ));
+        }));
+    }
+
+    #[test]
+    fn waiting_write_is_woken_by_the_unlock_on_another_thread() {
+        let gate = std::sync::Arc::new(WriteGate::new());
+        let (locked_tx, locked_rx) = std::sync::mpsc::channel();
+        let (release_tx, release_rx) = std::sync::mpsc::channel::<()>();
+        let holder = {
+            let gate = gate.clone();
+            std::thread::spawn(move || {
+                block_on(bounded(async {
+                    let lock = gate.lock(Range::new(10, 2)).await.expect("lock");
+                    locked_tx.send(()).expect("send");
+                    release_rx.recv().expect("told to release");
+                    drop(lock);
+                }));
+            })
+        };
+        locked_rx.recv().expect("locked");
+        block_on(bounded(async {
+            let admitted = std::rc::Rc::new(Cell::new(false));
+            let waiter = reactor::spawn({
+                let (gate, admitted) = (gate.clone(), admitted.clone());
+                async move {
+                    let _token = gate.write(Range::new(11, 1)).await.expect("admitted");
+                    admitted.set(true);
+                }
+            });
+            for _ in 0..10 {
+                reactor::yield_now().await;
+            }
+            assert!(!admitted.get(), "a write overlapping a held lock started");
+            release_tx.send(()).expect("release");
+            waiter.await;
+            assert!(admitted.get());
+        }));
+        holder.join().expect("holder thread");
+        assert!(matches!(gate.try_write(Range::new(11, 1)).expect("unlocked").entry, Entry::Slot(_) | Entry::Shared));
+    }
+
+    #[test]
+    fn locker_waits_for_fast_path_writes_in_flight_on_other_threads() {
+        let gate = std::sync::Arc::new(WriteGate::new());
+        let (started_tx, started_rx) = std::sync::mpsc::channel();
+        let (finish_tx, finish_rx) = std::sync::mpsc::channel::<()>();
+        let writer = {
+            let gate = gate.clone();
+            std::thread::spawn(move || {
+                // A write to unrelated blocks, begun before any lock.
+                let token = gate.try_write(Range::new(500, 1)).expect("fast path");
+                assert!(matches!(token.entry, Entry::Slot(_) | Entry::Shared));
+                started_tx.send(()).expect("send");
+                finish_rx.recv().expect("told to finish");
+                drop(token);
+            })
+        };
+        started_rx.recv().expect("write under way");
+        block_on(bounded(async {
+            let locking = reactor::spawn({
+                let gate = gate.clone();
+                async move {
+                    let lock = gate.lock(Range::new(0, 1)).await.expect("lock");
+                    drop(lock);
+                }
+            });
+            for _ in 0..10 {
+                reactor::yield_now().await;
+            }
+            assert!(!gate.table().locks.first().is_some_and(|l| l.granted), "granted while a write was in flight");
+            finish_tx.send(()).expect("finish");
+            locking.await;
+        }));
+        writer.join().expect("writer thread");
+        assert!(gate.table().locks.is_empty());
+    }
+}

@@ -1,0 +1,234 @@
+//! Fused Compare and Write (NVMe Base 2.0 section 3.4.2; NVM Command Set
+//! 1.0 section 3.2.3): a Compare with FUSE = 01b followed, next in the
+//! same submission queue, by a Write with FUSE = 10b of the same blocks.
+//! The queue holds the first half (and each half's data as it arrives)
+//! until both are here, then hands the pair to the reactor as one
+//! [`BlockOp::CompareAndWrite`], which runs it under the device's range
+//! lock. A first half whose partner does not follow, or a second half
+//! with no first, completes with Command Aborted due to Missing Fused
+//! Command; when one half fails, the other completes with Command Aborted
+//! due to Failed Fused Command.
+//!
+//! Only fused commands and the command right after a first half come
+//! here: plain commands pay one branch.
+
+use crate::io::{BlockOp, BlockRequest};
+use crate::queue::{Outcome, Queue};
+use block::BlockDevice;
+use nvme_spec::opcode::{Admin, Io};
+use nvme_spec::{Cqe, Sqe, Status};
+use std::sync::Arc;
+
+/// CDW0 FUSE (bits 9:8, the low two bits of `Sqe::flags`).
+const FUSE_MASK: u8 = 0b11;
+/// First command of a fused operation.
+const FUSE_FIRST: u8 = 0b01;
+/// Second command of a fused operation.
+const FUSE_SECOND: u8 = 0b10;
+
+/// The FUSE field of `sqe`.
+pub(crate) fn fuse(sqe: &Sqe) -> u8 {
+    sqe.flags & FUSE_MASK
+}
+
+/// A fused Compare held until its Write and both halves' data are here.
+#[derive(Debug)]
+pub(crate) struct First<D> {
+    cid: u16,
+    sqe: Sqe,
+    /// The namespace's device and NSID, once the Compare was checked.
+    target: Option<(u32, Arc<D>)>,
+    expected: Option<Vec<u8>>,
+    second: Second,
+}
+
+#[derive(Debug)]
+enum Second {
+    /// The next command may be the Write.
+    Awaited,
+    /// The next command was not it: the Compare completes with Missing
+    /// Fused Command once its data is in (it may still be arriving).
+    Missing,
+    /// The Write came (`data` once it is in).
+    Arrived { cid: u16, data: Option<Vec<u8>>, fua: bool },
+    /// The Write failed its checks: the Compare completes with Failed
+    /// Fused Command once its data is in.
+    Failed,
+}
+
+/// Whether `second` is the Write that completes fused `first`: same
+/// namespace and blocks (NVM Command Set 1.0 section 3.2.3).
+fn partners(first: &Sqe, second: &Sqe) -> bool {
+    fuse(second) == FUSE_SECOND
+        && Io(second.opcode) == Io::WRITE
+        && first.nsid == second.nsid
+        && first.slba() == second.slba()
+        && first.blocks() == second.blocks()
+}
+
+impl<D: BlockDevice> Queue<D> {
+    /// Whether `sqe` takes the fused path: it is a fused half, or a first
+    /// half waits for the command that follows it.
+    pub(crate) fn fused_path(&self, sqe: &Sqe) -> bool {
+        (fuse(sqe) != 0 && sqe.opcode != Admin::FABRICS.0)
+            || self.fused.as_ref().is_some_and(|f| matches!(f.second, Second::Awaited))
+    }
+
+    /// A command on the fused path arrives (in submission order).
+    pub(crate) fn execute_fused<B: AsRef<[u8]>>(
+        &mut self,
+        now_ms: u64,
+        sqe: &Sqe,
+        data_len: u32,
+        data: Option<B>,
+    ) -> Outcome<B, D> {
+        let cid = sqe.cid.get();
+        // A first half waiting for its partner loses it unless this is it.
+        if let Some(first) = self.fused.as_mut() {
+            if matches!(first.second, Second::Awaited) && !partners(&first.sqe, sqe) {
+                log::debug!("{}: fused Compare cid {} not followed by its Write", self.peer, first.cid);
+                first.second = Second::Missing;
+                let _: Outcome<B, D> = self.settle_fused();
+            }
+        }
+        match fuse(sqe) {
+            0 => self.execute_plain(now_ms, sqe, data_len, data),
+            FUSE_FIRST if Io(sqe.opcode) != Io::COMPARE || !self.is_io_queue() => {
+                log::debug!("{}: cid {cid}: opcode {:#04x} as a fused first command", self.peer, sqe.opcode);
+                Outcome::status(cid, Status::INVALID_FIELD.dnr())
+            }
+            FUSE_FIRST if self.fused.is_some() => {
+                // The previous pair still waits for its data: one at a time.
+                log::debug!("{}: cid {cid}: fused Compare while another pair waits for data", self.peer);
+                Outcome::status(cid, Status::COMMAND_SEQUENCE_ERROR.dnr())
+            }
+            FUSE_FIRST => {
+                self.fused = Some(First { cid, sqe: *sqe, target: None, expected: None, second: Second::Awaited });
+                let out = self.execute_plain(now_ms, sqe, data_len, data);
+                self.fused_half(cid, out)
+            }
+            FUSE_SECOND if self.fused.as_ref().is_some_and(|f| matches!(f.second, Second::Awaited)) => {
+                if let Some(first) = self.fused.as_mut() {
+                    first.second = Second::Arrived { cid, data: None, fua: false };
+                }
+                let out = self.execute_plain(now_ms, sqe, data_len, data);
+                self.fused_half(cid, out)
+            }
+            FUSE_SECOND => {
+                log::debug!("{}: cid {cid}: fused Write with no Compare before it", self.peer);
+                Outcome::status(cid, Status::ABORTED_MISSING_FUSED)
+            }
+            _ => {
+                log::debug!("{}: cid {cid}: reserved FUSE value 11b", self.peer);
+                Outcome::status(cid, Status::INVALID_FIELD.dnr())
+            }
+        }
+    }
+
+    /// Whether `cid` is a half of the held fused pair.
+    pub(crate) fn is_fused_half(&self, cid: u16) -> bool {
+        self.fused
+            .as_ref()
+            .is_some_and(|f| f.cid == cid || matches!(f.second, Second::Arrived { cid: second, .. } if second == cid))
+    }
+
+    /// What the execution of a fused half gave: a checked half is held
+    /// (its data copied) until the pair is complete; a half that failed
+    /// its checks completes with its status, and its partner with Failed
+    /// Fused Command.
+    pub(crate) fn fused_half<B: AsRef<[u8]>>(&mut self, cid: u16, out: Outcome<B, D>) -> Outcome<B, D> {
+        let Some(first) = self.fused.as_mut() else { return out };
+        let is_first = first.cid == cid;
+        match out {
+            Outcome::NeedData { len } => return Outcome::NeedData { len },
+            Outcome::Io(BlockRequest { nsid, device, op: BlockOp::Compare { data, .. }, .. }) if is_first => {
+                first.target = Some((nsid, device));
+                first.expected = Some(data.as_ref().to_vec());
+            }
+            Outcome::Io(BlockRequest { op: BlockOp::Write { data, fua, .. }, .. }) if !is_first => {
+                first.second = Second::Arrived { cid, data: Some(data.as_ref().to_vec()), fua };
+            }
+            other => {
+                // The half failed its checks: its partner is aborted.
+                self.fused_half_failed(cid);
+                return other;
+            }
+        }
+        self.settle_fused()
+    }
+
+    /// Half `cid` of the held pair failed (its checks, or its data never
+    /// came): the other half completes with Failed Fused Command. A Write
+    /// whose data is still on its way is aborted when it arrives
+    /// ([`Queue::data_arrived`] finds no pair for it).
+    pub(crate) fn fused_half_failed(&mut self, cid: u16) {
+        let Some(first) = self.fused.as_mut() else { return };
+        if first.cid == cid {
+            if let Some(First { second: Second::Arrived { cid: partner, data: Some(_), .. }, .. }) = self.fused.take() {
+                self.fused_done.push(Cqe::new(partner, Status::ABORTED_FAILED_FUSED, 0));
+            }
+        } else if matches!(first.second, Second::Arrived { cid: second, .. } if second == cid) {
+            first.second = Second::Failed;
+            let _: Outcome<Vec<u8>, D> = self.settle_fused();
+        }
+    }
+
+    /// Runs or ends the held pair when it can: both halves' data in →
+    /// the block request; a first half whose partner went missing or
+    /// failed → its completion, once its own data is in.
+    fn settle_fused<B>(&mut self) -> Outcome<B, D> {
+        let Some(first) = self.fused.as_mut() else { return Outcome::Deferred };
+        if first.expected.is_none() {
+            return Outcome::Deferred;
+        }
+        let status = match &mut first.second {
+            Second::Awaited | Second::Arrived { data: None, .. } => return Outcome::Deferred,
+            Second::Missing => Status::ABORTED_MISSING_FUSED,
+            Second::Failed => Status::ABORTED_FAILED_FUSED,
+            Second::Arrived { cid, data: Some(_), fua } => {
+                let (write_cid, fua) = (*cid, *fua);
+                let Some(first) = self.fused.take() else { return Outcome::Deferred };
+                let (Some((nsid, device)), Some(expected), Second::Arrived { data: Some(data), .. }) =
+                    (first.target, first.expected, first.second)
+                else {
+                    return Outcome::Deferred;
+                };
+                return Outcome::Io(BlockRequest {
+                    cid: write_cid,
+                    nsid,
+                    device,
+                    op: BlockOp::CompareAndWrite { compare_cid: first.cid, lba: first.sqe.slba(), expected, data, fua },
+                });
+            }
+        };
+        let cid = first.cid;
+        self.fused = None;
+        self.fused_done.push(Cqe::new(cid, status, 0));
+        Outcome::Deferred
+    }
+
+    /// A completion the queue produced besides the one its last call
+    /// returned (a fused half aborted because of its partner): the
+    /// transport sends each, after that call's outcome.
+    pub fn poll_completion(&mut self) -> Option<Cqe> {
+        self.fused_done.pop()
+    }
+
+    /// Whether this is an I/O queue (fused commands are NVM commands).
+    fn is_io_queue(&self) -> bool {
+        matches!(self.kind, crate::queue::QueueKind::Io(..))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fuse_is_the_low_two_bits_of_the_flags_byte() {
+        let mut s = Sqe { flags: 0x41, ..Default::default() };
+        assert_eq!(fuse(&s), FUSE_FIRST);
+        s.flags = 0x02;
+        assert_eq!(fuse(&s), FUSE_SECOND);
+    }
+}
