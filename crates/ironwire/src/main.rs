@@ -10,6 +10,7 @@ mod control;
 mod cpu;
 mod edit;
 mod import;
+mod iscsi_session;
 mod iscsi_tcp;
 mod lifecycle;
 mod listen;
