@@ -47,6 +47,10 @@ cores = [0]
     })
 }
 
+/// An R2T as received: ITT, TTT, Buffer Offset, Desired Data Transfer
+/// Length.
+type R2t = (u32, u32, u32, u32);
+
 /// A blocking initiator on the sans-IO host: it logs in, then sends raw
 /// PDUs and reads the target's PDUs itself.
 struct Raw {
@@ -102,9 +106,9 @@ impl Raw {
         }
     }
 
-    /// R2Ts (ITT, TTT, offset, length) that arrive before the answer to a
+    /// The R2Ts that arrive before the answer to a
     /// NOP-Out sent now, which the target sends after everything queued.
-    fn r2ts_until_ping(&mut self, cmd_sn: u32, exp_stat_sn: u32) -> Vec<(u32, u32, u32, u32)> {
+    fn r2ts_until_ping(&mut self, cmd_sn: u32, exp_stat_sn: u32) -> Vec<R2t> {
         let mut nop = Bhs::new(Opcode::NOP_OUT);
         nop.set_immediate(true);
         nop.set_flags(flags::FINAL)
@@ -131,7 +135,7 @@ fn write16(lba: u64, blocks: u32) -> [u8; 16] {
 
 /// Announces `WRITES` writes of `LEN` bytes without their data; returns
 /// the R2Ts that came for them, and the next CmdSN and ExpStatSN.
-fn announce(raw: &mut Raw) -> (Vec<(u32, u32, u32, u32)>, u32, u32) {
+fn announce(raw: &mut Raw) -> (Vec<R2t>, u32, u32) {
     let (cmd_sn, exp_stat_sn, _, _) = raw.host.sequence();
     for i in 0..WRITES {
         let mut c = Bhs::new(Opcode::SCSI_CMD);
