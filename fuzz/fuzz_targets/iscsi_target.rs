@@ -7,8 +7,9 @@
 //! InitialR2T=Yes ImmediateData=No) and the driver (bit 4 answer commands
 //! one chunk late, so task management races with them; bit 5 advance the
 //! clock 700 ms per chunk, so NOP-In pings go out and an initiator that
-//! does not answer them is declared dead); byte 1 seeds where the rest is
-//! cut into receive chunks.
+//! does not answer them is declared dead; bit 6 the driver admits each
+//! normal session itself, as the daemon does); byte 1 seeds where the rest
+//! is cut into receive chunks.
 //!
 //! Never panics. A fatal error closes the connection; once closed, input is
 //! ignored (no events, no bytes). Everything the target sends frames as

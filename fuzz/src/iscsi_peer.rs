@@ -27,6 +27,7 @@ pub const TARGET_SECRET: &str = "target-secret-0";
 /// What the harness's target accepts.
 pub struct FuzzPolicy {
     auth: bool,
+    admit: bool,
 }
 
 impl Policy for FuzzPolicy {
@@ -53,13 +54,17 @@ impl Policy for FuzzPolicy {
     fn target_credentials(&self, _target: Option<&str>, _initiator: &str) -> Option<(String, Secret)> {
         Some(("fuzz-target".into(), Secret::from(TARGET_SECRET)))
     }
+    fn admits_sessions(&self) -> bool {
+        self.admit
+    }
 }
 
 /// A target connection for configuration byte `cfg`: bit 0 digests
 /// allowed, bit 1 CHAP required, bit 2 small limits (MaxRecvDataSegment
 /// 512, burst 4 KiB, CmdSN window 4, writes of at most 64 KiB, login text
 /// of at most 4 KiB) so they are reachable, bit 3 InitialR2T=Yes and
-/// ImmediateData=No.
+/// ImmediateData=No, bit 6 the harness admits each normal session itself
+/// (as the daemon does, for session reinstatement).
 pub fn connection(cfg: u8) -> TargetConnection<Vec<u8>> {
     let mut c = TargetConfig { nop_interval_ms: Some(2000), nop_timeout_ms: 5000, ..TargetConfig::default() };
     c.params.header_digest = cfg & 1 != 0;
@@ -78,7 +83,7 @@ pub fn connection(cfg: u8) -> TargetConnection<Vec<u8>> {
         c.params.immediate_data = false;
     }
     let seed = Seed { tsih: 0x0101, stat_sn: 0x1000, chap_id: 9, chap_challenge: [0x3c; 32] };
-    TargetConnection::new(c, Arc::new(FuzzPolicy { auth: cfg & 2 != 0 }), seed)
+    TargetConnection::new(c, Arc::new(FuzzPolicy { auth: cfg & 2 != 0, admit: cfg & 0x40 != 0 }), seed)
 }
 
 /// Read data the driver offers beyond a read's expected length is capped
@@ -199,6 +204,7 @@ impl Driver {
                 Event::LoginFailed { status, reason } => {
                     assert!(status != 0 && !reason.is_empty());
                 }
+                Event::SessionPending { .. } => t.admit_session(),
                 Event::LoggedOut { .. } | Event::Dead => {}
             }
             self.flush(t, out);

@@ -102,6 +102,10 @@ pub struct LimitsConfig {
     /// peer's commands (the send high-water mark).
     #[serde(default = "default_send_high_water")]
     pub send_high_water: Size,
+    /// Bytes of write buffers an iSCSI connection holds for data it has
+    /// yet to solicit or receive (one write always goes through).
+    #[serde(default = "default_iscsi_write_budget")]
+    pub iscsi_write_budget: Size,
 }
 
 fn default_connections_per_port() -> u32 {
@@ -122,6 +126,9 @@ fn default_tasks_per_session() -> u32 {
 fn default_send_high_water() -> Size {
     Size(4 << 20)
 }
+fn default_iscsi_write_budget() -> Size {
+    Size(32 << 20)
+}
 
 impl Default for LimitsConfig {
     fn default() -> Self {
@@ -132,6 +139,7 @@ impl Default for LimitsConfig {
             sessions_per_target: default_sessions_per_target(),
             tasks_per_session: default_tasks_per_session(),
             send_high_water: default_send_high_water(),
+            iscsi_write_budget: default_iscsi_write_budget(),
         }
     }
 }
@@ -972,6 +980,9 @@ impl Config {
         if !(64 << 10..=1 << 30).contains(&l.send_high_water.0) {
             bail!("limits.send_high_water: {} bytes is not between 64 KiB and 1 GiB", l.send_high_water.0);
         }
+        if !(64 << 10..=16 << 30).contains(&l.iscsi_write_budget.0) {
+            bail!("limits.iscsi_write_budget: {} bytes is not between 64 KiB and 16 GiB", l.iscsi_write_budget.0);
+        }
         let t = &self.timeouts;
         if self.shutdown.drain_s > 3600 {
             bail!("shutdown.drain_s: {} is more than 3600 seconds", self.shutdown.drain_s);
@@ -1160,6 +1171,12 @@ mod tests {
         assert!(e.contains("limits.controllers_per_subsystem"), "{e}");
         let e = err_of(&format!("{base}[limits]\nsend_high_water = \"1KiB\"\n"));
         assert!(e.contains("limits.send_high_water"), "{e}");
+        let e = err_of(&format!("{base}[limits]\niscsi_write_budget = \"32KiB\"\n"));
+        assert!(e.contains("limits.iscsi_write_budget"), "{e}");
+        let e = err_of(&format!("{base}[limits]\niscsi_write_budget = \"17GiB\"\n"));
+        assert!(e.contains("limits.iscsi_write_budget"), "{e}");
+        let c = Config::parse(&format!("{base}[limits]\niscsi_write_budget = \"1MiB\"\n")).expect("1 MiB");
+        assert_eq!(c.limits.iscsi_write_budget, Size(1 << 20));
         let e = err_of(&format!("{base}[shutdown]\ndrain_s = 3601\n"));
         assert!(e.contains("shutdown.drain_s"), "{e}");
         let e = err_of(&format!("{base}[timeouts]\nhandshake_ms = 5\n"));

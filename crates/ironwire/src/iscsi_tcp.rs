@@ -5,9 +5,13 @@
 //! One session per connection (MaxConnections=1, ErrorRecoveryLevel 0). A
 //! reader task feeds bytes in and dispatches events; SCSI commands that
 //! touch storage run as local tasks; a writer task sends what is queued in
-//! one `write_all` per wake-up; a ticker drives NOP-In pings.
+//! one `write_all` per wake-up; a ticker drives NOP-In pings. A login with
+//! the initiator name and ISID of a live session reinstates it
+//! (`iscsi_session`): the old connection ends, its tasks finish or are
+//! cancelled, and only then is the new login answered.
 
 use crate::conn::{Outbox, Shell};
+use crate::iscsi_session::{Registration, Registry};
 use crate::nvme::Buf;
 use crate::stats::{self, Failure, Op};
 use blockdev::IoBuf;
@@ -24,6 +28,7 @@ use scsi::{status, BlockOp, Nexus, Outcome, Sense};
 type LogicalUnit = scsi::LogicalUnit<Device>;
 use std::cell::RefCell;
 use std::collections::BTreeMap;
+use std::os::fd::{AsRawFd, RawFd};
 use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
@@ -139,6 +144,9 @@ pub struct IscsiTarget {
     sessions: Arc<AtomicU32>,
     /// What the sessions see; shared with the next version like `sessions`.
     table: Arc<LunTable>,
+    /// The sessions by initiator name and ISID, for reinstatement; shared
+    /// with the target's next version too.
+    registry: Arc<Registry>,
 }
 
 impl IscsiTarget {
@@ -189,6 +197,7 @@ impl IscsiTarget {
                 |p| p.table.clone(),
             ),
             units,
+            registry: prev.map_or_else(Arc::default, |p| p.registry.clone()),
         })
     }
 
@@ -362,6 +371,10 @@ impl Policy for IscsiModel {
             .map(|_| ())
             .map_err(|_| format!("target {} already has {limit} sessions ([limits] sessions_per_target)", t.iqn))
     }
+
+    fn admits_sessions(&self) -> bool {
+        true
+    }
 }
 
 struct Session {
@@ -437,6 +450,12 @@ struct Conn {
     /// requests waiting on them.
     io_done: Notify,
     stats: stats::Connection,
+    /// The socket, for a duplicate in the session registry.
+    fd: RawFd,
+    /// The session's place in its target's registry. Last, so that it is
+    /// given up (and a reinstating login answered) only once everything
+    /// above, the counters included, is gone.
+    registration: RefCell<Option<Registration>>,
 }
 
 impl Outbox for Conn {
@@ -562,6 +581,8 @@ pub async fn serve(stream: TcpStream, model: Arc<IscsiModel>, cfg: TargetConfig,
         running: RefCell::new(Vec::new()),
         io_done: Notify::default(),
         stats: stats::Connection::open("iscsi", port, peer),
+        fd: stream.as_raw_fd(),
+        registration: RefCell::new(None),
     });
     let (rd, wr) = stream.into_split();
     let writer = reactor::spawn(crate::conn::write_loop(wr, conn.clone()));
@@ -583,6 +604,14 @@ pub async fn serve(stream: TcpStream, model: Arc<IscsiModel>, cfg: TargetConfig,
         }
         if conn.iscsi.borrow().state() == iscsi::target::State::Closed {
             conn.shell.close();
+        }
+    }
+    if conn.registration.borrow().as_ref().is_some_and(Registration::reinstated) {
+        // RFC 7143 6.3.5: the old session's tasks end without an answer;
+        // what already reached the device finishes before the session is
+        // gone, so nothing of it lands after the new login is answered.
+        for (_, aborted) in conn.running.borrow_mut().iter_mut() {
+            *aborted = true;
         }
     }
     // The commands already taken finish and their answers go out first.
@@ -646,6 +675,9 @@ fn dispatch_events(conn: &Rc<Conn>, model: &Arc<IscsiModel>) -> bool {
                     _ => log::info!("{}: {initiator} opened a discovery session", conn.shell.peer),
                 }
             }
+            Event::SessionPending { initiator, target, isid } => {
+                session_pending(conn, model, &initiator, &target, isid)
+            }
             Event::LoginFailed { status, reason } => {
                 let name = initiator::iscsi::LoginStatus(status).name();
                 log::warn!("{}: login refused ({name}, status {status:#06x}): {reason}", conn.shell.peer);
@@ -673,6 +705,38 @@ fn dispatch_events(conn: &Rc<Conn>, model: &Arc<IscsiModel>) -> bool {
     }
     conn.shell.tx_ready.notify();
     true
+}
+
+/// Registers a session whose login waits for admission; when it
+/// reinstates older sessions, admits it once they are gone.
+fn session_pending(conn: &Rc<Conn>, model: &Arc<IscsiModel>, initiator: &str, target: &str, isid: [u8; 6]) {
+    let Some(t) = model.find(target) else {
+        // Removed meanwhile: admission refuses the login.
+        conn.iscsi.borrow_mut().admit_session();
+        return;
+    };
+    let socket = crate::iscsi_session::dup_socket(conn.fd);
+    let registration = t.registry.register(initiator, isid, socket, conn.shell.peer);
+    let older = registration.older();
+    *conn.registration.borrow_mut() = Some(registration);
+    if older.is_empty() {
+        conn.iscsi.borrow_mut().admit_session();
+    } else {
+        reactor::spawn(admit_after(conn.clone(), model.clone(), older));
+    }
+}
+
+/// Admits the pending session once every session it reinstates is gone.
+async fn admit_after(conn: Rc<Conn>, model: Arc<IscsiModel>, older: Vec<Arc<crate::iscsi_session::Gone>>) {
+    for g in &older {
+        g.wait().await;
+    }
+    if conn.shell.is_closing() {
+        return;
+    }
+    log::debug!("{}: the reinstated session is gone; answering the login", conn.shell.peer);
+    conn.iscsi.borrow_mut().admit_session();
+    dispatch_events(&conn, &model);
 }
 
 /// Answers task management request `itt` "function complete" once none

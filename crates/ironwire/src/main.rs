@@ -11,6 +11,7 @@ mod cpu;
 mod edit;
 mod fused;
 mod import;
+mod iscsi_session;
 mod iscsi_tcp;
 mod lifecycle;
 mod listen;

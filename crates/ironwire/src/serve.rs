@@ -147,6 +147,7 @@ pub fn run(mut config: Config, ctl_socket: &std::path::Path, origin: Origin) -> 
     let iscsi = build_iscsi(&config, &devices)?;
     let icfg = iscsi::target::TargetConfig {
         max_tasks: config.limits.tasks_per_session,
+        write_budget: config.limits.iscsi_write_budget.0,
         ..iscsi::target::TargetConfig::default()
     };
     let limits = &config.limits;

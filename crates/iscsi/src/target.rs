@@ -169,6 +169,14 @@ pub trait Policy {
     fn reserve_session(&self, _target: &str) -> Result<(), String> {
         Ok(())
     }
+    /// Whether the caller admits each new normal session itself. When it
+    /// does, the final Login Response of a normal session waits, after
+    /// [`Event::SessionPending`], until [`TargetConnection::admit_session`]:
+    /// the caller first ends an older session of the same initiator, ISID
+    /// and target (session reinstatement, RFC 7143 section 6.3.5).
+    fn admits_sessions(&self) -> bool {
+        false
+    }
 }
 
 /// Limits and preferences of the target.
@@ -312,7 +320,9 @@ pub struct Command<B> {
     pub attr: u8,
     /// Immediate (I bit).
     pub immediate: bool,
-    /// Write data, `expected_len` bytes, when `write`.
+    /// Write data, `expected_len` bytes, when `write` (an empty buffer for
+    /// W=1 with Expected Data Transfer Length 0, which RFC 7143 section
+    /// 11.3.1 allows: no data-out phase, no R2T); `None` otherwise.
     pub data: Option<B>,
 }
 
@@ -333,6 +343,17 @@ pub enum Event<B> {
         tsih: u16,
         /// Negotiated parameters.
         params: Params,
+    },
+    /// A normal session's login is complete but its final Login Response
+    /// waits for [`TargetConnection::admit_session`] (only when
+    /// [`Policy::admits_sessions`]). The initiator sends nothing meanwhile.
+    SessionPending {
+        /// InitiatorName.
+        initiator: String,
+        /// TargetName.
+        target: String,
+        /// ISID.
+        isid: [u8; 6],
     },
     /// Login failed with `status`; the connection closes.
     LoginFailed {
@@ -532,6 +553,9 @@ pub struct TargetConnection<B> {
     rx_activity: bool,
     /// The login took a session place with [`Policy::reserve_session`].
     session_reserved: bool,
+    /// The final Login Response (header and text) of a normal session,
+    /// held until [`TargetConnection::admit_session`].
+    pending_login: Option<(Bhs, Vec<u8>)>,
 }
 
 fn login_fail(status: u16, reason: impl Into<String>) -> (u16, String) {
@@ -585,6 +609,7 @@ impl<B: DataBuffer> TargetConnection<B> {
             idle_since_ms: None,
             rx_activity: false,
             session_reserved: false,
+            pending_login: None,
         }
     }
 
@@ -765,6 +790,15 @@ impl<B: DataBuffer> TargetConnection<B> {
             if !digest_ok {
                 return Err(PduError::new(Disposition::Close, "DataDigest", "data digest error".into(), Some(bhs)));
             }
+            if self.pending_login.is_some() {
+                // RFC 7143 section 6.3: one login request at a time.
+                return Err(PduError::new(
+                    Disposition::Close,
+                    "Opcode",
+                    "Login Request while the last one waits for its answer".into(),
+                    Some(bhs),
+                ));
+            }
             self.on_login(&bhs, data);
             return Ok(());
         }
@@ -841,21 +875,55 @@ impl<B: DataBuffer> TargetConnection<B> {
     // ---- Login (RFC 7143 sections 6 and 11.12) ----
 
     fn on_login(&mut self, bhs: &Bhs, data: &[u8]) {
-        match self.login_step(bhs, data) {
-            Ok(()) => {}
-            Err((status, reason)) => {
-                log::info!("iscsi: login failed {status:#06x}: {reason}");
-                let mut r = Bhs::new(Opcode::LOGIN_RESP);
-                r.set_login_flags(false, false, bhs.csg(), Stage(0))
-                    .set_isid(bhs.isid())
-                    .set_itt(bhs.itt())
-                    .set_login_status(status);
-                self.stamp(&mut r, true);
-                self.send(&r, &[], &[]);
-                self.events.push_back(Event::LoginFailed { status, reason });
-                self.state = State::Closed;
-            }
+        if let Err((status, reason)) = self.login_step(bhs, data) {
+            self.refuse_login(bhs, status, reason);
         }
+    }
+
+    /// Answers the login request `req` with a failure status and closes.
+    fn refuse_login(&mut self, req: &Bhs, status: u16, reason: String) {
+        log::info!("iscsi: login failed {status:#06x}: {reason}");
+        let mut r = Bhs::new(Opcode::LOGIN_RESP);
+        r.set_login_flags(false, false, req.csg(), Stage(0))
+            .set_isid(req.isid())
+            .set_itt(req.itt())
+            .set_login_status(status);
+        self.stamp(&mut r, true);
+        self.send(&r, &[], &[]);
+        self.events.push_back(Event::LoginFailed { status, reason });
+        self.state = State::Closed;
+    }
+
+    /// Sends the final Login Response held since [`Event::SessionPending`]
+    /// and enters full feature phase ([`Event::LoggedIn`]); or refuses
+    /// the login "out of resources" when [`Policy::reserve_session`] finds
+    /// no room. Does nothing when no response is held.
+    pub fn admit_session(&mut self) {
+        let Some((r, resp)) = self.pending_login.take() else { return };
+        if let Err((status, reason)) = self.finish_login(r, &resp) {
+            self.refuse_login(&r, status, reason);
+        }
+    }
+
+    /// Whether the final Login Response waits for
+    /// [`TargetConnection::admit_session`].
+    pub fn is_session_pending(&self) -> bool {
+        self.pending_login.is_some()
+    }
+
+    /// Takes the session place, then sends the final Login Response `r`
+    /// with text `resp` and enters full feature phase.
+    fn finish_login(&mut self, mut r: Bhs, resp: &[u8]) -> Result<(), (u16, String)> {
+        if let Some(info) = &self.login.target {
+            self.policy.reserve_session(&info.name).map_err(|why| login_fail(login_status::OUT_OF_RESOURCES, why))?;
+            self.session_reserved = true;
+        }
+        r.set_tsih(self.seed.tsih);
+        self.stamp(&mut r, true);
+        self.send(&r, &[], resp);
+        self.login.stage = Stage::FULL_FEATURE;
+        self.enter_full_feature();
+        Ok(())
     }
 
     fn login_step(&mut self, bhs: &Bhs, data: &[u8]) -> Result<(), (u16, String)> {
@@ -1003,21 +1071,22 @@ impl<B: DataBuffer> TargetConnection<B> {
         let go = transit && self.login.auth == Auth::Done;
         let mut r = Bhs::new(Opcode::LOGIN_RESP);
         r.set_login_flags(go, false, csg, if go { nsg } else { Stage(0) }).set_isid(self.login.isid).set_itt(bhs.itt());
-        let finish = go && nsg == Stage::FULL_FEATURE;
-        if finish {
-            if let Some(info) = &self.login.target {
-                self.policy.reserve_session(&info.name).map_err(|why| login_fail(ls::OUT_OF_RESOURCES, why))?;
-                self.session_reserved = true;
+        if go && nsg == Stage::FULL_FEATURE {
+            if let (Some(info), true) = (&self.login.target, self.policy.admits_sessions()) {
+                self.events.push_back(Event::SessionPending {
+                    initiator: self.login.initiator.clone(),
+                    target: info.name.clone(),
+                    isid: self.login.isid,
+                });
+                self.pending_login = Some((r, resp));
+                return Ok(());
             }
-            r.set_tsih(self.seed.tsih);
+            return self.finish_login(r, &resp);
         }
         self.stamp(&mut r, true);
         self.send(&r, &[], &resp);
         if go {
             self.login.stage = nsg;
-        }
-        if finish {
-            self.enter_full_feature();
         }
         Ok(())
     }
@@ -1345,7 +1414,7 @@ impl<B: DataBuffer> TargetConnection<B> {
         let serial = self.next_serial;
         self.next_serial = serial.wrapping_add(1);
         self.aborted_itts.retain(|&a| a != itt);
-        let cmd = Command {
+        let mut cmd = Command {
             task: TaskRef { itt, serial },
             lun: bhs.lun(),
             cdb,
@@ -1371,6 +1440,11 @@ impl<B: DataBuffer> TargetConnection<B> {
             write: None,
         };
         if !write || edtl == 0 {
+            if write {
+                // W=1 with EDTL 0 (RFC 7143 section 11.3.1 allows it): a
+                // write of no bytes; nothing is solicited.
+                cmd.data = Some(B::alloc(0));
+            }
             self.tasks.insert(itt, task);
             self.events.push_back(Event::Command(cmd));
             return Ok(());

@@ -23,6 +23,7 @@ struct TestPolicy {
     secret: Option<(String, String)>,
     target_creds: Option<(String, String)>,
     extra_targets: usize,
+    admits_sessions: bool,
 }
 
 impl Policy for TestPolicy {
@@ -57,6 +58,9 @@ impl Policy for TestPolicy {
     }
     fn target_credentials(&self, _target: Option<&str>, _initiator: &str) -> Option<(String, Secret)> {
         self.target_creds.as_ref().map(|(u, s)| (u.clone(), Secret::from(s.as_str())))
+    }
+    fn admits_sessions(&self) -> bool {
+        self.admits_sessions
     }
 }
 
@@ -1148,4 +1152,73 @@ fn a_discovery_session_or_a_login_in_progress_gets_no_logout_request() {
     let mut t = Target::new(target_cfg(false), Arc::new(TestPolicy::default()), seed());
     assert!(!t.request_logout(5));
     assert!(!t.has_transmit());
+}
+
+#[test]
+fn final_login_response_waits_until_the_caller_admits_the_session() {
+    let policy = TestPolicy { admits_sessions: true, ..TestPolicy::default() };
+    let mut hc = HostConfig::new(INITIATOR, Some(TARGET));
+    hc.isid = [0x80, 1, 2, 3, 4, 5];
+    let (mut h, mut t, mut b) = login_with(hc, target_cfg(false), policy);
+    // Everything is negotiated, but the host has no final answer yet.
+    assert!(!h.is_full_feature());
+    assert!(t.is_session_pending());
+    assert_eq!(t.state(), State::AwaitLogin);
+    let pending = format!(
+        "{:?}",
+        Event::<Vec<u8>>::SessionPending {
+            initiator: INITIATOR.into(),
+            target: TARGET.into(),
+            isid: [0x80, 1, 2, 3, 4, 5],
+        }
+    );
+    assert_eq!(b.events, vec![pending]);
+    b.events.clear();
+    t.admit_session();
+    step(&mut h, &mut t, &mut b);
+    assert!(h.is_full_feature());
+    assert!(matches!(h.poll_event(), Some(HostEvent::LoggedIn { tsih: 0x1234 })));
+    assert_eq!(t.state(), State::FullFeature);
+    assert!(b.events.iter().any(|e| e.starts_with("LoggedIn")), "{:?}", b.events);
+    // The session works.
+    h.submit(0, &read10(1), 512, Vec::new());
+    step(&mut h, &mut t, &mut b);
+    assert_eq!(completions(&mut h).len(), 1);
+}
+
+#[test]
+fn another_login_request_while_the_session_is_pending_closes_the_connection() {
+    let policy = TestPolicy { admits_sessions: true, ..TestPolicy::default() };
+    let (_, mut t, _) = login_with(HostConfig::new(INITIATOR, Some(TARGET)), target_cfg(false), policy);
+    assert!(t.is_session_pending());
+    let mut b = Bhs::new(Opcode::LOGIN_REQ);
+    b.set_immediate(true).set_login_flags(true, false, pdu::Stage(1), pdu::Stage(3)).set_itt(2);
+    let mut bytes = Vec::new();
+    pdu::encode(&mut bytes, &b, &[], &[], Framing::default());
+    let e = t.handle_input(&bytes).expect_err("a second login request is a protocol error");
+    assert!(e.to_string().contains("waits for its answer"), "{e}");
+}
+
+#[test]
+fn write_bit_with_zero_expected_length_is_a_write_of_no_bytes() {
+    let (mut h, mut t, _) = logged_in(HostConfig::new(INITIATOR, Some(TARGET)), target_cfg(false));
+    let (cmd_sn, exp_stat_sn, _, _) = h.sequence();
+    let mut c = Bhs::new(Opcode::SCSI_CMD);
+    c.set_flags(flags::FINAL | flags::WRITE)
+        .set_itt(5)
+        .set_expected_data_transfer_length(0)
+        .set_cmd_sn(cmd_sn)
+        .set_exp_stat_sn(exp_stat_sn)
+        .set_cdb(&write10(0));
+    send(&mut h, &mut t, &c, &[]).expect("valid");
+    // Dispatched at once with an empty data-out buffer; nothing solicited.
+    match t.poll_event() {
+        Some(Event::Command(cmd)) => {
+            assert!(cmd.write);
+            assert_eq!(cmd.expected_len, 0);
+            assert_eq!(cmd.data, Some(Vec::new()));
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(target_output(&mut t).iter().all(|(b, _)| b.opcode() != Opcode::R2T));
 }
