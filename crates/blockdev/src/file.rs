@@ -22,6 +22,8 @@
 //! accepts it) and one buffered descriptor, shared by every reactor. An I/O
 //! whose offset, length or buffer address is not aligned for `O_DIRECT` goes
 //! through the buffered descriptor instead, so 512-byte blocks always work.
+//! Every descriptor is a reopen of the one object the path resolved to
+//! ([`crate::resolve`]), never a second lookup of the path.
 //! Each I/O holds a reference to the descriptors until its completion, so a
 //! device removed while I/O is in flight never lets the numbers be reused
 //! under the kernel.
