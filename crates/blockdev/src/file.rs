@@ -22,6 +22,8 @@
 //! accepts it) and one buffered descriptor, shared by every reactor. An I/O
 //! whose offset, length or buffer address is not aligned for `O_DIRECT` goes
 //! through the buffered descriptor instead, so 512-byte blocks always work.
+//! Every descriptor is a reopen of the one object the path resolved to
+//! ([`crate::resolve`]), never a second lookup of the path.
 //! Each I/O holds a reference to the descriptors until its completion, so a
 //! device removed while I/O is in flight never lets the numbers be reused
 //! under the kernel.
@@ -33,14 +35,13 @@
 //! nothing else syncs means every writeback error since the device opened
 //! reaches a flush, which is what lets [`crate::Device::flush`] latch it.
 
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::io;
 use std::os::fd::{AsRawFd, RawFd};
-use std::os::unix::fs::OpenOptionsExt;
-use std::path::Path;
 use std::sync::Arc;
 
 use crate::iobuf::{IoBuf, IO_BUF_ALIGN};
+use crate::resolve::Resolved;
 use reactor::buf::{IoBuf as _, IoBufMut as _};
 
 /// Linux `<linux/fs.h>` block ioctls missing from `libc`, encoded for the
@@ -149,11 +150,11 @@ fn block_logical_size(file: &File) -> io::Result<u32> {
     u32::try_from(size).map_err(|_| io::Error::other(format!("BLKSSZGET returned {size}")))
 }
 
-/// Opens `path` a second time with `O_DIRECT`; `None` when the file system
-/// refuses it (EINVAL at open, as tmpfs does, or at the first aligned read).
-fn open_direct(path: &Path, align: u64) -> io::Result<Option<File>> {
-    let file = match OpenOptions::new().read(true).write(true).custom_flags(libc::O_DIRECT | libc::O_CLOEXEC).open(path)
-    {
+/// Opens the resolved file again with `O_DIRECT`; `None` when the file
+/// system refuses it (EINVAL at open, as tmpfs does, or at the first aligned
+/// read).
+fn open_direct(resolved: &Resolved, align: u64) -> io::Result<Option<File>> {
+    let file = match resolved.reopen(libc::O_DIRECT) {
         Ok(f) => f,
         Err(e) if e.raw_os_error() == Some(libc::EINVAL) => return Ok(None),
         Err(e) => return Err(e),
@@ -175,20 +176,14 @@ fn open_direct(path: &Path, align: u64) -> io::Result<Option<File>> {
 }
 
 impl FileBackend {
-    /// Opens a regular file (`is_block == false`) or block device. The
-    /// caller has already created / sized a regular file.
-    pub(crate) fn open(path: &Path, is_block: bool) -> io::Result<Opened> {
-        let mut opts = OpenOptions::new();
-        opts.read(true).write(true);
-        if is_block {
-            // O_EXCL on a block device: refuse one that is mounted or claimed.
-            opts.custom_flags(libc::O_EXCL | libc::O_CLOEXEC);
-        } else {
-            opts.custom_flags(libc::O_CLOEXEC);
-        }
-        let buffered = opts.open(path)?;
+    /// Opens a regular file (`is_block == false`) or block device, each
+    /// descriptor a reopen of `resolved`. The caller has already checked
+    /// the kind and created / sized a regular file.
+    pub(crate) fn open(resolved: &Resolved, is_block: bool) -> io::Result<Opened> {
+        // O_EXCL on a block device: refuse one that is mounted or claimed.
+        let buffered = resolved.reopen(if is_block { libc::O_EXCL } else { 0 })?;
         // Not O_EXCL: the buffered descriptor holds the claim.
-        let sync = OpenOptions::new().read(true).write(true).custom_flags(libc::O_CLOEXEC).open(path)?;
+        let sync = resolved.reopen(0)?;
         let meta = buffered.metadata()?;
         let (size_bytes, logical, dio_align, dio_mem_align) = if is_block {
             use std::os::unix::fs::FileTypeExt;
@@ -203,7 +198,7 @@ impl FileBackend {
         };
         let mem_ok = usize::try_from(dio_mem_align).is_ok_and(|m| m <= IO_BUF_ALIGN);
         let direct =
-            if mem_ok && dio_align.is_power_of_two() { open_direct(path, u64::from(dio_align))? } else { None };
+            if mem_ok && dio_align.is_power_of_two() { open_direct(resolved, u64::from(dio_align))? } else { None };
         let dio_align = if direct.is_some() { u64::from(dio_align) } else { 0 };
         Ok(Opened {
             backend: FileBackend {
@@ -215,6 +210,14 @@ impl FileBackend {
             size_bytes,
             logical_block_size: logical,
         })
+    }
+
+    /// The inode of each descriptor (buffered, flush-only, then direct).
+    #[cfg(test)]
+    pub(crate) fn inodes(&self) -> Vec<u64> {
+        use std::os::unix::fs::MetadataExt;
+        let fds = [Some(&self.fds.buffered), Some(&self.fds.sync), self.fds.direct.as_ref()];
+        fds.into_iter().flatten().map(|f| f.metadata().expect("fstat").ino()).collect()
     }
 
     pub(crate) fn direct_io(&self) -> bool {
@@ -385,6 +388,7 @@ impl FileBackend {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::resolve::Symlinks;
 
     fn run<F: std::future::Future>(fut: F) -> F::Output {
         reactor::Runtime::new(reactor::Config::default()).expect("io_uring runtime").block_on(fut)
@@ -409,7 +413,8 @@ mod tests {
     #[test]
     fn unaligned_io_uses_buffered_fd_when_direct_needs_4096() {
         let tmp = temp_file("unaligned", 1 << 20);
-        let mut opened = FileBackend::open(&tmp.0, false).expect("open");
+        let mut opened =
+            FileBackend::open(&Resolved::existing(&tmp.0, Symlinks::Follow).expect("resolve"), false).expect("open");
         if !opened.backend.direct_io() {
             eprintln!("skipping: no O_DIRECT on {}", tmp.0.display());
             return;
@@ -444,7 +449,9 @@ mod tests {
     #[test]
     fn zero_buffer_fallback_zeroes_exactly_the_range() {
         let tmp = temp_file("zerofill", 4 << 20);
-        let backend = FileBackend::open(&tmp.0, false).expect("open").backend;
+        let backend = FileBackend::open(&Resolved::existing(&tmp.0, Symlinks::Follow).expect("resolve"), false)
+            .expect("open")
+            .backend;
         run(async {
             let (res, _) = backend.write(0, IoBuf::from_slice(&vec![0xa1; 4 << 20]), false).await;
             res.expect("fill");
@@ -463,7 +470,9 @@ mod tests {
     #[test]
     fn read_past_truncated_end_is_an_error_not_a_hang() {
         let tmp = temp_file("truncated", 8192);
-        let backend = FileBackend::open(&tmp.0, false).expect("open").backend;
+        let backend = FileBackend::open(&Resolved::existing(&tmp.0, Symlinks::Follow).expect("resolve"), false)
+            .expect("open")
+            .backend;
         std::fs::OpenOptions::new().write(true).open(&tmp.0).and_then(|f| f.set_len(4096)).expect("truncate");
         run(async {
             let (res, _) = backend.read(0, IoBuf::with_len(8192)).await;

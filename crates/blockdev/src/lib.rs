@@ -21,6 +21,7 @@ mod fixed;
 mod iobuf;
 mod ram;
 mod range_lock;
+mod resolve;
 
 use std::fmt;
 use std::io;
@@ -34,10 +35,12 @@ pub use fixed::{arena_usage, register_buffers};
 pub use iobuf::{IoBuf, IO_BUF_ALIGN};
 pub use range_lock::RangeLock;
 pub use rbd::Options as RbdOptions;
+pub use resolve::Symlinks;
 
 use file::FileBackend;
 use ram::RamRegion;
 use range_lock::{Range, WriteGate};
+use resolve::Resolved;
 
 /// Which backend a device uses.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -220,35 +223,39 @@ impl Device {
 
     /// A device on a regular file. With `size_bytes` the file is created if
     /// missing and extended if shorter (a longer file exposes only its first
-    /// `size_bytes`); without it the file's length is the size.
+    /// `size_bytes`); without it the file's length is the size. Symlinks
+    /// on `path` are followed ([`Device::file_with`] can refuse them).
     pub fn file(name: &str, path: &Path, size_bytes: Option<u64>, block_size: u32) -> Result<Device, Error> {
+        Device::file_with(name, path, size_bytes, block_size, Symlinks::Follow)
+    }
+
+    /// [`Device::file`], resolving `path` once as `symlinks` says: every
+    /// descriptor of the device is a reopen of that one object, whatever
+    /// the path names later.
+    pub fn file_with(
+        name: &str,
+        path: &Path,
+        size_bytes: Option<u64>,
+        block_size: u32,
+        symlinks: Symlinks,
+    ) -> Result<Device, Error> {
         check_block_size(block_size)?;
-        let size_bytes = match size_bytes {
-            Some(size) => {
-                exact_geometry(size, block_size)?;
-                let f = std::fs::OpenOptions::new()
-                    .read(true)
-                    .write(true)
-                    .create(true)
-                    .truncate(false)
-                    .open(path)
-                    .map_err(open_err(path))?;
-                let meta = f.metadata().map_err(open_err(path))?;
-                if !meta.is_file() {
-                    return Err(Error::NotRegularFile(path.to_path_buf()));
-                }
-                if meta.len() < size {
-                    f.set_len(size).map_err(open_err(path))?;
-                }
-                Some(size)
-            }
-            None => None,
-        };
-        let meta = std::fs::metadata(path).map_err(open_err(path))?;
+        if let Some(size) = size_bytes {
+            exact_geometry(size, block_size)?;
+        }
+        let resolved = match size_bytes {
+            Some(_) => Resolved::create(path, symlinks),
+            None => Resolved::existing(path, symlinks),
+        }
+        .map_err(open_err(path))?;
+        let meta = resolved.file().metadata().map_err(open_err(path))?;
         if !meta.is_file() {
             return Err(Error::NotRegularFile(path.to_path_buf()));
         }
-        let opened = FileBackend::open(path, false).map_err(open_err(path))?;
+        if let Some(size) = size_bytes.filter(|&s| meta.len() < s) {
+            resolved.file().set_len(size).map_err(open_err(path))?;
+        }
+        let opened = FileBackend::open(&resolved, false).map_err(open_err(path))?;
         let size = size_bytes.unwrap_or(opened.size_bytes);
         let geometry = exact_geometry(size, block_size)?;
         Ok(Device {
@@ -267,14 +274,22 @@ impl Device {
 
     /// A device on a raw block device. Its size comes from `BLKGETSIZE64`;
     /// `block_size` defaults to its logical block size and may not be smaller.
-    /// The device is opened `O_EXCL`, so a mounted one is refused.
+    /// The device is opened `O_EXCL`, so a mounted one is refused. Symlinks
+    /// on `path` are followed ([`Device::block_with`] can refuse them).
     pub fn block(name: &str, path: &Path, block_size: Option<u32>) -> Result<Device, Error> {
+        Device::block_with(name, path, block_size, Symlinks::Follow)
+    }
+
+    /// [`Device::block`], resolving `path` once as `symlinks` says, as
+    /// [`Device::file_with`] does.
+    pub fn block_with(name: &str, path: &Path, block_size: Option<u32>, symlinks: Symlinks) -> Result<Device, Error> {
         use std::os::unix::fs::FileTypeExt;
-        let meta = std::fs::metadata(path).map_err(open_err(path))?;
+        let resolved = Resolved::existing(path, symlinks).map_err(open_err(path))?;
+        let meta = resolved.file().metadata().map_err(open_err(path))?;
         if !meta.file_type().is_block_device() {
             return Err(Error::NotBlockDevice(path.to_path_buf()));
         }
-        let opened = FileBackend::open(path, true).map_err(open_err(path))?;
+        let opened = FileBackend::open(&resolved, true).map_err(open_err(path))?;
         let logical = opened.logical_block_size.unwrap_or(MIN_BLOCK_SIZE);
         let block_size = block_size.unwrap_or(logical);
         check_block_size(block_size)?;

@@ -453,7 +453,8 @@ impl Control {
             }
         }
         let old = st.config.clone();
-        crate::runtime::apply(&mut st.live, &old, &new)?;
+        // Every file or block device this opens is one checked above.
+        crate::runtime::apply(&mut st.live, &old, &new, blockdev::Symlinks::Refuse)?;
         st.config = new;
         log::info!("control: configuration changed");
         if let (true, Some(path)) = (self.persist, &self.config_path) {
@@ -479,7 +480,8 @@ impl Control {
         crate::runtime::normalize(&mut new);
         let mut st = self.lock();
         let old = st.config.clone();
-        crate::runtime::apply(&mut st.live, &old, &new).with_context(|| format!("reloading {}", path.display()))?;
+        crate::runtime::apply(&mut st.live, &old, &new, blockdev::Symlinks::Follow)
+            .with_context(|| format!("reloading {}", path.display()))?;
         st.config = new;
         log::info!("control: reloaded {}", path.display());
         Ok(())
@@ -585,7 +587,9 @@ impl Control {
     }
 
     /// The canonical form of `path` (no `..`, no symlinks) when `[control]
-    /// allow_paths` allows it; the device is opened by that form.
+    /// allow_paths` allows it; the device is opened by that form, resolved
+    /// once with symlinks refused (`blockdev::Symlinks::Refuse`), so a
+    /// symlink swapped into the path after this check fails the open.
     fn allowed_path(&self, path: &Path) -> Result<PathBuf> {
         if self.allow_paths.is_empty() {
             bail!(

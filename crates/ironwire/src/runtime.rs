@@ -16,7 +16,7 @@ use crate::listen::Listeners;
 use crate::nvme::Target;
 use anyhow::{anyhow, bail, Context, Result};
 use blockdev::BlockDevice;
-use blockdev::Device;
+use blockdev::{Device, Symlinks};
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -98,8 +98,11 @@ fn users(config: &Config, device: &str) -> Vec<String> {
 
 /// Changes the live objects from what `old` describes to what `new` does
 /// (both normalized and valid). On error nothing has changed, except that a
-/// port a reactor could not bind is reported after the rest applied.
-pub fn apply(live: &mut Live, old: &Config, new: &Config) -> Result<()> {
+/// port a reactor could not bind is reported after the rest applied. The
+/// devices it opens resolve their paths as `symlinks` says:
+/// [`Symlinks::Refuse`] for paths ctl checked against `[control]
+/// allow_paths`, so that what is opened is what was checked.
+pub fn apply(live: &mut Live, old: &Config, new: &Config, symlinks: Symlinks) -> Result<()> {
     check_fixed(old, new)?;
     // Checks first: a refusal leaves everything as it was.
     let old_dev: HashMap<&str, &DeviceConfig> = old.device.iter().map(|d| (d.name.as_str(), d)).collect();
@@ -145,7 +148,7 @@ pub fn apply(live: &mut Live, old: &Config, new: &Config) -> Result<()> {
     }
     let mut opened = HashMap::new();
     for d in to_open {
-        opened.insert(d.name.clone(), Arc::new(crate::serve::open_device(d)?));
+        opened.insert(d.name.clone(), Arc::new(crate::serve::open_device(d, symlinks)?));
     }
     // The addresses new ports need must be free before anything changes.
     let old_addrs: Vec<&str> = old.port.iter().map(|p| p.address.as_str()).collect();

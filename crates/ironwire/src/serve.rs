@@ -6,23 +6,24 @@ use crate::config::{Config, DeviceConfig, NamespaceConfig, SubsystemConfig};
 use crate::iscsi_tcp::{IscsiModel, IscsiTarget};
 use crate::nvme::{Namespace, Subsystem, Target};
 use anyhow::{Context, Result};
-use blockdev::{BlockDevice, Device, Latency, RbdOptions};
+use blockdev::{BlockDevice, Device, Latency, RbdOptions, Symlinks};
 use nvmf::Settings;
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-/// Opens one device.
-pub fn open_device(d: &DeviceConfig) -> Result<Device> {
+/// Opens one device; a file or block path is resolved once, following
+/// symlinks or refusing them as `symlinks` says.
+pub fn open_device(d: &DeviceConfig, symlinks: Symlinks) -> Result<Device> {
     let bs = d.block_size.unwrap_or(512);
     let size = d.size.map(|s| s.0);
     let path = || d.path.as_deref().with_context(|| format!("device {:?}: path is required for {}", d.name, d.kind));
     let dev = match d.kind.as_str() {
         "null" => Device::null(&d.name, size.unwrap_or(0), bs),
         "ram" => Device::ram(&d.name, size.unwrap_or(0), bs),
-        "file" => Device::file(&d.name, path()?, size, bs),
-        "block" => Device::block(&d.name, path()?, d.block_size),
+        "file" => Device::file_with(&d.name, path()?, size, bs, symlinks),
+        "block" => Device::block_with(&d.name, path()?, d.block_size, symlinks),
         "rbd" => Device::rbd(&d.name, &rbd_options(d), bs),
         k => anyhow::bail!("device {:?}: kind {k:?} is not one of null, ram, file, block, rbd", d.name),
     };
@@ -44,11 +45,12 @@ fn rbd_options(d: &DeviceConfig) -> RbdOptions {
     }
 }
 
-/// Opens every device named in `config`.
+/// Opens every device named in `config` (trusted: symlinks are followed,
+/// as `/dev/disk/by-id` paths need).
 pub fn open_devices(config: &Config) -> Result<HashMap<String, Arc<Device>>> {
     let mut devices = HashMap::new();
     for d in &config.device {
-        devices.insert(d.name.clone(), Arc::new(open_device(d)?));
+        devices.insert(d.name.clone(), Arc::new(open_device(d, Symlinks::Follow)?));
     }
     Ok(devices)
 }

@@ -329,6 +329,44 @@ fn device_add_opens_only_paths_allow_paths_allows_even_through_dot_dot_and_symli
 }
 
 #[test]
+fn device_add_refuses_a_symlinked_directory_and_opens_allowed_paths_as_resolved() {
+    let mut d = Daemon::start_with("ctl-nosym", |dir, port| {
+        for sub in ["real", "outside"] {
+            std::fs::create_dir_all(dir.join(sub)).expect("dir");
+        }
+        // The allowed directory is itself reached through a symlink; `sub`
+        // inside it leads outside.
+        std::os::unix::fs::symlink(dir.join("real"), dir.join("allowed")).expect("symlink");
+        std::os::unix::fs::symlink(dir.join("outside"), dir.join("real/sub")).expect("symlink");
+        std::fs::write(dir.join("real/old.img"), vec![0u8; 1 << 20]).expect("file");
+        config(port, &format!("allow_paths = [\"{}/allowed/\"]", dir.display()))
+    });
+    let (dir, sock) = (d.dir.clone(), d.dir.join("ctl.sock"));
+    let real = std::fs::canonicalize(dir.join("real")).expect("canonical");
+    let add = |args: String| ctl(&sock, &format!("add device kind=file {args}"));
+    let e = add(format!("name=s path={}/allowed/sub/f.img size=1MiB", dir.display())).expect_err("symlinked directory");
+    assert!(e.contains("outside [control] allow_paths"), "{e}");
+    assert!(!dir.join("outside/f.img").exists(), "created outside");
+    // Allowed paths open with symlinks refused, by their resolved form:
+    // a new file and an existing one.
+    assert_eq!(add(format!("name=a path={}/allowed/a.img size=1MiB", dir.display())), Ok(String::new()));
+    assert_eq!(std::fs::metadata(real.join("a.img")).map(|m| m.len()).ok(), Some(1 << 20));
+    assert_eq!(add(format!("name=b path={}/allowed/old.img", dir.display())), Ok(String::new()));
+    let shown = ctl(&sock, "show").expect("show");
+    assert!(shown.contains("device a file blocks=2048") && shown.contains("device b file blocks=2048"), "{shown}");
+    // The configuration records the real path and nothing else new.
+    let saved = ctl(&sock, "save").expect("save");
+    for want in [real.join("a.img"), real.join("old.img")] {
+        assert!(saved.contains(&format!("path = \"{}\"", want.display())), "{saved}");
+    }
+    let json = ctl(&sock, "show --json").expect("show --json");
+    for text in [&saved, &json] {
+        assert!(!text.contains("/proc/") && !text.to_lowercase().contains("symlink"), "{text}");
+    }
+    d.assert_alive();
+}
+
+#[test]
 fn an_endless_line_is_cut_off_without_growing_the_daemon() {
     let mut d = Daemon::start_with("ctl-line", |_, port| config(port, ""));
     let sock = d.dir.join("ctl.sock");
