@@ -73,9 +73,19 @@ fn check(target: &Target<Device>, sqe: &Sqe, o: &Outcome<Vec<u8>, Device>, data_
         }
         Outcome::Deferred => {}
         Outcome::Io(req) => {
-            assert_eq!(req.cid, cid);
             let geo = req.device.geometry();
             let bs = u64::from(geo.block_size);
+            if let BlockOp::CompareAndWrite { compare_cid, lba, expected, data, .. } = &req.op {
+                // A fused pair leaves when the data of its last half is in,
+                // and that half may be either of the two.
+                assert!(req.cid == cid || *compare_cid == cid, "a fused pair issued by neither of its halves");
+                assert_eq!(expected.len(), data.len(), "the halves carry different lengths");
+                assert!(!data.is_empty() && data.len() as u64 % bs == 0, "fused data is not whole blocks");
+                assert!(data.len() <= max as usize, "fused half > MDTS");
+                assert!(req.device.check_range(*lba, data.len() as u64 / bs).is_ok());
+                return;
+            }
+            assert_eq!(req.cid, cid);
             match &req.op {
                 BlockOp::Read { lba, len_bytes } => {
                     assert!(*len_bytes <= max);
@@ -97,6 +107,7 @@ fn check(target: &Target<Device>, sqe: &Sqe, o: &Outcome<Vec<u8>, Device>, data_
                     }
                 }
                 BlockOp::Flush => {}
+                BlockOp::CompareAndWrite { .. } => unreachable!("handled above"),
             }
         }
     }
