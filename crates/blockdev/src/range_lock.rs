@@ -9,17 +9,12 @@
 //! docs/architecture.md), and never block a reactor: whoever waits, waits
 //! asynchronously and is woken by the release it waits for.
 //!
-//! How: [`WriteGate::state`] says whether any lock is pending or held.
-//! While none is, a write takes the fast path: it counts itself in its
-//! thread's own in-flight slot (a plain load and store by the one thread
-//! that writes that slot) and checks the state again. A locker sets the
-//! state, then issues `membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED)`,
-//! which puts a full barrier on every running thread of the process; after
-//! it, either a writer's second check sees the lock (and the writer leaves
-//! the fast path) or the locker sees the writer's count (and waits for it
-//! to drain). That is Dekker's handshake with the writer's half of the
-//! barrier paid by the rare locker. Where membarrier is unavailable the
-//! gate is created with [`FENCE`] set and writers pay a `SeqCst` fence.
+//! How: the gate's [`reactor::Drain`] is open while no lock is pending
+//! or held, and a write takes the fast path: it enters the drain (a plain
+//! load and store of its thread's own in-flight count, and a load of the
+//! drain's state). The first pending lock closes the drain, which pays
+//! the membarrier that makes every fast-path write either see the close
+//! or be seen in the drain's count, and waits for that count to drain.
 //!
 //! While a lock is pending or held, writes take the slow path under the
 //! table's mutex: a write overlapping no lock starts at once (and is
@@ -28,62 +23,8 @@
 //! flight, no recorded write overlaps it and no earlier lock overlaps it
 //! (first come, first served). Reads take no lock.
 
-use std::cell::Cell;
 use std::marker::PhantomData;
-use std::sync::atomic::{compiler_fence, fence, AtomicU32, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Mutex, MutexGuard, OnceLock};
-
-/// [`WriteGate::state`]: a lock is pending or held; writes take the slow path.
-const LOCKED: u32 = 1;
-/// [`WriteGate::state`]: no membarrier here; fast-path writers fence.
-const FENCE: u32 = 2;
-
-/// Threads with their own in-flight slot per device; later threads share
-/// one counter updated with atomic read-modify-writes.
-const SLOTS: usize = 64;
-
-static NEXT_THREAD: AtomicUsize = AtomicUsize::new(0);
-
-thread_local! {
-    /// This thread's slot index, assigned at its first write.
-    static THREAD: Cell<usize> = const { Cell::new(usize::MAX) };
-}
-
-fn thread_index() -> usize {
-    THREAD.with(|t| match t.get() {
-        usize::MAX => {
-            let i = NEXT_THREAD.fetch_add(1, Ordering::Relaxed);
-            t.set(i);
-            i
-        }
-        i => i,
-    })
-}
-
-/// `MEMBARRIER_CMD_PRIVATE_EXPEDITED` and its registration (linux/membarrier.h).
-const MEMBARRIER_CMD_PRIVATE_EXPEDITED: libc::c_long = 1 << 3;
-const MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED: libc::c_long = 1 << 4;
-
-fn membarrier(cmd: libc::c_long) -> bool {
-    // SAFETY: membarrier takes no pointers; flags and cpu_id are 0.
-    unsafe { libc::syscall(libc::SYS_membarrier, cmd, 0 as libc::c_long, 0 as libc::c_long) == 0 }
-}
-
-/// Whether this process may use `MEMBARRIER_CMD_PRIVATE_EXPEDITED`
-/// (registered once, at the first device).
-fn membarrier_registered() -> bool {
-    static REGISTERED: OnceLock<bool> = OnceLock::new();
-    *REGISTERED.get_or_init(|| {
-        let ok = membarrier(MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED);
-        if !ok {
-            log::info!(
-                "membarrier(PRIVATE_EXPEDITED) unavailable ({}): every write pays a fence for the range lock",
-                std::io::Error::last_os_error()
-            );
-        }
-        ok
-    })
-}
+use std::sync::{Mutex, MutexGuard};
 
 /// A range of blocks, `[start, end)`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -177,35 +118,18 @@ impl Table {
 /// How a write got in, for its release.
 #[derive(Debug)]
 enum Entry {
-    /// Counted in this thread's slot.
-    Slot(usize),
-    /// Counted in the shared overflow counter.
-    Shared,
+    /// Counted in the drain (the fast path).
+    Fast(reactor::Ticket),
     /// Recorded in the table under this id.
     Table(u64),
 }
 
 /// The write side of a device's range lock; see the module comment.
+#[derive(Debug)]
 pub(crate) struct WriteGate {
-    /// [`LOCKED`] and [`FENCE`]. Writers only load it.
-    state: AtomicU32,
-    /// In-flight fast-path writes per thread; slot `i` is written only by
-    /// thread `i`.
-    slots: Box<[Slot]>,
-    /// In-flight fast-path writes of threads beyond [`SLOTS`].
-    shared: AtomicU64,
+    /// Closed while any lock is pending or held.
+    drain: reactor::Drain,
     table: Mutex<Table>,
-}
-
-/// One thread's in-flight count, alone on its cache line.
-#[repr(align(64))]
-#[derive(Default)]
-struct Slot(AtomicU64);
-
-impl std::fmt::Debug for WriteGate {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("WriteGate").field("state", &self.state.load(Ordering::Relaxed)).finish_non_exhaustive()
-    }
 }
 
 /// A write in progress: released when dropped, on the thread that made it
@@ -259,87 +183,47 @@ impl Drop for RangeLock<'_> {
 
 impl WriteGate {
     pub(crate) fn new() -> WriteGate {
-        WriteGate {
-            state: AtomicU32::new(if membarrier_registered() { 0 } else { FENCE }),
-            slots: (0..SLOTS).map(|_| Slot::default()).collect(),
-            shared: AtomicU64::new(0),
-            table: Mutex::new(Table::default()),
-        }
+        WriteGate { drain: reactor::Drain::new(), table: Mutex::new(Table::default()) }
     }
 
     fn table(&self) -> MutexGuard<'_, Table> {
         self.table.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Orders this thread's slot update before its next load of `state`
-    /// (the writer's half of the handshake).
-    fn writer_barrier(state: u32) {
-        if state & FENCE != 0 {
-            fence(Ordering::SeqCst);
-        } else {
-            compiler_fence(Ordering::SeqCst);
-        }
-    }
-
     /// The fast path: `None` when a lock is pending or held.
     fn try_fast(&self) -> Option<WriteToken<'_>> {
-        let state = self.state.load(Ordering::Relaxed);
-        if state & LOCKED != 0 {
-            return None;
-        }
-        let thread = thread_index();
-        let entry = match self.slots.get(thread) {
-            Some(slot) => {
-                // Only this thread stores to its slot: no read-modify-write.
-                slot.0.store(slot.0.load(Ordering::Relaxed).wrapping_add(1), Ordering::Relaxed);
-                Entry::Slot(thread)
+        match self.drain.enter() {
+            Ok(ticket) => Some(WriteToken { gate: self, entry: Entry::Fast(ticket), _thread_bound: PhantomData }),
+            Err(reactor::Refused::Closed) => None,
+            Err(reactor::Refused::Raced) => {
+                // A locker came in while this write counted itself: it may
+                // be waiting for the count this write took back.
+                self.table().wake_all();
+                None
             }
-            None => {
-                self.shared.fetch_add(1, Ordering::SeqCst);
-                Entry::Shared
-            }
-        };
-        let token = WriteToken { gate: self, entry, _thread_bound: PhantomData };
-        Self::writer_barrier(state);
-        if self.state.load(Ordering::Relaxed) & LOCKED != 0 {
-            // A locker came in between: undo (waking it) and go slow.
-            drop(token);
-            return None;
         }
-        Some(token)
     }
 
     fn end_write(&self, entry: &Entry) {
-        match *entry {
-            Entry::Slot(i) => {
-                if let Some(slot) = self.slots.get(i) {
-                    slot.0.store(slot.0.load(Ordering::Relaxed).wrapping_sub(1), Ordering::Release);
-                }
-                let state = self.state.load(Ordering::Relaxed);
-                Self::writer_barrier(state);
-                if self.state.load(Ordering::Relaxed) & LOCKED != 0 {
+        match entry {
+            Entry::Fast(ticket) => {
+                if self.drain.exit(ticket) {
                     // A locker may be waiting for this write to drain.
-                    self.table().wake_all();
-                }
-            }
-            Entry::Shared => {
-                self.shared.fetch_sub(1, Ordering::SeqCst);
-                if self.state.load(Ordering::SeqCst) & LOCKED != 0 {
                     self.table().wake_all();
                 }
             }
             Entry::Table(id) => {
                 let mut t = self.table();
-                t.end_write(id);
+                t.end_write(*id);
                 t.wake_all();
             }
         }
     }
 
-    /// Fast-path writes in flight (the locker reads them after its
-    /// membarrier).
+    /// Fast-path writes in flight (the locker reads them after closing the
+    /// drain).
     fn fast_in_flight(&self) -> bool {
-        self.shared.load(Ordering::SeqCst) != 0 || self.slots.iter().any(|s| s.0.load(Ordering::Acquire) != 0)
+        self.drain.in_flight() != 0
     }
 
     /// A write to `range` that may start now without waiting: `None` when
@@ -383,14 +267,10 @@ impl WriteGate {
             let mut t = self.table();
             let id = t.add_lock(range);
             if t.locks.len() == 1 {
-                let state = self.state.fetch_or(LOCKED, Ordering::SeqCst);
                 // Under the table's mutex, so no second locker reads the
-                // slots before every fast-path writer has seen the lock or
-                // been counted.
-                if state & FENCE == 0 && !membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED) {
-                    log::error!("membarrier(PRIVATE_EXPEDITED) failed: {}", std::io::Error::last_os_error());
-                }
-                fence(Ordering::SeqCst);
+                // counts before every fast-path writer has seen the close
+                // or been counted.
+                self.drain.close();
             }
             // Dropped before it is granted (a cancelled wait), it still
             // leaves the table.
@@ -414,7 +294,7 @@ impl WriteGate {
         let mut t = self.table();
         t.remove_lock(id);
         if t.locks.is_empty() {
-            self.state.fetch_and(!LOCKED, Ordering::SeqCst);
+            self.drain.open();
         }
         t.wake_all();
     }
@@ -470,7 +350,7 @@ mod tests {
     fn plain_writes_take_the_fast_path_until_a_lock_is_pending() {
         let gate = WriteGate::new();
         let fast = gate.try_write(Range::new(0, 1)).expect("no lock: starts");
-        assert!(matches!(fast.entry, Entry::Slot(_) | Entry::Shared));
+        assert!(matches!(fast.entry, Entry::Fast(_)));
         drop(fast);
         block_on(bounded(async {
             let lock = gate.lock(Range::new(0, 4)).await.expect("lock");
@@ -479,10 +359,7 @@ mod tests {
             assert!(matches!(other.entry, Entry::Table(_)), "while locked, writes are recorded");
             drop(other);
             drop(lock);
-            assert!(matches!(
-                gate.try_write(Range::new(2, 1)).expect("unlocked").entry,
-                Entry::Slot(_) | Entry::Shared
-            ));
+            assert!(matches!(gate.try_write(Range::new(2, 1)).expect("unlocked").entry, Entry::Fast(_)));
         }));
     }
 
@@ -504,7 +381,7 @@ mod tests {
         };
         locked_rx.recv().expect("locked");
         block_on(bounded(async {
-            let admitted = std::rc::Rc::new(Cell::new(false));
+            let admitted = std::rc::Rc::new(std::cell::Cell::new(false));
             let waiter = reactor::spawn({
                 let (gate, admitted) = (gate.clone(), admitted.clone());
                 async move {
@@ -521,7 +398,7 @@ mod tests {
             assert!(admitted.get());
         }));
         holder.join().expect("holder thread");
-        assert!(matches!(gate.try_write(Range::new(11, 1)).expect("unlocked").entry, Entry::Slot(_) | Entry::Shared));
+        assert!(matches!(gate.try_write(Range::new(11, 1)).expect("unlocked").entry, Entry::Fast(_)));
     }
 
     #[test]
@@ -534,7 +411,7 @@ mod tests {
             std::thread::spawn(move || {
                 // A write to unrelated blocks, begun before any lock.
                 let token = gate.try_write(Range::new(500, 1)).expect("fast path");
-                assert!(matches!(token.entry, Entry::Slot(_) | Entry::Shared));
+                assert!(matches!(token.entry, Entry::Fast(_)));
                 started_tx.send(()).expect("send");
                 finish_rx.recv().expect("told to finish");
                 drop(token);

@@ -30,7 +30,7 @@ use std::cell::RefCell;
 use std::collections::BTreeMap;
 use std::os::fd::{AsRawFd, RawFd};
 use std::rc::Rc;
-use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU16, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
@@ -44,47 +44,44 @@ impl scsi::DataOut for Buf {
 pub struct Unit {
     /// The SCSI logical unit.
     pub lu: Arc<LogicalUnit>,
-    /// Commands of this unit between dispatch and answer, on every reactor.
-    busy: AtomicU32,
-    /// Set when ctl removed the unit: no command starts on it any more.
-    retired: AtomicBool,
+    /// Commands of this unit between dispatch and answer, on every
+    /// reactor; closed when ctl removed the unit (no command starts on it
+    /// any more).
+    busy: reactor::Drain,
 }
 
-/// A command running on a unit; the unit counts it until this drops.
-struct Busy(Arc<Unit>);
+/// A command running on a unit; the unit counts it until this drops (on
+/// the reactor that dispatched it).
+struct Busy(Arc<Unit>, reactor::Ticket);
 
 impl Drop for Busy {
     fn drop(&mut self) {
-        self.0.busy.fetch_sub(1, Ordering::SeqCst);
+        self.0.busy.exit(&self.1);
     }
 }
 
 impl Unit {
     fn new(lu: Arc<LogicalUnit>) -> Unit {
-        Unit { lu, busy: AtomicU32::new(0), retired: AtomicBool::new(false) }
+        Unit { lu, busy: reactor::Drain::new() }
     }
 
     /// Counts a command starting on the unit; `None` once it is retired.
-    /// With `retire` this is a Dekker pair (both sides SeqCst): either the
-    /// command sees the unit retired, or `retire` sees the command.
     fn enter(self: &Arc<Self>) -> Option<Busy> {
-        self.busy.fetch_add(1, Ordering::SeqCst);
-        let busy = Busy(self.clone());
-        (!self.retired.load(Ordering::SeqCst)).then_some(busy)
+        self.busy.enter().ok().map(|ticket| Busy(self.clone(), ticket))
     }
 
     /// Commands of the unit being executed now.
-    pub fn busy(&self) -> u32 {
-        self.busy.load(Ordering::Acquire)
+    pub fn busy(&self) -> u64 {
+        self.busy.in_flight()
     }
 
     /// Stops new commands on the unit and waits (at most `limit`, off the
     /// reactors) for those running to be answered; how many still run.
-    pub fn retire(&self, limit: Duration) -> u32 {
-        self.retired.store(true, Ordering::SeqCst);
+    pub fn retire(&self, limit: Duration) -> u64 {
+        self.busy.close();
         let deadline = std::time::Instant::now() + limit;
         loop {
-            let n = self.busy.load(Ordering::SeqCst);
+            let n = self.busy.in_flight();
             if n == 0 || std::time::Instant::now() >= deadline {
                 return n;
             }

@@ -12,6 +12,7 @@
 pub mod buf;
 mod bufring;
 mod doorbell;
+mod drain;
 pub mod fs;
 pub mod net;
 mod op;
@@ -19,6 +20,7 @@ mod rt;
 
 pub use bufring::{register_receive_buffers, Receiver, RecvBuf, DEFAULT_BUFFERS, DEFAULT_BUFFER_SIZE};
 pub use doorbell::{doorbell, Doorbell, Ringer};
+pub use drain::{Drain, Refused, Ticket};
 pub use rt::{sleep, spawn, timeout, yield_now, Config, Elapsed, Features, JoinHandle, Runtime, Sleep, DEFAULT_POLL};
 
 use std::cell::{Cell, RefCell};
