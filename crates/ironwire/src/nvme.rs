@@ -88,6 +88,9 @@ pub trait Binding: 'static {
     /// Gives up the data transfer of `cid` (an Abort): `false` when it
     /// can no longer be stopped.
     fn cancel_data(&mut self, cid: u16) -> bool;
+    /// Takes back the command `cid`, parsed but not yet polled (an Abort
+    /// while the host does not read its replies): `false` when none waits.
+    fn withdraw_command(&mut self, cid: u16) -> bool;
     /// Sends read data for `cid`, then its completion.
     fn send_data(&mut self, cid: u16, data: &[u8], cqe: Cqe);
     /// As `send_data`, with `fill` writing the data in place; `false` when
@@ -117,6 +120,9 @@ macro_rules! forward_binding {
         }
         fn cancel_data(&mut self, cid: u16) -> bool {
             $($ty)::+::cancel_data(self, cid)
+        }
+        fn withdraw_command(&mut self, cid: u16) -> bool {
+            $($ty)::+::withdraw_command(self, cid)
         }
         fn send_data(&mut self, cid: u16, data: &[u8], cqe: Cqe) {
             $($ty)::+::send_data(self, cid, data, cqe)

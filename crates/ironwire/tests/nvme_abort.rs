@@ -28,6 +28,11 @@ const HOLD_US: u64 = 1_500_000;
 /// Namespace 1: RAM. Namespace 2: RAM whose writes wait `HOLD_US`. Two
 /// reactors.
 fn start(tag: &str) -> Daemon {
+    start_with_extra(tag, "")
+}
+
+/// As [`start`], with `extra` appended to the configuration.
+fn start_with_extra(tag: &str, extra: &str) -> Daemon {
     Daemon::start_with(&format!("nvme-abort-{tag}"), |_, port| {
         format!(
             r#"
@@ -55,7 +60,7 @@ address = "127.0.0.1:{port}"
 
 [reactor]
 cores = [0, 1]
-"#
+{extra}"#
         )
     })
 }
@@ -307,6 +312,54 @@ fn a_write_held_in_a_devices_latency_is_aborted_before_it_reaches_the_device() {
     assert_eq!(h.io.execute(rw(0x02, 13, 2, 8, 1), &[], 512).1, vec![0x11u8; 512]);
     // A command already on the device is past aborting.
     assert!(!aborted(&h.admin.execute(abort(111, h.qid, 11), &[], 0).0));
+    d.assert_alive();
+}
+
+#[test]
+fn a_command_held_back_while_the_host_does_not_read_is_aborted_before_it_starts() {
+    let mut d = start_with_extra("held", "\n[limits]\nsend_high_water = \"64KiB\"\n");
+    let mut h = host(&d);
+    // 24 reads of 1 MiB, then a write, in one segment. The first read's
+    // reply passes the high-water mark, and the host reads none of them,
+    // so the write waits behind the reads, parsed but not started.
+    let mut burst = Vec::new();
+    for cid in 1..=24u16 {
+        let mut s = rw(0x02, cid, 1, 0, 2048);
+        s.dptr = Sgl::transport(1 << 20);
+        encode(&mut burst, CapsuleCmd { ch: common_header(PduType::CAPSULE_CMD, 0), sqe: s }.as_bytes(), &[], PLAIN);
+    }
+    let mut w = rw(0x01, 25, 1, 4000, 1);
+    w.dptr = Sgl::in_capsule(512);
+    encode(
+        &mut burst,
+        CapsuleCmd { ch: common_header(PduType::CAPSULE_CMD, 0), sqe: w }.as_bytes(),
+        &[0xcd; 512],
+        PLAIN,
+    );
+    h.io.send(&burst);
+    std::thread::sleep(Duration::from_millis(500));
+    let done = h.admin.execute(abort(120, h.qid, 25), &[], 0).0;
+    assert!(aborted(&done), "the write held behind unread replies is aborted: {done:?}");
+    // The host reads again: every read is answered in full, the write
+    // with Abort Requested.
+    let mut reads = 0;
+    for _ in 0..25 {
+        let (cqe, data) = h.io.completion_with_data();
+        if cqe.cid.get() == 25 {
+            assert_eq!(cqe.status(), Status::ABORT_REQUESTED, "{cqe:?}");
+        } else {
+            assert!(cqe.status().is_success(), "{cqe:?}");
+            assert_eq!(data.len(), 1 << 20, "read {} data", cqe.cid.get());
+            reads += 1;
+        }
+    }
+    assert_eq!(reads, 24);
+    assert_eq!(h.io.execute(rw(0x02, 26, 1, 4000, 1), &[], 512).1, vec![0u8; 512], "the aborted write was written");
+    // The queue's accounting survived: a full queue's worth of commands
+    // still goes through.
+    for cid in 30..60u16 {
+        assert!(h.io.execute(rw(0x02, cid, 1, 0, 1), &[], 512).0.status().is_success());
+    }
     d.assert_alive();
 }
 

@@ -251,6 +251,21 @@ impl<B: DataBuffer> TargetQueue<B> {
         }
     }
 
+    /// Takes back the command `cid` while it is received but not yet
+    /// polled (the driver stopped taking events because the host does not
+    /// take its replies): it is aborted before it started. The caller
+    /// answers it (with [`send_response`](Self::send_response), which
+    /// releases its key and reposts its receive). `false` when no such
+    /// command waits.
+    pub fn withdraw_command(&mut self, cid: u16) -> bool {
+        let Some(i) = self.events.iter().position(|e| matches!(e, Event::Command { sqe, .. } if sqe.cid.get() == cid))
+        else {
+            return false;
+        };
+        self.events.remove(i);
+        true
+    }
+
     /// Gives up the write data of `cid` (its command is being aborted): the
     /// RDMA Read already requested cannot be recalled, so its response is
     /// dropped when it arrives. `false` when no read of `cid` is

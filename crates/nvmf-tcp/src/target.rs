@@ -435,6 +435,20 @@ impl<B: DataBuffer> TargetConnection<B> {
         self.send_r2t(cid, len);
     }
 
+    /// Takes back the command `cid` while it is parsed but not yet polled
+    /// (the driver stopped taking events because the host does not read
+    /// its replies): it is aborted before it started. The caller answers
+    /// it (with [`send_response`](Self::send_response), which keeps the
+    /// queue's accounting). `false` when no such command waits.
+    pub fn withdraw_command(&mut self, cid: u16) -> bool {
+        let Some(i) = self.events.iter().position(|e| matches!(e, Event::Command { sqe, .. } if sqe.cid.get() == cid))
+        else {
+            return false;
+        };
+        self.events.remove(i);
+        true
+    }
+
     /// Gives up the data transfer of `cid` (its command is being aborted):
     /// an R2T still waiting for buffer room is never sent; one sent has its
     /// buffer and budget released, and the H2CData the host still sends

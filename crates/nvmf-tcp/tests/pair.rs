@@ -548,3 +548,27 @@ fn no_more_aborted_transfers_are_dropped_at_once_than_the_queue_has_entries() {
     assert!(t.cancel_data(1));
     assert!(!t.cancel_data(2), "a third transfer whose data would be dropped: not cancelled");
 }
+
+#[test]
+fn a_withdrawn_command_is_never_delivered_and_its_answer_frees_its_slot() {
+    let (_h, mut t, _b) = pair(false, false);
+    t.set_queue(1, 2, false); // three entries
+    let mut three = Vec::new();
+    for cid in 0..3u16 {
+        let mut sqe = rw_sqe(0x02, cid);
+        sqe.dptr = nvme_spec::Sgl::transport(512);
+        let cmd = CapsuleCmd { ch: common_header(PduType::CAPSULE_CMD, 0), sqe };
+        pdu::encode(&mut three, cmd.as_bytes(), &[], PLAIN);
+    }
+    t.handle_input(&three).expect("three commands fit");
+    assert!(matches!(t.poll_event(), Some(Event::Command { sqe, .. }) if sqe.cid.get() == 0));
+    assert!(!t.withdraw_command(0), "cid 0 was delivered already");
+    assert!(t.withdraw_command(2));
+    assert!(!t.withdraw_command(2), "withdrawn once");
+    assert!(!t.withdraw_command(7), "no such command");
+    assert!(matches!(t.poll_event(), Some(Event::Command { sqe, .. }) if sqe.cid.get() == 1));
+    assert!(t.poll_event().is_none(), "the withdrawn command is not delivered");
+    // Answering it (Abort Requested) frees its slot: one more command fits.
+    t.send_response(Cqe::new(2, Status::ABORT_REQUESTED, 0));
+    t.handle_input(three.get(..72).expect("one capsule")).expect("a fourth after the withdrawn one was answered");
+}

@@ -7,8 +7,10 @@
 //! queue, it completes the Aborts its I/O queues answered.
 //!
 //! Besides what the core and the binding hold (a write waiting for its
-//! data), a command can be stopped while it waits out a device's injected
-//! latency: it is then held here, by CID, and never reaches the backend.
+//! data, and commands parsed but held back while the host does not read
+//! our replies), a command can be stopped while it waits out a device's
+//! injected latency: it is then held here, by CID, and never reaches the
+//! backend.
 
 use super::{Binding, Conn};
 use std::cell::{Cell, RefCell};
@@ -92,7 +94,7 @@ fn answer<T: Binding>(conn: &Conn<T>) {
             if awaiting_data {
                 conn.wire.borrow_mut().cancel_data(cid)
             } else {
-                conn.aborts.cancel_delay(cid)
+                conn.aborts.cancel_delay(cid) || conn.wire.borrow_mut().withdraw_command(cid)
             }
         });
         if let Some(cqe) = cqe {
