@@ -83,6 +83,12 @@ pub fn number_of_queues(count: u16) -> Sqe {
     set_features(FeatureId::NUMBER_OF_QUEUES, n | (n << 16))
 }
 
+/// Abort (NVMe Base 2.0 section 5.1): the command `cid` of submission
+/// queue `sqid`.
+pub fn abort(sqid: u16, cid: u16) -> Sqe {
+    Sqe { opcode: Admin::ABORT.0, cdw10: ((u32::from(cid) << 16) | u32::from(sqid)).into(), ..Default::default() }
+}
+
 /// Keep Alive.
 pub fn keep_alive() -> Sqe {
     Sqe { opcode: Admin::KEEP_ALIVE.0, ..Default::default() }

@@ -708,6 +708,13 @@ impl Session {
         }
     }
 
+    /// Commands answered and not yet taken with
+    /// [`next_completion`](Self::next_completion) (kept while waiting for
+    /// something else), in arrival order.
+    pub fn answered(&self) -> Vec<u32> {
+        self.ready.iter().map(|(itt, _)| *itt).collect()
+    }
+
     /// Runs one SCSI command and returns its outcome whatever the status,
     /// keeping any other completion that arrives meanwhile for
     /// [`next_completion`](Self::next_completion).

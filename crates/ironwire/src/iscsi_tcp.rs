@@ -446,6 +446,9 @@ struct Conn {
     /// Notified each time an I/O task finishes, for the task management
     /// requests waiting on them.
     io_done: Notify,
+    /// Tasks waiting where an abort can end the wait (a COMPARE AND WRITE
+    /// waiting for its range), by serial, each woken when aborted.
+    watched: RefCell<Vec<(u64, Rc<Notify>)>>,
     stats: stats::Connection,
     /// The socket, for a duplicate in the session registry.
     fd: RawFd,
@@ -512,8 +515,9 @@ impl Conn {
         self.running.borrow().iter().any(|&(s, aborted)| s == task.serial && aborted)
     }
 
-    /// Marks the running tasks among `tasks` aborted; true when any is
-    /// still running.
+    /// Marks the running tasks among `tasks` aborted (waking those that
+    /// wait in [`on_abort`](Self::on_abort)); true when any is still
+    /// running.
     fn abort(&self, tasks: &[TaskRef]) -> bool {
         let mut any = false;
         for (s, aborted) in self.running.borrow_mut().iter_mut() {
@@ -522,7 +526,25 @@ impl Conn {
                 any = true;
             }
         }
+        for (s, wake) in self.watched.borrow().iter() {
+            if tasks.iter().any(|t| t.serial == *s) {
+                wake.notify();
+            }
+        }
         any
+    }
+
+    /// Ends once a task management function aborted `task`; race it first
+    /// against a wait that an abort should end ([`reactor::race`]).
+    fn on_abort(&self, task: TaskRef) -> impl std::future::Future<Output = ()> + '_ {
+        let wake = Rc::new(Notify::default());
+        self.watched.borrow_mut().push((task.serial, wake.clone()));
+        let watch = Watch { conn: self, wake };
+        async move {
+            while !watch.conn.is_aborted(task) {
+                watch.wake.wait().await;
+            }
+        }
     }
 
     /// Whether any of `tasks` is still running.
@@ -540,6 +562,18 @@ impl Conn {
         drop(running);
         self.io_done.notify();
         aborted
+    }
+}
+
+/// A task's entry among [`Conn::watched`]; removed when dropped.
+struct Watch<'a> {
+    conn: &'a Conn,
+    wake: Rc<Notify>,
+}
+
+impl Drop for Watch<'_> {
+    fn drop(&mut self) {
+        self.conn.watched.borrow_mut().retain(|(_, w)| !Rc::ptr_eq(w, &self.wake));
     }
 }
 
@@ -577,6 +611,7 @@ pub async fn serve(stream: TcpStream, model: Arc<IscsiModel>, cfg: TargetConfig,
         shell: Shell::new(peer),
         running: RefCell::new(Vec::new()),
         io_done: Notify::default(),
+        watched: RefCell::new(Vec::new()),
         stats: stats::Connection::open("iscsi", port, peer),
         fd: stream.as_raw_fd(),
         registration: RefCell::new(None),
@@ -1003,7 +1038,8 @@ async fn write_same(
 /// COMPARE AND WRITE: read, compare with the first half of `data`, write
 /// the second half, all under the device's range lock, so that no other
 /// write to those blocks (any protocol, any reactor, any LU on the device)
-/// lands in between. An abort while it waits for the lock cancels it.
+/// lands in between. An abort while it waits for the lock ends the wait
+/// (and the task) at once.
 async fn compare_and_write(
     conn: &Conn,
     task: TaskRef,
@@ -1024,10 +1060,11 @@ async fn compare_and_write(
         };
     }
     let blocks = (len / device.geometry().block_size as usize) as u64;
-    let lock = device.lock_range(lba, blocks).await.map_err(|e| scsi::io_error_sense(&e, true))?;
-    if conn.is_aborted(task) {
-        return Ok(());
-    }
+    let lock = match reactor::race(conn.on_abort(task), device.lock_range(lba, blocks)).await {
+        // Aborted while waiting: nothing read or written; the answer is dropped.
+        Ok(()) => return Ok(()),
+        Err(lock) => lock.map_err(|e| scsi::io_error_sense(&e, true))?,
+    };
     let (r, current) = device.read(lba, IoBuf::with_len(len)).await;
     r.map_err(|e| scsi::io_error_sense(&e, false))?;
     if let Some(sense) = scsi::miscompare(expected, &current) {

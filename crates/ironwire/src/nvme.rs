@@ -562,7 +562,16 @@ async fn run_io<T: Binding>(conn: Rc<Conn<T>>, req: BlockRequest, t0: u64) {
             }
         }
         BlockOp::CompareAndWrite { compare_cid, lba, expected, data, fua } => {
-            let (compare, write) = crate::fused::compare_and_write(&device, lba, &expected, &data, fua).await;
+            let aborted = abort::on_abort(&conn, cid);
+            let Some((compare, write)) =
+                crate::fused::compare_and_write(&device, lba, &expected, &data, fua, aborted).await
+            else {
+                // An Abort of the Write ended the wait for the range and
+                // answered the Write; the Compare fails with it.
+                conn.failed(Status::ABORTED_FAILED_FUSED);
+                conn.respond(Cqe::new(compare_cid, Status::ABORTED_FAILED_FUSED, 0));
+                return;
+            };
             conn.failed(compare);
             conn.respond(Cqe::new(compare_cid, compare, 0));
             write

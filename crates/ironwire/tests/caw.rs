@@ -323,3 +323,77 @@ fn nvme_write_under_way_is_not_overwritten_by_a_fused_compare_and_write_that_rea
         assert!(nvme_read_block(q, 0).await == pattern(0xb), "block 0 must end as B, whichever went first");
     }));
 }
+
+/// ABORT TASK (RFC 7143 section 11.5.1, function 1).
+const ABORT_TASK: u8 = 1;
+
+/// A COMPARE AND WRITE waiting for a range another one holds ends at
+/// once when aborted: ABORT TASK is answered while the holder still reads
+/// (LUN 1 holds every read), and the aborted one, which would have
+/// matched after the holder, writes nothing.
+#[test]
+fn an_iscsi_compare_and_write_waiting_for_its_range_is_aborted_at_once() {
+    let d = start("abort-waiting");
+    block_on(bounded(30, async {
+        let mut s = session(&d).await;
+        s.write16(1, 0, BLOCK, pattern(0xa)).await.expect("write A");
+        let holder = s.submit(1, &compare_and_write16(0), [pattern(0xa), pattern(0xc)].concat(), 0).expect("CAW A->C");
+        s.flush().await.expect("send the holder");
+        reactor::sleep(SETTLE).await;
+        let waiter = s.submit(1, &compare_and_write16(0), [pattern(0xc), pattern(0xd)].concat(), 0).expect("CAW C->D");
+        s.flush().await.expect("send the waiter");
+        reactor::sleep(SETTLE).await;
+        assert_eq!(s.task_mgmt(ABORT_TASK, 1, waiter).await.expect("ABORT TASK"), 0, "function complete");
+        assert!(s.answered().is_empty(), "ABORT TASK waited for the holder ({:x?} answered first)", s.answered());
+        let (itt, r) = s.next_completion().await.expect("the holder completes");
+        assert_eq!(itt, holder);
+        assert!(r.is_good(), "holder: {r:?}");
+        assert!(s.read16(1, 0, 1, BLOCK).await.expect("read") == pattern(0xc), "the aborted CAW wrote");
+    }));
+}
+
+/// The same over NVMe/TCP: an Abort of the Write of a fused pair waiting
+/// for its range (namespace 2 holds the first pair's compare read) ends the wait;
+/// the pair is answered (Abort Requested, Failed Fused) before the first
+/// pair, and writes nothing.
+#[test]
+fn an_nvme_fused_compare_and_write_waiting_for_its_range_is_aborted_at_once() {
+    let d = start("fused-abort");
+    block_on(bounded(30, async {
+        let mut c = controller(&d).await;
+        let mut queues = c.take_io_queues();
+        let q = queues.first_mut().expect("I/O queue");
+        let done = q.execute(cmd::write(2, 5, 1), pattern(0xa), 0).await.expect("write A");
+        assert!(done.cqe.status().is_success());
+        let pair = |q: &mut initiator::Queue, expected: u8, data: u8| {
+            let compare = q.submit(fused(cmd::compare(2, 5, 1), 0b01), pattern(expected), 0).expect("Compare");
+            let write = q.submit(fused(cmd::write(2, 5, 1), 0b10), pattern(data), 0).expect("Write");
+            (compare, write)
+        };
+        let holder = pair(q, 0xa, 0xc);
+        q.flush().await.expect("send the holder");
+        reactor::sleep(SETTLE).await;
+        let waiter = pair(q, 0xc, 0xd);
+        q.flush().await.expect("send the waiter");
+        reactor::sleep(SETTLE).await;
+        let done = c.admin_command(cmd::abort(1, waiter.1), Vec::new(), 0).await.expect("Abort");
+        assert!(done.cqe.status().is_success(), "Abort: {}", done.cqe.status());
+        assert_eq!(done.cqe.dw0.get() & 1, 0, "the waiting Write was not aborted");
+        let mut order = Vec::new();
+        for _ in 0..4 {
+            let done = q.next_completion().await.expect("completion");
+            order.push((done.cqe.cid.get(), done.cqe.status()));
+        }
+        let (first, last) = order.split_at(2);
+        let mut first = first.to_vec();
+        first.sort_by_key(|(cid, _)| *cid == waiter.1);
+        assert_eq!(
+            first,
+            [(waiter.0, Status::ABORTED_FAILED_FUSED), (waiter.1, Status::ABORT_REQUESTED)],
+            "the aborted pair is answered first: {order:?}"
+        );
+        assert!(last.iter().all(|(cid, s)| [holder.0, holder.1].contains(cid) && *s == Status::SUCCESS), "{order:?}");
+        let done = q.execute(cmd::read(2, 5, 1), Vec::new(), BLOCK).await.expect("read");
+        assert!(done.data == pattern(0xc), "the aborted pair wrote");
+    }));
+}

@@ -21,7 +21,9 @@ mod rt;
 pub use bufring::{register_receive_buffers, Receiver, RecvBuf, DEFAULT_BUFFERS, DEFAULT_BUFFER_SIZE};
 pub use doorbell::{doorbell, Doorbell, Ringer};
 pub use drain::{Drain, Refused, Ticket};
-pub use rt::{sleep, spawn, timeout, yield_now, Config, Elapsed, Features, JoinHandle, Runtime, Sleep, DEFAULT_POLL};
+pub use rt::{
+    race, sleep, spawn, timeout, yield_now, Config, Elapsed, Features, JoinHandle, Runtime, Sleep, DEFAULT_POLL,
+};
 
 use std::cell::{Cell, RefCell};
 use std::future::Future;
@@ -194,6 +196,30 @@ mod tests {
             sleep(Duration::from_millis(5)).await;
             n.notify();
             assert_eq!(t.await, 7);
+        });
+    }
+
+    #[test]
+    fn race_ends_with_the_first_and_drops_the_other() {
+        struct Flag(Rc<Cell<bool>>);
+        impl Drop for Flag {
+            fn drop(&mut self) {
+                self.0.set(true);
+            }
+        }
+        run(async {
+            let dropped = Rc::new(Cell::new(false));
+            let flag = Flag(dropped.clone());
+            let slow = async move {
+                sleep(Duration::from_secs(30)).await;
+                drop(flag);
+            };
+            let r = race(slow, async { 5 }).await;
+            assert_eq!(r, Err(5));
+            assert!(dropped.get(), "the loser is dropped before race returns");
+            let n = Notify::default();
+            n.notify();
+            assert_eq!(race(n.wait(), async { 1 }).await, Ok(()), "both ready: the first wins");
         });
     }
 

@@ -936,6 +936,21 @@ pub async fn timeout<F: Future>(d: Duration, fut: F) -> Result<F::Output, Elapse
     .await
 }
 
+/// Runs `a` and `b` together until one finishes: `Ok` with `a`'s output,
+/// or `Err` with `b`'s. `a` is polled first, so it wins when both are
+/// ready; the other is dropped before this returns.
+pub async fn race<A: Future, B: Future>(a: A, b: B) -> Result<A::Output, B::Output> {
+    let mut a = std::pin::pin!(a);
+    let mut b = std::pin::pin!(b);
+    std::future::poll_fn(|cx| {
+        if let Poll::Ready(v) = a.as_mut().poll(cx) {
+            return Poll::Ready(Ok(v));
+        }
+        b.as_mut().poll(cx).map(Err)
+    })
+    .await
+}
+
 #[cfg(test)]
 pub(crate) fn timer_heap_len() -> usize {
     with_core(|c| c.timer_heap_len())

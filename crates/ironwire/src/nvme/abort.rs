@@ -8,9 +8,10 @@
 //!
 //! Besides what the core and the binding hold (a write waiting for its
 //! data, and commands parsed but held back while the host does not read
-//! our replies), a command can be stopped while it waits out a device's
-//! injected latency: it is then held here, by CID, and never reaches the
-//! backend.
+//! our replies), a command can be stopped while it waits before reaching
+//! the device: out a device's injected latency, or for the LBA range lock
+//! of a fused Compare and Write. It is then watched here, by CID
+//! ([`on_abort`]), and an Abort ends the wait.
 
 use super::{Binding, Conn};
 use std::cell::{Cell, RefCell};
@@ -23,10 +24,10 @@ use std::time::Duration;
 pub(super) struct Aborts {
     /// Rings this connection's doorbell; taken at close to end its task.
     ringer: RefCell<Option<reactor::Ringer>>,
-    /// Commands waiting out their device's injected latency, by CID (at
-    /// most the queue's depth; only devices with injected latency, which
-    /// exist for tests, put any here).
-    delayed: RefCell<Vec<(u16, Rc<Held>)>>,
+    /// Commands waiting where an Abort can stop them, by CID (at most the
+    /// queue's depth: an injected latency, which only test devices have,
+    /// or a fused Compare and Write waiting for its range).
+    watched: RefCell<Vec<(u16, Rc<Held>)>>,
 }
 
 #[derive(Default)]
@@ -43,12 +44,12 @@ impl Aborts {
         }
     }
 
-    /// Stops the command `cid` if it is waiting out an injected latency.
-    fn cancel_delay(&self, cid: u16) -> bool {
-        let mut delayed = self.delayed.borrow_mut();
-        match delayed.iter().position(|(c, _)| *c == cid) {
+    /// Stops the command `cid` if it is watched ([`on_abort`]).
+    fn cancel_watched(&self, cid: u16) -> bool {
+        let mut watched = self.watched.borrow_mut();
+        match watched.iter().position(|(c, _)| *c == cid) {
             Some(i) => {
-                let (_, held) = delayed.swap_remove(i);
+                let (_, held) = watched.swap_remove(i);
                 held.aborted.set(true);
                 held.wake.notify();
                 true
@@ -94,7 +95,7 @@ fn answer<T: Binding>(conn: &Conn<T>) {
             if awaiting_data {
                 conn.wire.borrow_mut().cancel_data(cid)
             } else {
-                conn.aborts.cancel_delay(cid) || conn.wire.borrow_mut().withdraw_command(cid)
+                conn.aborts.cancel_watched(cid) || conn.wire.borrow_mut().withdraw_command(cid)
             }
         });
         if let Some(cqe) = cqe {
@@ -104,16 +105,37 @@ fn answer<T: Binding>(conn: &Conn<T>) {
     }
 }
 
+/// Watches command `cid` for an Abort: the future ends once an Abort
+/// stopped the command (and answered it). Until then, and once it is
+/// dropped, the command is no longer watched: race it against the wait
+/// an Abort may end ([`reactor::race`], with this first), and the Abort
+/// either ends the wait or finds nothing to stop.
+pub(super) fn on_abort<T: Binding>(conn: &Conn<T>, cid: u16) -> impl std::future::Future<Output = ()> + '_ {
+    let held = Rc::new(Held::default());
+    conn.aborts.watched.borrow_mut().push((cid, held.clone()));
+    let watch = Watch { aborts: &conn.aborts, held };
+    async move {
+        while !watch.held.aborted.get() {
+            watch.held.wake.wait().await;
+        }
+    }
+}
+
+/// A command's entry among the watched; removed when dropped.
+struct Watch<'a> {
+    aborts: &'a Aborts,
+    held: Rc<Held>,
+}
+
+impl Drop for Watch<'_> {
+    fn drop(&mut self) {
+        self.aborts.watched.borrow_mut().retain(|(_, h)| !Rc::ptr_eq(h, &self.held));
+    }
+}
+
 /// Waits out `delay` (a device's injected latency) for command `cid`;
 /// `false` when the command was aborted meanwhile (it is answered
 /// already and must not reach the device).
 pub(super) async fn wait_delay<T: Binding>(conn: &Conn<T>, cid: u16, delay: Duration) -> bool {
-    let held = Rc::new(Held::default());
-    conn.aborts.delayed.borrow_mut().push((cid, held.clone()));
-    let _ = reactor::timeout(delay, held.wake.wait()).await;
-    if held.aborted.get() {
-        return false;
-    }
-    conn.aborts.delayed.borrow_mut().retain(|(c, _)| *c != cid);
-    true
+    reactor::race(on_abort(conn, cid), reactor::sleep(delay)).await.is_err()
 }
