@@ -445,11 +445,27 @@ impl Control {
         new.validate()?;
         for d in &mut new.device {
             let before = st.config.device.iter().find(|o| o.name == d.name);
-            if before == Some(d) || !matches!(d.kind.as_str(), "file" | "block") {
+            if before == Some(d) {
                 continue;
             }
-            if let Some(path) = &d.path {
-                d.path = Some(self.allowed_path(path)?);
+            match d.kind.as_str() {
+                "file" | "block" => {
+                    if let Some(path) = &d.path {
+                        d.path = Some(self.allowed_path(path)?);
+                    }
+                }
+                // librados reads these: a Ceph file outside /etc/ceph/
+                // needs allow_paths like any other.
+                "rbd" => {
+                    for path in [&mut d.ceph_conf, &mut d.keyring].into_iter().flatten() {
+                        if !path.starts_with(CEPH_DIR)
+                            || path.components().any(|c| c == std::path::Component::ParentDir)
+                        {
+                            *path = self.allowed_path(path)?;
+                        }
+                    }
+                }
+                _ => {}
             }
         }
         let old = st.config.clone();
@@ -593,7 +609,7 @@ impl Control {
     fn allowed_path(&self, path: &Path) -> Result<PathBuf> {
         if self.allow_paths.is_empty() {
             bail!(
-                "ctl may add only null and ram devices: {} is not allowed ([control] allow_paths is empty)",
+                "ctl may open no file but Ceph's under /etc/ceph/: {} is not allowed ([control] allow_paths is empty)",
                 path.display()
             );
         }
@@ -605,6 +621,11 @@ impl Control {
         Ok(canonical)
     }
 }
+
+/// Ceph's own configuration directory: an rbd device added through ctl may
+/// read its `ceph_conf` and `keyring` there without `[control]
+/// allow_paths`.
+const CEPH_DIR: &str = "/etc/ceph/";
 
 /// `path` with symlinks and `..` resolved; a file that does not exist yet
 /// (a file device creates it) resolves through its directory.

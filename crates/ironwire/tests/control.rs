@@ -286,6 +286,18 @@ fn device_add_without_allow_paths_adds_only_null_and_ram_devices() {
     assert!(e.contains("[control] allow_paths"), "{e}");
     assert_eq!(ctl(&sock, "device-add r2 ram size=1MiB"), Ok(String::new()));
     assert_eq!(ctl(&sock, "device-add n2 null size=1MiB"), Ok(String::new()));
+    // librados would read an rbd device's Ceph files: outside /etc/ceph/
+    // they need allow_paths too, checked before any connection is tried.
+    let conf = d.dir.join("ceph.conf");
+    std::fs::write(&conf, "[global]\nmon_host = 127.0.0.1:1\n").expect("conf");
+    let e = ctl(&sock, &format!("device-add v rbd pool=rbd image=i ceph_conf={}", conf.display())).expect_err("conf");
+    assert!(e.contains("[control] allow_paths"), "{e}");
+    let e =
+        ctl(&sock, &format!("device-add v rbd pool=rbd image=i keyring={}/k", d.dir.display())).expect_err("keyring");
+    assert!(e.contains("[control] allow_paths"), "{e}");
+    let e = ctl(&sock, "device-add v rbd pool=rbd image=i keyring=/etc/ceph/../shadow").expect_err("dot-dot");
+    assert!(e.contains("[control] allow_paths"), "{e}");
+    assert!(!ctl(&sock, "show").expect("show").contains("device v "));
 }
 
 #[test]
