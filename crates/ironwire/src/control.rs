@@ -438,13 +438,43 @@ impl Control {
     /// `check-config` validates, device paths checked against `[control]
     /// allow_paths`, applied to the live objects, then (with `--persist`)
     /// written to the configuration file. Nothing changes on an error.
-    fn change(&self, f: impl FnOnce(&Config) -> Result<Config>) -> Result<()> {
-        let mut st = self.lock();
-        let mut new = f(&st.config)?;
+    /// rbd devices are opened before the lock is taken for the change, so
+    /// that other ctl commands go on while a cluster is slow to answer; a
+    /// change that came in meanwhile makes this one start again from it.
+    fn change(&self, f: impl Fn(&Config) -> Result<Config>) -> Result<()> {
+        for _ in 0..3 {
+            let (base, new) = {
+                let st = self.lock();
+                (st.config.clone(), self.checked(&st.config, &f)?)
+            };
+            // Every file or block device the change opens is one checked above.
+            let preopened = crate::runtime::preopen(&base, &new, blockdev::Symlinks::Refuse)?;
+            let mut st = self.lock();
+            if st.config != base {
+                continue;
+            }
+            crate::runtime::apply(&mut st.live, &base, &new, blockdev::Symlinks::Refuse, &preopened)?;
+            st.config = new;
+            log::info!("control: configuration changed");
+            if let (true, Some(path)) = (self.persist, &self.config_path) {
+                let text = toml::to_string(&st.config)?;
+                write_atomic(path, text.as_bytes())
+                    .with_context(|| format!("the change is live, but saving it to {} failed", path.display()))?;
+            }
+            return Ok(());
+        }
+        bail!("the configuration changed three times while this change was being prepared; try again")
+    }
+
+    /// `f` applied to `config`, normalized, validated, and its new or
+    /// changed device paths checked against `[control] allow_paths` (and
+    /// kept in their resolved form).
+    fn checked(&self, config: &Config, f: impl FnOnce(&Config) -> Result<Config>) -> Result<Config> {
+        let mut new = f(config)?;
         crate::runtime::normalize(&mut new);
         new.validate()?;
         for d in &mut new.device {
-            let before = st.config.device.iter().find(|o| o.name == d.name);
+            let before = config.device.iter().find(|o| o.name == d.name);
             if before == Some(d) {
                 continue;
             }
@@ -468,17 +498,7 @@ impl Control {
                 _ => {}
             }
         }
-        let old = st.config.clone();
-        // Every file or block device this opens is one checked above.
-        crate::runtime::apply(&mut st.live, &old, &new, blockdev::Symlinks::Refuse)?;
-        st.config = new;
-        log::info!("control: configuration changed");
-        if let (true, Some(path)) = (self.persist, &self.config_path) {
-            let text = toml::to_string(&st.config)?;
-            write_atomic(path, text.as_bytes())
-                .with_context(|| format!("the change is live, but saving it to {} failed", path.display()))?;
-        }
-        Ok(())
+        Ok(new)
     }
 
     /// Re-reads the `--config` file and applies what changed (`ctl reload`
@@ -496,7 +516,7 @@ impl Control {
         crate::runtime::normalize(&mut new);
         let mut st = self.lock();
         let old = st.config.clone();
-        crate::runtime::apply(&mut st.live, &old, &new, blockdev::Symlinks::Follow)
+        crate::runtime::apply(&mut st.live, &old, &new, blockdev::Symlinks::Follow, &Default::default())
             .with_context(|| format!("reloading {}", path.display()))?;
         st.config = new;
         log::info!("control: reloaded {}", path.display());

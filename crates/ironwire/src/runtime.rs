@@ -102,7 +102,27 @@ fn users(config: &Config, device: &str) -> Vec<String> {
 /// devices it opens resolve their paths as `symlinks` says:
 /// [`Symlinks::Refuse`] for paths ctl checked against `[control]
 /// allow_paths`, so that what is opened is what was checked.
-pub fn apply(live: &mut Live, old: &Config, new: &Config, symlinks: Symlinks) -> Result<()> {
+/// Devices opened ahead of the change that uses them, by name, each with
+/// the configuration it was opened from ([`preopen`]).
+pub type Preopened = HashMap<String, (DeviceConfig, Arc<Device>)>;
+
+/// Opens the rbd devices that `new` adds or changes against `old`: they
+/// are slow to open (connect, open, size: up to `connect_timeout` each),
+/// so ctl opens them before it takes the lock for the change, and
+/// [`apply`] uses them.
+pub fn preopen(old: &Config, new: &Config, symlinks: Symlinks) -> Result<Preopened> {
+    let mut out = Preopened::new();
+    for d in new.device.iter().filter(|d| d.kind == "rbd") {
+        if old.device.iter().any(|o| o == d) {
+            continue;
+        }
+        let dev = crate::serve::open_device(d, symlinks)?;
+        out.insert(d.name.clone(), (d.clone(), Arc::new(dev)));
+    }
+    Ok(out)
+}
+
+pub fn apply(live: &mut Live, old: &Config, new: &Config, symlinks: Symlinks, preopened: &Preopened) -> Result<()> {
     check_fixed(old, new)?;
     // Checks first: a refusal leaves everything as it was.
     let old_dev: HashMap<&str, &DeviceConfig> = old.device.iter().map(|d| (d.name.as_str(), d)).collect();
@@ -148,7 +168,11 @@ pub fn apply(live: &mut Live, old: &Config, new: &Config, symlinks: Symlinks) ->
     }
     let mut opened = HashMap::new();
     for d in to_open {
-        opened.insert(d.name.clone(), Arc::new(crate::serve::open_device(d, symlinks)?));
+        let dev = match preopened.get(&d.name) {
+            Some((c, dev)) if c == d => dev.clone(),
+            _ => Arc::new(crate::serve::open_device(d, symlinks)?),
+        };
+        opened.insert(d.name.clone(), dev);
     }
     // The addresses new ports need must be free before anything changes.
     let old_addrs: Vec<&str> = old.port.iter().map(|p| p.address.as_str()).collect();

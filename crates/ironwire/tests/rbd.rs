@@ -340,10 +340,14 @@ fn ctl(d: &Daemon, words: &[&str]) -> (bool, String) {
 fn ctl_adds_an_rbd_device_at_run_time_and_refuses_an_unreachable_cluster() {
     let Some(conf) = ceph_cluster() else { return };
     let img = TestImage::new(&conf, "ctl");
-    let mut d = Daemon::start_with("rbd-ctl", |_, port| {
+    // The cluster's ceph.conf and the test's own are outside /etc/ceph/.
+    let cluster_dir = conf.parent().expect("cluster dir").to_path_buf();
+    let mut d = Daemon::start_with("rbd-ctl", |dir, port| {
         format!(
             "[[subsystem]]\nnqn = \"{NQN}\"\nallow_any_host = true\n\n[[port]]\naddress = \"127.0.0.1:{port}\"\n\n\
-             [reactor]\ncores = [0]\n"
+             [reactor]\ncores = [0]\n\n[control]\nallow_paths = [\"{}/\", \"{}/\"]\n",
+            cluster_dir.display(),
+            dir.display()
         )
     });
     let (image, ceph_conf) = (format!("image={}", img.name), format!("ceph_conf={}", conf.display()));
@@ -364,6 +368,26 @@ fn ctl_adds_an_rbd_device_at_run_time_and_refuses_an_unreachable_cluster() {
     assert!(out.contains("127.0.0.1:9") && out.contains("gone"), "the error names the device and monitors: {out}");
     let (ok, shown) = ctl(&d, &["save"]);
     assert!(ok && shown.contains("name = \"live\"") && !shown.contains("gone"), "only the live device: {shown}");
+    // The slow open happens outside the control lock: other ctl commands
+    // are answered while it waits for the cluster (it cannot fail before
+    // its connect_timeout).
+    let started = std::time::Instant::now();
+    let slow = {
+        let sock = d.dir.join("ctl.sock");
+        let gone_conf = gone_conf.clone();
+        std::thread::spawn(move || {
+            common::ctl(
+                &sock,
+                &["add", "device", "name=slow", "kind=rbd", "pool=rbd", "image=x", &gone_conf, "connect_timeout=10"],
+            )
+        })
+    };
+    std::thread::sleep(Duration::from_millis(300));
+    let (ok, shown) = ctl(&d, &["show"]);
+    assert!(ok && shown.contains("device live"), "{shown}");
+    assert!(started.elapsed() < Duration::from_secs(10), "ctl show waited for the add's connect_timeout");
+    assert!(!slow.is_finished(), "the add of an unreachable cluster ended early");
+    assert!(slow.join().expect("add thread").is_err(), "adding a device on an unreachable cluster must fail");
 
     let data = pattern(64 << 10, 7);
     block_on(bounded(60, async {
