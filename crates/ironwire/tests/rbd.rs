@@ -579,26 +579,35 @@ fn rbd_resize_while_exported_reaches_nvme_and_iscsi_hosts() {
     d.assert_alive();
 }
 
-#[test]
-fn blocklisted_client_gets_errors_and_the_daemon_keeps_serving() {
-    let Some(conf) = ceph_cluster() else { return };
-    let img = TestImage::new(&conf, "blocklist");
+/// Namespace 1 on `img` (512-byte blocks), namespace 2 on a RAM device.
+fn ceph_and_ram_daemon(tag: &str, img: &TestImage) -> Daemon {
     let rbd = img.device(512);
-    let mut d = Daemon::start_with("rbd-blocklist", move |_, port| {
+    Daemon::start_with(&format!("rbd-{tag}"), move |_, port| {
         format!(
             "{rbd}\n[[device]]\nname = \"mem\"\nkind = \"ram\"\nsize = \"1MiB\"\n\n\
              [[subsystem]]\nnqn = \"{NQN}\"\nallow_any_host = true\n\
              [[subsystem.namespace]]\nnsid = 1\ndevice = \"ceph\"\n[[subsystem.namespace]]\nnsid = 2\ndevice = \"mem\"\n\n\
              [[port]]\naddress = \"127.0.0.1:{port}\"\n\n[reactor]\ncores = [0]\n"
         )
-    });
-    // The daemon's librados client, from the image's watchers.
-    let status = String::from_utf8(rbd_cli(&conf, &["status", &format!("rbd/{}", img.name)])).expect("utf-8");
-    let client = status
+    })
+}
+
+/// The daemon's librados client, from `img`'s watchers (`rbd status`).
+fn watcher(conf: &Path, img: &TestImage) -> String {
+    let status = String::from_utf8(rbd_cli(conf, &["status", &format!("rbd/{}", img.name)])).expect("utf-8");
+    status
         .split_whitespace()
         .find_map(|w| w.strip_prefix("watcher="))
         .unwrap_or_else(|| panic!("the daemon watches its image: {status}"))
-        .to_string();
+        .to_string()
+}
+
+#[test]
+fn blocklisted_client_gets_errors_and_the_daemon_keeps_serving() {
+    let Some(conf) = ceph_cluster() else { return };
+    let img = TestImage::new(&conf, "blocklist");
+    let mut d = ceph_and_ram_daemon("blocklist", &img);
+    let client = watcher(&conf, &img);
     block_on(bounded(120, async {
         let mut c = Controller::connect(d.addr, NQN, HOST, opts()).await.expect("connect");
         c.write(0, 1, 0, pattern(4096, 1)).await.expect("write before the blocklist");
@@ -630,22 +639,9 @@ fn blocklisted_client_gets_errors_and_the_daemon_keeps_serving() {
 fn removed_image_gets_errors_and_the_daemon_keeps_serving() {
     let Some(conf) = ceph_cluster() else { return };
     let img = TestImage::new(&conf, "removed");
-    let rbd = img.device(512);
-    let mut d = Daemon::start_with("rbd-removed", move |_, port| {
-        format!(
-            "{rbd}\n[[device]]\nname = \"mem\"\nkind = \"ram\"\nsize = \"1MiB\"\n\n\
-             [[subsystem]]\nnqn = \"{NQN}\"\nallow_any_host = true\n\
-             [[subsystem.namespace]]\nnsid = 1\ndevice = \"ceph\"\n[[subsystem.namespace]]\nnsid = 2\ndevice = \"mem\"\n\n\
-             [[port]]\naddress = \"127.0.0.1:{port}\"\n\n[reactor]\ncores = [0]\n"
-        )
-    });
+    let mut d = ceph_and_ram_daemon("removed", &img);
     let spec = format!("rbd/{}", img.name);
-    let status = String::from_utf8(rbd_cli(&conf, &["status", &spec])).expect("utf-8");
-    let client = status
-        .split_whitespace()
-        .find_map(|w| w.strip_prefix("watcher="))
-        .unwrap_or_else(|| panic!("the daemon watches its image: {status}"))
-        .to_string();
+    let client = watcher(&conf, &img);
     let ceph = |args: &[&str]| {
         let out = Command::new("timeout").args(["60", "ceph", "-c"]).arg(&conf).args(args).output().expect("ceph");
         assert!(out.status.success(), "ceph {args:?}: {}", String::from_utf8_lossy(&out.stderr));
