@@ -8,7 +8,7 @@
 
 mod common;
 
-use common::{block_on, bounded, Daemon};
+use common::{block_on, bounded, toml, Daemon};
 use initiator::iscsi::{cdb, LoginOptions, ScsiResult, Session};
 use initiator::{cmd, Controller, Options, Status};
 use std::net::SocketAddr;
@@ -38,50 +38,14 @@ fn start(tag: &str) -> Daemon {
     let cores = cores();
     Daemon::start_with(&format!("caw-{tag}"), |_, port| {
         format!(
-            r#"
-[[device]]
-name = "slow-writes"
-kind = "ram"
-size = "4MiB"
-write_latency_us = {hold}
-
-[[device]]
-name = "slow-reads"
-kind = "ram"
-size = "4MiB"
-read_latency_us = {hold}
-
-[[iscsi_target]]
-iqn = "{IQN}"
-allow_any_initiator = true
-[[iscsi_target.lun]]
-lun = 0
-device = "slow-writes"
-[[iscsi_target.lun]]
-lun = 1
-device = "slow-reads"
-
-[[subsystem]]
-nqn = "{NQN}"
-allow_any_host = true
-[[subsystem.namespace]]
-nsid = 1
-device = "slow-writes"
-[[subsystem.namespace]]
-nsid = 2
-device = "slow-reads"
-
-[[port]]
-address = "127.0.0.1:{port}"
-
-[[port]]
-transport = "iscsi"
-address = "127.0.0.1:{iscsi}"
-
-[reactor]
-cores = {cores:?}
-"#,
-            iscsi = port + 1
+            "{}{}{}[[subsystem]]\nnqn = \"{NQN}\"\nallow_any_host = true\n\
+             [[subsystem.namespace]]\nnsid = 1\ndevice = \"slow-writes\"\n\
+             [[subsystem.namespace]]\nnsid = 2\ndevice = \"slow-reads\"\n\n\
+             [[port]]\naddress = \"127.0.0.1:{port}\"\n\n{}[reactor]\ncores = {cores:?}\n",
+            toml::ram("slow-writes", 0, hold),
+            toml::ram("slow-reads", hold, 0),
+            toml::iscsi_target(IQN, &["slow-writes", "slow-reads"]),
+            toml::iscsi_port(port + 1)
         )
     })
 }

@@ -7,7 +7,7 @@
 
 mod common;
 
-use common::{block_on, bounded, Daemon};
+use common::{block_on, bounded, toml, Daemon};
 use initiator::iscsi::{cdb, LoginOptions, Session};
 use std::time::Duration;
 
@@ -31,36 +31,11 @@ fn start(tag: &str) -> Daemon {
     let hold = HOLD.as_micros();
     Daemon::start_with(&format!("iscsi-abort-{tag}"), |_, port| {
         format!(
-            r#"
-[[device]]
-name = "slow-reads"
-kind = "ram"
-size = "4MiB"
-read_latency_us = {hold}
-
-[[device]]
-name = "slow-writes"
-kind = "ram"
-size = "4MiB"
-write_latency_us = {hold}
-
-[[iscsi_target]]
-iqn = "{TARGET}"
-allow_any_initiator = true
-[[iscsi_target.lun]]
-lun = 0
-device = "slow-reads"
-[[iscsi_target.lun]]
-lun = 1
-device = "slow-writes"
-
-[[port]]
-transport = "iscsi"
-address = "127.0.0.1:{port}"
-
-[reactor]
-cores = [0]
-"#
+            "{}{}{}{}[reactor]\ncores = [0]\n",
+            toml::ram("slow-reads", hold, 0),
+            toml::ram("slow-writes", 0, hold),
+            toml::iscsi_target(TARGET, &["slow-reads", "slow-writes"]),
+            toml::iscsi_port(port)
         )
     })
 }

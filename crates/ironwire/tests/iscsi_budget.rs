@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::Daemon;
+use common::{toml, Daemon};
 use iscsi::host::{HostConfig, HostConnection};
 use iscsi::pdu::{self, flags, Bhs, Framing, Opcode, RESERVED_TAG};
 use std::io::{Read, Write};
@@ -21,28 +21,9 @@ const WRITES: u32 = 4;
 fn start(tag: &str, limits: &str) -> Daemon {
     Daemon::start_with(&format!("iscsi-budget-{tag}"), |_, port| {
         format!(
-            r#"
-[[device]]
-name = "null"
-kind = "null"
-size = "64MiB"
-
-[[iscsi_target]]
-iqn = "{TARGET}"
-allow_any_initiator = true
-[[iscsi_target.lun]]
-lun = 0
-device = "null"
-
-[[port]]
-transport = "iscsi"
-address = "127.0.0.1:{port}"
-
-[reactor]
-cores = [0]
-
-{limits}
-"#
+            "[[device]]\nname = \"null\"\nkind = \"null\"\nsize = \"64MiB\"\n\n{}{}[reactor]\ncores = [0]\n\n{limits}\n",
+            toml::iscsi_target(TARGET, &["null"]),
+            toml::iscsi_port(port)
         )
     })
 }

@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::{block_on, bounded, Daemon};
+use common::{block_on, bounded, toml, Daemon};
 use initiator::iscsi::{cdb, LoginOptions, Session};
 use std::time::Duration;
 
@@ -28,32 +28,11 @@ fn start(tag: &str) -> Daemon {
     let hold = HOLD.as_micros();
     Daemon::start_with(&format!("iscsi-reinstate-{tag}"), |_, port| {
         format!(
-            r#"
-[[device]]
-name = "slow-writes"
-kind = "ram"
-size = "4MiB"
-write_latency_us = {hold}
-
-[[device]]
-name = "fast"
-kind = "ram"
-size = "4MiB"
-
-[[iscsi_target]]
-iqn = "{TARGET}"
-allow_any_initiator = true
-[[iscsi_target.lun]]
-lun = 0
-device = "slow-writes"
-[[iscsi_target.lun]]
-lun = 1
-device = "fast"
-
-[[port]]
-transport = "iscsi"
-address = "127.0.0.1:{port}"
-"#
+            "{}{}{}{}",
+            toml::ram("slow-writes", 0, hold),
+            toml::ram("fast", 0, 0),
+            toml::iscsi_target(TARGET, &["slow-writes", "fast"]),
+            toml::iscsi_port(port)
         )
     })
 }

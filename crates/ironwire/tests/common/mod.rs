@@ -284,3 +284,35 @@ pub fn block_on<F: Future>(f: F) -> F::Output {
 pub async fn bounded<F: Future>(secs: u64, f: F) -> F::Output {
     reactor::timeout(Duration::from_secs(secs), f).await.expect("test body timed out")
 }
+
+/// Configuration snippets the daemon tests put together.
+pub mod toml {
+    /// A 4 MiB RAM device named `name` that holds each read and each write
+    /// for the given microseconds (0: not held).
+    pub fn ram(name: &str, read_latency_us: u128, write_latency_us: u128) -> String {
+        let mut s = format!("[[device]]\nname = \"{name}\"\nkind = \"ram\"\nsize = \"4MiB\"\n");
+        if read_latency_us > 0 {
+            s.push_str(&format!("read_latency_us = {read_latency_us}\n"));
+        }
+        if write_latency_us > 0 {
+            s.push_str(&format!("write_latency_us = {write_latency_us}\n"));
+        }
+        s.push('\n');
+        s
+    }
+
+    /// An iSCSI target open to any initiator, with LUN `i` on `devices[i]`.
+    pub fn iscsi_target(iqn: &str, devices: &[&str]) -> String {
+        let mut s = format!("[[iscsi_target]]\niqn = \"{iqn}\"\nallow_any_initiator = true\n");
+        for (lun, d) in devices.iter().enumerate() {
+            s.push_str(&format!("[[iscsi_target.lun]]\nlun = {lun}\ndevice = \"{d}\"\n"));
+        }
+        s.push('\n');
+        s
+    }
+
+    /// An iSCSI portal on 127.0.0.1:`port`.
+    pub fn iscsi_port(port: u16) -> String {
+        format!("[[port]]\ntransport = \"iscsi\"\naddress = \"127.0.0.1:{port}\"\n\n")
+    }
+}
