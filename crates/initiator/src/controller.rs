@@ -4,7 +4,7 @@
 //! wait for CSTS.RDY, Identify, ask for I/O queues, connect them.
 
 use crate::cmd;
-use crate::queue::{Queue, QueueOptions};
+use crate::queue::{Queue, QueueOptions, Transport};
 use crate::{Error, Result};
 use nvme_spec::fabrics::ConnectData;
 use nvme_spec::identify::{ctrl as ic, ns as ins, LEN as IDENTIFY_LEN};
@@ -19,6 +19,8 @@ use zerocopy::IntoBytes;
 /// How to create a controller.
 #[derive(Clone, Debug)]
 pub struct Options {
+    /// The transport every queue connects over.
+    pub transport: Transport,
     /// I/O queues to connect.
     pub io_queues: u16,
     /// Entries per I/O queue; at most `queue_size - 1` commands are
@@ -44,6 +46,7 @@ pub struct Options {
 impl Default for Options {
     fn default() -> Self {
         Options {
+            transport: Transport::Tcp,
             io_queues: 1,
             queue_size: 128,
             admin_queue_size: 32,
@@ -265,6 +268,9 @@ impl Controller {
     /// `opts.io_queues` I/O queues to it.
     pub async fn connect(addr: SocketAddr, subnqn: &str, hostnqn: &str, opts: Options) -> Result<Controller> {
         let qopts = QueueOptions {
+            transport: opts.transport,
+            qid: 0,
+            entries: opts.admin_queue_size,
             header_digest: opts.header_digest,
             data_digest: opts.data_digest,
             max_in_capsule: 8192,
@@ -299,9 +305,9 @@ impl Controller {
         let granted = ctrl.admin.execute(cmd::number_of_queues(opts.io_queues), Vec::new(), 0).await?.cqe.dw0.get();
         // Both counts come back 0-based; use the smaller.
         let n = ((granted & 0xffff).min(granted >> 16) + 1).min(u32::from(opts.io_queues));
-        let io_opts = QueueOptions { max_in_capsule: ctrl.ident.io_in_capsule(), ..qopts };
+        let io_opts = QueueOptions { max_in_capsule: ctrl.ident.io_in_capsule(), entries: opts.queue_size, ..qopts };
         for qid in 1..=n as u16 {
-            let mut q = Queue::connect(addr, io_opts).await?;
+            let mut q = Queue::connect(addr, QueueOptions { qid, ..io_opts }).await?;
             fabrics_connect(&mut q, &host, qid, opts.queue_size, 0, cntlid).await?;
             ctrl.io.push(q);
         }

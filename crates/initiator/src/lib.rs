@@ -1,6 +1,8 @@
-//! An async NVMe/TCP host on the reactor, for tests, tools and the benchmark.
+//! An async NVMe-oF host on the reactor, for tests, tools and the benchmark:
+//! NVMe/TCP, and NVMe/RDMA over iWARP done in software ([`Transport`]).
 //!
-//! The protocol work is `nvmf_tcp::host::HostConnection`'s; this crate only
+//! The protocol work is `nvmf_tcp::host::HostConnection`'s (or
+//! `nvmf_rdma::host::HostConnection`'s); this crate only
 //! moves its bytes over a reactor TCP stream ([`Queue`]), runs the NVMe-oF
 //! controller bring-up and the common admin and I/O commands on top
 //! ([`Controller`]), reads discovery log pages ([`discover`]) and drives a
@@ -26,7 +28,7 @@ pub use controller::{Controller, IdentifyController, NamespaceInfo, Options};
 pub use discovery::{discover, discover_with, parse_discovery_log, DiscoveryEntry};
 pub use nvme_spec::Status;
 pub use nvmf_tcp::host::Completion;
-pub use queue::{check, Queue, QueueOptions};
+pub use queue::{check, Queue, QueueOptions, Transport};
 
 use std::time::Duration;
 
@@ -40,6 +42,10 @@ pub enum Error {
     /// that break NVMe/TCP.
     #[error("NVMe/TCP transport error: {0}")]
     Fatal(#[from] nvmf_tcp::Fatal),
+    /// The controller refused or ended an NVMe/RDMA connection, or broke
+    /// iWARP or the NVMe/RDMA binding.
+    #[error("NVMe/RDMA over iWARP: {0}")]
+    Rdma(#[from] nvmf_rdma::host::HostError),
     /// A socket error.
     #[error("socket error: {0}")]
     Io(#[from] std::io::Error),

@@ -1,5 +1,7 @@
-//! One NVMe/TCP connection, which is one NVMe queue: a thin async shell
-//! around `nvmf_tcp::host::HostConnection`.
+//! One NVMe-oF connection, which is one NVMe queue: a thin async shell
+//! around `nvmf_tcp::host::HostConnection` (NVMe/TCP) or
+//! `nvmf_rdma::host::HostConnection` (NVMe/RDMA over iWARP, the RNIC's
+//! work done in software over the same TCP socket).
 //!
 //! The queue is driven by whoever awaits it: [`Queue::submit`] only encodes
 //! a command; [`Queue::next_completion`] sends what is queued and reads until
@@ -8,6 +10,7 @@
 
 use crate::{Error, Result};
 use nvme_spec::Sqe;
+use nvmf_rdma::host::{HostConfig as RdmaConfig, HostConnection as RdmaConnection, MAX_KEYED_LEN};
 use nvmf_tcp::host::{Completion, HostConfig, HostConnection};
 use reactor::buf::IoBufMut;
 use reactor::net::TcpStream;
@@ -15,9 +18,40 @@ use std::collections::{HashSet, VecDeque};
 use std::net::SocketAddr;
 use std::time::Duration;
 
+/// The NVMe-oF transport a queue connects over.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Transport {
+    /// NVMe/TCP.
+    #[default]
+    Tcp,
+    /// NVMe/RDMA over iWARP; `crc` asks for MPA CRC32C on every FPDU (used
+    /// anyway when the controller asks).
+    Rdma {
+        /// Ask for CRC32C.
+        crc: bool,
+    },
+}
+
+impl std::fmt::Display for Transport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Transport::Tcp => f.write_str("tcp"),
+            Transport::Rdma { crc: true } => f.write_str("rdma"),
+            Transport::Rdma { crc: false } => f.write_str("rdma (crc off)"),
+        }
+    }
+}
+
 /// How to set up one connection.
 #[derive(Clone, Copy, Debug)]
 pub struct QueueOptions {
+    /// The transport.
+    pub transport: Transport,
+    /// NVMe/RDMA: the queue ID and submission queue entries, which the
+    /// connection request carries (NVMe/TCP tells them in Connect only).
+    pub qid: u16,
+    /// NVMe/RDMA: see `qid`.
+    pub entries: u16,
     /// Ask for header digests (CRC32C over every PDU header).
     pub header_digest: bool,
     /// Ask for data digests (CRC32C over every PDU's data).
@@ -33,6 +67,9 @@ pub struct QueueOptions {
 impl Default for QueueOptions {
     fn default() -> Self {
         QueueOptions {
+            transport: Transport::Tcp,
+            qid: 0,
+            entries: 32,
             header_digest: false,
             data_digest: false,
             max_in_capsule: 8192,
@@ -41,10 +78,17 @@ impl Default for QueueOptions {
     }
 }
 
-/// One NVMe/TCP connection.
+/// The protocol state of a queue.
+enum Link {
+    Tcp(HostConnection),
+    /// With the buffer bytes are read into.
+    Rdma(Box<RdmaConnection>, Vec<u8>),
+}
+
+/// One NVMe-oF connection.
 pub struct Queue {
     stream: TcpStream,
-    conn: HostConnection,
+    conn: Link,
     tx: Vec<u8>,
     ready: VecDeque<Completion>,
     in_flight: HashSet<u16>,
@@ -58,17 +102,37 @@ pub struct Queue {
 const RX_BUF: usize = 256 * 1024;
 
 impl Queue {
-    /// Opens a TCP connection to `addr` and exchanges ICReq/ICResp.
+    /// Opens a TCP connection to `addr` and exchanges ICReq/ICResp
+    /// (NVMe/TCP) or the MPA request and reply with the CM private data
+    /// (NVMe/RDMA).
     pub async fn connect(addr: SocketAddr, opts: QueueOptions) -> Result<Queue> {
         let stream = reactor::timeout(opts.timeout, TcpStream::connect(addr))
             .await
             .map_err(|_| Error::Timeout { what: "TCP connect", after: opts.timeout })??;
         stream.set_nodelay(true)?;
-        let conn = HostConnection::new(HostConfig {
-            header_digest: opts.header_digest,
-            data_digest: opts.data_digest,
-            max_in_capsule: opts.max_in_capsule,
-        });
+        let (conn, what) = match opts.transport {
+            Transport::Tcp => (
+                Link::Tcp(HostConnection::new(HostConfig {
+                    header_digest: opts.header_digest,
+                    data_digest: opts.data_digest,
+                    max_in_capsule: opts.max_in_capsule,
+                })),
+                "ICResp",
+            ),
+            Transport::Rdma { crc } => (
+                Link::Rdma(
+                    Box::new(RdmaConnection::new(RdmaConfig {
+                        crc,
+                        qid: opts.qid,
+                        entries: opts.entries,
+                        max_in_capsule: opts.max_in_capsule,
+                        ..RdmaConfig::default()
+                    })),
+                    Vec::new(),
+                ),
+                "the MPA reply",
+            ),
+        };
         let mut q = Queue {
             stream,
             conn,
@@ -83,10 +147,25 @@ impl Queue {
             peer: addr,
         };
         q.flush().await?;
-        while !q.conn.is_ready() {
-            q.receive("ICResp").await?;
+        while !q.is_ready() {
+            q.receive(what).await?;
         }
         Ok(q)
+    }
+
+    fn is_ready(&self) -> bool {
+        match &self.conn {
+            Link::Tcp(c) => c.is_ready(),
+            Link::Rdma(c, _) => c.is_ready(),
+        }
+    }
+
+    /// The transport this queue speaks.
+    pub fn transport(&self) -> Transport {
+        match &self.conn {
+            Link::Tcp(_) => Transport::Tcp,
+            Link::Rdma(c, _) => Transport::Rdma { crc: c.crc() },
+        }
     }
 
     /// The controller's address.
@@ -129,12 +208,18 @@ impl Queue {
     /// earlier commands when possible: fill it and pass it to
     /// [`submit`](Self::submit).
     pub fn buffer(&mut self, capacity: usize) -> Vec<u8> {
-        self.conn.buffer(capacity)
+        match &mut self.conn {
+            Link::Tcp(c) => c.buffer(capacity),
+            Link::Rdma(c, _) => c.buffer(capacity),
+        }
     }
 
     /// Hands a completion's data back for reuse by later commands.
     pub fn recycle(&mut self, data: Vec<u8>) {
-        self.conn.recycle(data);
+        match &mut self.conn {
+            Link::Tcp(c) => c.recycle(data),
+            Link::Rdma(c, _) => c.recycle(data),
+        }
     }
 
     /// Queues a command and returns its command identifier. Nothing is sent
@@ -155,9 +240,16 @@ impl Queue {
         if !write.is_empty() && read_len != 0 {
             return Err(Error::Invalid("bidirectional data transfers are not supported".into()));
         }
+        let len = u32::try_from(write.len()).unwrap_or(u32::MAX).max(read_len);
+        if matches!(self.conn, Link::Rdma(..)) && len > MAX_KEYED_LEN {
+            return Err(Error::Invalid(format!("{len} bytes in one NVMe/RDMA command (at most {MAX_KEYED_LEN})")));
+        }
         let cid = self.alloc_cid();
         sqe.cid = cid.into();
-        self.conn.submit(sqe, write, read_len);
+        match &mut self.conn {
+            Link::Tcp(c) => c.submit(sqe, write, read_len),
+            Link::Rdma(c, _) => c.submit(sqe, write, read_len),
+        }
         Ok(cid)
     }
 
@@ -175,12 +267,16 @@ impl Queue {
 
     /// Sends every byte waiting to be sent.
     pub async fn flush(&mut self) -> Result<()> {
-        if !self.conn.has_transmit() {
-            return Ok(());
-        }
         let mut tx = std::mem::take(&mut self.tx);
         tx.clear();
-        self.conn.take_transmit(&mut tx);
+        match &mut self.conn {
+            Link::Tcp(c) => c.take_transmit(&mut tx),
+            Link::Rdma(c, _) => c.take_transmit(&mut tx),
+        }
+        if tx.is_empty() {
+            self.tx = tx;
+            return Ok(());
+        }
         let res = reactor::timeout(self.timeout, self.stream.write_all(tx)).await;
         match res {
             Ok((Ok(_), mut tx)) => {
@@ -203,10 +299,22 @@ impl Queue {
         if self.failed {
             return Err(Error::Invalid("queue failed earlier".into()));
         }
-        // Read straight into the connection's receive buffer, after what
-        // it already holds.
-        let rx = self.conn.receive_buffer(RX_BUF);
-        let at = rx.len();
+        // NVMe/TCP: read straight into the connection's receive buffer,
+        // after what it already holds. NVMe/RDMA: into a buffer of our own;
+        // the connection places payloads where they belong.
+        let (rx, at) = match &mut self.conn {
+            Link::Tcp(c) => {
+                let rx = c.receive_buffer(RX_BUF);
+                let at = rx.len();
+                (rx, at)
+            }
+            Link::Rdma(_, buf) => {
+                let mut rx = std::mem::take(buf);
+                rx.clear();
+                rx.reserve(RX_BUF);
+                (rx, 0)
+            }
+        };
         let room = rx.capacity();
         let res = reactor::timeout(self.timeout, self.stream.read(rx.slice_mut(at..room))).await;
         let rx = match res {
@@ -215,12 +323,27 @@ impl Queue {
             Ok((Err(e), _)) => return self.fail(Error::Io(e)),
             Err(_) => return self.fail(Error::Timeout { what, after: self.timeout }),
         };
-        if let Err(e) = self.conn.received(rx) {
-            return self.fail(Error::Fatal(e));
-        }
-        // Completions that arrived; R2Ts may have queued H2CData to send.
-        while let Some(c) = self.conn.poll_completion() {
-            self.ready.push_back(c);
+        // Completions that arrived; R2Ts or RDMA Read Requests may have
+        // queued data to send.
+        let r = match &mut self.conn {
+            Link::Tcp(c) => c.received(rx).map_err(Error::Fatal).map(|()| {
+                while let Some(done) = c.poll_completion() {
+                    self.ready.push_back(done);
+                }
+            }),
+            Link::Rdma(c, buf) => {
+                let r = c.handle_input(&rx).map_err(Error::Rdma);
+                *buf = rx;
+                while let Some((cqe, data)) = c.poll_completion() {
+                    self.ready.push_back(Completion { cqe, data });
+                }
+                r
+            }
+        };
+        if let Err(e) = r {
+            // Send what the connection queued on its way out (a Terminate).
+            let _ = self.flush().await;
+            return self.fail(e);
         }
         self.flush().await
     }

@@ -20,6 +20,7 @@ use blockdev::{BlockDevice, Device};
 use clap::{ArgGroup, Args, Subcommand, ValueEnum};
 use hdrhistogram::Histogram;
 use initiator::bench::{self, ceiling, BenchOptions, IscsiTarget, Pattern, Progress, Report};
+use initiator::Transport;
 use serde_json::{json, Value};
 use std::io::{IsTerminal, Write};
 use std::net::{SocketAddr, ToSocketAddrs};
@@ -30,8 +31,8 @@ use std::time::{Duration, Instant};
 
 #[derive(Subcommand)]
 pub enum BenchCommand {
-    /// Load a remote NVMe/TCP (--nvme, --nqn) or iSCSI (--iscsi, --iqn)
-    /// target.
+    /// Load a remote NVMe-oF (--nvme, --nqn; NVMe/TCP, or NVMe/RDMA over
+    /// iWARP with --transport rdma) or iSCSI (--iscsi, --iqn) target.
     Run(Box<RunArgs>),
     /// The same workload in-process against a device (no network).
     Local(LocalArgs),
@@ -58,20 +59,28 @@ pub struct RunArgs {
     load: LoadArgs,
 }
 
-/// The remote target: NVMe/TCP or iSCSI.
+/// The remote target: NVMe/TCP, NVMe/RDMA over iWARP, or iSCSI.
 #[derive(Args, Clone)]
 #[command(group(ArgGroup::new("target").required(true).args(["nvme", "iscsi"])))]
 pub struct TargetArgs {
-    /// NVMe/TCP: controller address, IP:PORT (port 4420 if left out).
+    /// NVMe-oF: controller address, IP:PORT (port 4420 if left out).
     #[arg(long, requires = "nqn")]
     nvme: Option<String>,
-    /// NVMe/TCP: subsystem NQN.
+    /// NVMe-oF: subsystem NQN.
     #[arg(long, requires = "nvme")]
     nqn: Option<String>,
-    /// NVMe/TCP: host NQN.
+    /// NVMe-oF: transport, `tcp` or `rdma` (NVMe/RDMA over iWARP, done in
+    /// software over TCP).
+    #[arg(long, value_enum, default_value_t = TransportArg::Tcp, requires = "nvme")]
+    transport: TransportArg,
+    /// NVMe/RDMA: do not ask for MPA CRC32C on FPDUs (the target may still
+    /// ask for it).
+    #[arg(long)]
+    no_crc: bool,
+    /// NVMe-oF: host NQN.
     #[arg(long, default_value = DEFAULT_HOSTNQN)]
     hostnqn: String,
-    /// NVMe/TCP: namespace ID.
+    /// NVMe-oF: namespace ID.
     #[arg(long, default_value_t = 1)]
     nsid: u32,
     /// iSCSI: target portal, IP:PORT (port 3260 if left out); each job is
@@ -101,6 +110,15 @@ pub struct TargetArgs {
     ddgst: bool,
 }
 
+/// `--transport`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum TransportArg {
+    /// NVMe/TCP.
+    Tcp,
+    /// NVMe/RDMA over iWARP.
+    Rdma,
+}
+
 const DEFAULT_HOSTNQN: &str = "nqn.2014-08.org.nvmexpress:uuid:ironwire-bench";
 const DEFAULT_INITIATOR: &str = "iqn.2026-11.io.ironwire:bench";
 
@@ -125,10 +143,34 @@ impl TargetArgs {
             bail!("give --nvme ADDR --nqn NQN or --iscsi PORTAL --iqn IQN");
         };
         let addr = resolve(nvme, 4420)?;
-        let base = BenchOptions { addr, subnqn: nqn.clone(), hostnqn: self.hostnqn.clone(), nsid: self.nsid, ..common };
+        let transport = self.transport()?;
+        let base = BenchOptions {
+            addr,
+            transport,
+            subnqn: nqn.clone(),
+            hostnqn: self.hostnqn.clone(),
+            nsid: self.nsid,
+            ..common
+        };
         let engine: Engine = Arc::new(|o| Ok(block_on(bench::run(&o))??));
-        let header = Header { mode: "run", target: format!("nvme {addr} {nqn} nsid {}", self.nsid) };
+        let name = match transport {
+            Transport::Tcp => "nvme",
+            Transport::Rdma { crc: true } => "nvme-rdma",
+            Transport::Rdma { crc: false } => "nvme-rdma (crc off)",
+        };
+        let header = Header { mode: "run", target: format!("{name} {addr} {nqn} nsid {}", self.nsid) };
         Ok((header, base, engine))
+    }
+
+    fn transport(&self) -> Result<Transport> {
+        match self.transport {
+            TransportArg::Tcp if self.no_crc => bail!("--no-crc is for --transport rdma"),
+            TransportArg::Tcp => Ok(Transport::Tcp),
+            TransportArg::Rdma if self.hdgst || self.ddgst => {
+                bail!("--hdgst/--ddgst are NVMe/TCP digests; NVMe/RDMA over iWARP has MPA CRC (on unless --no-crc)")
+            }
+            TransportArg::Rdma => Ok(Transport::Rdma { crc: !self.no_crc }),
+        }
     }
 
     /// The flags that name this target on a command line (a CHAP secret
@@ -137,6 +179,12 @@ impl TargetArgs {
         let mut f = Vec::new();
         if let (Some(a), Some(n)) = (&self.nvme, &self.nqn) {
             f.push(format!("--nvme {a} --nqn {n}"));
+            if self.transport == TransportArg::Rdma {
+                f.push("--transport rdma".into());
+            }
+            if self.no_crc {
+                f.push("--no-crc".into());
+            }
             if self.hostnqn != DEFAULT_HOSTNQN {
                 f.push(format!("--hostnqn {}", self.hostnqn));
             }

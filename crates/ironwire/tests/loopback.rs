@@ -5,7 +5,7 @@
 //! done; every wait is bounded.
 
 use initiator::bench::{self, BenchOptions, Pattern};
-use initiator::{cmd, discover, Controller, Error, Options, Queue, QueueOptions, Status};
+use initiator::{cmd, discover, Controller, Error, Options, Queue, QueueOptions, Status, Transport};
 mod common;
 
 use common::{block_on, bounded, Daemon};
@@ -434,4 +434,95 @@ fn transfer_beyond_mdts_is_rejected_and_the_queue_keeps_working() {
             .expect_err("Number of Queues after I/O queues exist");
         assert_eq!(code(&e), Status::COMMAND_SEQUENCE_ERROR.0, "{e}");
     }));
+}
+
+/// The daemon with NVMe/TCP and NVMe/RDMA (iWARP) on one port, and a second
+/// RDMA port with MPA CRC off; returns it and the CRC-off port's address.
+fn start_rdma(tag: &str, body: &str) -> (Daemon, std::net::SocketAddr) {
+    let crc_off = std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr");
+    let d = Daemon::start_with(&format!("loopback-{tag}"), |_, port| {
+        format!(
+            "{body}\n[[port]]\ntransport = \"tcp\"\naddress = \"127.0.0.1:{port}\"\n\n[[port]]\ntransport = \"rdma\"\naddress = \"127.0.0.1:{port}\"\n\n[[port]]\ntransport = \"rdma\"\naddress = \"{crc_off}\"\ncrc = false\n\n[reactor]\ncores = [0]\n"
+        )
+    });
+    (d, crc_off)
+}
+
+fn rdma(crc: bool, io_queues: u16) -> Options {
+    Options { transport: Transport::Rdma { crc }, ..opts(io_queues) }
+}
+
+#[test]
+fn nvme_rdma_queues_carry_in_capsule_and_rdma_read_writes_with_crc_on_and_off() {
+    let (d, crc_off) = start_rdma("rdma-io", &ram_subsystem(NQN, "r", "64MiB", None));
+    block_on(bounded(60, async {
+        // (address, what the host asks, CRC in use): a host that asks gets
+        // CRC on any port; a port with crc = true imposes it.
+        for (addr, ask, used) in
+            [(d.addr, true, true), (d.addr, false, true), (crc_off, false, false), (crc_off, true, true)]
+        {
+            let mut c = Controller::connect(addr, NQN, HOST_A, rdma(ask, 2))
+                .await
+                .unwrap_or_else(|e| panic!("connect over RDMA to {addr}, asking CRC {ask}: {e}"));
+            assert_eq!(c.admin().transport(), Transport::Rdma { crc: used }, "{addr} asking CRC {ask}");
+            assert_eq!(c.io_queue(1).expect("queue 1").transport(), Transport::Rdma { crc: used });
+            let id = c.identify_controller().await.expect("identify");
+            assert_eq!(id.subnqn, NQN);
+            assert_eq!(id.io_in_capsule(), 8192, "IOCCSZ over RDMA");
+            // 512 B .. 8 KiB ride in the capsule; 8.5 KiB .. 1 MiB are
+            // fetched with RDMA Reads; reads arrive as RDMA Writes.
+            write_read_verify(&mut c, 512).await;
+            c.disconnect().await.expect("disconnect");
+        }
+    }));
+}
+
+#[test]
+fn discovery_over_rdma_lists_rdma_entries() {
+    let (d, _) = start_rdma("rdma-disc", &ram_subsystem(NQN, "r", "1MiB", None));
+    block_on(bounded(30, async {
+        let qopts = QueueOptions { transport: Transport::Rdma { crc: true }, ..QueueOptions::default() };
+        let entries = initiator::discover_with(d.addr, HOST_A, qopts).await.expect("discover over RDMA");
+        let nvm: Vec<_> = entries.iter().filter(|e| e.subtype == 2).collect();
+        assert!(nvm.iter().any(|e| e.trtype == 1 && e.subnqn == NQN), "no RDMA entry for {NQN}: {entries:?}");
+        assert!(nvm.iter().any(|e| e.trtype == 3 && e.subnqn == NQN), "no TCP entry for {NQN}: {entries:?}");
+    }));
+}
+
+#[test]
+fn a_refused_host_over_rdma_gets_connect_invalid_host() {
+    let (d, _) = start_rdma("rdma-refused", &ram_subsystem(NQN, "r", "1MiB", Some(&[HOST_B])));
+    block_on(bounded(30, async {
+        let e = Controller::connect(d.addr, NQN, HOST_A, rdma(true, 1)).await.err().expect("host A must be refused");
+        assert_eq!(e.status(), Some(Status::CONNECT_INVALID_HOST.dnr()), "{e}");
+        let c = Controller::connect(d.addr, NQN, HOST_B, rdma(true, 1)).await.expect("host B is allowed");
+        c.disconnect().await.expect("disconnect");
+    }));
+}
+
+#[test]
+fn bench_randrw_verify_over_rdma_runs_clean() {
+    let (d, crc_off) = start_rdma("rdma-bench", &ram_subsystem(NQN, "r", "16MiB", None));
+    for (addr, crc) in [(d.addr, true), (crc_off, false)] {
+        let r = block_on(bounded(60, async {
+            bench::run(&BenchOptions {
+                addr,
+                transport: Transport::Rdma { crc },
+                subnqn: NQN.into(),
+                hostnqn: HOST_A.into(),
+                pattern: Pattern::RandRw,
+                block_size: 16 << 10,
+                qd: 8,
+                jobs: 2,
+                runtime: Duration::from_millis(700),
+                ramp: Duration::from_millis(100),
+                verify: true,
+                ..BenchOptions::default()
+            })
+            .await
+            .expect("bench run over RDMA")
+        }));
+        assert!(r.reads > 0 && r.writes > 0, "{r}");
+        assert_eq!(r.verify_errors, 0, "{r}");
+    }
 }

@@ -7,11 +7,13 @@
 //! Read (host to controller) against the host's keyed SGL buffers
 //! ([`sgl`]); each completion returns as one Send, with Invalidate of the
 //! host's key when the command asked for it. [`target::TargetQueue`] is the
-//! controller side of one queue; NVMe-oF semantics stay in `nvmf`.
+//! controller side of one queue, [`host::HostConnection`] the host side
+//! (for the initiator and the benchmark); NVMe-oF semantics stay in `nvmf`.
 #![forbid(unsafe_code)]
 #![deny(clippy::unwrap_used, clippy::indexing_slicing, clippy::arithmetic_side_effects)]
 
 pub mod cm;
+pub mod host;
 pub mod sgl;
 pub mod target;
 

@@ -71,6 +71,23 @@ pub fn parse(sqe: &Sqe, in_capsule: usize, max_transfer: u32) -> Result<DataPtr,
     }
 }
 
+/// A keyed SGL data block descriptor: `len` bytes (at most 2^24 - 1) at
+/// `addr` in the host's memory registered under `key`; `invalidate` asks
+/// the controller to invalidate the key with its completion.
+pub fn keyed(addr: u64, len: u32, key: u32, invalidate: bool) -> Sgl {
+    // Bytes 8..11 are the length, 11..15 the key: in the generic layout
+    // the key's first byte is the length field's last.
+    let [l0, l1, l2, _] = len.min(0x00ff_ffff).to_le_bytes();
+    let [k0, k1, k2, k3] = key.to_le_bytes();
+    let subtype = if invalidate { SUBTYPE_INVALIDATE } else { SUBTYPE_ADDRESS };
+    Sgl {
+        addr: addr.into(),
+        length: u32::from_le_bytes([l0, l1, l2, k0]).into(),
+        rsvd: [k1, k2, k3],
+        type_subtype: (TYPE_KEYED_DATA_BLOCK << 4) | subtype,
+    }
+}
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used, clippy::indexing_slicing)]
 mod tests {
@@ -108,6 +125,15 @@ mod tests {
         assert_eq!(parse(&sqe_with(d), 256, 1 << 20).unwrap_err(), Status::SGL_DATA_LENGTH_INVALID.dnr());
         d[0] = 16;
         assert_eq!(parse(&sqe_with(d), 512, 1 << 20).unwrap_err(), Status::SGL_OFFSET_INVALID.dnr());
+    }
+
+    #[test]
+    fn keyed_descriptors_read_back_as_written() {
+        let sqe = Sqe { dptr: keyed(0xffff_8880_1234_5000, 4096, 0x1234_5678, true), ..Default::default() };
+        let want = Keyed { addr: 0xffff_8880_1234_5000, len: 4096, key: 0x1234_5678, invalidate: true };
+        assert_eq!(parse(&sqe, 0, 1 << 20).unwrap(), DataPtr::Keyed(want));
+        let sqe = Sqe { dptr: keyed(0, 0, 0, false), ..Default::default() };
+        assert_eq!(parse(&sqe, 0, 0).unwrap(), DataPtr::Keyed(Keyed { addr: 0, len: 0, key: 0, invalidate: false }));
     }
 
     #[test]

@@ -22,7 +22,7 @@ pub use iscsi::{run_iscsi, IscsiTarget};
 pub use local::run_local;
 
 use crate::controller::{Controller, NamespaceInfo, Options};
-use crate::queue::Queue;
+use crate::queue::{Queue, Transport};
 use crate::{cmd, Error, Result};
 use hdrhistogram::Histogram;
 use rand::rngs::SmallRng;
@@ -129,6 +129,8 @@ impl Progress {
 pub struct BenchOptions {
     /// Controller address.
     pub addr: SocketAddr,
+    /// NVMe-oF transport.
+    pub transport: Transport,
     /// Subsystem NQN.
     pub subnqn: String,
     /// Host NQN.
@@ -181,6 +183,7 @@ impl Default for BenchOptions {
     fn default() -> Self {
         BenchOptions {
             addr: SocketAddr::from(([127, 0, 0, 1], 4420)),
+            transport: Transport::Tcp,
             subnqn: "nqn.2026-11.io.ironwire:default".into(),
             hostnqn: "nqn.2014-08.org.nvmexpress:uuid:ironwire-bench".into(),
             nsid: 1,
@@ -449,6 +452,7 @@ pub async fn run(opts: &BenchOptions) -> Result<Report> {
         &opts.subnqn,
         &opts.hostnqn,
         Options {
+            transport: opts.transport,
             io_queues: opts.jobs,
             queue_size: u16::try_from(opts.qd.saturating_add(1)).unwrap_or(u16::MAX),
             kato_ms: opts.kato_ms,

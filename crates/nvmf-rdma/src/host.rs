@@ -1,0 +1,456 @@
+//! The host side of one NVMe/RDMA queue over iWARP: what the Linux
+//! nvme-rdma host does on top of its RNIC, for `crates/initiator` and the
+//! benchmark.
+//!
+//! The MPA request carries the CM private data (queue ID and sizes,
+//! [`crate::cm`]); one receive per queue entry is posted for completions.
+//! Each command goes out as one Send. Write data rides in the capsule when
+//! it fits (I/O queues only, up to the controller's IOCCSZ), otherwise it
+//! is registered for remote reads and the controller fetches it with RDMA
+//! Reads, which the connection answers. Read data buffers are registered
+//! for remote writes: the controller's RDMA Writes land in them directly.
+//! Keyed descriptors ask for invalidation, as the Linux host's do, and a
+//! completion's Send with Invalidate must name the command's own key.
+
+use crate::cm::{CmReject, CmReply, CmRequest};
+use crate::sgl;
+use iwarp::error::{ErrorCode, Fatal};
+use iwarp::{Access, Connection, Event, Received};
+use nvme_spec::{Cqe, Sgl, Sqe};
+use rustc_hash::FxHashMap;
+use std::collections::VecDeque;
+use zerocopy::{FromBytes, IntoBytes};
+
+/// Bytes of an NVMe completion.
+const CQE_LEN: usize = 16;
+
+/// Most bytes one keyed SGL descriptor describes (its length is 24 bits).
+pub const MAX_KEYED_LEN: u32 = 0x00ff_ffff;
+
+/// Most spare buffers a connection keeps.
+const MAX_SPARE: usize = 256;
+
+/// What the host asks for.
+#[derive(Clone, Copy, Debug)]
+pub struct HostConfig {
+    /// Ask for CRC32C on FPDUs (used anyway when the controller asks).
+    pub crc: bool,
+    /// The queue this connection becomes (0: admin).
+    pub qid: u16,
+    /// Submission queue entries (HSQSIZE + 1); as many receives are posted
+    /// for completions.
+    pub entries: u16,
+    /// Largest write sent in the capsule (the controller's IOCCSZ minus the
+    /// SQE); ignored on the admin queue, which carries no in-capsule data.
+    pub max_in_capsule: u32,
+    /// RDMA Reads of the controller served at once (the IRD offered).
+    pub ird: u16,
+}
+
+impl Default for HostConfig {
+    fn default() -> Self {
+        HostConfig { crc: true, qid: 0, entries: 32, max_in_capsule: 0, ird: 128 }
+    }
+}
+
+/// Why the connection ended.
+#[derive(Debug, thiserror::Error)]
+pub enum HostError {
+    /// The controller refused the connection request (CM reject status,
+    /// NVMe-oF RDMA binding).
+    #[error("the controller rejected the connection (CM status {sts:#x})")]
+    Rejected {
+        /// The reject's status.
+        sts: u16,
+    },
+    /// The controller sent an iWARP Terminate.
+    #[error("the controller terminated the connection: {0}")]
+    Terminated(ErrorCode),
+    /// The controller broke iWARP or NVMe/RDMA; a Terminate is queued.
+    #[error("{0}")]
+    Fatal(#[from] Fatal),
+}
+
+/// A command in flight.
+struct Pending {
+    /// The key of its registered data buffer.
+    stag: Option<u32>,
+    /// Whether that buffer receives read data.
+    reading: bool,
+}
+
+/// Host side of one NVMe/RDMA queue.
+pub struct HostConnection {
+    cfg: HostConfig,
+    conn: Connection<Vec<u8>>,
+    ready: bool,
+    closed: bool,
+    crqsize: u16,
+    pending: FxHashMap<u16, Pending>,
+    completions: VecDeque<(Cqe, Vec<u8>)>,
+    spare: Vec<Vec<u8>>,
+}
+
+impl HostConnection {
+    /// A connection that has queued its MPA request.
+    pub fn new(cfg: HostConfig) -> Self {
+        let entries = cfg.entries.max(2);
+        let req = CmRequest {
+            recfmt: 0.into(),
+            qid: cfg.qid.into(),
+            hrqsize: entries.into(),
+            hsqsize: entries.saturating_sub(1).into(),
+            rsvd: [0; 24],
+        };
+        let icfg = iwarp::Config {
+            crc: cfg.crc,
+            ird: cfg.ird,
+            // The host never reads from the controller.
+            ord: 0,
+            require_reads: false,
+            recv_head: CQE_LEN,
+            recv_max: CQE_LEN,
+            ..iwarp::Config::default()
+        };
+        let mut conn = Connection::initiator(icfg, req.as_bytes());
+        conn.post_receives(u32::from(entries));
+        HostConnection {
+            cfg: HostConfig { entries, ..cfg },
+            conn,
+            ready: false,
+            closed: false,
+            crqsize: 0,
+            pending: FxHashMap::default(),
+            completions: VecDeque::new(),
+            spare: Vec::new(),
+        }
+    }
+
+    /// Whether the controller accepted the connection.
+    pub fn is_ready(&self) -> bool {
+        self.ready
+    }
+
+    /// Whether the connection is over (rejected, terminated, or broken).
+    pub fn is_closed(&self) -> bool {
+        self.closed
+    }
+
+    /// Whether FPDUs carry CRC32C (known once accepted).
+    pub fn crc(&self) -> bool {
+        self.conn.crc()
+    }
+
+    /// The completion queue size the controller accepted (CRQSIZE).
+    pub fn crqsize(&self) -> u16 {
+        self.crqsize
+    }
+
+    /// Commands submitted and not yet completed.
+    pub fn outstanding(&self) -> usize {
+        self.pending.len()
+    }
+
+    /// Submits a command: `write` is its data to the controller, `read_len`
+    /// the bytes it expects back (at most [`MAX_KEYED_LEN`] either way).
+    /// The SGL is filled in here.
+    pub fn submit(&mut self, mut sqe: Sqe, write: Vec<u8>, read_len: u32) {
+        let cid = sqe.cid.get();
+        // Each command's buffer sits at its own place in the host's "address
+        // space"; the key is what the controller must get right.
+        let base = (u64::from(cid) + 1) << 32;
+        let len = u32::try_from(write.len()).unwrap_or(u32::MAX);
+        let in_capsule = self.cfg.qid != 0 && !write.is_empty() && len <= self.cfg.max_in_capsule;
+        let pending = if in_capsule {
+            sqe.dptr = Sgl::in_capsule(len);
+            self.conn.send(sqe.as_bytes(), &write, None);
+            self.recycle(write);
+            Pending { stag: None, reading: false }
+        } else if !write.is_empty() {
+            let stag = self.conn.register(write, base, Access::RemoteRead);
+            sqe.dptr = sgl::keyed(base, len, stag, true);
+            self.conn.send(sqe.as_bytes(), &[], None);
+            Pending { stag: Some(stag), reading: false }
+        } else if read_len > 0 {
+            let buf = self.read_buffer(read_len as usize);
+            let stag = self.conn.register(buf, base, Access::RemoteWrite);
+            sqe.dptr = sgl::keyed(base, read_len, stag, true);
+            self.conn.send(sqe.as_bytes(), &[], None);
+            Pending { stag: Some(stag), reading: true }
+        } else {
+            sqe.dptr = sgl::keyed(0, 0, 0, false);
+            self.conn.send(sqe.as_bytes(), &[], None);
+            Pending { stag: None, reading: false }
+        };
+        self.pending.insert(cid, pending);
+    }
+
+    /// A buffer of `len` bytes for read data: a spare one of that length
+    /// as it is (its old bytes are overwritten), else zeroed.
+    fn read_buffer(&mut self, len: usize) -> Vec<u8> {
+        let mut b = self.spare.pop().unwrap_or_default();
+        if b.len() != len {
+            b.clear();
+            b.resize(len, 0);
+        }
+        b
+    }
+
+    /// An empty buffer with room for `capacity` bytes, reusing a spare one
+    /// when there is one (fill it and pass it to [`submit`](Self::submit)).
+    pub fn buffer(&mut self, capacity: usize) -> Vec<u8> {
+        let mut b = self.spare.pop().unwrap_or_default();
+        b.clear();
+        b.reserve(capacity);
+        b
+    }
+
+    /// Hands a buffer back (a completion's data once read) for reuse.
+    pub fn recycle(&mut self, buf: Vec<u8>) {
+        if buf.capacity() > 0 && self.spare.len() < MAX_SPARE {
+            self.spare.push(buf);
+        }
+    }
+
+    /// Feeds received bytes. An error ends the connection; later input is
+    /// ignored.
+    pub fn handle_input(&mut self, bytes: &[u8]) -> Result<(), HostError> {
+        if self.closed {
+            return Ok(());
+        }
+        let r = self.conn.handle_input(bytes).map_err(HostError::from).and_then(|()| self.drain());
+        if r.is_err() {
+            self.closed = true;
+        }
+        r
+    }
+
+    fn drain(&mut self) -> Result<(), HostError> {
+        while let Some(ev) = self.conn.poll_event() {
+            match ev {
+                Event::Established { private_data } => {
+                    let Ok((rep, _)) = CmReply::read_from_prefix(&private_data) else {
+                        return Err(
+                            self.abort(format!("CM accept private data of {} bytes (expected 32)", private_data.len()))
+                        );
+                    };
+                    if rep.recfmt.get() != 0 {
+                        return Err(self.abort(format!("CM accept RECFMT {} (expected 0)", rep.recfmt.get())));
+                    }
+                    self.crqsize = rep.crqsize.get();
+                    self.ready = true;
+                }
+                Event::Rejected { private_data } => {
+                    let sts = CmReject::read_from_prefix(&private_data).map_or(0, |(r, _)| r.sts.get());
+                    return Err(HostError::Rejected { sts });
+                }
+                Event::Send(m) => self.on_completion(m)?,
+                Event::Terminated(code) => return Err(HostError::Terminated(code)),
+                // The host issues no RDMA Reads, and it is the initiator.
+                Event::ReadDone { .. } | Event::ConnectRequest { .. } => {}
+            }
+        }
+        Ok(())
+    }
+
+    /// Ends the connection with a Terminate for a fault of the controller's
+    /// above DDP.
+    fn abort(&mut self, reason: String) -> HostError {
+        HostError::Fatal(self.conn.abort(Fatal::new(ErrorCode::RDMAP_LOCAL_CATASTROPHIC, reason)))
+    }
+
+    fn on_completion(&mut self, m: Received<Vec<u8>>) -> Result<(), HostError> {
+        let Ok(cqe) = Cqe::read_from_bytes(m.head()) else {
+            return Err(self.abort(format!("completion of {} bytes (expected {CQE_LEN})", m.head_len)));
+        };
+        let cid = cqe.cid.get();
+        let Some(p) = self.pending.remove(&cid) else {
+            return Err(self.abort(format!("completion for CID {cid}, which is not in flight")));
+        };
+        if let Some(inv) = m.invalidated {
+            if p.stag != Some(inv) {
+                return Err(self.abort(format!(
+                    "completion of CID {cid} invalidates STag {inv:#x} (the command's is {})",
+                    p.stag.map_or("none".into(), |s| format!("{s:#x}"))
+                )));
+            }
+        }
+        let buf = p.stag.and_then(|s| self.conn.deregister(s));
+        let data = match buf {
+            Some(b) if p.reading => b,
+            Some(b) => {
+                self.recycle(b);
+                Vec::new()
+            }
+            None => Vec::new(),
+        };
+        self.conn.post_receives(1);
+        self.completions.push_back((cqe, data));
+        Ok(())
+    }
+
+    /// The next completion with its read data, if any.
+    pub fn poll_completion(&mut self) -> Option<(Cqe, Vec<u8>)> {
+        self.completions.pop_front()
+    }
+
+    /// Whether bytes wait to be sent.
+    pub fn has_transmit(&self) -> bool {
+        self.conn.transmit_len() > 0
+    }
+
+    /// Moves every byte waiting to be sent to the end of `out`.
+    pub fn take_transmit(&mut self, out: &mut Vec<u8>) {
+        self.conn.take_transmit(out);
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::indexing_slicing, clippy::arithmetic_side_effects)]
+mod tests {
+    use super::*;
+    use crate::target::{Event as TEvent, TargetConfig, TargetQueue};
+    use nvme_spec::Status;
+
+    fn pattern(seed: u8, len: usize) -> Vec<u8> {
+        (0..len).map(|i| (i as u8).wrapping_mul(7).wrapping_add(seed)).collect()
+    }
+
+    /// Moves bytes both ways until neither end has anything to send.
+    fn pump(h: &mut HostConnection, t: &mut TargetQueue<Vec<u8>>) {
+        loop {
+            let mut wire = Vec::new();
+            h.take_transmit(&mut wire);
+            if !wire.is_empty() {
+                t.handle_input(&wire).unwrap();
+            }
+            let mut back = Vec::new();
+            t.take_transmit(&mut back);
+            if !back.is_empty() {
+                h.handle_input(&back).unwrap();
+            }
+            if wire.is_empty() && back.is_empty() {
+                return;
+            }
+        }
+    }
+
+    fn pair(crc: bool, qid: u16) -> (HostConnection, TargetQueue<Vec<u8>>) {
+        let mut h = HostConnection::new(HostConfig { crc, qid, entries: 16, max_in_capsule: 4096, ird: 16 });
+        let mut t = TargetQueue::new(TargetConfig { crc: false, ..TargetConfig::default() });
+        pump(&mut h, &mut t);
+        assert!(h.is_ready());
+        assert_eq!(h.crqsize(), 16);
+        assert_eq!(h.crc(), crc);
+        match t.poll_event() {
+            Some(TEvent::Accepted { qid: q, entries: 16, crc: c, .. }) => assert_eq!((q, c), (qid, crc)),
+            other => panic!("{other:?}"),
+        }
+        (h, t)
+    }
+
+    fn cmd(opcode: u8, cid: u16) -> Sqe {
+        let mut sqe = Sqe { opcode, ..Default::default() };
+        sqe.cid = cid.into();
+        sqe
+    }
+
+    #[test]
+    fn reads_land_in_the_registered_buffer_and_writes_are_fetched_or_sent_in_capsule() {
+        for crc in [true, false] {
+            let (mut h, mut t) = pair(crc, 1);
+            // A read: the target writes into the keyed buffer, then
+            // completes with Invalidate.
+            h.submit(cmd(0x02, 1), Vec::new(), 8192);
+            // A large write: fetched with an RDMA Read of the keyed buffer.
+            h.submit(cmd(0x01, 2), pattern(2, 16384), 0);
+            // A small write: in the capsule.
+            h.submit(cmd(0x01, 3), pattern(3, 512), 0);
+            pump(&mut h, &mut t);
+            let mut seen = 0;
+            while let Some(ev) = t.poll_event() {
+                let TEvent::Command { sqe, data } = ev else { panic!("{ev:?}") };
+                let cid = sqe.cid.get();
+                match cid {
+                    1 => {
+                        assert_eq!(t.check_sgl(&sqe, None), Ok(8192));
+                        t.send_data(1, &pattern(1, 8192), Cqe::new(1, Status::SUCCESS, 0));
+                    }
+                    2 => {
+                        assert!(data.is_none());
+                        t.request_data(2, 16384);
+                    }
+                    3 => {
+                        assert_eq!(data.unwrap(), pattern(3, 512));
+                        t.send_response(Cqe::new(3, Status::SUCCESS, 0));
+                    }
+                    _ => panic!("cid {cid}"),
+                }
+                seen += 1;
+            }
+            assert_eq!(seen, 3);
+            pump(&mut h, &mut t);
+            match t.poll_event() {
+                Some(TEvent::Data { cid: 2, data }) => assert_eq!(data, pattern(2, 16384)),
+                other => panic!("{other:?}"),
+            }
+            t.send_response(Cqe::new(2, Status::SUCCESS, 0));
+            pump(&mut h, &mut t);
+            let mut done = FxHashMap::default();
+            while let Some((cqe, data)) = h.poll_completion() {
+                assert!(cqe.status().is_success());
+                done.insert(cqe.cid.get(), data);
+            }
+            assert_eq!(done.len(), 3);
+            assert_eq!(done[&1], pattern(1, 8192));
+            assert!(done[&2].is_empty() && done[&3].is_empty());
+            assert_eq!(h.outstanding(), 0);
+        }
+    }
+
+    #[test]
+    fn the_admin_queue_sends_write_data_by_key_never_in_the_capsule() {
+        let (mut h, mut t) = pair(true, 0);
+        h.submit(cmd(0x7f, 0), pattern(9, 1024), 0);
+        pump(&mut h, &mut t);
+        let Some(TEvent::Command { sqe, data: None }) = t.poll_event() else { panic!() };
+        assert_eq!(t.check_sgl(&sqe, None), Ok(1024));
+        t.request_data(0, 1024);
+        pump(&mut h, &mut t);
+        assert!(matches!(t.poll_event(), Some(TEvent::Data { cid: 0, data }) if data == pattern(9, 1024)));
+    }
+
+    #[test]
+    fn a_completion_for_a_command_not_in_flight_ends_the_connection_with_a_terminate() {
+        let (mut h, mut t) = pair(false, 1);
+        // The target answers a CID the host never sent.
+        t.send_response(Cqe::new(77, Status::SUCCESS, 0));
+        let mut back = Vec::new();
+        t.take_transmit(&mut back);
+        let e = h.handle_input(&back).unwrap_err();
+        assert!(e.to_string().contains("CID 77"), "{e}");
+        assert!(h.is_closed());
+        // The Terminate goes to the target.
+        let mut wire = Vec::new();
+        h.take_transmit(&mut wire);
+        t.handle_input(&wire).unwrap();
+        assert!(matches!(t.poll_event(), Some(TEvent::HostTerminated(_))));
+    }
+
+    #[test]
+    fn a_rejected_request_reports_the_cm_status() {
+        // 2000 entries on an I/O queue where the target allows 1024.
+        let mut h = HostConnection::new(HostConfig { qid: 1, entries: 2000, ..HostConfig::default() });
+        let mut t = TargetQueue::<Vec<u8>>::new(TargetConfig::default());
+        let mut wire = Vec::new();
+        h.take_transmit(&mut wire);
+        t.handle_input(&wire).unwrap();
+        let mut back = Vec::new();
+        t.take_transmit(&mut back);
+        match h.handle_input(&back) {
+            Err(HostError::Rejected { sts }) => assert_eq!(sts, crate::cm::RejectStatus::INVALID_HSQSIZE.0),
+            other => panic!("{other:?}"),
+        }
+        assert!(!h.is_ready());
+    }
+}
