@@ -19,7 +19,7 @@ const NQN: &str = "nqn.2026-11.io.ironwire:bench";
 
 impl Daemon {
     /// Starts the daemon serving `device` (a `[[device]]` body named "d")
-    /// as namespace 1 of `NQN`, and waits for its ready line. A port taken
+    /// as namespace 1 of `NQN` over NVMe/TCP and NVMe/RDMA (one port), and waits for its ready line. A port taken
     /// between probing and binding is retried on another.
     fn start(tag: &str, device: &str) -> Daemon {
         Daemon::start_with(&format!("bench-{tag}"), |dir, port| {
@@ -27,7 +27,7 @@ impl Daemon {
             format!(
                 "[[device]]\nname = \"d\"\n{device}\n\n[[subsystem]]\nnqn = \"{NQN}\"\nallow_any_host = true\n\
                  [[subsystem.namespace]]\ndevice = \"d\"\n\n[[port]]\naddress = \"127.0.0.1:{port}\"\n\n\
-                 [reactor]\ncores = [0]\n"
+                 [[port]]\ntransport = \"rdma\"\naddress = \"127.0.0.1:{port}\"\n\n[reactor]\ncores = [0]\n"
             )
         })
     }
@@ -354,6 +354,56 @@ fn bench_report_over_nvme_has_the_papers_tables_with_the_ceiling_and_target_cpu(
     // Each figure's command is listed and runs as written.
     let cmd = r["command"].as_str().expect("command");
     assert!(md.contains(cmd) && cmd.starts_with("ironwire bench run --nvme"), "{cmd}");
+    d.assert_alive();
+}
+
+#[test]
+fn bench_report_with_rdma_puts_iwarp_beside_tcp() {
+    let mut d = Daemon::start("report-rdma", "kind = \"ram\"\nsize = \"64MiB\"\nblock_size = 512");
+    let (addr, sock, out) = (d.addr.to_string(), d.dir.join("ctl.sock"), d.dir.join("report"));
+    let sock = sock.display().to_string();
+    let (md, j) = report(
+        &["--nvme", &addr, "--nqn", NQN],
+        &["--target-ctl", &sock, "--local", "ram", "--size", "64m", "--with-rdma"],
+        &out,
+    );
+    let cells = cells(&j);
+    // Every remote cell has its iWARP twin: 2 sizes x 2 directions x
+    // (remote, remote-rdma, ceiling) + IOPS 6 + latency 8.
+    assert_eq!(cells.len(), 12 + 6 + 8, "{j}");
+    assert_eq!(
+        cells.iter().filter(|c| c["kind"] == "remote").count(),
+        cells.iter().filter(|c| c["kind"] == "remote-rdma").count()
+    );
+    for c in cells.iter().filter(|c| c["kind"] == "remote-rdma") {
+        assert!(c["target_cpu_percent"].as_f64().is_some_and(|t| t > 0.0), "{c}");
+        let cmd = c["command"].as_str().expect("command");
+        assert!(cmd.contains("--transport rdma") && md.contains(cmd), "{cmd}");
+    }
+    for section in [
+        "## NVMe/RDMA (iWARP) beside NVMe/TCP",
+        "| Random READ | TCP Gbit/s | iWARP Gbit/s | ÷ TCP |",
+        "| Random WRITE | TCP Gbit/s | iWARP Gbit/s | ÷ TCP |",
+        "| 4K random, QD 32 x 2 | TCP IOPS | iWARP IOPS | ÷ TCP |",
+        "| 4K QD 1 latency (µs) | local avg | TCP remote avg | iWARP remote avg |",
+    ] {
+        assert!(md.contains(section), "{section:?} missing:\n{md}");
+    }
+    // The 16K write row: both transports' bandwidth and their ratio.
+    let (t, r) = (
+        find(cells, "bandwidth", "remote", "randwrite", 16384),
+        find(cells, "bandwidth", "remote-rdma", "randwrite", 16384),
+    );
+    let (tg, rg) = (t["gbit_per_s"].as_f64().unwrap_or_default(), r["gbit_per_s"].as_f64().unwrap_or_default());
+    let section = md.split("## NVMe/RDMA (iWARP) beside NVMe/TCP").nth(1).expect("iWARP section");
+    let writes = section.split("| Random WRITE |").nth(1).expect("iWARP write table");
+    let row = writes.lines().find(|l| l.starts_with("| 16K |")).expect("16K row");
+    assert!(row.starts_with(&format!("| 16K | {tg:.3}")), "{row}");
+    assert!(row.contains(&format!("| {rg:.3} | {:.2} |", rg / tg)), "{row}");
+    // Refused: --with-rdma on an RDMA report.
+    let o = bench(&["report", "--nvme", &addr, "--nqn", NQN, "--transport", "rdma", "--with-rdma"]);
+    assert!(!o.status.success());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("leave out --transport rdma"), "{o:?}");
     d.assert_alive();
 }
 

@@ -11,11 +11,15 @@
 //!    on a device), remote, and the delta;
 //! 4. optionally, 4K QD 1 read latency while N background TCP connections
 //!    stream over loopback (the jitter test).
+//!
+//! With `--with-rdma`, an NVMe/TCP report measures every remote figure of
+//! sections 1 to 3 over NVMe/RDMA (iWARP) too, each run right after its
+//! NVMe/TCP twin, and adds tables of the two transports side by side.
 
 use super::svg::{self, Series};
 use super::{
     block_on, ceiling_engine, local_engine, open_device, parse_bytes, parse_cpus, CpuList, EchoPeer, Engine, Measure,
-    Measured, TargetArgs, TargetCpu,
+    Measured, TargetArgs, TargetCpu, TransportArg,
 };
 use anyhow::{bail, Context, Result};
 use clap::Args;
@@ -90,12 +94,45 @@ pub struct ReportArgs {
     /// Random seed.
     #[arg(long, default_value_t = 0x1e0_f00d)]
     seed: u64,
+    /// NVMe/TCP target: measure every remote figure over NVMe/RDMA (iWARP)
+    /// too, beside NVMe/TCP (ironwire serves both on one port).
+    #[arg(long, requires = "nvme")]
+    with_rdma: bool,
+    /// With --with-rdma: the NVMe/RDMA address, when not --nvme's.
+    #[arg(long, requires = "with_rdma")]
+    rdma_addr: Option<String>,
+    /// With --with-rdma: do not ask for MPA CRC32C.
+    #[arg(long, requires = "with_rdma")]
+    rdma_no_crc: bool,
+}
+
+impl ReportArgs {
+    /// The NVMe/RDMA twin of an NVMe/TCP target, for `--with-rdma`.
+    fn rdma_target(&self) -> Result<Option<TargetArgs>> {
+        if !self.with_rdma {
+            return Ok(None);
+        }
+        if self.target.transport != TransportArg::Tcp {
+            bail!("--with-rdma puts NVMe/RDMA beside an NVMe/TCP target: leave out --transport rdma");
+        }
+        let mut t = self.target.clone();
+        t.transport = TransportArg::Rdma;
+        t.no_crc = self.rdma_no_crc;
+        t.hdgst = false;
+        t.ddgst = false;
+        if let Some(addr) = &self.rdma_addr {
+            t.nvme = Some(addr.clone());
+        }
+        Ok(Some(t))
+    }
 }
 
 /// What a cell loads.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum Kind {
     Remote,
+    /// The target over NVMe/RDMA (iWARP), beside NVMe/TCP (`--with-rdma`).
+    Rdma,
     Local,
     Ceiling,
 }
@@ -104,6 +141,7 @@ impl Kind {
     fn name(self) -> &'static str {
         match self {
             Kind::Remote => "remote",
+            Kind::Rdma => "remote-rdma",
             Kind::Local => "local",
             Kind::Ceiling => "ceiling",
         }
@@ -242,6 +280,8 @@ impl Cell {
 struct Plan<'a> {
     a: &'a ReportArgs,
     remote: (BenchOptions, Engine),
+    /// The NVMe/RDMA twin's flags, options and engine (`--with-rdma`).
+    rdma: Option<(TargetArgs, BenchOptions, Engine)>,
     local: Option<(BenchOptions, Engine)>,
     ceiling: (BenchOptions, Engine),
     peer_stat: String,
@@ -269,8 +309,12 @@ impl Plan<'_> {
         let a = self.a;
         let load = self.flags(rw, bs, qd, jobs);
         match kind {
-            Kind::Remote => {
-                let mut c = format!("ironwire bench run {} {load}", a.target.flags());
+            Kind::Remote | Kind::Rdma => {
+                let target = match (&self.rdma, kind) {
+                    (Some((t, _, _)), Kind::Rdma) => t,
+                    _ => &a.target,
+                };
+                let mut c = format!("ironwire bench run {} {load}", target.flags());
                 if let Some(size) = a.size {
                     let _ = write!(c, " --size {size}");
                 }
@@ -300,6 +344,10 @@ impl Plan<'_> {
     fn cell(&mut self, section: Section, kind: Kind, pattern: Pattern, bs: u64, qd: u32, jobs: u16) -> Result<()> {
         let (base, engine, exclude) = match kind {
             Kind::Remote => (self.remote.0.clone(), self.remote.1.clone(), None),
+            Kind::Rdma => match &self.rdma {
+                Some((_, o, e)) => (o.clone(), e.clone(), None),
+                None => return Ok(()),
+            },
             Kind::Local => match &self.local {
                 Some((o, e)) => (o.clone(), e.clone(), None),
                 None => return Ok(()),
@@ -317,7 +365,7 @@ impl Plan<'_> {
             ..base
         };
         let command = self.command(kind, pattern, bs, qd, jobs);
-        let target = if kind == Kind::Remote { self.target_cpu.clone() } else { TargetCpu::None };
+        let target = if matches!(kind, Kind::Remote | Kind::Rdma) { self.target_cpu.clone() } else { TargetCpu::None };
         let how = Measure { cpus: &self.a.cpus.0, target, progress: false };
         let runs = if kind == Kind::Ceiling { self.a.ceiling_runs } else { 1 };
         let mut best: Option<Measured> = None;
@@ -332,7 +380,7 @@ impl Plan<'_> {
         let mut c = Cell::from(section, kind, &o, &m, command);
         c.load_bound = c.load_cpu >= 90.0 * self.load_cpus as f64;
         eprintln!(
-            "[{:>3}/{} {:>4} s] {:<13} {:<7} {:<9} {:>5} qd {:>2} x{}: {:>9.0} IOPS {:>7.3} Gbit/s avg {:>8.1} us{}",
+            "[{:>3}/{} {:>4} s] {:<13} {:<11} {:<9} {:>5} qd {:>2} x{}: {:>9.0} IOPS {:>7.3} Gbit/s avg {:>8.1} us{}",
             self.cells.len() + 1,
             self.total,
             self.started.elapsed().as_secs(),
@@ -367,7 +415,15 @@ pub fn main(a: ReportArgs) -> Result<()> {
     }
     std::fs::create_dir_all(&a.out).with_context(|| format!("creating {}", a.out.display()))?;
     let common = BenchOptions { size: a.size, ..BenchOptions::default() };
-    let (header, remote, remote_engine) = a.target.engine(common)?;
+    let (header, remote, remote_engine) = a.target.engine(common.clone())?;
+    let rdma = match a.rdma_target()? {
+        Some(t) => {
+            let (_, o, e) = t.engine(common)?;
+            Some((t, o, e))
+        }
+        None => None,
+    };
+    let twins = usize::from(rdma.is_some());
     let local = match a.local.as_str() {
         "none" => None,
         spec => {
@@ -377,10 +433,14 @@ pub fn main(a: ReportArgs) -> Result<()> {
     };
     let peer = EchoPeer::spawn(a.peer_cpu)?;
     let target_cpu = TargetCpu::new(a.target_pid, a.target_ctl.as_ref());
-    let total = a.sizes.len() * 4 + 4 + 2 * (2 + usize::from(local.is_some())) + if a.jitter > 0 { 4 } else { 0 };
+    let total = a.sizes.len() * 2 * (2 + twins)
+        + 2 * (2 + twins)
+        + 2 * (2 + twins + usize::from(local.is_some()))
+        + if a.jitter > 0 { 4 } else { 0 };
     let mut p = Plan {
         a: &a,
         remote: (remote, remote_engine),
+        rdma,
         local,
         ceiling: (BenchOptions { addr: peer.addr, ..BenchOptions::default() }, ceiling_engine()),
         peer_stat: peer.stat.clone(),
@@ -393,16 +453,19 @@ pub fn main(a: ReportArgs) -> Result<()> {
     for rw in RW {
         for &bs in &a.sizes {
             p.cell(Section::Bandwidth, Kind::Remote, rw, bs, a.qd, a.jobs)?;
+            p.cell(Section::Bandwidth, Kind::Rdma, rw, bs, a.qd, a.jobs)?;
             p.cell(Section::Bandwidth, Kind::Ceiling, rw, bs, a.qd, a.jobs)?;
         }
     }
     for rw in RW {
         p.cell(Section::Iops, Kind::Remote, rw, 4096, a.iops_qd, a.jobs)?;
+        p.cell(Section::Iops, Kind::Rdma, rw, 4096, a.iops_qd, a.jobs)?;
         p.cell(Section::Iops, Kind::Ceiling, rw, 4096, a.iops_qd, a.jobs)?;
     }
     for rw in RW {
         p.cell(Section::Latency, Kind::Local, rw, 4096, 1, 1)?;
         p.cell(Section::Latency, Kind::Remote, rw, 4096, 1, 1)?;
+        p.cell(Section::Latency, Kind::Rdma, rw, 4096, 1, 1)?;
         p.cell(Section::Latency, Kind::Ceiling, rw, 4096, 1, 1)?;
     }
     let mut background = None;
@@ -852,6 +915,10 @@ impl Doc<'_, '_> {
             o.push('\n');
         }
 
+        if p.rdma.is_some() {
+            self.rdma_tables(&mut o);
+        }
+
         let _ = writeln!(o, "## Commands\n\nThe report:\n\n```sh\n{}\n```\n", invocation());
         let _ = writeln!(
             o,
@@ -869,6 +936,104 @@ impl Doc<'_, '_> {
         o
     }
 
+    /// NVMe/RDMA (iWARP) beside NVMe/TCP: every remote figure of both, and
+    /// iWARP's as a ratio to TCP's.
+    fn rdma_tables(&self, o: &mut String) {
+        let p = self.p;
+        let a = p.a;
+        let ratio = |x: Option<f64>, y: Option<f64>| x.zip(y).filter(|&(_, y)| y > 0.0).map(|(x, y)| x / y);
+        let _ = writeln!(
+            o,
+            "## NVMe/RDMA (iWARP) beside NVMe/TCP\n\n\
+             The same target and workloads over NVMe/RDMA with the RNIC's work (MPA, DDP, RDMAP) done in \
+             software on both ends, each run right after its NVMe/TCP twin; *÷ TCP* is the iWARP figure \
+             over the TCP one (for CPU, below 1 is lighter). MPA CRC32C {}.\n",
+            if a.rdma_no_crc { "not asked for by the load" } else { "on" }
+        );
+        for rw in RW {
+            let _ = writeln!(
+                o,
+                "| Random {} | TCP Gbit/s | iWARP Gbit/s | ÷ TCP | TCP target %CPU/Gbps | iWARP target %CPU/Gbps | \
+                 ÷ TCP | TCP avg lat (µs) | iWARP avg lat (µs) |\n|---|---|---|---|---|---|---|---|---|",
+                rw_name(rw)
+            );
+            for &bs in &a.sizes {
+                let (Some(t), Some(r)) =
+                    (p.find(Section::Bandwidth, Kind::Remote, rw, bs), p.find(Section::Bandwidth, Kind::Rdma, rw, bs))
+                else {
+                    continue;
+                };
+                let _ = writeln!(
+                    o,
+                    "| {} | {}{} | {}{} | {} | {} | {} | {} | {} | {} |",
+                    svg::size_label(bs),
+                    f3(t.gbps),
+                    mark(t),
+                    f3(r.gbps),
+                    mark(r),
+                    opt(ratio(Some(r.gbps), Some(t.gbps)), f2),
+                    opt(t.target_cpu_per_gbps(), f2),
+                    opt(r.target_cpu_per_gbps(), f2),
+                    opt(ratio(r.target_cpu_per_gbps(), t.target_cpu_per_gbps()), f2),
+                    f1(t.avg),
+                    f1(r.avg)
+                );
+            }
+            o.push('\n');
+        }
+        let _ = writeln!(
+            o,
+            "| 4K random, QD {} x {} | TCP IOPS | iWARP IOPS | ÷ TCP | TCP target CPU per I/O (µs) | \
+             iWARP target CPU per I/O (µs) | ÷ TCP |\n|---|---|---|---|---|---|---|",
+            a.iops_qd, a.jobs
+        );
+        for rw in RW {
+            let (Some(t), Some(r)) =
+                (p.find(Section::Iops, Kind::Remote, rw, 4096), p.find(Section::Iops, Kind::Rdma, rw, 4096))
+            else {
+                continue;
+            };
+            let _ = writeln!(
+                o,
+                "| {} | {:.0}{} | {:.0}{} | {} | {} | {} | {} |",
+                rw_name(rw),
+                t.iops,
+                mark(t),
+                r.iops,
+                mark(r),
+                opt(ratio(Some(r.iops), Some(t.iops)), f2),
+                opt(t.target_us_per_io(), f2),
+                opt(r.target_us_per_io(), f2),
+                opt(ratio(r.target_us_per_io(), t.target_us_per_io()), f2)
+            );
+        }
+        o.push('\n');
+        let _ = writeln!(
+            o,
+            "| 4K QD 1 latency (µs) | local avg | TCP remote avg | iWARP remote avg | ÷ TCP | TCP delta | \
+             iWARP delta | TCP p99 | iWARP p99 |\n|---|---|---|---|---|---|---|---|---|"
+        );
+        for rw in RW {
+            let lat = |kind| p.find(Section::Latency, kind, rw, 4096);
+            let (l, t, r) = (lat(Kind::Local), lat(Kind::Remote), lat(Kind::Rdma));
+            let delta = |c: Option<&Cell>| l.zip(c).map(|(l, c)| c.avg - l.avg);
+            let _ = writeln!(
+                o,
+                "| {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+                rw_name(rw),
+                opt(l.map(|c| c.avg), f2),
+                opt(t.map(|c| c.avg), f2),
+                opt(r.map(|c| c.avg), f2),
+                opt(ratio(r.map(|c| c.avg), t.map(|c| c.avg)), f2),
+                opt(delta(t), f2),
+                opt(delta(r), f2),
+                opt(t.map(|c| c.p99), f2),
+                opt(r.map(|c| c.p99), f2)
+            );
+        }
+        o.push('\n');
+    }
+
     fn series(&self, name: &str, kind: Kind, rw: Pattern, y: fn(&Cell) -> Option<f64>, dashed: bool) -> Series {
         let points = self
             .p
@@ -881,12 +1046,16 @@ impl Doc<'_, '_> {
     }
 
     fn bandwidth_chart(&self) -> String {
-        let s = vec![
+        let mut s = vec![
             self.series("read", Kind::Remote, Pattern::RandRead, |c| Some(c.gbps), false),
             self.series("write", Kind::Remote, Pattern::RandWrite, |c| Some(c.gbps), false),
             self.series("read ceiling", Kind::Ceiling, Pattern::RandRead, |c| Some(c.gbps), true),
             self.series("write ceiling", Kind::Ceiling, Pattern::RandWrite, |c| Some(c.gbps), true),
         ];
+        if self.p.rdma.is_some() {
+            s.push(self.series("read, iWARP", Kind::Rdma, Pattern::RandRead, |c| Some(c.gbps), false));
+            s.push(self.series("write, iWARP", Kind::Rdma, Pattern::RandWrite, |c| Some(c.gbps), false));
+        }
         svg::line_chart(&format!("Random I/O bandwidth: {}", self.title), "Gbit/s", &s)
     }
 
@@ -897,6 +1066,10 @@ impl Doc<'_, '_> {
         if self.p.cells.iter().any(|c| c.kind == Kind::Remote && c.target_cpu.is_some()) {
             s.push(self.series("target, read", Kind::Remote, Pattern::RandRead, target, false));
             s.push(self.series("target, write", Kind::Remote, Pattern::RandWrite, target, false));
+            if self.p.rdma.is_some() {
+                s.push(self.series("target, read, iWARP", Kind::Rdma, Pattern::RandRead, target, false));
+                s.push(self.series("target, write, iWARP", Kind::Rdma, Pattern::RandWrite, target, false));
+            }
         }
         s.push(self.series("load, read", Kind::Remote, Pattern::RandRead, load, true));
         s.push(self.series("load, write", Kind::Remote, Pattern::RandWrite, load, true));
