@@ -59,6 +59,38 @@ impl DataBuffer for Buf {
     }
 }
 
+// SAFETY: an IoBuf's bytes sit in the buffer pool or the registered arena
+// at an address that does not change when the value moves, all of them
+// initialized.
+unsafe impl reactor::buf::IoBuf for Buf {
+    fn read_ptr(&self) -> *const u8 {
+        self.0.as_ptr()
+    }
+
+    fn bytes_init(&self) -> usize {
+        self.0.len()
+    }
+}
+
+// SAFETY: as above; every byte is initialized already.
+unsafe impl reactor::buf::IoBufMut for Buf {
+    fn write_ptr(&mut self) -> *mut u8 {
+        self.0.as_mut_ptr()
+    }
+
+    fn bytes_total(&mut self) -> usize {
+        self.0.len()
+    }
+
+    unsafe fn set_init(&mut self, _n: usize) {}
+}
+
+/// Fewer bytes of write data than this still to come in one segment go
+/// through the receive buffers (a copy); more are received straight into
+/// the command's buffer ([`receive_direct`]), which costs stopping and
+/// re-arming the multishot receive.
+const DIRECT_MIN: usize = 16 << 10;
+
 /// What a binding reports to the driver.
 pub enum BindingEvent {
     /// A command capsule, with its in-capsule data.
@@ -106,6 +138,21 @@ pub trait Binding: 'static {
     fn transmit_len(&self) -> usize;
     /// Header and data digests in use (iWARP: the MPA CRC, as both).
     fn digests(&self) -> (bool, bool);
+    /// Bytes of write data the stream carries next that may be received
+    /// straight into their command's buffer (iWARP: an RDMA Read
+    /// Response's payload); 0 for none.
+    fn direct_len(&self) -> usize {
+        0
+    }
+    /// Lends that buffer: it, the offset and the length. No input may be
+    /// fed until [`placed`](Self::placed) gives it back.
+    fn take_direct(&mut self) -> Option<(Buf, usize, usize)> {
+        None
+    }
+    /// Gives the lent buffer back with `n` bytes received into it.
+    fn placed(&mut self, _buf: Buf, _n: usize) -> Result<(), String> {
+        Err("no buffer was lent".into())
+    }
 }
 
 /// The [`Binding`] methods both bindings have under the same name and
@@ -192,6 +239,16 @@ impl Binding for nvmf_rdma::target::TargetQueue<Buf> {
     fn digests(&self) -> (bool, bool) {
         let crc = nvmf_rdma::target::TargetQueue::crc(self);
         (crc, crc)
+    }
+    fn direct_len(&self) -> usize {
+        nvmf_rdma::target::TargetQueue::direct_len(self)
+    }
+    fn take_direct(&mut self) -> Option<(Buf, usize, usize)> {
+        nvmf_rdma::target::TargetQueue::take_direct(self)
+    }
+    fn placed(&mut self, buf: Buf, n: usize) -> Result<(), String> {
+        nvmf_rdma::target::TargetQueue::placed(self, buf, n)
+            .map_err(|e| format!("fatal iWARP error, sending Terminate: {e}"))
     }
     forward_binding!(nvmf_rdma::target::TargetQueue);
 }
@@ -340,6 +397,14 @@ async fn run<T: Binding>(
                 _ => break,
             },
         };
+        let r = match r {
+            Ok(()) => match receive_direct(&conn, &mut rx).await {
+                Ok(true) => Ok(()),
+                Ok(false) => break,
+                Err(e) => Err(e),
+            },
+            Err(e) => Err(e),
+        };
         // One clock read per batch of received bytes, not per command.
         // Commands wait, parsed, while the host does not read our replies.
         while !dispatch_events(&conn, now_ms()) {
@@ -358,6 +423,41 @@ async fn run<T: Binding>(
     let _ = writer.await;
     drop(ticker);
     log::debug!("{peer}: closed");
+}
+
+/// Direct data placement in software: while the binding expects at least
+/// [`DIRECT_MIN`] bytes of write data next (an RDMA Read Response's
+/// payload), they are received from the socket straight into their
+/// command's buffer instead of through the reactor's receive buffers and a
+/// copy. The multishot receive is stopped first and what it already took
+/// is fed in order; the next [`reactor::Receiver::recv`] arms it again.
+/// `Ok(false)` when the stream ended.
+async fn receive_direct<T: Binding>(conn: &Conn<T>, rx: &mut reactor::Receiver) -> Result<bool, String> {
+    while conn.wire.borrow().direct_len() >= DIRECT_MIN {
+        rx.pause();
+        loop {
+            match rx.recv_stopped().await {
+                Ok(None) => break,
+                Ok(Some(bytes)) if !bytes.is_empty() => conn.wire.borrow_mut().handle_input(&bytes)?,
+                Ok(Some(_)) | Err(_) => return Ok(false),
+            }
+        }
+        // What the stopped receive held may have carried the payload on.
+        if conn.wire.borrow().direct_len() < DIRECT_MIN {
+            break;
+        }
+        let Some((buf, off, len)) = conn.wire.borrow_mut().take_direct() else { break };
+        let (res, buf) = rx.read_into(reactor::buf::IoBufMut::slice_mut(buf, off..off.saturating_add(len))).await;
+        let buf = buf.into_inner();
+        match res {
+            Ok(n) if n > 0 => conn.wire.borrow_mut().placed(buf, n)?,
+            _ => {
+                let _ = conn.wire.borrow_mut().placed(buf, 0);
+                return Ok(false);
+            }
+        }
+    }
+    Ok(true)
 }
 
 /// Dispatches the commands and data the connection parsed. `false` when it

@@ -182,7 +182,11 @@ struct Read<B> {
     src_stag: u32,
     src_to: u64,
     received: usize,
-    buf: B,
+    /// The sink's length.
+    size: usize,
+    /// The sink; `None` while lent for direct placement
+    /// ([`Connection::take_direct`]).
+    buf: Option<B>,
 }
 
 /// Where the payload of the segment being received goes.
@@ -249,6 +253,8 @@ pub struct Connection<B> {
     rx_msn: [u32; 2],
     recv_credits: u32,
     inbound: Inbound<B>,
+    /// The oldest read's sink is lent out for direct placement.
+    lent: bool,
     /// The RDMA Write being received: its STag and the next tagged offset.
     write_next: Option<(u32, u64)>,
     term_echo: Vec<u8>,
@@ -303,6 +309,7 @@ impl<B: DataBuffer> Connection<B> {
                 invalidate: None,
                 solicited: false,
             },
+            lent: false,
             write_next: None,
             term_echo: Vec::new(),
             reads: VecDeque::new(),
@@ -394,6 +401,12 @@ impl<B: DataBuffer> Connection<B> {
     /// Feeds bytes from the socket. An `Err` is fatal: the Terminate (or
     /// MPA reject) is queued for sending and the connection is closed.
     pub fn handle_input(&mut self, input: &[u8]) -> Result<(), Fatal> {
+        if self.lent && !input.is_empty() {
+            // Bytes of the stream must arrive in order: the ones for the
+            // lent buffer first, through `placed`.
+            let f = Fatal::new(ErrorCode::DDP_CATASTROPHIC, "input while a read's sink is lent for direct placement");
+            return Err(self.fail(f));
+        }
         let r = match self.state {
             State::Closed => Ok(()),
             State::AwaitAccept if self.mpa_rx.len().saturating_add(input.len()) > EARLY_INPUT_MAX => Err(Fatal::new(
@@ -408,6 +421,64 @@ impl<B: DataBuffer> Connection<B> {
             State::Rdma => self.handle_fpdus(input),
         };
         r.map_err(|e| self.fail(e))
+    }
+
+    /// Bytes of an RDMA Read Response's payload the stream carries next,
+    /// all bound for the oldest read's sink (0 when the next bytes are
+    /// anything else: a header, a trailer, another message's payload). The
+    /// caller may receive them straight into the sink: [`take_direct`],
+    /// then [`placed`]. This is direct data placement in software: the
+    /// payload goes from the socket into the I/O's buffer, not through a
+    /// receive buffer.
+    ///
+    /// [`take_direct`]: Self::take_direct
+    /// [`placed`]: Self::placed
+    pub fn direct_len(&self) -> usize {
+        match (self.state, self.rx, self.dest) {
+            (State::Rdma, Rx::Payload { left }, Dest::Sink { .. }) if !self.lent => left,
+            _ => 0,
+        }
+    }
+
+    /// Lends the oldest read's sink for direct placement: the buffer, the
+    /// offset the next payload byte belongs at, and how many bytes (as
+    /// [`direct_len`](Self::direct_len)). Until [`placed`](Self::placed)
+    /// gives it back, no other input may be fed.
+    pub fn take_direct(&mut self) -> Option<(B, usize, usize)> {
+        let left = self.direct_len();
+        let Dest::Sink { offset } = self.dest else { return None };
+        if left == 0 {
+            return None;
+        }
+        let buf = self.reads.front_mut()?.buf.take()?;
+        self.lent = true;
+        Some((buf, offset, left))
+    }
+
+    /// Gives the sink lent by [`take_direct`](Self::take_direct) back with
+    /// `n` more payload bytes received into it at the offset it named (at
+    /// most the length it named); they count toward the FPDU's CRC as if
+    /// they had come through [`handle_input`](Self::handle_input).
+    pub fn placed(&mut self, buf: B, n: usize) -> Result<(), Fatal> {
+        let (Rx::Payload { left }, Dest::Sink { offset }, true) = (self.rx, self.dest, self.lent) else {
+            let f = Fatal::new(ErrorCode::DDP_CATASTROPHIC, "placed() without a lent read sink");
+            return Err(self.fail(f));
+        };
+        self.lent = false;
+        let Some(read) = self.reads.front_mut() else {
+            return Err(self.fail(self.internal()));
+        };
+        read.buf = Some(buf);
+        let n = n.min(left);
+        if self.crc {
+            if let Some(placed) = read.buf.as_ref().and_then(|b| b.as_ref().get(offset..offset.saturating_add(n))) {
+                self.rx_crc.update(placed);
+            }
+        }
+        self.dest = Dest::Sink { offset: offset.saturating_add(n) };
+        let left = left.saturating_sub(n);
+        self.rx = if left == 0 { self.trailer_state() } else { Rx::Payload { left } };
+        Ok(())
     }
 
     /// Responder: accepts the connection asked for in
@@ -702,7 +773,7 @@ impl<B: DataBuffer> Connection<B> {
                     format!("Read Response STag {stag:#x} (expected {:#x}, the oldest read's sink)", read.sink_stag),
                 ));
             }
-            let size = read.buf.as_ref().len();
+            let size = read.size;
             let end = read.received.saturating_add(len);
             if to != read.received as u64 || end > size {
                 return Err(self.segment_error(
@@ -857,8 +928,8 @@ impl<B: DataBuffer> Connection<B> {
                 *offset = offset.saturating_add(n);
             }
             Dest::Sink { offset } => {
-                if let Some(read) = self.reads.front_mut() {
-                    if let Some(dst) = read.buf.as_mut().get_mut(*offset..offset.saturating_add(n)) {
+                if let Some(buf) = self.reads.front_mut().and_then(|r| r.buf.as_mut()) {
+                    if let Some(dst) = buf.as_mut().get_mut(*offset..offset.saturating_add(n)) {
                         dst.copy_from_slice(bytes);
                     }
                 }
@@ -924,8 +995,8 @@ impl<B: DataBuffer> Connection<B> {
                     None => false,
                 };
                 if done {
-                    if let Some(read) = self.reads.pop_front() {
-                        self.events.push_back(Event::ReadDone { id: read.id, buf: read.buf });
+                    if let Some(Read { id, buf: Some(buf), .. }) = self.reads.pop_front() {
+                        self.events.push_back(Event::ReadDone { id, buf });
                     }
                     self.issue_reads();
                 }
@@ -1076,7 +1147,8 @@ impl<B: DataBuffer> Connection<B> {
     /// beyond the negotiated ORD wait, in order, for earlier ones.
     pub fn read(&mut self, id: u64, sink: B, src_stag: u32, src_to: u64) {
         self.next_read_stag = self.next_read_stag.wrapping_add(1) | READ_STAG_BASE;
-        let read = Read { id, sink_stag: self.next_read_stag, src_stag, src_to, received: 0, buf: sink };
+        let size = sink.as_ref().len();
+        let read = Read { id, sink_stag: self.next_read_stag, src_stag, src_to, received: 0, size, buf: Some(sink) };
         self.reads_waiting.push_back(read);
         self.issue_reads();
     }
@@ -1102,7 +1174,7 @@ impl<B: DataBuffer> Connection<B> {
                 ddp: untagged(Opcode::READ_REQUEST, true, 0, QN_READ_REQUEST, self.tx_msn[1], 0),
                 sink_stag: read.sink_stag.into(),
                 sink_to: 0.into(),
-                size: (read.buf.as_ref().len() as u32).into(),
+                size: (read.size as u32).into(),
                 src_stag: read.src_stag.into(),
                 src_to: read.src_to.into(),
             };

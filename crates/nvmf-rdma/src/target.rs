@@ -166,6 +166,28 @@ impl<B: DataBuffer> TargetQueue<B> {
         r.and(r2)
     }
 
+    /// Bytes of write data (an RDMA Read Response's payload) the stream
+    /// carries next; the caller may receive them straight into the
+    /// command's buffer with [`take_direct`](Self::take_direct) and
+    /// [`placed`](Self::placed) (`iwarp::Connection::direct_len`).
+    pub fn direct_len(&self) -> usize {
+        self.conn.direct_len()
+    }
+
+    /// Lends the buffer the next [`direct_len`](Self::direct_len) bytes
+    /// belong in: the buffer, the offset and the length. No input may be
+    /// fed until [`placed`](Self::placed) gives it back.
+    pub fn take_direct(&mut self) -> Option<(B, usize, usize)> {
+        self.conn.take_direct()
+    }
+
+    /// Gives the lent buffer back with `n` bytes received into it.
+    pub fn placed(&mut self, buf: B, n: usize) -> Result<(), Fatal> {
+        let r = self.conn.placed(buf, n);
+        let r2 = self.drain_connection();
+        r.and(r2)
+    }
+
     fn drain_connection(&mut self) -> Result<(), Fatal> {
         while let Some(ev) = self.conn.poll_event() {
             match ev {

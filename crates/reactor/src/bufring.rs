@@ -201,41 +201,61 @@ impl Receiver {
                     // The multishot ended (the slot is free): arm again.
                     self.multi = None;
                 }
-                Some((res, flags)) => {
-                    let bid = buffer_of(flags);
-                    if res > 0 {
-                        let Some(bid) = bid else {
-                            return Err(io::Error::other("multishot receive completed without a buffer"));
-                        };
-                        let ptr = with_core(|c| c.bufring.borrow().as_ref().map(|r| r.buf_ptr(bid)));
-                        let Some(ptr) = ptr else { return Err(io::Error::other("receive buffer ring vanished")) };
-                        // SAFETY: the kernel wrote `res` bytes into buffer
-                        // `bid`, which is ours until given back (when the
-                        // RecvBuf drops); the mapping outlives the reactor's
-                        // tasks.
-                        let bytes = unsafe { std::slice::from_raw_parts(ptr, res as usize) };
-                        return Ok(RecvBuf { bytes, bid: Some(bid) });
-                    }
-                    if let Some(b) = bid {
-                        try_with_core(|c| recycle_in(c, b));
-                    }
-                    if res == 0 {
-                        return Ok(RecvBuf { bytes: &[], bid: None });
-                    }
-                    if res == -libc::ENOBUFS {
+                Some((res, flags)) => match multishot_result(res, flags)? {
+                    Some(got) => return Ok(got),
+                    None if res == -libc::ENOBUFS => {
                         // Every buffer is in use on this reactor: let the
                         // others be parsed and given back, then arm again.
                         crate::rt::yield_now().await;
-                        continue;
                     }
-                    if res == -libc::EINTR || res == -libc::ECANCELED {
-                        // ECANCELED: `pause` stopped it; arm again.
-                        continue;
+                    // EINTR, or ECANCELED (`pause` stopped it): arm again.
+                    None => {}
+                },
+            }
+        }
+    }
+
+    /// After [`pause`](Self::pause): what the stopped multishot receive had
+    /// already taken, in order, then `None` once it has ended. Nothing is
+    /// armed until the next [`recv`](Self::recv), so in between the caller
+    /// may receive the stream's next bytes elsewhere (into an I/O's own
+    /// buffer, with `TcpStream::read`) without reordering them.
+    pub async fn recv_stopped(&mut self) -> io::Result<Option<RecvBuf<'_>>> {
+        loop {
+            let Some(idx) = self.multi else { return Ok(None) };
+            match std::future::poll_fn(|cx| with_core(|c| c.poll_multi(idx, cx))).await {
+                None => {
+                    self.multi = None;
+                    return Ok(None);
+                }
+                Some((res, flags)) => {
+                    if let Some(got) = multishot_result(res, flags)? {
+                        return Ok(Some(got));
                     }
-                    return Err(io::Error::from_raw_os_error(-res));
                 }
             }
         }
+    }
+
+    /// Receives into `buf` (as `TcpStream::read`): for the stream's next
+    /// bytes when they belong somewhere known, after
+    /// [`recv_stopped`](Self::recv_stopped) returned `None`. With a
+    /// multishot receive still armed the bytes could come out of order, so
+    /// that is refused.
+    pub async fn read_into<B: IoBufMut>(&mut self, mut buf: B) -> (io::Result<usize>, B) {
+        if self.multi.is_some() {
+            return (Err(io::Error::other("read_into while a multishot receive is armed")), buf);
+        }
+        let len = buf.bytes_total();
+        let entry = opcode::Recv::new(types::Fd(self.fd.as_raw_fd()), buf.write_ptr(), len as u32).build();
+        let done = Op::submit(entry, (buf, self.fd.clone())).await;
+        let (mut buf, _) = done.data;
+        let n = crate::op::result(done.res);
+        if let Ok(n) = n {
+            // SAFETY: the kernel wrote `n` bytes.
+            unsafe { buf.set_init(n) };
+        }
+        (n, buf)
     }
 
     /// Stops the multishot receive from taking more of the reactor's shared
@@ -256,18 +276,37 @@ impl Receiver {
         if buf.capacity() < FALLBACK_BUF {
             buf.reserve(FALLBACK_BUF);
         }
-        let len = buf.bytes_total();
-        let entry = opcode::Recv::new(types::Fd(self.fd.as_raw_fd()), buf.write_ptr(), len as u32).build();
-        let done = Op::submit(entry, (buf, self.fd.clone())).await;
-        let (mut buf, _) = done.data;
-        let n = crate::op::result(done.res);
-        if let Ok(n) = n {
-            // SAFETY: the kernel wrote `n` bytes.
-            unsafe { buf.set_init(n) };
-        }
+        let (n, buf) = self.read_into(buf).await;
         self.own = buf;
         n?;
         Ok(RecvBuf { bytes: &self.own, bid: None })
+    }
+}
+
+/// One completion of a multishot receive: bytes (empty at end of stream),
+/// `None` for a result that only ends or restarts the receive (ENOBUFS,
+/// EINTR, ECANCELED), or the error.
+fn multishot_result<'a>(res: i32, flags: u32) -> io::Result<Option<RecvBuf<'a>>> {
+    let bid = buffer_of(flags);
+    if res > 0 {
+        let Some(bid) = bid else {
+            return Err(io::Error::other("multishot receive completed without a buffer"));
+        };
+        let ptr = with_core(|c| c.bufring.borrow().as_ref().map(|r| r.buf_ptr(bid)));
+        let Some(ptr) = ptr else { return Err(io::Error::other("receive buffer ring vanished")) };
+        // SAFETY: the kernel wrote `res` bytes into buffer `bid`, which is
+        // ours until given back (when the RecvBuf drops); the mapping
+        // outlives the reactor's tasks.
+        let bytes = unsafe { std::slice::from_raw_parts(ptr, res as usize) };
+        return Ok(Some(RecvBuf { bytes, bid: Some(bid) }));
+    }
+    if let Some(b) = bid {
+        try_with_core(|c| recycle_in(c, b));
+    }
+    match res {
+        0 => Ok(Some(RecvBuf { bytes: &[], bid: None })),
+        r if r == -libc::ENOBUFS || r == -libc::EINTR || r == -libc::ECANCELED => Ok(None),
+        r => Err(io::Error::from_raw_os_error(-r)),
     }
 }
 
