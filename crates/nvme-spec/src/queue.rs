@@ -10,8 +10,10 @@ use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout};
 pub struct Sqe {
     /// Command opcode (CDW0 bits 7:0).
     pub opcode: u8,
-    /// Fused operation and PSDT (CDW0 bits 15:8). For Fabrics commands this
-    /// byte is reserved.
+    /// Fused operation (bits 1:0) and PSDT (bits 7:6) (CDW0 bits 15:8).
+    /// Over fabrics the data pointer is an SGL, so a host sets PSDT to 01b
+    /// ([`Sqe::set_sgl`]) on every command, Fabrics commands included: the
+    /// Linux target refuses any other value with Invalid Field.
     pub flags: u8,
     /// Command identifier (CDW0 bits 31:16).
     pub cid: U16,
@@ -46,6 +48,19 @@ const _: () = assert!(core::mem::offset_of!(Sqe, cdw10) == 40);
 impl Sqe {
     /// Size of an SQE in bytes.
     pub const LEN: usize = 64;
+
+    /// PSDT bits of [`flags`](Self::flags).
+    pub const PSDT_MASK: u8 = 0xc0;
+    /// PSDT 01b: the data pointer is an SGL (what every fabrics command
+    /// carries).
+    pub const PSDT_SGL: u8 = 0x40;
+
+    /// Puts `sgl` in the data pointer and says so in PSDT, keeping the
+    /// fused bits.
+    pub fn set_sgl(&mut self, sgl: Sgl) {
+        self.dptr = sgl;
+        self.flags = (self.flags & !Self::PSDT_MASK) | Self::PSDT_SGL;
+    }
 
     /// The Fabrics command type (FCTYPE, byte 4) of a Fabrics command.
     pub fn fctype(&self) -> u8 {

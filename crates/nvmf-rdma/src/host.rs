@@ -162,23 +162,23 @@ impl HostConnection {
         let len = u32::try_from(write.len()).unwrap_or(u32::MAX);
         let in_capsule = self.cfg.qid != 0 && !write.is_empty() && len <= self.cfg.max_in_capsule;
         let pending = if in_capsule {
-            sqe.dptr = Sgl::in_capsule(len);
+            sqe.set_sgl(Sgl::in_capsule(len));
             self.conn.send(sqe.as_bytes(), &write, None);
             self.recycle(write);
             Pending { stag: None, reading: false }
         } else if !write.is_empty() {
             let stag = self.conn.register(write, base, Access::RemoteRead);
-            sqe.dptr = sgl::keyed(base, len, stag, true);
+            sqe.set_sgl(sgl::keyed(base, len, stag, true));
             self.conn.send(sqe.as_bytes(), &[], None);
             Pending { stag: Some(stag), reading: false }
         } else if read_len > 0 {
             let buf = self.read_buffer(read_len as usize);
             let stag = self.conn.register(buf, base, Access::RemoteWrite);
-            sqe.dptr = sgl::keyed(base, read_len, stag, true);
+            sqe.set_sgl(sgl::keyed(base, read_len, stag, true));
             self.conn.send(sqe.as_bytes(), &[], None);
             Pending { stag: Some(stag), reading: true }
         } else {
-            sqe.dptr = sgl::keyed(0, 0, 0, false);
+            sqe.set_sgl(sgl::keyed(0, 0, 0, false));
             self.conn.send(sqe.as_bytes(), &[], None);
             Pending { stag: None, reading: false }
         };
@@ -371,6 +371,8 @@ mod tests {
             while let Some(ev) = t.poll_event() {
                 let TEvent::Command { sqe, data } = ev else { panic!("{ev:?}") };
                 let cid = sqe.cid.get();
+                // PSDT 01b: the Linux target refuses anything else.
+                assert_eq!(sqe.flags & Sqe::PSDT_MASK, Sqe::PSDT_SGL, "PSDT of cid {cid}");
                 match cid {
                     1 => {
                         assert_eq!(t.check_sgl(&sqe, None), Ok(8192));
@@ -415,6 +417,7 @@ mod tests {
         pump(&mut h, &mut t);
         let Some(TEvent::Command { sqe, data: None }) = t.poll_event() else { panic!() };
         assert_eq!(t.check_sgl(&sqe, None), Ok(1024));
+        assert_eq!(sqe.flags, Sqe::PSDT_SGL, "a Fabrics command carries PSDT 01b too");
         t.request_data(0, 1024);
         pump(&mut h, &mut t);
         assert!(matches!(t.poll_event(), Some(TEvent::Data { cid: 0, data }) if data == pattern(9, 1024)));

@@ -123,7 +123,7 @@ impl HostConnection {
         let cid = sqe.cid.get();
         let in_capsule = !write.is_empty() && write.len() <= self.cfg.max_in_capsule as usize;
         let data_len = if write.is_empty() { read_len } else { u32::try_from(write.len()).unwrap_or(u32::MAX) };
-        sqe.dptr = if in_capsule { Sgl::in_capsule(data_len) } else { Sgl::transport(data_len) };
+        sqe.set_sgl(if in_capsule { Sgl::in_capsule(data_len) } else { Sgl::transport(data_len) });
         let cmd = CapsuleCmd { ch: pdu::common_header(PduType::CAPSULE_CMD, 0), sqe };
         if in_capsule {
             pdu::encode(&mut self.tx, cmd.as_bytes(), &write, self.tx_framing);

@@ -26,6 +26,8 @@ fn serve(t: &mut Target, b: &mut Backend) {
         match ev {
             Event::Command { sqe, data } => {
                 let cid = sqe.cid.get();
+                // PSDT 01b: the Linux target refuses anything else.
+                assert_eq!(sqe.flags & Sqe::PSDT_MASK, Sqe::PSDT_SGL, "PSDT of cid {cid}");
                 let len = t.check_sgl(&sqe, data.as_ref().map(Vec::len)).expect("valid SGL");
                 match (sqe.opcode, data) {
                     (0x02, _) => t.send_data(cid, &pattern(len as usize), Cqe::new(cid, Status::SUCCESS, 0)),
