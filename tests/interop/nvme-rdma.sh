@@ -13,6 +13,13 @@
 # first (or set IRONWIRE_BIN). kernel-peer builds siw.ko (KP_SIW=1) the first
 # time: that needs gcc, make and patch, and downloads linux-source-6.1.
 #
+# fio-verify runs fio (crc32c verify) in the guest, with kernel-peer's fio
+# layer (KP_WITH_FIO=1), which is built from the host's fio package: the
+# script installs fio when it is missing. initiator-nvmet turns the roles
+# round: the kernel's nvmet-rdma on siw in a target guest, and ironwire's
+# own NVMe/RDMA host (`$IRONWIRE_BIN bench run --transport rdma --verify`)
+# on this machine (ironwire mode only).
+#
 # Usage: tests/interop/nvme-rdma.sh [options]
 #   --port P            target port on 127.0.0.1 (default: a free port; nvmet: 14460)
 #   --target ironwire   (default) start $IRONWIRE_BIN with a generated config
@@ -42,7 +49,8 @@
 # IW_RESTRICTED_PORT, IW_CRC_OFF_PORT, IW_ALLOWED_HOSTNQN, IW_REFUSED_HOSTNQN,
 # IW_READY_TIMEOUT (s, default 20; nvmet 90), IW_TARGET_CMD, IW_WORK_PARENT
 # (default /var/tmp), IW_KEEP_WORK=1, IW_KERNEL_PEER_DIR (another copy of the
-# harness; default tests/interop/kernel-peer), RUST_LOG (default info).
+# harness; default tests/interop/kernel-peer), RUST_LOG (default info),
+# IW_BENCH_TIME (seconds of each initiator-nvmet run, default 4).
 set -uo pipefail
 
 HERE=$(cd "$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")" && pwd)
@@ -65,7 +73,8 @@ IW_TARGET_CMD=${IW_TARGET_CMD:-}
 
 MODE=ironwire PORT="" READY_FILE="" ONLY="" SKIP="" SHOW=fail INSTALL=1
 
-CHECKS=(discover-battery queues2-smp2 file4k-battery crc-off pattern-64m ext4-fs refused-host tcp-same-port tcp-rdma-mixed)
+CHECKS=(discover-battery queues2-smp2 file4k-battery crc-off pattern-64m ext4-fs refused-host fio-verify
+	tcp-same-port tcp-rdma-mixed initiator-nvmet)
 describe() {
 	case $1 in
 	discover-battery) echo "siw up, discovery over RDMA + plain battery on $IW_NQN (ram)" ;;
@@ -75,8 +84,10 @@ describe() {
 	pattern-64m) echo "64 MiB O_DIRECT pattern write / read back over RDMA" ;;
 	ext4-fs) echo "mkfs.ext4, 20 files, remount, sha256sums over RDMA" ;;
 	refused-host) echo "not-allowed host NQN: RDMA Connect refused (Invalid Host), no controller" ;;
+	fio-verify) echo "fio randwrite 4k..128k (bssplit) QD16, 64 MiB, crc32c verify over RDMA" ;;
 	tcp-same-port) echo "NVMe/TCP battery on the port that also serves RDMA (ironwire only)" ;;
 	tcp-rdma-mixed) echo "one guest on the same port over TCP and RDMA at once (ironwire only)" ;;
+	initiator-nvmet) echo "ironwire's NVMe/RDMA host (bench --verify, 4k/128k, CRC on/off) vs kernel nvmet-rdma (ironwire only)" ;;
 	esac
 }
 
@@ -159,6 +170,20 @@ ensure_siw() {
 	compgen -G "$KP_CACHE/siw-*/siw.ko" >/dev/null ||
 		find "$KP_CACHE"/kernel-*/ -name 'siw.ko*' 2>/dev/null | grep -q . ||
 		die "kernel-peer prepare built no siw.ko (see its output above; KP_CACHE=$KP_CACHE)"
+}
+
+# The guest's fio layer (fio-verify) is built from the host's fio package.
+FIO_LAYER=0
+ensure_fio_layer() {
+	if ! command -v fio >/dev/null; then
+		((INSTALL)) || return 1
+		apt_update
+		say "apt-get install fio (for the guest's fio layer)"
+		as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends fio ||
+			die "apt-get install fio failed"
+	fi
+	KP_WITH_FIO=1 "$KP" prepare || die "kernel-peer prepare (fio layer) failed"
+	FIO_LAYER=1
 }
 
 
@@ -307,6 +332,98 @@ check_refused() {
 	say "$name: $( ((rc == 0)) && echo PASS || echo "FAIL (rc=$rc, console: $log)")"
 }
 
+# bench_verify NAME TAG PORT NQN BS [--no-crc] : one run of ironwire's own
+# NVMe/RDMA host, `bench run --transport rdma --rw randrw --verify`, against
+# the target on 127.0.0.1:PORT. It passes if the bench exits 0 and says
+# "verify OK", and its JSON shows reads and writes done, blocks checked, no
+# verify error, the block size asked, and the MPA CRC mode asked for (the
+# kernel's siw uses CRC exactly when the host asks for it).
+bench_verify() {
+	local name=$1 tag=$2 port=$3 nqn=$4 bs=$5; shift 5
+	local out=$WORK/$name.$tag.json err=$WORK/$name.$tag.err rc=0 t0 crc=on summary
+	[[ ${1:-} == --no-crc ]] && crc=off
+	local args=(bench run --nvme "127.0.0.1:$port" --nqn "$nqn" --transport rdma "$@" --rw randrw --bs "$bs"
+		--qd 8 --time "$IW_BENCH_TIME" --verify --size 64M --output json)
+	echo "+ $IRONWIRE_BIN ${args[*]}" >&2
+	t0=$(now)
+	timeout -k 5 $((${IW_BENCH_TIME%.*} + 60)) "$IRONWIRE_BIN" "${args[@]}" >"$out" 2>"$err" || rc=$?
+	if ((rc == 0)) && ! grep -q '^verify OK' "$err"; then
+		echo "$name [$tag]: the bench exited 0 without a 'verify OK' line" >&2; rc=1
+	fi
+	if ((rc == 0)); then
+		summary=$(python3 - "$out" "$bs" "$crc" <<'PY'
+import json, sys
+path, bs, crc = sys.argv[1], sys.argv[2], sys.argv[3]
+d = json.load(open(path))
+j = d["jobs"][0]
+r, w = j["read"]["total_ios"], j["write"]["total_ios"]
+mult = {"k": 1024, "m": 1 << 20}.get(bs[-1].lower(), 1)
+want_bs = int(bs.rstrip("kKmM")) * mult
+bad = []
+if j["error"] != 0: bad.append(f"error {j['error']}")
+if j["verify_errors"] != 0 or j["first_verify_error"] is not None:
+    bad.append(f"{j['verify_errors']} verify errors, first: {j['first_verify_error']}")
+if j["verify_checked"] <= 0: bad.append("no block checked")
+if r <= 0 or w <= 0: bad.append(f"{r} reads, {w} writes")
+if d["global options"]["bs"] != want_bs: bad.append(f"bs {d['global options']['bs']} (asked {want_bs})")
+crc_off = "(crc off)" in d["target"]
+if crc_off != (crc == "off"): bad.append(f"MPA CRC {'off' if crc_off else 'on'} (asked {crc}): {d['target']}")
+print(f"{r} reads, {w} writes, {j['verify_checked']} blocks checked, 0 corrupt; {d['target']}")
+if bad:
+    print("; ".join(bad), file=sys.stderr)
+    sys.exit(1)
+PY
+		) || rc=1
+	fi
+	if ((rc == 0)); then
+		say "$name [$tag]: PASS in $(since "$t0")s: $summary"
+	else
+		say "$name [$tag]: FAIL (rc=$rc) after $(since "$t0")s; bench stderr ($err):"
+		grep -v '^\[ *[0-9]* s\]' "$err" | tail -n 20 >&2
+	fi
+	return "$rc"
+}
+
+# initiator-nvmet: the roles turned round. A target guest runs the kernel's
+# nvmet-rdma on siw (brd, any host), and ironwire's NVMe/RDMA host verifies
+# randrw through it: 4 KiB writes ride in the capsule (nvmet-rdma's inline
+# data is one page), 128 KiB ones are fetched with RDMA Reads; each with MPA
+# CRC asked for and with --no-crc. The guest is stopped by PID afterwards.
+IW_BENCH_TIME=${IW_BENCH_TIME:-4}
+check_initiator_nvmet() {
+	local name=initiator-nvmet
+	selected "$name" || return 0
+	local nqn=nqn.2024-01.org.kernel-peer:nvmet port tpid t0 rc=0 run crc=()
+	local tlog=$WORK/$name.target.log ready=$WORK/$name.ready
+	[[ -x $IRONWIRE_BIN ]] || { say "$name: no ironwire binary at $IRONWIRE_BIN"; record "$name" 1 0; return 0; }
+	say "$name: $(describe "$name")"
+	t0=$(now)
+	port=$(free_port)
+	start_target "$name-nvmet" "$tlog" "$KP" target-nvmet --transport rdma --show always -t 300 \
+		--nqn "$nqn" --size 128 --ready-file "$ready" "$port"
+	tpid=${TARGET_PIDS[-1]}
+	# never probe the port: a bare connect wedges the nvmet-rdma/siw listener
+	if IW_READY_TIMEOUT=90 wait_ready "$tpid" "$port" "$ready"; then
+		for run in 4k:crc 4k:no-crc 128k:crc 128k:no-crc; do
+			crc=()
+			[[ ${run#*:} == no-crc ]] && crc=(--no-crc)
+			bench_verify "$name" "${run/:/-}" "$port" "$nqn" "${run%%:*}" "${crc[@]}" || rc=1
+		done
+		kill -0 "$tpid" 2>/dev/null || { say "$name: the nvmet-rdma guest exited during the runs"; rc=1; }
+	else
+		rc=1
+	fi
+	stop_pid "$tpid"
+	# it is no longer a target of this run (targets_alive, the end check)
+	unset 'TARGET_PIDS[-1]' 'TARGET_LOGS[-1]'
+	if ((rc != 0)) && [[ $SHOW != never ]]; then
+		printf '\n----- %s: nvmet-rdma guest console (%s, last 60 lines) -----\n' "$name" "$tlog" >&2
+		tail -n 60 "$tlog" >&2
+	fi
+	record "$name" "$rc" "$(since "$t0")"
+	say "$name: $( ((rc == 0)) && echo PASS || echo "FAIL (rc=$rc, bench output: $WORK/$name.*.err, target console: $tlog)")"
+}
+
 # has_rdma_variant SCENARIO : the harness's SCENARIO can run over NVMe/RDMA
 # (-e NVME_TRANSPORT=rdma). The ironwire copy's nvme-pattern, nvme-fs and
 # nvme-refused hard-code `tcp` today.
@@ -346,9 +463,17 @@ run_checks() {
 		check_refused refused-host 120 -e KP_HOSTNQN="$IW_REFUSED_HOSTNQN" -e NVME_SKIP_DISCOVERY=1 \
 			-e KP_DMESG_LINES=200 nvme-rdma-siw "$RPORT" "$IW_RESTRICTED_NQN"
 	fi
+	# fio with crc32c verify through the kernel's NVMe/RDMA host (main port:
+	# MPA CRC on with ironwire).
+	if ((FIO_LAYER)); then
+		KP_WITH_FIO=1 check fio-verify 180 -e NVME_TRANSPORT=rdma -e KP_DMESG_LINES=120 nvme-fio "$PORT" "$IW_NQN"
+	else
+		skipped fio-verify "no fio on the host for the guest's fio layer, and --no-install"
+	fi
 	if [[ $MODE != ironwire ]]; then
 		skipped tcp-same-port "ironwire only"
 		skipped tcp-rdma-mixed "ironwire only"
+		skipped initiator-nvmet "ironwire only (it tests ironwire's initiator)"
 		return 0
 	fi
 	check tcp-same-port 150 "${strict[@]}" -e NVME_REQUIRE_DISCOVERED=1 nvme-tcp "$PORT" "$IW_NQN"
@@ -366,12 +491,16 @@ run_checks() {
 	else
 		skipped tcp-rdma-mixed "harness: no nvme-tcp-rdma scenario"
 	fi
+	check_initiator_nvmet
 }
 
 # ------------------------------------------------------------------ main
 T0=$(now)
 cd "$REPO" || die "no repo at $REPO"
 ensure_siw
+if selected fio-verify && ! ensure_fio_layer; then
+	say "fio is not installed and --no-install given: fio-verify will be skipped"
+fi
 if ! start_targets; then
 	dump_target_logs
 	FAILED=1
