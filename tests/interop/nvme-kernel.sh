@@ -27,7 +27,8 @@
 # (default /tmp/kernel-peer-cache), IW_NQN, IW_RESTRICTED_NQN,
 # IW_RESTRICTED_PORT, IW_ALLOWED_HOSTNQN, IW_REFUSED_HOSTNQN,
 # IW_READY_TIMEOUT (s, default 20; nvmet 90), IW_TARGET_CMD, IW_WORK_PARENT
-# (default /var/tmp), IW_KEEP_WORK=1, RUST_LOG (default info).
+# (default /var/tmp), IW_KEEP_WORK=1, RUST_LOG (default info),
+# IW_BENCH_TIME (seconds of each initiator-nvmet run, default 4).
 set -uo pipefail
 
 HERE=$(cd "$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")" && pwd)
@@ -48,7 +49,7 @@ IW_TARGET_CMD=${IW_TARGET_CMD:-}
 
 MODE=ironwire PORT="" READY_FILE="" ONLY="" SKIP="" SHOW=fail INSTALL=1
 
-CHECKS=(discover-battery digest-battery queues2-smp2 file4k-battery pattern-64m ext4-fs refused-host namespace-aen)
+CHECKS=(discover-battery digest-battery queues2-smp2 file4k-battery pattern-64m ext4-fs refused-host namespace-aen initiator-nvmet)
 describe() {
 	case $1 in
 	discover-battery) echo "discovery + plain battery on $IW_NQN (ram)" ;;
@@ -59,6 +60,7 @@ describe() {
 	ext4-fs) echo "mkfs.ext4, 20 files, remount, sha256sums" ;;
 	refused-host) echo "not-allowed host NQN refused, allowed host accepted" ;;
 	namespace-aen) echo "ironwire ctl adds/removes a namespace; AEN makes the host rescan (ironwire only)" ;;
+	initiator-nvmet) echo "ironwire's NVMe/TCP host (bench --verify, 4k/128k, digests) vs kernel nvmet-tcp (ironwire only)" ;;
 	esac
 }
 
@@ -225,6 +227,9 @@ run_checks() {
 	check refused-host 120 -e KP_HOSTNQN="$IW_REFUSED_HOSTNQN" -e ALLOWED_HOSTNQN="$IW_ALLOWED_HOSTNQN" \
 		nvme-refused "$RPORT" "$IW_RESTRICTED_NQN"
 	[[ $MODE == ironwire ]] && check_aen
+	# The roles turned round: ironwire's own NVMe/TCP host against the
+	# kernel's nvmet-tcp in a target guest, with and without digests.
+	[[ $MODE == ironwire ]] && check_initiator_nvmet tcp 4k:plain 128k:plain 16k:digest
 }
 
 # The namespace-changed event needs the host side to act mid-scenario: the

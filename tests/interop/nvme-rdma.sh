@@ -332,98 +332,6 @@ check_refused() {
 	say "$name: $( ((rc == 0)) && echo PASS || echo "FAIL (rc=$rc, console: $log)")"
 }
 
-# bench_verify NAME TAG PORT NQN BS [--no-crc] : one run of ironwire's own
-# NVMe/RDMA host, `bench run --transport rdma --rw randrw --verify`, against
-# the target on 127.0.0.1:PORT. It passes if the bench exits 0 and says
-# "verify OK", and its JSON shows reads and writes done, blocks checked, no
-# verify error, the block size asked, and the MPA CRC mode asked for (the
-# kernel's siw uses CRC exactly when the host asks for it).
-bench_verify() {
-	local name=$1 tag=$2 port=$3 nqn=$4 bs=$5; shift 5
-	local out=$WORK/$name.$tag.json err=$WORK/$name.$tag.err rc=0 t0 crc=on summary
-	[[ ${1:-} == --no-crc ]] && crc=off
-	local args=(bench run --nvme "127.0.0.1:$port" --nqn "$nqn" --transport rdma "$@" --rw randrw --bs "$bs"
-		--qd 8 --time "$IW_BENCH_TIME" --verify --size 64M --output json)
-	echo "+ $IRONWIRE_BIN ${args[*]}" >&2
-	t0=$(now)
-	timeout -k 5 $((${IW_BENCH_TIME%.*} + 60)) "$IRONWIRE_BIN" "${args[@]}" >"$out" 2>"$err" || rc=$?
-	if ((rc == 0)) && ! grep -q '^verify OK' "$err"; then
-		echo "$name [$tag]: the bench exited 0 without a 'verify OK' line" >&2; rc=1
-	fi
-	if ((rc == 0)); then
-		summary=$(python3 - "$out" "$bs" "$crc" <<'PY'
-import json, sys
-path, bs, crc = sys.argv[1], sys.argv[2], sys.argv[3]
-d = json.load(open(path))
-j = d["jobs"][0]
-r, w = j["read"]["total_ios"], j["write"]["total_ios"]
-mult = {"k": 1024, "m": 1 << 20}.get(bs[-1].lower(), 1)
-want_bs = int(bs.rstrip("kKmM")) * mult
-bad = []
-if j["error"] != 0: bad.append(f"error {j['error']}")
-if j["verify_errors"] != 0 or j["first_verify_error"] is not None:
-    bad.append(f"{j['verify_errors']} verify errors, first: {j['first_verify_error']}")
-if j["verify_checked"] <= 0: bad.append("no block checked")
-if r <= 0 or w <= 0: bad.append(f"{r} reads, {w} writes")
-if d["global options"]["bs"] != want_bs: bad.append(f"bs {d['global options']['bs']} (asked {want_bs})")
-crc_off = "(crc off)" in d["target"]
-if crc_off != (crc == "off"): bad.append(f"MPA CRC {'off' if crc_off else 'on'} (asked {crc}): {d['target']}")
-print(f"{r} reads, {w} writes, {j['verify_checked']} blocks checked, 0 corrupt; {d['target']}")
-if bad:
-    print("; ".join(bad), file=sys.stderr)
-    sys.exit(1)
-PY
-		) || rc=1
-	fi
-	if ((rc == 0)); then
-		say "$name [$tag]: PASS in $(since "$t0")s: $summary"
-	else
-		say "$name [$tag]: FAIL (rc=$rc) after $(since "$t0")s; bench stderr ($err):"
-		grep -v '^\[ *[0-9]* s\]' "$err" | tail -n 20 >&2
-	fi
-	return "$rc"
-}
-
-# initiator-nvmet: the roles turned round. A target guest runs the kernel's
-# nvmet-rdma on siw (brd, any host), and ironwire's NVMe/RDMA host verifies
-# randrw through it: 4 KiB writes ride in the capsule (nvmet-rdma's inline
-# data is one page), 128 KiB ones are fetched with RDMA Reads; each with MPA
-# CRC asked for and with --no-crc. The guest is stopped by PID afterwards.
-IW_BENCH_TIME=${IW_BENCH_TIME:-4}
-check_initiator_nvmet() {
-	local name=initiator-nvmet
-	selected "$name" || return 0
-	local nqn=nqn.2024-01.org.kernel-peer:nvmet port tpid t0 rc=0 run crc=()
-	local tlog=$WORK/$name.target.log ready=$WORK/$name.ready
-	[[ -x $IRONWIRE_BIN ]] || { say "$name: no ironwire binary at $IRONWIRE_BIN"; record "$name" 1 0; return 0; }
-	say "$name: $(describe "$name")"
-	t0=$(now)
-	port=$(free_port)
-	start_target "$name-nvmet" "$tlog" "$KP" target-nvmet --transport rdma --show always -t 300 \
-		--nqn "$nqn" --size 128 --ready-file "$ready" "$port"
-	tpid=${TARGET_PIDS[-1]}
-	# never probe the port: a bare connect wedges the nvmet-rdma/siw listener
-	if IW_READY_TIMEOUT=90 wait_ready "$tpid" "$port" "$ready"; then
-		for run in 4k:crc 4k:no-crc 128k:crc 128k:no-crc; do
-			crc=()
-			[[ ${run#*:} == no-crc ]] && crc=(--no-crc)
-			bench_verify "$name" "${run/:/-}" "$port" "$nqn" "${run%%:*}" "${crc[@]}" || rc=1
-		done
-		kill -0 "$tpid" 2>/dev/null || { say "$name: the nvmet-rdma guest exited during the runs"; rc=1; }
-	else
-		rc=1
-	fi
-	stop_pid "$tpid"
-	# it is no longer a target of this run (targets_alive, the end check)
-	unset 'TARGET_PIDS[-1]' 'TARGET_LOGS[-1]'
-	if ((rc != 0)) && [[ $SHOW != never ]]; then
-		printf '\n----- %s: nvmet-rdma guest console (%s, last 60 lines) -----\n' "$name" "$tlog" >&2
-		tail -n 60 "$tlog" >&2
-	fi
-	record "$name" "$rc" "$(since "$t0")"
-	say "$name: $( ((rc == 0)) && echo PASS || echo "FAIL (rc=$rc, bench output: $WORK/$name.*.err, target console: $tlog)")"
-}
-
 # has_rdma_variant SCENARIO : the harness's SCENARIO can run over NVMe/RDMA
 # (-e NVME_TRANSPORT=rdma). The ironwire copy's nvme-pattern, nvme-fs and
 # nvme-refused hard-code `tcp` today.
@@ -491,7 +399,10 @@ run_checks() {
 	else
 		skipped tcp-rdma-mixed "harness: no nvme-tcp-rdma scenario"
 	fi
-	check_initiator_nvmet
+	# The roles turned round: 4 KiB writes ride in the capsule (nvmet-rdma's
+	# inline data is one page), 128 KiB ones are fetched with RDMA Reads;
+	# each with MPA CRC asked for and with --no-crc.
+	check_initiator_nvmet rdma 4k:crc 4k:no-crc 128k:crc 128k:no-crc
 }
 
 # ------------------------------------------------------------------ main
