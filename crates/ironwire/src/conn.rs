@@ -3,6 +3,8 @@
 //! connection queued, and the send high-water mark that stops a connection
 //! from reading while its peer does not read our replies.
 
+use reactor::buf::IoBuf;
+use reactor::gather::Gather;
 use reactor::net::TcpStream;
 use reactor::{Notify, Receiver};
 use std::cell::Cell;
@@ -100,10 +102,13 @@ impl Shell {
 
 /// A connection whose queued bytes the writer sends.
 pub trait Outbox {
+    /// Buffers whose bytes are sent from where they lie (a device's I/O
+    /// buffer), spliced between the queued bytes.
+    type Spliced: IoBuf;
     /// The shell.
     fn shell(&self) -> &Shell;
-    /// Moves the queued bytes to the end of `out`.
-    fn take_transmit(&self, out: &mut Vec<u8>);
+    /// Moves what is queued to the end of `out`.
+    fn take_transmit(&self, out: &mut Gather<Self::Spliced>);
     /// How many bytes are queued.
     fn queued(&self) -> usize;
 }
@@ -131,17 +136,25 @@ pub async fn wait_for_room<C: Outbox>(conn: &C, rx: &mut Receiver) {
     }
 }
 
-/// The writer task: one `write_all` per wake-up with everything queued.
+/// The writer task: one send per wake-up with everything queued (a
+/// `sendmsg` over iovecs when buffers are spliced in, else one `send`).
 pub async fn write_loop<C: Outbox>(wr: TcpStream, conn: Rc<C>) {
     let shell = conn.shell();
-    let mut out = Vec::with_capacity(256 * 1024);
+    let mut out = Gather::with_capacity(256 * 1024);
     loop {
         shell.tx_ready.wait().await;
         conn.take_transmit(&mut out);
         if !out.is_empty() {
             shell.sending.set(out.len());
-            let (res, o) = wr.write_all(out).await;
-            out = o;
+            let res = if out.splices.is_empty() {
+                let (res, head) = wr.write_all(std::mem::take(&mut out.head)).await;
+                out.head = head;
+                res
+            } else {
+                let (res, o) = wr.send_gather(out).await;
+                out = o;
+                res
+            };
             out.clear();
             shell.sending.set(0);
             shell.drained.notify();

@@ -459,12 +459,15 @@ struct Conn {
 }
 
 impl Outbox for Conn {
+    /// Nothing is spliced: data goes out through the PDU bytes.
+    type Spliced = Vec<u8>;
+
     fn shell(&self) -> &Shell {
         &self.shell
     }
 
-    fn take_transmit(&self, out: &mut Vec<u8>) {
-        self.iscsi.borrow_mut().take_transmit(out);
+    fn take_transmit(&self, out: &mut reactor::gather::Gather<Vec<u8>>) {
+        self.iscsi.borrow_mut().take_transmit(&mut out.head);
     }
 
     fn queued(&self) -> usize {

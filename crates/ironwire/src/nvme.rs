@@ -19,6 +19,7 @@ use blockdev::{BlockDevice, Device, IoBuf};
 use nvme_spec::{Cqe, Sqe, Status};
 use nvmf::{BlockOp, Outcome};
 use nvmf_tcp::DataBuffer;
+use reactor::gather::{Gather, Splice};
 use reactor::net::TcpStream;
 use reactor::now_ms;
 use std::cell::RefCell;
@@ -125,6 +126,12 @@ pub trait Binding: 'static {
     fn withdraw_command(&mut self, cid: u16) -> bool;
     /// Sends read data for `cid`, then its completion.
     fn send_data(&mut self, cid: u16, data: &[u8], cqe: Cqe);
+    /// As `send_data`, from the I/O's own buffer: where the binding can, the
+    /// data is sent from there ([`Binding::take_transmit`] splices it in),
+    /// not copied.
+    fn send_data_from(&mut self, cid: u16, data: Buf, cqe: Cqe) {
+        self.send_data(cid, &data.0, cqe);
+    }
     /// As `send_data`, with `fill` writing the data in place; `false` when
     /// nothing was queued.
     fn send_data_with(&mut self, cid: u16, len: usize, cqe: Cqe, fill: impl FnOnce(&mut [u8]) -> bool) -> bool;
@@ -132,8 +139,8 @@ pub trait Binding: 'static {
     fn send_response(&mut self, cqe: Cqe);
     /// Records the queue once Connect succeeded.
     fn set_queue(&mut self, sqid: u16, sqsize: u16, sq_flow_disabled: bool);
-    /// Moves the bytes to send to the end of `out`.
-    fn take_transmit(&mut self, out: &mut Vec<u8>);
+    /// Moves what there is to send to the end of `out`.
+    fn take_transmit(&mut self, out: &mut Gather<Buf>);
     /// Bytes waiting to be sent.
     fn transmit_len(&self) -> usize;
     /// Header and data digests in use (iWARP: the MPA CRC, as both).
@@ -183,9 +190,6 @@ macro_rules! forward_binding {
         fn set_queue(&mut self, sqid: u16, sqsize: u16, sq_flow_disabled: bool) {
             $($ty)::+::set_queue(self, sqid, sqsize, sq_flow_disabled)
         }
-        fn take_transmit(&mut self, out: &mut Vec<u8>) {
-            $($ty)::+::take_transmit(self, out)
-        }
         fn transmit_len(&self) -> usize {
             $($ty)::+::transmit_len(self)
         }
@@ -210,6 +214,9 @@ impl Binding for nvmf_tcp::target::TargetConnection<Buf> {
     }
     fn digests(&self) -> (bool, bool) {
         nvmf_tcp::target::TargetConnection::digests(self)
+    }
+    fn take_transmit(&mut self, out: &mut Gather<Buf>) {
+        nvmf_tcp::target::TargetConnection::take_transmit(self, &mut out.head)
     }
     forward_binding!(nvmf_tcp::target::TargetConnection);
 }
@@ -239,6 +246,15 @@ impl Binding for nvmf_rdma::target::TargetQueue<Buf> {
     fn digests(&self) -> (bool, bool) {
         let crc = nvmf_rdma::target::TargetQueue::crc(self);
         (crc, crc)
+    }
+    fn send_data_from(&mut self, cid: u16, data: Buf, cqe: Cqe) {
+        nvmf_rdma::target::TargetQueue::send_data_from(self, cid, data, cqe)
+    }
+    fn take_transmit(&mut self, out: &mut Gather<Buf>) {
+        let (head, bufs, splices) = (&mut out.head, &mut out.bufs, &mut out.splices);
+        nvmf_rdma::target::TargetQueue::take_transmit_parts(self, head, bufs, |s| {
+            splices.push(Splice { at: s.at, buf: s.buf, start: s.start, len: s.len })
+        })
     }
     fn direct_len(&self) -> usize {
         nvmf_rdma::target::TargetQueue::direct_len(self)
@@ -271,11 +287,13 @@ struct Conn<T> {
 }
 
 impl<T: Binding> Outbox for Conn<T> {
+    type Spliced = Buf;
+
     fn shell(&self) -> &Shell {
         &self.shell
     }
 
-    fn take_transmit(&self, out: &mut Vec<u8>) {
+    fn take_transmit(&self, out: &mut Gather<Buf>) {
         self.wire.borrow_mut().take_transmit(out);
     }
 
@@ -632,7 +650,7 @@ async fn run_io<T: Binding>(conn: Rc<Conn<T>>, req: BlockRequest, t0: u64) {
             let status = ok(r, false);
             if status.is_success() {
                 conn.record(nsid, kind, t0, status);
-                conn.wire.borrow_mut().send_data(cid, &buf, Cqe::new(cid, status, 0));
+                conn.wire.borrow_mut().send_data_from(cid, Buf(buf), Cqe::new(cid, status, 0));
                 conn.shell.tx_ready.notify();
                 return;
             }

@@ -526,3 +526,32 @@ fn bench_randrw_verify_over_rdma_runs_clean() {
         assert_eq!(r.verify_errors, 0, "{r}");
     }
 }
+
+#[test]
+fn file_namespace_reads_over_rdma_are_sent_from_the_io_buffer_with_crc_on_and_off() {
+    let path = std::env::temp_dir().join(format!("ironwire-loopback-rdma-file-{}.img", std::process::id()));
+    let _ = std::fs::remove_file(&path);
+    struct Rm(PathBuf);
+    impl Drop for Rm {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_file(&self.0);
+        }
+    }
+    let _rm = Rm(path.clone());
+    let (d, crc_off) = start_rdma(
+        "rdma-file",
+        &format!(
+            "[[device]]\nname = \"f\"\nkind = \"file\"\npath = \"{}\"\nsize = \"32MiB\"\nblock_size = 512\n\n[[subsystem]]\nnqn = \"{NQN}\"\nallow_any_host = true\n[[subsystem.namespace]]\ndevice = \"f\"\n\n",
+            path.display()
+        ),
+    );
+    block_on(bounded(60, async {
+        for (addr, crc) in [(d.addr, true), (crc_off, false)] {
+            let mut c = Controller::connect(addr, NQN, HOST_A, rdma(crc, 2)).await.expect("connect over RDMA");
+            // Reads from a file device go out as RDMA Writes straight from
+            // the read's I/O buffer, in 60 KiB FPDUs up to 1 MiB.
+            write_read_verify(&mut c, 512).await;
+            c.disconnect().await.expect("disconnect");
+        }
+    }));
+}

@@ -226,6 +226,21 @@ struct Inbound<B> {
     solicited: bool,
 }
 
+/// Payload that goes out from a buffer of its own rather than through the
+/// transmit bytes ([`Connection::write_from`]): `len` bytes of buffer `buf`
+/// from `start`, sent at position `at` of the transmit bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Splice {
+    /// Where in the transmit bytes the payload goes (before the byte there).
+    pub at: usize,
+    /// Which buffer.
+    pub buf: usize,
+    /// First byte of the buffer sent.
+    pub start: usize,
+    /// Bytes sent.
+    pub len: usize,
+}
+
 /// One iWARP connection.
 pub struct Connection<B> {
     cfg: Config,
@@ -240,6 +255,11 @@ pub struct Connection<B> {
     ird: u16,
     events: VecDeque<Event<B>>,
     tx: Vec<u8>,
+    /// Payload sent from buffers of its own, by position in `tx`.
+    tx_splices: Vec<Splice>,
+    tx_bufs: Vec<B>,
+    /// Bytes of `tx_splices`.
+    tx_spliced: usize,
     // receive
     rx: Rx,
     hdr: [u8; READ_REQUEST_LEN],
@@ -288,6 +308,9 @@ impl<B: DataBuffer> Connection<B> {
             ird: 0,
             events: VecDeque::new(),
             tx: Vec::new(),
+            tx_splices: Vec::new(),
+            tx_bufs: Vec::new(),
+            tx_spliced: 0,
             rx: Rx::Header { need: 4 },
             hdr: [0; READ_REQUEST_LEN],
             hdr_len: 0,
@@ -373,18 +396,49 @@ impl<B: DataBuffer> Connection<B> {
         self.events.pop_front()
     }
 
-    /// Moves the bytes to send to the end of `out`.
+    /// Moves the bytes to send to the end of `out`, copying in the
+    /// payload of [`write_from`](Self::write_from) (see
+    /// [`take_transmit_parts`](Self::take_transmit_parts) to send it from
+    /// its own buffer).
     pub fn take_transmit(&mut self, out: &mut Vec<u8>) {
-        if out.is_empty() {
+        if self.tx_splices.is_empty() && out.is_empty() {
             std::mem::swap(out, &mut self.tx);
+            return;
+        }
+        let mut from = 0;
+        for s in self.tx_splices.drain(..) {
+            out.extend_from_slice(self.tx.get(from..s.at).unwrap_or_default());
+            let payload = self.tx_bufs.get(s.buf).and_then(|b| b.as_ref().get(s.start..s.start.saturating_add(s.len)));
+            out.extend_from_slice(payload.unwrap_or_default());
+            from = s.at;
+        }
+        out.extend_from_slice(self.tx.get(from..).unwrap_or_default());
+        self.tx.clear();
+        self.tx_bufs.clear();
+        self.tx_spliced = 0;
+    }
+
+    /// Moves what there is to send to the end of `head` and `bufs`: the
+    /// bytes, and the buffers whose payload is sent from where it lies,
+    /// each piece given to `splice` with its position in `head` and its
+    /// buffer's index in `bufs`; nothing is copied.
+    pub fn take_transmit_parts(&mut self, head: &mut Vec<u8>, bufs: &mut Vec<B>, mut splice: impl FnMut(Splice)) {
+        let (at, buf) = (head.len(), bufs.len());
+        for s in self.tx_splices.drain(..) {
+            splice(Splice { at: s.at.saturating_add(at), buf: s.buf.saturating_add(buf), ..s });
+        }
+        bufs.append(&mut self.tx_bufs);
+        self.tx_spliced = 0;
+        if head.is_empty() {
+            std::mem::swap(head, &mut self.tx);
         } else {
-            out.append(&mut self.tx);
+            head.append(&mut self.tx);
         }
     }
 
-    /// Bytes waiting in the transmit buffer.
+    /// Bytes waiting to be sent.
     pub fn transmit_len(&self) -> usize {
-        self.tx.len()
+        self.tx.len().saturating_add(self.tx_spliced)
     }
 
     /// Posts `n` more receives: the peer may send that many more Send
@@ -1132,6 +1186,56 @@ impl<B: DataBuffer> Connection<B> {
             return false;
         }
         put_tagged(&mut self.tx, self.crc, self.cfg.max_segment, Opcode::RDMA_WRITE, stag, to, len, fill)
+    }
+
+    /// Sends the first `len` bytes of `buf` as an RDMA Write to the peer's
+    /// `stag` at offset `to`, from `buf` itself: the FPDUs' headers, pads
+    /// and CRCs go into the transmit bytes, the payload stays in `buf` and
+    /// is sent from there ([`take_transmit_parts`](Self::take_transmit_parts)).
+    /// The CRC is computed over the payload where it lies. Returns `false`
+    /// (and drops `buf`) when the connection is not up.
+    pub fn write_from(&mut self, stag: u32, to: u64, buf: B, len: usize) -> bool {
+        if self.state != State::Rdma {
+            return false;
+        }
+        let len = len.min(buf.as_ref().len());
+        let index = self.tx_bufs.len();
+        let mut off = 0usize;
+        loop {
+            let n = len.saturating_sub(off).min(self.cfg.max_segment);
+            let last = off.saturating_add(n) == len;
+            let h = TaggedHeader {
+                ulpdu_len: 0.into(),
+                ctrl: Ctrl::new(Opcode::RDMA_WRITE, last).0.into(),
+                stag: stag.into(),
+                to: to.wrapping_add(off as u64).into(),
+            };
+            let start = self.tx.len();
+            let ulpdu = h.as_bytes().len().saturating_sub(LEN_FIELD).saturating_add(n);
+            self.tx.extend_from_slice(&(ulpdu as u16).to_be_bytes());
+            self.tx.extend_from_slice(h.as_bytes().get(LEN_FIELD..).unwrap_or_default());
+            let payload = buf.as_ref().get(off..off.saturating_add(n)).unwrap_or_default();
+            let at = self.tx.len();
+            self.tx.resize(at.saturating_add(wire::pad_len(n)), 0);
+            let value = if self.crc {
+                let mut c = Crc32c::new();
+                c.update(self.tx.get(start..at).unwrap_or_default());
+                c.update(payload);
+                c.update(self.tx.get(at..).unwrap_or_default());
+                c.value()
+            } else {
+                0
+            };
+            self.tx.extend_from_slice(&value.to_le_bytes());
+            self.tx_splices.push(Splice { at, buf: index, start: off, len: n });
+            self.tx_spliced = self.tx_spliced.saturating_add(n);
+            off = off.saturating_add(n);
+            if last {
+                break;
+            }
+        }
+        self.tx_bufs.push(buf);
+        true
     }
 
     /// Sends `data` as an RDMA Write to the peer's `stag` at offset `to`.

@@ -219,6 +219,80 @@ fn rdma_write_lands_at_the_tagged_offset() {
 }
 
 #[test]
+fn an_rdma_write_from_its_own_buffer_sends_the_same_bytes_without_copying_them() {
+    for crc in [false, true] {
+        let data: Vec<u8> = (0..7000u32).map(|i| (i * 7) as u8).collect();
+        // The reference: the same writes through the transmit bytes.
+        let (_, mut a) = connected(host_cfg(crc), Config { max_segment: 1000, ..target_cfg(crc) });
+        a.send(&[1; 16], &[], None);
+        a.write(0x42, 100, &data[..6001]);
+        a.write(0x43, 0, &[]);
+        a.send(&[2; 16], &[], None);
+        let mut want = Vec::new();
+        a.take_transmit(&mut want);
+        let (_, mut b) = connected(host_cfg(crc), Config { max_segment: 1000, ..target_cfg(crc) });
+        b.send(&[1; 16], &[], None);
+        assert!(b.write_from(0x42, 100, Buf(data.clone()), 6001));
+        assert!(b.write_from(0x43, 0, Buf(Vec::new()), 0));
+        b.send(&[2; 16], &[], None);
+        assert_eq!(b.transmit_len(), want.len());
+        // The parts: headers, pads and CRCs in `head`, the payload in place.
+        let (mut head, mut splices, mut bufs) = (vec![9u8; 5], Vec::new(), Vec::new());
+        b.take_transmit_parts(&mut head, &mut bufs, |s| splices.push(s));
+        assert_eq!(b.transmit_len(), 0);
+        assert_eq!(splices.len(), 8, "7 FPDUs of the 6001 bytes, 1 empty");
+        assert_eq!(splices.iter().map(|s| s.len).sum::<usize>(), 6001);
+        assert_eq!(head.len() - 5 + 6001, want.len());
+        let (mut got, mut from) = (Vec::new(), 5);
+        for s in &splices {
+            got.extend_from_slice(&head[from..s.at]);
+            got.extend_from_slice(&bufs[s.buf].0[s.start..s.start + s.len]);
+            from = s.at;
+        }
+        got.extend_from_slice(&head[from..]);
+        assert_eq!(got, want, "crc {crc}");
+        // take_transmit gives the same bytes, copied.
+        let (_, mut c) = connected(host_cfg(crc), Config { max_segment: 1000, ..target_cfg(crc) });
+        c.send(&[1; 16], &[], None);
+        c.write_from(0x42, 100, Buf(data.clone()), 6001);
+        c.write_from(0x43, 0, Buf(Vec::new()), 0);
+        c.send(&[2; 16], &[], None);
+        let mut copied = Vec::new();
+        c.take_transmit(&mut copied);
+        assert_eq!(copied, want);
+    }
+}
+
+#[test]
+fn an_rdma_write_from_its_own_buffer_lands_at_the_peer() {
+    for crc in [false, true] {
+        let (mut h, mut t) = connected(host_cfg(crc), Config { max_segment: 4096, ..target_cfg(crc) });
+        let stag = h.register(Buf(vec![0; 20000]), 0x1000, Access::RemoteWrite);
+        let data: Vec<u8> = (0..16384u32).map(|i| (i % 249) as u8).collect();
+        assert!(t.write_from(stag, 0x1000 + 8, Buf(data.clone()), 12345));
+        h.post_receives(1);
+        t.send(&[7; 16], &[], None);
+        let (mut head, mut splices, mut bufs) = (Vec::new(), Vec::new(), Vec::new());
+        t.take_transmit_parts(&mut head, &mut bufs, |s| splices.push(s));
+        let mut wire = Vec::new();
+        let mut from = 0;
+        for s in &splices {
+            wire.extend_from_slice(&head[from..s.at]);
+            wire.extend_from_slice(&bufs[s.buf].0[s.start..s.start + s.len]);
+            from = s.at;
+        }
+        wire.extend_from_slice(&head[from..]);
+        for piece in wire.chunks(777) {
+            h.handle_input(piece).unwrap();
+        }
+        assert_eq!(sends(events(&mut h)).len(), 1);
+        let buf = h.deregister(stag).unwrap().0;
+        assert_eq!(&buf[8..8 + 12345], &data[..12345]);
+        assert!(buf[..8].iter().chain(&buf[8 + 12345..]).all(|&b| b == 0));
+    }
+}
+
+#[test]
 fn a_failed_fill_sends_nothing() {
     let (_h, mut t) = connected(host_cfg(false), target_cfg(false));
     let before = t.transmit_len();

@@ -14,6 +14,7 @@ mod bufring;
 mod doorbell;
 mod drain;
 pub mod fs;
+pub mod gather;
 pub mod net;
 mod op;
 mod rt;

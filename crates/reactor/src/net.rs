@@ -273,6 +273,35 @@ impl TcpStream {
         (Ok(()), data.0)
     }
 
+    /// Sends everything `g` holds, its spliced buffers' bytes from where
+    /// they lie (`sendmsg` over iovecs; partial sends go on from where they
+    /// stopped).
+    pub async fn send_gather<B: IoBuf>(
+        &self,
+        g: crate::gather::Gather<B>,
+    ) -> (io::Result<()>, crate::gather::Gather<B>) {
+        let total = g.len();
+        let mut data = (g, self.fd.clone());
+        let mut sent = 0usize;
+        while sent < total {
+            data.0.prepare(sent);
+            let entry = opcode::SendMsg::new(types::Fd(self.fd.as_raw_fd()), data.0.msg_ptr())
+                .flags(libc::MSG_NOSIGNAL as u32)
+                .build();
+            let done = Op::submit(entry, data).await;
+            data = done.data;
+            match result(done.res) {
+                Ok(0) => {
+                    return (Err(io::Error::new(io::ErrorKind::WriteZero, "the peer takes no more bytes")), data.0)
+                }
+                Ok(n) => sent += n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return (Err(e), data.0),
+            }
+        }
+        (Ok(()), data.0)
+    }
+
     /// Shuts the sending direction down: the peer reads end of stream.
     pub fn shutdown_write(&self) -> io::Result<()> {
         // SAFETY: plain syscall on our live descriptor.
