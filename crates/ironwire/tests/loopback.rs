@@ -36,6 +36,32 @@ fn ram_subsystem(nqn: &str, dev: &str, size: &str, hosts: Option<&[&str]>) -> St
     )
 }
 
+/// A file device's image in the temp directory, removed when dropped.
+struct TempImage(PathBuf);
+
+impl TempImage {
+    fn new(tag: &str) -> TempImage {
+        let path = std::env::temp_dir().join(format!("ironwire-loopback-{tag}-{}.img", std::process::id()));
+        let _ = std::fs::remove_file(&path);
+        TempImage(path)
+    }
+
+    /// A 32 MiB file device on this image with `block_size`-byte blocks,
+    /// namespace 1 of `NQN`, any host.
+    fn subsystem(&self, block_size: u32) -> String {
+        format!(
+            "[[device]]\nname = \"f\"\nkind = \"file\"\npath = \"{}\"\nsize = \"32MiB\"\nblock_size = {block_size}\n\n[[subsystem]]\nnqn = \"{NQN}\"\nallow_any_host = true\n[[subsystem.namespace]]\ndevice = \"f\"\n\n",
+            self.0.display()
+        )
+    }
+}
+
+impl Drop for TempImage {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
 fn opts(io_queues: u16) -> Options {
     Options { io_queues, queue_size: 64, ..Options::default() }
 }
@@ -165,22 +191,8 @@ fn four_io_queues_with_header_and_data_digests() {
 
 #[test]
 fn file_namespace_with_4096_byte_blocks() {
-    let path = std::env::temp_dir().join(format!("ironwire-loopback-file-{}.img", std::process::id()));
-    let _ = std::fs::remove_file(&path);
-    struct Rm(PathBuf);
-    impl Drop for Rm {
-        fn drop(&mut self) {
-            let _ = std::fs::remove_file(&self.0);
-        }
-    }
-    let _rm = Rm(path.clone());
-    let d = Daemon::start(
-        "file4k",
-        &format!(
-            "[[device]]\nname = \"f\"\nkind = \"file\"\npath = \"{}\"\nsize = \"32MiB\"\nblock_size = 4096\n\n[[subsystem]]\nnqn = \"{NQN}\"\nallow_any_host = true\n[[subsystem.namespace]]\ndevice = \"f\"\n\n",
-            path.display()
-        ),
-    );
+    let img = TempImage::new("file");
+    let d = Daemon::start("file4k", &img.subsystem(4096));
     block_on(bounded(60, async {
         let mut c = Controller::connect(d.addr, NQN, HOST_A, opts(2)).await.expect("connect");
         let ns = c.identify_namespace(1).await.expect("identify ns");
@@ -529,22 +541,8 @@ fn bench_randrw_verify_over_rdma_runs_clean() {
 
 #[test]
 fn file_namespace_reads_over_rdma_are_sent_from_the_io_buffer_with_crc_on_and_off() {
-    let path = std::env::temp_dir().join(format!("ironwire-loopback-rdma-file-{}.img", std::process::id()));
-    let _ = std::fs::remove_file(&path);
-    struct Rm(PathBuf);
-    impl Drop for Rm {
-        fn drop(&mut self) {
-            let _ = std::fs::remove_file(&self.0);
-        }
-    }
-    let _rm = Rm(path.clone());
-    let (d, crc_off) = start_rdma(
-        "rdma-file",
-        &format!(
-            "[[device]]\nname = \"f\"\nkind = \"file\"\npath = \"{}\"\nsize = \"32MiB\"\nblock_size = 512\n\n[[subsystem]]\nnqn = \"{NQN}\"\nallow_any_host = true\n[[subsystem.namespace]]\ndevice = \"f\"\n\n",
-            path.display()
-        ),
-    );
+    let img = TempImage::new("rdma-file");
+    let (d, crc_off) = start_rdma("rdma-file", &img.subsystem(512));
     block_on(bounded(60, async {
         for (addr, crc) in [(d.addr, true), (crc_off, false)] {
             let mut c = Controller::connect(addr, NQN, HOST_A, rdma(crc, 2)).await.expect("connect over RDMA");

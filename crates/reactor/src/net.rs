@@ -25,6 +25,17 @@ fn zero_copy_min(local: io::Result<SocketAddr>, peer: io::Result<SocketAddr>) ->
     }
 }
 
+/// What one send of a loop that sends everything achieved: bytes sent (0
+/// when interrupted, to try again), or the error that ends it (a peer that
+/// takes nothing more is one).
+fn progress(res: i32) -> io::Result<usize> {
+    match result(res) {
+        Ok(0) => Err(io::Error::new(io::ErrorKind::WriteZero, "the peer takes no more bytes")),
+        Err(e) if e.kind() == io::ErrorKind::Interrupted => Ok(0),
+        r => r,
+    }
+}
+
 fn cvt(rc: libc::c_int) -> io::Result<libc::c_int> {
     if rc < 0 {
         Err(io::Error::last_os_error())
@@ -261,12 +272,8 @@ impl TcpStream {
             };
             let done = Op::submit(entry, data).await;
             data = done.data;
-            match result(done.res) {
-                Ok(0) => {
-                    return (Err(io::Error::new(io::ErrorKind::WriteZero, "the peer takes no more bytes")), data.0)
-                }
+            match progress(done.res) {
                 Ok(n) => sent += n,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(e) => return (Err(e), data.0),
             }
         }
@@ -290,12 +297,8 @@ impl TcpStream {
                 .build();
             let done = Op::submit(entry, data).await;
             data = done.data;
-            match result(done.res) {
-                Ok(0) => {
-                    return (Err(io::Error::new(io::ErrorKind::WriteZero, "the peer takes no more bytes")), data.0)
-                }
+            match progress(done.res) {
                 Ok(n) => sent += n,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(e) => return (Err(e), data.0),
             }
         }
