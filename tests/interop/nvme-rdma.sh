@@ -374,12 +374,10 @@ run_checks() {
 	fi
 	# fio with crc32c verify through the kernel's NVMe/RDMA host, on the
 	# MPA-CRC-off port where there is one (IW_FIO_PORT=main: the CRC-on
-	# port). Under a loaded CI host, siw 6.1 twice reported CRC errors on
-	# ironwire's completions during this run on the CRC-on port, its
-	# received CRC field shifted by 1-2 bytes against the CRC it computed:
-	# it looks like siw's handling of an FPDU trailer split across TCP
-	# segments (ironwire's FPDUs span segments; siw's own are MSS-sized),
-	# not yet proven (docs/iwarp.md, Limits).
+	# port). siw 6.1 mis-reads the CRC of an FPDU whose trailer is split
+	# across TCP segments (siw_get_trailer copies each part to the start of
+	# its buffer), and ironwire's FPDUs span segments: under a loaded CI
+	# host this run on the CRC-on port met it twice (docs/iwarp.md, Limits).
 	local fio_port=$PORT
 	[[ -n $CPORT && ${IW_FIO_PORT:-crc-off} != main ]] && fio_port=$CPORT
 	if ((FIO_LAYER)); then
