@@ -395,27 +395,31 @@ fn bare_queue_refuses_io_before_connect() {
     }));
 }
 
+/// A short 16 KiB random read/write run with verification, 2 jobs at QD 8,
+/// as host A on `NQN` at `addr`.
+fn randrw_verify(addr: std::net::SocketAddr) -> BenchOptions {
+    BenchOptions {
+        addr,
+        subnqn: NQN.into(),
+        hostnqn: HOST_A.into(),
+        pattern: Pattern::RandRw,
+        block_size: 16 << 10,
+        qd: 8,
+        jobs: 2,
+        runtime: Duration::from_millis(700),
+        ramp: Duration::from_millis(100),
+        verify: true,
+        ..BenchOptions::default()
+    }
+}
+
 #[test]
 fn bench_randrw_verify_runs_clean() {
     let d = Daemon::start("bench", &ram_subsystem(NQN, "r", "16MiB", None));
     let r = block_on(bounded(60, async {
-        bench::run(&BenchOptions {
-            addr: d.addr,
-            subnqn: NQN.into(),
-            hostnqn: HOST_A.into(),
-            pattern: Pattern::RandRw,
-            block_size: 16 << 10,
-            qd: 8,
-            jobs: 2,
-            runtime: Duration::from_millis(700),
-            ramp: Duration::from_millis(100),
-            verify: true,
-            header_digest: true,
-            data_digest: true,
-            ..BenchOptions::default()
-        })
-        .await
-        .expect("bench run")
+        bench::run(&BenchOptions { header_digest: true, data_digest: true, ..randrw_verify(d.addr) })
+            .await
+            .expect("bench run")
     }));
     assert!(r.reads > 0 && r.writes > 0, "{r}");
     assert_eq!(r.verify_errors, 0, "{r}");
@@ -517,22 +521,9 @@ fn bench_randrw_verify_over_rdma_runs_clean() {
     let (d, crc_off) = start_rdma("rdma-bench", &ram_subsystem(NQN, "r", "16MiB", None));
     for (addr, crc) in [(d.addr, true), (crc_off, false)] {
         let r = block_on(bounded(60, async {
-            bench::run(&BenchOptions {
-                addr,
-                transport: Transport::Rdma { crc },
-                subnqn: NQN.into(),
-                hostnqn: HOST_A.into(),
-                pattern: Pattern::RandRw,
-                block_size: 16 << 10,
-                qd: 8,
-                jobs: 2,
-                runtime: Duration::from_millis(700),
-                ramp: Duration::from_millis(100),
-                verify: true,
-                ..BenchOptions::default()
-            })
-            .await
-            .expect("bench run over RDMA")
+            bench::run(&BenchOptions { transport: Transport::Rdma { crc }, ..randrw_verify(addr) })
+                .await
+                .expect("bench run over RDMA")
         }));
         assert!(r.reads > 0 && r.writes > 0, "{r}");
         assert_eq!(r.verify_errors, 0, "{r}");
