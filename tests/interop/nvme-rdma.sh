@@ -13,8 +13,8 @@
 # first (or set IRONWIRE_BIN). kernel-peer builds siw.ko (KP_SIW=1) the first
 # time: that needs gcc, make and patch, and downloads linux-source-6.1.
 #
-# fio-verify runs fio (crc32c verify) in the guest over the MPA-CRC-off
-# port (IW_FIO_PORT=main for the CRC-on one), with kernel-peer's fio
+# fio-verify runs fio (crc32c verify) in the guest over the MPA-CRC-on
+# port (IW_FIO_PORT=crc-off for the CRC-off one), with kernel-peer's fio
 # layer (KP_WITH_FIO=1), which is built from the host's fio package: the
 # script installs fio when it is missing. initiator-nvmet turns the roles
 # round: the kernel's nvmet-rdma on siw in a target guest, and ironwire's
@@ -74,7 +74,7 @@ IW_TARGET_CMD=${IW_TARGET_CMD:-}
 
 MODE=ironwire PORT="" READY_FILE="" ONLY="" SKIP="" SHOW=fail INSTALL=1
 
-CHECKS=(discover-battery queues2-smp2 file4k-battery crc-off pattern-64m ext4-fs refused-host fio-verify
+CHECKS=(discover-battery queues2-smp2 file4k-battery crc-off pattern-64m split-trailers ext4-fs refused-host fio-verify
 	tcp-same-port tcp-rdma-mixed initiator-nvmet)
 describe() {
 	case $1 in
@@ -83,9 +83,10 @@ describe() {
 	file4k-battery) echo "battery on $IW_RESTRICTED_NQN (file, 4K LBA) as the allowed host" ;;
 	crc-off) echo "battery through the RDMA port with MPA CRC off" ;;
 	pattern-64m) echo "64 MiB O_DIRECT pattern write / read back over RDMA" ;;
+	split-trailers) echo "32 MiB pattern over RDMA (CRC on) through resegment.py: every FPDU trailer split" ;;
 	ext4-fs) echo "mkfs.ext4, 20 files, remount, sha256sums over RDMA" ;;
 	refused-host) echo "not-allowed host NQN: RDMA Connect refused (Invalid Host), no controller" ;;
-	fio-verify) echo "fio randwrite 4k..128k (bssplit) QD16, 64 MiB, crc32c verify over RDMA (CRC-off port)" ;;
+	fio-verify) echo "fio randwrite 4k..128k (bssplit) QD16, 64 MiB, crc32c verify over RDMA (CRC-on port)" ;;
 	tcp-same-port) echo "NVMe/TCP battery on the port that also serves RDMA (ironwire only)" ;;
 	tcp-rdma-mixed) echo "one guest on the same port over TCP and RDMA at once (ironwire only)" ;;
 	initiator-nvmet) echo "ironwire's NVMe/RDMA host (bench --verify, 4k/128k, CRC on/off) vs kernel nvmet-rdma (ironwire only)" ;;
@@ -333,6 +334,33 @@ check_refused() {
 	say "$name: $( ((rc == 0)) && echo PASS || echo "FAIL (rc=$rc, console: $log)")"
 }
 
+# check_split_trailers: nvme-pattern over RDMA through resegment.py, which
+# cuts every FPDU the host receives inside its trailer (and the host's
+# stream to the target at random points). Passes only if the scenario
+# passes and the relay did split trailers. Stock siw 6.1 fails it with
+# "crc error" (the harness's siw carries siw-split-trailer.patch).
+check_split_trailers() {
+	local name=split-trailers rport relay_log=$WORK/resegment.log relay n t0 rc=0
+	if ! targets_alive; then
+		say "$name: SKIPPED, a target process has exited"
+		record "$name" 1 0; return 0
+	fi
+	say "$name: $(describe "$name")"
+	rport=$(free_port)
+	setsid python3 "$HERE/resegment.py" "$rport" "$PORT" >"$relay_log" 2>&1 &
+	relay=$!
+	for _ in $(seq 50); do grep -q '^ready' "$relay_log" && break; sleep 0.1; done
+	t0=$(now)
+	kp_run "$WORK/$name.console.log" 180 -e NVME_TRANSPORT=rdma -e PATTERN_MIB=32 nvme-pattern "$rport" "$IW_NQN" || rc=$?
+	sleep 0.5
+	stop_pid "$relay"
+	n=$(awk '/trailers split/ {s += $(NF-3)} END {print s + 0}' "$relay_log")
+	say "$name: the relay split $n FPDU trailers"
+	((rc == 0 && n == 0)) && rc=1
+	record "$name" "$rc" "$(since "$t0")"
+	say "$name: $( ((rc == 0)) && echo PASS || echo "FAIL (rc=$rc, console: $WORK/$name.console.log, relay: $relay_log)")"
+}
+
 # has_rdma_variant SCENARIO : the harness's SCENARIO can run over NVMe/RDMA
 # (-e NVME_TRANSPORT=rdma). The ironwire copy's nvme-pattern, nvme-fs and
 # nvme-refused hard-code `tcp` today.
@@ -360,6 +388,7 @@ run_checks() {
 			nvme-pattern "$PORT" "$IW_NQN"
 		rm -f "$WORK/pattern.bin"
 	fi
+	selected split-trailers && check_split_trailers
 	if has_rdma_variant nvme-fs; then
 		check ext4-fs 180 -e NVME_TRANSPORT=rdma -e FS_FILES=20 -e FS_MAX_KIB=4096 nvme-fs "$PORT" "$IW_NQN"
 	else
@@ -373,13 +402,12 @@ run_checks() {
 			-e KP_DMESG_LINES=200 nvme-rdma-siw "$RPORT" "$IW_RESTRICTED_NQN"
 	fi
 	# fio with crc32c verify through the kernel's NVMe/RDMA host, on the
-	# MPA-CRC-off port where there is one (IW_FIO_PORT=main: the CRC-on
-	# port). siw 6.1 mis-reads the CRC of an FPDU whose trailer is split
-	# across TCP segments (siw_get_trailer copies each part to the start of
-	# its buffer), and ironwire's FPDUs span segments: under a loaded CI
-	# host this run on the CRC-on port met it twice (docs/iwarp.md, Limits).
+	# MPA-CRC-on port (IW_FIO_PORT=crc-off: the CRC-off one). Stock siw 6.1
+	# mis-reads the CRC of an FPDU whose trailer is split across TCP
+	# segments; the harness's siw carries siw-split-trailer.patch
+	# (docs/iwarp.md, Limits).
 	local fio_port=$PORT
-	[[ -n $CPORT && ${IW_FIO_PORT:-crc-off} != main ]] && fio_port=$CPORT
+	[[ -n $CPORT && ${IW_FIO_PORT:-main} == crc-off ]] && fio_port=$CPORT
 	if ((FIO_LAYER)); then
 		KP_WITH_FIO=1 check fio-verify 180 -e NVME_TRANSPORT=rdma -e KP_DMESG_LINES=120 nvme-fio "$fio_port" "$IW_NQN"
 	else

@@ -4,7 +4,7 @@
 # writes of mixed sizes (bssplit) with crc32c verification: every block
 # written is read back and checked. It passes only if fio exits 0, reports
 # no error, read back exactly what it wrote, and the host logged no I/O
-# timeout or controller reset meanwhile; then disconnect.
+# timeout, controller reset or siw CRC error meanwhile; then disconnect.
 # Args: PORT NQN
 # Env:  NVME_TRANSPORT (tcp|rdma), NVME_ADDR, NVME_QUEUES, NVME_EXTRA (as
 #       nvme-tcp); FIO_SIZE (MiB written, default 64), FIO_OFFSET_MIB (1),
@@ -58,7 +58,7 @@ grep -qiE 'verify.*(fail|mismatch)|bad (magic|header)' /tmp/fio.out /tmp/fio.err
 dmesg > /tmp/dmesg.after
 # lines the run added (dmesg is not cut: the ring buffer is far from full)
 tail -n +"$(( $(wc -l < /tmp/dmesg.before) + 1 ))" /tmp/dmesg.after > /tmp/dmesg.new
-if grep -iE 'nvme.*(timeout|resetting|reconnect|error recovery|I/O error)|blk_update_request|Buffer I/O error' /tmp/dmesg.new; then
+if grep -iE 'nvme.*(timeout|resetting|reconnect|error recovery|I/O error)|blk_update_request|Buffer I/O error|siw: crc error' /tmp/dmesg.new; then
 	kp_die "the host logged I/O timeouts or controller resets during fio (above)"
 fi
 [ "$(cat /sys/class/nvme/"$CTRL"/state)" = live ] || kp_die "controller $CTRL is $(cat /sys/class/nvme/"$CTRL"/state) after fio"
