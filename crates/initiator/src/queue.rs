@@ -126,6 +126,9 @@ impl Queue {
                         qid: opts.qid,
                         entries: opts.entries,
                         max_in_capsule: opts.max_in_capsule,
+                        max_segment: stream.mss().map_or(RdmaConfig::default().max_segment, |mss| {
+                            RdmaConfig::default().max_segment.min(iwarp::wire::max_segment_for_mss(mss as usize))
+                        }),
                         ..RdmaConfig::default()
                     })),
                     Vec::new(),

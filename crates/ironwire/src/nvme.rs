@@ -351,6 +351,7 @@ pub async fn serve(
     let (Ok(local), Ok(peer)) = (stream.local_addr(), stream.peer_addr()) else {
         return;
     };
+    let mss = stream.mss().ok();
     let (rd, wr) = stream.into_split();
     let mut rx = rd.receiver();
     let (first, rdma) = match bindings {
@@ -372,7 +373,11 @@ pub async fn serve(
         Bindings { rdma, .. } => (Vec::new(), rdma.is_some()),
     };
     match (bindings.tcp, bindings.rdma) {
-        (_, Some((cfg, transport))) if rdma => {
+        (_, Some((mut cfg, transport))) if rdma => {
+            // DDP segments fit the connection's TCP segments (MULPDU).
+            if let Some(mss) = mss {
+                cfg.max_segment = cfg.max_segment.min(iwarp::wire::max_segment_for_mss(mss as usize));
+            }
             let wire = nvmf_rdma::target::TargetQueue::<Buf>::new(cfg);
             let stats = stats::Connection::open("nvme-rdma", port, peer);
             run(wire, (rd, rx), wr, first, Queue::new(target, transport, local, peer), stats, handshake).await

@@ -31,12 +31,56 @@ fn start(tag: &str) -> Daemon {
 struct Host {
     sock: TcpStream,
     conn: Connection<Vec<u8>>,
+    /// Every byte received from the target.
+    received: Vec<u8>,
+}
+
+/// A TCP connection to `addr` whose maximum segment size is set to `mss`
+/// before it connects, so that both ends' segments carry at most `mss`
+/// bytes.
+fn connect_with_mss(addr: SocketAddr, mss: u32) -> TcpStream {
+    use std::os::fd::{FromRawFd, OwnedFd};
+    let SocketAddr::V4(v4) = addr else { panic!("IPv4 only") };
+    // SAFETY: socket() returns a new descriptor or -1; OwnedFd takes it.
+    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) };
+    assert!(fd >= 0, "socket: {}", std::io::Error::last_os_error());
+    // SAFETY: fd is ours and open.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    let v = mss as libc::c_int;
+    let sin = libc::sockaddr_in {
+        sin_family: libc::AF_INET as libc::sa_family_t,
+        sin_port: v4.port().to_be(),
+        sin_addr: libc::in_addr { s_addr: u32::from(*v4.ip()).to_be() },
+        sin_zero: [0; 8],
+    };
+    use std::os::fd::AsRawFd;
+    // SAFETY: plain syscalls on our descriptor with pointers to locals of
+    // the sizes passed.
+    unsafe {
+        let len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+        let rc = libc::setsockopt(
+            fd.as_raw_fd(),
+            libc::IPPROTO_TCP,
+            libc::TCP_MAXSEG,
+            (&v as *const libc::c_int).cast(),
+            len,
+        );
+        assert_eq!(rc, 0, "TCP_MAXSEG: {}", std::io::Error::last_os_error());
+        let len = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
+        let rc = libc::connect(fd.as_raw_fd(), (&sin as *const libc::sockaddr_in).cast(), len);
+        assert_eq!(rc, 0, "connect: {}", std::io::Error::last_os_error());
+    }
+    TcpStream::from(fd)
 }
 
 impl Host {
     /// Opens queue `qid` (32 entries) and waits for the MPA reply.
     fn connect(addr: SocketAddr, crc: bool, qid: u16) -> Host {
-        let sock = TcpStream::connect(addr).expect("connect");
+        Host::on(TcpStream::connect(addr).expect("connect"), crc, qid)
+    }
+
+    /// As [`connect`](Self::connect), over `sock`.
+    fn on(sock: TcpStream, crc: bool, qid: u16) -> Host {
         sock.set_read_timeout(Some(Duration::from_millis(100))).expect("timeout");
         let mut cm = [0u8; 32];
         cm[2..4].copy_from_slice(&qid.to_le_bytes());
@@ -44,7 +88,7 @@ impl Host {
         cm[6..8].copy_from_slice(&31u16.to_le_bytes()); // hsqsize
         let cfg =
             Config { crc, ird: 128, ord: 0, require_reads: false, max_segment: 1424, recv_head: 16, recv_max: 16 };
-        let mut h = Host { sock, conn: Connection::initiator(cfg, &cm) };
+        let mut h = Host { sock, conn: Connection::initiator(cfg, &cm), received: Vec::new() };
         h.flush();
         match h.next_event() {
             Some(Event::Established { private_data }) => {
@@ -77,6 +121,7 @@ impl Host {
             match self.sock.read(&mut buf) {
                 Ok(0) => return None,
                 Ok(n) => {
+                    self.received.extend_from_slice(&buf[..n]);
                     let _ = self.conn.handle_input(&buf[..n]);
                     self.flush();
                 }
@@ -250,5 +295,72 @@ fn fused_compare_and_write_over_rdma_writes_only_on_a_match() {
     assert_eq!(io.run(&pair(4, &a, &e)), [Status::COMPARE_FAILURE, Status::ABORTED_FAILED_FUSED], "stale pair");
     assert_eq!(io.run(&[(capsule(0x01, 2, 6, 5, &e), &e)]), [Status::ABORTED_MISSING_FUSED], "lone second half");
     assert_eq!(io.run(&[(capsule(0x05, 0, 7, 5, &c), &c)]), [Status::SUCCESS], "the block holds C");
+    d.assert_alive();
+}
+
+/// The wire length of every FPDU the target sent on `h` (after its MPA
+/// reply).
+fn fpdu_lens(h: &Host) -> Vec<usize> {
+    let b = &h.received;
+    let mut at = 20 + usize::from(u16::from_be_bytes([b[18], b[19]]));
+    let mut lens = Vec::new();
+    while at + 2 <= b.len() {
+        let unpadded = 2 + usize::from(u16::from_be_bytes([b[at], b[at + 1]]));
+        let len = unpadded + iwarp::wire::pad_len(unpadded) + iwarp::wire::CRC_LEN;
+        lens.push(len);
+        at += len;
+    }
+    assert_eq!(at, b.len(), "the stream ends at an FPDU boundary");
+    lens
+}
+
+#[test]
+fn fpdus_fit_the_tcp_segment_size() {
+    use nvme_spec::Status;
+    let mut d = start("mss");
+    let mut h = Host::on(connect_with_mss(d.addr, 1000), true, 0);
+    let (cqe, _, _) = h.fabrics_connect(0, 0xffff);
+    assert!(cqe.status().is_success(), "{cqe:?}");
+    let mut cc = capsule(0x7f, 0, 8, 0, &[]);
+    cc.nsid = 0.into(); // fctype Property Set
+    cc.cdw11 = 0x14.into();
+    cc.cdw12 = 0x0046_0001.into();
+    assert_eq!(h.run(&[(cc, &[])]), [Status::SUCCESS], "CC.EN = 1");
+    // Identify Controller: 4 KiB RDMA Written into a registered buffer.
+    let addr = 0x10_0000u64;
+    let stag = h.conn.register(vec![0u8; 4096], addr, Access::RemoteWrite);
+    let mut id = Sqe { opcode: 0x06, flags: 0x40, ..Default::default() };
+    id.cid = 9.into();
+    id.cdw10 = 1.into();
+    let mut sgl = [0u8; 16];
+    sgl[..8].copy_from_slice(&addr.to_le_bytes());
+    sgl[8..11].copy_from_slice(&4096u32.to_le_bytes()[..3]);
+    sgl[11..15].copy_from_slice(&stag.to_le_bytes());
+    sgl[15] = 0x40;
+    id.dptr = nvme_spec::Sgl::read_from_bytes(&sgl).expect("sgl");
+    assert_eq!(h.run(&[(id, &[])]), [Status::SUCCESS], "Identify");
+    let data = h.conn.deregister(stag).expect("registered");
+    assert_ne!(&data[..2], &[0, 0], "VID filled in");
+    let lens = fpdu_lens(&h);
+    let mss = {
+        use std::os::fd::AsRawFd;
+        let mut v: libc::c_int = 0;
+        let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+        // SAFETY: getsockopt into a local of the size passed.
+        let rc = unsafe {
+            libc::getsockopt(
+                h.sock.as_raw_fd(),
+                libc::IPPROTO_TCP,
+                libc::TCP_MAXSEG,
+                (&mut v as *mut libc::c_int).cast(),
+                &mut len,
+            )
+        };
+        assert_eq!(rc, 0);
+        v as usize
+    };
+    assert!(mss <= 1000, "MSS {mss}");
+    assert!(lens.len() >= 5, "4 KiB of data took at least 5 FPDUs: {lens:?}");
+    assert!(lens.iter().all(|&l| l <= mss), "every FPDU fits a {mss}-byte segment: {lens:?}");
     d.assert_alive();
 }

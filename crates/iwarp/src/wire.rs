@@ -253,6 +253,18 @@ pub fn put_fpdu(out: &mut Vec<u8>, header: &[u8], payload_len: usize, crc: bool,
 /// The largest ULPDU the 16-bit length field allows.
 pub const MAX_ULPDU: usize = 0xffff;
 
+/// Bytes of an FPDU besides its payload when the header is the largest a
+/// segmented message carries (untagged), with its CRC field.
+const FPDU_OVERHEAD: usize = UNTAGGED_LEN + CRC_LEN;
+
+/// The most payload bytes per FPDU on a TCP connection whose maximum
+/// segment size is `mss`: RFC 5044's MULPDU without markers, so that every
+/// FPDU (header, payload, padding, CRC) fits one segment, as DDP segments
+/// its messages (RFC 5041 section 5). A multiple of 8, at least 8.
+pub fn max_segment_for_mss(mss: usize) -> usize {
+    (mss.saturating_sub(FPDU_OVERHEAD) & !7).max(8)
+}
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used, clippy::indexing_slicing, clippy::arithmetic_side_effects)]
 mod tests {
@@ -297,6 +309,23 @@ mod tests {
         let crc = checksum::crc32c(&with_crc[..28]);
         assert_eq!(&with_crc[28..], &crc.to_le_bytes());
         assert_ne!(crc, 0);
+    }
+
+    #[test]
+    fn segments_fit_the_tcp_mss() {
+        // A 1500-byte MTU with TCP timestamps: 1424 payload bytes, as siw
+        // sends on such a link.
+        assert_eq!(max_segment_for_mss(1448), 1424);
+        assert_eq!(max_segment_for_mss(1460), 1432);
+        // Loopback.
+        assert_eq!(max_segment_for_mss(65483), 65456);
+        assert_eq!(max_segment_for_mss(0), 8);
+        for mss in 32..9000 {
+            let p = max_segment_for_mss(mss);
+            assert_eq!(p % 8, 0);
+            assert!(UNTAGGED_LEN + p + pad_len(p) + CRC_LEN <= mss, "mss {mss}");
+            assert!(UNTAGGED_LEN + p + 8 + CRC_LEN > mss, "mss {mss}: {p} is not the most");
+        }
     }
 
     #[test]

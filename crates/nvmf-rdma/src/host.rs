@@ -45,11 +45,14 @@ pub struct HostConfig {
     pub max_in_capsule: u32,
     /// RDMA Reads of the controller served at once (the IRD offered).
     pub ird: u16,
+    /// Most payload bytes per FPDU sent: at most what the connection's TCP
+    /// MSS carries ([`iwarp::wire::max_segment_for_mss`]).
+    pub max_segment: usize,
 }
 
 impl Default for HostConfig {
     fn default() -> Self {
-        HostConfig { crc: true, qid: 0, entries: 32, max_in_capsule: 0, ird: 128 }
+        HostConfig { crc: true, qid: 0, entries: 32, max_in_capsule: 0, ird: 128, max_segment: 61440 }
     }
 }
 
@@ -110,7 +113,7 @@ impl HostConnection {
             require_reads: false,
             recv_head: CQE_LEN,
             recv_max: CQE_LEN,
-            ..iwarp::Config::default()
+            max_segment: cfg.max_segment,
         };
         let mut conn = Connection::initiator(icfg, req.as_bytes());
         conn.post_receives(u32::from(entries));
@@ -336,7 +339,14 @@ mod tests {
     }
 
     fn pair(crc: bool, qid: u16) -> (HostConnection, TargetQueue<Vec<u8>>) {
-        let mut h = HostConnection::new(HostConfig { crc, qid, entries: 16, max_in_capsule: 4096, ird: 16 });
+        let mut h = HostConnection::new(HostConfig {
+            crc,
+            qid,
+            entries: 16,
+            max_in_capsule: 4096,
+            ird: 16,
+            max_segment: 61440,
+        });
         let mut t = TargetQueue::new(TargetConfig { crc: false, ..TargetConfig::default() });
         pump(&mut h, &mut t);
         assert!(h.is_ready());

@@ -220,6 +220,25 @@ impl TcpStream {
         .map(drop)
     }
 
+    /// The connection's maximum segment size (TCP_MAXSEG): the most payload
+    /// bytes one TCP segment carries.
+    pub fn mss(&self) -> io::Result<u32> {
+        let mut v: libc::c_int = 0;
+        let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+        // SAFETY: plain syscall on our live descriptor into a local of the
+        // size we pass.
+        cvt(unsafe {
+            libc::getsockopt(
+                self.fd.as_raw_fd(),
+                libc::IPPROTO_TCP,
+                libc::TCP_MAXSEG,
+                (&mut v as *mut libc::c_int).cast(),
+                &mut len,
+            )
+        })?;
+        Ok(v.max(0) as u32)
+    }
+
     /// The local address.
     pub fn local_addr(&self) -> io::Result<SocketAddr> {
         with_std(self.fd.as_raw_fd(), |s| s.local_addr())
