@@ -24,6 +24,12 @@
 # Usage: tests/interop/nvme-rdma.sh [options]
 #   --port P            target port on 127.0.0.1 (default: a free port; nvmet: 14460)
 #   --target ironwire   (default) start $IRONWIRE_BIN with a generated config
+#   --embedded-default  start `$IRONWIRE_BIN serve` with no configuration: the
+#                       embedded default, NVMe/TCP and NVMe/RDMA (MPA CRC on)
+#                       on 127.0.0.1:4420, nqn.2026-11.io.ironwire:default
+#                       (4420 must be free and /etc/ironwire/ironwire.toml
+#                       absent); checks that need the generated config's
+#                       other subsystem or CRC-off port are skipped
 #   --target nvmet      self-test of this script: the kernel's own nvmet-rdma in
 #                       two target guests (P: brd, any host; P+1: null_blk 4K-LBA,
 #                       only the allowed host NQN), same NQNs as ironwire. siw
@@ -72,7 +78,7 @@ IW_ALLOWED_HOSTNQN=${IW_ALLOWED_HOSTNQN:-nqn.2014-08.org.nvmexpress:uuid:allowed
 IW_REFUSED_HOSTNQN=${IW_REFUSED_HOSTNQN:-nqn.2014-08.org.nvmexpress:uuid:refused-host}
 IW_TARGET_CMD=${IW_TARGET_CMD:-}
 
-MODE=ironwire PORT="" READY_FILE="" ONLY="" SKIP="" SHOW=fail INSTALL=1
+MODE=ironwire PORT="" READY_FILE="" ONLY="" SKIP="" SHOW=fail INSTALL=1 EMBEDDED=0
 
 CHECKS=(discover-battery queues2-smp2 file4k-battery crc-off pattern-64m split-trailers ext4-fs refused-host fio-verify
 	tcp-same-port tcp-rdma-mixed initiator-nvmet)
@@ -100,6 +106,7 @@ while (($#)); do
 	case $1 in
 	--port) PORT=$2; shift 2 ;;
 	--target) MODE=$2; shift 2 ;;
+	--embedded-default) EMBEDDED=1; shift ;;
 	--target-cmd) MODE=cmd IW_TARGET_CMD=$2; shift 2 ;;
 	--ready-file) READY_FILE=$2; shift 2 ;;
 	--only) ONLY=$2; shift 2 ;;
@@ -120,12 +127,18 @@ nvmet) PORT=${PORT:-14460}; IW_READY_TIMEOUT=${IW_READY_TIMEOUT:-90} ;;
 esac
 [[ $PORT =~ ^[0-9]+$ ]] || { echo "nvme-rdma: bad port $PORT" >&2; exit 2; }
 case $SHOW in always|fail|never) ;; *) echo "nvme-rdma: --show must be always, fail or never" >&2; exit 2 ;; esac
+if ((EMBEDDED)); then
+	[[ $MODE == ironwire ]] || { echo "nvme-rdma: --embedded-default is for --target ironwire" >&2; exit 2; }
+	[[ -e /etc/ironwire/ironwire.toml ]] &&
+		{ echo "nvme-rdma: --embedded-default: /etc/ironwire/ironwire.toml exists and would be served" >&2; exit 2; }
+	PORT=4420 IW_NQN=nqn.2026-11.io.ironwire:default
+fi
 # RPORT: the restricted subsystem; CPORT: an RDMA port with MPA CRC off.
 case $MODE in
-ironwire)
+ironwire) if ((EMBEDDED)); then RPORT="" CPORT=""; else
 	RPORT=${IW_RESTRICTED_PORT:-$PORT}
 	CPORT=${IW_CRC_OFF_PORT:-}
-	while [[ -z $CPORT || $CPORT == "$PORT" ]]; do CPORT=$(free_port); done ;;
+	while [[ -z $CPORT || $CPORT == "$PORT" ]]; do CPORT=$(free_port); done; fi ;;
 cmd) RPORT=${IW_RESTRICTED_PORT:-$PORT}; CPORT=${IW_CRC_OFF_PORT:-} ;;
 nvmet) RPORT=${IW_RESTRICTED_PORT:-$((PORT + 1))}; CPORT=$PORT ;;
 esac
@@ -250,6 +263,14 @@ start_targets() {
 	case $MODE in
 	ironwire)
 		[[ -x $IRONWIRE_BIN ]] || die "no ironwire binary at $IRONWIRE_BIN (cargo build --release, or set IRONWIRE_BIN)"
+		if ((EMBEDDED)); then
+			RUST_LOG=${RUST_LOG:-info} start_target ironwire "$WORK/ironwire.log" \
+				"$IRONWIRE_BIN" serve --ctl-socket "$WORK/ctl.sock"
+			wait_ready "${TARGET_PIDS[0]}" "$PORT" || return 1
+			grep -q "using the embedded default" "$WORK/ironwire.log" ||
+				{ echo "nvme-rdma: ironwire did not say it serves the embedded default" >&2; return 1; }
+			return 0
+		fi
 		write_ironwire_config "$WORK/ironwire.toml"
 		# a control socket of our own, so as not to disturb another running ironwire
 		RUST_LOG=${RUST_LOG:-info} start_target ironwire "$WORK/ironwire.log" \
@@ -372,7 +393,11 @@ run_checks() {
 	[[ $MODE == ironwire ]] && strict=(-e NVME_STRICT_DISCARD=1)
 	check discover-battery 150 "${strict[@]}" -e NVME_REQUIRE_DISCOVERED=1 nvme-rdma-siw "$PORT" "$IW_NQN"
 	check queues2-smp2 180 --smp 2 "${strict[@]}" -e NVME_QUEUES=2 nvme-rdma-siw "$PORT" "$IW_NQN"
-	check file4k-battery 150 "${strict[@]}" -e KP_HOSTNQN="$IW_ALLOWED_HOSTNQN" nvme-rdma-siw "$RPORT" "$IW_RESTRICTED_NQN"
+	if [[ -n $RPORT ]]; then
+		check file4k-battery 150 "${strict[@]}" -e KP_HOSTNQN="$IW_ALLOWED_HOSTNQN" nvme-rdma-siw "$RPORT" "$IW_RESTRICTED_NQN"
+	else
+		skipped file4k-battery "the embedded default has no restricted subsystem"
+	fi
 	if [[ -n $CPORT ]]; then
 		check crc-off 150 "${strict[@]}" -e NVME_REQUIRE_DISCOVERED=1 nvme-rdma-siw "$CPORT" "$IW_NQN"
 	else
@@ -394,7 +419,9 @@ run_checks() {
 	else
 		skipped ext4-fs "harness: nvme-fs has no NVME_TRANSPORT=rdma"
 	fi
-	if has_rdma_variant nvme-refused; then
+	if [[ -z $RPORT ]]; then
+		skipped refused-host "the embedded default has no restricted subsystem"
+	elif has_rdma_variant nvme-refused; then
 		check refused-host 120 -e NVME_TRANSPORT=rdma -e KP_HOSTNQN="$IW_REFUSED_HOSTNQN" \
 			-e ALLOWED_HOSTNQN="$IW_ALLOWED_HOSTNQN" nvme-refused "$RPORT" "$IW_RESTRICTED_NQN"
 	else
