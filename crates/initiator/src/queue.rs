@@ -126,9 +126,13 @@ impl Queue {
                         qid: opts.qid,
                         entries: opts.entries,
                         max_in_capsule: opts.max_in_capsule,
-                        max_segment: stream.mss().map_or(RdmaConfig::default().max_segment, |mss| {
-                            RdmaConfig::default().max_segment.min(iwarp::wire::max_segment_for_mss(mss as usize))
-                        }),
+                        max_segment: stream
+                            .mss()
+                            .ok()
+                            .and_then(|mss| iwarp::wire::segment_cap(mss as usize))
+                            .map_or(RdmaConfig::default().max_segment, |cap| {
+                                RdmaConfig::default().max_segment.min(cap)
+                            }),
                         ..RdmaConfig::default()
                     })),
                     Vec::new(),

@@ -375,8 +375,8 @@ pub async fn serve(
     match (bindings.tcp, bindings.rdma) {
         (_, Some((mut cfg, transport))) if rdma => {
             // DDP segments fit the connection's TCP segments (MULPDU).
-            if let Some(mss) = mss {
-                cfg.max_segment = cfg.max_segment.min(iwarp::wire::max_segment_for_mss(mss as usize));
+            if let Some(cap) = mss.and_then(|mss| iwarp::wire::segment_cap(mss as usize)) {
+                cfg.max_segment = cfg.max_segment.min(cap);
             }
             let wire = nvmf_rdma::target::TargetQueue::<Buf>::new(cfg);
             let stats = stats::Connection::open("nvme-rdma", port, peer);

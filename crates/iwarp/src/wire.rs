@@ -265,6 +265,19 @@ pub fn max_segment_for_mss(mss: usize) -> usize {
     (mss.saturating_sub(FPDU_OVERHEAD) & !7).max(8)
 }
 
+/// A reported MSS at least this large caps nothing ([`segment_cap`]).
+pub const LARGE_MSS: usize = 32 * 1024;
+
+/// The payload cap per FPDU for a connection whose `TCP_MAXSEG` read `mss`
+/// when it was set up: [`max_segment_for_mss`], or `None` when `mss` is
+/// [`LARGE_MSS`] or more. Linux bounds the MSS it reports to half the
+/// largest window seen so far, so a new loopback connection reports 32 KiB
+/// where its path carries 64 KiB; no real link's MTU comes near that, and
+/// segments that large are cut by segmentation offload anyway.
+pub fn segment_cap(mss: usize) -> Option<usize> {
+    (mss < LARGE_MSS).then(|| max_segment_for_mss(mss))
+}
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used, clippy::indexing_slicing, clippy::arithmetic_side_effects)]
 mod tests {
@@ -317,9 +330,11 @@ mod tests {
         // sends on such a link.
         assert_eq!(max_segment_for_mss(1448), 1424);
         assert_eq!(max_segment_for_mss(1460), 1432);
-        // Loopback.
         assert_eq!(max_segment_for_mss(65483), 65456);
         assert_eq!(max_segment_for_mss(0), 8);
+        assert_eq!(segment_cap(1448), Some(1424));
+        assert_eq!(segment_cap(9000), Some(8976));
+        assert_eq!(segment_cap(32768), None, "a new loopback connection");
         for mss in 32..9000 {
             let p = max_segment_for_mss(mss);
             assert_eq!(p % 8, 0);

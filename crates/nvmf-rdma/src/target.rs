@@ -229,6 +229,9 @@ impl<B: DataBuffer> TargetQueue<B> {
                 let reply = CmReply { recfmt: 0.into(), crqsize: entries.into(), rsvd: [0; 28] };
                 self.conn.accept(reply.as_bytes())?;
                 self.conn.post_receives(u32::from(entries));
+                // Room for a keyed SGL per queue entry: the map never grows
+                // (allocates) in the middle of the I/O.
+                self.keyed.reserve(usize::from(entries));
                 self.events.push_back(Event::Accepted {
                     qid: self.cm_qid,
                     entries,

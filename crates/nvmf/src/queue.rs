@@ -484,6 +484,9 @@ impl<D: BlockDevice> Queue<D> {
             s.io_queues_connected.push(cmd.qid);
         }
         self.kind = QueueKind::Io(ctrl, cmd.qid);
+        // Room for a full queue of commands waiting for their data, so that
+        // the map never grows (allocates) in the middle of the I/O.
+        self.pending.reserve(usize::from(cmd.sqsize).saturating_add(1));
         Outcome::Connected {
             cqe: Cqe::new(cid, Status::SUCCESS, u32::from(cntlid)),
             qid: cmd.qid,

@@ -15,7 +15,7 @@
 use crate::buf::IoBufMut;
 use crate::net::TcpStream;
 use crate::op::Op;
-use crate::rt::{try_with_core, with_core, Core, OpState};
+use crate::rt::{try_with_core, with_core, Core};
 use io_uring::{cqueue, opcode, types};
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd};
@@ -188,9 +188,7 @@ impl Receiver {
                 Some(i) => i,
                 None => {
                     let entry = opcode::RecvMulti::new(types::Fd(self.fd.as_raw_fd()), GROUP).build();
-                    let i = with_core(|c| {
-                        c.push(entry, OpState::Multi { results: Default::default(), waker: None, ended: false })
-                    });
+                    let i = with_core(|c| c.push(entry, c.new_multi()));
                     self.multi = Some(i);
                     i
                 }

@@ -91,6 +91,11 @@ pub(crate) enum OpState {
     Vacant,
 }
 
+/// Ended multishot operations' completion queues kept for reuse, at most.
+const MULTI_SPARE_MAX: usize = 64;
+/// Completions a new multishot operation's queue holds before it grows.
+const MULTI_RESULTS: usize = 16;
+
 struct OpSlot {
     state: OpState,
     /// What an abandoned operation's kernel side may still touch.
@@ -138,6 +143,9 @@ pub(crate) struct Core {
     poll: Duration,
     ops: RefCell<Vec<OpSlot>>,
     op_free: RefCell<Vec<u32>>,
+    /// Completion queues of ended multishot operations, for the next ones
+    /// (arming a multishot receive again allocates nothing).
+    multi_spare: RefCell<Vec<VecDeque<(i32, u32)>>>,
     in_flight: Cell<usize>,
     tasks: RefCell<Vec<TaskSlot>>,
     task_free: RefCell<Vec<u32>>,
@@ -234,6 +242,7 @@ impl Runtime {
             poll: config.poll,
             ops: RefCell::new(Vec::with_capacity(1024)),
             op_free: RefCell::new(Vec::with_capacity(1024)),
+            multi_spare: RefCell::new(Vec::with_capacity(MULTI_SPARE_MAX)),
             in_flight: Cell::new(0),
             tasks: RefCell::new(Vec::with_capacity(1024)),
             task_free: RefCell::new(Vec::with_capacity(1024)),
@@ -691,6 +700,23 @@ impl Core {
 
     /// The next completion of multishot operation `idx`: `Some` result, or
     /// `None` once it ended and everything was taken (the slot is freed).
+    /// The state of a new multishot operation, its completion queue taken
+    /// from an ended one where there is one.
+    pub(crate) fn new_multi(&self) -> OpState {
+        let results = self.multi_spare.borrow_mut().pop().unwrap_or_else(|| VecDeque::with_capacity(MULTI_RESULTS));
+        OpState::Multi { results, waker: None, ended: false }
+    }
+
+    /// Keeps an ended multishot operation's (empty) completion queue for
+    /// the next one.
+    fn spare_multi(&self, mut results: VecDeque<(i32, u32)>) {
+        results.clear();
+        let mut spare = self.multi_spare.borrow_mut();
+        if spare.len() < MULTI_SPARE_MAX && results.capacity() > 0 {
+            spare.push(results);
+        }
+    }
+
     pub(crate) fn poll_multi(&self, idx: u32, cx: &Context<'_>) -> Poll<Option<(i32, u32)>> {
         let mut ops = self.ops.borrow_mut();
         let slot = &mut ops[idx as usize];
@@ -701,9 +727,12 @@ impl Core {
             return Poll::Ready(Some(r));
         }
         if *ended {
-            slot.state = OpState::Vacant;
+            let old = std::mem::replace(&mut slot.state, OpState::Vacant);
             drop(ops);
             self.op_free.borrow_mut().push(idx);
+            if let OpState::Multi { results, .. } = old {
+                self.spare_multi(results);
+            }
             return Poll::Ready(None);
         }
         *waker = Some(cx.waker().clone());
@@ -725,12 +754,13 @@ impl Core {
         drop(ops);
         drop(keep);
         // Buffers a multishot receive filled that nobody took go back.
-        if let OpState::Multi { results, .. } = old {
-            for (_, flags) in results {
+        if let OpState::Multi { mut results, .. } = old {
+            for (_, flags) in results.drain(..) {
                 if let Some(b) = crate::bufring::buffer_of(flags) {
                     crate::bufring::recycle_in(self, b);
                 }
             }
+            self.spare_multi(results);
         }
         if finished {
             self.op_free.borrow_mut().push(idx);
