@@ -39,6 +39,15 @@ def chunk_sizes(rng, max_chunk):
             yield rng.randint(1, max_chunk)
 
 
+def shut(src, dst):
+    """Passes the end of one direction on: no more to send to dst, none to read from src."""
+    for s, how in ((dst, socket.SHUT_WR), (src, socket.SHUT_RD)):
+        try:
+            s.shutdown(how)
+        except OSError:
+            pass
+
+
 def pump(src, dst, rng, max_chunk, counter, key):
     sizes = chunk_sizes(rng, max_chunk)
     try:
@@ -56,11 +65,7 @@ def pump(src, dst, rng, max_chunk, counter, key):
     except OSError:
         pass
     finally:
-        for s, how in ((dst, socket.SHUT_WR), (src, socket.SHUT_RD)):
-            try:
-                s.shutdown(how)
-            except OSError:
-                pass
+        shut(src, dst)
 
 
 MPA_REPLY_HEADER = 20  # 16-byte key, flags, revision, private data length
@@ -109,11 +114,7 @@ def pump_frames(src, dst, pause, counter):
     except OSError:
         pass
     finally:
-        for s, how in ((dst, socket.SHUT_WR), (src, socket.SHUT_RD)):
-            try:
-                s.shutdown(how)
-            except OSError:
-                pass
+        shut(src, dst)
 
 
 def relay(client, target_port, rng, max_chunk, pause):

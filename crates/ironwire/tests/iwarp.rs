@@ -27,6 +27,17 @@ fn start(tag: &str) -> Daemon {
     })
 }
 
+/// A keyed SGL data block descriptor: `len` bytes at `addr` under `stag`,
+/// with Invalidate asked for or not.
+fn keyed_sgl(addr: u64, len: u32, stag: u32, invalidate: bool) -> nvme_spec::Sgl {
+    let mut d = [0u8; 16];
+    d[..8].copy_from_slice(&addr.to_le_bytes());
+    d[8..11].copy_from_slice(&len.to_le_bytes()[..3]);
+    d[11..15].copy_from_slice(&stag.to_le_bytes());
+    d[15] = if invalidate { 0x4f } else { 0x40 }; // keyed data block
+    nvme_spec::Sgl::read_from_bytes(&d).expect("sgl")
+}
+
 /// A blocking host queue: a socket and the host's iWARP connection.
 struct Host {
     sock: TcpStream,
@@ -153,12 +164,7 @@ impl Host {
         sqe.cdw10 = (u32::from(qid) << 16).into();
         sqe.cdw11 = 31.into();
         sqe.cdw12 = 30_000.into();
-        let mut d = [0u8; 16];
-        d[..8].copy_from_slice(&addr.to_le_bytes());
-        d[8..11].copy_from_slice(&1024u32.to_le_bytes()[..3]);
-        d[11..15].copy_from_slice(&stag.to_le_bytes());
-        d[15] = 0x4f; // keyed data block, invalidate
-        sqe.dptr = nvme_spec::Sgl::read_from_bytes(&d).expect("sgl");
+        sqe.dptr = keyed_sgl(addr, 1024, stag, true);
         self.conn.send(sqe.as_bytes(), &[], None);
         self.flush();
         let (cqe, m) = self.completion();
@@ -332,12 +338,7 @@ fn fpdus_fit_the_tcp_segment_size() {
     let mut id = Sqe { opcode: 0x06, flags: 0x40, ..Default::default() };
     id.cid = 9.into();
     id.cdw10 = 1.into();
-    let mut sgl = [0u8; 16];
-    sgl[..8].copy_from_slice(&addr.to_le_bytes());
-    sgl[8..11].copy_from_slice(&4096u32.to_le_bytes()[..3]);
-    sgl[11..15].copy_from_slice(&stag.to_le_bytes());
-    sgl[15] = 0x40;
-    id.dptr = nvme_spec::Sgl::read_from_bytes(&sgl).expect("sgl");
+    id.dptr = keyed_sgl(addr, 4096, stag, false);
     assert_eq!(h.run(&[(id, &[])]), [Status::SUCCESS], "Identify");
     let data = h.conn.deregister(stag).expect("registered");
     assert_ne!(&data[..2], &[0, 0], "VID filled in");
