@@ -12,10 +12,14 @@ use crate::{Error, Result};
 use nvme_spec::Sqe;
 use nvmf_rdma::host::{HostConfig as RdmaConfig, HostConnection as RdmaConnection, MAX_KEYED_LEN};
 use nvmf_tcp::host::{Completion, HostConfig, HostConnection};
-use reactor::buf::IoBufMut;
+use reactor::buf::{IoBufMut, SliceMut};
 use reactor::net::TcpStream;
 use std::collections::{HashSet, VecDeque};
+use std::future::Future;
 use std::net::SocketAddr;
+use std::pin::Pin;
+use std::rc::Rc;
+use std::task::Poll;
 use std::time::Duration;
 
 /// The NVMe-oF transport a queue connects over.
@@ -85,9 +89,17 @@ enum Link {
     Rdma(Box<RdmaConnection>, Vec<u8>),
 }
 
+/// A receive from the controller in flight. It outlives the call that
+/// started it: [`Queue::flush`] receives while it sends (so that a
+/// controller that stops reading until its replies are read cannot wedge
+/// both ends), and what it left armed is the next receive's.
+type PendingRead = Pin<Box<dyn Future<Output = (std::io::Result<usize>, SliceMut<Vec<u8>>)>>>;
+
 /// One NVMe-oF connection.
 pub struct Queue {
-    stream: TcpStream,
+    stream: Rc<TcpStream>,
+    /// The receive in flight, if any.
+    reading: Option<PendingRead>,
     conn: Link,
     tx: Vec<u8>,
     ready: VecDeque<Completion>,
@@ -141,7 +153,8 @@ impl Queue {
             ),
         };
         let mut q = Queue {
-            stream,
+            stream: Rc::new(stream),
+            reading: None,
             conn,
             tx: Vec::with_capacity(64 * 1024),
             ready: VecDeque::new(),
@@ -272,43 +285,73 @@ impl Queue {
         }
     }
 
-    /// Sends every byte waiting to be sent.
+    /// Sends every byte waiting to be sent, receiving meanwhile: the
+    /// controller may stop reading until its replies are read (ironwire
+    /// does past its send high-water mark), and a send that waited for it
+    /// without reading would wait forever. Completions that arrive meanwhile
+    /// are kept for [`next_completion`](Self::next_completion); data the
+    /// connection queues in answer (H2CData, RDMA Read Responses) goes out
+    /// next.
     pub async fn flush(&mut self) -> Result<()> {
-        let mut tx = std::mem::take(&mut self.tx);
-        tx.clear();
-        match &mut self.conn {
-            Link::Tcp(c) => c.take_transmit(&mut tx),
-            Link::Rdma(c, _) => c.take_transmit(&mut tx),
-        }
-        if tx.is_empty() {
-            self.tx = tx;
-            return Ok(());
-        }
-        let res = reactor::timeout(self.timeout, self.stream.write_all(tx)).await;
-        match res {
-            Ok((Ok(_), mut tx)) => {
-                tx.clear();
-                self.tx = tx;
-                Ok(())
+        loop {
+            let mut tx = std::mem::take(&mut self.tx);
+            tx.clear();
+            match &mut self.conn {
+                Link::Tcp(c) => c.take_transmit(&mut tx),
+                Link::Rdma(c, _) => c.take_transmit(&mut tx),
             }
-            Ok((Err(e), _)) => self.fail(Error::Io(e)),
-            Err(_) => self.fail(Error::Timeout { what: "sending to the controller", after: self.timeout }),
+            if tx.is_empty() {
+                self.tx = tx;
+                return Ok(());
+            }
+            let stream = self.stream.clone();
+            let mut write = std::pin::pin!(async move { stream.write_all(tx).await });
+            let mut deadline = std::pin::pin!(reactor::sleep(self.timeout));
+            loop {
+                let mut read = match self.reading.take() {
+                    Some(r) => r,
+                    None => self.start_read(),
+                };
+                enum Step {
+                    Wrote(std::io::Result<()>, Vec<u8>),
+                    Read(std::io::Result<usize>, SliceMut<Vec<u8>>),
+                    TimedOut,
+                }
+                let step = std::future::poll_fn(|cx| {
+                    if let Poll::Ready((r, tx)) = write.as_mut().poll(cx) {
+                        return Poll::Ready(Step::Wrote(r, tx));
+                    }
+                    if let Poll::Ready((r, rx)) = read.as_mut().poll(cx) {
+                        return Poll::Ready(Step::Read(r, rx));
+                    }
+                    if deadline.as_mut().poll(cx).is_ready() {
+                        return Poll::Ready(Step::TimedOut);
+                    }
+                    Poll::Pending
+                })
+                .await;
+                match step {
+                    Step::Wrote(Ok(()), mut tx) => {
+                        // The receive stays armed for the next one.
+                        self.reading = Some(read);
+                        tx.clear();
+                        self.tx = tx;
+                        break;
+                    }
+                    Step::Wrote(Err(e), _) => return self.fail(Error::Io(e)),
+                    Step::Read(r, rx) => self.take_read(r, rx)?,
+                    Step::TimedOut => {
+                        return self.fail(Error::Timeout { what: "sending to the controller", after: self.timeout })
+                    }
+                }
+            }
         }
     }
 
-    fn fail<T>(&mut self, e: Error) -> Result<T> {
-        self.failed = true;
-        Err(e)
-    }
-
-    /// Reads once from the socket and feeds the bytes to the connection.
-    async fn receive(&mut self, what: &'static str) -> Result<()> {
-        if self.failed {
-            return Err(Error::Invalid("queue failed earlier".into()));
-        }
-        // NVMe/TCP: read straight into the connection's receive buffer,
-        // after what it already holds. NVMe/RDMA: into a buffer of our own;
-        // the connection places payloads where they belong.
+    /// Starts a receive into the connection's buffer (NVMe/TCP: after what
+    /// it already holds) or ours (NVMe/RDMA: the connection places payloads
+    /// where they belong).
+    fn start_read(&mut self) -> PendingRead {
         let (rx, at) = match &mut self.conn {
             Link::Tcp(c) => {
                 let rx = c.receive_buffer(RX_BUF);
@@ -323,12 +366,18 @@ impl Queue {
             }
         };
         let room = rx.capacity();
-        let res = reactor::timeout(self.timeout, self.stream.read(rx.slice_mut(at..room))).await;
+        let stream = self.stream.clone();
+        Box::pin(async move { stream.read(rx.slice_mut(at..room)).await })
+    }
+
+    /// Feeds what a receive brought to the connection and keeps the
+    /// completions that came with it. An error fails the queue (a Terminate
+    /// the connection queued on its way out is left to send).
+    fn take_read(&mut self, res: std::io::Result<usize>, rx: SliceMut<Vec<u8>>) -> Result<()> {
         let rx = match res {
-            Ok((Ok(0), _)) => return self.fail(Error::Closed),
-            Ok((Ok(_), rx)) => rx.into_inner(),
-            Ok((Err(e), _)) => return self.fail(Error::Io(e)),
-            Err(_) => return self.fail(Error::Timeout { what, after: self.timeout }),
+            Ok(0) => return self.fail(Error::Closed),
+            Ok(_) => rx.into_inner(),
+            Err(e) => return self.fail(Error::Io(e)),
         };
         // Completions that arrived; R2Ts or RDMA Read Requests may have
         // queued data to send.
@@ -347,12 +396,57 @@ impl Queue {
                 r
             }
         };
-        if let Err(e) = r {
+        match r {
+            Ok(()) => Ok(()),
+            Err(e) => self.fail(e),
+        }
+    }
+
+    fn fail<T>(&mut self, e: Error) -> Result<T> {
+        self.failed = true;
+        Err(e)
+    }
+
+    /// Receives once (the receive [`flush`](Self::flush) left armed, or a
+    /// new one) and feeds the bytes to the connection, then sends what it
+    /// queued in answer.
+    async fn receive(&mut self, what: &'static str) -> Result<()> {
+        if self.failed {
+            return Err(Error::Invalid("queue failed earlier".into()));
+        }
+        let read = match self.reading.take() {
+            Some(r) => r,
+            None => self.start_read(),
+        };
+        let (res, rx) = match reactor::timeout(self.timeout, read).await {
+            Ok(got) => got,
+            Err(_) => return self.fail(Error::Timeout { what, after: self.timeout }),
+        };
+        if let Err(e) = self.take_read(res, rx) {
             // Send what the connection queued on its way out (a Terminate).
-            let _ = self.flush().await;
-            return self.fail(e);
+            let _ = self.send_remaining().await;
+            return Err(e);
         }
         self.flush().await
+    }
+
+    /// Sends what the connection queued, without receiving (for a queue
+    /// that failed: its Terminate).
+    async fn send_remaining(&mut self) -> Result<()> {
+        let mut tx = std::mem::take(&mut self.tx);
+        tx.clear();
+        match &mut self.conn {
+            Link::Tcp(c) => c.take_transmit(&mut tx),
+            Link::Rdma(c, _) => c.take_transmit(&mut tx),
+        }
+        if tx.is_empty() {
+            return Ok(());
+        }
+        match reactor::timeout(self.timeout, self.stream.write_all(tx)).await {
+            Ok((Ok(()), _)) => Ok(()),
+            Ok((Err(e), _)) => Err(Error::Io(e)),
+            Err(_) => Err(Error::Timeout { what: "sending to the controller", after: self.timeout }),
+        }
     }
 
     /// The next completion of any outstanding command (in arrival order).
@@ -366,7 +460,10 @@ impl Queue {
                 return Err(Error::Invalid("no command outstanding".into()));
             }
             self.flush().await?;
-            self.receive("a completion").await?;
+            // Sending may have brought completions in.
+            if self.ready.is_empty() {
+                self.receive("a completion").await?;
+            }
         }
     }
 
