@@ -294,16 +294,7 @@ impl Queue {
     /// next.
     pub async fn flush(&mut self) -> Result<()> {
         loop {
-            let mut tx = std::mem::take(&mut self.tx);
-            tx.clear();
-            match &mut self.conn {
-                Link::Tcp(c) => c.take_transmit(&mut tx),
-                Link::Rdma(c, _) => c.take_transmit(&mut tx),
-            }
-            if tx.is_empty() {
-                self.tx = tx;
-                return Ok(());
-            }
+            let Some(tx) = self.take_tx() else { return Ok(()) };
             let stream = self.stream.clone();
             let mut write = std::pin::pin!(async move { stream.write_all(tx).await });
             let mut deadline = std::pin::pin!(reactor::sleep(self.timeout));
@@ -346,6 +337,22 @@ impl Queue {
                 }
             }
         }
+    }
+
+    /// What the connection queued to send, in the queue's send buffer;
+    /// `None` (the buffer kept) when there is nothing.
+    fn take_tx(&mut self) -> Option<Vec<u8>> {
+        let mut tx = std::mem::take(&mut self.tx);
+        tx.clear();
+        match &mut self.conn {
+            Link::Tcp(c) => c.take_transmit(&mut tx),
+            Link::Rdma(c, _) => c.take_transmit(&mut tx),
+        }
+        if tx.is_empty() {
+            self.tx = tx;
+            return None;
+        }
+        Some(tx)
     }
 
     /// Starts a receive into the connection's buffer (NVMe/TCP: after what
@@ -433,15 +440,7 @@ impl Queue {
     /// Sends what the connection queued, without receiving (for a queue
     /// that failed: its Terminate).
     async fn send_remaining(&mut self) -> Result<()> {
-        let mut tx = std::mem::take(&mut self.tx);
-        tx.clear();
-        match &mut self.conn {
-            Link::Tcp(c) => c.take_transmit(&mut tx),
-            Link::Rdma(c, _) => c.take_transmit(&mut tx),
-        }
-        if tx.is_empty() {
-            return Ok(());
-        }
+        let Some(tx) = self.take_tx() else { return Ok(()) };
         match reactor::timeout(self.timeout, self.stream.write_all(tx)).await {
             Ok((Ok(()), _)) => Ok(()),
             Ok((Err(e), _)) => Err(Error::Io(e)),

@@ -351,7 +351,6 @@ pub async fn serve(
     let (Ok(local), Ok(peer)) = (stream.local_addr(), stream.peer_addr()) else {
         return;
     };
-    let mss = stream.mss().ok();
     let (rd, wr) = stream.into_split();
     let mut rx = rd.receiver();
     let (first, rdma) = match bindings {
@@ -375,7 +374,7 @@ pub async fn serve(
     match (bindings.tcp, bindings.rdma) {
         (_, Some((mut cfg, transport))) if rdma => {
             // DDP segments fit the connection's TCP segments (MULPDU).
-            if let Some(cap) = mss.and_then(|mss| iwarp::wire::segment_cap(mss as usize)) {
+            if let Some(cap) = rd.mss().ok().and_then(|mss| iwarp::wire::segment_cap(mss as usize)) {
                 cfg.max_segment = cfg.max_segment.min(cap);
             }
             let wire = nvmf_rdma::target::TargetQueue::<Buf>::new(cfg);

@@ -46,7 +46,7 @@ pub struct HostConfig {
     /// RDMA Reads of the controller served at once (the IRD offered).
     pub ird: u16,
     /// Most payload bytes per FPDU sent: at most what the connection's TCP
-    /// MSS carries ([`iwarp::wire::max_segment_for_mss`]).
+    /// MSS carries ([`iwarp::wire::segment_cap`]).
     pub max_segment: usize,
 }
 
