@@ -96,6 +96,9 @@ const DIRECT_MIN: usize = 16 << 10;
 pub enum BindingEvent {
     /// A command capsule, with its in-capsule data.
     Command { sqe: Sqe, data: Option<Buf> },
+    /// A command capsule whose in-capsule data is still in the input last
+    /// given to [`Binding::handle_input_lent`], at `data`.
+    CommandInInput { sqe: Sqe, data: std::ops::Range<usize> },
     /// The write data solicited for `cid`.
     Data { cid: u16, data: Buf },
     /// The data for `cid` failed its digest.
@@ -112,6 +115,14 @@ pub trait Binding: 'static {
     /// Feeds received bytes; `Err` names the fatal error (the binding has
     /// queued the protocol's terminate message).
     fn handle_input(&mut self, bytes: &[u8]) -> Result<(), String>;
+    /// As `handle_input`, but in-capsule data may stay in `bytes`
+    /// ([`BindingEvent::CommandInInput`]) until [`keep_input`](Self::keep_input).
+    fn handle_input_lent(&mut self, bytes: &[u8]) -> Result<(), String> {
+        self.handle_input(bytes)
+    }
+    /// Copies the data of the lent commands not yet polled out of `input`,
+    /// which is about to go.
+    fn keep_input(&mut self, _input: &[u8]) {}
     /// The next event.
     fn poll_event(&mut self) -> Option<BindingEvent>;
     /// The transfer length of a command's data, or the status to fail with.
@@ -201,10 +212,18 @@ impl Binding for nvmf_tcp::target::TargetConnection<Buf> {
         nvmf_tcp::target::TargetConnection::handle_input(self, bytes)
             .map_err(|e| format!("fatal NVMe/TCP error, sending C2HTermReq: {e}"))
     }
+    fn handle_input_lent(&mut self, bytes: &[u8]) -> Result<(), String> {
+        nvmf_tcp::target::TargetConnection::handle_input_lent(self, bytes)
+            .map_err(|e| format!("fatal NVMe/TCP error, sending C2HTermReq: {e}"))
+    }
+    fn keep_input(&mut self, input: &[u8]) {
+        nvmf_tcp::target::TargetConnection::keep_input(self, input)
+    }
     fn poll_event(&mut self) -> Option<BindingEvent> {
         use nvmf_tcp::target::Event;
         Some(match nvmf_tcp::target::TargetConnection::poll_event(self)? {
             Event::Command { sqe, data } => BindingEvent::Command { sqe, data },
+            Event::CommandInInput { sqe, data } => BindingEvent::CommandInInput { sqe, data },
             Event::Data { cid, data } => BindingEvent::Data { cid, data },
             Event::DataDigestError { cid } => BindingEvent::DataDigestError { cid },
             Event::HostTerminated { fes } => {
@@ -413,9 +432,9 @@ async fn run<T: Binding>(
     let mut pending = (!first.is_empty()).then_some(first);
     while !conn.shell.is_closing() {
         let r = match pending.take() {
-            Some(bytes) => conn.wire.borrow_mut().handle_input(&bytes),
+            Some(bytes) => take_input(&conn, &bytes),
             None => match rx.recv().await {
-                Ok(bytes) if !bytes.is_empty() => conn.wire.borrow_mut().handle_input(&bytes),
+                Ok(bytes) if !bytes.is_empty() => take_input(&conn, &bytes),
                 _ => break,
             },
         };
@@ -427,9 +446,8 @@ async fn run<T: Binding>(
             },
             Err(e) => Err(e),
         };
-        // One clock read per batch of received bytes, not per command.
         // Commands wait, parsed, while the host does not read our replies.
-        while !dispatch_events(&conn, now_ms()) {
+        while !dispatch_events(&conn, now_ms(), &[]) {
             crate::conn::wait_for_room(&*conn, &mut rx).await;
         }
         if let Err(e) = r {
@@ -445,6 +463,19 @@ async fn run<T: Binding>(
     let _ = writer.await;
     drop(ticker);
     log::debug!("{peer}: closed");
+}
+
+/// Feeds received bytes to the binding and dispatches what they carried
+/// while they are still in the receive buffer, so that in-capsule write
+/// data for a null or RAM device goes from there to the device (no copy,
+/// or the one into RAM); what waits (the host is not reading our replies)
+/// is copied out first. One clock read per batch of received bytes, not
+/// per command.
+fn take_input<T: Binding>(conn: &Rc<Conn<T>>, input: &[u8]) -> Result<(), String> {
+    let r = conn.wire.borrow_mut().handle_input_lent(input);
+    dispatch_events(conn, now_ms(), input);
+    conn.wire.borrow_mut().keep_input(input);
+    r
 }
 
 /// Direct data placement in software: while the binding expects at least
@@ -482,9 +513,10 @@ async fn receive_direct<T: Binding>(conn: &Conn<T>, rx: &mut reactor::Receiver) 
     Ok(true)
 }
 
-/// Dispatches the commands and data the connection parsed. `false` when it
-/// stopped early because the replies passed the send high-water mark.
-fn dispatch_events<T: Binding>(conn: &Rc<Conn<T>>, now_ms: u64) -> bool {
+/// Dispatches the commands and data the connection parsed (lent in-capsule
+/// data lies in `input`). `false` when it stopped early because the
+/// replies passed the send high-water mark.
+fn dispatch_events<T: Binding>(conn: &Rc<Conn<T>>, now_ms: u64, input: &[u8]) -> bool {
     loop {
         if crate::conn::over_high_water(&**conn) && !conn.shell.is_closing() {
             conn.shell.tx_ready.notify();
@@ -498,20 +530,14 @@ fn dispatch_events<T: Binding>(conn: &Rc<Conn<T>>, now_ms: u64) -> bool {
         let ev = conn.wire.borrow_mut().poll_event();
         let Some(ev) = ev else { break };
         match ev {
-            BindingEvent::Command { sqe, data } => {
-                let len = data.as_ref().map(|d| d.0.len());
-                let checked = conn.wire.borrow().check_sgl(&sqe, len);
-                match checked {
-                    Ok(data_len) => {
-                        let outcome = conn.queue.borrow_mut().execute(now_ms, &sqe, data_len, data);
-                        answer(conn, sqe.cid.get(), outcome);
-                    }
-                    Err(status) => {
-                        log::debug!("{}: cid {} SGL rejected: {status}", conn.shell.peer, sqe.cid.get());
-                        conn.failed(status);
-                        conn.respond(Cqe::new(sqe.cid.get(), status, 0));
-                    }
-                }
+            BindingEvent::Command { sqe, data } => command(conn, now_ms, sqe, data, |d| d),
+            BindingEvent::CommandInInput { sqe, data } => {
+                let data = input.get(data).unwrap_or_default();
+                command(conn, now_ms, sqe, Some(data), |d| {
+                    let mut buf = Buf::alloc(d.len());
+                    buf.0.copy_from_slice(d);
+                    buf
+                })
             }
             BindingEvent::Data { cid, data } => {
                 let outcome = conn.queue.borrow_mut().data_arrived(now_ms, cid, data);
@@ -535,6 +561,37 @@ fn dispatch_events<T: Binding>(conn: &Rc<Conn<T>>, now_ms: u64) -> bool {
     }
     conn.shell.tx_ready.notify();
     true
+}
+
+/// Checks a command's SGL and executes it. A write of in-capsule data to a
+/// null or RAM device is done from `data` where it lies; anything else
+/// gets its data in a buffer of its own (`own`) first.
+fn command<T: Binding, B: AsRef<[u8]>>(
+    conn: &Rc<Conn<T>>,
+    now_ms: u64,
+    sqe: Sqe,
+    data: Option<B>,
+    own: impl FnOnce(B) -> Buf,
+) {
+    let cid = sqe.cid.get();
+    let len = data.as_ref().map(|d| d.as_ref().len());
+    let checked = conn.wire.borrow().check_sgl(&sqe, len);
+    match checked {
+        Ok(data_len) => {
+            let outcome = conn.queue.borrow_mut().execute(now_ms, &sqe, data_len, data);
+            if let Outcome::Io(req) = &outcome {
+                if write_to_memory(conn, req, reactor::now_us()) {
+                    return;
+                }
+            }
+            answer(conn, cid, outcome.map_data(own));
+        }
+        Err(status) => {
+            log::debug!("{}: cid {cid} SGL rejected: {status}", conn.shell.peer);
+            conn.failed(status);
+            conn.respond(Cqe::new(cid, status, 0));
+        }
+    }
 }
 
 fn answer<T: Binding>(conn: &Rc<Conn<T>>, cid: u16, outcome: Outcome<Buf, Device>) {
@@ -607,9 +664,10 @@ fn read_from_memory<T: Binding>(conn: &Rc<Conn<T>>, req: &BlockRequest, t0: u64)
 
 /// Completes a write to a null or RAM device at once, where the command
 /// arrived: no task, no wait. `false` when the request is anything else.
-fn write_to_memory<T: Binding>(conn: &Conn<T>, req: &BlockRequest, t0: u64) -> bool {
+fn write_to_memory<T: Binding, B: AsRef<[u8]>>(conn: &Conn<T>, req: &nvmf::BlockRequest<B, Device>, t0: u64) -> bool {
     let BlockOp::Write { lba, ref data, .. } = req.op else { return false };
-    let Some(result) = req.device.write_now(lba, &data.0) else { return false };
+    let data = data.as_ref();
+    let Some(result) = req.device.write_now(lba, data) else { return false };
     let status = match result {
         Ok(()) => Status::SUCCESS,
         Err(e) => {
@@ -617,7 +675,7 @@ fn write_to_memory<T: Binding>(conn: &Conn<T>, req: &BlockRequest, t0: u64) -> b
             nvmf::io_error_status(&e, true)
         }
     };
-    conn.record(req.nsid, (Op::Write, data.0.len() as u64), t0, status);
+    conn.record(req.nsid, (Op::Write, data.len() as u64), t0, status);
     conn.respond(Cqe::new(req.cid, status, 0));
     true
 }

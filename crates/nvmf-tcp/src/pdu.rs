@@ -296,18 +296,61 @@ pub fn deframe<'a>(
     framing: Framing,
     max_data: impl Fn(PduType) -> Option<u32>,
 ) -> Option<Result<Frame<'a>, Fatal>> {
-    let ch_bytes = buf.get(..8)?;
-    let ch = CommonHeader::read_from_bytes(ch_bytes).ok()?;
-    frame_checked(buf, ch, PduType(ch.pdu_type), framing, max_data).transpose()
+    let head = match deframe_head(buf, framing, max_data)? {
+        Ok(Ok(head)) => head,
+        Ok(Err(_)) => return None,
+        Err(e) => return Some(Err(e)),
+    };
+    let pdu = buf.get(..head.len)?;
+    let data_end = head.data_start.saturating_add(head.data_len);
+    let data = pdu.get(head.data_start..data_end).unwrap_or_default();
+    let data_digest_ok = if head.data_digest {
+        pdu.get(data_end..data_end.saturating_add(digest::LEN)).unwrap_or_default() == digest::crc32c(data)
+    } else {
+        true
+    };
+    Some(Ok(Frame { ch: head.ch, pdu_type: head.pdu_type, header: head.header, data, data_digest_ok, len: head.len }))
 }
 
-fn frame_checked<'a>(
-    buf: &'a [u8],
+/// The checked header of a PDU whose data may not all be there yet.
+#[derive(Debug)]
+pub struct Head<'a> {
+    /// The common header.
+    pub ch: CommonHeader,
+    /// The PDU type.
+    pub pdu_type: PduType,
+    /// The header bytes (HLEN bytes, common header included).
+    pub header: &'a [u8],
+    /// Where the data starts in the PDU (PDO; the PDU's end without data).
+    pub data_start: usize,
+    /// Data bytes.
+    pub data_len: usize,
+    /// A data digest follows the data.
+    pub data_digest: bool,
+    /// Bytes of the whole PDU (PLEN).
+    pub len: usize,
+}
+
+/// Checks the PDU at the front of `buf` as far as its data: every header
+/// field, and the header digest. `None` until the common header is there;
+/// `Ok(Err(n))` while `n` more bytes are needed to reach the data.
+pub fn deframe_head(
+    buf: &[u8],
+    framing: Framing,
+    max_data: impl Fn(PduType) -> Option<u32>,
+) -> Option<Result<Result<Head<'_>, usize>, Fatal>> {
+    let ch_bytes = buf.get(..8)?;
+    let ch = CommonHeader::read_from_bytes(ch_bytes).ok()?;
+    Some(head_checked(buf, ch, PduType(ch.pdu_type), framing, max_data))
+}
+
+fn head_checked(
+    buf: &[u8],
     ch: CommonHeader,
     pdu_type: PduType,
     framing: Framing,
     max_data: impl Fn(PduType) -> Option<u32>,
-) -> Result<Option<Frame<'a>>, Fatal> {
+) -> Result<Result<Head<'_>, usize>, Fatal> {
     let ch_bytes = buf.get(..8).unwrap_or_default();
     let (Some(hlen), Some(max_data)) = (pdu_type.hlen(), max_data(pdu_type)) else {
         return Err(invalid(offset::PDU_TYPE, ch_bytes, format!("PDU type {:#04x} not expected here", ch.pdu_type)));
@@ -370,8 +413,9 @@ fn frame_checked<'a>(
     let Ok(plen_usize) = usize::try_from(plen) else {
         return Err(invalid(offset::PLEN, ch_bytes, format!("plen {plen} too large")));
     };
-    let Some(pdu) = buf.get(..plen_usize) else {
-        return Ok(None);
+    let head_len = data_start as usize;
+    let Some(pdu) = buf.get(..head_len) else {
+        return Ok(Err(head_len.saturating_sub(buf.len())));
     };
     let hlen_usize = usize::from(hlen);
     let header = pdu.get(..hlen_usize).unwrap_or_default();
@@ -387,14 +431,15 @@ fn frame_checked<'a>(
             });
         }
     }
-    let data_end = data_start.saturating_add(data_len) as usize;
-    let data = pdu.get(data_start as usize..data_end).unwrap_or_default();
-    let data_digest_ok = if dd != 0 {
-        pdu.get(data_end..data_end.saturating_add(digest::LEN)).unwrap_or_default() == digest::crc32c(data)
-    } else {
-        true
-    };
-    Ok(Some(Frame { ch, pdu_type, header, data, data_digest_ok, len: plen_usize }))
+    Ok(Ok(Head {
+        ch,
+        pdu_type,
+        header,
+        data_start: head_len,
+        data_len: data_len as usize,
+        data_digest: dd != 0,
+        len: plen_usize,
+    }))
 }
 
 /// Appends a PDU to `out`: `header` (HLEN bytes, common header included, its

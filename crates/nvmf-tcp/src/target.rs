@@ -74,6 +74,14 @@ pub enum Event<B> {
         /// In-capsule data.
         data: Option<B>,
     },
+    /// A command capsule whose in-capsule data is `data`, a range of the
+    /// bytes last given to [`TargetConnection::handle_input_lent`].
+    CommandInInput {
+        /// The submission queue entry.
+        sqe: Sqe,
+        /// Where its data lies in that input.
+        data: std::ops::Range<usize>,
+    },
     /// All data solicited for `cid` has arrived.
     Data {
         /// Command identifier.
@@ -104,14 +112,41 @@ struct Transfer<B> {
     digest_failed: bool,
 }
 
+/// An H2CData PDU cut by the end of an input, its payload placed in the
+/// transfer's buffer as it arrives.
+struct Stream {
+    /// Its header, checked.
+    header: DataHeader,
+    /// Where the next payload byte goes.
+    at: usize,
+    /// Payload bytes still to come.
+    left: usize,
+    /// The running data digest, when data digests are on.
+    crc: Option<checksum::Crc32c>,
+    /// The data digest the host sent, as far as it came.
+    digest: [u8; 4],
+    digest_got: usize,
+}
+
+/// What a PDU begun in the receive buffer needs next.
+enum Need {
+    Whole,
+    More(usize),
+    Stream,
+}
+
 /// Target side of one NVMe/TCP connection.
 pub struct TargetConnection<B> {
     cfg: TargetConfig,
     state: State,
     rx_framing: Framing,
     tx_framing: Framing,
+    /// The start of a PDU the last input cut: never more than one PDU.
     rx: Vec<u8>,
-    rx_start: usize,
+    /// Queued [`Event::CommandInInput`]s.
+    lent: usize,
+    /// The H2CData PDU being placed as it arrives.
+    stream: Option<Stream>,
     events: VecDeque<Event<B>>,
     tx: Vec<u8>,
     transfers: Vec<Option<Transfer<B>>>,
@@ -141,7 +176,8 @@ impl<B: DataBuffer> TargetConnection<B> {
             rx_framing: Framing { hdgst: false, ddgst: false, data_align: align },
             tx_framing: Framing { hdgst: false, ddgst: false, data_align: 4 },
             rx: Vec::new(),
-            rx_start: 0,
+            lent: 0,
+            stream: None,
             events: VecDeque::new(),
             tx: Vec::new(),
             transfers: Vec::new(),
@@ -176,71 +212,173 @@ impl<B: DataBuffer> TargetConnection<B> {
         self.sq_flow_disabled = sq_flow_disabled;
     }
 
-    /// Feeds received bytes. On a fatal error the connection queues a
+    /// Feeds received bytes. Whole PDUs are parsed where they lie; only a
+    /// PDU cut by the end of `bytes` is kept (alone) until later input
+    /// completes it. On a fatal error the connection queues a
     /// C2HTermReq, moves to [`State::Terminated`] and returns the error for
     /// the log; later input is ignored.
     pub fn handle_input(&mut self, bytes: &[u8]) -> Result<(), Fatal> {
+        self.input(bytes, false)
+    }
+
+    /// As [`handle_input`](Self::handle_input), except that a command whose
+    /// in-capsule data lies whole in `bytes` comes out as
+    /// [`Event::CommandInInput`], its data left where it is. The caller
+    /// takes those events while `bytes` is still there, then calls
+    /// [`keep_input`](Self::keep_input) with the same bytes, which copies
+    /// the data of any it left, before it feeds more input.
+    pub fn handle_input_lent(&mut self, bytes: &[u8]) -> Result<(), Fatal> {
+        self.input(bytes, true)
+    }
+
+    /// Copies the in-capsule data of every [`Event::CommandInInput`] still
+    /// queued out of `input` (the bytes last given to
+    /// [`handle_input_lent`](Self::handle_input_lent)) into a buffer of its
+    /// own: they become [`Event::Command`].
+    pub fn keep_input(&mut self, input: &[u8]) {
+        if self.lent == 0 {
+            return;
+        }
+        for e in &mut self.events {
+            if let Event::CommandInInput { sqe, data } = e {
+                let bytes = input.get(data.clone()).unwrap_or_default();
+                let mut buf = B::alloc(bytes.len());
+                buf.as_mut().copy_from_slice(bytes);
+                *e = Event::Command { sqe: *sqe, data: Some(buf) };
+            }
+        }
+        self.lent = 0;
+    }
+
+    fn input(&mut self, bytes: &[u8], lend: bool) -> Result<(), Fatal> {
         if self.state == State::Terminated {
             return Ok(());
         }
-        self.rx.extend_from_slice(bytes);
-        let result = self.process_rx();
+        if self.lent != 0 {
+            // Lent data that was not kept is gone: those commands fail
+            // (the host may retry them), they never run on other bytes.
+            debug_assert!(false, "handle_input after handle_input_lent without keep_input");
+            for e in &mut self.events {
+                if let Event::CommandInInput { sqe, .. } = e {
+                    *e = Event::DataDigestError { cid: sqe.cid.get() };
+                }
+            }
+            self.lent = 0;
+        }
+        let result = self.consume(bytes, lend);
         if let Err(e) = &result {
             self.terminate(e);
         }
         result
     }
 
-    fn process_rx(&mut self) -> Result<(), Fatal> {
+    fn consume(&mut self, input: &[u8], lend: bool) -> Result<(), Fatal> {
+        let mut bytes = input;
         loop {
-            if self.state == State::Terminated {
+            if self.stream.is_some() {
+                bytes = self.stream_in(bytes)?;
+                if self.stream.is_some() {
+                    return Ok(());
+                }
+            }
+            if self.rx.is_empty() {
                 break;
             }
-            let buf = self.rx.get(self.rx_start..).unwrap_or_default();
-            let cfg = self.cfg;
-            let state = self.state;
-            let max_data = move |t: PduType| -> Option<u32> {
-                match (state, t) {
-                    (State::AwaitIcReq, PduType::IC_REQ) => Some(0),
-                    (State::Ready, PduType::CAPSULE_CMD) => Some(cfg.max_in_capsule),
-                    (State::Ready, PduType::H2C_DATA) => Some(cfg.max_h2c_data),
-                    (_, PduType::H2C_TERM_REQ) => Some(pdu::TERM_REQ_MAX_DATA as u32),
-                    _ => None,
+            // The PDU an earlier input began: take just what it lacks.
+            match self.need_of(&self.rx)? {
+                Need::Whole => {
+                    let rx = std::mem::take(&mut self.rx);
+                    let r = self.process(&rx, None);
+                    self.rx = rx;
+                    self.rx.clear();
+                    r?;
                 }
-            };
-            let frame = match pdu::deframe(buf, self.rx_framing, max_data) {
-                None => break,
-                Some(Err(mut e)) => {
-                    if state == State::AwaitIcReq && e.fes == Fes::INVALID_HEADER_FIELD && e.fei == offset::PDU_TYPE {
-                        e.fes = Fes::PDU_SEQUENCE_ERROR;
-                        e.reason = format!("{} before ICReq", e.reason);
+                Need::Stream => self.start_stream()?,
+                Need::More(missing) => {
+                    if bytes.is_empty() {
+                        return Ok(());
                     }
-                    return Err(e);
+                    let Some((head, rest)) = bytes.split_at_checked(missing.min(bytes.len())) else { break };
+                    self.rx.extend_from_slice(head);
+                    bytes = rest;
                 }
+            }
+        }
+        // Lent data is found by its place in `input`.
+        let skipped = input.len().saturating_sub(bytes.len());
+        let used = self.process(bytes, lend.then_some(skipped))?;
+        let tail = bytes.get(used..).unwrap_or_default();
+        if self.state != State::Terminated && !tail.is_empty() {
+            if matches!(self.need_of(tail)?, Need::Stream) {
+                self.start_stream_from(tail)?;
+            } else {
+                self.rx.extend_from_slice(tail);
+            }
+        }
+        Ok(())
+    }
+
+    /// What the PDU begun in `buf` needs next: nothing, more bytes (its
+    /// common header first), or, for H2CData whose header is complete, to
+    /// have its payload placed as it arrives.
+    fn need_of(&self, buf: &[u8]) -> Result<Need, Fatal> {
+        let have = buf.len();
+        if have < 8 {
+            return Ok(Need::More(8usize.saturating_sub(have)));
+        }
+        match pdu::deframe_head(buf, self.rx_framing, self.max_data()) {
+            None => Ok(Need::More(8usize.saturating_sub(have))),
+            Some(Err(e)) => Err(self.sequence_error(e)),
+            Some(Ok(Err(n))) => Ok(Need::More(n)),
+            Some(Ok(Ok(head))) if head.len <= have => Ok(Need::Whole),
+            Some(Ok(Ok(head))) if head.pdu_type == PduType::H2C_DATA && head.data_len > 0 => Ok(Need::Stream),
+            Some(Ok(Ok(head))) => Ok(Need::More(head.len.saturating_sub(have))),
+        }
+    }
+
+    /// The most data bytes a PDU of each type may carry now.
+    fn max_data(&self) -> impl Fn(PduType) -> Option<u32> {
+        let (cfg, state) = (self.cfg, self.state);
+        move |t: PduType| -> Option<u32> {
+            match (state, t) {
+                (State::AwaitIcReq, PduType::IC_REQ) => Some(0),
+                (State::Ready, PduType::CAPSULE_CMD) => Some(cfg.max_in_capsule),
+                (State::Ready, PduType::H2C_DATA) => Some(cfg.max_h2c_data),
+                (_, PduType::H2C_TERM_REQ) => Some(pdu::TERM_REQ_MAX_DATA as u32),
+                _ => None,
+            }
+        }
+    }
+
+    /// Anything but an ICReq first is a PDU sequence error.
+    fn sequence_error(&self, mut e: Fatal) -> Fatal {
+        if self.state == State::AwaitIcReq && e.fes == Fes::INVALID_HEADER_FIELD && e.fei == offset::PDU_TYPE {
+            e.fes = Fes::PDU_SEQUENCE_ERROR;
+            e.reason = format!("{} before ICReq", e.reason);
+        }
+        e
+    }
+
+    /// Handles the whole PDUs at the front of `buf`; returns the bytes they
+    /// took. With `lend`, in-capsule data stays in the input, of which
+    /// `buf` starts `lend` bytes in ([`Event::CommandInInput`]).
+    fn process(&mut self, buf: &[u8], lend: Option<usize>) -> Result<usize, Fatal> {
+        let mut used = 0usize;
+        while self.state != State::Terminated {
+            let rest = buf.get(used..).unwrap_or_default();
+            let frame = match pdu::deframe(rest, self.rx_framing, self.max_data()) {
+                None => break,
+                Some(Err(e)) => return Err(self.sequence_error(e)),
                 Some(Ok(f)) => f,
             };
-            let len = frame.len;
-            // The header (HLEN is one byte, so at most 255 bytes) is copied
-            // out of the receive buffer on the stack, not the heap: the
-            // handlers below take `self` mutably.
-            let mut header_buf = [0u8; 256];
-            let hlen = frame.header.len().min(header_buf.len());
-            if let (Some(dst), Some(src)) = (header_buf.get_mut(..hlen), frame.header.get(..hlen)) {
-                dst.copy_from_slice(src);
-            }
-            let header = header_buf.get(..hlen).unwrap_or_default();
-            let (pdu_type, data_ok, ch_flags) = (frame.pdu_type, frame.data_digest_ok, frame.ch.flags);
-            let data_range = {
-                let base = buf.as_ptr() as usize;
-                let start = (frame.data.as_ptr() as usize).saturating_sub(base);
-                start..start.saturating_add(frame.data.len())
-            };
-            let abs = self.rx_start.saturating_add(data_range.start)..self.rx_start.saturating_add(data_range.end);
-            self.rx_start = self.rx_start.saturating_add(len);
-            match pdu_type {
+            let data_at = (frame.data.as_ptr() as usize).saturating_sub(buf.as_ptr() as usize);
+            let lent_at = lend.map(|skipped| skipped.saturating_add(data_at));
+            used = used.saturating_add(frame.len);
+            let header = frame.header;
+            match frame.pdu_type {
                 PduType::IC_REQ => self.on_ic_req(header)?,
-                PduType::CAPSULE_CMD => self.on_capsule(header, abs, data_ok)?,
-                PduType::H2C_DATA => self.on_h2c_data(header, abs, data_ok, ch_flags)?,
+                PduType::CAPSULE_CMD => self.on_capsule(header, frame.data, lent_at, frame.data_digest_ok)?,
+                PduType::H2C_DATA => self.on_h2c_data(header, frame.data, frame.data_digest_ok)?,
                 PduType::H2C_TERM_REQ => {
                     let fes = TermReq::read_from_bytes(header).map(|t| t.fes.get()).unwrap_or(0);
                     self.events.push_back(Event::HostTerminated { fes });
@@ -249,15 +387,7 @@ impl<B: DataBuffer> TargetConnection<B> {
                 _ => {}
             }
         }
-        // Compact: drop consumed bytes once they dominate the buffer.
-        if self.rx_start == self.rx.len() {
-            self.rx.clear();
-            self.rx_start = 0;
-        } else if self.rx_start > 64 * 1024 {
-            self.rx.drain(..self.rx_start);
-            self.rx_start = 0;
-        }
-        Ok(())
+        Ok(used)
     }
 
     fn on_ic_req(&mut self, header: &[u8]) -> Result<(), Fatal> {
@@ -293,7 +423,9 @@ impl<B: DataBuffer> TargetConnection<B> {
         Ok(())
     }
 
-    fn on_capsule(&mut self, header: &[u8], data: std::ops::Range<usize>, data_ok: bool) -> Result<(), Fatal> {
+    /// A command capsule; `lent_at` is where its data starts in the input
+    /// when it is lent ([`Event::CommandInInput`]).
+    fn on_capsule(&mut self, header: &[u8], data: &[u8], lent_at: Option<usize>, data_ok: bool) -> Result<(), Fatal> {
         let Ok(cmd) = CapsuleCmd::read_from_bytes(header) else {
             return Err(Fatal::new(Fes::INVALID_HEADER_FIELD, offset::HLEN, "capsule header truncated"));
         };
@@ -321,26 +453,32 @@ impl<B: DataBuffer> TargetConnection<B> {
             self.events.push_back(Event::DataDigestError { cid });
             return Ok(());
         }
-        let bytes = self.rx.get(data).unwrap_or_default();
-        let mut buf = B::alloc(bytes.len());
-        buf.as_mut().copy_from_slice(bytes);
+        if let Some(at) = lent_at {
+            self.lent = self.lent.saturating_add(1);
+            self.events.push_back(Event::CommandInInput { sqe: cmd.sqe, data: at..at.saturating_add(data.len()) });
+            return Ok(());
+        }
+        let mut buf = B::alloc(data.len());
+        buf.as_mut().copy_from_slice(data);
         self.events.push_back(Event::Command { sqe: cmd.sqe, data: Some(buf) });
         Ok(())
     }
 
-    fn on_h2c_data(
-        &mut self,
-        header: &[u8],
-        data: std::ops::Range<usize>,
-        data_ok: bool,
-        ch_flags: u8,
-    ) -> Result<(), Fatal> {
+    fn on_h2c_data(&mut self, header: &[u8], data: &[u8], data_ok: bool) -> Result<(), Fatal> {
+        let (h, datao) = self.h2c_check(header, data.len())?;
+        self.h2c_place(h.ttag.get(), datao as usize, data);
+        self.h2c_done(&h, data_ok)
+    }
+
+    /// Checks an H2CData header carrying `data_len` bytes against its R2T;
+    /// returns the header and where its data goes.
+    fn h2c_check(&self, header: &[u8], data_len: usize) -> Result<(DataHeader, u32), Fatal> {
         let Ok(h) = DataHeader::read_from_bytes(header) else {
             return Err(Fatal::new(Fes::INVALID_HEADER_FIELD, offset::HLEN, "H2CData header truncated"));
         };
         let fatal = |fes: Fes, fei: u32, reason: String| Fatal { fes, fei, reason, header: header.to_vec() };
         let ttag = h.ttag.get();
-        let Some(t) = self.transfers.get_mut(usize::from(ttag)).and_then(Option::as_mut) else {
+        let Some(t) = self.transfers.get(usize::from(ttag)).and_then(Option::as_ref) else {
             return Err(fatal(
                 Fes::INVALID_HEADER_FIELD,
                 offset::TTAG,
@@ -370,23 +508,39 @@ impl<B: DataBuffer> TargetConnection<B> {
                 format!("H2CData datao {datao} datal {datal} outside the R2T of {} bytes", t.len),
             ));
         }
-        if usize::try_from(datal).ok() != Some(data.len()) {
+        if usize::try_from(datal).ok() != Some(data_len) {
             return Err(fatal(
                 Fes::INVALID_HEADER_FIELD,
                 offset::DATAL,
-                format!("H2CData datal {datal} but the PDU carries {} bytes", data.len()),
+                format!("H2CData datal {datal} but the PDU carries {data_len} bytes"),
             ));
         }
-        let src = self.rx.get(data).unwrap_or_default();
-        let dst_start = datao as usize;
+        Ok((h, datao))
+    }
+
+    /// Copies H2CData payload into its transfer's buffer at `at` (nowhere
+    /// when the command was aborted).
+    fn h2c_place(&mut self, ttag: u16, at: usize, src: &[u8]) {
+        let t = self.transfers.get_mut(usize::from(ttag)).and_then(Option::as_mut);
         if let Some(dst) =
-            t.buf.as_mut().and_then(|b| b.as_mut().get_mut(dst_start..dst_start.saturating_add(src.len())))
+            t.and_then(|t| t.buf.as_mut()).and_then(|b| b.as_mut().get_mut(at..at.saturating_add(src.len())))
         {
             dst.copy_from_slice(src);
         }
-        t.received = end.unwrap_or(t.len);
+    }
+
+    /// An H2CData PDU checked by [`h2c_check`](Self::h2c_check) has had all
+    /// its data placed: counts it, and hands the transfer over when it is
+    /// complete.
+    fn h2c_done(&mut self, h: &DataHeader, data_ok: bool) -> Result<(), Fatal> {
+        let fatal = |fes: Fes, fei: u32, reason: String| Fatal { fes, fei, reason, header: h.as_bytes().to_vec() };
+        let ttag = h.ttag.get();
+        let Some(t) = self.transfers.get_mut(usize::from(ttag)).and_then(Option::as_mut) else {
+            return Ok(());
+        };
+        t.received = h.datao.get().saturating_add(h.datal.get()).min(t.len);
         t.digest_failed |= !data_ok;
-        let last = ch_flags & flags::LAST_PDU != 0;
+        let last = h.ch.flags & flags::LAST_PDU != 0;
         if t.received == t.len {
             if !last {
                 return Err(fatal(
@@ -421,6 +575,72 @@ impl<B: DataBuffer> TargetConnection<B> {
         Ok(())
     }
 
+    /// Starts placing the H2CData PDU whose header `rx` holds as its
+    /// payload arrives (`start_stream_from` of `rx`), and empties `rx`.
+    fn start_stream(&mut self) -> Result<(), Fatal> {
+        let rx = std::mem::take(&mut self.rx);
+        let r = self.start_stream_from(&rx);
+        self.rx = rx;
+        self.rx.clear();
+        r
+    }
+
+    /// Starts placing the H2CData PDU at the front of `rx` (its header
+    /// whole, its end not there yet) as its payload arrives: the header is
+    /// checked now, the payload goes straight to the transfer's buffer
+    /// ([`stream_in`](Self::stream_in)).
+    fn start_stream_from(&mut self, rx: &[u8]) -> Result<(), Fatal> {
+        let head = match pdu::deframe_head(rx, self.rx_framing, self.max_data()) {
+            Some(Ok(Ok(head))) => head,
+            Some(Err(e)) => return Err(e),
+            _ => return Err(Fatal::new(Fes::PDU_SEQUENCE_ERROR, 0, "H2CData header incomplete")),
+        };
+        let (h, datao) = self.h2c_check(head.header, head.data_len)?;
+        self.stream = Some(Stream {
+            header: h,
+            at: datao as usize,
+            left: head.data_len,
+            crc: head.data_digest.then(checksum::Crc32c::new),
+            digest: [0; 4],
+            digest_got: 0,
+        });
+        // What came after the header: part of the payload (never the whole
+        // PDU, which would have been handled whole).
+        self.stream_in(rx.get(head.data_start..).unwrap_or_default())?;
+        Ok(())
+    }
+
+    /// Feeds the H2CData PDU being placed: payload to its buffer, then its
+    /// data digest. Returns the bytes after that PDU's end.
+    fn stream_in<'a>(&mut self, bytes: &'a [u8]) -> Result<&'a [u8], Fatal> {
+        let Some(s) = self.stream.as_mut() else { return Ok(bytes) };
+        let (payload, mut rest) = bytes.split_at_checked(s.left.min(bytes.len())).unwrap_or_default();
+        if let Some(crc) = &mut s.crc {
+            crc.update(payload);
+        }
+        let (ttag, at) = (s.header.ttag.get(), s.at);
+        s.at = s.at.saturating_add(payload.len());
+        s.left = s.left.saturating_sub(payload.len());
+        if s.left == 0 && s.crc.is_some() {
+            let n = s.digest.len().saturating_sub(s.digest_got).min(rest.len());
+            let (got, after) = rest.split_at_checked(n).unwrap_or_default();
+            if let Some(dst) = s.digest.get_mut(s.digest_got..s.digest_got.saturating_add(n)) {
+                dst.copy_from_slice(got);
+            }
+            s.digest_got = s.digest_got.saturating_add(n);
+            rest = after;
+        }
+        let done = s.left == 0 && (s.crc.is_none() || s.digest_got == s.digest.len());
+        self.h2c_place(ttag, at, payload);
+        if done {
+            if let Some(s) = self.stream.take() {
+                let ok = s.crc.is_none_or(|c| c.value().to_le_bytes() == s.digest);
+                self.h2c_done(&s.header, ok)?;
+            }
+        }
+        Ok(rest)
+    }
+
     /// Solicits `len` bytes of write data for command `cid` with an R2T.
     /// The data arrives as [`Event::Data`]. One R2T covers the whole
     /// transfer, which honours any MAXR2T the host set (at least one).
@@ -441,11 +661,14 @@ impl<B: DataBuffer> TargetConnection<B> {
     /// it (with [`send_response`](Self::send_response), which keeps the
     /// queue's accounting). `false` when no such command waits.
     pub fn withdraw_command(&mut self, cid: u16) -> bool {
-        let Some(i) = self.events.iter().position(|e| matches!(e, Event::Command { sqe, .. } if sqe.cid.get() == cid))
-        else {
+        let Some(i) = self.events.iter().position(
+            |e| matches!(e, Event::Command { sqe, .. } | Event::CommandInInput { sqe, .. } if sqe.cid.get() == cid),
+        ) else {
             return false;
         };
-        self.events.remove(i);
+        if let Some(Event::CommandInInput { .. }) = self.events.remove(i) {
+            self.lent = self.lent.saturating_sub(1);
+        }
         true
     }
 
@@ -599,7 +822,11 @@ impl<B: DataBuffer> TargetConnection<B> {
 
     /// The next event, if any.
     pub fn poll_event(&mut self) -> Option<Event<B>> {
-        self.events.pop_front()
+        let e = self.events.pop_front();
+        if let Some(Event::CommandInInput { .. }) = e {
+            self.lent = self.lent.saturating_sub(1);
+        }
+        e
     }
 
     /// Whether bytes wait to be sent.

@@ -45,6 +45,7 @@ fn serve(t: &mut Target, b: &mut Backend) {
             }
             Event::DataDigestError { cid } => t.send_response(Cqe::new(cid, Status::TRANSIENT_TRANSPORT_ERROR, 0)),
             Event::HostTerminated { .. } => {}
+            Event::CommandInInput { .. } => panic!("no input was lent"),
         }
     }
 }
@@ -228,6 +229,10 @@ fn completes_a_command_with_bad_data_digest_as_transient_transport_error() {
 }
 
 fn h2c(cid: u16, ttag: u16, datao: u32, data: &[u8], last: bool) -> Vec<u8> {
+    h2c_framed(cid, ttag, datao, data, last, PLAIN)
+}
+
+fn h2c_framed(cid: u16, ttag: u16, datao: u32, data: &[u8], last: bool, framing: Framing) -> Vec<u8> {
     let hdr = DataHeader {
         ch: common_header(PduType::H2C_DATA, if last { flags::LAST_PDU } else { 0 }),
         cccid: cid.into(),
@@ -237,7 +242,7 @@ fn h2c(cid: u16, ttag: u16, datao: u32, data: &[u8], last: bool) -> Vec<u8> {
         rsvd: [0; 4],
     };
     let mut out = Vec::new();
-    pdu::encode(&mut out, hdr.as_bytes(), data, PLAIN);
+    pdu::encode(&mut out, hdr.as_bytes(), data, framing);
     out
 }
 
@@ -573,4 +578,137 @@ fn a_withdrawn_command_is_never_delivered_and_its_answer_frees_its_slot() {
     // Answering it (Abort Requested) frees its slot: one more command fits.
     t.send_response(Cqe::new(2, Status::ABORT_REQUESTED, 0));
     t.handle_input(three.get(..72).expect("one capsule")).expect("a fourth after the withdrawn one was answered");
+}
+
+/// Eight in-capsule writes of different lengths, their data a pattern
+/// keyed by CID: the wire bytes and what each command must carry.
+fn eight_writes(framing: Framing) -> (Vec<u8>, Vec<(u16, Vec<u8>)>) {
+    let mut wire = Vec::new();
+    let mut want = Vec::new();
+    for cid in 0..8u16 {
+        let data: Vec<u8> =
+            (0..512 * (usize::from(cid) + 1)).map(|i| (i as u8) ^ (cid as u8).wrapping_mul(29)).collect();
+        let mut sqe = rw_sqe(0x01, cid);
+        sqe.dptr = nvme_spec::Sgl::in_capsule(data.len() as u32);
+        let cmd = CapsuleCmd { ch: common_header(PduType::CAPSULE_CMD, 0), sqe };
+        pdu::encode(&mut wire, cmd.as_bytes(), &data, framing);
+        want.push((cid, data));
+    }
+    (wire, want)
+}
+
+#[test]
+fn lent_in_capsule_data_is_the_same_data_wherever_the_input_is_cut() {
+    for (hd, dd) in [(false, false), (true, true)] {
+        let framing = Framing { hdgst: hd, ddgst: dd, data_align: 4 };
+        let (wire, want) = eight_writes(framing);
+        let mut lent_seen = 0;
+        let mut owned_seen = 0;
+        for cut in [1, 7, 8, 72, 73, 600, 4096, 5000, wire.len()] {
+            let (_h, mut t, _b) = pair(hd, dd);
+            t.set_queue(1, 127, false);
+            let mut got = Vec::new();
+            for (n, chunk) in wire.chunks(cut).enumerate() {
+                t.handle_input_lent(chunk).expect("valid");
+                // Every other input leaves its events for later: keep_input
+                // must copy their data out before the input goes.
+                if n % 2 == 0 {
+                    while let Some(ev) = t.poll_event() {
+                        match ev {
+                            Event::CommandInInput { sqe, data } => {
+                                lent_seen += 1;
+                                got.push((sqe.cid.get(), chunk[data].to_vec()));
+                            }
+                            Event::Command { sqe, data } => {
+                                owned_seen += 1;
+                                got.push((sqe.cid.get(), data.expect("in-capsule data")));
+                            }
+                            _ => panic!("unexpected event"),
+                        }
+                    }
+                }
+                t.keep_input(chunk);
+            }
+            while let Some(ev) = t.poll_event() {
+                match ev {
+                    Event::Command { sqe, data } => got.push((sqe.cid.get(), data.expect("in-capsule data"))),
+                    _ => panic!("only owned data may be left once the input is gone"),
+                }
+            }
+            assert!(got == want, "cut every {cut} bytes, digests {hd}/{dd}: wrong commands or data");
+        }
+        assert!(lent_seen > 0 && owned_seen > 0, "both paths taken: {lent_seen} lent, {owned_seen} owned");
+    }
+}
+
+#[test]
+fn a_bad_pdu_after_one_completed_across_inputs_is_caught_at_its_type() {
+    let (wire, _) = eight_writes(PLAIN);
+    let (_h, mut t, _b) = pair(false, false);
+    t.set_queue(1, 127, false);
+    // Byte by byte, then the rest at once: the first capsule is completed
+    // from the kept bytes, and a bad header in the next is caught there.
+    for b in wire.chunks(1).take(100) {
+        t.handle_input(b).expect("valid");
+    }
+    let mut bad = wire[100..].to_vec();
+    let second = 8 + 64 + 512; // the second capsule starts here in `wire`
+    bad[second - 100] = 0x7f; // its PDU type
+    let err = t.handle_input(&bad).expect_err("bad type");
+    assert_eq!(err.fei, pdu::offset::PDU_TYPE);
+    assert!(matches!(t.poll_event(), Some(Event::Command { .. })), "the first capsule got through");
+}
+
+/// 40,000 bytes solicited from cid 5, sent as three H2CData PDUs (16 KiB,
+/// 16 KiB, the rest) with PDO padding, fed `cut` bytes at a time; `spoil`
+/// flips a payload byte of the second PDU after its digest was computed.
+fn h2c_cut(cut: usize, dd: bool, spoil: bool) -> (Target, Vec<u8>) {
+    let (_h, mut t, _b) = pair(false, dd);
+    t.set_queue(1, 127, false);
+    t.request_data(5, 40_000);
+    t.take_transmit(&mut Vec::new());
+    let data: Vec<u8> = (0..40_000u32).map(|i| (i * 13 + i / 251) as u8).collect();
+    let framing = Framing { hdgst: false, ddgst: dd, data_align: 32 };
+    let mut wire = Vec::new();
+    for (n, piece) in data.chunks(16384).enumerate() {
+        let mut pdu = h2c_framed(5, 0, (n * 16384) as u32, piece, n == 2, framing);
+        if spoil && n == 1 {
+            pdu[40] ^= 1;
+        }
+        wire.extend_from_slice(&pdu);
+    }
+    for chunk in wire.chunks(cut) {
+        t.handle_input(chunk).expect("valid");
+    }
+    (t, data)
+}
+
+#[test]
+fn h2c_data_cut_anywhere_lands_whole_and_its_digest_is_still_checked() {
+    for dd in [false, true] {
+        for cut in [1, 7, 24, 31, 32, 33, 100, 4096, 16384 + 33, 1 << 20] {
+            let (mut t, want) = h2c_cut(cut, dd, false);
+            match t.poll_event() {
+                Some(Event::Data { cid: 5, data }) => assert!(data == want, "cut {cut}, digest {dd}: data differs"),
+                other => panic!("cut {cut}, digest {dd}: {other:?}"),
+            }
+            let (mut t, _) = h2c_cut(cut, dd, true);
+            match t.poll_event() {
+                Some(Event::DataDigestError { cid: 5 }) if dd => {}
+                Some(Event::Data { cid: 5, data }) if !dd => assert_eq!(data[16392], want[16392] ^ 1),
+                other => panic!("cut {cut}, digest {dd}, spoiled: {other:?}"),
+            }
+        }
+    }
+}
+
+#[test]
+fn a_bad_h2c_header_is_refused_before_its_payload_arrives() {
+    let (_h, mut t, _b) = pair(false, false);
+    t.request_data(7, 8192);
+    t.take_transmit(&mut Vec::new());
+    let pdu = h2c(7, 0, 4096, &[0; 4096], true); // datao should be 0
+    t.handle_input(&pdu[..20]).expect("the header is not whole yet");
+    let err = t.handle_input(&pdu[20..40]).expect_err("the header is whole");
+    assert_eq!((err.fes, err.fei), (Fes::DATA_OUT_OF_RANGE, 12));
 }

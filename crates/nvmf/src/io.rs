@@ -85,6 +85,25 @@ pub enum BlockOp<B> {
     },
 }
 
+impl<B, D> BlockRequest<B, D> {
+    /// The same request with its data buffer turned into another type.
+    pub fn map_data<C>(self, f: impl FnOnce(B) -> C) -> BlockRequest<C, D> {
+        let BlockRequest { cid, nsid, device, op } = self;
+        let op = match op {
+            BlockOp::Read { lba, len_bytes } => BlockOp::Read { lba, len_bytes },
+            BlockOp::Write { lba, data, fua } => BlockOp::Write { lba, data: f(data), fua },
+            BlockOp::Flush => BlockOp::Flush,
+            BlockOp::WriteZeroes { lba, blocks, deallocate } => BlockOp::WriteZeroes { lba, blocks, deallocate },
+            BlockOp::Deallocate { ranges } => BlockOp::Deallocate { ranges },
+            BlockOp::Compare { lba, data } => BlockOp::Compare { lba, data: f(data) },
+            BlockOp::CompareAndWrite { compare_cid, lba, expected, data, fua } => {
+                BlockOp::CompareAndWrite { compare_cid, lba, expected, data, fua }
+            }
+        };
+        BlockRequest { cid, nsid, device, op }
+    }
+}
+
 /// The NVMe status for a failed device operation (`write` tells a failed
 /// write from a failed read).
 pub fn io_error_status(err: &block::Error, write: bool) -> Status {

@@ -66,6 +66,22 @@ pub enum Outcome<B, D> {
 }
 
 impl<B, D> Outcome<B, D> {
+    /// The same outcome with the data buffer of its block request, if
+    /// any, turned into another type (data the host sent in the receive
+    /// buffer, copied out only when the request cannot run at once).
+    pub fn map_data<C>(self, f: impl FnOnce(B) -> C) -> Outcome<C, D> {
+        match self {
+            Outcome::Complete { cqe, data } => Outcome::Complete { cqe, data },
+            Outcome::NeedData { len } => Outcome::NeedData { len },
+            Outcome::Io(req) => Outcome::Io(req.map_data(f)),
+            Outcome::Deferred => Outcome::Deferred,
+            Outcome::Connected { cqe, qid, sqsize, sq_flow_disabled } => {
+                Outcome::Connected { cqe, qid, sqsize, sq_flow_disabled }
+            }
+            Outcome::CompleteAndClose { cqe } => Outcome::CompleteAndClose { cqe },
+        }
+    }
+
     pub(crate) fn status(cid: u16, status: Status) -> Self {
         Outcome::Complete { cqe: Cqe::new(cid, status, 0), data: Vec::new() }
     }
