@@ -3,8 +3,10 @@
 //! Input: byte 0 configures the target (bits 0-1 CPDA, bit 2 a small
 //! MAXH2CDATA/in-capsule limit, bit 3 SQ flow control disabled, bit 4 call
 //! `set_queue` as if Connect succeeded), byte 1 seeds where the rest is cut
-//! into receive chunks. After each chunk the events are served like a tiny
-//! controller would (R2T for writes, C2HData for reads, responses).
+//! into receive chunks (and its low bit feeds them with `handle_input_lent`,
+//! as the daemon does). After each chunk the events are served like a tiny
+//! controller would (R2T for writes, C2HData for reads, responses), lent
+//! data found inside that chunk; then `keep_input`.
 //!
 //! Never panics; a fatal error leaves the connection terminated; once
 //! terminated, input is ignored (no events, no bytes); everything the
@@ -37,7 +39,8 @@ fuzz_target!(|input: &[u8]| {
     let mut pre_ready = Vec::new();
     for chunk in chunks(stream, *seed, 97) {
         let before = t.state();
-        let r = t.handle_input(chunk);
+        let lend = seed & 1 != 0;
+        let r = if lend { t.handle_input_lent(chunk) } else { t.handle_input(chunk) };
         match (before, &r) {
             (State::Terminated, r) => {
                 assert!(r.is_ok(), "terminated connection returned {r:?}");
@@ -51,7 +54,8 @@ fuzz_target!(|input: &[u8]| {
             }
             _ => {}
         }
-        let served = serve(&mut t, 64 * 1024);
+        let served = serve(&mut t, 64 * 1024, lend.then_some(chunk));
+        t.keep_input(chunk);
         if before == State::Terminated {
             assert_eq!(served, 0);
         }

@@ -105,25 +105,16 @@ pub fn pattern(len: usize) -> Vec<u8> {
 /// everything else succeeds. Bad SGLs complete with the status `check_sgl`
 /// returns. `max_read` caps read data so a hostile SGL length cannot make
 /// the harness allocate a megabyte per command.
-pub fn serve(t: &mut TargetConnection<Vec<u8>>, max_read: u32) -> usize {
+pub fn serve(t: &mut TargetConnection<Vec<u8>>, max_read: u32, input: Option<&[u8]>) -> usize {
     let mut n = 0;
     while let Some(ev) = t.poll_event() {
         n += 1;
         match ev {
-            Event::Command { sqe, data } => {
-                let cid = sqe.cid.get();
-                let len = match t.check_sgl(&sqe, data.as_ref().map(Vec::len)) {
-                    Ok(len) => len,
-                    Err(s) => {
-                        t.send_response(Cqe::new(cid, s, 0));
-                        continue;
-                    }
-                };
-                match (sqe.opcode & 3, data) {
-                    (2, _) => t.send_data(cid, &pattern(len.min(max_read) as usize), Cqe::new(cid, Status::SUCCESS, 0)),
-                    (1, None) if len > 0 => t.request_data(cid, len),
-                    _ => t.send_response(Cqe::new(cid, Status::SUCCESS, 0)),
-                }
+            Event::Command { sqe, data } => command(t, max_read, sqe, data.as_ref().map(Vec::len)),
+            Event::CommandInInput { sqe, data } => {
+                let input = input.expect("data is lent only by handle_input_lent");
+                let bytes = input.get(data).expect("lent data lies inside the input");
+                command(t, max_read, sqe, Some(bytes.len()));
             }
             Event::Data { cid, data } => {
                 let _ = data.len();
@@ -134,6 +125,23 @@ pub fn serve(t: &mut TargetConnection<Vec<u8>>, max_read: u32) -> usize {
         }
     }
     n
+}
+
+/// Answers one command with `data_len` bytes of in-capsule data, if any.
+fn command(t: &mut TargetConnection<Vec<u8>>, max_read: u32, sqe: Sqe, data_len: Option<usize>) {
+    let cid = sqe.cid.get();
+    let len = match t.check_sgl(&sqe, data_len) {
+        Ok(len) => len,
+        Err(s) => {
+            t.send_response(Cqe::new(cid, s, 0));
+            return;
+        }
+    };
+    match (sqe.opcode & 3, data_len) {
+        (2, _) => t.send_data(cid, &pattern(len.min(max_read) as usize), Cqe::new(cid, Status::SUCCESS, 0)),
+        (1, None) if len > 0 => t.request_data(cid, len),
+        _ => t.send_response(Cqe::new(cid, Status::SUCCESS, 0)),
+    }
 }
 
 /// The NVM subsystem the queue target connects to.

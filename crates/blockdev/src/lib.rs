@@ -408,6 +408,17 @@ impl Device {
         self
     }
 
+    /// Whether `len` bytes at `lba` read as zeros with no I/O and nothing
+    /// to copy (a null device): `None` for every other device, else the
+    /// range check's verdict. Lets a transport send them from a shared page
+    /// of zeros instead of writing them.
+    pub fn zeros_now(&self, lba: u64, len: usize) -> Option<Result<(), Error>> {
+        if !matches!(self.backend, Backend::Null) || !self.latency.read.is_zero() {
+            return None;
+        }
+        Some(self.io_offset(lba, len).map(|_| ()))
+    }
+
     /// Reads `dst.len()` bytes (a whole number of blocks) at `lba` straight
     /// into `dst` when the device needs no I/O for it (null, ram): `None`
     /// for file and block devices. Lets a transport copy device data once,

@@ -143,6 +143,15 @@ pub trait Binding: 'static {
     fn send_data_from(&mut self, cid: u16, data: Buf, cqe: Cqe) {
         self.send_data(cid, &data.0, cqe);
     }
+    /// As `send_data` with `len` zero bytes (a null device's read), sent
+    /// from a shared page of zeros where the binding can; `false` when
+    /// nothing was queued.
+    fn send_zeros(&mut self, cid: u16, len: usize, cqe: Cqe) -> bool {
+        self.send_data_with(cid, len, cqe, |d| {
+            d.fill(0);
+            true
+        })
+    }
     /// As `send_data`, with `fill` writing the data in place; `false` when
     /// nothing was queued.
     fn send_data_with(&mut self, cid: u16, len: usize, cqe: Cqe, fill: impl FnOnce(&mut [u8]) -> bool) -> bool;
@@ -235,7 +244,13 @@ impl Binding for nvmf_tcp::target::TargetConnection<Buf> {
         nvmf_tcp::target::TargetConnection::digests(self)
     }
     fn take_transmit(&mut self, out: &mut Gather<Buf>) {
-        nvmf_tcp::target::TargetConnection::take_transmit(self, &mut out.head)
+        let (head, splices) = (&mut out.head, &mut out.splices);
+        nvmf_tcp::target::TargetConnection::take_transmit_parts(self, head, |at, len| {
+            splices.push(Splice { at, buf: reactor::gather::ZEROS, start: 0, len })
+        })
+    }
+    fn send_zeros(&mut self, cid: u16, len: usize, cqe: Cqe) -> bool {
+        nvmf_tcp::target::TargetConnection::send_zeros(self, cid, len, cqe)
     }
     forward_binding!(nvmf_tcp::target::TargetConnection);
 }
@@ -651,10 +666,15 @@ fn read_from_memory<T: Binding>(conn: &Rc<Conn<T>>, req: &BlockRequest, t0: u64)
         return false;
     }
     let cid = req.cid;
-    let sent =
-        conn.wire.borrow_mut().send_data_with(cid, len_bytes as usize, Cqe::new(cid, Status::SUCCESS, 0), |dst| {
-            matches!(req.device.read_now(lba, dst), Some(Ok(())))
-        });
+    let cqe = Cqe::new(cid, Status::SUCCESS, 0);
+    let sent = match req.device.zeros_now(lba, len_bytes as usize) {
+        Some(Ok(())) => conn.wire.borrow_mut().send_zeros(cid, len_bytes as usize, cqe),
+        Some(Err(_)) => false,
+        None => conn
+            .wire
+            .borrow_mut()
+            .send_data_with(cid, len_bytes as usize, cqe, |dst| matches!(req.device.read_now(lba, dst), Some(Ok(())))),
+    };
     if sent {
         conn.record(req.nsid, (Op::Read, u64::from(len_bytes)), t0, Status::SUCCESS);
         conn.shell.tx_ready.notify();

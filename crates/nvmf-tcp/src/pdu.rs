@@ -477,6 +477,19 @@ pub fn encode_with(
     true
 }
 
+/// As [`encode`] for `len` zero bytes of data that are not written: the
+/// header (and, when data digests are on, the digest of the zeros) are
+/// appended and the position the zeros go before is returned. The caller
+/// sends them from elsewhere.
+pub fn encode_zeros(out: &mut Vec<u8>, header: &[u8], len: usize, framing: Framing) -> usize {
+    let dd = begin(out, header, len, framing);
+    let at = out.len();
+    if dd {
+        out.extend_from_slice(&digest::crc32c_of_zeros(len));
+    }
+    at
+}
+
 /// Appends the header part of a PDU with `data_len` data bytes (header,
 /// header digest, padding up to the data) and returns whether a data
 /// digest must follow the data.

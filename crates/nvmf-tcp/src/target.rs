@@ -149,6 +149,9 @@ pub struct TargetConnection<B> {
     stream: Option<Stream>,
     events: VecDeque<Event<B>>,
     tx: Vec<u8>,
+    /// Zero bytes the transmit stream carries that `tx` does not hold:
+    /// (position in `tx` they go before, length).
+    tx_zeros: Vec<(usize, usize)>,
     transfers: Vec<Option<Transfer<B>>>,
     free_ttags: Vec<u16>,
     sqhd: u16,
@@ -180,6 +183,7 @@ impl<B: DataBuffer> TargetConnection<B> {
             stream: None,
             events: VecDeque::new(),
             tx: Vec::new(),
+            tx_zeros: Vec::new(),
             transfers: Vec::new(),
             free_ttags: Vec::new(),
             sqhd: 0,
@@ -794,6 +798,28 @@ impl<B: DataBuffer> TargetConnection<B> {
         true
     }
 
+    /// As [`send_data`](Self::send_data) with `len` zero bytes (a read of
+    /// a device that holds nothing), which the send buffer does not hold:
+    /// [`take_transmit_parts`](Self::take_transmit_parts) says where they
+    /// go, and the sender sends them from a page of zeros. `false`, having
+    /// queued nothing, when `len` needs more than one PDU.
+    pub fn send_zeros(&mut self, cid: u16, len: usize, cqe: Cqe) -> bool {
+        if len == 0 || len > self.cfg.max_transfer.max(4096) as usize {
+            return false;
+        }
+        let success_flag = self.success_flag(&cqe);
+        let f = flags::LAST_PDU | if success_flag { flags::SUCCESS } else { 0 };
+        let h = c2h_header(cid, 0, len, f);
+        let at = pdu::encode_zeros(&mut self.tx, h.as_bytes(), len, self.tx_framing);
+        self.tx_zeros.push((at, len));
+        if success_flag {
+            self.outstanding = self.outstanding.saturating_sub(1);
+        } else {
+            self.send_response(cqe);
+        }
+        true
+    }
+
     /// Sends a response capsule. SQHD and SQID are filled in here.
     pub fn send_response(&mut self, mut cqe: Cqe) {
         self.outstanding = self.outstanding.saturating_sub(1);
@@ -836,11 +862,36 @@ impl<B: DataBuffer> TargetConnection<B> {
 
     /// How many bytes wait to be sent.
     pub fn transmit_len(&self) -> usize {
-        self.tx.len()
+        self.tx_zeros.iter().fold(self.tx.len(), |n, &(_, len)| n.saturating_add(len))
     }
 
-    /// Moves every byte waiting to be sent to the end of `out`.
+    /// Moves every byte waiting to be sent to the end of `out` (zeros
+    /// queued by [`send_zeros`](Self::send_zeros) written out).
     pub fn take_transmit(&mut self, out: &mut Vec<u8>) {
+        if !self.tx_zeros.is_empty() {
+            let mut from = 0;
+            for (at, len) in self.tx_zeros.drain(..) {
+                out.extend_from_slice(self.tx.get(from..at).unwrap_or_default());
+                out.resize(out.len().saturating_add(len), 0);
+                from = at;
+            }
+            out.extend_from_slice(self.tx.get(from..).unwrap_or_default());
+            self.tx.clear();
+        } else if out.is_empty() {
+            std::mem::swap(out, &mut self.tx);
+        } else {
+            out.append(&mut self.tx);
+        }
+    }
+
+    /// As [`take_transmit`](Self::take_transmit), except that zeros queued
+    /// by [`send_zeros`](Self::send_zeros) are not written: `zeros(at, len)`
+    /// says that `len` zero bytes go before byte `at` of `out`.
+    pub fn take_transmit_parts(&mut self, out: &mut Vec<u8>, mut zeros: impl FnMut(usize, usize)) {
+        let base = out.len();
+        for (at, len) in self.tx_zeros.drain(..) {
+            zeros(base.saturating_add(at), len);
+        }
         if out.is_empty() {
             std::mem::swap(out, &mut self.tx);
         } else {

@@ -712,3 +712,67 @@ fn a_bad_h2c_header_is_refused_before_its_payload_arrives() {
     let err = t.handle_input(&pdu[20..40]).expect_err("the header is whole");
     assert_eq!((err.fes, err.fei), (Fes::DATA_OUT_OF_RANGE, 12));
 }
+
+#[test]
+fn zeros_sent_from_elsewhere_are_the_same_stream_as_zeros_copied() {
+    for (hd, dd) in [(false, false), (true, true)] {
+        for success_always in [false, true] {
+            let cfg = TargetConfig { c2h_success_always: success_always, ..Default::default() };
+            let mut copied = Target::new(cfg);
+            let mut spliced = Target::new(cfg);
+            for t in [&mut copied, &mut spliced] {
+                let mut h =
+                    HostConnection::new(HostConfig { header_digest: hd, data_digest: dd, max_in_capsule: 8192 });
+                let mut b = Backend::default();
+                step(&mut h, t, &mut b);
+                t.set_queue(1, 127, false);
+                t.take_transmit(&mut Vec::new());
+            }
+            for (cid, len) in [(1u16, 4096usize), (2, 512), (3, 131_072)] {
+                copied.send_data(cid, &vec![0; len], Cqe::new(cid, Status::SUCCESS, 0));
+                assert!(spliced.send_zeros(cid, len, Cqe::new(cid, Status::SUCCESS, 0)));
+                spliced.send_response(Cqe::new(cid + 100, Status::SUCCESS, 0));
+                copied.send_response(Cqe::new(cid + 100, Status::SUCCESS, 0));
+            }
+            assert_eq!(copied.transmit_len(), spliced.transmit_len());
+            let mut want = vec![0xee; 3]; // bytes already in the caller's buffer
+            copied.take_transmit(&mut want);
+            let mut written = vec![0xee; 3];
+            spliced.take_transmit(&mut written);
+            assert!(written == want, "digests {hd}/{dd}: written zeros differ");
+        }
+    }
+}
+
+#[test]
+fn zeros_taken_in_parts_go_where_the_data_belongs() {
+    let (_h, mut t, _b) = pair(true, true);
+    t.set_queue(1, 127, false);
+    let mut copied = Vec::new();
+    {
+        let (_h2, mut c, _b2) = pair(true, true);
+        c.set_queue(1, 127, false);
+        for (cid, len) in [(1u16, 4096usize), (2, 100_000)] {
+            c.send_data(cid, &vec![0; len], Cqe::new(cid, Status::SUCCESS, 0));
+        }
+        c.take_transmit(&mut copied);
+    }
+    for (cid, len) in [(1u16, 4096usize), (2, 100_000)] {
+        assert!(t.send_zeros(cid, len, Cqe::new(cid, Status::SUCCESS, 0)));
+    }
+    let mut head = vec![7u8; 5];
+    let mut parts = Vec::new();
+    t.take_transmit_parts(&mut head, |at, len| parts.push((at, len)));
+    assert_eq!(parts.len(), 2);
+    let mut stream = Vec::new();
+    let mut from = 0;
+    for (at, len) in parts {
+        stream.extend_from_slice(&head[from..at]);
+        stream.resize(stream.len() + len, 0);
+        from = at;
+    }
+    stream.extend_from_slice(&head[from..]);
+    assert_eq!(&stream[..5], &[7; 5]);
+    assert!(stream[5..] == copied[..], "spliced zeros must rebuild the copied stream");
+    assert_eq!(t.transmit_len(), 0);
+}

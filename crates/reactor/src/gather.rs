@@ -4,12 +4,19 @@
 
 use crate::buf::IoBuf;
 
+/// [`Splice::buf`] of a splice of `len` zero bytes, sent from a page of
+/// zeros shared by every send (a read of a device that holds nothing).
+pub const ZEROS: usize = usize::MAX;
+
+/// The shared zeros [`ZEROS`] splices are sent from (never written).
+static ZERO_BYTES: [u8; 65536] = [0; 65536];
+
 /// Where a buffer's bytes go in a [`Gather`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Splice {
     /// Position in [`Gather::head`] the bytes go before.
     pub at: usize,
-    /// Index in [`Gather::bufs`].
+    /// Index in [`Gather::bufs`], or [`ZEROS`].
     pub buf: usize,
     /// First byte of that buffer sent.
     pub start: usize,
@@ -86,7 +93,14 @@ impl<B: IoBuf> Gather<B> {
         for s in &self.splices {
             let at = s.at.min(self.head.len()).max(from);
             push(head.wrapping_add(from), at - from);
-            if let Some(b) = self.bufs.get(s.buf) {
+            if s.buf == ZEROS {
+                let mut left = s.len;
+                while left > 0 {
+                    let n = left.min(ZERO_BYTES.len());
+                    push(ZERO_BYTES.as_ptr(), n);
+                    left -= n;
+                }
+            } else if let Some(b) = self.bufs.get(s.buf) {
                 let start = s.start.min(b.bytes_init());
                 let len = s.len.min(b.bytes_init() - start);
                 push(b.read_ptr().wrapping_add(start), len);
@@ -133,5 +147,21 @@ mod tests {
         }
         g.clear();
         assert!(g.is_empty());
+    }
+
+    #[test]
+    fn zero_splices_send_zeros_in_pieces_of_the_shared_page() {
+        let mut g = Gather::<Vec<u8>>::with_capacity(16);
+        g.head.extend_from_slice(b"HDR1HDR2");
+        g.splices.push(Splice { at: 4, buf: ZEROS, start: 0, len: 70_000 });
+        g.splices.push(Splice { at: 8, buf: ZEROS, start: 0, len: 3 });
+        assert_eq!(g.len(), 8 + 70_003);
+        let mut want = b"HDR1".to_vec();
+        want.resize(4 + 70_000, 0);
+        want.extend_from_slice(b"HDR2\0\0\0");
+        for sent in [0, 3, 4, 5, 65_540, 70_004, 70_008, want.len()] {
+            g.prepare(sent);
+            assert!(flat(&g) == want[sent..], "from byte {sent}");
+        }
     }
 }
