@@ -23,6 +23,22 @@ pub fn crc32c(bytes: &[u8]) -> u32 {
     crc_fast::checksum(ALGORITHM, bytes) as u32
 }
 
+/// Zeros for [`crc32c_of_zeros`].
+static ZEROS: [u8; 65536] = [0; 65536];
+
+/// The CRC32C of `len` zero bytes (a digest of data that is sent from a
+/// shared page of zeros, never written).
+pub fn crc32c_of_zeros(len: usize) -> u32 {
+    let mut crc = Crc32c::new();
+    let mut left = len;
+    while left > 0 {
+        let n = left.min(ZEROS.len());
+        crc.update(ZEROS.get(..n).unwrap_or_default());
+        left = left.saturating_sub(n);
+    }
+    crc.value()
+}
+
 /// A CRC32C over pieces fed in order: the same value as [`crc32c`] of
 /// their concatenation.
 #[derive(Clone)]

@@ -459,7 +459,8 @@ struct Conn {
 }
 
 impl Outbox for Conn {
-    /// Nothing is spliced: data goes out through the PDU bytes.
+    /// Data goes out through the PDU bytes, but for a null LU's zeros,
+    /// spliced from a shared page ([`reactor::gather::ZEROS`]).
     type Spliced = Vec<u8>;
 
     fn shell(&self) -> &Shell {
@@ -467,7 +468,10 @@ impl Outbox for Conn {
     }
 
     fn take_transmit(&self, out: &mut reactor::gather::Gather<Vec<u8>>) {
-        self.iscsi.borrow_mut().take_transmit(&mut out.head);
+        let (head, splices) = (&mut out.head, &mut out.splices);
+        self.iscsi.borrow_mut().take_transmit_parts(head, |at, len| {
+            splices.push(reactor::gather::Splice { at, buf: reactor::gather::ZEROS, start: 0, len })
+        });
     }
 
     fn queued(&self) -> usize {
@@ -900,7 +904,8 @@ fn command(conn: &Rc<Conn>, cmd: iscsi::target::Command<Buf>) {
 
 /// Answers a read of a null or RAM LU at once: the blocks are copied
 /// straight into a Data-In that carries GOOD status, with no task and no
-/// buffer in between. `false` when the request is anything else, needs
+/// buffer in between (a null LU's zeros are not even copied: they are sent
+/// from a shared page). `false` when the request is anything else, needs
 /// several Data-In PDUs, or the read failed (`run_io` then answers it).
 fn read_from_memory(conn: &Rc<Conn>, itt: TaskRef, device: &Device, op: &BlockOp<Buf>, (lun, t0): (u64, u64)) -> bool {
     let BlockOp::Read { lba, blocks } = *op else { return false };
@@ -908,8 +913,13 @@ fn read_from_memory(conn: &Rc<Conn>, itt: TaskRef, device: &Device, op: &BlockOp
         return false;
     }
     let len = (blocks as usize).saturating_mul(device.geometry().block_size as usize);
-    let sent =
-        conn.iscsi.borrow_mut().send_data_in_with(itt, len, |dst| matches!(device.read_now(lba, dst), Some(Ok(()))));
+    let sent = match device.zeros_now(lba, len) {
+        Some(Ok(())) => conn.iscsi.borrow_mut().send_data_in_zeros(itt, len),
+        Some(Err(_)) => false,
+        None => {
+            conn.iscsi.borrow_mut().send_data_in_with(itt, len, |dst| matches!(device.read_now(lba, dst), Some(Ok(()))))
+        }
+    };
     if sent {
         conn.record(lun, (Op::Read, len as u64), t0, None);
         conn.shell.tx_ready.notify();

@@ -721,6 +721,28 @@ pub fn encode_with(
     true
 }
 
+/// As [`encode_with`] for `len` zero bytes of data that are not written:
+/// the header (and, with data digests, the digest of the zeros and their
+/// padding) are appended and the position the zeros go before is
+/// returned with their count, padding included. The caller sends them
+/// from elsewhere.
+pub fn encode_zeros(out: &mut Vec<u8>, len: usize, framing: Framing, mut bhs: Bhs) -> (usize, usize) {
+    let start = out.len();
+    bhs.set_total_ahs_words(0);
+    bhs.set_data_segment_length(u32::try_from(len).unwrap_or(u32::MAX));
+    out.extend_from_slice(&bhs.0);
+    if framing.header_digest {
+        let d = digest::crc32c(out.get(start..).unwrap_or_default());
+        out.extend_from_slice(&d);
+    }
+    let at = out.len();
+    let zeros = len.saturating_add(pad_len(len));
+    if framing.data_digest && len > 0 {
+        out.extend_from_slice(&digest::crc32c_of_zeros(zeros));
+    }
+    (at, zeros)
+}
+
 /// Serial number arithmetic (RFC 1982, 32 bits) as iSCSI uses it for CmdSN,
 /// StatSN and friends: `a < b`.
 pub fn sn_lt(a: u32, b: u32) -> bool {
@@ -764,6 +786,23 @@ mod tests {
                 let mut failed = vec![9u8; 3];
                 assert!(!encode_with(&mut failed, len, framing, |_| false, || b));
                 assert_eq!(failed, [9u8; 3]);
+            }
+        }
+    }
+
+    #[test]
+    fn zeros_left_out_are_the_same_pdu_as_zeros_written() {
+        for framing in [PLAIN, DIGESTS] {
+            for len in [1usize, 3, 512, 4096, 131_073] {
+                let mut b = Bhs::new(Opcode::DATA_IN);
+                b.set_itt(42).set_flags(flags::FINAL | flags::STATUS);
+                let mut written = vec![9u8; 3];
+                encode(&mut written, &b, &[], &vec![0; len], framing);
+                let mut parts = vec![9u8; 3];
+                let (at, n) = encode_zeros(&mut parts, len, framing, b);
+                assert_eq!(n, len + pad_len(len));
+                parts.splice(at..at, std::iter::repeat_n(0, n));
+                assert_eq!(parts, written, "len {len}, digests {}", framing.data_digest);
             }
         }
     }

@@ -529,6 +529,9 @@ pub struct TargetConnection<B> {
     rx: Vec<u8>,
     rx_start: usize,
     tx: Vec<u8>,
+    /// Zero bytes the transmit stream carries that `tx` does not hold:
+    /// (position in `tx` they go before, length).
+    tx_zeros: Vec<(usize, usize)>,
     events: VecDeque<Event<B>>,
     stat_sn: u32,
     exp_cmd_sn: u32,
@@ -590,6 +593,7 @@ impl<B: DataBuffer> TargetConnection<B> {
             rx: Vec::new(),
             rx_start: 0,
             tx: Vec::new(),
+            tx_zeros: Vec::new(),
             events: VecDeque::new(),
             stat_sn: seed.stat_sn,
             exp_cmd_sn: 0,
@@ -651,11 +655,36 @@ impl<B: DataBuffer> TargetConnection<B> {
 
     /// How many bytes wait to be sent.
     pub fn transmit_len(&self) -> usize {
-        self.tx.len()
+        self.tx_zeros.iter().fold(self.tx.len(), |n, &(_, len)| n.saturating_add(len))
     }
 
     /// Moves every byte waiting to be sent to the end of `out`.
     pub fn take_transmit(&mut self, out: &mut Vec<u8>) {
+        if !self.tx_zeros.is_empty() {
+            let mut from = 0;
+            for (at, len) in self.tx_zeros.drain(..) {
+                out.extend_from_slice(self.tx.get(from..at).unwrap_or_default());
+                out.resize(out.len().saturating_add(len), 0);
+                from = at;
+            }
+            out.extend_from_slice(self.tx.get(from..).unwrap_or_default());
+            self.tx.clear();
+        } else if out.is_empty() {
+            std::mem::swap(out, &mut self.tx);
+        } else {
+            out.append(&mut self.tx);
+        }
+    }
+
+    /// As [`take_transmit`](Self::take_transmit), except that zeros queued
+    /// by [`send_data_in_zeros`](Self::send_data_in_zeros) are not written:
+    /// `zeros(at, len)` says that `len` zero bytes go before byte `at` of
+    /// `out`.
+    pub fn take_transmit_parts(&mut self, out: &mut Vec<u8>, mut zeros: impl FnMut(usize, usize)) {
+        let base = out.len();
+        for (at, len) in self.tx_zeros.drain(..) {
+            zeros(base.saturating_add(at), len);
+        }
         if out.is_empty() {
             std::mem::swap(out, &mut self.tx);
         } else {
@@ -1329,6 +1358,17 @@ impl<B: DataBuffer> TargetConnection<B> {
 
     // ---- SCSI Command and write data (RFC 7143 sections 11.3, 11.7, 11.8) ----
 
+    /// Files a new task. The first one sizes the map for the command window
+    /// (at most 64, and a few immediate commands) at once, so that it does
+    /// not grow by rehashing under load; an idle session holds none of it.
+    fn insert_task(&mut self, itt: u32, task: Task<B>) {
+        if self.tasks.capacity() == 0 {
+            let window = self.cfg.queue_depth.min(self.cfg.max_tasks).clamp(1, 64) as usize;
+            self.tasks.reserve(window.saturating_add(16));
+        }
+        self.tasks.insert(itt, task);
+    }
+
     fn on_scsi_cmd(&mut self, bhs: &Bhs, ahs: &[u8], data: &[u8], digest_ok: bool) -> Result<(), PduError> {
         if self.login.session_type == SessionType::Discovery {
             return Err(Self::field_err(
@@ -1445,7 +1485,7 @@ impl<B: DataBuffer> TargetConnection<B> {
                 // write of no bytes; nothing is solicited.
                 cmd.data = Some(B::alloc(0));
             }
-            self.tasks.insert(itt, task);
+            self.insert_task(itt, task);
             self.events.push_back(Event::Command(cmd));
             return Ok(());
         }
@@ -1484,7 +1524,7 @@ impl<B: DataBuffer> TargetConnection<B> {
             }
         }
         task.cmd = Some(cmd);
-        self.tasks.insert(itt, task);
+        self.insert_task(itt, task);
         if !digest_ok && !data.is_empty() {
             self.reject(RejectReason::DATA_DIGEST_ERROR, Some(*bhs));
         }
@@ -1847,6 +1887,43 @@ impl<B: DataBuffer> TargetConnection<B> {
             self.finish_task(itt);
         }
         sent
+    }
+
+    /// As [`send_data_in_with`](Self::send_data_in_with) with `len` zero
+    /// bytes (a read of a device that holds nothing), which the send buffer
+    /// does not hold: [`take_transmit_parts`](Self::take_transmit_parts)
+    /// says where they go, and the sender sends them from a page of zeros.
+    pub fn send_data_in_zeros(&mut self, task: TaskRef, len: usize) -> bool {
+        let itt = task.itt;
+        let Some(task) = self.task_mut(task) else { return false };
+        let room = task.read_expected.saturating_sub(task.sent_in) as usize;
+        let max_pdu = (self.params.peer_max_recv_data_segment_length.max(512)) as usize;
+        let mbl = (self.params.max_burst_length.max(512)) as usize;
+        if len == 0 || len > room || len > max_pdu || len > mbl {
+            return false;
+        }
+        let mut b = Bhs::new(Opcode::DATA_IN);
+        b.set_itt(itt).set_ttt(RESERVED_TAG);
+        if let Some(task) = self.tasks.get_mut(&itt) {
+            let sent = task.sent_in.saturating_add(u32::try_from(len).unwrap_or(u32::MAX));
+            let (rf, count) = residual_of(task.read_expected, sent, task.overflow);
+            b.set_data_sn(task.sn)
+                .set_buffer_offset(task.sent_in)
+                .set_byte3(scsi_status::GOOD)
+                .set_residual_count(count)
+                .set_flags(flags::FINAL | flags::STATUS | rf);
+            task.sn = task.sn.wrapping_add(1);
+            task.sent_in = sent;
+        }
+        self.stamp(&mut b, true);
+        let zeros = pdu::encode_zeros(&mut self.tx, len, self.tx_framing, b);
+        if self.tx_zeros.capacity() == 0 {
+            // Room for a whole session's reads at once, taken once.
+            self.tx_zeros.reserve((self.cfg.queue_depth as usize).max(32));
+        }
+        self.tx_zeros.push(zeros);
+        self.finish_task(itt);
+        true
     }
 
     /// Sends the SCSI Response for `task` (RFC 7143 section 11.4): status,

@@ -1222,3 +1222,41 @@ fn write_bit_with_zero_expected_length_is_a_write_of_no_bytes() {
     }
     assert!(target_output(&mut t).iter().all(|(b, _)| b.opcode() != Opcode::R2T));
 }
+
+#[test]
+fn zeros_answer_a_read_as_one_collapsed_data_in_with_or_without_digests() {
+    for digests in [false, true] {
+        let mut hc = HostConfig::new(INITIATOR, Some(TARGET));
+        hc.params.header_digest = digests;
+        hc.params.data_digest = digests;
+        let (mut h, mut t, mut b) = logged_in(hc, target_cfg(digests));
+        b.hold = true;
+        h.submit(0, &read10(8), 4096, Vec::new());
+        h.submit(0, &read10(3), 1536, Vec::new());
+        step(&mut h, &mut t, &mut b);
+        let held = std::mem::take(&mut b.held);
+        assert_eq!(held.len(), 2);
+        assert!(t.send_data_in_zeros(held[0], 4096));
+        assert!(!t.send_data_in_zeros(held[1], 4096), "more than the read expects");
+        assert!(t.send_data_in_zeros(held[1], 1536));
+        assert!(!t.send_data_in_zeros(held[0], 4096), "the task is answered");
+        // The sender splices the zeros in where the parts say.
+        let mut head = Vec::new();
+        let mut parts = Vec::new();
+        t.take_transmit_parts(&mut head, |at, len| parts.push((at, len)));
+        assert_eq!(parts.iter().map(|p| p.1).collect::<Vec<_>>(), vec![4096, 1536]);
+        for (at, len) in parts.into_iter().rev() {
+            head.splice(at..at, std::iter::repeat_n(0, len));
+        }
+        h.handle_input(&head).expect("valid");
+        let mut c = completions(&mut h);
+        c.sort_by_key(|c| c.data.len());
+        assert_eq!(c.len(), 2);
+        for (c, len) in c.iter().zip([1536, 4096]) {
+            assert!(c.collapsed);
+            assert_eq!((c.status, c.residual), (scsi_status::GOOD, None));
+            assert!(c.data.len() == len && c.data.iter().all(|&x| x == 0), "digests {digests}");
+        }
+        assert_eq!(t.open_tasks(), 0);
+    }
+}

@@ -9,20 +9,9 @@ pub fn crc32c(bytes: &[u8]) -> [u8; 4] {
     checksum::crc32c(bytes).to_le_bytes()
 }
 
-/// Zero bytes, for [`crc32c_of_zeros`] and for senders that splice zeros
-/// into a send instead of writing them.
-pub static ZEROS: [u8; 65536] = [0; 65536];
-
 /// The CRC32C of `len` zero bytes, as carried on the wire.
 pub fn crc32c_of_zeros(len: usize) -> [u8; 4] {
-    let mut crc = checksum::Crc32c::new();
-    let mut left = len;
-    while left > 0 {
-        let n = left.min(ZEROS.len());
-        crc.update(ZEROS.get(..n).unwrap_or_default());
-        left = left.saturating_sub(n);
-    }
-    crc.value().to_le_bytes()
+    checksum::crc32c_of_zeros(len).to_le_bytes()
 }
 
 #[cfg(test)]

@@ -811,6 +811,10 @@ impl<B: DataBuffer> TargetConnection<B> {
         let f = flags::LAST_PDU | if success_flag { flags::SUCCESS } else { 0 };
         let h = c2h_header(cid, 0, len, f);
         let at = pdu::encode_zeros(&mut self.tx, h.as_bytes(), len, self.tx_framing);
+        if self.tx_zeros.capacity() == 0 {
+            // Room for a whole queue's reads at once, taken once.
+            self.tx_zeros.reserve(usize::from(self.sq_entries).max(32));
+        }
         self.tx_zeros.push((at, len));
         if success_flag {
             self.outstanding = self.outstanding.saturating_sub(1);

@@ -66,6 +66,15 @@ impl<B: IoBuf> Gather<B> {
         self.len() == 0
     }
 
+    /// Makes room for `n` splices (and the iovecs they need) at once, so
+    /// that a connection that splices grows these vectors once, not by
+    /// doubling while it runs.
+    pub fn reserve_splices(&mut self, n: usize) {
+        self.splices.reserve(n.saturating_sub(self.splices.len()));
+        let iovs = n.saturating_mul(2).saturating_add(1).min(IOV_MAX);
+        self.iov.reserve(iovs.saturating_sub(self.iov.len()));
+    }
+
     /// Empties it, giving the buffers up; the vectors keep their room.
     pub fn clear(&mut self) {
         self.head.clear();
