@@ -12,6 +12,9 @@
 //!
 //! [`DataBuffer`] is the buffer type a transport receives host data into,
 //! so that the daemon can hand it a buffer its backend writes from.
+//! [`take_transmit`] and [`take_transmit_parts`] hand over what a
+//! transport queued to send, with the zeros of a read of a device that
+//! holds nothing left out of its buffer.
 #![forbid(unsafe_code)]
 #![deny(clippy::unwrap_used, clippy::indexing_slicing)]
 
@@ -206,6 +209,48 @@ pub trait DataBuffer: AsRef<[u8]> + AsMut<[u8]> {
 impl DataBuffer for Vec<u8> {
     fn alloc(len: usize) -> Self {
         vec![0; len]
+    }
+}
+
+/// Moves the bytes a connection queued, `tx`, to the end of `out`, with
+/// the runs of zeros it left out of them written in: `zeros` holds each
+/// run's position in `tx` (the run goes before that byte) and length, in
+/// order. Both are emptied. The zeros of a read of a device that holds
+/// nothing are queued this way, so that a sender that can splice them in
+/// from a shared page ([`take_transmit_parts`]) never writes them.
+pub fn take_transmit(tx: &mut Vec<u8>, zeros: &mut Vec<(usize, usize)>, out: &mut Vec<u8>) {
+    if !zeros.is_empty() {
+        let mut from = 0;
+        for (at, len) in zeros.drain(..) {
+            out.extend_from_slice(tx.get(from..at).unwrap_or_default());
+            out.resize(out.len().saturating_add(len), 0);
+            from = at;
+        }
+        out.extend_from_slice(tx.get(from..).unwrap_or_default());
+        tx.clear();
+    } else if out.is_empty() {
+        std::mem::swap(out, tx);
+    } else {
+        out.append(tx);
+    }
+}
+
+/// As [`take_transmit`], except that the zeros are not written:
+/// `run(at, len)` says that `len` zero bytes go before byte `at` of `out`.
+pub fn take_transmit_parts(
+    tx: &mut Vec<u8>,
+    zeros: &mut Vec<(usize, usize)>,
+    out: &mut Vec<u8>,
+    mut run: impl FnMut(usize, usize),
+) {
+    let base = out.len();
+    for (at, len) in zeros.drain(..) {
+        run(base.saturating_add(at), len);
+    }
+    if out.is_empty() {
+        std::mem::swap(out, tx);
+    } else {
+        out.append(tx);
     }
 }
 

@@ -660,36 +660,15 @@ impl<B: DataBuffer> TargetConnection<B> {
 
     /// Moves every byte waiting to be sent to the end of `out`.
     pub fn take_transmit(&mut self, out: &mut Vec<u8>) {
-        if !self.tx_zeros.is_empty() {
-            let mut from = 0;
-            for (at, len) in self.tx_zeros.drain(..) {
-                out.extend_from_slice(self.tx.get(from..at).unwrap_or_default());
-                out.resize(out.len().saturating_add(len), 0);
-                from = at;
-            }
-            out.extend_from_slice(self.tx.get(from..).unwrap_or_default());
-            self.tx.clear();
-        } else if out.is_empty() {
-            std::mem::swap(out, &mut self.tx);
-        } else {
-            out.append(&mut self.tx);
-        }
+        block::take_transmit(&mut self.tx, &mut self.tx_zeros, out);
     }
 
     /// As [`take_transmit`](Self::take_transmit), except that zeros queued
     /// by [`send_data_in_zeros`](Self::send_data_in_zeros) are not written:
     /// `zeros(at, len)` says that `len` zero bytes go before byte `at` of
     /// `out`.
-    pub fn take_transmit_parts(&mut self, out: &mut Vec<u8>, mut zeros: impl FnMut(usize, usize)) {
-        let base = out.len();
-        for (at, len) in self.tx_zeros.drain(..) {
-            zeros(base.saturating_add(at), len);
-        }
-        if out.is_empty() {
-            std::mem::swap(out, &mut self.tx);
-        } else {
-            out.append(&mut self.tx);
-        }
+    pub fn take_transmit_parts(&mut self, out: &mut Vec<u8>, zeros: impl FnMut(usize, usize)) {
+        block::take_transmit_parts(&mut self.tx, &mut self.tx_zeros, out, zeros);
     }
 
     /// Feeds received bytes. Recoverable protocol errors are answered with
@@ -1855,53 +1834,31 @@ impl<B: DataBuffer> TargetConnection<B> {
     /// expected length, `task` is not open, or `fill` fails; the caller
     /// then answers with [`Self::send_data_in`].
     pub fn send_data_in_with(&mut self, task: TaskRef, len: usize, fill: impl FnOnce(&mut [u8]) -> bool) -> bool {
-        let itt = task.itt;
-        let Some(task) = self.task_mut(task) else { return false };
-        let room = task.read_expected.saturating_sub(task.sent_in) as usize;
-        let max_pdu = (self.params.peer_max_recv_data_segment_length.max(512)) as usize;
-        let mbl = (self.params.max_burst_length.max(512)) as usize;
-        if len == 0 || len > room || len > max_pdu || len > mbl {
+        if !self.fits_one_data_in(task, len) {
             return false;
         }
         let framing = self.tx_framing;
         let mut tx = std::mem::take(&mut self.tx);
-        let sent = pdu::encode_with(&mut tx, len, framing, fill, || {
-            let mut b = Bhs::new(Opcode::DATA_IN);
-            b.set_itt(itt).set_ttt(RESERVED_TAG);
-            if let Some(task) = self.tasks.get_mut(&itt) {
-                let sent = task.sent_in.saturating_add(u32::try_from(len).unwrap_or(u32::MAX));
-                let (rf, count) = residual_of(task.read_expected, sent, task.overflow);
-                b.set_data_sn(task.sn)
-                    .set_buffer_offset(task.sent_in)
-                    .set_byte3(scsi_status::GOOD)
-                    .set_residual_count(count)
-                    .set_flags(flags::FINAL | flags::STATUS | rf);
-                task.sn = task.sn.wrapping_add(1);
-                task.sent_in = sent;
-            }
-            self.stamp(&mut b, true);
-            b
-        });
+        let sent = pdu::encode_with(&mut tx, len, framing, fill, || self.last_data_in(task.itt, len));
         self.tx = tx;
         if sent {
-            self.finish_task(itt);
+            self.finish_task(task.itt);
         }
         sent
     }
 
-    /// As [`send_data_in_with`](Self::send_data_in_with) with `len` zero
-    /// bytes (a read of a device that holds nothing), which the send buffer
-    /// does not hold: [`take_transmit_parts`](Self::take_transmit_parts)
-    /// says where they go, and the sender sends them from a page of zeros.
-    pub fn send_data_in_zeros(&mut self, task: TaskRef, len: usize) -> bool {
-        let itt = task.itt;
+    /// Whether `len` bytes answer open read `task` in one Data-In.
+    fn fits_one_data_in(&mut self, task: TaskRef, len: usize) -> bool {
         let Some(task) = self.task_mut(task) else { return false };
         let room = task.read_expected.saturating_sub(task.sent_in) as usize;
         let max_pdu = (self.params.peer_max_recv_data_segment_length.max(512)) as usize;
         let mbl = (self.params.max_burst_length.max(512)) as usize;
-        if len == 0 || len > room || len > max_pdu || len > mbl {
-            return false;
-        }
+        len != 0 && len <= room && len <= max_pdu && len <= mbl
+    }
+
+    /// The header of the one Data-In carrying `len` bytes and GOOD status
+    /// for task `itt`, whose sequence numbers it takes.
+    fn last_data_in(&mut self, itt: u32, len: usize) -> Bhs {
         let mut b = Bhs::new(Opcode::DATA_IN);
         b.set_itt(itt).set_ttt(RESERVED_TAG);
         if let Some(task) = self.tasks.get_mut(&itt) {
@@ -1916,6 +1873,19 @@ impl<B: DataBuffer> TargetConnection<B> {
             task.sent_in = sent;
         }
         self.stamp(&mut b, true);
+        b
+    }
+
+    /// As [`send_data_in_with`](Self::send_data_in_with) with `len` zero
+    /// bytes (a read of a device that holds nothing), which the send buffer
+    /// does not hold: [`take_transmit_parts`](Self::take_transmit_parts)
+    /// says where they go, and the sender sends them from a page of zeros.
+    pub fn send_data_in_zeros(&mut self, task: TaskRef, len: usize) -> bool {
+        if !self.fits_one_data_in(task, len) {
+            return false;
+        }
+        let itt = task.itt;
+        let b = self.last_data_in(itt, len);
         let zeros = pdu::encode_zeros(&mut self.tx, len, self.tx_framing, b);
         if self.tx_zeros.capacity() == 0 {
             // Room for a whole session's reads at once, taken once.

@@ -872,35 +872,14 @@ impl<B: DataBuffer> TargetConnection<B> {
     /// Moves every byte waiting to be sent to the end of `out` (zeros
     /// queued by [`send_zeros`](Self::send_zeros) written out).
     pub fn take_transmit(&mut self, out: &mut Vec<u8>) {
-        if !self.tx_zeros.is_empty() {
-            let mut from = 0;
-            for (at, len) in self.tx_zeros.drain(..) {
-                out.extend_from_slice(self.tx.get(from..at).unwrap_or_default());
-                out.resize(out.len().saturating_add(len), 0);
-                from = at;
-            }
-            out.extend_from_slice(self.tx.get(from..).unwrap_or_default());
-            self.tx.clear();
-        } else if out.is_empty() {
-            std::mem::swap(out, &mut self.tx);
-        } else {
-            out.append(&mut self.tx);
-        }
+        block::take_transmit(&mut self.tx, &mut self.tx_zeros, out);
     }
 
     /// As [`take_transmit`](Self::take_transmit), except that zeros queued
     /// by [`send_zeros`](Self::send_zeros) are not written: `zeros(at, len)`
     /// says that `len` zero bytes go before byte `at` of `out`.
-    pub fn take_transmit_parts(&mut self, out: &mut Vec<u8>, mut zeros: impl FnMut(usize, usize)) {
-        let base = out.len();
-        for (at, len) in self.tx_zeros.drain(..) {
-            zeros(base.saturating_add(at), len);
-        }
-        if out.is_empty() {
-            std::mem::swap(out, &mut self.tx);
-        } else {
-            out.append(&mut self.tx);
-        }
+    pub fn take_transmit_parts(&mut self, out: &mut Vec<u8>, zeros: impl FnMut(usize, usize)) {
+        block::take_transmit_parts(&mut self.tx, &mut self.tx_zeros, out, zeros);
     }
 
     /// The SGL check for a command's data: in-capsule data must be described
