@@ -547,7 +547,15 @@ fn dispatch_events<T: Binding>(conn: &Rc<Conn<T>>, now_ms: u64, input: &[u8]) ->
         match ev {
             BindingEvent::Command { sqe, data } => command(conn, now_ms, sqe, data, |d| d),
             BindingEvent::CommandInInput { sqe, data } => {
-                let data = input.get(data).unwrap_or_default();
+                let Some(data) = input.get(data) else {
+                    // Lent data outlived its input (a driver bug): the
+                    // command fails, it never runs on other bytes.
+                    debug_assert!(false, "lent in-capsule data outside the input");
+                    log::error!("{}: cid {} lost its in-capsule data", conn.shell.peer, sqe.cid.get());
+                    conn.failed(Status::TRANSIENT_TRANSPORT_ERROR);
+                    conn.respond(Cqe::new(sqe.cid.get(), Status::TRANSIENT_TRANSPORT_ERROR, 0));
+                    continue;
+                };
                 command(conn, now_ms, sqe, Some(data), |d| {
                     let mut buf = Buf::alloc(d.len());
                     buf.0.copy_from_slice(d);

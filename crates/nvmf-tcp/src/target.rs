@@ -331,7 +331,8 @@ impl<B: DataBuffer> TargetConnection<B> {
             return Ok(Need::More(8usize.saturating_sub(have)));
         }
         match pdu::deframe_head(buf, self.rx_framing, self.max_data()) {
-            None => Ok(Need::More(8usize.saturating_sub(have))),
+            // (An 8-byte common header always reads; never zero bytes.)
+            None => Ok(Need::More(8usize.saturating_sub(have).max(1))),
             Some(Err(e)) => Err(self.sequence_error(e)),
             Some(Ok(Err(n))) => Ok(Need::More(n)),
             Some(Ok(Ok(head))) if head.len <= have => Ok(Need::Whole),
