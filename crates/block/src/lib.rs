@@ -235,6 +235,11 @@ pub fn take_transmit(tx: &mut Vec<u8>, zeros: &mut Vec<(usize, usize)>, out: &mu
     }
 }
 
+/// Bytes queued to send: `tx` and the runs of zeros left out of it.
+pub fn transmit_len(tx: &[u8], zeros: &[(usize, usize)]) -> usize {
+    zeros.iter().fold(tx.len(), |n, &(_, len)| n.saturating_add(len))
+}
+
 /// As [`take_transmit`], except that the zeros are not written:
 /// `run(at, len)` says that `len` zero bytes go before byte `at` of `out`.
 pub fn take_transmit_parts(

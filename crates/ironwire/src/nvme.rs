@@ -564,7 +564,7 @@ fn dispatch_events<T: Binding>(conn: &Rc<Conn<T>>, now_ms: u64, input: &[u8]) ->
             }
             BindingEvent::Data { cid, data } => {
                 let outcome = conn.queue.borrow_mut().data_arrived(now_ms, cid, data);
-                answer(conn, cid, outcome);
+                answer(conn, cid, outcome, |d| d);
             }
             BindingEvent::DataDigestError { cid } => {
                 log::warn!(
@@ -586,9 +586,7 @@ fn dispatch_events<T: Binding>(conn: &Rc<Conn<T>>, now_ms: u64, input: &[u8]) ->
     true
 }
 
-/// Checks a command's SGL and executes it. A write of in-capsule data to a
-/// null or RAM device is done from `data` where it lies; anything else
-/// gets its data in a buffer of its own (`own`) first.
+/// Checks a command's SGL and executes it (`own` as for [`answer`]).
 fn command<T: Binding, B: AsRef<[u8]>>(
     conn: &Rc<Conn<T>>,
     now_ms: u64,
@@ -602,12 +600,7 @@ fn command<T: Binding, B: AsRef<[u8]>>(
     match checked {
         Ok(data_len) => {
             let outcome = conn.queue.borrow_mut().execute(now_ms, &sqe, data_len, data);
-            if let Outcome::Io(req) = &outcome {
-                if write_to_memory(conn, req, reactor::now_us()) {
-                    return;
-                }
-            }
-            answer(conn, cid, outcome.map_data(own));
+            answer(conn, cid, outcome, own);
         }
         Err(status) => {
             log::debug!("{}: cid {cid} SGL rejected: {status}", conn.shell.peer);
@@ -617,7 +610,16 @@ fn command<T: Binding, B: AsRef<[u8]>>(
     }
 }
 
-fn answer<T: Binding>(conn: &Rc<Conn<T>>, cid: u16, outcome: Outcome<Buf, Device>) {
+/// Acts on what the queue made of a command. A write to a null or RAM
+/// device is done from its data where it lies (the receive buffer, for
+/// lent in-capsule data); I/O that runs later gets its data in a buffer of
+/// its own (`own`) first.
+fn answer<T: Binding, B: AsRef<[u8]>>(
+    conn: &Rc<Conn<T>>,
+    cid: u16,
+    outcome: Outcome<B, Device>,
+    own: impl FnOnce(B) -> Buf,
+) {
     match outcome {
         Outcome::Complete { cqe, data } => {
             conn.failed(cqe.status());
@@ -631,7 +633,7 @@ fn answer<T: Binding>(conn: &Rc<Conn<T>>, cid: u16, outcome: Outcome<Buf, Device
         Outcome::Io(req) => {
             let t0 = reactor::now_us();
             if !read_from_memory(conn, &req, t0) && !write_to_memory(conn, &req, t0) {
-                reactor::spawn(run_io(conn.clone(), req, t0));
+                reactor::spawn(run_io(conn.clone(), req.map_data(own), t0));
             }
         }
         Outcome::Deferred => {}
@@ -668,7 +670,7 @@ fn answer<T: Binding>(conn: &Rc<Conn<T>>, cid: u16, outcome: Outcome<Buf, Device
 /// the device straight into the send buffer, with no task and no buffer in
 /// between. `false` when the request is anything else or the read failed
 /// (`run_io` then answers it, with the error status).
-fn read_from_memory<T: Binding>(conn: &Rc<Conn<T>>, req: &BlockRequest, t0: u64) -> bool {
+fn read_from_memory<T: Binding, B>(conn: &Rc<Conn<T>>, req: &nvmf::BlockRequest<B, Device>, t0: u64) -> bool {
     let BlockOp::Read { lba, len_bytes } = req.op else { return false };
     if !req.device.reads_from_memory() {
         return false;

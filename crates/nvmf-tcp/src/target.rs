@@ -867,7 +867,7 @@ impl<B: DataBuffer> TargetConnection<B> {
 
     /// How many bytes wait to be sent.
     pub fn transmit_len(&self) -> usize {
-        self.tx_zeros.iter().fold(self.tx.len(), |n, &(_, len)| n.saturating_add(len))
+        block::transmit_len(&self.tx, &self.tx_zeros)
     }
 
     /// Moves every byte waiting to be sent to the end of `out` (zeros
