@@ -66,8 +66,11 @@ fn check(target: &Target<Device>, sqe: &Sqe, o: &Outcome<Vec<u8>, Device>, data_
             assert!(*sqsize >= 1 && *sqsize < target.settings.queue_entries);
         }
         Outcome::CompleteAndClose { cqe } => assert_eq!(cqe.cid.get(), cid),
-        Outcome::NeedData { len } => {
+        Outcome::NeedData { len, discard } => {
             assert!(!had_data, "asked for data it was given");
+            let plain_write = sqe.opcode == 0x01 && sqe.flags & 3 == 0;
+            let null = sqe.nsid.get() == 2;
+            assert!(!*discard || (plain_write && null), "discard for opcode {:#x} nsid {}", sqe.opcode, sqe.nsid.get());
             assert_eq!(*len, data_len, "NeedData for other than the SGL's length");
             assert!(*len <= max.max(1024), "NeedData {len} > MDTS");
         }
@@ -136,7 +139,7 @@ fn run(
     };
     let mut o = q.execute(now, sqe, data_len, first);
     check(t, sqe, &o, data_len, had);
-    if let Outcome::NeedData { len } = o {
+    if let Outcome::NeedData { len, .. } = o {
         let mut data = later.unwrap_or_default();
         data.resize(len as usize, 0xa5);
         o = q.data_arrived(now, sqe.cid.get(), data);

@@ -139,6 +139,8 @@ fn command(t: &mut TargetConnection<Vec<u8>>, max_read: u32, sqe: Sqe, data_len:
     };
     match (sqe.opcode & 3, data_len) {
         (2, _) => t.send_data(cid, &pattern(len.min(max_read) as usize), Cqe::new(cid, Status::SUCCESS, 0)),
+        // Writes with an odd CID go to a device that discards their data.
+        (1, None) if len > 0 && cid & 1 == 1 => t.request_data_discarded(cid, len),
         (1, None) if len > 0 => t.request_data(cid, len),
         _ => t.send_response(Cqe::new(cid, Status::SUCCESS, 0)),
     }

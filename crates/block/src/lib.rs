@@ -133,6 +133,13 @@ pub trait BlockDevice: Send + Sync + std::fmt::Debug + 'static {
         None
     }
 
+    /// Whether the device never reads the data written to it (null): a
+    /// transport may receive a write's payload without placing it in a
+    /// buffer (it still checks it: lengths, digests).
+    fn discards_writes(&self) -> bool {
+        false
+    }
+
     /// [`Geometry::check_range`] on this device.
     fn check_range(&self, lba: u64, blocks: u64) -> Result<(), Error> {
         self.geometry().check_range(lba, blocks)
@@ -195,6 +202,11 @@ impl BlockDevice for Described {
 
     fn shared_identity(&self) -> Option<&str> {
         self.shared_identity.as_deref()
+    }
+
+    /// A described `null` device discards writes, as the real one does.
+    fn discards_writes(&self) -> bool {
+        self.backend == "null"
     }
 }
 

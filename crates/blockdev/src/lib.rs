@@ -107,6 +107,10 @@ impl BlockDevice for Device {
     fn shared_identity(&self) -> Option<&str> {
         self.shared.as_deref()
     }
+
+    fn discards_writes(&self) -> bool {
+        matches!(self.backend, Backend::Null)
+    }
 }
 
 enum Backend {

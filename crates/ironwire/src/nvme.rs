@@ -129,6 +129,12 @@ pub trait Binding: 'static {
     fn check_sgl(&self, sqe: &Sqe, in_capsule_len: Option<usize>) -> Result<u32, Status>;
     /// Solicits `len` bytes of write data for `cid`.
     fn request_data(&mut self, cid: u16, len: u32);
+    /// As `request_data` for data the device never reads (a write to a
+    /// null device): where the binding can, the payload is received and
+    /// checked but not copied into the buffer it hands over.
+    fn request_data_discarded(&mut self, cid: u16, len: u32) {
+        self.request_data(cid, len)
+    }
     /// Gives up the data transfer of `cid` (an Abort): `false` when it
     /// can no longer be stopped.
     fn cancel_data(&mut self, cid: u16) -> bool;
@@ -251,6 +257,9 @@ impl Binding for nvmf_tcp::target::TargetConnection<Buf> {
     }
     fn send_zeros(&mut self, cid: u16, len: usize, cqe: Cqe) -> bool {
         nvmf_tcp::target::TargetConnection::send_zeros(self, cid, len, cqe)
+    }
+    fn request_data_discarded(&mut self, cid: u16, len: u32) {
+        nvmf_tcp::target::TargetConnection::request_data_discarded(self, cid, len)
     }
     forward_binding!(nvmf_tcp::target::TargetConnection);
 }
@@ -629,7 +638,8 @@ fn answer<T: Binding, B: AsRef<[u8]>>(
                 conn.wire.borrow_mut().send_data(cid, &data, cqe);
             }
         }
-        Outcome::NeedData { len } => conn.wire.borrow_mut().request_data(cid, len),
+        Outcome::NeedData { len, discard: false } => conn.wire.borrow_mut().request_data(cid, len),
+        Outcome::NeedData { len, discard: true } => conn.wire.borrow_mut().request_data_discarded(cid, len),
         Outcome::Io(req) => {
             let t0 = reactor::now_us();
             if !read_from_memory(conn, &req, t0) && !write_to_memory(conn, &req, t0) {

@@ -110,6 +110,9 @@ struct Transfer<B> {
     len: u32,
     received: u32,
     digest_failed: bool,
+    /// The device never reads this data: it is received and checked, not
+    /// copied into `buf` ([`TargetConnection::request_data_discarded`]).
+    discard: bool,
 }
 
 /// An H2CData PDU cut by the end of an input, its payload placed in the
@@ -163,8 +166,8 @@ pub struct TargetConnection<B> {
     outstanding: u16,
     /// Bytes of solicited write data buffered in `transfers`.
     r2t_bytes: u64,
-    /// R2Ts that wait for buffer room: (cid, length).
-    r2t_waiting: VecDeque<(u16, u32)>,
+    /// R2Ts that wait for buffer room: (cid, length, discard).
+    r2t_waiting: VecDeque<(u16, u32, bool)>,
     /// Transfers of aborted commands whose data is still to be dropped.
     discarding: u16,
 }
@@ -524,9 +527,9 @@ impl<B: DataBuffer> TargetConnection<B> {
     }
 
     /// Copies H2CData payload into its transfer's buffer at `at` (nowhere
-    /// when the command was aborted).
+    /// when the command was aborted or its device discards the data).
     fn h2c_place(&mut self, ttag: u16, at: usize, src: &[u8]) {
-        let t = self.transfers.get_mut(usize::from(ttag)).and_then(Option::as_mut);
+        let t = self.transfers.get_mut(usize::from(ttag)).and_then(Option::as_mut).filter(|t| !t.discard);
         if let Some(dst) =
             t.and_then(|t| t.buf.as_mut()).and_then(|b| b.as_mut().get_mut(at..at.saturating_add(src.len())))
         {
@@ -653,11 +656,23 @@ impl<B: DataBuffer> TargetConnection<B> {
     /// R2T waits (in order) for earlier transfers to complete, so a host
     /// cannot make the connection buffer more than that.
     pub fn request_data(&mut self, cid: u16, len: u32) {
+        self.solicit(cid, len, false);
+    }
+
+    /// As [`request_data`](Self::request_data) for data the device never
+    /// reads (a write to a null device): the payload is received and
+    /// checked (lengths, data digest) like any other but not copied, and
+    /// the buffer [`Event::Data`] hands over holds whatever it held.
+    pub fn request_data_discarded(&mut self, cid: u16, len: u32) {
+        self.solicit(cid, len, true);
+    }
+
+    fn solicit(&mut self, cid: u16, len: u32, discard: bool) {
         if self.r2t_bytes > 0 && self.r2t_bytes.saturating_add(u64::from(len)) > u64::from(self.cfg.r2t_buffer) {
-            self.r2t_waiting.push_back((cid, len));
+            self.r2t_waiting.push_back((cid, len, discard));
             return;
         }
-        self.send_r2t(cid, len);
+        self.send_r2t(cid, len, discard);
     }
 
     /// Takes back the command `cid` while it is parsed but not yet polled
@@ -686,7 +701,7 @@ impl<B: DataBuffer> TargetConnection<B> {
     /// never needed any) or when as many aborted transfers as the queue
     /// has entries are already being dropped.
     pub fn cancel_data(&mut self, cid: u16) -> bool {
-        if let Some(i) = self.r2t_waiting.iter().position(|&(c, _)| c == cid) {
+        if let Some(i) = self.r2t_waiting.iter().position(|&(c, ..)| c == cid) {
             self.r2t_waiting.remove(i);
             return true;
         }
@@ -706,16 +721,16 @@ impl<B: DataBuffer> TargetConnection<B> {
 
     /// Sends the waiting R2Ts that fit in the buffer budget now.
     fn start_waiting_r2ts(&mut self) {
-        while let Some(&(cid, len)) = self.r2t_waiting.front() {
+        while let Some(&(cid, len, discard)) = self.r2t_waiting.front() {
             if self.r2t_bytes > 0 && self.r2t_bytes.saturating_add(u64::from(len)) > u64::from(self.cfg.r2t_buffer) {
                 break;
             }
             self.r2t_waiting.pop_front();
-            self.send_r2t(cid, len);
+            self.send_r2t(cid, len, discard);
         }
     }
 
-    fn send_r2t(&mut self, cid: u16, len: u32) {
+    fn send_r2t(&mut self, cid: u16, len: u32, discard: bool) {
         self.r2t_bytes = self.r2t_bytes.saturating_add(u64::from(len));
         let ttag = match self.free_ttags.pop() {
             Some(t) => t,
@@ -726,7 +741,14 @@ impl<B: DataBuffer> TargetConnection<B> {
             }
         };
         if let Some(slot) = self.transfers.get_mut(usize::from(ttag)) {
-            *slot = Some(Transfer { cid, buf: Some(B::alloc(len as usize)), len, received: 0, digest_failed: false });
+            *slot = Some(Transfer {
+                cid,
+                buf: Some(B::alloc(len as usize)),
+                len,
+                received: 0,
+                digest_failed: false,
+                discard,
+            });
         }
         let r2t = R2t {
             ch: pdu::common_header(PduType::R2T, 0),

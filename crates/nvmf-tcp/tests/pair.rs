@@ -663,9 +663,18 @@ fn a_bad_pdu_after_one_completed_across_inputs_is_caught_at_its_type() {
 /// 16 KiB, the rest) with PDO padding, fed `cut` bytes at a time; `spoil`
 /// flips a payload byte of the second PDU after its digest was computed.
 fn h2c_cut(cut: usize, dd: bool, spoil: bool) -> (Target, Vec<u8>) {
+    h2c_cut_to(cut, dd, spoil, false)
+}
+
+/// As [`h2c_cut`], solicited as data the device discards when `discard`.
+fn h2c_cut_to(cut: usize, dd: bool, spoil: bool, discard: bool) -> (Target, Vec<u8>) {
     let (_h, mut t, _b) = pair(false, dd);
     t.set_queue(1, 127, false);
-    t.request_data(5, 40_000);
+    if discard {
+        t.request_data_discarded(5, 40_000);
+    } else {
+        t.request_data(5, 40_000);
+    }
     t.take_transmit(&mut Vec::new());
     let data: Vec<u8> = (0..40_000u32).map(|i| (i * 13 + i / 251) as u8).collect();
     let framing = Framing { hdgst: false, ddgst: dd, data_align: 32 };
@@ -696,6 +705,31 @@ fn h2c_data_cut_anywhere_lands_whole_and_its_digest_is_still_checked() {
             match t.poll_event() {
                 Some(Event::DataDigestError { cid: 5 }) if dd => {}
                 Some(Event::Data { cid: 5, data }) if !dd => assert_eq!(data[16392], want[16392] ^ 1),
+                other => panic!("cut {cut}, digest {dd}, spoiled: {other:?}"),
+            }
+        }
+    }
+}
+
+#[test]
+fn discarded_data_is_received_and_checked_but_never_copied() {
+    for dd in [false, true] {
+        for cut in [1, 33, 16384 + 33, 1 << 20] {
+            let (mut t, _) = h2c_cut_to(cut, dd, false, true);
+            match t.poll_event() {
+                // A fresh buffer of the transfer's length, untouched: the
+                // payload (not all zeros) was never copied into it.
+                Some(Event::Data { cid: 5, data }) => {
+                    assert_eq!(data.len(), 40_000);
+                    assert!(data.iter().all(|&b| b == 0), "cut {cut}, digest {dd}: payload was copied");
+                }
+                other => panic!("cut {cut}, digest {dd}: {other:?}"),
+            }
+            assert!(t.poll_event().is_none());
+            let (mut t, _) = h2c_cut_to(cut, dd, true, true);
+            match t.poll_event() {
+                Some(Event::DataDigestError { cid: 5 }) if dd => {}
+                Some(Event::Data { cid: 5, .. }) if !dd => {}
                 other => panic!("cut {cut}, digest {dd}, spoiled: {other:?}"),
             }
         }

@@ -140,7 +140,7 @@ impl<D: BlockDevice> Queue<D> {
         let Some(first) = self.fused.as_mut() else { return out };
         let is_first = first.cid == cid;
         match out {
-            Outcome::NeedData { len } => return Outcome::NeedData { len },
+            Outcome::NeedData { len, .. } => return Outcome::NeedData { len, discard: false },
             Outcome::Io(BlockRequest { nsid, device, op: BlockOp::Compare { data, .. }, .. }) if is_first => {
                 first.target = Some((nsid, device));
                 first.expected = Some(data.as_ref().to_vec());

@@ -189,7 +189,10 @@ impl<D: BlockDevice> Queue<D> {
             },
             Io::WRITE | Io::COMPARE => match (transfer(sqe.blocks()), data) {
                 (Err(s), _) => self.reject(cid, sqe, s),
-                (Ok(len), None) => Outcome::NeedData { len },
+                (Ok(len), None) => Outcome::NeedData {
+                    len,
+                    discard: Io(sqe.opcode) == Io::WRITE && crate::fused::fuse(sqe) == 0 && device.discards_writes(),
+                },
                 (Ok(_), Some(data)) if Io(sqe.opcode) == Io::WRITE => {
                     let fua = sqe.fua() || (ctrl.write_through() && device.volatile_write_cache());
                     req(BlockOp::Write { lba: sqe.slba(), data, fua })
@@ -219,7 +222,7 @@ impl<D: BlockDevice> Queue<D> {
                     return self.reject(cid, sqe, Status::SGL_DATA_LENGTH_INVALID.dnr());
                 }
                 let Some(data) = data else {
-                    return Outcome::NeedData { len: sgl_len };
+                    return Outcome::NeedData { len: sgl_len, discard: false };
                 };
                 let ranges = ranges.min(sgl_len / 16) as usize;
                 // Only the Attribute Deallocate hint does anything here.

@@ -42,6 +42,11 @@ pub enum Outcome<B, D> {
     NeedData {
         /// Bytes to solicit.
         len: u32,
+        /// The device never looks at these bytes (a plain Write to a null
+        /// device): the transport must still receive and check them
+        /// (digests, lengths), but need not place them anywhere, and the
+        /// buffer it hands to [`Queue::data_arrived`] may hold anything.
+        discard: bool,
     },
     /// Run the block request, then complete it.
     Io(BlockRequest<B, D>),
@@ -72,7 +77,7 @@ impl<B, D> Outcome<B, D> {
     pub fn map_data<C>(self, f: impl FnOnce(B) -> C) -> Outcome<C, D> {
         match self {
             Outcome::Complete { cqe, data } => Outcome::Complete { cqe, data },
-            Outcome::NeedData { len } => Outcome::NeedData { len },
+            Outcome::NeedData { len, discard } => Outcome::NeedData { len, discard },
             Outcome::Io(req) => Outcome::Io(req.map_data(f)),
             Outcome::Deferred => Outcome::Deferred,
             Outcome::Connected { cqe, qid, sqsize, sq_flow_disabled } => {
@@ -328,7 +333,7 @@ impl<D: BlockDevice> Queue<D> {
             return Outcome::status(cid, Status::SGL_DATA_LENGTH_INVALID.dnr());
         }
         let Some(data) = data else {
-            return Outcome::NeedData { len };
+            return Outcome::NeedData { len, discard: false };
         };
         let cmd = ConnectCmd::from_sqe(sqe);
         if cmd.recfmt != 0 {

@@ -102,7 +102,7 @@ fn write_waiting(io: &mut Queue, cid: u16) {
     let mut w = sqe(0x01, cid);
     w.nsid = 1.into();
     w.cdw12 = 7.into();
-    assert!(matches!(io.execute(0, &w, 4096, None::<Vec<u8>>), Outcome::NeedData { len: 4096 }));
+    assert!(matches!(io.execute(0, &w, 4096, None::<Vec<u8>>), Outcome::NeedData { len: 4096, .. }));
 }
 
 #[test]

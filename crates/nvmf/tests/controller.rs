@@ -58,7 +58,7 @@ fn fabrics(fctype: u8, cid: u16) -> Sqe {
 /// SGL, data handed over after the queue asks for it.
 fn run(q: &mut Queue, s: &Sqe, data: Option<Vec<u8>>) -> Outcome<Vec<u8>> {
     match ex(q, 0, s) {
-        Outcome::NeedData { len } => {
+        Outcome::NeedData { len, .. } => {
             let d = data.expect("command wants data");
             assert_eq!(len as usize, d.len());
             q.data_arrived(0, s.cid.get(), d)
@@ -269,7 +269,7 @@ fn write_asks_for_data_then_becomes_a_block_request() {
     let mut w = read_sqe(9, 1, 4, 2, 512);
     w.opcode = 0x01;
     w.cdw12 = (1 | (1 << 30)).into();
-    assert!(matches!(ex(&mut io, 0, &w), Outcome::NeedData { len: 1024 }));
+    assert!(matches!(ex(&mut io, 0, &w), Outcome::NeedData { len: 1024, .. }));
     assert_eq!(io.awaiting_data(), 1);
     match io.data_arrived(0, 9, vec![7u8; 1024]) {
         Outcome::Io(req) => {
@@ -278,6 +278,31 @@ fn write_asks_for_data_then_becomes_a_block_request() {
         }
         other => panic!("{other:?}"),
     }
+}
+
+#[test]
+fn only_a_plain_write_to_a_null_device_may_discard_its_data() {
+    let t = target();
+    let sub = t.subsystem(SUB).expect("subsystem");
+    let null = Described { backend: "null", ..Described::new("null0", 512, 2048) };
+    sub.add_namespace(Namespace::new(SUB, 2, Arc::new(null))).expect("ns 2");
+    let (_a, cntlid) = admin(&t);
+    let mut io = io_queue(&t, cntlid, 1);
+    let on = |opcode: u8, cid: u16, nsid: u32, fuse: u8| {
+        let mut s = read_sqe(cid, nsid, 0, 1, 512);
+        s.opcode = opcode;
+        s.flags = fuse;
+        s
+    };
+    let discard = |out: Outcome<Vec<u8>>| match out {
+        Outcome::NeedData { len: 512, discard } => discard,
+        other => panic!("{other:?}"),
+    };
+    assert!(discard(ex(&mut io, 0, &on(0x01, 1, 2, 0))), "a write to the null device");
+    assert!(!discard(ex(&mut io, 0, &on(0x01, 2, 1, 0))), "a write to a RAM device");
+    assert!(!discard(ex(&mut io, 0, &on(0x05, 3, 2, 0))), "a Compare reads its data");
+    assert!(!discard(ex(&mut io, 0, &on(0x05, 4, 2, 1))), "the Compare half of a fused pair");
+    assert!(!discard(ex(&mut io, 0, &on(0x01, 5, 2, 2))), "the Write half of a fused pair");
 }
 
 #[test]
@@ -804,7 +829,7 @@ fn a_command_waiting_for_data_keeps_its_cid_and_unknown_data_is_refused() {
     let mut io = io_queue(&t, cntlid, 1);
     let mut w = read_sqe(9, 1, 4, 2, 512);
     w.opcode = 0x01;
-    assert!(matches!(ex(&mut io, 0, &w), Outcome::NeedData { len: 1024 }));
+    assert!(matches!(ex(&mut io, 0, &w), Outcome::NeedData { len: 1024, .. }));
     // The same CID again before the data: a conflict, the first one stays.
     assert_eq!(status(&ex(&mut io, 0, &read_sqe(9, 1, 0, 1, 512))), Status::CID_CONFLICT.dnr());
     assert_eq!(io.awaiting_data(), 1);
@@ -949,8 +974,8 @@ fn fused_compare_and_write_becomes_one_block_request_once_both_halves_are_in() {
     }
     assert!(io.poll_completion().is_none());
     // Data solicited, the Write's arriving first.
-    assert!(matches!(ex(&mut io, 0, &fused_sqe(0x05, 1, 5, 9)), Outcome::NeedData { len: 512 }));
-    assert!(matches!(ex(&mut io, 0, &fused_sqe(0x01, 2, 6, 9)), Outcome::NeedData { len: 512 }));
+    assert!(matches!(ex(&mut io, 0, &fused_sqe(0x05, 1, 5, 9)), Outcome::NeedData { len: 512, .. }));
+    assert!(matches!(ex(&mut io, 0, &fused_sqe(0x01, 2, 6, 9)), Outcome::NeedData { len: 512, .. }));
     assert!(matches!(io.data_arrived(0, 6, vec![2; 512]), Outcome::Deferred));
     match io.data_arrived(0, 5, vec![1; 512]) {
         Outcome::Io(req) => assert!(matches!(req.op, BlockOp::CompareAndWrite { compare_cid: 5, lba: 9, .. })),
