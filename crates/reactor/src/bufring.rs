@@ -8,6 +8,13 @@
 //! receive buffer at all, and a busy one costs one submission per burst of
 //! completions instead of one per read.
 //!
+//! The ring offers the kernel only a window of the buffers at a time
+//! ([`INITIAL_WINDOW`], doubled whenever a receive found the ring empty),
+//! and refills it with the buffers given back most recently first: those
+//! are still in the CPU's caches, so the kernel's copy into them and ours
+//! out of them stay there too, where cycling through all the buffers in
+//! turn would stream megabytes through memory.
+//!
 //! Where the kernel lacks multishot receive (before 6.0) or the ring could
 //! not be registered, [`Receiver`] reads with one-shot receives into a
 //! buffer of its own.
@@ -30,6 +37,9 @@ pub const DEFAULT_BUFFERS: u16 = 512;
 /// See [`DEFAULT_BUFFERS`].
 pub const DEFAULT_BUFFER_SIZE: usize = 32 * 1024;
 
+/// Buffers the ring offers the kernel at first ([`BufRing::window`]).
+pub const INITIAL_WINDOW: u16 = 64;
+
 /// Size of the one-shot fallback's own receive buffer.
 const FALLBACK_BUF: usize = 64 * 1024;
 
@@ -41,9 +51,48 @@ pub(crate) struct BufRing {
     buf_size: usize,
     /// Our copy of the tail the kernel reads.
     tail: u16,
+    /// Buffers given back and not yet offered again, the most recently
+    /// given last (taken first).
+    free: Vec<u16>,
+    /// Buffers offered in the ring and not yet filled.
+    offered: u16,
+    /// How many buffers the ring offers at once: [`INITIAL_WINDOW`], doubled
+    /// (up to `entries`) each time a receive found none.
+    window: u16,
 }
 
 impl BufRing {
+    /// `count` buffers of `size` bytes behind their ring's entries, in
+    /// memory of their own, none offered yet.
+    fn map(count: u16, size: usize) -> io::Result<BufRing> {
+        let ring_bytes = usize::from(count) * std::mem::size_of::<types::BufRingEntry>();
+        let map_len = ring_bytes + usize::from(count) * size;
+        // SAFETY: an anonymous private mapping; the result is checked.
+        let map = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                map_len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        if map == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(BufRing {
+            map: map.cast(),
+            map_len,
+            entries: count,
+            buf_size: size,
+            tail: 0,
+            free: (0..count).rev().collect(),
+            offered: 0,
+            window: INITIAL_WINDOW.min(count),
+        })
+    }
+
     pub(crate) fn group(&self) -> u16 {
         GROUP
     }
@@ -57,8 +106,45 @@ impl BufRing {
         self.map.wrapping_add(ring_bytes + usize::from(bid) * self.buf_size)
     }
 
-    /// Gives buffer `bid` back to the kernel.
+    /// Takes buffer `bid` back: it is offered to the kernel again before
+    /// any buffer given back earlier.
     fn give(&mut self, bid: u16) {
+        self.free.push(bid);
+        self.top_up();
+    }
+
+    /// A completion named a buffer: the kernel took it out of the ring.
+    pub(crate) fn taken(&mut self) {
+        self.offered = self.offered.saturating_sub(1);
+        self.top_up();
+    }
+
+    /// A receive found the ring empty: offer more buffers at once.
+    fn starved(&mut self) {
+        self.window = self.window.saturating_mul(2).min(self.entries);
+        self.top_up();
+    }
+
+    /// Offers free buffers, hottest first, until the window is full.
+    fn top_up(&mut self) {
+        let mut any = false;
+        while self.offered < self.window {
+            let Some(bid) = self.free.pop() else { break };
+            self.offer(bid);
+            self.offered += 1;
+            any = true;
+        }
+        if any {
+            // SAFETY: the tail field overlays the first entry's reserved
+            // word; the kernel reads it with acquire ordering.
+            let tail = unsafe { &*(types::BufRingEntry::tail(self.ring_base()) as *const AtomicU16) };
+            tail.store(self.tail, Ordering::Release);
+        }
+    }
+
+    /// Writes buffer `bid` into the ring's next entry (published with the
+    /// tail by [`top_up`](Self::top_up)).
+    fn offer(&mut self, bid: u16) {
         let mask = self.entries - 1;
         // SAFETY: the index is masked inside the ring's `entries` entries,
         // which live at the start of the mapping.
@@ -67,10 +153,6 @@ impl BufRing {
         entry.set_len(self.buf_size as u32);
         entry.set_bid(bid);
         self.tail = self.tail.wrapping_add(1);
-        // SAFETY: the tail field overlays the first entry's reserved word;
-        // the kernel reads it with acquire ordering.
-        let tail = unsafe { &*(types::BufRingEntry::tail(self.ring_base()) as *const AtomicU16) };
-        tail.store(self.tail, Ordering::Release);
     }
 }
 
@@ -99,29 +181,12 @@ pub fn register_receive_buffers(count: u16, size: usize) -> io::Result<()> {
         if core.bufring.borrow().is_some() {
             return Err(io::Error::new(io::ErrorKind::AlreadyExists, "receive buffers already registered"));
         }
-        let ring_bytes = usize::from(count) * std::mem::size_of::<types::BufRingEntry>();
-        let map_len = ring_bytes + usize::from(count) * size;
-        // SAFETY: an anonymous private mapping; the result is checked.
-        let map = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                map_len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                -1,
-                0,
-            )
-        };
-        if map == libc::MAP_FAILED {
-            return Err(io::Error::last_os_error());
-        }
-        let mut ring = BufRing { map: map.cast(), map_len, entries: count, buf_size: size, tail: 0 };
+        let mut ring = BufRing::map(count, size)?;
+        let map = ring.map;
         // SAFETY: the ring memory stays mapped until `BufRing` drops, which
         // happens after it is unregistered (Core::cancel_all).
         unsafe { core.ring().submitter().register_buf_ring_with_flags(map as u64, count, GROUP, 0)? };
-        for bid in 0..count {
-            ring.give(bid);
-        }
+        ring.top_up();
         *core.bufring.borrow_mut() = Some(ring);
         Ok(())
     })
@@ -130,6 +195,20 @@ pub fn register_receive_buffers(count: u16, size: usize) -> io::Result<()> {
 /// The provided buffer a completion names, if any.
 pub(crate) fn buffer_of(flags: u32) -> Option<u16> {
     cqueue::buffer_select(flags)
+}
+
+/// This reactor's ring: buffers on offer, buffers free (given back, not
+/// offered), all buffers, and the window.
+#[cfg(test)]
+pub(crate) fn ring_counts() -> Option<(u16, usize, u16, u16)> {
+    try_with_core(|c| c.bufring.borrow().as_ref().map(|r| (r.offered, r.free.len(), r.entries, r.window))).flatten()
+}
+
+/// A completion named a buffer: the ring has one fewer on offer.
+pub(crate) fn taken_in(core: &Core) {
+    if let Some(r) = core.bufring.borrow_mut().as_mut() {
+        r.taken();
+    }
 }
 
 pub(crate) fn recycle_in(core: &Core, bid: u16) {
@@ -202,8 +281,14 @@ impl Receiver {
                 Some((res, flags)) => match multishot_result(res, flags)? {
                     Some(got) => return Ok(got),
                     None if res == -libc::ENOBUFS => {
-                        // Every buffer is in use on this reactor: let the
-                        // others be parsed and given back, then arm again.
+                        // Every buffer offered is in use on this reactor:
+                        // offer more, let the others be parsed and given
+                        // back, then arm again.
+                        try_with_core(|c| {
+                            if let Some(r) = c.bufring.borrow_mut().as_mut() {
+                                r.starved();
+                            }
+                        });
                         crate::rt::yield_now().await;
                     }
                     // EINTR, or ECANCELED (`pause` stopped it): arm again.
@@ -314,5 +399,59 @@ impl Drop for Receiver {
             let fd = self.fd.clone();
             try_with_core(|c| c.abandon(idx, Some(Box::new(fd))));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The buffer ids offered so far, oldest first.
+    fn offered(r: &BufRing) -> Vec<u16> {
+        let mask = r.entries - 1;
+        (0..r.tail)
+            .map(|i| {
+                // SAFETY: the index is masked inside the ring's entries.
+                let e = unsafe { &*r.ring_base().add(usize::from(i & mask)) };
+                e.bid()
+            })
+            .collect()
+    }
+
+    #[test]
+    fn buffers_given_back_are_offered_again_most_recent_first() {
+        let mut r = BufRing::map(256, 512).expect("map");
+        r.top_up();
+        assert_eq!(offered(&r), (0..INITIAL_WINDOW).collect::<Vec<_>>(), "the window, lowest ids first");
+        // The kernel fills three; they come back 2, 0, 1.
+        for _ in 0..3 {
+            r.taken();
+        }
+        let tail = usize::from(r.tail);
+        assert_eq!(offered(&r)[tail - 3..], [64, 65, 66], "untouched buffers keep the window full");
+        for bid in [2, 0, 1] {
+            r.give(bid);
+        }
+        // Nothing more on offer (the window is full), the three wait.
+        assert_eq!(usize::from(r.tail), tail);
+        r.taken();
+        r.taken();
+        assert_eq!(offered(&r)[tail..], [1, 0], "the last given back is offered first");
+        assert_eq!(r.offered, INITIAL_WINDOW);
+    }
+
+    #[test]
+    fn a_starved_ring_offers_twice_as_many_up_to_all() {
+        let mut r = BufRing::map(256, 512).expect("map");
+        r.top_up();
+        r.starved();
+        assert_eq!((r.window, r.offered), (128, 128));
+        r.starved();
+        r.starved();
+        assert_eq!((r.window, r.offered, usize::from(r.tail)), (256, 256, 256));
+        assert!(r.free.is_empty());
+        let mut ids = offered(&r);
+        ids.sort_unstable();
+        assert_eq!(ids, (0..256).collect::<Vec<_>>(), "every buffer offered once");
     }
 }

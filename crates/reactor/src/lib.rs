@@ -438,6 +438,51 @@ mod tests {
     }
 
     #[test]
+    fn connections_whose_bursts_outgrow_the_ring_lose_nothing_and_every_buffer_comes_back() {
+        run(async {
+            // 128 buffers of 1 KiB, 64 on offer at first; 8 connections
+            // with 256 KiB each waiting before anything is received.
+            register_receive_buffers(128, 1024).expect("buffer ring");
+            let l = listen("127.0.0.1:0".parse().expect("addr")).expect("listen");
+            let addr = l.local_addr().expect("addr");
+            let data = |c: u32| -> Vec<u8> { (0..262_144u32).map(|i| (i % 241 + c * 7) as u8).collect() };
+            let mut clients = Vec::new();
+            let mut servers = Vec::new();
+            for c in 0..8u32 {
+                let cl = net::TcpStream::connect(addr).await.expect("connect");
+                let (s, _) = l.accept().await.expect("accept");
+                let (r, _) = cl.write_all(data(c)).await;
+                r.expect("write");
+                clients.push(cl);
+                servers.push(s);
+            }
+            let readers: Vec<_> = servers
+                .into_iter()
+                .map(|s| {
+                    spawn(async move {
+                        let mut rx = s.receiver();
+                        let mut got = Vec::new();
+                        while got.len() < 262_144 {
+                            let b = rx.recv().await.expect("recv");
+                            assert!(!b.is_empty(), "early end");
+                            got.extend_from_slice(&b);
+                        }
+                        got
+                    })
+                })
+                .collect();
+            for (c, r) in readers.into_iter().enumerate() {
+                assert!(r.await == data(c as u32), "connection {c}: data differs");
+            }
+            let (offered, free, entries, window) = bufring::ring_counts().expect("ring");
+            assert_eq!(usize::from(offered) + free, usize::from(entries), "every buffer back");
+            assert_eq!(offered, window, "the window is full again");
+            assert!(window > bufring::INITIAL_WINDOW, "the starved ring offered more");
+            drop(clients);
+        });
+    }
+
+    #[test]
     fn a_dropped_receive_is_cancelled_and_the_runtime_ends() {
         run(async {
             let l = listen("127.0.0.1:0".parse().expect("addr")).expect("listen");

@@ -496,6 +496,10 @@ impl Core {
             let mut free = self.op_free.borrow_mut();
             for cqe in ring.completion() {
                 n += 1;
+                if crate::bufring::buffer_of(cqe.flags()).is_some() {
+                    // The kernel took the buffer out of the ring.
+                    crate::bufring::taken_in(self);
+                }
                 let ud = cqe.user_data();
                 if ud == IGNORED {
                     continue;
