@@ -559,30 +559,60 @@ pub fn pad_len(len: usize) -> usize {
     len.wrapping_neg() & 3
 }
 
-/// Frames one PDU from the front of `buf`.
-pub fn deframe(buf: &[u8], framing: Framing) -> Option<Result<Frame<'_>, PduError>> {
-    let bhs = Bhs::from_slice(buf)?;
-    let ahs_len = bhs.total_ahs_len_bytes();
+/// The length of the PDU at the front of `buf` (its header digest, AHS,
+/// data, padding and data digest included) once its BHS is whole; `None`
+/// before that, and an error when its DataSegmentLength exceeds what the
+/// connection accepts (so that nobody waits for it).
+pub fn frame_len(buf: &[u8], framing: Framing) -> Option<Result<usize, PduError>> {
+    Bhs::from_slice(buf).map(|bhs| check_len(&bhs, framing))
+}
+
+/// [`frame_len`] of a PDU whose BHS is `bhs`.
+fn check_len(bhs: &Bhs, framing: Framing) -> Result<usize, PduError> {
     let dsl = bhs.data_segment_length();
     if dsl > framing.max_data_segment {
-        return Some(Err(PduError::new(
+        return Err(PduError::new(
             Disposition::RejectAndClose(RejectReason::PROTOCOL_ERROR),
             "DataSegmentLength",
             format!("DataSegmentLength {dsl} exceeds MaxRecvDataSegmentLength {}", framing.max_data_segment),
-            Some(bhs),
-        )));
+            Some(*bhs),
+        ));
     }
-    let dsl = dsl as usize; // 24 bits always fit
-    let hd = if framing.header_digest { digest::LEN } else { 0 };
-    let header_end = BHS_LEN.saturating_add(ahs_len);
-    let data_start = header_end.saturating_add(hd);
-    let data_end = data_start.saturating_add(dsl);
-    let padded_end = data_end.saturating_add(pad_len(dsl));
-    let dd = if framing.data_digest && dsl > 0 { digest::LEN } else { 0 };
-    let total = padded_end.saturating_add(dd);
+    Ok(Layout::of(bhs, framing).total)
+}
+
+/// Where the parts of a PDU lie, from its BHS.
+struct Layout {
+    header_end: usize,
+    data_start: usize,
+    data_end: usize,
+    padded_end: usize,
+    total: usize,
+}
+
+impl Layout {
+    fn of(bhs: &Bhs, framing: Framing) -> Layout {
+        let dsl = bhs.data_segment_length() as usize; // 24 bits always fit
+        let hd = if framing.header_digest { digest::LEN } else { 0 };
+        let header_end = BHS_LEN.saturating_add(bhs.total_ahs_len_bytes());
+        let data_start = header_end.saturating_add(hd);
+        let data_end = data_start.saturating_add(dsl);
+        let padded_end = data_end.saturating_add(pad_len(dsl));
+        let dd = if framing.data_digest && dsl > 0 { digest::LEN } else { 0 };
+        Layout { header_end, data_start, data_end, padded_end, total: padded_end.saturating_add(dd) }
+    }
+}
+
+/// Frames one PDU from the front of `buf`.
+pub fn deframe(buf: &[u8], framing: Framing) -> Option<Result<Frame<'_>, PduError>> {
+    let bhs = Bhs::from_slice(buf)?;
+    if let Err(e) = check_len(&bhs, framing) {
+        return Some(Err(e));
+    }
+    let Layout { header_end, data_start, data_end, padded_end, total } = Layout::of(&bhs, framing);
     let pdu = buf.get(..total)?;
     let header = pdu.get(..header_end).unwrap_or_default();
-    if hd != 0 {
+    if data_start != header_end {
         let got = pdu.get(header_end..data_start).unwrap_or_default();
         let want = digest::crc32c(header);
         if got != want {
@@ -603,7 +633,7 @@ pub fn deframe(buf: &[u8], framing: Framing) -> Option<Result<Frame<'_>, PduErro
         ));
     }
     let data = pdu.get(data_start..data_end).unwrap_or_default();
-    let data_digest_ok = if dd != 0 {
+    let data_digest_ok = if total != padded_end {
         let padded = pdu.get(data_start..padded_end).unwrap_or_default();
         pdu.get(padded_end..total).unwrap_or_default() == digest::crc32c(padded)
     } else {

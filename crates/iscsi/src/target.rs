@@ -674,30 +674,44 @@ impl<B: DataBuffer> TargetConnection<B> {
     /// Feeds received bytes. Recoverable protocol errors are answered with
     /// a Reject and logged; a fatal one closes the connection and is
     /// returned (after the Reject, if any, is queued).
-    pub fn handle_input(&mut self, bytes: &[u8]) -> Result<(), PduError> {
+    ///
+    /// PDUs are parsed where they lie in `bytes`; only a PDU cut by its
+    /// end is kept (never more than one, at most one PDU's length), and the
+    /// next input first completes it.
+    pub fn handle_input(&mut self, mut bytes: &[u8]) -> Result<(), PduError> {
         if self.state == State::Closed {
             return Ok(());
         }
         self.rx_activity = true;
-        self.rx.extend_from_slice(bytes);
-        let r = self.process_rx();
-        if self.rx_start >= self.rx.len() {
+        while !self.rx.is_empty() {
+            let want = match pdu::frame_len(&self.rx, self.rx_framing) {
+                None => BHS_LEN,
+                Some(Ok(len)) => len,
+                // Refused whole: deframe says why.
+                Some(Err(_)) => 0,
+            };
+            if self.rx.len() < want {
+                if bytes.is_empty() {
+                    return Ok(());
+                }
+                let (head, tail) = bytes.split_at(want.saturating_sub(self.rx.len()).min(bytes.len()));
+                self.rx.extend_from_slice(head);
+                bytes = tail;
+                continue;
+            }
+            let rx = std::mem::take(&mut self.rx);
+            self.rx_start = 0;
+            let r = self.process_pdus(&rx);
+            self.rx = rx;
             self.rx.clear();
-            self.rx_start = 0;
-        } else if self.rx_start > 65536 {
-            self.rx.drain(..self.rx_start);
-            self.rx_start = 0;
+            r?;
+        }
+        self.rx_start = 0;
+        let r = self.process_pdus(bytes);
+        if self.state != State::Closed {
+            self.rx.extend_from_slice(bytes.get(self.rx_start..).unwrap_or_default());
         }
         r
-    }
-
-    fn process_rx(&mut self) -> Result<(), PduError> {
-        // The receive buffer is moved out while its PDUs are dispatched, so
-        // that they are handed over as slices of it, never copied.
-        let rx = std::mem::take(&mut self.rx);
-        let result = self.process_pdus(&rx);
-        self.rx = rx;
-        result
     }
 
     fn process_pdus(&mut self, rx: &[u8]) -> Result<(), PduError> {

@@ -116,11 +116,16 @@ fn serve(t: &mut Target, b: &mut Backend) {
 
 /// Moves bytes both ways until neither side has anything to send.
 fn step(h: &mut HostConnection, t: &mut Target, b: &mut Backend) {
+    step_by(h, t, b, 37);
+}
+
+/// As [`step`], the host's bytes fed to the target `cut` at a time.
+fn step_by(h: &mut HostConnection, t: &mut Target, b: &mut Backend, cut: usize) {
     for _ in 0..1000 {
         let mut bytes = Vec::new();
         h.take_transmit(&mut bytes);
         let mut moved = !bytes.is_empty();
-        for chunk in bytes.chunks(37) {
+        for chunk in bytes.chunks(cut) {
             let _ = t.handle_input(chunk);
         }
         serve(t, b);
@@ -493,6 +498,40 @@ fn writes_with_immediate_unsolicited_and_solicited_data() {
     let itt = h.submit(0, &write10(1), 0, pattern(512));
     step(&mut h, &mut t, &mut b);
     assert!(b.written.iter().any(|(i, d)| *i == itt && *d == pattern(512)));
+}
+
+#[test]
+fn pdus_cut_anywhere_are_parsed_as_whole_ones() {
+    for digests in [false, true] {
+        for cut in [1, 5, 47, 48, 49, 53, 100, 4095, 4096 + 52, 1 << 20] {
+            let mut hc = HostConfig::new(INITIATOR, Some(TARGET));
+            hc.params.header_digest = digests;
+            hc.params.data_digest = digests;
+            hc.params.first_burst_length = 16384;
+            hc.params.max_burst_length = 20000;
+            let mut tc = target_cfg(digests);
+            tc.params.max_recv_data_segment_length = 4096;
+            let (mut h, mut t, mut b) = logged_in(hc, tc);
+            // Writes with immediate, unsolicited and solicited data and
+            // reads, all queued before any byte moves.
+            let mut want = Vec::new();
+            for (i, len) in [512usize, 100_000, 4096, 8192 + 512].into_iter().enumerate() {
+                let data: Vec<u8> = pattern(len).iter().map(|x| x ^ i as u8).collect();
+                let itt = h.submit(0, &write10((len / 512) as u16), 0, data.clone());
+                want.push((itt, data));
+                h.submit(0, &read10(8), 4096, Vec::new());
+            }
+            step_by(&mut h, &mut t, &mut b, cut);
+            b.written.sort_by_key(|(itt, _)| *itt);
+            want.sort_by_key(|(itt, _)| *itt);
+            assert!(b.written == want, "cut {cut}, digests {digests}: written data differs");
+            let c = completions(&mut h);
+            assert_eq!(c.len(), 8, "cut {cut}, digests {digests}");
+            assert!(c.iter().all(|c| c.status == scsi_status::GOOD), "cut {cut}, digests {digests}");
+            assert!(c.iter().filter(|c| !c.data.is_empty()).all(|c| c.data == pattern(4096)));
+            assert_eq!(t.open_tasks(), 0);
+        }
+    }
 }
 
 #[test]
