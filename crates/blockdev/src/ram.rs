@@ -1,5 +1,9 @@
 //! RAM backend: one anonymous private mapping (`MAP_NORESERVE`), committed
 //! page by page as it is written, so a large device costs nothing until used.
+//! It asks for transparent huge pages (`MADV_HUGEPAGE`): pages are then
+//! 2 MiB where the kernel allows it, and random I/O misses the TLB far
+//! less (4K reads and writes 1.07× the IOPS on a warm 1 GiB device,
+//! docs/bench/2026-11-26-hot-buffers.md).
 //!
 //! Every reactor thread copies in and out of the same region. No Rust
 //! reference to the region is ever formed; all access is raw-pointer copies.
@@ -42,6 +46,12 @@ impl RamRegion {
             return Err(io::Error::last_os_error());
         }
         let base = NonNull::new(ptr.cast::<u8>()).ok_or_else(|| io::Error::other("mmap returned null"))?;
+        // Transparent huge pages where the kernel offers them on request
+        // (Debian's default is `madvise`): random block I/O over a large
+        // device otherwise misses the TLB on nearly every copy. Refused or
+        // unsupported, the mapping simply keeps small pages.
+        // SAFETY: advice on the mapping just created, over its whole length.
+        let _ = unsafe { libc::madvise(ptr, len, libc::MADV_HUGEPAGE) };
         // SAFETY: sysconf has no memory-safety preconditions.
         let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
         let page = usize::try_from(page).ok().filter(|p| p.is_power_of_two()).unwrap_or(4096);
@@ -121,5 +131,46 @@ impl Drop for RamRegion {
         if rc != 0 {
             log::error!("munmap of ram device failed: {}", io::Error::last_os_error());
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The `/proc/self/smaps` fields of the mapping that starts at `addr`.
+    fn smaps_of(addr: usize) -> Vec<String> {
+        let smaps = std::fs::read_to_string("/proc/self/smaps").expect("smaps");
+        let mut lines = smaps.lines();
+        let start = format!("{addr:x}-");
+        while let Some(l) = lines.next() {
+            if l.starts_with(&start) {
+                // Field lines ("Rss:  0 kB") up to the next mapping's header.
+                return lines
+                    .take_while(|l| l.split_whitespace().next().is_some_and(|k| k.ends_with(':')))
+                    .map(str::to_owned)
+                    .collect();
+            }
+        }
+        panic!("no mapping at {addr:#x}");
+    }
+
+    #[test]
+    fn the_region_asks_for_huge_pages_where_the_kernel_offers_them() {
+        let r = RamRegion::new(64 << 20).expect("region");
+        let thp = std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled").unwrap_or_default();
+        let fields = smaps_of(r.base.as_ptr() as usize);
+        let eligible = fields.iter().find(|l| l.starts_with("THPeligible:")).expect("THPeligible");
+        if thp.contains("[madvise]") || thp.contains("[always]") {
+            assert!(eligible.ends_with('1'), "{eligible} with THP {}", thp.trim());
+            assert!(fields.iter().any(|l| l.starts_with("VmFlags:") && l.contains(" hg")), "{fields:?}");
+        }
+        // Still committed only as written.
+        let rss = |f: &[String]| f.iter().find(|l| l.starts_with("Rss:")).cloned().unwrap_or_default();
+        assert!(rss(&fields).split_whitespace().nth(1) == Some("0"), "{}", rss(&fields));
+        r.write(0, &[7u8; 4096]).expect("write");
+        let mut back = [0u8; 4096];
+        r.read(0, &mut back).expect("read");
+        assert_eq!(back, [7u8; 4096]);
     }
 }
