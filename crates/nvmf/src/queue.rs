@@ -5,7 +5,7 @@
 //! parses and checks a command and says what to do next ([`Outcome`]).
 
 use crate::controller::Controller;
-use crate::io::BlockRequest;
+use crate::io::{BlockOp, BlockRequest};
 use crate::model::{Namespace, Subsystem, Target, Transport};
 use block::BlockDevice;
 use nvme_spec::fabrics::{connect_invalid_param_result, ConnectCmd, ConnectData, PropertyCmd};
@@ -101,6 +101,9 @@ impl<B, D> Outcome<B, D> {
 pub(crate) struct Pending {
     sqe: Sqe,
     data_len: u32,
+    /// Solicited as data the device never reads (the transport may not
+    /// have kept it).
+    discard: bool,
 }
 
 /// A queue of a connection.
@@ -186,8 +189,8 @@ impl<D: BlockDevice> Queue<D> {
     ) -> Outcome<B, D> {
         let cid = sqe.cid.get();
         let out = self.dispatch(now_ms, sqe, data_len, data);
-        if let Outcome::NeedData { .. } = out {
-            self.pending.insert(cid, Pending { sqe: *sqe, data_len });
+        if let Outcome::NeedData { discard, .. } = out {
+            self.pending.insert(cid, Pending { sqe: *sqe, data_len, discard });
         }
         out
     }
@@ -205,7 +208,21 @@ impl<D: BlockDevice> Queue<D> {
                 let out = self.dispatch(now_ms, &p.sqe, p.data_len, Some(data));
                 self.fused_half(cid, out)
             }
-            Some(p) => self.dispatch(now_ms, &p.sqe, p.data_len, Some(data)),
+            Some(p) => {
+                let out = self.dispatch(now_ms, &p.sqe, p.data_len, Some(data));
+                match out {
+                    // The namespace now stands on a device that reads what
+                    // is written (replaced while the data was on its way):
+                    // the bytes the transport did not keep must not land.
+                    Outcome::Io(BlockRequest { ref device, op: BlockOp::Write { .. }, .. })
+                        if p.discard && !device.discards_writes() =>
+                    {
+                        log::warn!("{}: cid {cid}: its namespace changed device while its data came", self.peer);
+                        Outcome::status(cid, Status::NAMESPACE_NOT_READY)
+                    }
+                    out => out,
+                }
+            }
             None => {
                 log::warn!("{}: data for cid {cid}, which is not waiting for any", self.peer);
                 Outcome::status(cid, Status::COMMAND_SEQUENCE_ERROR.dnr())

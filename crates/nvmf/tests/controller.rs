@@ -306,6 +306,28 @@ fn only_a_plain_write_to_a_null_device_may_discard_its_data() {
 }
 
 #[test]
+fn discarded_data_never_lands_on_a_device_that_replaced_the_null_one_meanwhile() {
+    let t = target();
+    let sub = t.subsystem(SUB).expect("subsystem");
+    let null = Described { backend: "null", ..Described::new("null0", 512, 2048) };
+    sub.add_namespace(Namespace::new(SUB, 2, Arc::new(null))).expect("ns 2");
+    let (_a, cntlid) = admin(&t);
+    let mut io = io_queue(&t, cntlid, 1);
+    let mut w = read_sqe(7, 2, 0, 1, 512);
+    w.opcode = 0x01;
+    assert!(matches!(ex(&mut io, 0, &w), Outcome::NeedData { len: 512, discard: true }));
+    // The namespace is now a RAM device; the data the transport did not
+    // keep arrives.
+    sub.remove_namespace(2).expect("removed");
+    sub.add_namespace(Namespace::new(SUB, 2, Arc::new(Described::new("ram0", 512, 2048)))).expect("ns 2 again");
+    assert_eq!(status(&io.data_arrived(0, 7, vec![0u8; 512])), Status::NAMESPACE_NOT_READY);
+    // A write solicited for the RAM device lands as usual.
+    w.cid = 8.into();
+    assert!(matches!(ex(&mut io, 0, &w), Outcome::NeedData { len: 512, discard: false }));
+    assert!(matches!(io.data_arrived(0, 8, vec![1u8; 512]), Outcome::Io(_)));
+}
+
+#[test]
 fn dataset_management_deallocates_the_listed_ranges() {
     let t = target();
     let (_a, cntlid) = admin(&t);

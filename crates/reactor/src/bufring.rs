@@ -9,7 +9,9 @@
 //! completions instead of one per read.
 //!
 //! The ring offers the kernel only a window of the buffers at a time
-//! ([`INITIAL_WINDOW`], doubled whenever a receive found the ring empty),
+//! ([`INITIAL_WINDOW`], doubled whenever a receive found the ring empty,
+//! halved again after [`DECAY_EVERY`] receives that never held more than a
+//! quarter of it at once),
 //! and refills it with the buffers given back most recently first: those
 //! are still in the CPU's caches, so the kernel's copy into them and ours
 //! out of them stay there too, where cycling through all the buffers in
@@ -39,6 +41,9 @@ pub const DEFAULT_BUFFER_SIZE: usize = 32 * 1024;
 
 /// Buffers the ring offers the kernel at first ([`BufRing::window`]).
 pub const INITIAL_WINDOW: u16 = 64;
+/// Filled buffers after which the window is halved if no more than a
+/// quarter of it was in use at once meanwhile.
+pub const DECAY_EVERY: u32 = 4096;
 
 /// Size of the one-shot fallback's own receive buffer.
 const FALLBACK_BUF: usize = 64 * 1024;
@@ -57,8 +62,14 @@ pub(crate) struct BufRing {
     /// Buffers offered in the ring and not yet filled.
     offered: u16,
     /// How many buffers the ring offers at once: [`INITIAL_WINDOW`], doubled
-    /// (up to `entries`) each time a receive found none.
+    /// (up to `entries`) each time a receive found none, halved (down to
+    /// [`INITIAL_WINDOW`]) after [`DECAY_EVERY`] fills that never had more
+    /// than a quarter of it in use.
     window: u16,
+    /// Most buffers filled and not yet given back at once, and fills,
+    /// since the window was last looked at.
+    peak_in_use: u16,
+    fills: u32,
 }
 
 impl BufRing {
@@ -90,6 +101,8 @@ impl BufRing {
             free: (0..count).rev().collect(),
             offered: 0,
             window: INITIAL_WINDOW.min(count),
+            peak_in_use: 0,
+            fills: 0,
         })
     }
 
@@ -116,6 +129,17 @@ impl BufRing {
     /// A completion named a buffer: the kernel took it out of the ring.
     pub(crate) fn taken(&mut self) {
         self.offered = self.offered.saturating_sub(1);
+        let free = u16::try_from(self.free.len()).unwrap_or(u16::MAX);
+        let in_use = self.entries.saturating_sub(self.offered).saturating_sub(free);
+        self.peak_in_use = self.peak_in_use.max(in_use);
+        self.fills = self.fills.saturating_add(1);
+        if self.fills >= DECAY_EVERY {
+            if self.window > INITIAL_WINDOW && self.peak_in_use.saturating_mul(4) <= self.window {
+                self.window = (self.window / 2).max(INITIAL_WINDOW.min(self.entries));
+            }
+            self.peak_in_use = 0;
+            self.fills = 0;
+        }
         self.top_up();
     }
 
@@ -453,5 +477,36 @@ mod tests {
         let mut ids = offered(&r);
         ids.sort_unstable();
         assert_eq!(ids, (0..256).collect::<Vec<_>>(), "every buffer offered once");
+    }
+
+    #[test]
+    fn a_window_a_light_load_no_longer_needs_shrinks_back() {
+        let mut r = BufRing::map(256, 512).expect("map");
+        r.top_up();
+        r.starved();
+        r.starved();
+        assert_eq!(r.window, 256);
+        // One buffer in use at a time: filled, then given back.
+        let cycle = |r: &mut BufRing, n: u32| {
+            for _ in 0..n {
+                r.taken();
+                let bid = offered(r)[usize::from(r.tail.wrapping_sub(r.offered).wrapping_sub(1) % r.entries)];
+                r.give(bid);
+            }
+        };
+        cycle(&mut r, DECAY_EVERY - 1);
+        assert_eq!(r.window, 256, "not before DECAY_EVERY fills");
+        cycle(&mut r, 1);
+        assert_eq!(r.window, 128);
+        cycle(&mut r, 3 * DECAY_EVERY);
+        assert_eq!(r.window, INITIAL_WINDOW, "never below the first window");
+        assert_eq!(usize::from(r.offered) + r.free.len(), 256, "every buffer offered or free");
+        // A load that keeps its buffers keeps the window.
+        r.starved();
+        assert_eq!(r.window, 128);
+        for _ in 0..DECAY_EVERY {
+            r.taken();
+        }
+        assert_eq!(r.window, 128);
     }
 }
