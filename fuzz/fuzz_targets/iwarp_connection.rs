@@ -1,7 +1,8 @@
 //! A whole iWARP connection (MPA, DDP, RDMAP) fed hostile peer bytes.
 //!
 //! Input: byte 0 configures this end (bit 0 initiator instead of responder,
-//! bit 1 ask for CRC, bit 2 small segments and receives), byte 1 seeds where
+//! bit 1 ask for CRC, bit 2 small segments and receives, bit 3 feed input
+//! lent: a Send's body may stay in it), byte 1 seeds where
 //! the rest is cut into receive chunks. A responder accepts the request;
 //! every Send is answered with an RDMA Read of the peer and a Send; an
 //! initiator registers one region for remote writes and one for remote
@@ -9,7 +10,8 @@
 //!
 //! Never panics; a fatal error leaves the connection closed; once closed,
 //! input is ignored (no events); registered buffers keep their size and the
-//! read-only one is never written.
+//! read-only one is never written; a lent body lies inside the input it was
+//! lent from and is as long as the Send said.
 #![no_main]
 
 use ironwire_fuzz::chunks;
@@ -41,7 +43,8 @@ fuzz_target!(|input: &[u8]| {
     let mut id = 0u64;
     for chunk in chunks(stream, *seed, 97) {
         let before = c.state();
-        let r = c.handle_input(chunk);
+        let lend = cfg & 8 != 0;
+        let r = if lend { c.handle_input_lent(chunk) } else { c.handle_input(chunk) };
         if before == State::Closed {
             assert!(r.is_ok());
             assert!(c.poll_event().is_none(), "event after close");
@@ -62,6 +65,11 @@ fuzz_target!(|input: &[u8]| {
                     rd = Some(c.register(vec![0x5a; 4096], 0x8000, Access::RemoteRead));
                 }
                 Event::Send(m) => {
+                    if let Some(at) = &m.lent {
+                        assert!(lend && m.body.is_none(), "lent {at:?} from a copied input, or copied too");
+                        assert!(chunk.get(at.clone()).is_some(), "lent {at:?} outside a {}-byte input", chunk.len());
+                        assert!(!at.is_empty());
+                    }
                     c.post_receives(1);
                     if !initiator {
                         id += 1;

@@ -269,10 +269,18 @@ impl Binding for nvmf_rdma::target::TargetQueue<Buf> {
         nvmf_rdma::target::TargetQueue::handle_input(self, bytes)
             .map_err(|e| format!("fatal iWARP error, sending Terminate: {e}"))
     }
+    fn handle_input_lent(&mut self, bytes: &[u8]) -> Result<(), String> {
+        nvmf_rdma::target::TargetQueue::handle_input_lent(self, bytes)
+            .map_err(|e| format!("fatal iWARP error, sending Terminate: {e}"))
+    }
+    fn keep_input(&mut self, input: &[u8]) {
+        nvmf_rdma::target::TargetQueue::keep_input(self, input)
+    }
     fn poll_event(&mut self) -> Option<BindingEvent> {
         use nvmf_rdma::target::Event;
         Some(match nvmf_rdma::target::TargetQueue::poll_event(self)? {
             Event::Command { sqe, data } => BindingEvent::Command { sqe, data },
+            Event::CommandInInput { sqe, data } => BindingEvent::CommandInInput { sqe, data },
             Event::Data { cid, data } => BindingEvent::Data { cid, data },
             Event::Refused { reason } => {
                 BindingEvent::Close { reason: format!("NVMe/RDMA connection request refused: {reason}") }

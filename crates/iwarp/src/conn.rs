@@ -107,8 +107,12 @@ pub struct Received<B> {
     pub head: [u8; HEAD_MAX],
     /// How many bytes of `head` the message filled.
     pub head_len: usize,
-    /// The rest of the message, if any.
+    /// The rest of the message, if any (and not `lent`).
     pub body: Option<B>,
+    /// The rest of the message when it lay whole in the input given to
+    /// [`Connection::handle_input_lent`]: where it lies there. It must be
+    /// used or copied before that input goes.
+    pub lent: Option<std::ops::Range<usize>>,
     /// The STag a Send with Invalidate invalidated.
     pub invalidated: Option<u32>,
     /// The Send asked for a solicited event.
@@ -221,6 +225,8 @@ struct Inbound<B> {
     head: [u8; HEAD_MAX],
     head_len: usize,
     body: Option<(B, usize)>,
+    /// The body lies in the lent input: its start there, bytes so far.
+    lent: Option<(usize, usize)>,
     staged: Vec<u8>,
     invalidate: Option<u32>,
     solicited: bool,
@@ -275,6 +281,13 @@ pub struct Connection<B> {
     inbound: Inbound<B>,
     /// The oldest read's sink is lent out for direct placement.
     lent: bool,
+    /// The input being fed is lent ([`Connection::handle_input_lent`]):
+    /// a Send whose body lies whole in it is not copied.
+    lending: bool,
+    /// Where the payload of the segment being begun starts in the input
+    /// being fed, and how many bytes of that input follow it.
+    input_at: usize,
+    input_left: usize,
     /// The RDMA Write being received: its STag and the next tagged offset.
     write_next: Option<(u32, u64)>,
     term_echo: Vec<u8>,
@@ -328,11 +341,15 @@ impl<B: DataBuffer> Connection<B> {
                 head: [0; HEAD_MAX],
                 head_len: 0,
                 body: None,
+                lent: None,
                 staged: Vec::new(),
                 invalidate: None,
                 solicited: false,
             },
             lent: false,
+            lending: false,
+            input_at: 0,
+            input_left: 0,
             write_next: None,
             term_echo: Vec::new(),
             reads: VecDeque::new(),
@@ -475,6 +492,18 @@ impl<B: DataBuffer> Connection<B> {
             State::Rdma => self.handle_fpdus(input),
         };
         r.map_err(|e| self.fail(e))
+    }
+
+    /// As [`handle_input`](Self::handle_input), except that a Send whose
+    /// body lies whole in `input` is not copied: its
+    /// [`Received::lent`] says where the body lies in `input`.
+    pub fn handle_input_lent(&mut self, input: &[u8]) -> Result<(), Fatal> {
+        // Only FPDUs from the first byte: before full operation the input
+        // is parsed (or buffered) elsewhere and offsets would not hold.
+        self.lending = self.state == State::Rdma;
+        let r = self.handle_input(input);
+        self.lending = false;
+        r
     }
 
     /// Bytes of an RDMA Read Response's payload the stream carries next,
@@ -690,6 +719,7 @@ impl<B: DataBuffer> Connection<B> {
     // ------------------------------------------------------------ receive
 
     fn handle_fpdus(&mut self, mut input: &[u8]) -> Result<(), Fatal> {
+        let total = input.len();
         while !input.is_empty() && self.state == State::Rdma {
             match self.rx {
                 Rx::Header { need } => {
@@ -716,6 +746,8 @@ impl<B: DataBuffer> Connection<B> {
                             continue;
                         }
                     }
+                    self.input_at = total.saturating_sub(input.len());
+                    self.input_left = input.len();
                     self.begin_segment()?;
                 }
                 Rx::Payload { left } => {
@@ -959,9 +991,12 @@ impl<B: DataBuffer> Connection<B> {
                     inb.invalidate = op.invalidates().then(|| u.inv_stag.get());
                     inb.solicited = op.solicited();
                     // A message in one segment has a known length: its body
-                    // goes straight into a buffer of that size.
-                    inb.body = (self.ctrl.last() && self.payload_len > head)
-                        .then(|| (B::alloc(self.payload_len.saturating_sub(head)), 0));
+                    // is left where it lies in a lent input that holds all
+                    // of it, else goes straight into a buffer of that size.
+                    let whole = self.ctrl.last() && self.payload_len > head;
+                    let lend = whole && self.lending && self.input_left >= self.payload_len;
+                    inb.lent = lend.then_some((self.input_at.saturating_add(head), 0));
+                    inb.body = (whole && !lend).then(|| (B::alloc(self.payload_len.saturating_sub(head)), 0));
                 }
                 Ok(if self.payload_len == 0 { Dest::Nothing } else { Dest::Send })
             }
@@ -1002,7 +1037,9 @@ impl<B: DataBuffer> Connection<B> {
                     inb.head_len = inb.head_len.saturating_add(take);
                     rest = r;
                 }
-                if !rest.is_empty() {
+                if let (false, Some((_, filled))) = (rest.is_empty(), &mut inb.lent) {
+                    *filled = filled.saturating_add(rest.len());
+                } else if !rest.is_empty() {
                     match &mut inb.body {
                         Some((buf, filled)) => {
                             if let Some(dst) = buf.as_mut().get_mut(*filled..filled.saturating_add(rest.len())) {
@@ -1091,8 +1128,10 @@ impl<B: DataBuffer> Connection<B> {
             }
             None => None,
         };
+        let lent = inb.lent.take().map(|(start, n)| start..start.saturating_add(n));
         let invalidated = inb.invalidate.take();
-        let msg = Received { head: inb.head, head_len: inb.head_len, body, invalidated, solicited: inb.solicited };
+        let msg =
+            Received { head: inb.head, head_len: inb.head_len, body, lent, invalidated, solicited: inb.solicited };
         if let Some(stag) = invalidated {
             let region = self.region_index(stag).and_then(|i| self.regions.get_mut(i)?.as_mut());
             match region {

@@ -190,6 +190,45 @@ fn sends_arrive_whole_across_segments_and_byte_by_byte() {
 }
 
 #[test]
+fn a_send_lying_whole_in_a_lent_input_is_left_there() {
+    for crc in [false, true] {
+        for chunk in [1, 100, 4096, 4096 + 64 + 40, usize::MAX] {
+            let (mut h, mut t) = connected(Config { max_segment: 61440, ..host_cfg(crc) }, target_cfg(crc));
+            t.post_receives(3);
+            let big: Vec<u8> = (0..4096u32).map(|i| (i * 11 + 5) as u8).collect();
+            let small: Vec<u8> = (0..100u8).collect();
+            h.send(&[0xaa; 64], &big, None);
+            h.send(&[0xbb; 64], &small, None);
+            h.send(&[0xcc; 64], &[], None);
+            let mut wire = Vec::new();
+            h.take_transmit(&mut wire);
+            let mut got = Vec::new();
+            for piece in wire.chunks(chunk) {
+                t.handle_input_lent(piece).unwrap();
+                for r in sends(events(&mut t)) {
+                    let body = match (&r.body, &r.lent) {
+                        (Some(b), None) => b.0.clone(),
+                        (None, Some(at)) => piece[at.clone()].to_vec(),
+                        (None, None) => Vec::new(),
+                        (Some(_), Some(_)) => panic!("a body both copied and lent"),
+                    };
+                    got.push((r.head()[0], body, r.lent.is_some()));
+                }
+            }
+            let bodies: Vec<_> = got.iter().map(|(h, b, _)| (*h, b.clone())).collect();
+            let want = vec![(0xaa, big.clone()), (0xbb, small.clone()), (0xcc, Vec::new())];
+            assert!(bodies == want, "crc {crc} chunk {chunk}: bodies differ");
+            let lent: Vec<bool> = got.iter().map(|g| g.2).collect();
+            match chunk {
+                1 => assert_eq!(lent, [false; 3], "crc {crc}: nothing lies whole in one byte"),
+                usize::MAX => assert_eq!(lent, [true, true, false], "crc {crc}: both bodies lie whole"),
+                _ => {}
+            }
+        }
+    }
+}
+
+#[test]
 fn send_with_invalidate_invalidates_the_registered_stag() {
     let (mut h, mut t) = connected(host_cfg(true), target_cfg(true));
     let stag = h.register(Buf(vec![0; 4096]), 0x1000, Access::RemoteWrite);

@@ -421,6 +421,40 @@ mod tests {
     }
 
     #[test]
+    fn in_capsule_data_lying_whole_in_a_lent_input_is_lent_then_kept_or_withdrawn() {
+        for crc in [true, false] {
+            let (mut h, mut t) = pair(crc, 1);
+            for cid in 1..=3u16 {
+                h.submit(cmd(0x01, cid), pattern(cid as u8, 4096), 0);
+            }
+            let mut wire = Vec::new();
+            h.take_transmit(&mut wire);
+            t.handle_input_lent(&wire).unwrap();
+            // The first is polled while the input is there: its data is a
+            // range of it, not a copy.
+            match t.poll_event() {
+                Some(TEvent::CommandInInput { sqe, data }) => {
+                    assert_eq!(sqe.cid.get(), 1);
+                    assert_eq!(wire[data], pattern(1, 4096), "crc {crc}");
+                }
+                other => panic!("{other:?}"),
+            }
+            // The second is withdrawn; the third outlives the input.
+            assert!(t.withdraw_command(2));
+            t.keep_input(&wire);
+            drop(wire);
+            match t.poll_event() {
+                Some(TEvent::Command { sqe, data: Some(d) }) => {
+                    assert_eq!(sqe.cid.get(), 3);
+                    assert_eq!(d, pattern(3, 4096), "crc {crc}");
+                }
+                other => panic!("{other:?}"),
+            }
+            assert!(t.poll_event().is_none());
+        }
+    }
+
+    #[test]
     fn the_admin_queue_sends_write_data_by_key_never_in_the_capsule() {
         let (mut h, mut t) = pair(true, 0);
         h.submit(cmd(0x7f, 0), pattern(9, 1024), 0);

@@ -63,6 +63,14 @@ pub enum Event<B> {
         /// In-capsule data.
         data: Option<B>,
     },
+    /// A command capsule whose in-capsule data is `data`, a range of the
+    /// bytes last given to [`TargetQueue::handle_input_lent`].
+    CommandInInput {
+        /// The submission queue entry.
+        sqe: Sqe,
+        /// Where its data lies in that input.
+        data: std::ops::Range<usize>,
+    },
     /// The write data fetched for `cid` arrived.
     Data {
         /// Command identifier.
@@ -174,6 +182,29 @@ impl<B: DataBuffer> TargetQueue<B> {
         r.and(r2)
     }
 
+    /// As [`handle_input`](Self::handle_input), except that in-capsule data
+    /// lying whole in `bytes` is not copied: its command comes out as
+    /// [`Event::CommandInInput`]. Before `bytes` goes, the caller polls
+    /// those events or calls [`keep_input`](Self::keep_input).
+    pub fn handle_input_lent(&mut self, bytes: &[u8]) -> Result<(), Fatal> {
+        let r = self.conn.handle_input_lent(bytes);
+        let r2 = self.drain_connection();
+        r.and(r2)
+    }
+
+    /// Copies the in-capsule data of the commands from `input` not yet
+    /// polled out of it, which is about to go.
+    pub fn keep_input(&mut self, input: &[u8]) {
+        for e in self.events.iter_mut() {
+            if let Event::CommandInInput { sqe, data } = e {
+                let bytes = input.get(data.clone()).unwrap_or_default();
+                let mut buf = B::alloc(bytes.len());
+                buf.as_mut().copy_from_slice(bytes);
+                *e = Event::Command { sqe: *sqe, data: Some(buf) };
+            }
+        }
+    }
+
     /// Bytes of write data (an RDMA Read Response's payload) the stream
     /// carries next; the caller may receive them straight into the
     /// command's buffer with [`take_direct`](Self::take_direct) and
@@ -258,11 +289,18 @@ impl<B: DataBuffer> TargetQueue<B> {
             )));
         };
         self.sqhd = self.sqhd.wrapping_add(1).checked_rem(self.sq_entries).unwrap_or(0);
-        let in_capsule = m.body.as_ref().map_or(0, |b| b.as_ref().len());
+        let in_capsule = match (&m.body, &m.lent) {
+            (Some(b), _) => b.as_ref().len(),
+            (None, Some(r)) => r.len(),
+            (None, None) => 0,
+        };
         if let Ok(DataPtr::Keyed(k)) = sgl::parse(&sqe, in_capsule, self.cfg.max_transfer) {
             self.keyed.insert(sqe.cid.get(), k);
         }
-        self.events.push_back(Event::Command { sqe, data: m.body });
+        match m.lent {
+            Some(data) => self.events.push_back(Event::CommandInInput { sqe, data }),
+            None => self.events.push_back(Event::Command { sqe, data: m.body }),
+        }
         Ok(())
     }
 
@@ -291,8 +329,9 @@ impl<B: DataBuffer> TargetQueue<B> {
     /// releases its key and reposts its receive). `false` when no such
     /// command waits.
     pub fn withdraw_command(&mut self, cid: u16) -> bool {
-        let Some(i) = self.events.iter().position(|e| matches!(e, Event::Command { sqe, .. } if sqe.cid.get() == cid))
-        else {
+        let Some(i) = self.events.iter().position(
+            |e| matches!(e, Event::Command { sqe, .. } | Event::CommandInInput { sqe, .. } if sqe.cid.get() == cid),
+        ) else {
             return false;
         };
         self.events.remove(i);
