@@ -503,6 +503,18 @@ impl<B: DataBuffer> Connection<B> {
         self.lending = self.state == State::Rdma;
         let r = self.handle_input(input);
         self.lending = false;
+        // A body still lent once the input is done (the connection failed
+        // mid-message) is copied out: a range never outlives its input.
+        let inb = &mut self.inbound;
+        if let Some((start, filled)) = inb.lent.take() {
+            let mut buf = B::alloc(self.payload_len.saturating_sub(self.cfg.recv_head).max(filled));
+            if let (Some(dst), Some(src)) =
+                (buf.as_mut().get_mut(..filled), input.get(start..start.saturating_add(filled)))
+            {
+                dst.copy_from_slice(src);
+            }
+            inb.body = Some((buf, filled));
+        }
         r
     }
 
@@ -993,8 +1005,12 @@ impl<B: DataBuffer> Connection<B> {
                     // A message in one segment has a known length: its body
                     // is left where it lies in a lent input that holds all
                     // of it, else goes straight into a buffer of that size.
+                    // The whole FPDU must be there, trailer too: the message
+                    // ends (and the range is handed on) only at its CRC.
                     let whole = self.ctrl.last() && self.payload_len > head;
-                    let lend = whole && self.lending && self.input_left >= self.payload_len;
+                    let fpdu_rest =
+                        self.payload_len.saturating_add(wire::pad_len(self.payload_len)).saturating_add(CRC_LEN);
+                    let lend = whole && self.lending && self.input_left >= fpdu_rest;
                     inb.lent = lend.then_some((self.input_at.saturating_add(head), 0));
                     inb.body = (whole && !lend).then(|| (B::alloc(self.payload_len.saturating_sub(head)), 0));
                 }

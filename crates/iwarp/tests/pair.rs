@@ -192,7 +192,8 @@ fn sends_arrive_whole_across_segments_and_byte_by_byte() {
 #[test]
 fn a_send_lying_whole_in_a_lent_input_is_left_there() {
     for crc in [false, true] {
-        for chunk in [1, 100, 4096, 4096 + 64 + 40, usize::MAX] {
+        // 4182 and 4183 end inside the first FPDU's CRC (4184 bytes).
+        for chunk in [1, 100, 4096, 4182, 4183, 4184, 4096 + 64 + 40, usize::MAX] {
             let (mut h, mut t) = connected(Config { max_segment: 61440, ..host_cfg(crc) }, target_cfg(crc));
             t.post_receives(3);
             let big: Vec<u8> = (0..4096u32).map(|i| (i * 11 + 5) as u8).collect();
