@@ -280,14 +280,20 @@ fn write_asks_for_data_then_becomes_a_block_request() {
     }
 }
 
-#[test]
-fn only_a_plain_write_to_a_null_device_may_discard_its_data() {
+/// The test target with a null device as namespace 2, and an I/O queue.
+fn with_null_ns2() -> (Arc<Target>, Queue) {
     let t = target();
     let sub = t.subsystem(SUB).expect("subsystem");
     let null = Described { backend: "null", ..Described::new("null0", 512, 2048) };
     sub.add_namespace(Namespace::new(SUB, 2, Arc::new(null))).expect("ns 2");
     let (_a, cntlid) = admin(&t);
-    let mut io = io_queue(&t, cntlid, 1);
+    let io = io_queue(&t, cntlid, 1);
+    (t, io)
+}
+
+#[test]
+fn only_a_plain_write_to_a_null_device_may_discard_its_data() {
+    let (_t, mut io) = with_null_ns2();
     let on = |opcode: u8, cid: u16, nsid: u32, fuse: u8| {
         let mut s = read_sqe(cid, nsid, 0, 1, 512);
         s.opcode = opcode;
@@ -307,12 +313,8 @@ fn only_a_plain_write_to_a_null_device_may_discard_its_data() {
 
 #[test]
 fn discarded_data_never_lands_on_a_device_that_replaced_the_null_one_meanwhile() {
-    let t = target();
+    let (t, mut io) = with_null_ns2();
     let sub = t.subsystem(SUB).expect("subsystem");
-    let null = Described { backend: "null", ..Described::new("null0", 512, 2048) };
-    sub.add_namespace(Namespace::new(SUB, 2, Arc::new(null))).expect("ns 2");
-    let (_a, cntlid) = admin(&t);
-    let mut io = io_queue(&t, cntlid, 1);
     let mut w = read_sqe(7, 2, 0, 1, 512);
     w.opcode = 0x01;
     assert!(matches!(ex(&mut io, 0, &w), Outcome::NeedData { len: 512, discard: true }));
