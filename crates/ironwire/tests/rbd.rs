@@ -419,8 +419,10 @@ impl OwnCluster {
         );
         let dir = std::env::temp_dir().join(format!("ironwire-ceph-{tag}-{}", std::process::id()));
         // A port pair of its own, so a parallel start elsewhere cannot race
-        // it for the same free pair.
-        let port = 36000 + (std::process::id() % 1000) * 2;
+        // it for the same free pair, and below Linux's ephemeral range
+        // (32768 and up), where a client connection's local port once took
+        // it first.
+        let port = 20000 + (std::process::id() % 1000) * 2;
         let out = Command::new("timeout")
             .arg("120")
             .arg(&script)
