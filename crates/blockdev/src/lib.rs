@@ -423,24 +423,26 @@ impl Device {
         Some(self.io_offset(lba, len).map(|_| ()))
     }
 
-    /// Reads `dst.len()` bytes (a whole number of blocks) at `lba` straight
-    /// into `dst` when the device needs no I/O for it (null, ram): `None`
-    /// for file and block devices. Lets a transport copy device data once,
-    /// into its send buffer, with no task and no intermediate buffer.
-    pub fn read_now(&self, lba: u64, dst: &mut [u8]) -> Option<Result<(), Error>> {
+    /// Appends `len` bytes (a whole number of blocks) read at `lba` to
+    /// `out` when the device needs no I/O for it (null, ram): `None` for
+    /// file and block devices. Lets a transport copy device data once,
+    /// straight into its send buffer (not even over zeros written first),
+    /// with no task and no intermediate buffer. On an error nothing is
+    /// appended.
+    pub fn read_now(&self, lba: u64, len: usize, out: &mut Vec<u8>) -> Option<Result<(), Error>> {
         if !self.latency.read.is_zero() {
             return None;
         }
-        let offset = match self.io_offset(lba, dst.len()) {
+        let offset = match self.io_offset(lba, len) {
             Ok(offset) => offset,
             Err(e) => return Some(Err(e)),
         };
         match &self.backend {
             Backend::Null => {
-                dst.fill(0);
+                out.resize(out.len().saturating_add(len), 0);
                 Some(Ok(()))
             }
-            Backend::Ram(ram) => Some(ram.read(offset, dst).map_err(Error::from)),
+            Backend::Ram(ram) => Some(ram.read_append(offset, len, out).map_err(Error::from)),
             Backend::File(_) | Backend::Rbd(_) => None,
         }
     }
@@ -720,9 +722,11 @@ mod tests {
     fn memory_devices_write_at_once_and_others_decline() {
         let ram = Device::ram("r", 1 << 20, 512).expect("ram device");
         assert!(matches!(ram.write_now(3, &[0x5a; 1024]), Some(Ok(()))));
-        let mut back = [0u8; 1024];
-        assert!(matches!(ram.read_now(3, &mut back), Some(Ok(()))));
-        assert_eq!(back, [0x5a; 1024]);
+        let mut back = vec![7u8; 2];
+        assert!(matches!(ram.read_now(3, 1024, &mut back), Some(Ok(()))));
+        assert_eq!(back.len(), 2 + 1024, "appended after what was there");
+        assert_eq!(back[..2], [7, 7]);
+        assert!(back[2..].iter().all(|&b| b == 0x5a));
         assert!(matches!(ram.write_now(2047, &[0; 1024]), Some(Err(Error::OutOfRange { .. }))));
         let null = Device::null("n", 1 << 20, 512).expect("null device");
         assert!(matches!(null.write_now(0, &[1; 512]), Some(Ok(()))));

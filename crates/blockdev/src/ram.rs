@@ -86,6 +86,24 @@ impl RamRegion {
         Ok(())
     }
 
+    /// As [`read`](Self::read), appending the `len` bytes to `out`: they
+    /// are copied into its spare capacity, with no zeroing first.
+    pub(crate) fn read_append(&self, offset: u64, len: usize, out: &mut Vec<u8>) -> io::Result<()> {
+        let (src, _) = self.span(offset, len)?;
+        out.reserve(len);
+        let at = out.len();
+        // SAFETY: `reserve` left room for `len` bytes after `at`, which the
+        // copy (from inside the live mapping, checked by `span`, into the
+        // vector's own distinct allocation) initialises before `set_len`
+        // makes them part of the vector. As in `read`, concurrent writers
+        // only make the bytes unspecified.
+        unsafe {
+            std::ptr::copy_nonoverlapping(src, out.as_mut_ptr().add(at), len);
+            out.set_len(at.saturating_add(len));
+        }
+        Ok(())
+    }
+
     pub(crate) fn write(&self, offset: u64, src: &[u8]) -> io::Result<()> {
         let (dst, _) = self.span(offset, src.len())?;
         // SAFETY: as in `read`, with the copy direction reversed.

@@ -505,14 +505,19 @@ fn read_now_serves_memory_devices_at_once_and_declines_files() {
         write(&file, 8, IoBuf::from_slice(&data), false).await;
     });
     assert!(ram.reads_from_memory() && null.reads_from_memory() && !file.reads_from_memory());
-    let mut dst = vec![0xffu8; 4096];
-    assert!(matches!(ram.read_now(8, &mut dst), Some(Ok(()))));
-    assert_eq!(dst, data);
-    assert!(matches!(null.read_now(8, &mut dst), Some(Ok(()))));
-    assert!(is_zero(&dst));
-    assert!(file.read_now(8, &mut dst).is_none(), "a file needs I/O");
-    // The range check still applies.
-    assert!(matches!(ram.read_now(2047, &mut dst), Some(Err(Error::OutOfRange { .. }))));
-    let mut odd = vec![0u8; 100];
-    assert!(matches!(ram.read_now(0, &mut odd), Some(Err(_))), "not a whole number of blocks");
+    // The data is appended to what the buffer holds (a PDU's header).
+    let mut dst = vec![0xffu8; 24];
+    assert!(matches!(ram.read_now(8, 4096, &mut dst), Some(Ok(()))));
+    assert_eq!(dst[..24], [0xff; 24]);
+    assert_eq!(dst[24..], data[..]);
+    dst.truncate(24);
+    assert!(matches!(null.read_now(8, 4096, &mut dst), Some(Ok(()))));
+    assert_eq!(dst.len(), 24 + 4096);
+    assert!(is_zero(&dst[24..]));
+    dst.truncate(24);
+    assert!(file.read_now(8, 4096, &mut dst).is_none(), "a file needs I/O");
+    // The range check still applies, and a failed read appends nothing.
+    assert!(matches!(ram.read_now(2047, 4096, &mut dst), Some(Err(Error::OutOfRange { .. }))));
+    assert!(matches!(ram.read_now(0, 100, &mut dst), Some(Err(_))), "not a whole number of blocks");
+    assert_eq!(dst.len(), 24);
 }

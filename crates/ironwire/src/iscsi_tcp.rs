@@ -916,9 +916,10 @@ fn read_from_memory(conn: &Rc<Conn>, itt: TaskRef, device: &Device, op: &BlockOp
     let sent = match device.zeros_now(lba, len) {
         Some(Ok(())) => conn.iscsi.borrow_mut().send_data_in_zeros(itt, len),
         Some(Err(_)) => false,
-        None => {
-            conn.iscsi.borrow_mut().send_data_in_with(itt, len, |dst| matches!(device.read_now(lba, dst), Some(Ok(()))))
-        }
+        None => conn
+            .iscsi
+            .borrow_mut()
+            .send_data_in_with(itt, len, |out| matches!(device.read_now(lba, len, out), Some(Ok(())))),
     };
     if sent {
         conn.record(lun, (Op::Read, len as u64), t0, None);

@@ -153,14 +153,14 @@ pub trait Binding: 'static {
     /// from a shared page of zeros where the binding can; `false` when
     /// nothing was queued.
     fn send_zeros(&mut self, cid: u16, len: usize, cqe: Cqe) -> bool {
-        self.send_data_with(cid, len, cqe, |d| {
-            d.fill(0);
+        self.send_data_with(cid, len, cqe, |out| {
+            out.resize(out.len().saturating_add(len), 0);
             true
         })
     }
-    /// As `send_data`, with `fill` writing the data in place; `false` when
-    /// nothing was queued.
-    fn send_data_with(&mut self, cid: u16, len: usize, cqe: Cqe, fill: impl FnOnce(&mut [u8]) -> bool) -> bool;
+    /// As `send_data`, with `fill` appending the `len` bytes of data to the
+    /// send buffer itself; `false` when nothing was queued.
+    fn send_data_with(&mut self, cid: u16, len: usize, cqe: Cqe, fill: impl FnOnce(&mut Vec<u8>) -> bool) -> bool;
     /// Sends a completion.
     fn send_response(&mut self, cqe: Cqe);
     /// Records the queue once Connect succeeded.
@@ -207,7 +207,7 @@ macro_rules! forward_binding {
         fn send_data(&mut self, cid: u16, data: &[u8], cqe: Cqe) {
             $($ty)::+::send_data(self, cid, data, cqe)
         }
-        fn send_data_with(&mut self, cid: u16, len: usize, cqe: Cqe, fill: impl FnOnce(&mut [u8]) -> bool) -> bool {
+        fn send_data_with(&mut self, cid: u16, len: usize, cqe: Cqe, fill: impl FnOnce(&mut Vec<u8>) -> bool) -> bool {
             $($ty)::+::send_data_with(self, cid, len, cqe, fill)
         }
         fn send_response(&mut self, cqe: Cqe) {
@@ -698,10 +698,9 @@ fn read_from_memory<T: Binding, B>(conn: &Rc<Conn<T>>, req: &nvmf::BlockRequest<
     let sent = match req.device.zeros_now(lba, len_bytes as usize) {
         Some(Ok(())) => conn.wire.borrow_mut().send_zeros(cid, len_bytes as usize, cqe),
         Some(Err(_)) => false,
-        None => conn
-            .wire
-            .borrow_mut()
-            .send_data_with(cid, len_bytes as usize, cqe, |dst| matches!(req.device.read_now(lba, dst), Some(Ok(())))),
+        None => conn.wire.borrow_mut().send_data_with(cid, len_bytes as usize, cqe, |out| {
+            matches!(req.device.read_now(lba, len_bytes as usize, out), Some(Ok(())))
+        }),
     };
     if sent {
         conn.record(req.nsid, (Op::Read, u64::from(len_bytes)), t0, Status::SUCCESS);

@@ -713,25 +713,28 @@ pub fn encode(out: &mut Vec<u8>, bhs: &Bhs, ahs: &[u8], data: &[u8], framing: Fr
     }
 }
 
-/// Appends a PDU without AHS whose `len` data bytes `fill` writes in place
-/// (the slice starts zeroed). The data goes in first and the header is
-/// made by `bhs` only once `fill` succeeded, so a failed fill appends
-/// nothing and changes no state the header would carry (StatSN, DataSN).
+/// Appends a PDU without AHS whose `len` data bytes `fill` appends to
+/// `out` (no zeroed slice is written first). The data goes in first and
+/// the header is made by `bhs` only once `fill` succeeded, so a failed
+/// fill (one returning `false` or appending another number of bytes)
+/// appends nothing and changes no state the header would carry (StatSN,
+/// DataSN).
 pub fn encode_with(
     out: &mut Vec<u8>,
     len: usize,
     framing: Framing,
-    fill: impl FnOnce(&mut [u8]) -> bool,
+    fill: impl FnOnce(&mut Vec<u8>) -> bool,
     bhs: impl FnOnce() -> Bhs,
 ) -> bool {
     let start = out.len();
     let header_len = BHS_LEN.saturating_add(if framing.header_digest { digest::LEN } else { 0 });
     let data_start = start.saturating_add(header_len);
-    out.resize(data_start.saturating_add(len).saturating_add(pad_len(len)), 0);
-    if !fill(out.get_mut(data_start..data_start.saturating_add(len)).unwrap_or_default()) {
+    out.resize(data_start, 0);
+    if !fill(out) || out.len() != data_start.saturating_add(len) {
         out.truncate(start);
         return false;
     }
+    out.resize(data_start.saturating_add(len).saturating_add(pad_len(len)), 0);
     let mut b = bhs();
     b.set_total_ahs_words(0);
     b.set_data_segment_length(u32::try_from(len).unwrap_or(u32::MAX));
@@ -805,8 +808,8 @@ mod tests {
                     &mut filled,
                     len,
                     framing,
-                    |d| {
-                        d.copy_from_slice(&data);
+                    |out| {
+                        out.extend_from_slice(&data);
                         true
                     },
                     || b,
@@ -816,6 +819,21 @@ mod tests {
                 let mut failed = vec![9u8; 3];
                 assert!(!encode_with(&mut failed, len, framing, |_| false, || b));
                 assert_eq!(failed, [9u8; 3]);
+                let short = |out: &mut Vec<u8>| {
+                    out.extend_from_slice(data.get(1..).unwrap_or_default());
+                    true
+                };
+                let long = |out: &mut Vec<u8>| {
+                    out.extend_from_slice(&data);
+                    out.push(0);
+                    true
+                };
+                assert!(!encode_with(&mut failed, len, framing, long, || b));
+                assert_eq!(failed, [9u8; 3], "a fill appending one byte too many");
+                if len > 0 {
+                    assert!(!encode_with(&mut failed, len, framing, short, || b));
+                    assert_eq!(failed, [9u8; 3], "a fill appending one byte too few");
+                }
             }
         }
     }

@@ -1842,12 +1842,13 @@ impl<B: DataBuffer> TargetConnection<B> {
     }
 
     /// Answers read `task` with GOOD status and `len` bytes that `fill`
-    /// writes straight into the send buffer: one Data-In carrying the
+    /// appends straight to the send buffer: one Data-In carrying the
     /// status (phase collapse). Returns `false`, having sent nothing and
     /// changed nothing, when the data needs more than one PDU, exceeds the
-    /// expected length, `task` is not open, or `fill` fails; the caller
-    /// then answers with [`Self::send_data_in`].
-    pub fn send_data_in_with(&mut self, task: TaskRef, len: usize, fill: impl FnOnce(&mut [u8]) -> bool) -> bool {
+    /// expected length, `task` is not open, or `fill` fails (or appends
+    /// another number of bytes); the caller then answers with
+    /// [`Self::send_data_in`].
+    pub fn send_data_in_with(&mut self, task: TaskRef, len: usize, fill: impl FnOnce(&mut Vec<u8>) -> bool) -> bool {
         if !self.fits_one_data_in(task, len) {
             return false;
         }

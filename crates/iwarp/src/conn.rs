@@ -25,6 +25,7 @@ use crate::wire::{
 use block::DataBuffer;
 use checksum::Crc32c;
 use std::collections::VecDeque;
+use std::ops::Range;
 use zerocopy::{FromBytes, IntoBytes};
 
 /// The most bytes of a received Send that land in its head (the part an
@@ -1199,8 +1200,8 @@ impl<B: DataBuffer> Connection<B> {
             rr.sink_stag.get(),
             rr.sink_to.get(),
             size,
-            |off, dst| {
-                dst.copy_from_slice(data.get(off..off.saturating_add(dst.len())).unwrap_or_default());
+            |range, out| {
+                out.extend_from_slice(data.get(range).unwrap_or_default());
                 true
             },
         );
@@ -1233,10 +1234,17 @@ impl<B: DataBuffer> Connection<B> {
     }
 
     /// Sends `len` bytes as an RDMA Write to the peer's `stag` at tagged
-    /// offset `to`; `fill(offset, dst)` writes each segment's payload in
-    /// place. When `fill` returns false nothing is sent and this returns
-    /// false.
-    pub fn write_with(&mut self, stag: u32, to: u64, len: usize, fill: impl FnMut(usize, &mut [u8]) -> bool) -> bool {
+    /// offset `to`; `fill(range, out)` appends the bytes of the message
+    /// in `range` (one segment's payload) to `out`. When `fill` returns
+    /// false, or appends another number of bytes, nothing is sent and this
+    /// returns false.
+    pub fn write_with(
+        &mut self,
+        stag: u32,
+        to: u64,
+        len: usize,
+        fill: impl FnMut(Range<usize>, &mut Vec<u8>) -> bool,
+    ) -> bool {
         if self.state != State::Rdma {
             return false;
         }
@@ -1295,8 +1303,8 @@ impl<B: DataBuffer> Connection<B> {
 
     /// Sends `data` as an RDMA Write to the peer's `stag` at offset `to`.
     pub fn write(&mut self, stag: u32, to: u64, data: &[u8]) {
-        self.write_with(stag, to, data.len(), |off, dst| {
-            dst.copy_from_slice(data.get(off..off.saturating_add(dst.len())).unwrap_or_default());
+        self.write_with(stag, to, data.len(), |range, out| {
+            out.extend_from_slice(data.get(range).unwrap_or_default());
             true
         });
     }
@@ -1417,11 +1425,10 @@ fn put_tagged(
     stag: u32,
     to: u64,
     len: usize,
-    mut fill: impl FnMut(usize, &mut [u8]) -> bool,
+    mut fill: impl FnMut(Range<usize>, &mut Vec<u8>) -> bool,
 ) -> bool {
     let start = tx.len();
     let mut off = 0usize;
-    let mut ok = true;
     loop {
         let n = len.saturating_sub(off).min(max_segment);
         let last = off.saturating_add(n) == len;
@@ -1431,8 +1438,8 @@ fn put_tagged(
             stag: stag.into(),
             to: to.wrapping_add(off as u64).into(),
         };
-        wire::put_fpdu(tx, h.as_bytes(), n, crc, |dst| ok = fill(off, dst));
-        if !ok {
+        let range = off..off.saturating_add(n);
+        if !wire::put_fpdu_appended(tx, h.as_bytes(), n, crc, |out| fill(range, out)) {
             tx.truncate(start);
             return false;
         }

@@ -229,25 +229,46 @@ pub fn pad_len(payload_len: usize) -> usize {
 }
 
 /// Appends one FPDU: `header` (whose ULPDU length field is filled in here),
-/// `payload_len` bytes written by `fill`, padding and the CRC field (the
-/// CRC32C of everything before it when `crc`, else zero). The header length
-/// plus the payload length must fit a ULPDU (callers segment at most
-/// [`MAX_ULPDU`]).
+/// `payload_len` bytes written by `fill` (into a zeroed slice), padding and
+/// the CRC field (the CRC32C of everything before it when `crc`, else
+/// zero). The header length plus the payload length must fit a ULPDU
+/// (callers segment at most [`MAX_ULPDU`]).
 pub fn put_fpdu(out: &mut Vec<u8>, header: &[u8], payload_len: usize, crc: bool, fill: impl FnOnce(&mut [u8])) {
+    put_fpdu_appended(out, header, payload_len, crc, |out| {
+        let at = out.len();
+        out.resize(at.saturating_add(payload_len), 0);
+        fill(out.get_mut(at..).unwrap_or_default());
+        true
+    });
+}
+
+/// As [`put_fpdu`] with a payload that `fill` appends to `out` itself (no
+/// zeroed slice is written first: a device's data is copied in once).
+/// Nothing is appended, and `false` returned, when `fill` returns `false`
+/// or appends another number of bytes than `payload_len`.
+pub fn put_fpdu_appended(
+    out: &mut Vec<u8>,
+    header: &[u8],
+    payload_len: usize,
+    crc: bool,
+    fill: impl FnOnce(&mut Vec<u8>) -> bool,
+) -> bool {
     let start = out.len();
     let ulpdu = header.len().saturating_sub(LEN_FIELD).saturating_add(payload_len);
     debug_assert!(ulpdu <= MAX_ULPDU);
     out.extend_from_slice(&(ulpdu as u16).to_be_bytes());
     out.extend_from_slice(header.get(LEN_FIELD..).unwrap_or_default());
     let body = out.len();
-    out.resize(body.saturating_add(payload_len).saturating_add(pad_len(payload_len)), 0);
-    if let Some(dst) = out.get_mut(body..body.saturating_add(payload_len)) {
-        fill(dst);
+    if !fill(out) || out.len() != body.saturating_add(payload_len) {
+        out.truncate(start);
+        return false;
     }
+    out.resize(body.saturating_add(payload_len).saturating_add(pad_len(payload_len)), 0);
     let value = if crc { checksum::crc32c(out.get(start..).unwrap_or_default()) } else { 0 };
     // The CRC field carries the CRC32C least significant byte first, as
     // iSCSI's digests do (RFC 5044 section 6 with RFC 3385's bit order).
     out.extend_from_slice(&value.to_le_bytes());
+    true
 }
 
 /// The largest ULPDU the 16-bit length field allows.

@@ -248,8 +248,8 @@ fn rdma_write_lands_at_the_tagged_offset() {
     let (mut h, mut t) = connected(host_cfg(false), Config { max_segment: 1000, ..target_cfg(false) });
     let stag = h.register(Buf(vec![0; 10000]), 0xfff0_0000, Access::RemoteWrite);
     let data: Vec<u8> = (0..6000u32).map(|i| i as u8).collect();
-    assert!(t.write_with(stag, 0xfff0_0000 + 3000, data.len(), |off, dst| {
-        dst.copy_from_slice(&data[off..off + dst.len()]);
+    assert!(t.write_with(stag, 0xfff0_0000 + 3000, data.len(), |range, out| {
+        out.extend_from_slice(&data[range]);
         true
     }));
     pump(&mut t, &mut h, 333).unwrap();
@@ -336,7 +336,18 @@ fn an_rdma_write_from_its_own_buffer_lands_at_the_peer() {
 fn a_failed_fill_sends_nothing() {
     let (_h, mut t) = connected(host_cfg(false), target_cfg(false));
     let before = t.transmit_len();
-    assert!(!t.write_with(1, 0, 100_000, |off, _| off == 0));
+    // The first segment is filled, a later one fails: nothing of the
+    // message is left queued.
+    assert!(!t.write_with(1, 0, 100_000, |range, out| {
+        out.resize(out.len() + range.len(), 1);
+        range.start == 0
+    }));
+    assert_eq!(t.transmit_len(), before);
+    // A fill that appends too few bytes fails too.
+    assert!(!t.write_with(1, 0, 100, |range, out| {
+        out.resize(out.len() + range.len() - 1, 1);
+        true
+    }));
     assert_eq!(t.transmit_len(), before);
 }
 

@@ -381,16 +381,17 @@ impl<B: DataBuffer> TargetQueue<B> {
     }
 
     /// As [`send_data`](Self::send_data) with `len` bytes that `fill`
-    /// writes straight into the send buffer (one FPDU). Returns `false`,
-    /// having queued nothing, when `fill` does or when `len` needs more than
-    /// one FPDU; the caller then answers another way.
-    pub fn send_data_with(&mut self, cid: u16, len: usize, cqe: Cqe, fill: impl FnOnce(&mut [u8]) -> bool) -> bool {
+    /// appends straight to the send buffer (one FPDU). Returns `false`,
+    /// having queued nothing, when `fill` does (or appends another number
+    /// of bytes) or when `len` needs more than one FPDU; the caller then
+    /// answers another way.
+    pub fn send_data_with(&mut self, cid: u16, len: usize, cqe: Cqe, fill: impl FnOnce(&mut Vec<u8>) -> bool) -> bool {
         let Some(k) = self.keyed.get(&cid).copied() else { return false };
         if len == 0 || len > self.cfg.max_segment || len > k.len as usize {
             return false;
         }
         let mut fill = Some(fill);
-        if !self.conn.write_with(k.key, k.addr, len, |_, dst| fill.take().is_some_and(|f| f(dst))) {
+        if !self.conn.write_with(k.key, k.addr, len, |_, out| fill.take().is_some_and(|f| f(out))) {
             return false;
         }
         self.send_response(cqe);

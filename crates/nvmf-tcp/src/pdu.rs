@@ -453,20 +453,20 @@ pub fn encode(out: &mut Vec<u8>, header: &[u8], data: &[u8], framing: Framing) {
     }
 }
 
-/// As [`encode`] with `len` data bytes that `fill` writes in place (the
-/// slice starts zeroed); nothing is appended when `fill` returns `false`.
+/// As [`encode`] with `len` data bytes that `fill` appends to `out` (no
+/// zeroed slice is written first); nothing is appended when `fill` returns
+/// `false` or appends another number of bytes.
 pub fn encode_with(
     out: &mut Vec<u8>,
     header: &[u8],
     len: usize,
     framing: Framing,
-    fill: impl FnOnce(&mut [u8]) -> bool,
+    fill: impl FnOnce(&mut Vec<u8>) -> bool,
 ) -> bool {
     let start = out.len();
     let dd = begin(out, header, len, framing);
     let data_start = out.len();
-    out.resize(data_start.saturating_add(len), 0);
-    if !fill(out.get_mut(data_start..).unwrap_or_default()) {
+    if !fill(out) || out.len() != data_start.saturating_add(len) {
         out.truncate(start);
         return false;
     }

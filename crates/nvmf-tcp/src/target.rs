@@ -800,10 +800,11 @@ impl<B: DataBuffer> TargetConnection<B> {
     }
 
     /// As [`send_data`](Self::send_data) with `len` bytes that `fill`
-    /// writes straight into the send buffer (one C2HData PDU). Returns
-    /// `false`, having queued nothing, when `fill` does or when `len` needs
-    /// more than one PDU; the caller then answers another way.
-    pub fn send_data_with(&mut self, cid: u16, len: usize, cqe: Cqe, fill: impl FnOnce(&mut [u8]) -> bool) -> bool {
+    /// appends straight to the send buffer (one C2HData PDU). Returns
+    /// `false`, having queued nothing, when `fill` does (or appends another
+    /// number of bytes) or when `len` needs more than one PDU; the caller
+    /// then answers another way.
+    pub fn send_data_with(&mut self, cid: u16, len: usize, cqe: Cqe, fill: impl FnOnce(&mut Vec<u8>) -> bool) -> bool {
         if len == 0 || len > self.cfg.max_transfer.max(4096) as usize {
             return false;
         }

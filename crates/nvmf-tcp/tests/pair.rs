@@ -409,15 +409,21 @@ fn data_filled_in_place_is_the_same_pdu_as_copied_data() {
         t.send_data(7, &data, Cqe::new(7, Status::SUCCESS, 0));
         t.take_transmit(&mut copied);
         let mut filled = Vec::new();
-        assert!(t.send_data_with(7, 4096, Cqe::new(7, Status::SUCCESS, 0), |dst| {
-            dst.copy_from_slice(&data);
+        assert!(t.send_data_with(7, 4096, Cqe::new(7, Status::SUCCESS, 0), |out| {
+            out.extend_from_slice(&data);
             true
         }));
         t.take_transmit(&mut filled);
         assert_eq!(filled, copied, "digests {hd}/{dd}");
-        // A fill that fails queues nothing; neither does a length beyond
-        // one PDU.
+        // A fill that fails queues nothing, nor does one that appends too
+        // few or too many bytes, nor a length beyond one PDU.
         assert!(!t.send_data_with(8, 4096, Cqe::new(8, Status::SUCCESS, 0), |_| false));
+        for short_or_long in [4095, 4097] {
+            assert!(!t.send_data_with(8, 4096, Cqe::new(8, Status::SUCCESS, 0), |out| {
+                out.resize(out.len() + short_or_long, 0);
+                true
+            }));
+        }
         assert!(!t.send_data_with(9, 64 << 20, Cqe::new(9, Status::SUCCESS, 0), |_| true));
         assert!(!t.has_transmit());
     }
