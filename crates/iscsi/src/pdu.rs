@@ -795,7 +795,7 @@ mod tests {
     const DIGESTS: Framing = Framing { header_digest: true, data_digest: true, max_data_segment: 8192 };
 
     #[test]
-    fn data_filled_in_place_encodes_the_same_bytes_and_a_failed_fill_appends_nothing() {
+    fn data_appended_by_a_fill_encodes_the_same_bytes_and_a_failed_fill_appends_nothing() {
         for framing in [PLAIN, DIGESTS] {
             for len in [0usize, 1, 3, 512, 4096] {
                 let data: Vec<u8> = (0..len).map(|i| (i * 7 + 1) as u8).collect();

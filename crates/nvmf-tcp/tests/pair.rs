@@ -401,7 +401,7 @@ fn c2h_term_req_stays_within_152_bytes_whatever_the_host_pda() {
 }
 
 #[test]
-fn data_filled_in_place_is_the_same_pdu_as_copied_data() {
+fn data_appended_by_a_fill_is_the_same_pdu_as_copied_data() {
     for (hd, dd) in [(false, false), (true, true)] {
         let (_, mut t, _) = pair(hd, dd);
         let data = pattern(4096);
