@@ -208,8 +208,16 @@ impl Device {
         })
     }
 
-    /// A device in anonymous memory, committed lazily as it is written.
+    /// A device in anonymous memory, committed lazily as it is written, in
+    /// transparent huge pages where the kernel grants them.
     pub fn ram(name: &str, size_bytes: u64, block_size: u32) -> Result<Device, Error> {
+        Device::ram_with(name, size_bytes, block_size, true)
+    }
+
+    /// As [`ram`](Self::ram); with `huge_pages` false the memory is never
+    /// in transparent huge pages (`MADV_NOHUGEPAGE`), so it is committed
+    /// and given back by deallocate 4 KiB at a time.
+    pub fn ram_with(name: &str, size_bytes: u64, block_size: u32, huge_pages: bool) -> Result<Device, Error> {
         let geometry = exact_geometry(size_bytes, block_size)?;
         Ok(Device {
             name: name.to_owned(),
@@ -217,7 +225,7 @@ impl Device {
             geometry,
             blocks: AtomicU64::new(geometry.blocks),
             path: None,
-            backend: Backend::Ram(RamRegion::new(size_bytes)?),
+            backend: Backend::Ram(RamRegion::new(size_bytes, huge_pages)?),
             latency: Latency::default(),
             flush_failed: OnceLock::new(),
             shared: None,

@@ -1,9 +1,11 @@
 //! RAM backend: one anonymous private mapping (`MAP_NORESERVE`), committed
 //! page by page as it is written, so a large device costs nothing until used.
-//! It asks for transparent huge pages (`MADV_HUGEPAGE`): pages are then
-//! 2 MiB where the kernel allows it, and random I/O misses the TLB far
-//! less (4K reads and writes 1.07× the IOPS on a warm 1 GiB device,
-//! docs/bench/2026-11-26-hot-buffers.md).
+//! By default it asks for transparent huge pages (`MADV_HUGEPAGE`): pages
+//! are then 2 MiB where the kernel allows it, and random I/O misses the TLB
+//! far less (4K reads and writes 1.07× the IOPS on a warm 1 GiB device,
+//! docs/bench/2026-11-26-hot-buffers.md). Without them
+//! (`MADV_NOHUGEPAGE`, even where the kernel's mode is `always`) memory is
+//! committed 4 KiB at a time and a deallocate gives it back at once.
 //!
 //! Every reactor thread copies in and out of the same region. No Rust
 //! reference to the region is ever formed; all access is raw-pointer copies.
@@ -27,7 +29,7 @@ unsafe impl Send for RamRegion {}
 unsafe impl Sync for RamRegion {}
 
 impl RamRegion {
-    pub(crate) fn new(size_bytes: u64) -> io::Result<RamRegion> {
+    pub(crate) fn new(size_bytes: u64, huge_pages: bool) -> io::Result<RamRegion> {
         let len = usize::try_from(size_bytes)
             .map_err(|_| io::Error::other(format!("ram size {size_bytes} exceeds address space")))?;
         // SAFETY: anonymous mapping with no address hint and no fd: it
@@ -49,9 +51,11 @@ impl RamRegion {
         // Transparent huge pages where the kernel offers them on request
         // (Debian's default is `madvise`): random block I/O over a large
         // device otherwise misses the TLB on nearly every copy. Refused or
-        // unsupported, the mapping simply keeps small pages.
+        // unsupported, the mapping simply keeps small pages. Turned off,
+        // the mapping keeps small pages whatever the kernel's mode.
+        let advice = if huge_pages { libc::MADV_HUGEPAGE } else { libc::MADV_NOHUGEPAGE };
         // SAFETY: advice on the mapping just created, over its whole length.
-        let _ = unsafe { libc::madvise(ptr, len, libc::MADV_HUGEPAGE) };
+        let _ = unsafe { libc::madvise(ptr, len, advice) };
         // SAFETY: sysconf has no memory-safety preconditions.
         let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
         let page = usize::try_from(page).ok().filter(|p| p.is_power_of_two()).unwrap_or(4096);
@@ -195,7 +199,7 @@ mod tests {
     #[test]
     fn the_region_asks_for_huge_pages_where_the_kernel_offers_them() {
         let len = 64 << 20;
-        let r = RamRegion::new(len as u64).expect("region");
+        let r = RamRegion::new(len as u64, true).expect("region");
         let thp = std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled").unwrap_or_default();
         // A process or kernel that refuses huge pages (`[never]`,
         // PR_SET_THP_DISABLE, no THPeligible field) has nothing to show.
@@ -218,5 +222,30 @@ mod tests {
         r.read(0, &mut back).expect("read");
         assert_eq!(back, [7u8; 4096]);
         assert!(resident_pages(&r, len) > 0);
+    }
+
+    #[test]
+    fn without_huge_pages_a_deallocated_page_is_given_back_at_once() {
+        let len = 8 << 20;
+        let r = RamRegion::new(len as u64, false).expect("region");
+        // A kernel without THP has no advice to record (no flags to show).
+        let flags = smaps_of(r.base.as_ptr() as usize).unwrap_or_default();
+        if flags.iter().any(|l| l.starts_with("THPeligible:")) {
+            assert!(
+                flags.iter().any(|l| l.starts_with("VmFlags:") && l.split_whitespace().any(|f| f == "nh")),
+                "no nh in VmFlags: {flags:?}"
+            );
+        }
+        // Two pages written in the middle of a 2 MiB stretch: only those
+        // two are committed, and freeing one gives exactly it back.
+        let at = 3 << 20;
+        r.write(at as u64, &[1u8; 8192]).expect("write");
+        assert_eq!(resident_pages(&r, len), 2);
+        r.zero(at as u64, 4096).expect("zero");
+        assert_eq!(resident_pages(&r, len), 1);
+        let mut back = [9u8; 8192];
+        r.read(at as u64, &mut back).expect("read");
+        assert!(back[..4096].iter().all(|&b| b == 0), "the freed page reads back as zeros");
+        assert!(back[4096..].iter().all(|&b| b == 1), "its neighbour kept its data");
     }
 }

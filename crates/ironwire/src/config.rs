@@ -293,6 +293,9 @@ pub struct DeviceConfig {
     pub block_size: Option<u32>,
     /// Path of a file or block device.
     pub path: Option<PathBuf>,
+    /// ram: transparent huge pages (default true); false keeps 4 KiB
+    /// pages, committed and given back by deallocate one at a time.
+    pub huge_pages: Option<bool>,
     /// Latency added to every read, in microseconds (testing; default 0).
     pub read_latency_us: Option<u64>,
     /// Latency added to every write, in microseconds (testing; default 0).
@@ -761,6 +764,9 @@ impl Config {
             ];
             if let Some((key, _)) = rbd_only.iter().find(|(_, set)| *set && d.kind != "rbd") {
                 bail!("{}: only for rbd devices", f(key));
+            }
+            if d.huge_pages.is_some() && d.kind != "ram" {
+                bail!("{}: only for ram devices", f("huge_pages"));
             }
             for (key, v) in [("read_latency_us", d.read_latency_us), ("write_latency_us", d.write_latency_us)] {
                 if v.is_some_and(|us| us > MAX_INJECTED_LATENCY_US) {
@@ -1263,6 +1269,13 @@ mod tests {
         let e =
             err_of(&format!("{base}[[device]]\nname = \"a\"\nkind = \"ram\"\nsize = \"1MiB\"\nblock_size = 1000\n"));
         assert!(e.contains("device[0] (a).block_size") && e.contains("power of two"), "{e}");
+        let e =
+            err_of(&format!("{base}[[device]]\nname = \"a\"\nkind = \"null\"\nsize = \"1MiB\"\nhuge_pages = false\n"));
+        assert!(e.contains("device[0] (a).huge_pages") && e.contains("only for ram"), "{e}");
+        let ok = Config::parse(&format!(
+            "{base}[[device]]\nname = \"a\"\nkind = \"ram\"\nsize = \"1MiB\"\nhuge_pages = false\n"
+        ));
+        assert_eq!(ok.expect("huge_pages on a ram device").device[0].huge_pages, Some(false));
         let e = err_of(&format!("{base}[[device]]\nname = \"a\"\nkind = \"tape\"\n"));
         assert!(e.contains("device[0] (a).kind") && e.contains("tape"), "{e}");
         let e = err_of(&format!("{base}[[subsystem]]\nnqn = \"nqn.2026-11.x:y\"\nallow_any_host = true\n[[subsystem.namespace]]\ndevice = \"missing\"\n"));

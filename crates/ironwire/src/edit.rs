@@ -23,7 +23,7 @@ const NUMBER_KEYS: &[&str] = &[
     "max_cntlid",
 ];
 /// Keys whose values are `true` or `false`.
-const BOOL_KEYS: &[&str] = &["allow_any_host", "allow_any_initiator", "discovery_only", "crc"];
+const BOOL_KEYS: &[&str] = &["allow_any_host", "allow_any_initiator", "discovery_only", "crc", "huge_pages"];
 
 /// The nouns and the keys that name one of them.
 pub const NOUNS: &str = "device name= | subsystem nqn= | namespace nqn= nsid= | host nqn= host= | \
@@ -297,6 +297,8 @@ mod tests {
         let c = Config::embedded_default();
         let c = edit(&c, "add", "device", &["name=d2", "kind=ram", "size=1MiB"]).expect("add device");
         assert_eq!(c.device[1].size, Some(crate::config::Size(1 << 20)));
+        let small = edit(&c, "set", "device", &["name=d2", "huge_pages=false"]).expect("huge_pages");
+        assert_eq!(small.device[1].huge_pages, Some(false), "huge_pages is a boolean");
         let c = edit(&c, "add", "namespace", &["nqn=nqn.2026-11.io.ironwire:default", "device=d2"]).expect("ns");
         assert_eq!(c.subsystem[0].namespace[1].nsid, Some(2), "the first free NSID");
         let rbd = ["name=r", "kind=rbd", "pool=p", "image=i", "ceph_conf=/c.conf", "connect_timeout=5"];

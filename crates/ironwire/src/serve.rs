@@ -21,7 +21,7 @@ pub fn open_device(d: &DeviceConfig, symlinks: Symlinks) -> Result<Device> {
     let path = || d.path.as_deref().with_context(|| format!("device {:?}: path is required for {}", d.name, d.kind));
     let dev = match d.kind.as_str() {
         "null" => Device::null(&d.name, size.unwrap_or(0), bs),
-        "ram" => Device::ram(&d.name, size.unwrap_or(0), bs),
+        "ram" => Device::ram_with(&d.name, size.unwrap_or(0), bs, d.huge_pages.unwrap_or(true)),
         "file" => Device::file_with(&d.name, path()?, size, bs, symlinks),
         "block" => Device::block_with(&d.name, path()?, d.block_size, symlinks),
         "rbd" => Device::rbd(&d.name, &rbd_options(d), bs),
