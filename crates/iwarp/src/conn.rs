@@ -1192,7 +1192,9 @@ impl<B: DataBuffer> Connection<B> {
             ));
         };
         let data = region.buf.as_ref().get(offset..offset.saturating_add(size)).unwrap_or_default();
-        put_tagged(
+        // `checked_range` put all `size` bytes inside the region, so every
+        // segment's fill appends its whole range.
+        let sent = put_tagged(
             &mut self.tx,
             self.crc,
             self.cfg.max_segment,
@@ -1205,6 +1207,7 @@ impl<B: DataBuffer> Connection<B> {
                 true
             },
         );
+        debug_assert!(sent, "a Read Response inside its region was not framed");
         Ok(())
     }
 
@@ -1303,10 +1306,13 @@ impl<B: DataBuffer> Connection<B> {
 
     /// Sends `data` as an RDMA Write to the peer's `stag` at offset `to`.
     pub fn write(&mut self, stag: u32, to: u64, data: &[u8]) {
-        self.write_with(stag, to, data.len(), |range, out| {
+        // A slice fills every range whole: only a connection that is not
+        // up sends nothing.
+        let sent = self.write_with(stag, to, data.len(), |range, out| {
             out.extend_from_slice(data.get(range).unwrap_or_default());
             true
         });
+        debug_assert!(sent || self.state != State::Rdma, "an RDMA Write from a slice was not framed");
     }
 
     /// Reads `sink.len()` bytes of the peer's `src_stag` at `src_to` into
