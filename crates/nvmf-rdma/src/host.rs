@@ -485,6 +485,30 @@ mod tests {
     }
 
     #[test]
+    fn nothing_received_after_a_fatal_error_runs() {
+        let (mut h, mut t) = pair(true, 1);
+        // A read, a Send too short for a command capsule, another read:
+        // one input.
+        h.submit(cmd(0x02, 1), Vec::new(), 4096);
+        h.conn.send(&[0u8; 10], &[], None);
+        h.submit(cmd(0x02, 2), Vec::new(), 4096);
+        let mut wire = Vec::new();
+        h.take_transmit(&mut wire);
+        let e = t.handle_input(&wire).unwrap_err();
+        assert!(e.to_string().contains("command capsule of 10 bytes"), "{e}");
+        assert!(t.is_closed());
+        // Later input (even none) runs nothing that came after the error.
+        t.handle_input(&[]).unwrap_or_default();
+        let mut cids = Vec::new();
+        while let Some(ev) = t.poll_event() {
+            if let TEvent::Command { sqe, .. } = ev {
+                cids.push(sqe.cid.get());
+            }
+        }
+        assert_eq!(cids, [1], "only the command before the bad capsule");
+    }
+
+    #[test]
     fn a_rejected_request_reports_the_cm_status() {
         // 2000 entries on an I/O queue where the target allows 1024.
         let mut h = HostConnection::new(HostConfig { qid: 1, entries: 2000, ..HostConfig::default() });

@@ -227,26 +227,37 @@ impl<B: DataBuffer> TargetQueue<B> {
         r.and(r2)
     }
 
+    /// Acts on what the connection decoded, in order. After a fatal error
+    /// the rest is dropped: nothing the peer sent after it runs, even if
+    /// the caller feeds more input.
     fn drain_connection(&mut self) -> Result<(), Fatal> {
         while let Some(ev) = self.conn.poll_event() {
-            match ev {
-                iwarp::Event::ConnectRequest { private_data, .. } => self.on_connect_request(&private_data)?,
-                iwarp::Event::Send(m) => self.on_send(m)?,
-                iwarp::Event::ReadDone { id, buf } => {
-                    let cid = id as u16;
-                    // Read Responses come in the order of their requests,
-                    // so the first one for an aborted CID is the aborted
-                    // command's (a reused CID's read was requested later).
-                    match self.discard.iter().position(|&c| c == cid) {
-                        Some(i) => {
-                            self.discard.swap_remove(i);
-                        }
-                        None => self.events.push_back(Event::Data { cid, data: buf }),
-                    }
-                }
-                iwarp::Event::Terminated(code) => self.events.push_back(Event::HostTerminated(code)),
-                iwarp::Event::Established { .. } | iwarp::Event::Rejected { .. } => {}
+            if let Err(f) = self.on_event(ev) {
+                while self.conn.poll_event().is_some() {}
+                return Err(f);
             }
+        }
+        Ok(())
+    }
+
+    fn on_event(&mut self, ev: iwarp::Event<B>) -> Result<(), Fatal> {
+        match ev {
+            iwarp::Event::ConnectRequest { private_data, .. } => self.on_connect_request(&private_data)?,
+            iwarp::Event::Send(m) => self.on_send(m)?,
+            iwarp::Event::ReadDone { id, buf } => {
+                let cid = id as u16;
+                // Read Responses come in the order of their requests,
+                // so the first one for an aborted CID is the aborted
+                // command's (a reused CID's read was requested later).
+                match self.discard.iter().position(|&c| c == cid) {
+                    Some(i) => {
+                        self.discard.swap_remove(i);
+                    }
+                    None => self.events.push_back(Event::Data { cid, data: buf }),
+                }
+            }
+            iwarp::Event::Terminated(code) => self.events.push_back(Event::HostTerminated(code)),
+            iwarp::Event::Established { .. } | iwarp::Event::Rejected { .. } => {}
         }
         Ok(())
     }
