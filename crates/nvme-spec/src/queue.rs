@@ -78,6 +78,13 @@ impl Sqe {
         }
     }
 
+    /// Whether the command may carry data from the host (opcode or FCTYPE
+    /// bit 0: host to controller, or bidirectional): the only commands
+    /// in-capsule data is for.
+    pub fn takes_host_data(&self) -> bool {
+        matches!(self.data_direction(), DataDirection::HostToController | DataDirection::Bidirectional)
+    }
+
     /// Starting LBA of an NVM I/O command (CDW11:CDW10).
     pub fn slba(&self) -> u64 {
         (u64::from(self.cdw11.get()) << 32) | u64::from(self.cdw10.get())

@@ -485,6 +485,31 @@ mod tests {
     }
 
     #[test]
+    fn data_with_no_keyed_buffer_to_go_to_fails_its_command() {
+        let (mut h, mut t) = pair(false, 1);
+        // A small write: its data came in the capsule, so the host gave
+        // no key. A driver answering it with data must not report success.
+        h.submit(cmd(0x01, 3), pattern(3, 512), 0);
+        h.submit(cmd(0x01, 4), pattern(4, 512), 0);
+        pump(&mut h, &mut t);
+        let mut n = 0;
+        while let Some(ev) = t.poll_event() {
+            assert!(matches!(ev, TEvent::Command { .. }), "{ev:?}");
+            n += 1;
+        }
+        assert_eq!(n, 2);
+        t.send_data(3, &pattern(9, 512), Cqe::new(3, Status::SUCCESS, 0));
+        t.send_data_from(4, pattern(9, 65536), Cqe::new(4, Status::SUCCESS, 0));
+        pump(&mut h, &mut t);
+        let mut got = Vec::new();
+        while let Some((cqe, _)) = h.poll_completion() {
+            got.push((cqe.cid.get(), cqe.status()));
+        }
+        got.sort_by_key(|g| g.0);
+        assert_eq!(got, [(3, Status::DATA_TRANSFER_ERROR.dnr()), (4, Status::DATA_TRANSFER_ERROR.dnr())]);
+    }
+
+    #[test]
     fn nothing_received_after_a_fatal_error_runs() {
         let (mut h, mut t) = pair(true, 1);
         // A read, a Send too short for a command capsule, another read:

@@ -58,7 +58,11 @@ pub fn parse(sqe: &Sqe, in_capsule: usize, max_transfer: u32) -> Result<DataPtr,
         }
         (Sgl::TYPE_DATA_BLOCK, Sgl::SUBTYPE_OFFSET) => {
             let len = sgl.length.get();
-            if sgl.addr.get() != 0 {
+            if len != 0 && !sqe.takes_host_data() {
+                // In-capsule data is write data: a command that returns
+                // data needs a keyed buffer to put it in.
+                Err(Status::INVALID_FIELD.dnr())
+            } else if sgl.addr.get() != 0 {
                 Err(Status::SGL_OFFSET_INVALID.dnr())
             } else if usize::try_from(len).ok() != Some(in_capsule) {
                 Err(Status::SGL_DATA_LENGTH_INVALID.dnr())
@@ -95,7 +99,7 @@ mod tests {
     use zerocopy::FromBytes;
 
     fn sqe_with(dptr: [u8; 16]) -> Sqe {
-        Sqe { dptr: Sgl::read_from_bytes(&dptr).unwrap(), ..Default::default() }
+        Sqe { opcode: 0x01, dptr: Sgl::read_from_bytes(&dptr).unwrap(), ..Default::default() }
     }
 
     #[test]
@@ -122,6 +126,18 @@ mod tests {
         d[8..12].copy_from_slice(&512u32.to_le_bytes());
         d[15] = 0x01;
         assert_eq!(parse(&sqe_with(d), 512, 1 << 20).unwrap(), DataPtr::InCapsule { len: 512 });
+        // Write data only: a Read (opcode 02h) or a Fabrics Property Get
+        // with data in its capsule has nowhere to put what it returns.
+        let read = Sqe { opcode: 0x02, ..sqe_with(d) };
+        assert_eq!(parse(&read, 512, 1 << 20).unwrap_err(), Status::INVALID_FIELD.dnr());
+        let write = Sqe { opcode: 0x01, ..sqe_with(d) };
+        assert_eq!(parse(&write, 512, 1 << 20).unwrap(), DataPtr::InCapsule { len: 512 });
+        let mut connect = Sqe { opcode: 0x7f, ..sqe_with(d) };
+        connect.nsid = 0x01.into();
+        assert_eq!(parse(&connect, 512, 1 << 20).unwrap(), DataPtr::InCapsule { len: 512 }, "Fabrics Connect");
+        let mut prop_get = connect;
+        prop_get.nsid = 0x04.into();
+        assert_eq!(parse(&prop_get, 512, 1 << 20).unwrap_err(), Status::INVALID_FIELD.dnr(), "Property Get");
         assert_eq!(parse(&sqe_with(d), 256, 1 << 20).unwrap_err(), Status::SGL_DATA_LENGTH_INVALID.dnr());
         d[0] = 16;
         assert_eq!(parse(&sqe_with(d), 512, 1 << 20).unwrap_err(), Status::SGL_OFFSET_INVALID.dnr());

@@ -367,11 +367,21 @@ impl<B: DataBuffer> TargetQueue<B> {
     /// Sends read data for `cid` into the host's keyed buffer, then the
     /// completion.
     pub fn send_data(&mut self, cid: u16, data: &[u8], cqe: Cqe) {
-        if let Some(k) = self.keyed.get(&cid) {
-            let n = data.len().min(k.len as usize);
-            self.conn.write(k.key, k.addr, data.get(..n).unwrap_or_default());
+        match self.keyed.get(&cid) {
+            Some(k) => {
+                let n = data.len().min(k.len as usize);
+                self.conn.write(k.key, k.addr, data.get(..n).unwrap_or_default());
+            }
+            None if !data.is_empty() => return self.no_buffer(cid),
+            None => {}
         }
         self.send_response(cqe);
+    }
+
+    /// Completes `cid`, whose data has no keyed buffer of the host to go
+    /// to, with an error: never a success whose data was not sent.
+    fn no_buffer(&mut self, cid: u16) {
+        self.send_response(Cqe::new(cid, Status::DATA_TRANSFER_ERROR.dnr(), 0));
     }
 
     /// As [`send_data`](Self::send_data), sending the data from `data`
@@ -380,13 +390,17 @@ impl<B: DataBuffer> TargetQueue<B> {
     /// Below [`SEND_FROM_BUFFER_MIN`] bytes the data is copied as by
     /// `send_data`.
     pub fn send_data_from(&mut self, cid: u16, data: B, cqe: Cqe) {
-        if let Some(k) = self.keyed.get(&cid).copied() {
-            let n = data.as_ref().len().min(k.len as usize);
-            if n < SEND_FROM_BUFFER_MIN {
-                self.conn.write(k.key, k.addr, data.as_ref().get(..n).unwrap_or_default());
-            } else {
-                self.conn.write_from(k.key, k.addr, data, n);
+        match self.keyed.get(&cid).copied() {
+            Some(k) => {
+                let n = data.as_ref().len().min(k.len as usize);
+                if n < SEND_FROM_BUFFER_MIN {
+                    self.conn.write(k.key, k.addr, data.as_ref().get(..n).unwrap_or_default());
+                } else {
+                    self.conn.write_from(k.key, k.addr, data, n);
+                }
             }
+            None if !data.as_ref().is_empty() => return self.no_buffer(cid),
+            None => {}
         }
         self.send_response(cqe);
     }

@@ -916,7 +916,11 @@ impl<B: DataBuffer> TargetConnection<B> {
         let len = sgl.length.get();
         match (in_capsule_len, sgl.desc_type(), sgl.subtype()) {
             (Some(n), Sgl::TYPE_DATA_BLOCK, Sgl::SUBTYPE_OFFSET) => {
-                if sgl.addr.get() != 0 {
+                if n != 0 && !sqe.takes_host_data() {
+                    // In-capsule data is write data only (as the Linux
+                    // target rules).
+                    Err(Status::INVALID_FIELD.dnr())
+                } else if sgl.addr.get() != 0 {
                     Err(Status::SGL_OFFSET_INVALID.dnr())
                 } else if usize::try_from(len).ok() != Some(n) {
                     Err(Status::SGL_DATA_LENGTH_INVALID.dnr())

@@ -178,6 +178,22 @@ fn capsule(framing: Framing, data: &[u8], sgl_len: u32) -> Vec<u8> {
 const PLAIN: Framing = Framing { hdgst: false, ddgst: false, data_align: 4 };
 
 #[test]
+fn in_capsule_data_is_for_commands_that_take_host_data() {
+    let (_h, t, _b) = pair(false, false);
+    let mut sqe = rw_sqe(0x01, 4);
+    sqe.dptr = nvme_spec::Sgl::in_capsule(512);
+    assert_eq!(t.check_sgl(&sqe, Some(512)), Ok(512), "a Write");
+    sqe.opcode = 0x02;
+    assert_eq!(t.check_sgl(&sqe, Some(512)), Err(Status::INVALID_FIELD.dnr()), "a Read with data in its capsule");
+    // Fabrics: FCTYPE bit 0 says the direction (Connect 01h takes data).
+    sqe.opcode = 0x7f;
+    sqe.nsid = 0x01.into();
+    assert_eq!(t.check_sgl(&sqe, Some(512)), Ok(512), "Connect");
+    sqe.nsid = 0x04.into();
+    assert_eq!(t.check_sgl(&sqe, Some(512)), Err(Status::INVALID_FIELD.dnr()), "Property Get");
+}
+
+#[test]
 fn rejects_unknown_pdu_type_with_invalid_header_field() {
     let (_h, mut t, _b) = pair(false, false);
     let mut bytes = capsule(PLAIN, &[], 0);
