@@ -561,8 +561,9 @@ impl<B: DataBuffer> TargetConnection<B> {
                 self.free_ttags.push(ttag);
                 let Some(buf) = done.buf else {
                     // An aborted command's data, all dropped: the TTAG may
-                    // now serve another transfer.
+                    // now serve another transfer (one may wait for it).
                     self.discarding = self.discarding.saturating_sub(1);
+                    self.start_waiting_r2ts();
                     return Ok(());
                 };
                 self.r2t_bytes = self.r2t_bytes.saturating_sub(u64::from(done.len));
@@ -668,11 +669,21 @@ impl<B: DataBuffer> TargetConnection<B> {
     }
 
     fn solicit(&mut self, cid: u16, len: u32, discard: bool) {
-        if self.r2t_bytes > 0 && self.r2t_bytes.saturating_add(u64::from(len)) > u64::from(self.cfg.r2t_buffer) {
+        if !self.may_send_r2t(len) {
             self.r2t_waiting.push_back((cid, len, discard));
             return;
         }
         self.send_r2t(cid, len, discard);
+    }
+
+    /// Whether an R2T for `len` bytes may go now: within the buffer budget
+    /// (one transfer always may), and with a TTAG to name it by. Every
+    /// 16-bit TTAG can be taken at once only by a queue of more than 32K
+    /// entries whose aborted transfers are still being drained.
+    fn may_send_r2t(&self, len: u32) -> bool {
+        let budget =
+            self.r2t_bytes == 0 || self.r2t_bytes.saturating_add(u64::from(len)) <= u64::from(self.cfg.r2t_buffer);
+        budget && (!self.free_ttags.is_empty() || self.transfers.len() <= usize::from(u16::MAX))
     }
 
     /// Takes back the command `cid` while it is parsed but not yet polled
@@ -722,7 +733,7 @@ impl<B: DataBuffer> TargetConnection<B> {
     /// Sends the waiting R2Ts that fit in the buffer budget now.
     fn start_waiting_r2ts(&mut self) {
         while let Some(&(cid, len, discard)) = self.r2t_waiting.front() {
-            if self.r2t_bytes > 0 && self.r2t_bytes.saturating_add(u64::from(len)) > u64::from(self.cfg.r2t_buffer) {
+            if !self.may_send_r2t(len) {
                 break;
             }
             self.r2t_waiting.pop_front();
@@ -735,6 +746,7 @@ impl<B: DataBuffer> TargetConnection<B> {
         let ttag = match self.free_ttags.pop() {
             Some(t) => t,
             None => {
+                // `may_send_r2t` left a TTAG for it.
                 let t = u16::try_from(self.transfers.len()).unwrap_or(u16::MAX);
                 self.transfers.push(None);
                 t

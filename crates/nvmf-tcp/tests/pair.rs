@@ -263,6 +263,32 @@ fn h2c_framed(cid: u16, ttag: u16, datao: u32, data: &[u8], last: bool, framing:
 }
 
 #[test]
+fn an_r2t_waits_for_a_free_ttag_once_all_65536_are_taken() {
+    let mut h = HostConnection::new(HostConfig { header_digest: false, data_digest: false, max_in_capsule: 8192 });
+    let mut t = Target::new(TargetConfig { r2t_buffer: u32::MAX, ..Default::default() });
+    step(&mut h, &mut t, &mut Backend::default());
+    // A queue of more than 32K entries with its aborted transfers still
+    // being drained can have every TTAG taken.
+    for i in 0..=65536u32 {
+        t.request_data((i & 0xffff) as u16, 4);
+    }
+    let mut sent = Vec::new();
+    t.take_transmit(&mut sent);
+    let r2ts: Vec<DataHeader> = sent.chunks(24).map(|c| DataHeader::read_from_bytes(c).expect("an R2T")).collect();
+    assert_eq!(r2ts.len(), 65536, "the last R2T waits");
+    let mut ttags: Vec<u16> = r2ts.iter().map(|r| r.ttag.get()).collect();
+    ttags.sort_unstable();
+    ttags.dedup();
+    assert_eq!(ttags.len(), 65536, "no TTAG is handed out twice");
+    // TTAG 9's data arrives: the waiting R2T goes out under it.
+    t.handle_input(&h2c(9, 9, 0, &[1; 4], true)).expect("data");
+    let mut more = Vec::new();
+    t.take_transmit(&mut more);
+    let r2t = DataHeader::read_from_bytes(&more[..24]).expect("the waiting R2T");
+    assert_eq!((r2t.cccid.get(), r2t.ttag.get(), more.len()), (0, 9, 24));
+}
+
+#[test]
 fn rejects_h2c_data_beyond_r2t_length() {
     let (_h, mut t, _b) = pair(false, false);
     t.request_data(7, 4096);
