@@ -109,6 +109,7 @@ impl Listeners {
             max_in_capsule: t.in_capsule_data,
             max_transfer: t.max_transfer,
             max_queue_entries: t.queue_entries,
+            read_buffer: u32::try_from(t.r2t_buffer.0).unwrap_or(u32::MAX),
             ..nvmf_rdma::target::TargetConfig::default()
         };
         let nvme = NvmeSettings {

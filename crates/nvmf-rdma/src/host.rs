@@ -485,6 +485,44 @@ mod tests {
     }
 
     #[test]
+    fn write_data_fetched_beyond_the_read_budget_waits_without_a_buffer() {
+        let mut h = HostConnection::new(HostConfig { qid: 1, entries: 16, ..HostConfig::default() });
+        let mut t = TargetQueue::new(TargetConfig { crc: false, read_buffer: 48 << 10, ..TargetConfig::default() });
+        pump(&mut h, &mut t);
+        assert!(matches!(t.poll_event(), Some(TEvent::Accepted { .. })));
+        for cid in 1..=8u16 {
+            h.submit(cmd(0x01, cid), pattern(cid as u8, 32 << 10), 0);
+        }
+        pump(&mut h, &mut t);
+        let mut cids = Vec::new();
+        while let Some(ev) = t.poll_event() {
+            let TEvent::Command { sqe, data: None } = ev else { panic!("{ev:?}") };
+            cids.push(sqe.cid.get());
+        }
+        // The host never answers in this first step: eight reads are
+        // wanted, one is in flight (two would pass 48 KiB).
+        for &cid in &cids {
+            t.request_data(cid, 32 << 10);
+        }
+        assert_eq!(t.read_bytes(), 32 << 10);
+        // Aborting one still waiting needs no discard.
+        assert!(t.cancel_data(8));
+        pump(&mut h, &mut t);
+        let mut got = Vec::new();
+        loop {
+            assert!(t.read_bytes() <= 32 << 10, "{} bytes held", t.read_bytes());
+            let Some(ev) = t.poll_event() else { break };
+            let TEvent::Data { cid, data } = ev else { panic!("{ev:?}") };
+            assert_eq!(data, pattern(cid as u8, 32 << 10), "cid {cid}");
+            got.push(cid);
+            t.send_response(Cqe::new(cid, Status::SUCCESS, 0));
+            pump(&mut h, &mut t);
+        }
+        assert_eq!(got, [1, 2, 3, 4, 5, 6, 7]);
+        assert_eq!(t.read_bytes(), 0);
+    }
+
+    #[test]
     fn data_with_no_keyed_buffer_to_go_to_fails_its_command() {
         let (mut h, mut t) = pair(false, 1);
         // A small write: its data came in the capsule, so the host gave

@@ -38,6 +38,11 @@ pub struct TargetConfig {
     pub max_queue_entries: u16,
     /// Most payload bytes per FPDU sent.
     pub max_segment: usize,
+    /// Most bytes of write data being fetched at once (the buffers of the
+    /// RDMA Reads in flight; one read may always go): NVMe/TCP's
+    /// `r2t_buffer`. Reads beyond it, or beyond the ORD, wait as a CID and
+    /// a length, with no buffer yet.
+    pub read_buffer: u32,
 }
 
 impl Default for TargetConfig {
@@ -49,6 +54,7 @@ impl Default for TargetConfig {
             max_transfer: 1024 * 1024,
             max_queue_entries: 1024,
             max_segment: 61440,
+            read_buffer: 8 << 20,
         }
     }
 }
@@ -123,6 +129,11 @@ pub struct TargetQueue<B> {
     /// Aborted commands whose RDMA Read Response is still to come: it is
     /// dropped when it does, never delivered.
     discard: Vec<u16>,
+    /// Write data to fetch once the ORD and `read_buffer` allow: CID and
+    /// length.
+    reads_waiting: VecDeque<(u16, u32)>,
+    /// Bytes of the buffers of the RDMA Reads in flight.
+    read_bytes: u64,
 }
 
 impl<B: DataBuffer> TargetQueue<B> {
@@ -148,6 +159,8 @@ impl<B: DataBuffer> TargetQueue<B> {
             sqid: 0,
             sq_flow_disabled: false,
             discard: Vec::new(),
+            reads_waiting: VecDeque::new(),
+            read_bytes: 0,
         }
     }
 
@@ -246,6 +259,8 @@ impl<B: DataBuffer> TargetQueue<B> {
             iwarp::Event::Send(m) => self.on_send(m)?,
             iwarp::Event::ReadDone { id, buf } => {
                 let cid = id as u16;
+                self.read_bytes = self.read_bytes.saturating_sub(buf.as_ref().len() as u64);
+                self.issue_reads();
                 // Read Responses come in the order of their requests,
                 // so the first one for an aborted CID is the aborted
                 // command's (a reused CID's read was requested later).
@@ -274,6 +289,7 @@ impl<B: DataBuffer> TargetQueue<B> {
                 // Room for a keyed SGL per queue entry: the map never grows
                 // (allocates) in the middle of the I/O.
                 self.keyed.reserve(usize::from(entries));
+                self.reads_waiting.reserve(usize::from(entries));
                 self.events.push_back(Event::Accepted {
                     qid: self.cm_qid,
                     entries,
@@ -326,11 +342,37 @@ impl<B: DataBuffer> TargetQueue<B> {
 
     /// Fetches `len` bytes of write data for `cid` from the host's keyed
     /// buffer with an RDMA Read; [`Event::Data`] brings them. Reads beyond
-    /// the negotiated ORD wait in order.
+    /// the negotiated ORD or [`TargetConfig::read_buffer`] wait in order,
+    /// their buffer not yet taken.
     pub fn request_data(&mut self, cid: u16, len: u32) {
         if let Some(k) = self.keyed.get(&cid) {
-            self.conn.read(u64::from(cid), B::alloc(len.min(k.len) as usize), k.key, k.addr);
+            self.reads_waiting.push_back((cid, len.min(k.len)));
+            self.issue_reads();
         }
+    }
+
+    /// Issues the waiting reads the ORD and the buffer budget have room
+    /// for, each with its buffer taken now.
+    fn issue_reads(&mut self) {
+        while let Some(&(cid, len)) = self.reads_waiting.front() {
+            let ord_room = self.conn.reads_in_flight() < usize::from(self.conn.ord().max(1));
+            let budget = self.read_bytes == 0
+                || self.read_bytes.saturating_add(u64::from(len)) <= u64::from(self.cfg.read_buffer);
+            if !(ord_room && budget && self.conn.reads_waiting() == 0) {
+                break;
+            }
+            self.reads_waiting.pop_front();
+            if let Some(k) = self.keyed.get(&cid) {
+                self.read_bytes = self.read_bytes.saturating_add(u64::from(len));
+                self.conn.read(u64::from(cid), B::alloc(len as usize), k.key, k.addr);
+            }
+        }
+    }
+
+    /// Bytes of buffers held for RDMA Reads in flight (at most
+    /// [`TargetConfig::read_buffer`], or one read's).
+    pub fn read_bytes(&self) -> u64 {
+        self.read_bytes
     }
 
     /// Takes back the command `cid` while it is received but not yet
@@ -349,13 +391,18 @@ impl<B: DataBuffer> TargetQueue<B> {
         true
     }
 
-    /// Gives up the write data of `cid` (its command is being aborted): the
-    /// RDMA Read already requested cannot be recalled, so its response is
-    /// dropped when it arrives. `false` when no read of `cid` is
+    /// Gives up the write data of `cid` (its command is being aborted): a
+    /// read still waiting is never requested; one already requested cannot
+    /// be recalled, so its response is dropped when it arrives. `false` when no read of `cid` is
     /// outstanding (its data arrived already, or it has no keyed SGL) or
     /// when as many responses as the queue has entries are already to be
     /// dropped.
     pub fn cancel_data(&mut self, cid: u16) -> bool {
+        if let Some(i) = self.reads_waiting.iter().position(|&(c, _)| c == cid) {
+            // Not requested yet: it never will be.
+            self.reads_waiting.remove(i);
+            return true;
+        }
         let arrived = self.events.iter().any(|e| matches!(e, Event::Data { cid: c, .. } if *c == cid));
         if arrived || !self.keyed.contains_key(&cid) || self.discard.len() >= usize::from(self.sq_entries) {
             return false;
