@@ -163,6 +163,12 @@ impl<D: BlockDevice> Queue<D> {
         let aborted = cancel(req.cid, awaiting);
         if aborted && awaiting {
             self.pending.remove(&req.cid);
+            // A fused half: its partner completes with Failed Fused
+            // Command (now, or when its data arrives), and the pair's
+            // place is free for the next one.
+            if self.is_fused_half(req.cid) {
+                self.fused_half_failed(req.cid);
+            }
         }
         log::debug!(
             "{}: Abort of cid {}: {}",

@@ -105,6 +105,41 @@ fn write_waiting(io: &mut Queue, cid: u16) {
     assert!(matches!(io.execute(0, &w, 4096, None::<Vec<u8>>), Outcome::NeedData { len: 4096, .. }));
 }
 
+/// A fused half of cid `cid` on LBA 0 (4 KiB), waiting for its data.
+fn fused_waiting(io: &mut Queue, opcode: u8, cid: u16, fuse: u8) {
+    let mut c = sqe(opcode, cid);
+    c.nsid = 1.into();
+    c.cdw12 = 7.into();
+    c.flags |= fuse;
+    assert!(matches!(io.execute(0, &c, 4096, None::<Vec<u8>>), Outcome::NeedData { len: 4096, .. }));
+}
+
+#[test]
+fn aborting_a_fused_half_waiting_for_data_ends_its_partner_too() {
+    let t = target();
+    for aborted_first in [true, false] {
+        let mut p = pair(&t);
+        fused_waiting(&mut p.io, 0x05, 5, 0b01);
+        fused_waiting(&mut p.io, 0x01, 6, 0b10);
+        let (victim, partner) = if aborted_first { (5, 6) } else { (6, 5) };
+        p.admin.execute(0, &abort_sqe(40, 1, victim), 0, None::<Vec<u8>>);
+        let req = p.io.poll_abort().expect("request");
+        let cqe = p.io.abort(req, |_, awaiting| awaiting).expect("aborted");
+        assert_eq!((cqe.cid.get(), cqe.status()), (victim, Status::ABORT_REQUESTED));
+        // The partner's data comes: it ends with Failed Fused Command,
+        // as a completion now or the outcome of its data.
+        let out = p.io.data_arrived(0, partner, vec![0u8; 4096]);
+        let mut ended: Vec<Cqe> = std::iter::from_fn(|| p.io.poll_completion()).collect();
+        if let Outcome::Complete { cqe, .. } = out {
+            ended.push(cqe);
+        }
+        assert_eq!(ended.len(), 1, "{ended:?}");
+        assert_eq!((ended[0].cid.get(), ended[0].status()), (partner, Status::ABORTED_FAILED_FUSED));
+        // The queue takes a new pair.
+        fused_waiting(&mut p.io, 0x05, 7, 0b01);
+    }
+}
+
 #[test]
 fn a_write_waiting_for_its_data_is_aborted_through_the_mailbox() {
     let t = target();
