@@ -101,8 +101,9 @@ pub enum BindingEvent {
     CommandInInput { sqe: Sqe, data: std::ops::Range<usize> },
     /// The write data solicited for `cid`.
     Data { cid: u16, data: Buf },
-    /// The data for `cid` failed its digest.
-    DataDigestError { cid: u16 },
+    /// The data for `cid` failed its digest: data it waited for
+    /// (`solicited`), or its capsule's own (it never ran).
+    DataDigestError { cid: u16, solicited: bool },
     /// The connection is over (the reason is logged).
     Close { reason: String },
     /// Something to log at debug level.
@@ -240,7 +241,7 @@ impl Binding for nvmf_tcp::target::TargetConnection<Buf> {
             Event::Command { sqe, data } => BindingEvent::Command { sqe, data },
             Event::CommandInInput { sqe, data } => BindingEvent::CommandInInput { sqe, data },
             Event::Data { cid, data } => BindingEvent::Data { cid, data },
-            Event::DataDigestError { cid } => BindingEvent::DataDigestError { cid },
+            Event::DataDigestError { cid, solicited } => BindingEvent::DataDigestError { cid, solicited },
             Event::HostTerminated { fes } => {
                 BindingEvent::Close { reason: format!("host sent H2CTermReq (fes {fes:#x}); closing") }
             }
@@ -583,12 +584,14 @@ fn dispatch_events<T: Binding>(conn: &Rc<Conn<T>>, now_ms: u64, input: &[u8]) ->
                 let outcome = conn.queue.borrow_mut().data_arrived(now_ms, cid, data);
                 answer(conn, cid, outcome, |d| d);
             }
-            BindingEvent::DataDigestError { cid } => {
+            BindingEvent::DataDigestError { cid, solicited } => {
                 log::warn!(
                     "{}: data digest mismatch on cid {cid}; completing with Transient Transport Error",
                     conn.shell.peer
                 );
-                conn.queue.borrow_mut().data_failed(cid);
+                if solicited {
+                    conn.queue.borrow_mut().data_failed(cid);
+                }
                 conn.failed(Status::TRANSIENT_TRANSPORT_ERROR);
                 conn.respond(Cqe::new(cid, Status::TRANSIENT_TRANSPORT_ERROR, 0));
             }

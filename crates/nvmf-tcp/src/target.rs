@@ -94,6 +94,11 @@ pub enum Event<B> {
     DataDigestError {
         /// Command identifier.
         cid: u16,
+        /// The data was solicited (H2CData after an R2T): the command is
+        /// waiting for it. Otherwise it was the capsule's own: the command
+        /// never ran, and a command of the same CID that waits for data is
+        /// another's, left alone.
+        solicited: bool,
     },
     /// The host sent H2CTermReq; close after flushing.
     HostTerminated {
@@ -267,7 +272,7 @@ impl<B: DataBuffer> TargetConnection<B> {
             debug_assert!(false, "handle_input after handle_input_lent without keep_input");
             for e in &mut self.events {
                 if let Event::CommandInInput { sqe, .. } = e {
-                    *e = Event::DataDigestError { cid: sqe.cid.get() };
+                    *e = Event::DataDigestError { cid: sqe.cid.get(), solicited: false };
                 }
             }
             self.lent = 0;
@@ -458,7 +463,7 @@ impl<B: DataBuffer> TargetConnection<B> {
             return Ok(());
         }
         if !data_ok {
-            self.events.push_back(Event::DataDigestError { cid });
+            self.events.push_back(Event::DataDigestError { cid, solicited: false });
             return Ok(());
         }
         if let Some(at) = lent_at {
@@ -569,7 +574,7 @@ impl<B: DataBuffer> TargetConnection<B> {
                 self.r2t_bytes = self.r2t_bytes.saturating_sub(u64::from(done.len));
                 self.start_waiting_r2ts();
                 self.events.push_back(if done.digest_failed {
-                    Event::DataDigestError { cid: done.cid }
+                    Event::DataDigestError { cid: done.cid, solicited: true }
                 } else {
                     Event::Data { cid: done.cid, data: buf }
                 });
