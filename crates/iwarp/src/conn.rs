@@ -749,7 +749,9 @@ impl<B: DataBuffer> Connection<B> {
                     if need == 4 {
                         let ctrl = Ctrl(u16::from_be_bytes([self.hdr[2], self.hdr[3]]));
                         let Some(len) = ctrl.opcode().header_len() else {
-                            return Err(self.segment_error(
+                            // Its header's length is unknown: nothing of
+                            // it is echoed (M and D clear).
+                            return Err(Fatal::new(
                                 ErrorCode::RDMAP_OPCODE,
                                 format!("opcode {} unknown (expected 0..=7)", ctrl.opcode().0),
                             ));
@@ -801,9 +803,9 @@ impl<B: DataBuffer> Connection<B> {
     /// A fatal error about the segment whose header is in `hdr`, echoing
     /// that header (its DDP segment length first).
     fn segment_error(&self, code: ErrorCode, reason: String) -> Fatal {
-        let mut header = Vec::with_capacity(self.hdr_len);
-        header.extend_from_slice(&(self.payload_len as u16).to_be_bytes());
-        header.extend_from_slice(self.hdr.get(LEN_FIELD..self.hdr_len).unwrap_or_default());
+        // The DDP segment length is the MPA ULPDU length as received
+        // (header and payload).
+        let header = self.hdr.get(..self.hdr_len).unwrap_or_default().to_vec();
         Fatal { code, reason, header }
     }
 

@@ -538,6 +538,10 @@ fn a_write_to_an_unknown_stag_places_nothing() {
     let (e, mut h) = host_rejects(false, |t, stag| t.write(stag ^ 0x01, 0, &[9; 64]), |_| {});
     assert_eq!(e.code, ErrorCode::DDP_TAGGED_INVALID_STAG);
     assert!(e.reason.contains("not registered"), "{e}");
+    // The echo: the DDP segment length (the 14-byte tagged header and the
+    // 64 bytes), then the header.
+    assert_eq!(e.header.len(), 16);
+    assert_eq!(&e.header[..2], &78u16.to_be_bytes(), "DDP segment length");
     let (le, ec, hdrct) = terminate_sent(&mut h);
     assert_eq!((le, ec), (0x11, 0x00));
     assert_eq!(hdrct & 0xc000, 0xc000, "M and D: the DDP header is echoed");
@@ -666,6 +670,7 @@ fn unknown_opcode_and_versions_are_named() {
     let (e, _) = host_rejects(false, |t, _| t.send(&[1; 16], &[], None), |b| b[3] = 0x48);
     assert_eq!(e.code, ErrorCode::RDMAP_OPCODE);
     assert!(e.reason.contains("opcode 8"), "{e}");
+    assert!(e.header.is_empty(), "a header of unknown length is not echoed");
     let (e, _) = host_rejects(false, |t, _| t.send(&[1; 16], &[], None), |b| b[2] = 0x42);
     assert_eq!(e.code, ErrorCode::DDP_UNTAGGED_VERSION);
     let (e, _) = host_rejects(false, |t, _| t.send(&[1; 16], &[], None), |b| b[3] = 0x83);
