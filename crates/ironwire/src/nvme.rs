@@ -108,6 +108,9 @@ pub enum BindingEvent {
     Close { reason: String },
     /// Something to log at debug level.
     Note(String),
+    /// Something the host did wrong that the binding answered itself, to
+    /// log as a warning.
+    Warn(String),
 }
 
 /// An NVMe-oF transport binding: framing and data movement for one queue.
@@ -289,6 +292,9 @@ impl Binding for nvmf_rdma::target::TargetQueue<Buf> {
             Event::HostTerminated(code) => {
                 BindingEvent::Close { reason: format!("host sent an iWARP Terminate ({code}); closing") }
             }
+            Event::CidConflict { cid } => BindingEvent::Warn(format!(
+                "cid {cid} reused while a command of that cid is in flight; answered Command ID Conflict"
+            )),
             Event::Accepted { qid, entries, crc, ord } => BindingEvent::Note(format!(
                 "NVMe/RDMA queue {qid} accepted: {entries} entries, CRC {}, ORD {ord}",
                 if crc { "on" } else { "off" }
@@ -600,6 +606,7 @@ fn dispatch_events<T: Binding>(conn: &Rc<Conn<T>>, now_ms: u64, input: &[u8]) ->
                 conn.shell.close();
             }
             BindingEvent::Note(note) => log::debug!("{}: {note}", conn.shell.peer),
+            BindingEvent::Warn(what) => log::warn!("{}: {what}", conn.shell.peer),
         }
     }
     conn.shell.tx_ready.notify();

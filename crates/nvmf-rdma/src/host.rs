@@ -523,6 +523,40 @@ mod tests {
     }
 
     #[test]
+    fn a_cid_reused_while_in_flight_is_refused_and_the_first_keeps_its_buffer() {
+        let (mut h, mut t) = pair(false, 1);
+        h.submit(cmd(0x02, 5), Vec::new(), 4096);
+        pump(&mut h, &mut t);
+        let Some(TEvent::Command { sqe, .. }) = t.poll_event() else { panic!("the read") };
+        assert_eq!(sqe.cid.get(), 5);
+        let Ok(sgl::DataPtr::Keyed(first)) = sgl::parse(&sqe, 0, 1 << 20) else { panic!("a keyed read") };
+        // The same CID again, with another buffer, while the read runs:
+        // sent by hand, as the host side would never do it.
+        let mut again = cmd(0x02, 5);
+        again.set_sgl(sgl::keyed(0x9000, 4096, 0x77, true));
+        h.conn.send(again.as_bytes(), &[], None);
+        let mut wire = Vec::new();
+        h.conn.take_transmit(&mut wire);
+        t.handle_input(&wire).unwrap();
+        assert!(matches!(t.poll_event(), Some(TEvent::CidConflict { cid: 5 })));
+        assert!(t.poll_event().is_none(), "the second command never runs");
+        let mut back = Vec::new();
+        t.take_transmit(&mut back);
+        assert!(!back.windows(4).any(|w| w == 0x77u32.to_be_bytes()), "no Invalidate of the second key");
+        // The host hears of the conflict (for the CID it has in flight).
+        h.handle_input(&back).unwrap();
+        let (cqe, _) = h.poll_completion().expect("the conflict's completion");
+        assert_eq!((cqe.cid.get(), cqe.status()), (5, Status::CID_CONFLICT.dnr()));
+        // The first read's data goes to the first buffer: an RDMA Write
+        // (MPA length, control, then the STag) to its key, with Invalidate
+        // of that key in the completion.
+        t.send_data(5, &pattern(5, 4096), Cqe::new(5, Status::SUCCESS, 0));
+        let mut out = Vec::new();
+        t.take_transmit(&mut out);
+        assert_eq!(&out[4..8], &first.key.to_be_bytes(), "STag of the RDMA Write");
+    }
+
+    #[test]
     fn data_with_no_keyed_buffer_to_go_to_fails_its_command() {
         let (mut h, mut t) = pair(false, 1);
         // A small write: its data came in the capsule, so the host gave

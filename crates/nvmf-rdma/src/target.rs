@@ -15,6 +15,7 @@ use iwarp::error::{ErrorCode, Fatal};
 use iwarp::{Connection, State};
 use nvme_spec::{Cqe, Sqe, Status};
 use rustc_hash::FxHashMap;
+use std::collections::hash_map::Entry;
 use std::collections::VecDeque;
 use zerocopy::{FromBytes, IntoBytes};
 
@@ -92,6 +93,14 @@ pub enum Event<B> {
     },
     /// The host sent an iWARP Terminate; close.
     HostTerminated(ErrorCode),
+    /// A command came with the CID of one still in flight (the host broke
+    /// the rule that CIDs are unique among its outstanding commands): it
+    /// was answered with Command ID Conflict and never ran; the first
+    /// keeps its keyed buffer. For the log.
+    CidConflict {
+        /// The CID reused.
+        cid: u16,
+    },
     /// The connection request was accepted: what was agreed, for the log.
     Accepted {
         /// The queue ID asked for.
@@ -322,7 +331,19 @@ impl<B: DataBuffer> TargetQueue<B> {
             (None, None) => 0,
         };
         if let Ok(DataPtr::Keyed(k)) = sgl::parse(&sqe, in_capsule, self.cfg.max_transfer) {
-            self.keyed.insert(sqe.cid.get(), k);
+            let cid = sqe.cid.get();
+            match self.keyed.entry(cid) {
+                Entry::Vacant(v) => {
+                    v.insert(k);
+                }
+                Entry::Occupied(_) => {
+                    // The key in the map is the first command's: it must
+                    // not be overwritten, nor invalidated by this answer.
+                    self.complete(Cqe::new(cid, Status::CID_CONFLICT.dnr(), 0), None);
+                    self.events.push_back(Event::CidConflict { cid });
+                    return Ok(());
+                }
+            }
         }
         match m.lent {
             Some(data) => self.events.push_back(Event::CommandInInput { sqe, data }),
@@ -473,10 +494,16 @@ impl<B: DataBuffer> TargetQueue<B> {
     /// Sends a completion: one Send of the 16-byte CQE, with Invalidate of
     /// the command's key when its SGL asked for it. SQHD and SQID are filled
     /// in here; the command's receive is posted again.
-    pub fn send_response(&mut self, mut cqe: Cqe) {
+    pub fn send_response(&mut self, cqe: Cqe) {
+        let invalidate = self.keyed.remove(&cqe.cid.get()).filter(|k| k.invalidate).map(|k| k.key);
+        self.complete(cqe, invalidate);
+    }
+
+    /// Sends `cqe` (with Invalidate of `invalidate`) and posts the
+    /// command's receive again.
+    fn complete(&mut self, mut cqe: Cqe, invalidate: Option<u32>) {
         cqe.sqhd = if self.sq_flow_disabled { 0xffff } else { self.sqhd }.into();
         cqe.sqid = self.sqid.into();
-        let invalidate = self.keyed.remove(&cqe.cid.get()).filter(|k| k.invalidate).map(|k| k.key);
         self.conn.post_receives(1);
         self.conn.send(cqe.as_bytes(), &[], invalidate);
     }
