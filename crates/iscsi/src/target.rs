@@ -433,6 +433,10 @@ struct Login {
     session_type: SessionType,
     auth: Auth,
     seen: HashSet<String>,
+    /// Bytes of the key names in `seen`. A login may go on for many
+    /// requests before authentication, so the whole login, not just each
+    /// request, is held to `max_text_len` of them.
+    seen_len: usize,
     partial: Vec<u8>,
     declared: bool,
     tpgt_sent: bool,
@@ -583,6 +587,7 @@ impl<B: DataBuffer> TargetConnection<B> {
                 session_type: SessionType::Normal,
                 auth: Auth::NotStarted,
                 seen: HashSet::new(),
+                seen_len: 0,
                 partial: Vec::new(),
                 declared: false,
                 tpgt_sent: false,
@@ -1001,6 +1006,13 @@ impl<B: DataBuffer> TargetConnection<B> {
         let text = std::mem::take(&mut self.login.partial);
         let pairs = text::parse(&text).map_err(|e| login_fail(ls::INITIATOR_ERROR, e.to_string()))?;
         for (k, _) in &pairs {
+            self.login.seen_len = self.login.seen_len.saturating_add(k.len());
+            if self.login.seen_len > self.cfg.max_text_len {
+                return Err(login_fail(
+                    ls::INITIATOR_ERROR,
+                    format!("login keys over {} bytes in all requests", self.cfg.max_text_len),
+                ));
+            }
             if !self.login.seen.insert(k.clone()) {
                 return Err(login_fail(ls::INITIATOR_ERROR, format!("key {k} sent twice")));
             }

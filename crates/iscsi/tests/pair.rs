@@ -400,6 +400,35 @@ fn login_request_with_continue_bit_gets_an_empty_answer_then_the_whole_text_is_u
     assert_eq!(t.session_type(), SessionType::Discovery);
 }
 
+#[test]
+fn login_that_keeps_sending_new_keys_is_refused_once_they_pass_the_text_limit() {
+    // Each request is within the per-request limit, but a login that never
+    // transits and sends new key names each time must not be remembered
+    // without bound before authentication.
+    let tc = TargetConfig { max_text_len: 4096, ..target_cfg(false) };
+    let mut t = Target::new(tc, Arc::new(TestPolicy::default()), seed());
+    let (r, _) =
+        raw_login(&mut t, (0, 1), false, b"InitiatorName=iqn.2026-01.test:host1\0TargetName=iqn.2026-01.test:disk1\0");
+    assert_eq!(r.login_status(), login_status::SUCCESS);
+    let mut refused = None;
+    for round in 0..100 {
+        let mut text = Vec::new();
+        for key in 0..20 {
+            text.extend_from_slice(format!("X-com.example.Round{round:04}-Key{key:04}=1\0").as_bytes());
+        }
+        assert!(text.len() < 4096);
+        let (r, _) = raw_login(&mut t, (0, 1), false, &text);
+        if r.login_status() != login_status::SUCCESS {
+            refused = Some((round, r.login_status()));
+            break;
+        }
+    }
+    let (round, status) = refused.expect("the login is refused");
+    assert_eq!(status, login_status::INITIATOR_ERROR);
+    assert!(round < 20, "refused only after round {round}");
+    assert_eq!(t.state(), State::Closed);
+}
+
 // ---- full feature phase ----
 
 #[test]
