@@ -1415,7 +1415,7 @@ impl<B: DataBuffer> TargetConnection<B> {
         }
         let bad =
             |field: &'static str, detail: String| Self::field_err(RejectReason::PROTOCOL_ERROR, field, detail, bhs);
-        if self.tasks.contains_key(&itt) || itt == RESERVED_TAG {
+        if self.itt_in_use(itt) || itt == RESERVED_TAG {
             self.retire(bhs.immediate());
             return Err(Self::field_err(
                 RejectReason::TASK_IN_PROGRESS,
@@ -1651,6 +1651,13 @@ impl<B: DataBuffer> TargetConnection<B> {
             }
             self.advance_write(next.itt);
         }
+    }
+
+    /// Whether `itt` names an open task: a SCSI command or a task
+    /// management request not yet answered. A new request may not take it
+    /// (RFC 7143 section 11.17.1, "Task in progress").
+    fn itt_in_use(&self, itt: u32) -> bool {
+        self.tasks.contains_key(&itt) || self.tmf_pending.contains_key(&itt)
     }
 
     /// Tasks open in the session: SCSI commands and task management
@@ -2017,6 +2024,16 @@ impl<B: DataBuffer> TargetConnection<B> {
         }
         let function = TmfFunction(bhs.flags() & 0x7f);
         let itt = bhs.itt();
+        if self.itt_in_use(itt) {
+            // The task or request holding the ITT carries on untouched.
+            self.retire(bhs.immediate());
+            return Err(Self::field_err(
+                RejectReason::TASK_IN_PROGRESS,
+                "InitiatorTaskTag",
+                format!("task management ITT {itt:#x} already in use"),
+                bhs,
+            ));
+        }
         if self.open_count() >= self.cfg.max_tasks as usize {
             let limit = self.cfg.max_tasks;
             if bhs.immediate() {

@@ -5,7 +5,10 @@
 
 use iscsi::host::{HostConfig, HostConnection};
 use iscsi::pdu::{self, flags, Bhs, Framing, Opcode};
-use iscsi::target::{scsi_status, Event, Policy, Seed, State, TargetConfig, TargetConnection, TargetInfo, TaskRef};
+use iscsi::target::{
+    scsi_status, tmf_response, Event, Policy, Seed, State, TargetConfig, TargetConnection, TargetInfo, TaskRef,
+    TmfFunction,
+};
 use iscsi::{DataBuffer, RejectReason};
 use std::cell::Cell;
 use std::sync::Arc;
@@ -246,4 +249,49 @@ fn write_buffers_wait_for_the_budget_until_data_can_arrive() {
     let next: Vec<Bhs> = output(&mut t).into_iter().map(|p| p.0).filter(|b| b.opcode() == Opcode::R2T).collect();
     assert!(!next.is_empty() && next.iter().all(|b| b.itt() == 1), "R2Ts for the second write: {next:?}");
     assert_eq!(live() - before, LEN as usize);
+}
+
+fn tmf(itt: u32, cmd_sn: u32, function: TmfFunction, referenced: u32) -> Bhs {
+    let mut b = Bhs::new(Opcode::TASK_MGMT_REQ);
+    b.set_immediate(true)
+        .set_flags(flags::FINAL | function.0)
+        .set_itt(itt)
+        .set_referenced_task_tag(referenced)
+        .set_ref_cmd_sn(cmd_sn)
+        .set_cmd_sn(cmd_sn);
+    b
+}
+
+#[test]
+fn request_reusing_the_itt_of_a_pending_task_management_request_is_rejected_and_changes_nothing() {
+    let (mut t, cmd_sn, _) = logged_in(config());
+    // A write still waiting for its data, and an abort of it.
+    feed(&mut t, &write_cmd(5, cmd_sn, 4096), &[]);
+    let cmd_sn = cmd_sn.wrapping_add(1);
+    feed(&mut t, &tmf(7, cmd_sn, TmfFunction::ABORT_TASK, 5), &[]);
+    let events: Vec<_> = std::iter::from_fn(|| t.poll_event()).collect();
+    assert!(matches!(events.as_slice(), [Event::TaskMgmt { itt: 7, .. }]), "{events:?}");
+    output(&mut t);
+    // The same ITT again: as a SCSI command and as another request.
+    feed(&mut t, &read_cmd(7, cmd_sn, true), &[]);
+    feed(&mut t, &tmf(7, cmd_sn, TmfFunction::TASK_REASSIGN, 5), &[]);
+    feed(&mut t, &tmf(7, cmd_sn, TmfFunction::ABORT_TASK_SET, 0), &[]);
+    assert!(t.poll_event().is_none(), "nothing reaches the upper layer");
+    let out = output(&mut t);
+    assert_eq!(out.len(), 3, "{out:?}");
+    for (b, _) in &out {
+        assert_eq!(b.opcode(), Opcode::REJECT);
+        assert_eq!(RejectReason(b.byte2()), RejectReason::TASK_IN_PROGRESS);
+    }
+    // The first request is still the one answered, and it ends the write.
+    assert!(t.send_tmf_response(7, tmf_response::COMPLETE));
+    let out = output(&mut t);
+    assert!(
+        matches!(out.as_slice(), [(b, _)] if b.opcode() == Opcode::TASK_MGMT_RESP && b.itt() == 7 && b.byte2() == 0)
+    );
+    assert_eq!(t.open_tasks(), 0);
+    let mut logout = Bhs::new(Opcode::LOGOUT_REQ);
+    logout.set_immediate(true).set_flags(flags::FINAL).set_itt(9).set_cmd_sn(cmd_sn);
+    feed(&mut t, &logout, &[]);
+    assert!(output(&mut t).iter().any(|(b, _)| b.opcode() == Opcode::LOGOUT_RESP && b.itt() == 9));
 }
