@@ -51,6 +51,11 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl Gone {
+    /// Whether the session's connection is gone.
+    fn is_gone(&self) -> bool {
+        lock(&self.state).0
+    }
+
     fn set(&self) {
         let mut st = lock(&self.state);
         st.0 = true;
@@ -128,7 +133,9 @@ impl Registry {
             if let Some(s) = &old.socket {
                 let _ = s.shutdown(Shutdown::Both);
             }
-            older.extend(old.older.iter().cloned());
+            // Sessions already gone need no waiting: dropping them keeps
+            // a chain of reinstatements from growing this list for ever.
+            older.extend(old.older.iter().filter(|g| !g.is_gone()).cloned());
             older.push(old.gone.clone());
         }
         let entry = Arc::new(Entry { socket, peer, reinstated: AtomicBool::new(false), gone: Arc::default(), older });
@@ -206,5 +213,20 @@ mod tests {
         drop(a3);
         drop(b);
         assert_eq!(r.len(), 0);
+    }
+
+    #[test]
+    fn repeated_reinstatement_waits_only_for_sessions_not_yet_gone() {
+        let r = Arc::new(Registry::default());
+        let isid = [0x80, 0, 0, 0, 0, 1];
+        let mut last = r.register("iqn.2026-11.test:h", isid, None, peer(1));
+        for port in 2..200 {
+            let next = r.register("iqn.2026-11.test:h", isid, None, peer(port));
+            // Only the session just replaced is still there to wait for.
+            assert_eq!(next.older().len(), 1, "reinstatement {port}");
+            drop(last);
+            last = next;
+        }
+        assert_eq!(r.len(), 1);
     }
 }
