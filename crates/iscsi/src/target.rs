@@ -202,6 +202,9 @@ pub struct TargetConfig {
     /// whole buffer, and its R2Ts, only while this leaves room; until then
     /// it keeps only the data that did arrive. One write is always let
     /// through, so a write up to `max_write_len` never waits for ever.
+    /// An immediate write whose data arrives unasked, which the CmdSN
+    /// window does not bound, takes its whole buffer from the budget at
+    /// once or is rejected ("immediate command reject").
     pub write_budget: u64,
     /// CHAP algorithms accepted.
     pub chap_algorithms: Vec<ChapAlgorithm>,
@@ -1451,6 +1454,25 @@ impl<B: DataBuffer> TargetConnection<B> {
         if self.open_count() >= self.cfg.max_tasks as usize {
             return self.refuse_task(bhs, write && f & flags::FINAL == 0);
         }
+        if bhs.immediate() && write && edtl > 0 && (!data.is_empty() || f & flags::FINAL == 0) {
+            // The CmdSN window does not bound immediate commands: a write
+            // whose data arrives unasked takes its whole buffer from the
+            // budget now, or is refused as one past the task limit is.
+            if !self.budget_allows(edtl) {
+                if f & flags::FINAL == 0 {
+                    self.forget_itt(itt);
+                }
+                return Err(Self::field_err(
+                    RejectReason::IMMEDIATE_COMMAND_REJECT,
+                    "Immediate",
+                    format!(
+                        "immediate write of {edtl} bytes with {} of the write budget's {} bytes held",
+                        self.write_held, self.cfg.write_budget
+                    ),
+                    bhs,
+                ));
+            }
+        }
         let read_expected = match (read, write) {
             (true, true) => bidi_read_len.unwrap_or(0),
             (true, false) => edtl,
@@ -1499,7 +1521,7 @@ impl<B: DataBuffer> TargetConnection<B> {
         // What arrives without being asked for: the immediate data and,
         // with the F bit clear, unsolicited Data-Out up to the first burst.
         let unasked = if unsolicited { self.params.first_burst_length.min(edtl).max(received) } else { received };
-        let (buf, staged, budgeted) = if unasked >= edtl {
+        let (buf, staged, budgeted) = if unasked >= edtl && !bhs.immediate() {
             (Some(B::alloc(edtl as usize)), None, false)
         } else if self.budget_allows(edtl) {
             self.write_held = self.write_held.saturating_add(u64::from(edtl));

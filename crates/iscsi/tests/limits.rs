@@ -82,11 +82,17 @@ type Target = TargetConnection<Counted>;
 /// A target logged in to by a host that asked for R2Ts only
 /// (InitialR2T=Yes, ImmediateData=No); the next CmdSN and ExpStatSN.
 fn logged_in(tc: TargetConfig) -> (Target, u32, u32) {
+    logged_in_with(tc, true)
+}
+
+/// As [`logged_in`], with InitialR2T and ImmediateData the opposite of
+/// each other as `r2t_only` says.
+fn logged_in_with(tc: TargetConfig, r2t_only: bool) -> (Target, u32, u32) {
     let mut hc = HostConfig::new(INITIATOR, Some(TARGET));
     hc.params.header_digest = false;
     hc.params.data_digest = false;
-    hc.params.initial_r2t = true;
-    hc.params.immediate_data = false;
+    hc.params.initial_r2t = r2t_only;
+    hc.params.immediate_data = !r2t_only;
     let mut h = HostConnection::new(hc);
     let seed = Seed { tsih: 1, stat_sn: 10, chap_id: 1, chap_challenge: [7; 32] };
     let mut t = Target::new(tc, Arc::new(Open), seed);
@@ -294,4 +300,28 @@ fn request_reusing_the_itt_of_a_pending_task_management_request_is_rejected_and_
     logout.set_immediate(true).set_flags(flags::FINAL).set_itt(9).set_cmd_sn(cmd_sn);
     feed(&mut t, &logout, &[]);
     assert!(output(&mut t).iter().any(|(b, _)| b.opcode() == Opcode::LOGOUT_RESP && b.itt() == 9));
+}
+
+#[test]
+fn immediate_writes_announcing_unsolicited_data_hold_no_more_than_the_budget() {
+    const BUDGET: u64 = 4 << 20;
+    const LEN: u32 = 256 << 10;
+    let (mut t, cmd_sn, _) = logged_in_with(TargetConfig { write_budget: BUDGET, ..config() }, false);
+    assert!(!t.params().initial_r2t && t.params().immediate_data);
+    assert_eq!(t.params().first_burst_length, LEN);
+    let before = live();
+    // Immediate writes that promise a first burst (F=0) and never send it;
+    // the CmdSN window does not bound them.
+    for itt in 0..200 {
+        let mut c = write_cmd(itt, cmd_sn, LEN);
+        c.set_flags(flags::WRITE).set_immediate(true);
+        feed(&mut t, &c, &[]);
+    }
+    let held = live() - before;
+    assert!(held as u64 <= BUDGET, "{held} bytes held");
+    assert_eq!(t.open_tasks() as u64, BUDGET / u64::from(LEN));
+    let rejects: Vec<_> = output(&mut t).into_iter().filter(|(b, _)| b.opcode() == Opcode::REJECT).collect();
+    assert_eq!(rejects.len(), 200 - t.open_tasks());
+    assert!(rejects.iter().all(|(b, _)| RejectReason(b.byte2()) == RejectReason::IMMEDIATE_COMMAND_REJECT));
+    assert_eq!(t.state(), State::FullFeature);
 }
