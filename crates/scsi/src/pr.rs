@@ -40,6 +40,13 @@ fn all_registrants(t: u8) -> bool {
     matches!(t, WRITE_EXCLUSIVE_ALL_REGISTRANTS | EXCLUSIVE_ACCESS_ALL_REGISTRANTS)
 }
 
+/// Registrants one logical unit keeps. Registrations outlive their I_T
+/// nexus (SPC-4), so without a limit every new nexus that registers would
+/// grow the list for good; past it a REGISTER that would add one fails
+/// with INSUFFICIENT REGISTRATION RESOURCES, as SPC-4 has a device server
+/// answer when it has no room for another registration.
+pub(crate) const MAX_REGISTRATIONS: usize = 1024;
+
 #[derive(Clone, Debug)]
 struct Registration {
     nexus: NexusId,
@@ -302,6 +309,9 @@ fn register<B>(st: &mut LuState, nexus: &Nexus, id: &NexusId, key: u64, sa_key: 
                 return conflict();
             }
             if sa_key != 0 {
+                if pr.regs.len() >= MAX_REGISTRATIONS {
+                    return Outcome::Check(Sense::INSUFFICIENT_REGISTRATION_RESOURCES);
+                }
                 pr.regs.push(Registration { nexus: id.clone(), key: sa_key, relative_port: nexus.relative_port });
                 pr.generation = pr.generation.wrapping_add(1);
             }

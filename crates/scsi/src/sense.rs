@@ -133,6 +133,9 @@ impl Sense {
     pub const PARAMETER_LIST_LENGTH_ERROR: Sense = Sense::new(key::ILLEGAL_REQUEST, 0x1A, 0x00);
     /// ILLEGAL REQUEST / SAVING PARAMETERS NOT SUPPORTED.
     pub const SAVING_PARAMETERS_NOT_SUPPORTED: Sense = Sense::new(key::ILLEGAL_REQUEST, 0x39, 0x00);
+    /// ILLEGAL REQUEST / INSUFFICIENT REGISTRATION RESOURCES: no room for
+    /// another persistent reservation registrant.
+    pub const INSUFFICIENT_REGISTRATION_RESOURCES: Sense = Sense::new(key::ILLEGAL_REQUEST, 0x55, 0x04);
     /// MISCOMPARE / MISCOMPARE DURING VERIFY OPERATION.
     pub const MISCOMPARE: Sense = Sense::new(key::MISCOMPARE, 0x1D, 0x00);
     /// DATA PROTECT / WRITE PROTECTED (software write protect is on).
@@ -212,6 +215,7 @@ impl Sense {
             (0x2F, 0x00) => "COMMANDS CLEARED BY ANOTHER INITIATOR",
             (0x39, 0x00) => "SAVING PARAMETERS NOT SUPPORTED",
             (0x3F, 0x0E) => "REPORTED LUNS DATA HAS CHANGED",
+            (0x55, 0x04) => "INSUFFICIENT REGISTRATION RESOURCES",
             _ => return None,
         })
     }

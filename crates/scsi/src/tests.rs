@@ -920,6 +920,25 @@ fn register_and_read_keys() {
 }
 
 #[test]
+fn register_past_the_registrant_limit_reports_insufficient_registration_resources() {
+    let lu = ram_lu();
+    let many = |n: usize| Nexus { initiator: format!("iqn.1994-05.com.example:many{n}"), ..nexus(1) };
+    for n in 0..crate::pr::MAX_REGISTRATIONS {
+        good(pr_out(&lu, &many(n), REGISTER, 0, 0, 0x1000 + n as u64));
+    }
+    let last = many(crate::pr::MAX_REGISTRATIONS);
+    for sa in [REGISTER, REGISTER_IGNORE] {
+        assert_eq!(asc(check(pr_out(&lu, &last, sa, 0, 0, 0xF))), (5, 0x55, 0x04));
+    }
+    let d = pr_in(&lu, &last, 0);
+    assert_eq!(u32::from_be_bytes([d[4], d[5], d[6], d[7]]) as usize, crate::pr::MAX_REGISTRATIONS * 8);
+    // Registrants may still change their key; once one leaves, a new one fits.
+    good(pr_out(&lu, &many(0), REGISTER, 0, 0x1000, 0xE));
+    good(pr_out(&lu, &many(0), REGISTER, 0, 0xE, 0));
+    good(pr_out(&lu, &last, REGISTER, 0, 0, 0xF));
+}
+
+#[test]
 fn unregistered_nexus_cannot_register_with_nonzero_key() {
     let lu = ram_lu();
     conflict(pr_out(&lu, &nexus(1), REGISTER, 0, 0x5, 0x6));
