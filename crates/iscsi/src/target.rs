@@ -751,8 +751,14 @@ impl<B: DataBuffer> TargetConnection<B> {
     fn on_error(&mut self, e: &PduError) {
         log::warn!("iscsi: {e}");
         if self.state == State::AwaitLogin {
-            // No Reject during login (RFC 7143 section 6.9): just close.
-            self.state = State::Closed;
+            // No Reject during login (RFC 7143 section 6.9): a PDU the
+            // login cannot take ends it with a Login reject, "invalid
+            // during login" for one that is no Login Request (RFC 7143,
+            // Login Phase Start), then the connection closes.
+            match e.bhs {
+                Some(bhs) => self.refuse_login_pdu(&bhs, e.to_string()),
+                None => self.state = State::Closed,
+            }
             return;
         }
         match e.disposition {
@@ -922,6 +928,24 @@ impl<B: DataBuffer> TargetConnection<B> {
         self.send(&r, &[], &[]);
         self.events.push_back(Event::LoginFailed { status, reason });
         self.state = State::Closed;
+    }
+
+    /// Refuses the login because of PDU `bhs`, which may be no Login
+    /// Request: the Login Response names the login's ISID (or the PDU's,
+    /// when it is the first Login Request) and echoes the PDU's ITT. A
+    /// final response still held for [`Self::admit_session`] is dropped.
+    fn refuse_login_pdu(&mut self, bhs: &Bhs, reason: String) {
+        let is_login = bhs.opcode() == Opcode::LOGIN_REQ;
+        let status = if is_login { login_status::INITIATOR_ERROR } else { login_status::INVALID_DURING_LOGIN };
+        let isid = match (self.login.started, is_login) {
+            (true, _) => self.login.isid,
+            (false, true) => bhs.isid(),
+            (false, false) => [0; 6],
+        };
+        let mut req = Bhs::new(Opcode::LOGIN_REQ);
+        req.set_login_flags(false, false, self.login.stage, Stage(0)).set_isid(isid).set_itt(bhs.itt());
+        self.pending_login = None;
+        self.refuse_login(&req, status, reason);
     }
 
     /// Sends the final Login Response held since [`Event::SessionPending`]

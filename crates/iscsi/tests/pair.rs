@@ -429,6 +429,48 @@ fn login_that_keeps_sending_new_keys_is_refused_once_they_pass_the_text_limit() 
     assert_eq!(t.state(), State::Closed);
 }
 
+#[test]
+fn pdu_the_login_cannot_take_gets_a_login_reject_before_the_close() {
+    // Not a Login Request: "invalid during login".
+    let mut t = Target::new(target_cfg(false), Arc::new(TestPolicy::default()), seed());
+    let mut nop = Bhs::new(Opcode::NOP_OUT);
+    nop.set_immediate(true).set_flags(flags::FINAL).set_itt(5).set_ttt(RESERVED_TAG);
+    let mut bytes = Vec::new();
+    pdu::encode(&mut bytes, &nop, &[], &[], Framing::default());
+    assert!(t.handle_input(&bytes).is_err());
+    let out = target_output(&mut t);
+    assert!(
+        matches!(out.as_slice(), [(r, _)] if r.opcode() == Opcode::LOGIN_RESP
+            && r.itt() == 5
+            && r.login_status() == login_status::INVALID_DURING_LOGIN),
+        "{out:?}"
+    );
+    assert_eq!(t.state(), State::Closed);
+    // A Login Request past the 8192 bytes allowed during login, after a
+    // first request: initiator error, for the login's ISID.
+    let mut t = Target::new(target_cfg(false), Arc::new(TestPolicy::default()), seed());
+    let (r, _) = raw_login(&mut t, (0, 1), false, b"InitiatorName=iqn.2026-01.test:host1\0SessionType=Discovery\0");
+    assert_eq!(r.login_status(), login_status::SUCCESS);
+    let mut big = Bhs::new(Opcode::LOGIN_REQ);
+    big.set_immediate(true)
+        .set_login_flags(false, false, pdu::Stage(0), pdu::Stage(0))
+        .set_isid([0x80, 0, 0, 0, 0, 1])
+        .set_itt(2)
+        .set_cmd_sn(1);
+    let mut bytes = Vec::new();
+    pdu::encode(&mut bytes, &big, &[], &[b'a'; 9000], Framing { max_data_segment: 1 << 24, ..Framing::default() });
+    assert!(t.handle_input(&bytes).is_err());
+    let out = target_output(&mut t);
+    assert!(
+        matches!(out.as_slice(), [(r, _)] if r.opcode() == Opcode::LOGIN_RESP
+            && r.itt() == 2
+            && r.isid() == [0x80, 0, 0, 0, 0, 1]
+            && r.login_status() == login_status::INITIATOR_ERROR),
+        "{out:?}"
+    );
+    assert_eq!(t.state(), State::Closed);
+}
+
 // ---- full feature phase ----
 
 #[test]
