@@ -135,9 +135,6 @@ pub struct TargetQueue<B> {
     sq_entries: u16,
     sqid: u16,
     sq_flow_disabled: bool,
-    /// Aborted commands whose RDMA Read Response is still to come: it is
-    /// dropped when it does, never delivered.
-    discard: Vec<u16>,
     /// Write data to fetch once the ORD and `read_buffer` allow: CID and
     /// length.
     reads_waiting: VecDeque<(u16, u32)>,
@@ -167,7 +164,6 @@ impl<B: DataBuffer> TargetQueue<B> {
             sq_entries: cm::ADMIN_QUEUE_ENTRIES,
             sqid: 0,
             sq_flow_disabled: false,
-            discard: Vec::new(),
             reads_waiting: VecDeque::new(),
             read_bytes: 0,
         }
@@ -267,18 +263,9 @@ impl<B: DataBuffer> TargetQueue<B> {
             iwarp::Event::ConnectRequest { private_data, .. } => self.on_connect_request(&private_data)?,
             iwarp::Event::Send(m) => self.on_send(m)?,
             iwarp::Event::ReadDone { id, buf } => {
-                let cid = id as u16;
                 self.read_bytes = self.read_bytes.saturating_sub(buf.as_ref().len() as u64);
                 self.issue_reads();
-                // Read Responses come in the order of their requests,
-                // so the first one for an aborted CID is the aborted
-                // command's (a reused CID's read was requested later).
-                match self.discard.iter().position(|&c| c == cid) {
-                    Some(i) => {
-                        self.discard.swap_remove(i);
-                    }
-                    None => self.events.push_back(Event::Data { cid, data: buf }),
-                }
+                self.events.push_back(Event::Data { cid: id as u16, data: buf });
             }
             iwarp::Event::Terminated(code) => self.events.push_back(Event::HostTerminated(code)),
             iwarp::Event::Established { .. } | iwarp::Event::Rejected { .. } => {}
@@ -412,24 +399,20 @@ impl<B: DataBuffer> TargetQueue<B> {
         true
     }
 
-    /// Gives up the write data of `cid` (its command is being aborted): a
-    /// read still waiting is never requested; one already requested cannot
-    /// be recalled, so its response is dropped when it arrives. `false` when no read of `cid` is
-    /// outstanding (its data arrived already, or it has no keyed SGL) or
-    /// when as many responses as the queue has entries are already to be
-    /// dropped.
+    /// Gives up the write data of `cid` (its command is being aborted)
+    /// while its RDMA Read still waits to be issued: it never will be.
+    /// `false` for a read already requested: it cannot be recalled, and
+    /// the command must not complete while the host's RNIC may still
+    /// read its buffer (a completion lets the host invalidate the key
+    /// and reuse the memory), so it runs to its end, not aborted.
     pub fn cancel_data(&mut self, cid: u16) -> bool {
-        if let Some(i) = self.reads_waiting.iter().position(|&(c, _)| c == cid) {
-            // Not requested yet: it never will be.
-            self.reads_waiting.remove(i);
-            return true;
+        match self.reads_waiting.iter().position(|&(c, _)| c == cid) {
+            Some(i) => {
+                self.reads_waiting.remove(i);
+                true
+            }
+            None => false,
         }
-        let arrived = self.events.iter().any(|e| matches!(e, Event::Data { cid: c, .. } if *c == cid));
-        if arrived || !self.keyed.contains_key(&cid) || self.discard.len() >= usize::from(self.sq_entries) {
-            return false;
-        }
-        self.discard.push(cid);
-        true
     }
 
     /// Sends read data for `cid` into the host's keyed buffer, then the
