@@ -2070,6 +2070,17 @@ impl<B: DataBuffer> TargetConnection<B> {
         }
         let function = TmfFunction(bhs.flags() & 0x7f);
         let itt = bhs.itt();
+        if itt == RESERVED_TAG {
+            // 0xffffffff names no task of the initiator's (RFC 7143
+            // section 11.1.4): it could never be answered apart from a NOP.
+            self.retire(bhs.immediate());
+            return Err(Self::field_err(
+                RejectReason::INVALID_PDU_FIELD,
+                "InitiatorTaskTag",
+                "task management ITT 0xffffffff is reserved".into(),
+                bhs,
+            ));
+        }
         if self.itt_in_use(itt) {
             // The task or request holding the ITT carries on untouched.
             self.retire(bhs.immediate());

@@ -325,3 +325,19 @@ fn immediate_writes_announcing_unsolicited_data_hold_no_more_than_the_budget() {
     assert!(rejects.iter().all(|(b, _)| RejectReason(b.byte2()) == RejectReason::IMMEDIATE_COMMAND_REJECT));
     assert_eq!(t.state(), State::FullFeature);
 }
+
+#[test]
+fn task_management_with_the_reserved_itt_is_rejected() {
+    let (mut t, cmd_sn, _) = logged_in(config());
+    feed(&mut t, &tmf(0xffff_ffff, cmd_sn, TmfFunction::ABORT_TASK_SET, 0), &[]);
+    assert!(t.poll_event().is_none(), "nothing reaches the upper layer");
+    let out = output(&mut t);
+    assert!(
+        matches!(out.as_slice(), [(b, _)] if b.opcode() == Opcode::REJECT
+            && RejectReason(b.byte2()) == RejectReason::INVALID_PDU_FIELD),
+        "{out:?}"
+    );
+    // The session goes on: a request with a proper ITT is taken.
+    feed(&mut t, &tmf(8, cmd_sn, TmfFunction::ABORT_TASK_SET, 0), &[]);
+    assert!(matches!(t.poll_event(), Some(Event::TaskMgmt { itt: 8, .. })));
+}
