@@ -174,7 +174,7 @@ fn transport_id(initiator: &str) -> Vec<u8> {
         name.push(0);
     }
     let mut t = vec![format | 0x05, 0];
-    t.extend_from_slice(&(name.len() as u16).to_be_bytes());
+    t.extend_from_slice(&u16::try_from(name.len()).unwrap_or(u16::MAX).to_be_bytes());
     t.extend_from_slice(&name);
     t
 }
@@ -188,7 +188,7 @@ pub(crate) fn persistent_reserve_in<B, D: BlockDevice>(lu: &LogicalUnit<D>, c: B
     match c.u8(1) & 0x1F {
         // READ KEYS.
         0x00 => {
-            d.extend_from_slice(&((pr.regs.len().saturating_mul(8)) as u32).to_be_bytes());
+            d.extend_from_slice(&u32::try_from(pr.regs.len().saturating_mul(8)).unwrap_or(u32::MAX).to_be_bytes());
             for r in &pr.regs {
                 d.extend_from_slice(&r.key.to_be_bytes());
             }
@@ -220,10 +220,10 @@ pub(crate) fn persistent_reserve_in<B, D: BlockDevice>(lu: &LogicalUnit<D>, c: B
                 descs.extend_from_slice(&r.key.to_be_bytes());
                 descs.extend_from_slice(&[0, 0, 0, 0, u8::from(holder), scope_type, 0, 0, 0, 0]);
                 descs.extend_from_slice(&r.relative_port.to_be_bytes());
-                descs.extend_from_slice(&(tid.len() as u32).to_be_bytes());
+                descs.extend_from_slice(&u32::try_from(tid.len()).unwrap_or(u32::MAX).to_be_bytes());
                 descs.extend_from_slice(&tid);
             }
-            d.extend_from_slice(&(descs.len() as u32).to_be_bytes());
+            d.extend_from_slice(&u32::try_from(descs.len()).unwrap_or(u32::MAX).to_be_bytes());
             d.extend_from_slice(&descs);
         }
         _ => return Outcome::Check(Sense::invalid_cdb_field(1, Some(4))),
