@@ -247,6 +247,14 @@ pub fn take_transmit(tx: &mut Vec<u8>, zeros: &mut Vec<(usize, usize)>, out: &mu
     }
 }
 
+/// Whether a transfer of `len` bytes may take buffers now, with `held`
+/// bytes of a `budget` already taken: while it fits, and always when
+/// nothing is held (a transfer larger than the budget still proceeds
+/// alone). NVMe/TCP's R2Ts and NVMe/RDMA's RDMA Reads follow it.
+pub fn fits_budget(held: u64, len: u32, budget: u32) -> bool {
+    held == 0 || held.saturating_add(u64::from(len)) <= u64::from(budget)
+}
+
 /// Bytes queued to send: `tx` and the runs of zeros left out of it.
 pub fn transmit_len(tx: &[u8], zeros: &[(usize, usize)]) -> usize {
     zeros.iter().fold(tx.len(), |n, &(_, len)| n.saturating_add(len))

@@ -366,6 +366,17 @@ impl<T: Binding> Conn<T> {
         self.shell.tx_ready.notify();
     }
 
+    /// Sends the completions the queue produced besides its last outcome:
+    /// fused halves that ended with their partner (nvmf's fused.rs).
+    fn respond_extra(&self) {
+        loop {
+            let cqe = self.queue.borrow_mut().poll_completion();
+            let Some(cqe) = cqe else { break };
+            self.failed(cqe.status());
+            self.respond(cqe);
+        }
+    }
+
     /// Counts an I/O of namespace `nsid` begun at `t0` (µs, the loop
     /// clock) that ended with `status`.
     fn record(&self, nsid: u32, (op, bytes): (Op, u64), t0: u64, status: Status) {
@@ -561,11 +572,7 @@ fn dispatch_events<T: Binding>(conn: &Rc<Conn<T>>, now_ms: u64, input: &[u8]) ->
             conn.shell.tx_ready.notify();
             return false;
         }
-        // Fused halves the last event aborted (nvmf's fused.rs).
-        while let Some(cqe) = conn.queue.borrow_mut().poll_completion() {
-            conn.failed(cqe.status());
-            conn.respond(cqe);
-        }
+        conn.respond_extra();
         let ev = conn.wire.borrow_mut().poll_event();
         let Some(ev) = ev else { break };
         match ev {

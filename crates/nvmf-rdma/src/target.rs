@@ -364,8 +364,7 @@ impl<B: DataBuffer> TargetQueue<B> {
     fn issue_reads(&mut self) {
         while let Some(&(cid, len)) = self.reads_waiting.front() {
             let ord_room = self.conn.reads_in_flight() < usize::from(self.conn.ord().max(1));
-            let budget = self.read_bytes == 0
-                || self.read_bytes.saturating_add(u64::from(len)) <= u64::from(self.cfg.read_buffer);
+            let budget = block::fits_budget(self.read_bytes, len, self.cfg.read_buffer);
             if !(ord_room && budget && self.conn.reads_waiting() == 0) {
                 break;
             }

@@ -686,9 +686,8 @@ impl<B: DataBuffer> TargetConnection<B> {
     /// 16-bit TTAG can be taken at once only by a queue of more than 32K
     /// entries whose aborted transfers are still being drained.
     fn may_send_r2t(&self, len: u32) -> bool {
-        let budget =
-            self.r2t_bytes == 0 || self.r2t_bytes.saturating_add(u64::from(len)) <= u64::from(self.cfg.r2t_buffer);
-        budget && (!self.free_ttags.is_empty() || self.transfers.len() <= usize::from(u16::MAX))
+        block::fits_budget(self.r2t_bytes, len, self.cfg.r2t_buffer)
+            && (!self.free_ttags.is_empty() || self.transfers.len() <= usize::from(u16::MAX))
     }
 
     /// Takes back the command `cid` while it is parsed but not yet polled

@@ -103,12 +103,7 @@ fn answer<T: Binding>(conn: &Conn<T>) {
             conn.respond(cqe);
         }
         // The partner of an aborted fused half, if it ended with it.
-        loop {
-            let cqe = conn.queue.borrow_mut().poll_completion();
-            let Some(cqe) = cqe else { break };
-            conn.failed(cqe.status());
-            conn.respond(cqe);
-        }
+        conn.respond_extra();
     }
 }
 
