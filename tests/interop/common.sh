@@ -41,6 +41,21 @@ ensure_host_tools() {
 	"$KP" prepare || die "kernel-peer prepare failed"
 }
 
+# ensure_fio_layer : the guest's fio layer (KP_WITH_FIO=1), built from the
+# host's fio package (installed here unless --no-install).
+FIO_LAYER=0
+ensure_fio_layer() {
+	if ! command -v fio >/dev/null; then
+		((INSTALL)) || return 1
+		apt_update
+		say "apt-get install fio (for the guest's fio layer)"
+		as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends fio ||
+			die "apt-get install fio failed"
+	fi
+	KP_WITH_FIO=1 "$KP" prepare || die "kernel-peer prepare (fio layer) failed"
+	FIO_LAYER=1
+}
+
 # kp_run LOG TIMEOUT kernel-peer-run-args... : one scenario in a fresh guest.
 # A guest that never reaches its scenario (a soft lockup while booting under
 # TCG on a busy host, seen with more vCPUs than host cores) has tested

@@ -187,19 +187,6 @@ ensure_siw() {
 		die "kernel-peer prepare built no siw.ko (see its output above; KP_CACHE=$KP_CACHE)"
 }
 
-# The guest's fio layer (fio-verify) is built from the host's fio package.
-FIO_LAYER=0
-ensure_fio_layer() {
-	if ! command -v fio >/dev/null; then
-		((INSTALL)) || return 1
-		apt_update
-		say "apt-get install fio (for the guest's fio layer)"
-		as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends fio ||
-			die "apt-get install fio failed"
-	fi
-	KP_WITH_FIO=1 "$KP" prepare || die "kernel-peer prepare (fio layer) failed"
-	FIO_LAYER=1
-}
 
 
 

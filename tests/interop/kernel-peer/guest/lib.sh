@@ -109,6 +109,27 @@ kp_data_battery() {
 	kp_pattern_check "$_d" "$_lb" 7 4099  || return 1
 }
 
+# kp_fio_verified RC MIB : fio's exit status RC and its output
+# (/tmp/fio.out, normal + terse; stderr in /tmp/fio.err) show a clean run
+# that wrote MIB MiB and read all of it back verified.
+kp_fio_verified() {
+	grep -v '^3;' /tmp/fio.out
+	[ -s /tmp/fio.err ] && { echo "--- fio stderr"; cat /tmp/fio.err; }
+	[ "$1" = 124 ] && kp_die "fio did not finish in time"
+	[ "$1" = 0 ] || kp_die "fio failed (rc=$1)"
+	# terse v3: field 5 error, 6 KiB read, 47 KiB written
+	_terse=$(grep '^3;' /tmp/fio.out | head -n 1)
+	[ -n "$_terse" ] || kp_die "no terse line in fio's output"
+	_err=$(echo "$_terse" | awk -F';' '{print $5}')
+	_rkb=$(echo "$_terse" | awk -F';' '{print $6}')
+	_wkb=$(echo "$_terse" | awk -F';' '{print $47}')
+	kp_log "fio: error=$_err written=${_wkb} KiB verified (read back)=${_rkb} KiB"
+	[ "$_err" = 0 ] || kp_die "fio reported error $_err"
+	grep -qiE 'verify.*(fail|mismatch)|bad (magic|header)' /tmp/fio.out /tmp/fio.err && kp_die "fio reported a verify failure"
+	[ "$_wkb" = $(($2 * 1024)) ] || kp_die "fio wrote $_wkb KiB, expected $(($2 * 1024))"
+	[ "$_rkb" = "$_wkb" ] || kp_die "fio's verify pass read $_rkb KiB of the $_wkb KiB written"
+}
+
 # ---------------------------------------------------------------- NVMe-oF host
 kp_nvme_setup() {
 	kp_modprobe nvme-core nvme-fabrics crc32c_generic || return 1

@@ -40,21 +40,7 @@ echo "+ $*"
 timeout "${FIO_TIMEOUT:-100}" "$@" > /tmp/fio.err 2>&1
 RC=$?
 kp_log "fio rc=$RC after $(awk -v a="$T0" -v b="$(kp_uptime)" 'BEGIN{printf "%.1f", b-a}') s (guest time)"
-grep -v '^3;' /tmp/fio.out
-[ -s /tmp/fio.err ] && { echo "--- fio stderr"; cat /tmp/fio.err; }
-[ "$RC" = 124 ] && kp_die "fio did not finish within ${FIO_TIMEOUT:-100} s"
-[ "$RC" = 0 ] || kp_die "fio failed (rc=$RC)"
-# terse v3: field 5 error, 6 KiB read, 47 KiB written
-TERSE=$(grep '^3;' /tmp/fio.out | head -n 1)
-[ -n "$TERSE" ] || kp_die "no terse line in fio's output"
-ERR=$(echo "$TERSE" | awk -F';' '{print $5}')
-RKB=$(echo "$TERSE" | awk -F';' '{print $6}')
-WKB=$(echo "$TERSE" | awk -F';' '{print $47}')
-kp_log "fio: error=$ERR written=${WKB} KiB verified (read back)=${RKB} KiB"
-[ "$ERR" = 0 ] || kp_die "fio reported error $ERR"
-grep -qiE 'verify.*(fail|mismatch)|bad (magic|header)' /tmp/fio.out /tmp/fio.err && kp_die "fio reported a verify failure"
-[ "$WKB" = $((MIB * 1024)) ] || kp_die "fio wrote $WKB KiB, expected $((MIB * 1024))"
-[ "$RKB" = "$WKB" ] || kp_die "fio's verify pass read $RKB KiB of the $WKB KiB written"
+kp_fio_verified "$RC" "$MIB"
 dmesg > /tmp/dmesg.after
 # lines the run added (dmesg is not cut: the ring buffer is far from full)
 tail -n +"$(( $(wc -l < /tmp/dmesg.before) + 1 ))" /tmp/dmesg.after > /tmp/dmesg.new
@@ -62,7 +48,7 @@ if grep -iE 'nvme.*(timeout|resetting|reconnect|error recovery|I/O error)|blk_up
 	kp_die "the host logged I/O timeouts or controller resets during fio (above)"
 fi
 [ "$(cat /sys/class/nvme/"$CTRL"/state)" = live ] || kp_die "controller $CTRL is $(cat /sys/class/nvme/"$CTRL"/state) after fio"
-kp_log "fio write + crc32c verify clean: $((WKB / 1024)) MiB over $TR"
+kp_log "fio write + crc32c verify clean: $MIB MiB over $TR"
 
 kp_nvme_disconnect "$NQN" "$CTRL"
 kp_log "nvme-fio PASSED ($TR $A:$P $NQN)"

@@ -1,0 +1,84 @@
+#!/bin/sh
+# The target goes away under load and comes back, twice: connect (reconnect
+# every second, give up after 60 s), start fio writing mixed sizes with
+# crc32c verification, then ask the host-side runner (marker lines on the
+# console) to stop the target gracefully and serve again (KP-RESTART-NOW),
+# and, once the host has reconnected and written more, to kill it with
+# SIGKILL and serve again (KP-KILL-NOW). Each time the kernel host must see
+# the controller go, reconnect, and retry what was in flight; fio must end
+# with every block it wrote read back verified, and the host must have
+# logged no I/O error. Then disconnect.
+# Args: PORT NQN
+# Env:  NVME_TRANSPORT (tcp|rdma), NVME_ADDR, NVME_EXTRA, KP_HOSTNQN (as
+#       nvme-tcp); FIO_SIZE (MiB written, default 64), FIO_RATE (MiB/s the
+#       writes are held to, default 4, so that both events fall in the
+#       write pass), FIO_TIMEOUT (s, default 240). Needs the fio layer
+#       (KP_WITH_FIO=1).
+. /kp/lib.sh
+TR=${NVME_TRANSPORT:-tcp}
+A=${NVME_ADDR:-$KP_HOST} P=${1:-} NQN=${2:-}
+[ -n "$P" ] && [ -n "$NQN" ] || kp_die "usage: nvme-restart PORT NQN"
+command -v fio >/dev/null || kp_die "no fio in the guest (KP_WITH_FIO=1)"
+MIB=${FIO_SIZE:-64}
+
+if [ "$TR" = rdma ]; then kp_siw_up eth0 || kp_die "cannot create siw0 on eth0"; fi
+kp_nvme_setup "$TR" || kp_die "module setup failed"
+NVME_EXTRA="${NVME_EXTRA:-} --reconnect-delay=1 --ctrl-loss-tmo=60"
+kp_nvme_connect "$TR" "$A" "$P" "$NQN"
+NS=$KP_NS CTRL=$KP_CTRL
+dmesg > /tmp/dmesg.before
+
+# Sectors written to NVMe devices (with native multipath the I/O is counted
+# on the hidden path device, nvmeXcYnZ, not on the namespace's node).
+written() { awk '$3 ~ /^nvme/ { s += $10 } END { print s + 0 }' /proc/diskstats; }
+state() { cat /sys/class/nvme/"$CTRL"/state; }
+gone() { [ "$(state)" != live ]; }
+back() { [ "$(state)" = live ]; }
+# progress SECTORS : more than SECTORS written
+progress() { [ "$(written)" -gt "$1" ]; }
+
+kp_step "fio: randwrite, ${MIB} MiB, crc32c verify, while the target restarts and is killed"
+T0=$(kp_uptime)
+set -- fio --name=nvme-restart --filename="$NS" --direct=1 --ioengine=libaio \
+	--iodepth=16 --rw=randwrite --bssplit=4k/40:16k/20:64k/20:128k/20 --size="${MIB}M" --offset=1M \
+	--rate="${FIO_RATE:-4}m" \
+	--verify=crc32c --do_verify=1 --verify_fatal=1 --randrepeat=1 \
+	--output-format=normal,terse --output=/tmp/fio.out
+echo "+ $*"
+timeout "${FIO_TIMEOUT:-240}" "$@" > /tmp/fio.err 2>&1 &
+FIO=$!
+W0=$(written)
+kp_wait 60 progress $((W0 + 2048)) || kp_die "fio wrote nothing in 60 s"
+
+for EVENT in RESTART KILL; do
+	kill -0 "$FIO" 2>/dev/null || kp_die "fio ended before the $EVENT: the run would test nothing (lower FIO_RATE)"
+	BEFORE=$(written)
+	kp_log "$((BEFORE - W0)) sectors written; asking the runner to $EVENT the target"
+	echo "KP-$EVENT-NOW"
+	kp_wait 60 gone || kp_die "controller $CTRL stayed live after the target's $EVENT"
+	kp_log "controller $CTRL is $(state)"
+	kp_wait 90 back || kp_die "controller $CTRL did not come back after the $EVENT (state $(state))"
+	kp_log "controller $CTRL live again"
+	kp_wait 60 progress $((BEFORE + 2048)) || kp_die "no writes went through after the reconnect (fio in its verify pass already? lower FIO_RATE)"
+done
+
+wait "$FIO"
+RC=$?
+kp_log "fio rc=$RC after $(awk -v a="$T0" -v b="$(kp_uptime)" 'BEGIN{printf "%.1f", b-a}') s (guest time)"
+kp_fio_verified "$RC" "$MIB"
+
+dmesg > /tmp/dmesg.after
+tail -n +"$(( $(wc -l < /tmp/dmesg.before) + 1 ))" /tmp/dmesg.after > /tmp/dmesg.new
+grep -iE 'nvme|I/O error' /tmp/dmesg.new | tail -n 30
+# Each loss must have ended in a reconnect, and nothing may have reached
+# the block layer as an error (that would be a write lost to the host).
+N=$(grep -ciE 'Successfully reconnected' /tmp/dmesg.new)
+[ "$N" -ge 2 ] || kp_die "the host logged $N successful reconnects (expected 2)"
+if grep -iE 'I/O error|blk_update_request|Buffer I/O error|critical medium error' /tmp/dmesg.new; then
+	kp_die "the host logged I/O errors (above)"
+fi
+back || kp_die "controller $CTRL is $(state) at the end"
+kp_log "fio clean across a graceful restart and a SIGKILL: $MIB MiB written and verified over $TR"
+
+kp_nvme_disconnect "$NQN" "$CTRL"
+kp_log "nvme-restart PASSED ($TR $A:$P $NQN)"
