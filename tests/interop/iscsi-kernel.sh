@@ -44,7 +44,7 @@ DEFAULT_INITIATOR=iqn.2024-01.org.kernel-peer:initiator # the guest's default na
 
 PORT="" ONLY="" SKIP="" SHOW=fail INSTALL=1
 
-CHECKS=(discover-battery digest-battery chap-file4k mutual-chap pattern-64m ext4-fs acl-refused acl-allowed)
+CHECKS=(discover-battery digest-battery chap-file4k mutual-chap pattern-64m ext4-fs acl-refused acl-allowed restart-fio)
 describe() {
 	case $1 in
 	discover-battery) echo "SendTargets (acl target absent), login, battery, logout leaves nothing (ram, 512 B)" ;;
@@ -55,6 +55,7 @@ describe() {
 	ext4-fs) echo "mkfs.ext4, 20 files, fsck, remount, sha256sums (file, 4K, CHAP)" ;;
 	acl-refused) echo "not-allowed initiator: not listed, login refused (authorization failure); allowed iface logs in" ;;
 	acl-allowed) echo "as the allowed initiator: acl target listed, login, battery, logout" ;;
+	restart-fio) echo "fio verify on the file LU while ironwire restarts (SIGTERM) and is killed (SIGKILL); the session recovers (file, 4K, CHAP)" ;;
 	esac
 }
 
@@ -83,7 +84,7 @@ PORTAL=10.0.2.2:$PORT
 
 # ------------------------------------------------------------------ target
 WORK=$(mktemp -d "${IW_WORK_PARENT:-/var/tmp}/ironwire-iscsi-interop.XXXXXX")
-DAEMON_PID="" DAEMON_LOG=$WORK/ironwire.log RESULTS=() FAILED=0
+DAEMON_PID="" DAEMON_LOG=$WORK/ironwire.log RESULTS=() FAILED=0 TARGET_PIDS=()
 
 stop_daemon() { # the process group we started with setsid, by its id
 	local p=$DAEMON_PID i
@@ -178,16 +179,23 @@ address = "127.0.0.1:$PORT"
 TOML
 }
 
-# Start the daemon in its own session; ready when it printed `ready:` and the
-# port accepts connections.
 start_daemon() {
 	[[ -x $IRONWIRE_BIN ]] || die "no ironwire binary at $IRONWIRE_BIN (cargo build --release -p ironwire, or set IRONWIRE_BIN)"
 	port_open "$PORT" && die "something already listens on 127.0.0.1:$PORT"
 	write_config "$WORK/ironwire.toml"
+	start_ironwire "$DAEMON_LOG"
+}
+
+# start_ironwire LOG : the daemon in its own session (DAEMON_PID, and last
+# in TARGET_PIDS for check_restart); ready when it printed `ready:` and the
+# port accepts connections.
+start_ironwire() {
+	DAEMON_LOG=$1
 	local cmd=("$IRONWIRE_BIN" serve --config "$WORK/ironwire.toml" --ctl-socket "$WORK/ctl.sock")
 	say "starting ironwire: ${cmd[*]}"
 	RUST_LOG=${RUST_LOG:-info} setsid "${cmd[@]}" >"$DAEMON_LOG" 2>&1 </dev/null &
 	DAEMON_PID=$!
+	TARGET_PIDS+=("$DAEMON_PID")
 	local t0 deadline; t0=$(now); deadline=$(( $(date +%s) + IW_READY_TIMEOUT ))
 	while (( $(date +%s) < deadline )); do
 		kill -0 "$DAEMON_PID" 2>/dev/null || { echo "iscsi-kernel: ironwire exited before it was ready" >&2; return 1; }
@@ -245,6 +253,7 @@ run_checks() {
 		iscsi-refused "$PORTAL" "$IQN_ACL"
 	check acl-allowed 150 -e KP_ISCSI_INITIATOR="$ALLOWED_INITIATOR" -e ISCSI_EXPECT_TARGETS="$IQN_ACL $IQN_PLAIN" \
 		iscsi-battery "$PORTAL" "$IQN_ACL"
+	check_restart restart-fio 300 "${chap[@]}" iscsi-restart "$PORTAL" "$IQN_CHAP"
 }
 
 # ------------------------------------------------------------------ main

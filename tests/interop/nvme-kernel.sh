@@ -234,7 +234,8 @@ run_checks() {
 	check refused-host 120 -e KP_HOSTNQN="$IW_REFUSED_HOSTNQN" -e ALLOWED_HOSTNQN="$IW_ALLOWED_HOSTNQN" \
 		nvme-refused "$RPORT" "$IW_RESTRICTED_NQN"
 	[[ $MODE == ironwire ]] && check_aen
-	[[ $MODE == ironwire ]] && check_restart
+	[[ $MODE == ironwire ]] && check_restart restart-fio 300 -e KP_HOSTNQN="$IW_ALLOWED_HOSTNQN" \
+		nvme-restart "$RPORT" "$IW_RESTRICTED_NQN"
 	# The roles turned round: ironwire's own NVMe/TCP host against the
 	# kernel's nvmet-tcp in a target guest, with and without digests.
 	[[ $MODE == ironwire ]] && check_initiator_nvmet tcp 4k:plain 128k:plain 16k:digest
@@ -268,71 +269,6 @@ check_aen() {
 	((rc == 0)) || [[ $SHOW == never ]] || tail -n 40 "$log" >&2
 	record "$name" "$rc" "$(since "$t0")"
 	say "$name: $( ((rc == 0)) && echo PASS || echo "FAIL (rc=$rc, console: $log)")"
-}
-
-# A target that goes away under load: the guest prints a marker, the
-# runner stops ironwire (SIGTERM, the graceful stop, which must exit 0; or
-# SIGKILL) and serves the same config again; the host must reconnect and
-# fio's verify must stay clean. On the file device, so that what was
-# acknowledged outlives the process.
-check_restart() {
-	local name=restart-fio limit=300
-	selected "$name" || return 0
-	if ! targets_alive; then
-		say "$name: SKIPPED, a target process has exited"
-		record "$name" 1 0; return 0
-	fi
-	say "$name: $(describe "$name")"
-	if ! ensure_fio_layer; then
-		say "$name: FAIL (no fio layer for the guest)"
-		record "$name" 1 0; return 0
-	fi
-	local log=$WORK/$name.console.log t0 rc=0 pid ev done_ev="" n=0
-	t0=$(now)
-	: >"$log"
-	KP_WITH_FIO=1 "$KP" run --show always -t "$limit" -e KP_HOSTNQN="$IW_ALLOWED_HOSTNQN" \
-		nvme-restart "$RPORT" "$IW_RESTRICTED_NQN" >"$log" 2>&1 &
-	pid=$!
-	while kill -0 "$pid" 2>/dev/null; do
-		for ev in RESTART KILL; do
-			[[ " $done_ev " == *" $ev "* ]] && continue
-			grep -q "KP-$ev-NOW" "$log" || continue
-			done_ev+=" $ev"
-			if ! restart_ironwire "$ev" "$((++n))"; then
-				say "$name: ironwire did not stop or start cleanly ($ev)"
-				rc=1
-			fi
-		done
-		sleep 0.2
-	done
-	wait "$pid" || rc=$?
-	[[ $done_ev == " RESTART KILL" ]] || ((rc != 0)) || rc=1
-	((rc == 0)) || [[ $SHOW == never ]] || tail -n 60 "$log" >&2
-	record "$name" "$rc" "$(since "$t0")"
-	say "$name: $( ((rc == 0)) && echo PASS || echo "FAIL (rc=$rc, console: $log)")"
-}
-
-# restart_ironwire RESTART|KILL N : stops the running ironwire (the graceful
-# stop must end with status 0 within its drain) and serves again, logging
-# to ironwire.N.log.
-restart_ironwire() {
-	local how=$1 n=$2 p=${TARGET_PIDS[0]} st=0 i
-	if [[ $how == KILL ]]; then kill -KILL "$p"; else kill -TERM "$p"; fi
-	for i in $(seq 1 200); do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done
-	if kill -0 "$p" 2>/dev/null; then
-		say "ironwire still running 20 s after SIGTERM"
-		kill -KILL "$p"
-		st=1
-	fi
-	wait "$p"
-	local code=$?
-	say "ironwire ($how) exited with status $code"
-	if [[ $how == RESTART ]] && ((code != 0)); then st=1; fi
-	TARGET_PIDS=("${TARGET_PIDS[@]:1}")
-	start_ironwire "$WORK/ironwire.$n.log" || return 1
-	# the new daemon first in the list, as the one the next restart stops
-	TARGET_PIDS=("${TARGET_PIDS[-1]}" "${TARGET_PIDS[@]:0:${#TARGET_PIDS[@]}-1}")
-	return "$st"
 }
 
 # ------------------------------------------------------------------ main

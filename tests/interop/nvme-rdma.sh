@@ -81,7 +81,7 @@ IW_TARGET_CMD=${IW_TARGET_CMD:-}
 MODE=ironwire PORT="" READY_FILE="" ONLY="" SKIP="" SHOW=fail INSTALL=1 EMBEDDED=0
 
 CHECKS=(discover-battery queues2-smp2 file4k-battery crc-off pattern-64m split-trailers ext4-fs refused-host fio-verify
-	tcp-same-port tcp-rdma-mixed initiator-nvmet)
+	tcp-same-port tcp-rdma-mixed restart-fio initiator-nvmet)
 describe() {
 	case $1 in
 	discover-battery) echo "siw up, discovery over RDMA + plain battery on $IW_NQN (ram)" ;;
@@ -95,6 +95,7 @@ describe() {
 	fio-verify) echo "fio randwrite 4k..128k (bssplit) QD16, 64 MiB, crc32c verify over RDMA (CRC-on port)" ;;
 	tcp-same-port) echo "NVMe/TCP battery on the port that also serves RDMA (ironwire only)" ;;
 	tcp-rdma-mixed) echo "one guest on the same port over TCP and RDMA at once (ironwire only)" ;;
+	restart-fio) echo "fio verify over RDMA on the file namespace while ironwire restarts (SIGTERM) and is killed (SIGKILL); the host reconnects (ironwire only)" ;;
 	initiator-nvmet) echo "ironwire's NVMe/RDMA host (bench --verify, 4k/128k, CRC on/off) vs kernel nvmet-rdma (ironwire only)" ;;
 	esac
 }
@@ -242,6 +243,15 @@ crc = false
 EOF
 }
 
+# start_ironwire LOG : serve the generated config (its PID last in
+# TARGET_PIDS) and wait until both its ports listen.
+start_ironwire() {
+	# a control socket of our own, so as not to disturb another running ironwire
+	RUST_LOG=${RUST_LOG:-info} start_target ironwire "$1" \
+		"$IRONWIRE_BIN" serve --config "$WORK/ironwire.toml" --ctl-socket "$WORK/ctl.sock"
+	wait_ready "${TARGET_PIDS[-1]}" "$PORT" && wait_ready "${TARGET_PIDS[-1]}" "$CPORT"
+}
+
 start_targets() {
 	local p
 	for p in $(printf '%s\n' "$PORT" "$RPORT" "$CPORT" | sort -u); do
@@ -259,11 +269,7 @@ start_targets() {
 			return 0
 		fi
 		write_ironwire_config "$WORK/ironwire.toml"
-		# a control socket of our own, so as not to disturb another running ironwire
-		RUST_LOG=${RUST_LOG:-info} start_target ironwire "$WORK/ironwire.log" \
-			"$IRONWIRE_BIN" serve --config "$WORK/ironwire.toml" --ctl-socket "$WORK/ctl.sock"
-		wait_ready "${TARGET_PIDS[0]}" "$PORT" || return 1
-		wait_ready "${TARGET_PIDS[0]}" "$CPORT" || return 1
+		start_ironwire "$WORK/ironwire.log" || return 1
 		;;
 	cmd)
 		export IW_PORT=$PORT IW_READY_FILE=$WORK/target.ready
@@ -447,6 +453,12 @@ run_checks() {
 		skipped tcp-rdma-mixed "opt-in (IW_RDMA_MIXED=1 or --only): an intermittent stall is under investigation"
 	else
 		skipped tcp-rdma-mixed "harness: no nvme-tcp-rdma scenario"
+	fi
+	if ((EMBEDDED)); then
+		skipped restart-fio "the embedded default has no file namespace to outlive a restart"
+	else
+		check_restart restart-fio 300 -e NVME_TRANSPORT=rdma -e KP_HOSTNQN="$IW_ALLOWED_HOSTNQN" \
+			nvme-restart "$RPORT" "$IW_RESTRICTED_NQN"
 	fi
 	# The roles turned round: 4 KiB writes ride in the capsule (nvmet-rdma's
 	# inline data is one page), 128 KiB ones are fetched with RDMA Reads;

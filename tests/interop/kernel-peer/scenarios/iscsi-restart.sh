@@ -1,0 +1,82 @@
+#!/bin/sh
+# The target goes away under load and comes back, twice, over iSCSI: log in
+# (open-iscsi, its default session recovery), start fio writing mixed sizes
+# with crc32c verification, then ask the host-side runner (marker lines on
+# the console) to stop the target gracefully and serve again
+# (KP-RESTART-NOW), and, once the session is back and writes flow, to kill
+# it with SIGKILL and serve again (KP-KILL-NOW). Each time the session must
+# leave LOGGED_IN and come back, and the SCSI layer must retry what was in
+# flight; fio must end with every block it wrote read back verified, and
+# the kernel must have logged no I/O error. Then log out.
+# Args: PORTAL IQN
+# Env:  ISCSI_CHAP_USER / ISCSI_CHAP_PASS (as `iscsi`); FIO_SIZE (MiB
+#       written, default 64), FIO_RATE (MiB/s the writes are held to,
+#       default 4, so that both events fall in the write pass),
+#       FIO_TIMEOUT (s, default 240). Needs the fio layer (KP_WITH_FIO=1).
+. /kp/lib.sh
+PORTAL=${1:-} IQN=${2:-}
+[ -n "$PORTAL" ] && [ -n "$IQN" ] || kp_die "usage: iscsi-restart PORTAL IQN"
+command -v fio >/dev/null || kp_die "no fio in the guest (KP_WITH_FIO=1)"
+MIB=${FIO_SIZE:-64}
+
+ISCSI_KEEP=1 kp_iscsi_e2e "$PORTAL" "$IQN"
+SD=$ISCSI_E2E_DEV
+SESSION=
+for _s in /sys/class/iscsi_session/session*; do
+	[ "$(cat "$_s/targetname")" = "$IQN" ] && SESSION=$_s
+done
+[ -n "$SESSION" ] || kp_die "no iSCSI session to $IQN in sysfs"
+kp_log "session $(basename "$SESSION"), disk $SD, recovery timeout $(cat "$SESSION"/recovery_tmo) s"
+dmesg > /tmp/dmesg.before
+
+written() { awk -v d="${SD#/dev/}" '$3 == d { print $10 }' /proc/diskstats; } # sectors written
+state() { cat "$SESSION"/state; }
+gone() { [ "$(state)" != LOGGED_IN ]; }
+back() { [ "$(state)" = LOGGED_IN ]; }
+# progress SECTORS : more than SECTORS written
+progress() { [ "$(written)" -gt "$1" ]; }
+
+kp_step "fio: randwrite, ${MIB} MiB, crc32c verify, while the target restarts and is killed"
+T0=$(kp_uptime)
+set -- fio --name=iscsi-restart --filename="$SD" --direct=1 --ioengine=libaio \
+	--iodepth=16 --rw=randwrite --bssplit=4k/40:16k/20:64k/20:128k/20 --size="${MIB}M" --offset=1M \
+	--rate="${FIO_RATE:-4}m" \
+	--verify=crc32c --do_verify=1 --verify_fatal=1 --randrepeat=1 \
+	--output-format=normal,terse --output=/tmp/fio.out
+echo "+ $*"
+timeout "${FIO_TIMEOUT:-240}" "$@" > /tmp/fio.err 2>&1 &
+FIO=$!
+W0=$(written)
+kp_wait 60 progress $((W0 + 2048)) || kp_die "fio wrote nothing in 60 s"
+
+for EVENT in RESTART KILL; do
+	kill -0 "$FIO" 2>/dev/null || kp_die "fio ended before the $EVENT: the run would test nothing (lower FIO_RATE)"
+	BEFORE=$(written)
+	kp_log "$((BEFORE - W0)) sectors written; asking the runner to $EVENT the target"
+	echo "KP-$EVENT-NOW"
+	kp_wait 60 gone || kp_die "session stayed LOGGED_IN after the target's $EVENT"
+	kp_log "session is $(state)"
+	kp_wait 90 back || kp_die "session did not come back after the $EVENT (state $(state))"
+	kp_log "session LOGGED_IN again"
+	kp_wait 60 progress $((BEFORE + 2048)) || kp_die "no writes went through after the relogin (fio in its verify pass already? lower FIO_RATE)"
+done
+
+wait "$FIO"
+RC=$?
+kp_log "fio rc=$RC after $(awk -v a="$T0" -v b="$(kp_uptime)" 'BEGIN{printf "%.1f", b-a}') s (guest time)"
+kp_fio_verified "$RC" "$MIB"
+
+dmesg > /tmp/dmesg.after
+tail -n +"$(( $(wc -l < /tmp/dmesg.before) + 1 ))" /tmp/dmesg.after > /tmp/dmesg.new
+grep -iE 'iscsi|connection|session|I/O error|sd ' /tmp/dmesg.new | tail -n 30
+# Nothing may have reached the block layer as an error (that would be a
+# write lost to the host).
+if grep -iE 'I/O error|blk_update_request|Buffer I/O error|critical medium error' /tmp/dmesg.new; then
+	kp_die "the kernel logged I/O errors (above)"
+fi
+back || kp_die "session is $(state) at the end"
+kp_log "fio clean across a graceful restart and a SIGKILL: $MIB MiB written and verified over iSCSI"
+
+kp_step "logout"
+kp_must iscsiadm -m node -T "$IQN" -p "$PORTAL" --logout
+kp_log "iscsi-restart PASSED ($PORTAL $IQN)"
