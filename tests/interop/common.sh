@@ -56,13 +56,15 @@ ensure_fio_layer() {
 	FIO_LAYER=1
 }
 
-# check_restart NAME TIMEOUT kernel-peer-run-args... : a target that goes
-# away under load (the nvme-restart scenario, with the fio layer). The
-# guest prints a marker, the runner stops ironwire (SIGTERM, the graceful
-# stop, which must exit 0; or SIGKILL) and serves again with the script's
-# start_ironwire; the host must reconnect and fio's verify must stay clean.
-# Run it on a file namespace, so that what was acknowledged outlives the
-# process.
+# check_restart NAME TIMEOUT kernel-peer-run-args... : a target whose
+# connections go away under load (the nvme-restart and iscsi-restart
+# scenarios, with the fio layer). At each marker the guest prints, the
+# runner drops every connection with `ironwire ctl disconnect` (DROP: the
+# daemon keeps running, as in a network blip), stops ironwire with SIGTERM
+# (RESTART: the graceful stop, which must exit 0) or SIGKILL (KILL), and
+# serves again with the script's start_ironwire; the host must reconnect
+# and fio's verify must stay clean. Run it on a file namespace or LU, so
+# that what was acknowledged outlives the process.
 check_restart() {
 	local name=$1 limit=$2; shift 2
 	selected "$name" || return 0
@@ -82,11 +84,13 @@ check_restart() {
 	KP_WITH_FIO=1 "$KP" run --show always -t "$limit" "$@" >"$log" 2>&1 &
 	pid=$!
 	while kill -0 "$pid" 2>/dev/null; do
-		for ev in RESTART KILL; do
+		for ev in DROP RESTART KILL; do
 			[[ " $done_ev " == *" $ev "* ]] && continue
 			grep -q "KP-$ev-NOW" "$log" || continue
 			done_ev+=" $ev"
-			if ! restart_ironwire "$ev" "$((++n))"; then
+			if [[ $ev == DROP ]]; then
+				drop_connections || rc=1
+			elif ! restart_ironwire "$ev" "$((++n))"; then
 				say "$name: ironwire did not stop or start cleanly ($ev)"
 				rc=1
 			fi
@@ -94,10 +98,19 @@ check_restart() {
 		sleep 0.2
 	done
 	wait "$pid" || rc=$?
-	[[ $done_ev == " RESTART KILL" ]] || ((rc != 0)) || rc=1
+	[[ $done_ev == " DROP RESTART KILL" ]] || ((rc != 0)) || rc=1
 	((rc == 0)) || [[ $SHOW == never ]] || tail -n 60 "$log" >&2
 	record "$name" "$rc" "$(since "$t0")"
 	say "$name: $( ((rc == 0)) && echo PASS || echo "FAIL (rc=$rc, console: $log)")"
+}
+
+# drop_connections : `ironwire ctl disconnect` of every connection from
+# the guest (127.0.0.1 through QEMU's NAT); at least one must close.
+drop_connections() {
+	local out
+	out=$("$IRONWIRE_BIN" ctl --socket "$WORK/ctl.sock" disconnect address=127.0.0.1 2>&1)
+	say "ctl disconnect address=127.0.0.1: $(head -n 1 <<<"$out")"
+	[[ $out =~ ^closed\ [1-9][0-9]*\ connection ]]
 }
 
 # restart_ironwire RESTART|KILL N : stops the running ironwire (the graceful

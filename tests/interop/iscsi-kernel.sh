@@ -55,7 +55,7 @@ describe() {
 	ext4-fs) echo "mkfs.ext4, 20 files, fsck, remount, sha256sums (file, 4K, CHAP)" ;;
 	acl-refused) echo "not-allowed initiator: not listed, login refused (authorization failure); allowed iface logs in" ;;
 	acl-allowed) echo "as the allowed initiator: acl target listed, login, battery, logout" ;;
-	restart-fio) echo "fio verify on the file LU while ironwire restarts (SIGTERM) and is killed (SIGKILL); the session recovers (file, 4K, CHAP)" ;;
+	restart-fio) echo "fio verify on the file LU while ironwire drops the connection, restarts (SIGTERM) and is killed (SIGKILL); the session recovers (file, 4K, CHAP)" ;;
 	esac
 }
 

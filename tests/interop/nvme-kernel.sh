@@ -60,7 +60,7 @@ describe() {
 	ext4-fs) echo "mkfs.ext4, 20 files, remount, sha256sums" ;;
 	refused-host) echo "not-allowed host NQN refused, allowed host accepted" ;;
 	namespace-aen) echo "ironwire ctl adds/removes a namespace; AEN makes the host rescan (ironwire only)" ;;
-	restart-fio) echo "fio verify on the file namespace while ironwire restarts (SIGTERM) and is killed (SIGKILL); the host reconnects (ironwire only)" ;;
+	restart-fio) echo "fio verify on the file namespace while ironwire drops the connections (ctl disconnect), restarts (SIGTERM) and is killed (SIGKILL); the host reconnects (ironwire only)" ;;
 	initiator-nvmet) echo "ironwire's NVMe/TCP host (bench --verify, 4k/128k, digests) vs kernel nvmet-tcp (ironwire only)" ;;
 	esac
 }

@@ -95,7 +95,7 @@ describe() {
 	fio-verify) echo "fio randwrite 4k..128k (bssplit) QD16, 64 MiB, crc32c verify over RDMA (CRC-on port)" ;;
 	tcp-same-port) echo "NVMe/TCP battery on the port that also serves RDMA (ironwire only)" ;;
 	tcp-rdma-mixed) echo "one guest on the same port over TCP and RDMA at once (ironwire only)" ;;
-	restart-fio) echo "fio verify over RDMA on the file namespace while ironwire restarts (SIGTERM) and is killed (SIGKILL); the host reconnects (ironwire only)" ;;
+	restart-fio) echo "fio verify over RDMA on the file namespace while ironwire drops the connections, restarts (SIGTERM) and is killed (SIGKILL); the host reconnects (ironwire only)" ;;
 	initiator-nvmet) echo "ironwire's NVMe/RDMA host (bench --verify, 4k/128k, CRC on/off) vs kernel nvmet-rdma (ironwire only)" ;;
 	esac
 }

@@ -406,8 +406,10 @@ impl Control {
             ["save"] => Ok(toml::to_string(&self.lock().config)?),
             ["reload"] => self.reload().map(|()| String::new()),
             [verb @ ("add" | "set" | "remove"), noun, rest @ ..] => {
-                self.change(|c| crate::edit::edit(c, verb, noun, rest)).map(|()| String::new())
+                self.change(|c| crate::edit::edit(c, verb, noun, rest))?;
+                Ok(if *verb == "remove" { self.revoke(noun, rest) } else { String::new() })
             }
+            ["disconnect", rest @ ..] => crate::visibility::disconnect(rest),
             // The first grammar, kept for scripts that use it.
             ["device-add", name, kind, rest @ ..] => {
                 let mut args = vec![format!("name={name}"), format!("kind={kind}")];
@@ -427,11 +429,54 @@ impl Control {
             }
             [] => bail!("empty command"),
             _ => bail!(
-                "unknown command {line:?} (show [--json] | save | reload | stats [--json] | hosts [--json] | sessions [--json] | add|set|remove OBJECT key=value... \
+                "unknown command {line:?} (show [--json] | save | reload | stats [--json] | hosts [--json] | sessions [--json] | disconnect key=value... | add|set|remove OBJECT key=value... \
                  where OBJECT is {}; see docs/ctl.md)",
                 crate::edit::NOUNS
             ),
         }
+    }
+
+    /// After `remove host`, `remove initiator` or `remove acl`: the
+    /// connections of a host or initiator that may no longer connect are
+    /// closed (as SPDK's `nvmf_subsystem_remove_host` does), so that taking
+    /// it off the list revokes its access now, not at its next login. One
+    /// still allowed (`allow_any_host`, the initiator list or an ACL entry)
+    /// keeps its connections. Returns what was closed, for the answer.
+    fn revoke(&self, noun: &str, args: &[&str]) -> String {
+        let arg = |key: &str| args.iter().find_map(|a| a.strip_prefix(key)?.strip_prefix('='));
+        let (select, who) = {
+            let st = self.lock();
+            match (noun, arg("nqn"), arg("host"), arg("iqn"), arg("initiator")) {
+                ("host", Some(nqn), Some(host), _, _) => {
+                    let sub = st.config.subsystem.iter().find(|s| s.nqn == nqn);
+                    if sub.is_some_and(|s| s.allow_any_host || s.hosts.iter().any(|h| h == host)) {
+                        return String::new();
+                    }
+                    (crate::visibility::Selector::nvme_host(nqn, host), format!("host {host} on {nqn}"))
+                }
+                ("initiator" | "acl", _, _, Some(iqn), Some(initiator)) => {
+                    let t = st.config.iscsi_target.iter().find(|t| t.iqn == iqn);
+                    if t.is_some_and(|t| {
+                        t.allow_any_initiator
+                            || t.initiators.iter().any(|i| i == initiator)
+                            || t.acl.iter().any(|a| a.initiator == initiator)
+                    }) {
+                        return String::new();
+                    }
+                    (
+                        crate::visibility::Selector::iscsi_initiator(iqn, initiator),
+                        format!("initiator {initiator} on {iqn}"),
+                    )
+                }
+                _ => return String::new(),
+            }
+        };
+        let closed = crate::stats::disconnect(|h| select.matches(h));
+        if closed.is_empty() {
+            return String::new();
+        }
+        log::info!("control: closed {} connection(s) of {who}, which may no longer connect", closed.len());
+        format!("closed {} connection(s) of {who}, which may no longer connect\n", closed.len())
     }
 
     /// Makes the change `f` to the running configuration: validated as

@@ -12,7 +12,6 @@
 use reactor::Ringer;
 use std::collections::HashMap;
 use std::net::{Shutdown, SocketAddr, TcpStream};
-use std::os::fd::{BorrowedFd, RawFd};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -97,14 +96,6 @@ pub struct Registration {
     registry: Arc<Registry>,
     key: Key,
     entry: Arc<Entry>,
-}
-
-/// A duplicate of the connection socket `fd`, which the caller keeps open.
-pub fn dup_socket(fd: RawFd) -> Option<TcpStream> {
-    // SAFETY: `fd` is the caller's live connection socket; it is only
-    // borrowed for the duplication.
-    let fd = unsafe { BorrowedFd::borrow_raw(fd) };
-    fd.try_clone_to_owned().ok().map(TcpStream::from)
 }
 
 impl Registry {

@@ -619,7 +619,7 @@ pub async fn serve(stream: TcpStream, model: Arc<IscsiModel>, cfg: TargetConfig,
         running: RefCell::new(Vec::new()),
         io_done: Notify::default(),
         watched: RefCell::new(Vec::new()),
-        stats: stats::Connection::open("iscsi", port, peer),
+        stats: stats::Connection::open("iscsi", port, peer, stream.as_raw_fd()),
         fd: stream.as_raw_fd(),
         registration: RefCell::new(None),
     });
@@ -754,7 +754,7 @@ fn session_pending(conn: &Rc<Conn>, model: &Arc<IscsiModel>, initiator: &str, ta
         conn.iscsi.borrow_mut().admit_session();
         return;
     };
-    let socket = crate::iscsi_session::dup_socket(conn.fd);
+    let socket = crate::stats::dup_socket(conn.fd);
     let registration = t.registry.register(initiator, isid, socket, conn.shell.peer);
     let older = registration.older();
     *conn.registration.borrow_mut() = Some(registration);

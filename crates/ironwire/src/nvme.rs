@@ -23,6 +23,7 @@ use reactor::gather::{Gather, Splice};
 use reactor::net::TcpStream;
 use reactor::now_ms;
 use std::cell::RefCell;
+use std::os::fd::AsRawFd;
 use std::rc::Rc;
 use std::sync::Arc;
 use std::time::Duration;
@@ -447,12 +448,12 @@ pub async fn serve(
                 cfg.max_segment = cfg.max_segment.min(cap);
             }
             let wire = nvmf_rdma::target::TargetQueue::<Buf>::new(cfg);
-            let stats = stats::Connection::open("nvme-rdma", port, peer);
+            let stats = stats::Connection::open("nvme-rdma", port, peer, rd.as_raw_fd());
             run(wire, (rd, rx), wr, first, Queue::new(target, transport, local, peer), stats, handshake).await
         }
         (Some((cfg, transport)), _) => {
             let wire = nvmf_tcp::target::TargetConnection::<Buf>::new(cfg);
-            let stats = stats::Connection::open("nvme-tcp", port, peer);
+            let stats = stats::Connection::open("nvme-tcp", port, peer, rd.as_raw_fd());
             run(wire, (rd, rx), wr, first, Queue::new(target, transport, local, peer), stats, handshake).await
         }
         _ => {}

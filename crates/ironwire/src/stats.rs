@@ -12,11 +12,17 @@
 //! Readers (`ctl stats`, a Prometheus scrape) lock each reactor's table
 //! and add the reactors up: all the cost is theirs.
 //!
+//! The host table also holds a duplicate of each connection's socket, so
+//! that `ctl disconnect` can shut connections down from the control
+//! thread ([`disconnect`]): the duplicate lives as long as the entry, so
+//! the descriptor it shuts down is never one reused by another socket.
+//!
 //! It must never allocate, lock or read the clock per I/O.
 
 use std::cell::RefCell;
 use std::collections::BTreeMap;
-use std::net::SocketAddr;
+use std::net::{Shutdown, SocketAddr, TcpStream};
+use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant, SystemTime};
@@ -289,8 +295,9 @@ pub struct Connection {
 
 impl Connection {
     /// Counts a new connection accepted on `port` from `peer`, on this
-    /// reactor, and lists it in the host table.
-    pub fn open(protocol: &'static str, port: SocketAddr, peer: SocketAddr) -> Connection {
+    /// reactor, and lists it in the host table with a duplicate of its
+    /// socket `fd` (for [`disconnect`]).
+    pub fn open(protocol: &'static str, port: SocketAddr, peer: SocketAddr, fd: RawFd) -> Connection {
         let reactor = this_reactor();
         let p = reactor.port(port);
         reactor.connections.add(1);
@@ -307,6 +314,7 @@ impl Connection {
                 since: SystemTime::now(),
                 since_mono: Instant::now(),
                 login: None,
+                socket: dup_socket(fd),
             },
         );
         Connection { reactor, port: p, cache: RefCell::new(Vec::new()), id, peer }
@@ -404,6 +412,31 @@ struct HostEntry {
     since: SystemTime,
     since_mono: Instant,
     login: Option<Login>,
+    /// A duplicate of the connection's socket (none if `dup` failed: such
+    /// a connection cannot be shut down from outside).
+    socket: Option<TcpStream>,
+}
+
+impl HostEntry {
+    fn host(&self) -> Host {
+        Host {
+            protocol: self.protocol,
+            port: self.port,
+            peer: self.peer,
+            reactor: self.reactor,
+            since: self.since,
+            connected: self.since_mono.elapsed(),
+            login: self.login.clone(),
+        }
+    }
+}
+
+/// A duplicate of the connection socket `fd`, which the caller keeps open.
+pub fn dup_socket(fd: RawFd) -> Option<TcpStream> {
+    // SAFETY: `fd` is the caller's live connection socket; it is only
+    // borrowed for the duplication.
+    let fd = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
+    fd.try_clone_to_owned().ok().map(TcpStream::from)
 }
 
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
@@ -609,18 +642,29 @@ pub struct Host {
 
 /// Every connection, oldest first.
 pub fn hosts() -> Vec<Host> {
-    lock(&HOSTS)
-        .values()
-        .map(|e| Host {
-            protocol: e.protocol,
-            port: e.port,
-            peer: e.peer,
-            reactor: e.reactor,
-            since: e.since,
-            connected: e.since_mono.elapsed(),
-            login: e.login.clone(),
-        })
-        .collect()
+    lock(&HOSTS).values().map(HostEntry::host).collect()
+}
+
+/// Shuts down, both ways, the socket of every connection `select` picks,
+/// and returns them. Each ends as if its peer had gone: it stops reading,
+/// finishes the commands it took, and leaves the table. Connections whose
+/// socket could not be duplicated are left alone (and not returned).
+pub fn disconnect(select: impl Fn(&Host) -> bool) -> Vec<Host> {
+    let hosts = lock(&HOSTS);
+    let mut closed = Vec::new();
+    for e in hosts.values() {
+        let h = e.host();
+        if !select(&h) {
+            continue;
+        }
+        if let Some(s) = &e.socket {
+            // A socket already shut down by its own connection answers
+            // ENOTCONN: it is going anyway.
+            let _ = s.shutdown(Shutdown::Both);
+            closed.push(h);
+        }
+    }
+    closed
 }
 
 #[cfg(test)]

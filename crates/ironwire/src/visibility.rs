@@ -1,7 +1,8 @@
 //! The control socket's read commands on what the daemon is doing: `stats`
 //! (per namespace, LUN, port and reactor) and `hosts` / `sessions` (who is
 //! connected), as text lines or, with `--json`, one JSON document.
-//! Statuses and sense appear by name. It only reads `stats`.
+//! Statuses and sense appear by name. Besides reading `stats`, it picks
+//! the connections `disconnect` shuts down.
 
 use crate::stats::{self, Failure, Host, Latency, Login, Scope, Snapshot, Totals};
 use serde_json::{json, Value};
@@ -355,10 +356,160 @@ pub fn handle(words: &[&str], process_lines: impl FnOnce() -> String) -> Option<
     }))
 }
 
+/// Which connections `ctl disconnect` closes: every key given must match.
+/// NVMe keys (`host`, `nqn`, `cntlid`) pick the queues of NVMe
+/// controllers, iSCSI keys (`initiator`, `iqn`) the connections of
+/// sessions, and `address` any connection from that IP address (logged in
+/// or not).
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Selector {
+    host: Option<String>,
+    nqn: Option<String>,
+    cntlid: Option<u16>,
+    initiator: Option<String>,
+    iqn: Option<String>,
+    address: Option<std::net::IpAddr>,
+}
+
+impl Selector {
+    /// Parses `key=value` words; at least one key is needed.
+    pub fn parse(args: &[&str]) -> anyhow::Result<Selector> {
+        let mut s = Selector::default();
+        for a in args {
+            let Some((k, v)) = a.split_once('=') else {
+                anyhow::bail!("{a:?}: expected key=value (keys: {})", Self::KEYS);
+            };
+            let v = v.to_string();
+            match k {
+                "host" => s.host = Some(v),
+                "nqn" => s.nqn = Some(v),
+                "cntlid" => s.cntlid = Some(v.parse().map_err(|_| anyhow::anyhow!("cntlid={v}: expected 0..=65535"))?),
+                "initiator" => s.initiator = Some(v),
+                "iqn" => s.iqn = Some(v),
+                "address" => {
+                    s.address = Some(v.parse().map_err(|_| anyhow::anyhow!("address={v}: expected an IP address"))?)
+                }
+                _ => anyhow::bail!("unknown key {k:?} (keys: {})", Self::KEYS),
+            }
+        }
+        if s == Selector::default() {
+            anyhow::bail!("say which connections: one or more of {}", Self::KEYS);
+        }
+        if (s.host.is_some() || s.nqn.is_some() || s.cntlid.is_some()) && (s.initiator.is_some() || s.iqn.is_some()) {
+            anyhow::bail!("NVMe keys (host, nqn, cntlid) and iSCSI keys (initiator, iqn) pick different connections: give one kind");
+        }
+        Ok(s)
+    }
+
+    const KEYS: &'static str = "host=, nqn=, cntlid= (NVMe), initiator=, iqn= (iSCSI), address=";
+
+    /// The queues of `hostnqn`'s controllers on subsystem `nqn`.
+    pub fn nvme_host(nqn: &str, hostnqn: &str) -> Selector {
+        Selector { host: Some(hostnqn.to_string()), nqn: Some(nqn.to_string()), ..Selector::default() }
+    }
+
+    /// `initiator`'s sessions to target `iqn`.
+    pub fn iscsi_initiator(iqn: &str, initiator: &str) -> Selector {
+        Selector { initiator: Some(initiator.to_string()), iqn: Some(iqn.to_string()), ..Selector::default() }
+    }
+
+    /// Whether the connection `h` is one of those picked.
+    pub fn matches(&self, h: &Host) -> bool {
+        let same = |want: &Option<String>, have: &str| want.as_deref().is_none_or(|w| w == have);
+        if self.address.is_some_and(|a| a != h.peer.ip()) {
+            return false;
+        }
+        let nvme_keys = self.host.is_some() || self.nqn.is_some() || self.cntlid.is_some();
+        let iscsi_keys = self.initiator.is_some() || self.iqn.is_some();
+        match &h.login {
+            Some(Login::Nvme { hostnqn, subsystem, cntlid, .. }) => {
+                !iscsi_keys
+                    && same(&self.host, hostnqn)
+                    && same(&self.nqn, subsystem)
+                    && self.cntlid.is_none_or(|c| c == *cntlid)
+            }
+            Some(Login::Iscsi { initiator, target, .. }) => {
+                !nvme_keys
+                    && same(&self.initiator, initiator)
+                    && self.iqn.as_deref().is_none_or(|w| target.as_deref() == Some(w))
+            }
+            None => !nvme_keys && !iscsi_keys,
+        }
+    }
+}
+
+/// Runs `ctl disconnect key=value...`: shuts down the connections picked
+/// and lists them (in the `hosts` form).
+pub fn disconnect(args: &[&str]) -> anyhow::Result<String> {
+    let select = Selector::parse(args)?;
+    let closed = stats::disconnect(|h| select.matches(h));
+    Ok(format!("closed {} connection(s)\n{}", closed.len(), hosts_text(&closed)))
+}
+
 #[cfg(test)]
 mod tests {
-    use super::utc;
+    use super::{utc, Selector};
+    use crate::stats::{Host, Login};
     use std::time::{Duration, SystemTime};
+
+    fn host(peer: &str, login: Option<Login>) -> Host {
+        Host {
+            protocol: if matches!(login, Some(Login::Iscsi { .. })) { "iscsi" } else { "nvme-tcp" },
+            port: "127.0.0.1:4420".parse().expect("addr"),
+            peer: peer.parse().expect("addr"),
+            reactor: 0,
+            since: SystemTime::UNIX_EPOCH,
+            connected: Duration::ZERO,
+            login,
+        }
+    }
+
+    fn nvme(hostnqn: &str, subsystem: &str, cntlid: u16) -> Option<Login> {
+        let (hostnqn, subsystem) = (hostnqn.to_string(), subsystem.to_string());
+        Some(Login::Nvme { hostnqn, subsystem, cntlid, qid: 0, depth: 32, digests: (false, false) })
+    }
+
+    fn iscsi(initiator: &str, target: Option<&str>) -> Option<Login> {
+        Some(Login::Iscsi {
+            initiator: initiator.to_string(),
+            target: target.map(str::to_string),
+            tsih: 1,
+            isid: "00".into(),
+            depth: 32,
+            digests: (false, false),
+            chap: "none",
+        })
+    }
+
+    #[test]
+    fn disconnect_keys_must_name_some_connections_of_one_kind() {
+        for bad in [&[][..], &["bogus=1"], &["host"], &["cntlid=x"], &["address=host"], &["host=h", "iqn=t"]] {
+            assert!(Selector::parse(bad).is_err(), "{bad:?}");
+        }
+        assert!(Selector::parse(&["host=h", "nqn=n", "cntlid=3", "address=10.0.0.1"]).is_ok());
+    }
+
+    #[test]
+    fn disconnect_picks_by_every_key_given() {
+        let a = host("10.0.0.1:5000", nvme("h1", "s1", 1));
+        let b = host("10.0.0.2:5000", nvme("h2", "s1", 2));
+        let c = host("10.0.0.1:6000", iscsi("i1", Some("t1")));
+        let d = host("10.0.0.1:7000", iscsi("i1", None));
+        let e = host("10.0.0.1:8000", None);
+        let picks = |args: &[&str]| -> Vec<bool> {
+            let s = Selector::parse(args).expect("selector");
+            [&a, &b, &c, &d, &e].iter().map(|h| s.matches(h)).collect()
+        };
+        assert_eq!(picks(&["host=h1"]), [true, false, false, false, false]);
+        assert_eq!(picks(&["nqn=s1"]), [true, true, false, false, false]);
+        assert_eq!(picks(&["nqn=s1", "cntlid=2"]), [false, true, false, false, false]);
+        assert_eq!(picks(&["initiator=i1"]), [false, false, true, true, false]);
+        assert_eq!(picks(&["initiator=i1", "iqn=t1"]), [false, false, true, false, false]);
+        assert_eq!(picks(&["address=10.0.0.1"]), [true, false, true, true, true]);
+        assert_eq!(picks(&["address=10.0.0.1", "nqn=s1"]), [true, false, false, false, false]);
+        assert!(Selector::nvme_host("s1", "h2").matches(&b));
+        assert!(!Selector::iscsi_initiator("t1", "i1").matches(&d), "a discovery session has no target");
+    }
 
     #[test]
     fn formats_utc_dates() {

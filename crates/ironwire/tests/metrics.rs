@@ -1,8 +1,9 @@
 //! What the daemon shows about itself: the Prometheus endpoint (`[metrics]
 //! listen`) scraped over real HTTP while an NVMe/TCP controller and an
 //! iSCSI session do known I/O, whose counters must move by exactly that
-//! I/O; and `ctl hosts` / `ctl stats` (text and `--json`, through the real
-//! `ironwire ctl`) naming who is connected and what failed.
+//! I/O; `ctl hosts` / `ctl stats` (text and `--json`, through the real
+//! `ironwire ctl`) naming who is connected and what failed; and `ctl
+//! disconnect` (and `remove host`) closing exactly the connections named.
 
 mod common;
 
@@ -312,5 +313,62 @@ fn ctl_hosts_and_stats_name_the_connected_hosts_and_the_failures() {
         assert!(text.contains(&format!("namespace {NQN} 1 reads=0 writes=1 ")), "{text}");
         assert!(text.contains("last_error=\"LBA Out of Range"), "{text}");
         assert!(text.contains("reactor 0 busy="), "{text}");
+    }));
+}
+
+/// Polls `ctl hosts --json` until `done` holds of it (connections leave the
+/// table once their driver has finished), at most 10 s.
+async fn hosts_until(sock: &Path, done: impl Fn(&serde_json::Value) -> bool) -> serde_json::Value {
+    for _ in 0..100 {
+        let hosts = json(&ctl(sock, &["hosts", "--json"]));
+        if done(&hosts) {
+            return hosts;
+        }
+        reactor::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("ctl hosts never showed the change: {}", ctl(sock, &["hosts"]));
+}
+
+#[test]
+fn ctl_disconnect_closes_only_the_connections_named_and_remove_host_revokes_at_once() {
+    let d = start("disconnect");
+    let sock = d.dir.join("ctl.sock");
+    block_on(bounded(60, async {
+        let mut c = Controller::connect(d.addr, NQN, HOST, Options::default()).await.expect("connect");
+        let mut s = Session::connect(iscsi_portal(&d), LoginOptions::new(INITIATOR, Some(IQN))).await.expect("login");
+        s.clear_unit_attentions(1).await.expect("clear unit attentions");
+
+        for bad in [&["disconnect"][..], &["disconnect", "who=me"], &["disconnect", "host=h", "iqn=t"]] {
+            let e = common::ctl(&sock, bad).expect_err("refused");
+            assert!(e.contains("host") && e.contains("iqn"), "{bad:?}: {e}");
+        }
+        let none = ctl(&sock, &["disconnect", "initiator=iqn.2026-11.io.ironwire:nobody"]);
+        assert!(none.starts_with("closed 0 connection(s)"), "{none}");
+
+        // The iSCSI session goes; the NVMe controller stays.
+        let out = ctl(&sock, &["disconnect", &format!("initiator={INITIATOR}")]);
+        assert!(out.starts_with("closed 1 connection(s)"), "{out}");
+        assert!(out.contains(&format!("iscsi initiator={INITIATOR} target={IQN}")), "{out}");
+        assert!(s.scsi(1, &cdb::read16(0, 1), Vec::new(), 4096).await.is_err(), "the session was closed");
+        hosts_until(&sock, |h| h["iscsi"].as_array().is_some_and(Vec::is_empty)).await;
+        c.write(0, 1, 0, vec![7; 4096]).await.expect("the NVMe controller still works");
+
+        // Taking a host off a subsystem's list closes its controller at
+        // once; another host's list entry, or allow_any_host, keeps one.
+        for h in [HOST, "nqn.2014-08.org.nvmexpress:uuid:other", "nqn.2014-08.org.nvmexpress:uuid:third"] {
+            ctl(&sock, &["add", "host", &format!("nqn={NQN}"), &format!("host={h}")]);
+        }
+        ctl(&sock, &["set", "subsystem", &format!("nqn={NQN}"), "allow_any_host=false"]);
+        let kept = ctl(&sock, &["remove", "host", &format!("nqn={NQN}"), "host=nqn.2014-08.org.nvmexpress:uuid:other"]);
+        assert_eq!(kept, "", "no connection of that host");
+        c.write(0, 1, 0, vec![8; 4096]).await.expect("still allowed, still connected");
+        let out = ctl(&sock, &["remove", "host", &format!("nqn={NQN}"), &format!("host={HOST}")]);
+        assert!(
+            out.starts_with(&format!("closed 2 connection(s) of host {HOST} on {NQN}")),
+            "admin + I/O queue: {out}"
+        );
+        assert!(c.write(0, 1, 0, vec![9; 4096]).await.is_err(), "the controller was closed");
+        hosts_until(&sock, |h| h["nvme"].as_array().is_some_and(Vec::is_empty)).await;
+        assert!(Controller::connect(d.addr, NQN, HOST, Options::default()).await.is_err(), "no longer allowed");
     }));
 }

@@ -1,13 +1,15 @@
 #!/bin/sh
-# The target goes away under load and comes back, twice, over iSCSI: log in
-# (open-iscsi, its default session recovery), start fio writing mixed sizes
-# with crc32c verification, then ask the host-side runner (marker lines on
-# the console) to stop the target gracefully and serve again
-# (KP-RESTART-NOW), and, once the session is back and writes flow, to kill
-# it with SIGKILL and serve again (KP-KILL-NOW). Each time the session must
-# leave LOGGED_IN and come back, and the SCSI layer must retry what was in
-# flight; fio must end with every block it wrote read back verified, and
-# the kernel must have logged no I/O error. Then log out.
+# The target's connections go away under load and come back, three times,
+# over iSCSI: log in (open-iscsi, its default session recovery), start fio
+# writing mixed sizes with crc32c verification, then ask the host-side
+# runner (marker lines on the console) to drop every connection while the
+# daemon keeps running (KP-DROP-NOW: `ironwire ctl disconnect`), to stop the
+# target gracefully and serve again (KP-RESTART-NOW), and to kill it with
+# SIGKILL and serve again (KP-KILL-NOW), each once the session is back and
+# writes flow. Each time the session must leave LOGGED_IN and come back,
+# and the SCSI layer must retry what was in flight; fio must end with
+# every block it wrote read back verified, and the kernel must have logged
+# no I/O error. Then log out.
 # Args: PORTAL IQN
 # Env:  ISCSI_CHAP_USER / ISCSI_CHAP_PASS (as `iscsi`); FIO_SIZE (MiB
 #       written, default 64), FIO_RATE (MiB/s the writes are held to,
@@ -49,7 +51,7 @@ FIO=$!
 W0=$(written)
 kp_wait 60 progress $((W0 + 2048)) || kp_die "fio wrote nothing in 60 s"
 
-for EVENT in RESTART KILL; do
+for EVENT in DROP RESTART KILL; do
 	kill -0 "$FIO" 2>/dev/null || kp_die "fio ended before the $EVENT: the run would test nothing (lower FIO_RATE)"
 	BEFORE=$(written)
 	kp_log "$((BEFORE - W0)) sectors written; asking the runner to $EVENT the target"
@@ -75,7 +77,7 @@ if grep -iE 'I/O error|blk_update_request|Buffer I/O error|critical medium error
 	kp_die "the kernel logged I/O errors (above)"
 fi
 back || kp_die "session is $(state) at the end"
-kp_log "fio clean across a graceful restart and a SIGKILL: $MIB MiB written and verified over iSCSI"
+kp_log "fio clean across a drop, a graceful restart and a SIGKILL: $MIB MiB written and verified over iSCSI"
 
 kp_step "logout"
 kp_must iscsiadm -m node -T "$IQN" -p "$PORTAL" --logout

@@ -1,10 +1,12 @@
 #!/bin/sh
-# The target goes away under load and comes back, twice: connect (reconnect
-# every second, give up after 60 s), start fio writing mixed sizes with
-# crc32c verification, then ask the host-side runner (marker lines on the
-# console) to stop the target gracefully and serve again (KP-RESTART-NOW),
-# and, once the host has reconnected and written more, to kill it with
-# SIGKILL and serve again (KP-KILL-NOW). Each time the kernel host must see
+# The target's connections go away under load and come back, three times:
+# connect (reconnect every second, give up after 60 s), start fio writing
+# mixed sizes with crc32c verification, then ask the host-side runner
+# (marker lines on the console) to drop every connection while the daemon
+# keeps running (KP-DROP-NOW: `ironwire ctl disconnect`, as a network blip
+# would), to stop the target gracefully and serve again (KP-RESTART-NOW),
+# and to kill it with SIGKILL and serve again (KP-KILL-NOW), each once the
+# host has reconnected and written more. Each time the kernel host must see
 # the controller go, reconnect, and retry what was in flight; fio must end
 # with every block it wrote read back verified, and the host must have
 # logged no I/O error. Then disconnect.
@@ -50,7 +52,7 @@ FIO=$!
 W0=$(written)
 kp_wait 60 progress $((W0 + 2048)) || kp_die "fio wrote nothing in 60 s"
 
-for EVENT in RESTART KILL; do
+for EVENT in DROP RESTART KILL; do
 	kill -0 "$FIO" 2>/dev/null || kp_die "fio ended before the $EVENT: the run would test nothing (lower FIO_RATE)"
 	BEFORE=$(written)
 	kp_log "$((BEFORE - W0)) sectors written; asking the runner to $EVENT the target"
@@ -73,12 +75,12 @@ grep -iE 'nvme|I/O error' /tmp/dmesg.new | tail -n 30
 # Each loss must have ended in a reconnect, and nothing may have reached
 # the block layer as an error (that would be a write lost to the host).
 N=$(grep -ciE 'Successfully reconnected' /tmp/dmesg.new)
-[ "$N" -ge 2 ] || kp_die "the host logged $N successful reconnects (expected 2)"
+[ "$N" -ge 3 ] || kp_die "the host logged $N successful reconnects (expected 3)"
 if grep -iE 'I/O error|blk_update_request|Buffer I/O error|critical medium error' /tmp/dmesg.new; then
 	kp_die "the host logged I/O errors (above)"
 fi
 back || kp_die "controller $CTRL is $(state) at the end"
-kp_log "fio clean across a graceful restart and a SIGKILL: $MIB MiB written and verified over $TR"
+kp_log "fio clean across a drop, a graceful restart and a SIGKILL: $MIB MiB written and verified over $TR"
 
 kp_nvme_disconnect "$NQN" "$CTRL"
 kp_log "nvme-restart PASSED ($TR $A:$P $NQN)"
