@@ -176,6 +176,27 @@ fn open_direct(resolved: &Resolved, align: u64) -> io::Result<Option<File>> {
 }
 
 impl FileBackend {
+    /// The backing file's length or block device's size now.
+    pub(crate) fn current_size(&self) -> io::Result<u64> {
+        if self.is_block {
+            block_size_bytes(&self.fds.buffered)
+        } else {
+            Ok(self.fds.buffered.metadata()?.len())
+        }
+    }
+
+    /// Extends the backing file to `len` bytes; a longer file is left as
+    /// it is.
+    pub(crate) fn extend_to(&self, len: u64) -> io::Result<()> {
+        if self.is_block {
+            return Err(io::Error::other("a block device's size is its own"));
+        }
+        if self.fds.buffered.metadata()?.len() < len {
+            self.fds.buffered.set_len(len)?;
+        }
+        Ok(())
+    }
+
     /// Opens a regular file (`is_block == false`) or block device, each
     /// descriptor a reopen of `resolved`. The caller has already checked
     /// the kind and created / sized a regular file.

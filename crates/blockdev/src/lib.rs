@@ -126,9 +126,14 @@ pub struct Device {
     kind: Kind,
     /// The block size; `blocks` here is the size at open.
     geometry: Geometry,
-    /// The capacity in blocks now: an rbd image may be resized while it
-    /// is exported ([`Device::refresh_size`]).
+    /// The capacity in blocks now: an rbd image, a block device or a file
+    /// whose length is the device's size may be resized while it is
+    /// exported ([`Device::refresh_size`]), and a null device or a file
+    /// device with a configured size may be grown ([`Device::grow`]).
     blocks: AtomicU64,
+    /// The size is the backing's, re-read by [`Device::refresh_size`]: a
+    /// block device, or a file device configured without `size`.
+    follows_backing: bool,
     path: Option<PathBuf>,
     backend: Backend,
     latency: Latency,
@@ -199,6 +204,7 @@ impl Device {
             kind: Kind::Null,
             geometry,
             blocks: AtomicU64::new(geometry.blocks),
+            follows_backing: false,
             path: None,
             backend: Backend::Null,
             latency: Latency::default(),
@@ -224,6 +230,7 @@ impl Device {
             kind: Kind::Ram,
             geometry,
             blocks: AtomicU64::new(geometry.blocks),
+            follows_backing: false,
             path: None,
             backend: Backend::Ram(RamRegion::new(size_bytes, huge_pages)?),
             latency: Latency::default(),
@@ -275,6 +282,7 @@ impl Device {
             kind: Kind::File,
             geometry,
             blocks: AtomicU64::new(geometry.blocks),
+            follows_backing: size_bytes.is_none(),
             path: Some(path.to_path_buf()),
             backend: Backend::File(opened.backend),
             latency: Latency::default(),
@@ -319,6 +327,7 @@ impl Device {
             kind: Kind::Block,
             geometry: Geometry { block_size, blocks },
             blocks: AtomicU64::new(blocks),
+            follows_backing: true,
             path: Some(path.to_path_buf()),
             backend: Backend::File(opened.backend),
             latency: Latency::default(),
@@ -346,6 +355,7 @@ impl Device {
             kind: Kind::Rbd,
             geometry: Geometry { block_size, blocks },
             blocks: AtomicU64::new(blocks),
+            follows_backing: false,
             path: Some(spec),
             shared: Some(format!("ceph:{}:{}", image.fsid(), image.id())),
             backend: Backend::Rbd(image),
@@ -356,13 +366,44 @@ impl Device {
     }
 
     /// Re-reads the size of an rbd image (which `rbd resize` may change
-    /// while it is exported) and adopts it: `Ok(true)` when the capacity
-    /// changed, so hosts must be told. Other kinds have a fixed size.
+    /// while it is exported), of a block device (`lvextend`, `losetup -c`)
+    /// or of a file device configured without `size` (`truncate -s`), and
+    /// adopts it (whole blocks): `Ok(true)` when the capacity changed, so
+    /// hosts must be told. Other devices have the size they were given.
     /// May wait on the cluster for up to its operation timeout: call it
     /// off the reactor threads.
     pub fn refresh_size(&self) -> io::Result<bool> {
-        let Backend::Rbd(image) = &self.backend else { return Ok(false) };
-        let blocks = image.current_size()? / u64::from(self.geometry.block_size);
+        let bytes = match &self.backend {
+            Backend::Rbd(image) => image.current_size()?,
+            Backend::File(f) if self.follows_backing => f.current_size()?,
+            _ => return Ok(false),
+        };
+        let blocks = bytes / u64::from(self.geometry.block_size);
+        Ok(self.blocks.swap(blocks, Ordering::AcqRel) != blocks)
+    }
+
+    /// Grows a null device, or a file device configured with a `size`, to
+    /// `size_bytes` while it is in use: the file is extended first (never
+    /// shrunk), then the capacity adopted. `Ok(true)` when it changed, so
+    /// hosts must be told. A smaller size is refused (blocks hosts may be
+    /// using would be cut off), as is any other kind of device: a RAM
+    /// device's memory is mapped once, and the others follow their
+    /// backing ([`refresh_size`](Self::refresh_size)).
+    pub fn grow(&self, size_bytes: u64) -> Result<bool, Error> {
+        let block_size = self.geometry.block_size;
+        let blocks = exact_geometry(size_bytes, block_size)?.blocks;
+        let now = self.blocks.load(Ordering::Acquire);
+        if blocks < now {
+            return Err(Error::Unsupported("shrinking a device in use"));
+        }
+        match &self.backend {
+            Backend::Null => {}
+            Backend::File(f) if !self.follows_backing => f.extend_to(size_bytes)?,
+            Backend::Ram(_) => {
+                return Err(Error::Unsupported("growing a RAM device in use (its memory is mapped once)"))
+            }
+            _ => return Err(Error::Unsupported("growing a device that follows its backing (resize the backing)")),
+        }
         Ok(self.blocks.swap(blocks, Ordering::AcqRel) != blocks)
     }
 

@@ -330,6 +330,55 @@ fn file_device_without_size_uses_file_length() {
 }
 
 #[test]
+fn file_device_without_size_follows_the_file_length() {
+    let dir = TempDir::new("follow");
+    let path = dir.join("follow.img");
+    std::fs::write(&path, vec![0u8; 64 * 1024]).expect("write file");
+    let dev = Device::file("f", &path, None, 4096).expect("file device");
+    assert!(!dev.refresh_size().expect("refresh"), "nothing changed");
+    std::fs::OpenOptions::new().write(true).open(&path).and_then(|f| f.set_len(128 * 1024 + 100)).expect("grow");
+    assert!(dev.refresh_size().expect("refresh"), "the file grew");
+    assert_eq!(dev.geometry().blocks, 32, "whole blocks of the new length");
+    run(async {
+        write(&dev, 31, pattern(0, 4096, 3), false).await;
+        assert!(read(&dev, 31, 4096).await[..] == pattern(0, 4096, 3)[..]);
+    });
+    assert!(matches!(dev.grow(256 * 1024), Err(Error::Unsupported(_))), "its size is the file's");
+}
+
+#[test]
+fn file_device_with_size_grows_in_place_and_never_shrinks() {
+    let dir = TempDir::new("grow");
+    let path = dir.join("grow.img");
+    let dev = Device::file("f", &path, Some(MIB), 4096).expect("file device");
+    run(async { write(&dev, 0, pattern(0, 4096, 1), false).await });
+    assert!(dev.grow(2 * MIB).expect("grow"), "it grew");
+    assert_eq!(std::fs::metadata(&path).expect("stat").len(), 2 * MIB, "the file was extended first");
+    assert_eq!(dev.geometry().blocks, 2 * MIB / 4096);
+    run(async {
+        write(&dev, 2 * MIB / 4096 - 1, pattern(0, 4096, 2), false).await;
+        assert!(read(&dev, 2 * MIB / 4096 - 1, 4096).await[..] == pattern(0, 4096, 2)[..]);
+        assert!(read(&dev, 0, 4096).await[..] == pattern(0, 4096, 1)[..], "the data before stays");
+    });
+    assert!(!dev.grow(2 * MIB).expect("same size"), "no change");
+    assert!(matches!(dev.grow(MIB), Err(Error::Unsupported(_))), "no shrinking in use");
+    assert!(matches!(dev.grow(2 * MIB + 512), Err(Error::InvalidSize { .. })), "whole blocks only");
+    std::fs::OpenOptions::new().write(true).open(&path).and_then(|f| f.set_len(4 * MIB)).expect("grow file");
+    assert!(!dev.refresh_size().expect("refresh"), "a configured size does not follow the file");
+    assert_eq!(dev.geometry().blocks, 2 * MIB / 4096);
+}
+
+#[test]
+fn null_devices_grow_and_ram_devices_refuse_to() {
+    let null = Device::null("n", MIB, 512).expect("null");
+    assert!(null.grow(4 * MIB).expect("grow null"));
+    assert_eq!(null.geometry().blocks, 4 * MIB / 512);
+    let ram = Device::ram("r", MIB, 512).expect("ram");
+    assert!(matches!(ram.grow(2 * MIB), Err(Error::Unsupported(_))));
+    assert_eq!(ram.geometry().blocks, MIB / 512);
+}
+
+#[test]
 fn file_device_without_size_rejects_missing_empty_or_unaligned_file() {
     let dir = TempDir::new("reject");
     let missing = dir.join("missing.img");
@@ -414,6 +463,22 @@ fn block_device_on_4096_byte_loop_device_meets_contract() {
     let dev = Device::block("loop4k", &lo.dev, None).expect("block device");
     assert_eq!(dev.geometry().block_size, 4096);
     run(full_contract(&dev, false));
+}
+
+#[test]
+fn block_device_follows_its_size_when_the_loop_device_grows() {
+    let Some(lo) = LoopDev::attach(DEV_SIZE, 512) else {
+        return;
+    };
+    let dev = Device::block("loopgrow", &lo.dev, None).expect("block device");
+    assert!(!dev.refresh_size().expect("refresh"));
+    lo.grow(2 * DEV_SIZE);
+    assert!(dev.refresh_size().expect("refresh"), "the device grew");
+    assert_eq!(dev.geometry().blocks, 2 * DEV_SIZE / 512);
+    run(async {
+        write(&dev, 2 * DEV_SIZE / 512 - 8, pattern(0, 4096, 5), false).await;
+        assert!(read(&dev, 2 * DEV_SIZE / 512 - 8, 4096).await[..] == pattern(0, 4096, 5)[..]);
+    });
 }
 
 #[test]

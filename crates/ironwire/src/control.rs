@@ -336,11 +336,14 @@ fn serve_client(ctl: &Control, stream: UnixStream) {
 /// How often the sizes of rbd images are re-read.
 const SIZE_CHECK: Duration = Duration::from_secs(1);
 
-/// Starts the thread that notices rbd images resized while exported
-/// (`rbd resize`) and tells hosts. librbd re-reads an image's header when
-/// its watch reports a change, so a check is a lock and a load until then;
-/// when it does reach the cluster it waits on this thread, never on a
-/// reactor. The thread ends with the daemon's control object.
+/// Starts the thread that notices devices resized while exported (`rbd
+/// resize`, a block device grown with `lvextend` or `losetup -c`, a file
+/// device without `size` extended with `truncate -s`) and tells hosts.
+/// librbd re-reads an image's header when its watch reports a change, so
+/// a check is a lock and a load until then; when it does reach the cluster
+/// it waits on this thread, never on a reactor. A file or block device
+/// costs an fstat or an ioctl a second. The thread ends with the daemon's
+/// control object.
 pub fn spawn_size_watch(ctl: &Arc<Control>) -> Result<()> {
     let ctl = Arc::downgrade(ctl);
     std::thread::Builder::new()
@@ -357,30 +360,16 @@ pub fn spawn_size_watch(ctl: &Arc<Control>) -> Result<()> {
 }
 
 impl Control {
-    /// Re-reads the size of every rbd device and tells the hosts of each
-    /// one that changed: NVMe namespace-attribute-changed events and SCSI
-    /// CAPACITY DATA HAS CHANGED unit attentions.
+    /// Re-reads the size of every device whose size is its backing's and
+    /// tells the hosts of each one that changed: NVMe
+    /// namespace-attribute-changed events and SCSI CAPACITY DATA HAS
+    /// CHANGED unit attentions.
     fn check_sizes(&self) {
-        for dev in self.devices().into_iter().filter(|d| d.kind() == blockdev::Kind::Rbd) {
+        for dev in self.devices() {
             match dev.refresh_size() {
                 Ok(false) => {}
-                Ok(true) => self.capacity_changed(&dev),
-                Err(e) => log::debug!("device {}: cannot read the image size: {e}", dev.name()),
-            }
-        }
-    }
-
-    fn capacity_changed(&self, dev: &Arc<blockdev::Device>) {
-        log::info!("device {}: resized to {} blocks; telling hosts", dev.name(), dev.geometry().blocks);
-        let st = self.lock();
-        for t in st.live.iscsi.targets() {
-            for u in t.units.values().filter(|u| Arc::ptr_eq(&u.lu.device, dev)) {
-                u.lu.capacity_changed();
-            }
-        }
-        for s in st.live.target.subsystems() {
-            for ns in s.namespaces().iter().filter(|ns| Arc::ptr_eq(&ns.device, dev)) {
-                s.namespace_resized(ns.nsid);
+                Ok(true) => crate::runtime::capacity_changed(&self.lock().live, &dev),
+                Err(e) => log::debug!("device {}: cannot read its size: {e}", dev.name()),
             }
         }
     }

@@ -127,15 +127,39 @@ pub fn apply(live: &mut Live, old: &Config, new: &Config, symlinks: Symlinks, pr
     // Checks first: a refusal leaves everything as it was.
     let old_dev: HashMap<&str, &DeviceConfig> = old.device.iter().map(|d| (d.name.as_str(), d)).collect();
     let mut to_open = Vec::new();
+    let mut to_grow = Vec::new();
     for d in &new.device {
         match old_dev.get(d.name.as_str()) {
             Some(o) if *o == d => {}
-            Some(_) => {
+            Some(o) => {
                 let used = users(old, &d.name);
-                if !used.is_empty() {
-                    bail!("device {}: cannot change while {} uses it; remove those first", d.name, used.join(", "));
+                if used.is_empty() {
+                    to_open.push(d);
+                    continue;
                 }
-                to_open.push(d);
+                // A new size alone grows a null or file device in place.
+                match (o.size, d.size) {
+                    (Some(from), Some(to))
+                        if matches!(d.kind.as_str(), "null" | "file")
+                            && DeviceConfig { size: d.size, ..(*o).clone() } == *d =>
+                    {
+                        if to.0 < from.0 {
+                            bail!(
+                                "device {}: cannot shrink from {} to {} bytes while {} uses it",
+                                d.name,
+                                from.0,
+                                to.0,
+                                used.join(", ")
+                            );
+                        }
+                        to_grow.push((d.name.as_str(), to.0));
+                    }
+                    _ => bail!(
+                        "device {}: cannot change while {} uses it (only a null or file device's size may grow); remove those first",
+                        d.name,
+                        used.join(", ")
+                    ),
+                }
             }
             None => to_open.push(d),
         }
@@ -181,7 +205,20 @@ pub fn apply(live: &mut Live, old: &Config, new: &Config, symlinks: Symlinks, pr
         std::net::TcpListener::bind(a).map(drop).with_context(|| format!("cannot listen on {a}"))?;
     }
 
+    // Growing is the last step that may fail: a file is extended before its
+    // device takes the size (an extended file alone changes nothing).
+    let mut grown = Vec::new();
+    for (name, bytes) in to_grow {
+        let Some(dev) = live.devices.get(name) else { continue };
+        if dev.grow(bytes).with_context(|| format!("device {name}: growing to {bytes} bytes"))? {
+            grown.push(dev.clone());
+        }
+    }
+
     // From here on every step succeeds.
+    for dev in &grown {
+        capacity_changed(live, dev);
+    }
     let mut devices = live.devices.clone();
     devices.retain(|name, _| new.device.iter().any(|d| &d.name == name));
     devices.extend(opened);
@@ -189,6 +226,23 @@ pub fn apply(live: &mut Live, old: &Config, new: &Config, symlinks: Symlinks, pr
     apply_iscsi(live, &devices, new)?;
     live.devices = devices;
     apply_ports(live, old, new)
+}
+
+/// Tells the hosts of `dev`, whose capacity changed: each namespace on it
+/// raises a namespace-attribute-changed event, each LUN on it a CAPACITY
+/// DATA HAS CHANGED unit attention.
+pub fn capacity_changed(live: &Live, dev: &Arc<Device>) {
+    log::info!("device {}: resized to {} blocks; telling hosts", dev.name(), dev.geometry().blocks);
+    for t in live.iscsi.targets() {
+        for u in t.units.values().filter(|u| Arc::ptr_eq(&u.lu.device, dev)) {
+            u.lu.capacity_changed();
+        }
+    }
+    for s in live.target.subsystems() {
+        for ns in s.namespaces().iter().filter(|ns| Arc::ptr_eq(&ns.device, dev)) {
+            s.namespace_resized(ns.nsid);
+        }
+    }
 }
 
 fn apply_nvme(live: &Live, devices: &HashMap<String, Arc<Device>>, old: &Config, new: &Config) -> Result<()> {

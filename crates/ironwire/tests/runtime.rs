@@ -1,8 +1,10 @@
 //! Run-time changes through `ironwire ctl` (docs/ctl.md): every object of
 //! both protocols added and changed on a live daemon survives `ctl save`
 //! and a restart, `--persist` survives SIGKILL, a bad change is refused with
-//! the validation error and changes nothing, and `ctl reload` / SIGHUP
-//! change namespaces and ports under a connected host without dropping it.
+//! the validation error and changes nothing, `ctl reload` / SIGHUP
+//! change namespaces and ports under a connected host without dropping it,
+//! and devices in use grow (`set device size=`, or a file that grows)
+//! with both protocols' hosts told.
 
 mod common;
 
@@ -277,6 +279,81 @@ fn objects_in_use_are_not_pulled_from_under_a_connected_host() {
         c.write(0, 1, 0, vec![1; 512]).await.expect("I/O after the port was removed");
         ok(&d, &format!("add port address={port}"));
         TcpStream::connect(addr).expect("the port added back listens");
+    }));
+    d.assert_alive();
+}
+
+/// A file device with a size (namespace 1, LUN 0) and one without (its
+/// file's length; namespace 2), 512-byte blocks.
+fn growing(dir: &Path, port: u16, iscsi_port: u16) -> String {
+    std::fs::write(dir.join("g.img"), vec![0u8; 1 << 20]).expect("g.img");
+    format!(
+        "[[device]]\nname = \"f\"\nkind = \"file\"\npath = \"{dir}/f.img\"\nsize = \"1MiB\"\n\n\
+         [[device]]\nname = \"g\"\nkind = \"file\"\npath = \"{dir}/g.img\"\n\n\
+         [[subsystem]]\nnqn = \"{NQN}\"\nallow_any_host = true\n\
+         [[subsystem.namespace]]\nnsid = 1\ndevice = \"f\"\n[[subsystem.namespace]]\nnsid = 2\ndevice = \"g\"\n\n\
+         [[port]]\naddress = \"127.0.0.1:{port}\"\n\n\
+         [[port]]\ntransport = \"iscsi\"\naddress = \"127.0.0.1:{iscsi_port}\"\n\n\
+         [[iscsi_target]]\niqn = \"{IQN}\"\nallow_any_initiator = true\n[[iscsi_target.lun]]\ndevice = \"f\"\n\n\
+         [reactor]\ncores = [0]\n\n[control]\nallow_paths = [\"{dir}/\"]\n",
+        dir = dir.display()
+    )
+}
+
+#[test]
+fn devices_in_use_grow_and_the_hosts_of_both_protocols_are_told() {
+    use initiator::iscsi::{cdb, LoginOptions, Session};
+    use nvme_spec::opcode::{Admin, FeatureId};
+    let iscsi_port = free_port();
+    let mut d = Daemon::start_args("rt-grow", &[], move |dir, port| growing(dir, port, iscsi_port));
+    let portal = SocketAddr::from(([127, 0, 0, 1], iscsi_port));
+    const MIB: u64 = 1 << 20;
+    block_on(bounded(60, async {
+        let login = LoginOptions::new("iqn.2026-11.io.ironwire:rt-initiator", Some(IQN));
+        let mut s = Session::connect(portal, login).await.expect("login");
+        s.clear_unit_attentions(0).await.expect("clear unit attentions");
+        let mut c = Controller::connect(d.addr, NQN, HOST, Options::default()).await.expect("connect");
+        let aen = initiator::cmd::set_features(FeatureId::ASYNC_EVENT_CONFIG, 1 << 8);
+        c.admin_command(aen, Vec::new(), 0).await.expect("enable namespace-attribute events");
+        let aer = nvme_spec::Sqe { opcode: Admin::ASYNC_EVENT_REQUEST.0, ..Default::default() };
+        c.admin().submit(aer, Vec::new(), 0).expect("submit AER");
+        c.admin().flush().await.expect("send AER");
+
+        let e = refused(&d, "set device name=f size=512KiB");
+        assert!(e.contains("cannot shrink"), "{e}");
+        let e = refused(&d, "set device name=f block_size=4096");
+        assert!(e.contains("only a null or file device's size may grow"), "{e}");
+        ok(&d, "set device name=f size=2MiB");
+        assert_eq!(std::fs::metadata(d.dir.join("f.img")).expect("stat").len(), 2 * MIB, "the file was extended");
+
+        // NVMe: the event, Identify the new size, I/O past the old end.
+        let ev = c.admin().next_completion().await.expect("the namespace-attribute-changed event");
+        assert_eq!(ev.cqe.dw0.get(), nvme_spec::log::AEN_NS_CHANGED);
+        assert_eq!(c.identify_namespace(1).await.expect("identify").size_bytes(), 2 * MIB);
+        c.write(0, 1, 2 * MIB / 512 - 1, vec![0x5a; 512]).await.expect("write at the new end");
+
+        // iSCSI: CAPACITY DATA HAS CHANGED, then READ CAPACITY the new size.
+        let r = s.scsi(0, &cdb::test_unit_ready(), Vec::new(), 0).await.expect("tur");
+        let sense = r.sense_code().expect("a unit attention");
+        assert_eq!((sense.key, sense.asc, sense.ascq), (0x06, 0x2a, 0x09), "CAPACITY DATA HAS CHANGED");
+        let cap = s.read_capacity16(0).await.expect("read capacity");
+        assert_eq!(cap.blocks * u64::from(cap.block_len), 2 * MIB);
+        assert!(s.read16(0, 2 * MIB / 512 - 1, 1, 512).await.expect("read") == vec![0x5a; 512]);
+
+        // Reading the changed namespace list re-arms the event.
+        let list = c.get_log_page(0x04, 4096, 0).await.expect("changed namespace list");
+        assert_eq!(&list[..8], &[1, 0, 0, 0, 0, 0, 0, 0], "namespace 1 alone");
+
+        // A device sized by its file follows it (checked once a second).
+        c.admin().submit(aer, Vec::new(), 0).expect("submit AER");
+        c.admin().flush().await.expect("send AER");
+        let g = std::fs::OpenOptions::new().write(true).open(d.dir.join("g.img")).expect("open g.img");
+        g.set_len(3 * MIB).expect("grow g.img");
+        let ev = c.admin().next_completion().await.expect("the event for namespace 2");
+        assert_eq!(ev.cqe.dw0.get(), nvme_spec::log::AEN_NS_CHANGED);
+        assert_eq!(c.identify_namespace(2).await.expect("identify").size_bytes(), 3 * MIB);
+        c.write(0, 2, 3 * MIB / 512 - 1, vec![1; 512]).await.expect("write at g's new end");
+        s.logout().await.expect("logout");
     }));
     d.assert_alive();
 }

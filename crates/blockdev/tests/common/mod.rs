@@ -48,6 +48,7 @@ impl Drop for TempDir {
 /// A loop device attached to a backing file, detached on drop.
 pub struct LoopDev {
     pub dev: PathBuf,
+    backing: PathBuf,
     _dir: TempDir,
 }
 
@@ -64,7 +65,7 @@ impl LoopDev {
         match out {
             Ok(out) if out.status.success() => {
                 let dev = String::from_utf8_lossy(&out.stdout).trim().to_owned();
-                Some(LoopDev { dev: PathBuf::from(dev), _dir: dir })
+                Some(LoopDev { dev: PathBuf::from(dev), backing, _dir: dir })
             }
             Ok(out) => {
                 eprintln!(
@@ -78,6 +79,19 @@ impl LoopDev {
                 None
             }
         }
+    }
+
+    /// Grows the backing file to `size` bytes and has the loop device take
+    /// the new size (`losetup -c`), as `lvextend` grows a logical volume.
+    #[allow(dead_code)] // not every test binary that shares this module resizes
+    pub fn grow(&self, size: u64) {
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&self.backing)
+            .and_then(|f| f.set_len(size))
+            .expect("grow backing");
+        let out = Command::new("losetup").arg("-c").arg(&self.dev).output().expect("run losetup -c");
+        assert!(out.status.success(), "losetup -c: {}", String::from_utf8_lossy(&out.stderr));
     }
 }
 
