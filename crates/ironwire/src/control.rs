@@ -333,7 +333,7 @@ fn serve_client(ctl: &Control, stream: UnixStream) {
     }
 }
 
-/// How often the sizes of rbd images are re-read.
+/// How often the sizes of devices that follow their backing are re-read.
 const SIZE_CHECK: Duration = Duration::from_secs(1);
 
 /// Starts the thread that notices devices resized while exported (`rbd
@@ -347,7 +347,7 @@ const SIZE_CHECK: Duration = Duration::from_secs(1);
 pub fn spawn_size_watch(ctl: &Arc<Control>) -> Result<()> {
     let ctl = Arc::downgrade(ctl);
     std::thread::Builder::new()
-        .name("rbd-size".into())
+        .name("size-watch".into())
         .spawn(move || loop {
             std::thread::sleep(SIZE_CHECK);
             match ctl.upgrade() {
@@ -355,7 +355,7 @@ pub fn spawn_size_watch(ctl: &Arc<Control>) -> Result<()> {
                 None => return,
             }
         })
-        .context("starting the rbd size watch")?;
+        .context("starting the device size watch")?;
     Ok(())
 }
 
