@@ -59,7 +59,7 @@ describe() {
 	pattern-64m) echo "64 MiB O_DIRECT pattern write / read back" ;;
 	ext4-fs) echo "mkfs.ext4, 20 files, remount, sha256sums" ;;
 	refused-host) echo "not-allowed host NQN refused, allowed host accepted" ;;
-	namespace-aen) echo "ironwire ctl adds/removes a namespace; AEN makes the host rescan (ironwire only)" ;;
+	namespace-aen) echo "ironwire ctl adds, grows and removes a namespace; AEN makes the host rescan (ironwire only)" ;;
 	restart-fio) echo "fio verify on the file namespace while ironwire drops the connections (ctl disconnect), restarts (SIGTERM) and is killed (SIGKILL); the host reconnects (ironwire only)" ;;
 	initiator-nvmet) echo "ironwire's NVMe/TCP host (bench --verify, 4k/128k, digests) vs kernel nvmet-tcp (ironwire only)" ;;
 	esac
@@ -152,6 +152,9 @@ device = "file0"
 [[port]]
 transport = "tcp"
 address = "127.0.0.1:$PORT"
+
+[control]
+allow_paths = ["$WORK/img/"]
 EOF
 }
 
@@ -248,15 +251,20 @@ check_aen() {
 	selected "$name" || return 0
 	say "$name: $(describe "$name")"
 	local ctl=("$IRONWIRE_BIN" ctl --socket "$WORK/ctl.sock") log=$WORK/$name.console.log
-	local t0 rc=0 pid added=0 removed=0; t0=$(now)
+	local t0 rc=0 pid added=0 grown=0 removed=0; t0=$(now)
 	: >"$log"
 	# --show always streams the console as it happens (--log is written at the end).
 	"$KP" run --show always -t "$limit" nvme-aen "$PORT" "$IW_NQN" >"$log" 2>&1 &
 	pid=$!
 	while kill -0 "$pid" 2>/dev/null; do
 		if ((!added)) && grep -q KP-AEN-ADD-NOW "$log"; then
-			"${ctl[@]}" device-add aen0 ram size=64MiB && "${ctl[@]}" ns-add "$IW_NQN" 2 aen0 || say "ctl ns-add failed"
+			"${ctl[@]}" add device name=aen0 kind=file path="$WORK/img/aen0.img" size=64MiB &&
+				"${ctl[@]}" ns-add "$IW_NQN" 2 aen0 || say "ctl ns-add failed"
 			added=1
+		fi
+		if ((!grown)) && grep -q KP-AEN-GROW-NOW "$log"; then
+			"${ctl[@]}" set device name=aen0 size=96MiB || say "ctl set device size failed"
+			grown=1
 		fi
 		if ((!removed)) && grep -q KP-AEN-REMOVE-NOW "$log"; then
 			"${ctl[@]}" ns-remove "$IW_NQN" 2 || say "ctl ns-remove failed"
@@ -265,7 +273,7 @@ check_aen() {
 		sleep 0.2
 	done
 	wait "$pid" || rc=$?
-	((added && removed)) || ((rc != 0)) || rc=1
+	((added && grown && removed)) || ((rc != 0)) || rc=1
 	((rc == 0)) || [[ $SHOW == never ]] || tail -n 40 "$log" >&2
 	record "$name" "$rc" "$(since "$t0")"
 	say "$name: $( ((rc == 0)) && echo PASS || echo "FAIL (rc=$rc, console: $log)")"
