@@ -395,8 +395,12 @@ impl Control {
             ["save"] => Ok(toml::to_string(&self.lock().config)?),
             ["reload"] => self.reload().map(|()| String::new()),
             [verb @ ("add" | "set" | "remove"), noun, rest @ ..] => {
-                self.change(|c| crate::edit::edit(c, verb, noun, rest))?;
-                Ok(if *verb == "remove" { self.revoke(noun, rest) } else { String::new() })
+                let closed = self.change(|c| crate::edit::edit(c, verb, noun, rest))?;
+                Ok(if closed == 0 {
+                    String::new()
+                } else {
+                    format!("closed {closed} connection(s) of hosts no longer allowed in\n")
+                })
             }
             ["disconnect", rest @ ..] => crate::visibility::disconnect(rest),
             // The first grammar, kept for scripts that use it.
@@ -404,17 +408,17 @@ impl Control {
                 let mut args = vec![format!("name={name}"), format!("kind={kind}")];
                 args.extend(rest.iter().map(|s| s.to_string()));
                 let args: Vec<&str> = args.iter().map(String::as_str).collect();
-                self.change(|c| crate::edit::edit(c, "add", "device", &args)).map(|()| String::new())
+                self.change(|c| crate::edit::edit(c, "add", "device", &args)).map(|_| String::new())
             }
             ["ns-add", nqn, nsid, device] => {
                 let args = [format!("nqn={nqn}"), format!("nsid={nsid}"), format!("device={device}")];
                 let args: Vec<&str> = args.iter().map(String::as_str).collect();
-                self.change(|c| crate::edit::edit(c, "add", "namespace", &args)).map(|()| String::new())
+                self.change(|c| crate::edit::edit(c, "add", "namespace", &args)).map(|_| String::new())
             }
             ["ns-remove", nqn, nsid] => {
                 let args = [format!("nqn={nqn}"), format!("nsid={nsid}")];
                 let args: Vec<&str> = args.iter().map(String::as_str).collect();
-                self.change(|c| crate::edit::edit(c, "remove", "namespace", &args)).map(|()| String::new())
+                self.change(|c| crate::edit::edit(c, "remove", "namespace", &args)).map(|_| String::new())
             }
             [] => bail!("empty command"),
             _ => bail!(
@@ -425,49 +429,6 @@ impl Control {
         }
     }
 
-    /// After `remove host`, `remove initiator` or `remove acl`: the
-    /// connections of a host or initiator that may no longer connect are
-    /// closed (as SPDK's `nvmf_subsystem_remove_host` does), so that taking
-    /// it off the list revokes its access now, not at its next login. One
-    /// still allowed (`allow_any_host`, the initiator list or an ACL entry)
-    /// keeps its connections. Returns what was closed, for the answer.
-    fn revoke(&self, noun: &str, args: &[&str]) -> String {
-        let arg = |key: &str| args.iter().find_map(|a| a.strip_prefix(key)?.strip_prefix('='));
-        let (select, who) = {
-            let st = self.lock();
-            match (noun, arg("nqn"), arg("host"), arg("iqn"), arg("initiator")) {
-                ("host", Some(nqn), Some(host), _, _) => {
-                    let sub = st.config.subsystem.iter().find(|s| s.nqn == nqn);
-                    if sub.is_some_and(|s| s.allow_any_host || s.hosts.iter().any(|h| h == host)) {
-                        return String::new();
-                    }
-                    (crate::visibility::Selector::nvme_host(nqn, host), format!("host {host} on {nqn}"))
-                }
-                ("initiator" | "acl", _, _, Some(iqn), Some(initiator)) => {
-                    let t = st.config.iscsi_target.iter().find(|t| t.iqn == iqn);
-                    if t.is_some_and(|t| {
-                        t.allow_any_initiator
-                            || t.initiators.iter().any(|i| i == initiator)
-                            || t.acl.iter().any(|a| a.initiator == initiator)
-                    }) {
-                        return String::new();
-                    }
-                    (
-                        crate::visibility::Selector::iscsi_initiator(iqn, initiator),
-                        format!("initiator {initiator} on {iqn}"),
-                    )
-                }
-                _ => return String::new(),
-            }
-        };
-        let closed = crate::stats::disconnect(|h| select.matches(h));
-        if closed.is_empty() {
-            return String::new();
-        }
-        log::info!("control: closed {} connection(s) of {who}, which may no longer connect", closed.len());
-        format!("closed {} connection(s) of {who}, which may no longer connect\n", closed.len())
-    }
-
     /// Makes the change `f` to the running configuration: validated as
     /// `check-config` validates, device paths checked against `[control]
     /// allow_paths`, applied to the live objects, then (with `--persist`)
@@ -475,7 +436,9 @@ impl Control {
     /// rbd devices are opened before the lock is taken for the change, so
     /// that other ctl commands go on while a cluster is slow to answer; a
     /// change that came in meanwhile makes this one start again from it.
-    fn change(&self, f: impl Fn(&Config) -> Result<Config>) -> Result<()> {
+    /// Returns how many connections it closed: those of hosts the change
+    /// no longer lets in ([`crate::runtime::enforce_access`]).
+    fn change(&self, f: impl Fn(&Config) -> Result<Config>) -> Result<usize> {
         for _ in 0..3 {
             let (base, new) = {
                 let st = self.lock();
@@ -490,12 +453,13 @@ impl Control {
             crate::runtime::apply(&mut st.live, &base, &new, blockdev::Symlinks::Refuse, &preopened)?;
             st.config = new;
             log::info!("control: configuration changed");
+            let closed = crate::runtime::enforce_access(&st.config).len();
             if let (true, Some(path)) = (self.persist, &self.config_path) {
                 let text = toml::to_string(&st.config)?;
                 write_atomic(path, text.as_bytes())
                     .with_context(|| format!("the change is live, but saving it to {} failed", path.display()))?;
             }
-            return Ok(());
+            return Ok(closed);
         }
         bail!("the configuration changed three times while this change was being prepared; try again")
     }
@@ -554,6 +518,7 @@ impl Control {
             .with_context(|| format!("reloading {}", path.display()))?;
         st.config = new;
         log::info!("control: reloaded {}", path.display());
+        crate::runtime::enforce_access(&st.config);
         Ok(())
     }
 

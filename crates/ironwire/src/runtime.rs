@@ -228,6 +228,46 @@ pub fn apply(live: &mut Live, old: &Config, new: &Config, symlinks: Symlinks, pr
     apply_ports(live, old, new)
 }
 
+/// Closes the connections of hosts that `config` no longer lets in: NVMe
+/// controllers of a host neither on its subsystem's `hosts` nor let in by
+/// `allow_any_host`, iSCSI sessions of an initiator neither in its target's
+/// `initiators` or ACLs nor let in by `allow_any_initiator`. Run after every
+/// change, so that taking a host off a list (or turning `allow_any_*`
+/// off) revokes its access at once, as SPDK's `nvmf_subsystem_remove_host`
+/// does, not at its next login. Returns what it closed, which it logs.
+pub fn enforce_access(config: &Config) -> Vec<crate::stats::Host> {
+    use crate::stats::Login;
+    let closed = crate::stats::disconnect(|h| match &h.login {
+        Some(Login::Nvme { hostnqn, subsystem, .. }) => config
+            .subsystem
+            .iter()
+            .find(|s| &s.nqn == subsystem)
+            .is_some_and(|s| !s.allow_any_host && !s.hosts.contains(hostnqn)),
+        Some(Login::Iscsi { initiator, target: Some(target), .. }) => {
+            config.iscsi_target.iter().find(|t| &t.iqn == target).is_some_and(|t| {
+                !t.allow_any_initiator
+                    && !t.initiators.contains(initiator)
+                    && !t.acl.iter().any(|a| &a.initiator == initiator)
+            })
+        }
+        _ => false,
+    });
+    for h in &closed {
+        match &h.login {
+            Some(Login::Nvme { hostnqn, subsystem, qid, .. }) => {
+                log::info!("{}: host {hostnqn} may no longer use {subsystem}: queue {qid} closed", h.peer)
+            }
+            Some(Login::Iscsi { initiator, target, .. }) => log::info!(
+                "{}: initiator {initiator} may no longer use {}: session closed",
+                h.peer,
+                target.as_deref().unwrap_or_default()
+            ),
+            None => {}
+        }
+    }
+    closed
+}
+
 /// Tells the hosts of `dev`, whose capacity changed: each namespace on it
 /// raises a namespace-attribute-changed event, each LUN on it a CAPACITY
 /// DATA HAS CHANGED unit attention.
