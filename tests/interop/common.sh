@@ -117,6 +117,7 @@ drop_connections() {
 # stop must end with status 0 within its drain) and serves again with the
 # script's `start_ironwire LOG`, logging to ironwire.N.log.
 restart_ironwire() {
+	((${#TARGET_PIDS[@]})) || { say "no ironwire to restart"; return 1; }
 	local how=$1 n=$2 p=${TARGET_PIDS[0]} st=0 i
 	if [[ $how == KILL ]]; then kill -KILL "$p"; else kill -TERM "$p"; fi
 	for i in $(seq 1 200); do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done

@@ -437,6 +437,7 @@ run_checks() {
 		skipped tcp-same-port "ironwire only"
 		skipped tcp-rdma-mixed "ironwire only"
 		skipped initiator-nvmet "ironwire only (it tests ironwire's initiator)"
+		skipped restart-fio "ironwire only (the runner restarts the daemon)"
 		return 0
 	fi
 	check tcp-same-port 150 "${strict[@]}" -e NVME_REQUIRE_DISCOVERED=1 nvme-tcp "$PORT" "$IW_NQN"

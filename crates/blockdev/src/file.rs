@@ -3,8 +3,10 @@
 //! ring as its sockets). Zeroing is a ring `FALLOCATE`, which the kernel
 //! runs in its io-wq workers, and a block device's discard a ring command:
 //! no zeroing or discard of any size is a synchronous syscall on a reactor
-//! thread. The only block ioctls left
-//! (size, logical block size) run once, when the device is opened.
+//! thread. The only block ioctls left are the logical block size, read
+//! once when the device is opened, and the size, read then and once a
+//! second by the daemon's size watch (off the reactors), which follows a
+//! device grown under it.
 //!
 //! On a block device `fallocate` means (Linux `block/fops.c`,
 //! `blkdev_fallocate`, unchanged since 4.9): `ZERO_RANGE | KEEP_SIZE` zeroes

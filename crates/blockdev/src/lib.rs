@@ -379,7 +379,22 @@ impl Device {
             _ => return Ok(false),
         };
         let blocks = bytes / u64::from(self.geometry.block_size);
-        Ok(self.blocks.swap(blocks, Ordering::AcqRel) != blocks)
+        let now = self.blocks.load(Ordering::Acquire);
+        if blocks == now {
+            return Ok(false);
+        }
+        if blocks == 0 {
+            // A file cut to nothing is not a device of no blocks: keep the
+            // size hosts know (their I/O past the file's end fails or
+            // extends it, as before) until it has blocks again.
+            log::warn!("device {}: its backing now holds less than one block; keeping {now} blocks", self.name);
+            return Ok(false);
+        }
+        if blocks < now {
+            log::warn!("device {}: its backing shrank from {now} to {blocks} blocks; hosts will be told", self.name);
+        }
+        self.blocks.store(blocks, Ordering::Release);
+        Ok(true)
     }
 
     /// Grows a null device, or a file device configured with a `size`, to

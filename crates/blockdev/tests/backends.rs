@@ -344,6 +344,13 @@ fn file_device_without_size_follows_the_file_length() {
         assert!(read(&dev, 31, 4096).await[..] == pattern(0, 4096, 3)[..]);
     });
     assert!(matches!(dev.grow(256 * 1024), Err(Error::Unsupported(_))), "its size is the file's");
+    let file = std::fs::OpenOptions::new().write(true).open(&path).expect("open");
+    file.set_len(0).expect("cut");
+    assert!(!dev.refresh_size().expect("refresh"), "a file cut to nothing is not a device of no blocks");
+    assert_eq!(dev.geometry().blocks, 32);
+    file.set_len(64 * 1024).expect("shrink");
+    assert!(dev.refresh_size().expect("refresh"), "the file shrank");
+    assert_eq!(dev.geometry().blocks, 16);
 }
 
 #[test]

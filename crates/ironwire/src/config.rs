@@ -315,6 +315,14 @@ pub struct DeviceConfig {
     pub connect_timeout: Option<u64>,
 }
 
+impl DeviceConfig {
+    /// Whether `other` is this device with another `size` and nothing
+    /// else changed.
+    pub fn same_but_size(&self, other: &DeviceConfig) -> bool {
+        self.size != other.size && DeviceConfig { size: other.size, ..self.clone() } == *other
+    }
+}
+
 /// The longest latency a device may inject: one minute.
 pub const MAX_INJECTED_LATENCY_US: u64 = 60_000_000;
 

@@ -450,10 +450,12 @@ impl Control {
             if st.config != base {
                 continue;
             }
-            crate::runtime::apply(&mut st.live, &base, &new, blockdev::Symlinks::Refuse, &preopened)?;
+            let applied = crate::runtime::apply(&mut st.live, &base, &new, blockdev::Symlinks::Refuse, &preopened);
+            // Access lists may have changed even if a later step failed.
+            let closed = crate::runtime::enforce_access(&st.live).len();
+            applied?;
             st.config = new;
             log::info!("control: configuration changed");
-            let closed = crate::runtime::enforce_access(&st.config).len();
             if let (true, Some(path)) = (self.persist, &self.config_path) {
                 let text = toml::to_string(&st.config)?;
                 write_atomic(path, text.as_bytes())
@@ -474,6 +476,11 @@ impl Control {
         for d in &mut new.device {
             let before = config.device.iter().find(|o| o.name == d.name);
             if before == Some(d) {
+                continue;
+            }
+            // A new size alone opens nothing (a device in use grows in
+            // place): its path stays as it is.
+            if before.is_some_and(|b| b.same_but_size(d)) {
                 continue;
             }
             match d.kind.as_str() {
@@ -514,11 +521,11 @@ impl Control {
         crate::runtime::normalize(&mut new);
         let mut st = self.lock();
         let old = st.config.clone();
-        crate::runtime::apply(&mut st.live, &old, &new, blockdev::Symlinks::Follow, &Default::default())
-            .with_context(|| format!("reloading {}", path.display()))?;
+        let applied = crate::runtime::apply(&mut st.live, &old, &new, blockdev::Symlinks::Follow, &Default::default());
+        crate::runtime::enforce_access(&st.live);
+        applied.with_context(|| format!("reloading {}", path.display()))?;
         st.config = new;
         log::info!("control: reloaded {}", path.display());
-        crate::runtime::enforce_access(&st.config);
         Ok(())
     }
 

@@ -700,6 +700,14 @@ fn dispatch_events(conn: &Rc<Conn>, model: &Arc<IscsiModel>) -> bool {
                     digests: (params.header_digest, params.data_digest),
                     chap,
                 });
+                // Access may have been revoked since the login's first PDU
+                // was checked; `runtime::enforce_access` sees the session
+                // only from here on, so look again (one side catches it).
+                if let Some(t) = target.as_deref().filter(|t| !model.initiator_allowed(t, &initiator)) {
+                    log::info!("{}: {initiator} may no longer log in to {t}; closing", conn.shell.peer);
+                    conn.shell.close();
+                    continue;
+                }
                 match (session_type, target.and_then(|t| model.find(&t))) {
                     (SessionType::Normal, Some(t)) => {
                         let nexus = Nexus {

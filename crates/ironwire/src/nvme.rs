@@ -692,6 +692,13 @@ fn answer<T: Binding, B: AsRef<[u8]>>(
                     depth: u32::from(sqsize) + 1,
                     digests,
                 });
+                // Access may have been revoked since the Connect was
+                // checked; `runtime::enforce_access` sees the queue only
+                // from here on, so look again (one side catches it).
+                if c.subsystem().is_some_and(|s| !s.allows(&c.hostnqn)) {
+                    log::info!("{}: host {} may no longer connect; closing queue {qid}", conn.shell.peer, c.hostnqn);
+                    conn.shell.close();
+                }
             }
         }
         Outcome::CompleteAndClose { cqe } => {

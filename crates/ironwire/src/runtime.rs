@@ -6,9 +6,11 @@
 //! changes only what differs between the two (devices, subsystems,
 //! namespaces, allowed hosts, iSCSI targets, LUNs, ACLs, CHAP, ports) and
 //! the new configuration is swapped in. Nothing is changed when a check
-//! fails. It never drops a connection: a change that would pull an object
-//! from under a connected host is refused, except a namespace, whose
-//! removal the hosts hear of through the namespace-changed AEN.
+//! fails. A change that would pull an object from under a connected host
+//! is refused, except a namespace, whose removal the hosts hear of through
+//! the namespace-changed AEN, and a device's growth, which they hear of the
+//! same way. The only connections a change drops are those of hosts it no
+//! longer lets in ([`enforce_access`]).
 
 use crate::config::{Config, DeviceConfig};
 use crate::iscsi_tcp::{IscsiModel, IscsiTarget};
@@ -139,10 +141,7 @@ pub fn apply(live: &mut Live, old: &Config, new: &Config, symlinks: Symlinks, pr
                 }
                 // A new size alone grows a null or file device in place.
                 match (o.size, d.size) {
-                    (Some(from), Some(to))
-                        if matches!(d.kind.as_str(), "null" | "file")
-                            && DeviceConfig { size: d.size, ..(*o).clone() } == *d =>
-                    {
+                    (Some(from), Some(to)) if matches!(d.kind.as_str(), "null" | "file") && o.same_but_size(d) => {
                         if to.0 < from.0 {
                             bail!(
                                 "device {}: cannot shrink from {} to {} bytes while {} uses it",
@@ -206,19 +205,16 @@ pub fn apply(live: &mut Live, old: &Config, new: &Config, symlinks: Symlinks, pr
     }
 
     // Growing is the last step that may fail: a file is extended before its
-    // device takes the size (an extended file alone changes nothing).
-    let mut grown = Vec::new();
+    // device takes the size (an extended file alone changes nothing), and
+    // hosts hear of each device as it grows, even if a later one fails.
     for (name, bytes) in to_grow {
         let Some(dev) = live.devices.get(name) else { continue };
         if dev.grow(bytes).with_context(|| format!("device {name}: growing to {bytes} bytes"))? {
-            grown.push(dev.clone());
+            capacity_changed(live, dev);
         }
     }
 
-    // From here on every step succeeds.
-    for dev in &grown {
-        capacity_changed(live, dev);
-    }
+    // From here on every step succeeds, but for a port a reactor cannot bind.
     let mut devices = live.devices.clone();
     devices.retain(|name, _| new.device.iter().any(|d| &d.name == name));
     devices.extend(opened);
@@ -228,28 +224,24 @@ pub fn apply(live: &mut Live, old: &Config, new: &Config, symlinks: Symlinks, pr
     apply_ports(live, old, new)
 }
 
-/// Closes the connections of hosts that `config` no longer lets in: NVMe
-/// controllers of a host neither on its subsystem's `hosts` nor let in by
-/// `allow_any_host`, iSCSI sessions of an initiator neither in its target's
-/// `initiators` or ACLs nor let in by `allow_any_initiator`. Run after every
-/// change, so that taking a host off a list (or turning `allow_any_*`
-/// off) revokes its access at once, as SPDK's `nvmf_subsystem_remove_host`
-/// does, not at its next login. Returns what it closed, which it logs.
-pub fn enforce_access(config: &Config) -> Vec<crate::stats::Host> {
+/// Closes the connections of hosts the live access lists no longer let
+/// in: NVMe controllers of a host its subsystem no longer allows, iSCSI
+/// sessions of an initiator its target no longer allows (the same checks,
+/// case rules included, as at Connect and login). Run after every change
+/// and reload, even one that failed partway, so that taking a host off a
+/// list (or turning `allow_any_*` off) revokes its access at once, as
+/// SPDK's `nvmf_subsystem_remove_host` does, not at its next login. A
+/// host logging in meanwhile checks again once its login is recorded
+/// (`nvme.rs`, `iscsi_tcp.rs`), so one side or the other catches it.
+/// Returns what it closed, which it logs.
+pub fn enforce_access(live: &Live) -> Vec<crate::stats::Host> {
     use crate::stats::Login;
+    use iscsi::target::Policy;
     let closed = crate::stats::disconnect(|h| match &h.login {
-        Some(Login::Nvme { hostnqn, subsystem, .. }) => config
-            .subsystem
-            .iter()
-            .find(|s| &s.nqn == subsystem)
-            .is_some_and(|s| !s.allow_any_host && !s.hosts.contains(hostnqn)),
-        Some(Login::Iscsi { initiator, target: Some(target), .. }) => {
-            config.iscsi_target.iter().find(|t| &t.iqn == target).is_some_and(|t| {
-                !t.allow_any_initiator
-                    && !t.initiators.contains(initiator)
-                    && !t.acl.iter().any(|a| &a.initiator == initiator)
-            })
+        Some(Login::Nvme { hostnqn, subsystem, .. }) => {
+            live.target.subsystem(subsystem).is_some_and(|s| !s.allows(hostnqn))
         }
+        Some(Login::Iscsi { initiator, target: Some(target), .. }) => !live.iscsi.initiator_allowed(target, initiator),
         _ => false,
     });
     for h in &closed {

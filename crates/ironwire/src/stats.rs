@@ -304,6 +304,13 @@ impl Connection {
         p.open.add(1);
         p.accepted.add(1);
         let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
+        let socket = dup_socket(fd);
+        if socket.is_none() {
+            log::warn!(
+                "{peer}: cannot duplicate the socket (out of descriptors?): ctl disconnect and access changes \
+                 cannot close this connection"
+            );
+        }
         lock(&HOSTS).insert(
             id,
             HostEntry {
@@ -314,7 +321,7 @@ impl Connection {
                 since: SystemTime::now(),
                 since_mono: Instant::now(),
                 login: None,
-                socket: dup_socket(fd),
+                socket,
             },
         );
         Connection { reactor, port: p, cache: RefCell::new(Vec::new()), id, peer }

@@ -406,7 +406,10 @@ impl Selector {
     /// Whether the connection `h` is one of those picked.
     pub fn matches(&self, h: &Host) -> bool {
         let same = |want: &Option<String>, have: &str| want.as_deref().is_none_or(|w| w == have);
-        if self.address.is_some_and(|a| a != h.peer.ip()) {
+        // iSCSI names compare without case, as at login (RFC 3722).
+        let same_name =
+            |want: &Option<String>, have: &str| want.as_deref().is_none_or(|w| w.eq_ignore_ascii_case(have));
+        if self.address.is_some_and(|a| a.to_canonical() != h.peer.ip().to_canonical()) {
             return false;
         }
         let nvme_keys = self.host.is_some() || self.nqn.is_some() || self.cntlid.is_some();
@@ -420,8 +423,8 @@ impl Selector {
             }
             Some(Login::Iscsi { initiator, target, .. }) => {
                 !nvme_keys
-                    && same(&self.initiator, initiator)
-                    && self.iqn.as_deref().is_none_or(|w| target.as_deref() == Some(w))
+                    && same_name(&self.initiator, initiator)
+                    && self.iqn.as_deref().is_none_or(|w| target.as_deref().is_some_and(|t| t.eq_ignore_ascii_case(w)))
             }
             None => !nvme_keys && !iscsi_keys,
         }

@@ -368,12 +368,19 @@ fn ctl_disconnect_closes_only_the_connections_named_and_remove_host_revokes_at_o
         hosts_until(&sock, |h| h["nvme"].as_array().is_some_and(Vec::is_empty)).await;
         assert!(Controller::connect(d.addr, NQN, HOST, Options::default()).await.is_err(), "no longer allowed");
 
-        // Turning allow_any_initiator off closes the sessions of
-        // initiators not on the list.
-        let mut s = Session::connect(iscsi_portal(&d), LoginOptions::new(INITIATOR, Some(IQN))).await.expect("login");
+        // Turning allow_any_initiator off keeps a session whose initiator
+        // is on the list (names compare without case, as at login); taking
+        // it off the list closes the session.
+        let mixed = INITIATOR.replace("metrics", "Metrics");
+        let mut s = Session::connect(iscsi_portal(&d), LoginOptions::new(&mixed, Some(IQN))).await.expect("login");
         s.clear_unit_attentions(1).await.expect("clear unit attentions");
+        let listed = INITIATOR;
         ctl(&sock, &["add", "initiator", &format!("iqn={IQN}"), "initiator=iqn.2026-11.io.ironwire:someone-else"]);
+        ctl(&sock, &["add", "initiator", &format!("iqn={IQN}"), &format!("initiator={listed}")]);
         let out = ctl(&sock, &["set", "target", &format!("iqn={IQN}"), "allow_any_initiator=false"]);
+        assert_eq!(out, "", "still allowed");
+        s.scsi(1, &cdb::read16(0, 1), Vec::new(), 4096).await.expect("the session still works").check().expect("good");
+        let out = ctl(&sock, &["remove", "initiator", &format!("iqn={IQN}"), &format!("initiator={listed}")]);
         assert_eq!(out, "closed 1 connection(s) of hosts no longer allowed in\n");
         assert!(s.scsi(1, &cdb::read16(0, 1), Vec::new(), 4096).await.is_err(), "the session was closed");
     }));
