@@ -209,9 +209,13 @@ start_ironwire() {
 	return 1
 }
 
-dump_daemon_log() {
-	printf '\n----- ironwire log (%s, last 200 lines) -----\n' "$DAEMON_LOG" >&2
-	tail -n 200 "$DAEMON_LOG" >&2
+dump_daemon_log() { # every daemon's, restart-fio's earlier ones included
+	local f
+	for f in "$WORK"/ironwire*.log; do
+		[[ -f $f ]] || continue
+		printf '\n----- ironwire log (%s, last 200 lines) -----\n' "$f" >&2
+		tail -n 200 "$f" >&2
+	done
 }
 
 
