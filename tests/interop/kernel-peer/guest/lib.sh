@@ -130,6 +130,40 @@ kp_fio_verified() {
 	[ "$_rkb" = "$_wkb" ] || kp_die "fio's verify pass read $_rkb KiB of the $_wkb KiB written"
 }
 
+# kp_fio_through_events DEV NAME WHAT : starts fio (job NAME) writing
+# ${FIO_SIZE:-64} MiB to DEV at ${FIO_RATE:-4} MiB/s with crc32c verify
+# (sets FIO, its PID, and T0), then asks the host-side runner for each
+# event in turn (KP-DROP-NOW, KP-RESTART-NOW, KP-KILL-NOW) and waits for
+# WHAT (a controller or session, for the messages) to go (`gone`), come
+# back (`back`, reported with `state`), and take writes again
+# (`written`: sectors written). The scenario defines those four.
+kp_fio_through_events() {
+	kp_step "fio: randwrite, ${FIO_SIZE:-64} MiB, crc32c verify, while the target restarts and is killed"
+	T0=$(kp_uptime)
+	echo "+ fio --name=$2 --filename=$1 ... --rate=${FIO_RATE:-4}m --verify=crc32c"
+	timeout "${FIO_TIMEOUT:-240}" fio --name="$2" --filename="$1" --direct=1 --ioengine=libaio \
+		--iodepth=16 --rw=randwrite --bssplit=4k/40:16k/20:64k/20:128k/20 --size="${FIO_SIZE:-64}M" --offset=1M \
+		--rate="${FIO_RATE:-4}m" \
+		--verify=crc32c --do_verify=1 --verify_fatal=1 --randrepeat=1 \
+		--output-format=normal,terse --output=/tmp/fio.out > /tmp/fio.err 2>&1 &
+	FIO=$!
+	_w0=$(written)
+	kp_wait 60 kp_written_over $((_w0 + 2048)) || kp_die "fio wrote nothing in 60 s"
+	for _ev in DROP RESTART KILL; do
+		kill -0 "$FIO" 2>/dev/null || kp_die "fio ended before the $_ev: the run would test nothing (lower FIO_RATE)"
+		_before=$(written)
+		kp_log "$((_before - _w0)) sectors written; asking the runner to $_ev the target"
+		echo "KP-$_ev-NOW"
+		kp_wait 60 gone || kp_die "$3 stayed $(state) after the target's $_ev"
+		kp_log "$3 is $(state)"
+		kp_wait 90 back || kp_die "$3 did not come back after the $_ev (state $(state))"
+		kp_log "$3 $(state) again"
+		kp_wait 60 kp_written_over $((_before + 2048)) ||
+			kp_die "no writes went through after $3 came back (fio in its verify pass already? lower FIO_RATE)"
+	done
+}
+kp_written_over() { [ "$(written)" -gt "$1" ]; }
+
 # ---------------------------------------------------------------- NVMe-oF host
 kp_nvme_setup() {
 	kp_modprobe nvme-core nvme-fabrics crc32c_generic || return 1

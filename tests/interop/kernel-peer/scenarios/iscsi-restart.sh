@@ -35,33 +35,7 @@ written() { awk -v d="${SD#/dev/}" '$3 == d { print $10 }' /proc/diskstats; } # 
 state() { cat "$SESSION"/state; }
 gone() { [ "$(state)" != LOGGED_IN ]; }
 back() { [ "$(state)" = LOGGED_IN ]; }
-# progress SECTORS : more than SECTORS written
-progress() { [ "$(written)" -gt "$1" ]; }
-
-kp_step "fio: randwrite, ${MIB} MiB, crc32c verify, while the target restarts and is killed"
-T0=$(kp_uptime)
-set -- fio --name=iscsi-restart --filename="$SD" --direct=1 --ioengine=libaio \
-	--iodepth=16 --rw=randwrite --bssplit=4k/40:16k/20:64k/20:128k/20 --size="${MIB}M" --offset=1M \
-	--rate="${FIO_RATE:-4}m" \
-	--verify=crc32c --do_verify=1 --verify_fatal=1 --randrepeat=1 \
-	--output-format=normal,terse --output=/tmp/fio.out
-echo "+ $*"
-timeout "${FIO_TIMEOUT:-240}" "$@" > /tmp/fio.err 2>&1 &
-FIO=$!
-W0=$(written)
-kp_wait 60 progress $((W0 + 2048)) || kp_die "fio wrote nothing in 60 s"
-
-for EVENT in DROP RESTART KILL; do
-	kill -0 "$FIO" 2>/dev/null || kp_die "fio ended before the $EVENT: the run would test nothing (lower FIO_RATE)"
-	BEFORE=$(written)
-	kp_log "$((BEFORE - W0)) sectors written; asking the runner to $EVENT the target"
-	echo "KP-$EVENT-NOW"
-	kp_wait 60 gone || kp_die "session stayed LOGGED_IN after the target's $EVENT"
-	kp_log "session is $(state)"
-	kp_wait 90 back || kp_die "session did not come back after the $EVENT (state $(state))"
-	kp_log "session LOGGED_IN again"
-	kp_wait 60 progress $((BEFORE + 2048)) || kp_die "no writes went through after the relogin (fio in its verify pass already? lower FIO_RATE)"
-done
+kp_fio_through_events "$SD" iscsi-restart "session"
 
 wait "$FIO"
 RC=$?
