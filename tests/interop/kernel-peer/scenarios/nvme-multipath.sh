@@ -8,7 +8,8 @@
 # pass, which reads back every block written before and after the kill
 # through the survivor, must be clean.
 # Args: PORT_A PORT_B NQN
-# Env:  MP_FIO_SIZE (bytes fio writes, default 160M), MP_KILL_AFTER (s of
+# Env:  MP_FIO_SIZE (bytes fio writes, default 64M: about 14 s of writes
+#       under TCG, far past the kill), MP_KILL_AFTER (s of
 #       fio before the marker, default 2). Needs the fio layer (KP_WITH_FIO=1).
 . /kp/lib.sh
 A=${NVME_ADDR:-$KP_HOST} PA=${1:-} PB=${2:-} NQN=${3:-}
@@ -53,7 +54,7 @@ done
 kp_log "one namespace $NS with two paths"
 
 kp_step "fio verify while gateway A is killed"
-SIZE=${MP_FIO_SIZE:-160M}
+SIZE=${MP_FIO_SIZE:-64M}
 fio --name=mp --filename="$NS" --direct=1 --ioengine=libaio --iodepth=16 --rw=randwrite --bs=4k \
 	--size="$SIZE" --verify=crc32c --verify_fatal=1 --do_verify=1 --randrepeat=1 \
 	--output=/tmp/fio.out > /tmp/fio.err 2>&1 &
