@@ -195,6 +195,22 @@ fn open_err(path: &Path) -> impl FnOnce(io::Error) -> Error + '_ {
     move |reason| Error::Open { path: path.to_path_buf(), reason }
 }
 
+/// A device growth checked and with its file extended, not yet adopted
+/// ([`Device::prepare_grow`]).
+#[must_use = "the device keeps its size until the growth is committed"]
+pub struct Growth<'a> {
+    device: &'a Device,
+    blocks: u64,
+}
+
+impl Growth<'_> {
+    /// Adopts the new capacity: `true` when it changed, so hosts must be
+    /// told.
+    pub fn commit(self) -> bool {
+        self.device.blocks.swap(self.blocks, Ordering::AcqRel) != self.blocks
+    }
+}
+
 impl Device {
     /// A device that reads zeros and discards writes, like `null_blk`.
     pub fn null(name: &str, size_bytes: u64, block_size: u32) -> Result<Device, Error> {
@@ -405,6 +421,14 @@ impl Device {
     /// device's memory is mapped once, and the others follow their
     /// backing ([`refresh_size`](Self::refresh_size)).
     pub fn grow(&self, size_bytes: u64) -> Result<bool, Error> {
+        Ok(self.prepare_grow(size_bytes)?.commit())
+    }
+
+    /// The half of [`grow`](Self::grow) that may fail: checks the new size
+    /// and extends the file. The device keeps its capacity until
+    /// [`Growth::commit`], which cannot fail, so that several devices grow
+    /// together or not at all (an extended file alone changes nothing).
+    pub fn prepare_grow(&self, size_bytes: u64) -> Result<Growth<'_>, Error> {
         let block_size = self.geometry.block_size;
         let blocks = exact_geometry(size_bytes, block_size)?.blocks;
         let now = self.blocks.load(Ordering::Acquire);
@@ -419,7 +443,7 @@ impl Device {
             }
             _ => return Err(Error::Unsupported("growing a device that follows its backing (resize the backing)")),
         }
-        Ok(self.blocks.swap(blocks, Ordering::AcqRel) != blocks)
+        Ok(Growth { device: self, blocks })
     }
 
     /// Which backend this is.

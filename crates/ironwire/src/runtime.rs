@@ -204,12 +204,18 @@ pub fn apply(live: &mut Live, old: &Config, new: &Config, symlinks: Symlinks, pr
         std::net::TcpListener::bind(a).map(drop).with_context(|| format!("cannot listen on {a}"))?;
     }
 
-    // Growing is the last step that may fail: a file is extended before its
-    // device takes the size (an extended file alone changes nothing), and
-    // hosts hear of each device as it grows, even if a later one fails.
+    // Growing is the last step that may fail, and all-or-nothing: every
+    // file is extended before any device takes its new size (an extended
+    // file alone changes nothing), so a failure leaves every capacity as
+    // the configuration that stays in force says.
+    let mut growths = Vec::with_capacity(to_grow.len());
     for (name, bytes) in to_grow {
         let Some(dev) = live.devices.get(name) else { continue };
-        if dev.grow(bytes).with_context(|| format!("device {name}: growing to {bytes} bytes"))? {
+        let growth = dev.prepare_grow(bytes).with_context(|| format!("device {name}: growing to {bytes} bytes"))?;
+        growths.push((dev, growth));
+    }
+    for (dev, growth) in growths {
+        if growth.commit() {
             capacity_changed(live, dev);
         }
     }

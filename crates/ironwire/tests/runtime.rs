@@ -300,6 +300,44 @@ fn growing(dir: &Path, port: u16, iscsi_port: u16) -> String {
     )
 }
 
+/// Two file devices with a size, namespaces 1 and 2; `f_size` and
+/// `h_size` as the config says them.
+fn two_files(dir: &Path, port: u16, f_size: &str, h_size: &str) -> String {
+    format!(
+        "[[device]]\nname = \"f\"\nkind = \"file\"\npath = \"{dir}/f.img\"\nsize = \"{f_size}\"\n\n\
+         [[device]]\nname = \"h\"\nkind = \"file\"\npath = \"{dir}/h.img\"\nsize = \"{h_size}\"\n\n\
+         [[subsystem]]\nnqn = \"{NQN}\"\nallow_any_host = true\n\
+         [[subsystem.namespace]]\nnsid = 1\ndevice = \"f\"\n[[subsystem.namespace]]\nnsid = 2\ndevice = \"h\"\n\n\
+         [[port]]\naddress = \"127.0.0.1:{port}\"\n\n[reactor]\ncores = [0]\n",
+        dir = dir.display()
+    )
+}
+
+#[test]
+fn a_reload_that_cannot_grow_every_device_grows_none() {
+    let mut d = Daemon::start_with("rt-grow2", |dir, port| two_files(dir, port, "1MiB", "1MiB"));
+    let file = d.dir.join("ironwire.toml");
+    const MIB: u64 = 1 << 20;
+    block_on(bounded(30, async {
+        let mut c = Controller::connect(d.addr, NQN, HOST, Options::default()).await.expect("connect");
+        // f can grow; h's new size is past what a file can be (off_t), so
+        // extending its file fails after f's was extended.
+        std::fs::write(&file, two_files(&d.dir, d.addr.port(), "2MiB", "9000000TiB")).expect("write config");
+        let e = refused(&d, "reload");
+        assert!(e.contains("device h: growing to"), "{e}");
+        assert_eq!(c.identify_namespace(1).await.expect("identify").size_bytes(), MIB, "f took its new size");
+        assert!(c.read(0, 1, MIB / 512, 1).await.is_err(), "f reads past its configured end");
+        assert_eq!(show(&d)["config"]["device"][0]["size"], MIB, "the configuration in force changed");
+
+        // The same change without h's: f grows.
+        std::fs::write(&file, two_files(&d.dir, d.addr.port(), "2MiB", "1MiB")).expect("write config");
+        ok(&d, "reload");
+        assert_eq!(c.identify_namespace(1).await.expect("identify").size_bytes(), 2 * MIB);
+        c.read(0, 1, 2 * MIB / 512 - 1, 1).await.expect("read at f's new end");
+    }));
+    d.assert_alive();
+}
+
 #[test]
 fn devices_in_use_grow_and_the_hosts_of_both_protocols_are_told() {
     use initiator::iscsi::{cdb, LoginOptions, Session};
