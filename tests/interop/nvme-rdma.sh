@@ -444,14 +444,9 @@ run_checks() {
 	# One guest, TCP then RDMA to the same port and NQN: two controllers on
 	# one subsystem (native multipath), data written over one transport read
 	# back over the other (paths forced with nvme disconnect -d), teardown.
-	# Opt-in for now: one run in three stalled a write over the multipath
-	# head (both controllers' keep-alives then expired) while other QEMU
-	# guests loaded the 2-core host; not yet explained (issue 11 notes).
-	if [[ -f $KP_DIR/scenarios/nvme-tcp-rdma.sh ]] &&
-		[[ ${IW_RDMA_MIXED:-0} == 1 || ",$ONLY," == *",tcp-rdma-mixed,"* ]]; then
+	# On a stalled write it prints controller, socket and QP state.
+	if [[ -f $KP_DIR/scenarios/nvme-tcp-rdma.sh ]]; then
 		check tcp-rdma-mixed 120 -e KP_DMESG_LINES=120 nvme-tcp-rdma "$PORT" "$IW_NQN"
-	elif [[ -f $KP_DIR/scenarios/nvme-tcp-rdma.sh ]]; then
-		skipped tcp-rdma-mixed "opt-in (IW_RDMA_MIXED=1 or --only): an intermittent stall is under investigation"
 	else
 		skipped tcp-rdma-mixed "harness: no nvme-tcp-rdma scenario"
 	fi
