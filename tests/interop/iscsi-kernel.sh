@@ -44,7 +44,7 @@ DEFAULT_INITIATOR=iqn.2024-01.org.kernel-peer:initiator # the guest's default na
 
 PORT="" ONLY="" SKIP="" SHOW=fail INSTALL=1
 
-CHECKS=(discover-battery digest-battery chap-file4k mutual-chap pattern-64m ext4-fs acl-refused acl-allowed restart-fio)
+CHECKS=(discover-battery digest-battery chap-file4k mutual-chap pattern-64m ext4-fs acl-refused acl-allowed restart-fio lun-grow)
 describe() {
 	case $1 in
 	discover-battery) echo "SendTargets (acl target absent), login, battery, logout leaves nothing (ram, 512 B)" ;;
@@ -56,6 +56,7 @@ describe() {
 	acl-refused) echo "not-allowed initiator: not listed, login refused (authorization failure); allowed iface logs in" ;;
 	acl-allowed) echo "as the allowed initiator: acl target listed, login, battery, logout" ;;
 	restart-fio) echo "fio verify on the file LU while ironwire drops the connection, restarts (SIGTERM) and is killed (SIGKILL); the session recovers (file, 4K, CHAP)" ;;
+	lun-grow) echo "ironwire ctl grows the file LU under a logged-in session: CAPACITY DATA HAS CHANGED, a rescan takes the new size, I/O at the new end (file, 4K, CHAP)" ;;
 	esac
 }
 
@@ -176,6 +177,9 @@ device = "ram2"
 [[port]]
 transport = "iscsi"
 address = "127.0.0.1:$PORT"
+
+[control]
+allow_paths = ["$WORK/img/"]
 TOML
 }
 
@@ -258,6 +262,39 @@ run_checks() {
 	check acl-allowed 150 -e KP_ISCSI_INITIATOR="$ALLOWED_INITIATOR" -e ISCSI_EXPECT_TARGETS="$IQN_ACL $IQN_PLAIN" \
 		iscsi-battery "$PORTAL" "$IQN_ACL"
 	check_restart restart-fio 300 "${chap[@]}" iscsi-restart "$PORTAL" "$IQN_CHAP"
+	# Last: it leaves file0 larger than the configuration says.
+	check_grow lun-grow 150 "${chap[@]}" iscsi-grow "$PORTAL" "$IQN_CHAP"
+}
+
+# check_grow NAME TIMEOUT kernel-peer-run-args... : as `check`, and when
+# the guest prints KP-GROW-NOW the runner grows file0 (the CHAP target's
+# LU) from 256 to 320 MiB with `ironwire ctl`.
+check_grow() {
+	local name=$1 limit=$2; shift 2
+	selected "$name" || return 0
+	if ! kill -0 "$DAEMON_PID" 2>/dev/null; then
+		say "$name: SKIPPED, ironwire has exited"
+		record "$name" 1 0; return 0
+	fi
+	say "$name: $(describe "$name")"
+	local log=$WORK/$name.console.log t0 rc=0 pid grown=0; t0=$(now)
+	: >"$log"
+	# --show always streams the console as it happens (--log is written at the end).
+	"$KP" run --show always -t "$limit" -e GROW_MIB=320 "$@" >"$log" 2>&1 &
+	pid=$!
+	while kill -0 "$pid" 2>/dev/null; do
+		if ((!grown)) && grep -q KP-GROW-NOW "$log"; then
+			"$IRONWIRE_BIN" ctl --socket "$WORK/ctl.sock" set device name=file0 size=320MiB ||
+				say "$name: ctl set device failed"
+			grown=1
+		fi
+		sleep 0.2
+	done
+	wait "$pid" || rc=$?
+	((grown)) || ((rc != 0)) || rc=1
+	((rc == 0)) || [[ $SHOW == never ]] || tail -n 40 "$log" >&2
+	record "$name" "$rc" "$(since "$t0")"
+	say "$name: $( ((rc == 0)) && echo PASS || echo "FAIL (rc=$rc, console: $log)")"
 }
 
 # ------------------------------------------------------------------ main
