@@ -30,12 +30,7 @@ static ZEROS: [u8; 65536] = [0; 65536];
 /// shared page of zeros, never written).
 pub fn crc32c_of_zeros(len: usize) -> u32 {
     let mut crc = Crc32c::new();
-    let mut left = len;
-    while left > 0 {
-        let n = left.min(ZEROS.len());
-        crc.update(ZEROS.get(..n).unwrap_or_default());
-        left = left.saturating_sub(n);
-    }
+    crc.update_zeros(len);
     crc.value()
 }
 
@@ -53,6 +48,16 @@ impl Crc32c {
     /// Feeds `bytes`.
     pub fn update(&mut self, bytes: &[u8]) {
         self.0.update(bytes);
+    }
+
+    /// Feeds `len` zero bytes (data sent from a shared page of zeros).
+    pub fn update_zeros(&mut self, len: usize) {
+        let mut left = len;
+        while left > 0 {
+            let n = left.min(ZEROS.len());
+            self.update(ZEROS.get(..n).unwrap_or_default());
+            left = left.saturating_sub(n);
+        }
     }
 
     /// The CRC32C of everything fed so far.

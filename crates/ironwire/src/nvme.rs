@@ -312,8 +312,12 @@ impl Binding for nvmf_rdma::target::TargetQueue<Buf> {
     fn take_transmit(&mut self, out: &mut Gather<Buf>) {
         let (head, bufs, splices) = (&mut out.head, &mut out.bufs, &mut out.splices);
         nvmf_rdma::target::TargetQueue::take_transmit_parts(self, head, bufs, |s| {
-            splices.push(Splice { at: s.at, buf: s.buf, start: s.start, len: s.len })
+            let buf = if s.buf == iwarp::ZEROS { reactor::gather::ZEROS } else { s.buf };
+            splices.push(Splice { at: s.at, buf, start: s.start, len: s.len })
         })
+    }
+    fn send_zeros(&mut self, cid: u16, len: usize, cqe: Cqe) -> bool {
+        nvmf_rdma::target::TargetQueue::send_zeros(self, cid, len, cqe)
     }
     fn direct_len(&self) -> usize {
         nvmf_rdma::target::TargetQueue::direct_len(self)

@@ -494,6 +494,27 @@ fn nvme_rdma_queues_carry_in_capsule_and_rdma_read_writes_with_crc_on_and_off() 
 }
 
 #[test]
+fn null_reads_over_rdma_are_zeros_with_crc_on_and_off() {
+    // A null device's zeros go out from a shared page (iwarp::ZEROS
+    // splices), one FPDU or many, their CRC computed all the same.
+    let body = format!(
+        "[[device]]\nname = \"n\"\nkind = \"null\"\nsize = \"64MiB\"\n\n[[subsystem]]\nnqn = \"{NQN}\"\n\
+         allow_any_host = true\n[[subsystem.namespace]]\ndevice = \"n\"\n\n"
+    );
+    let (d, crc_off) = start_rdma("rdma-null", &body);
+    block_on(bounded(60, async {
+        for (addr, crc) in [(d.addr, true), (crc_off, false)] {
+            let mut c = Controller::connect(addr, NQN, HOST_A, rdma(crc, 1)).await.expect("connect over RDMA");
+            for blocks in [1u32, 8, 256, 2048] {
+                let data = c.read(0, 1, 7, blocks).await.expect("read");
+                assert_eq!(data, vec![0; blocks as usize * 512], "{blocks} blocks, CRC {crc}");
+            }
+            c.disconnect().await.expect("disconnect");
+        }
+    }));
+}
+
+#[test]
 fn discovery_over_rdma_lists_rdma_entries() {
     let (d, _) = start_rdma("rdma-disc", &ram_subsystem(NQN, "r", "1MiB", None));
     block_on(bounded(30, async {

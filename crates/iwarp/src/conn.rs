@@ -233,6 +233,10 @@ struct Inbound<B> {
     solicited: bool,
 }
 
+/// [`Splice::buf`] of a payload of zero bytes ([`Connection::write_zeros`]),
+/// which the caller sends from zeros of its own: no buffer holds it.
+pub const ZEROS: usize = usize::MAX;
+
 /// Payload that goes out from a buffer of its own rather than through the
 /// transmit bytes ([`Connection::write_from`]): `len` bytes of buffer `buf`
 /// from `start`, sent at position `at` of the transmit bytes.
@@ -240,7 +244,7 @@ struct Inbound<B> {
 pub struct Splice {
     /// Where in the transmit bytes the payload goes (before the byte there).
     pub at: usize,
-    /// Which buffer.
+    /// Which buffer, or [`ZEROS`].
     pub buf: usize,
     /// First byte of the buffer sent.
     pub start: usize,
@@ -426,8 +430,13 @@ impl<B: DataBuffer> Connection<B> {
         let mut from = 0;
         for s in self.tx_splices.drain(..) {
             out.extend_from_slice(self.tx.get(from..s.at).unwrap_or_default());
-            let payload = self.tx_bufs.get(s.buf).and_then(|b| b.as_ref().get(s.start..s.start.saturating_add(s.len)));
-            out.extend_from_slice(payload.unwrap_or_default());
+            if s.buf == ZEROS {
+                out.resize(out.len().saturating_add(s.len), 0);
+            } else {
+                let payload =
+                    self.tx_bufs.get(s.buf).and_then(|b| b.as_ref().get(s.start..s.start.saturating_add(s.len)));
+                out.extend_from_slice(payload.unwrap_or_default());
+            }
             from = s.at;
         }
         out.extend_from_slice(self.tx.get(from..).unwrap_or_default());
@@ -443,7 +452,8 @@ impl<B: DataBuffer> Connection<B> {
     pub fn take_transmit_parts(&mut self, head: &mut Vec<u8>, bufs: &mut Vec<B>, mut splice: impl FnMut(Splice)) {
         let (at, buf) = (head.len(), bufs.len());
         for s in self.tx_splices.drain(..) {
-            splice(Splice { at: s.at.saturating_add(at), buf: s.buf.saturating_add(buf), ..s });
+            let index = if s.buf == ZEROS { ZEROS } else { s.buf.saturating_add(buf) };
+            splice(Splice { at: s.at.saturating_add(at), buf: index, ..s });
         }
         bufs.append(&mut self.tx_bufs);
         self.tx_spliced = 0;
@@ -1268,6 +1278,37 @@ impl<B: DataBuffer> Connection<B> {
         }
         let len = len.min(buf.as_ref().len());
         let index = self.tx_bufs.len();
+        self.put_spliced_write(stag, to, len, index, |crc, range| {
+            crc.update(buf.as_ref().get(range).unwrap_or_default())
+        });
+        self.tx_bufs.push(buf);
+        true
+    }
+
+    /// Sends `len` zero bytes as an RDMA Write to the peer's `stag` at
+    /// offset `to` (a read of a device that holds nothing): the payload is
+    /// written nowhere, its splices name [`ZEROS`] for the caller to send
+    /// from zeros of its own, and the CRC covers the zeros all the same.
+    /// Returns `false` when the connection is not up.
+    pub fn write_zeros(&mut self, stag: u32, to: u64, len: usize) -> bool {
+        if self.state != State::Rdma {
+            return false;
+        }
+        self.put_spliced_write(stag, to, len, ZEROS, |crc, range| crc.update_zeros(range.len()));
+        true
+    }
+
+    /// The RDMA Write FPDUs of `len` bytes whose payload is spliced from
+    /// buffer `index` (or [`ZEROS`]); `payload_crc` feeds one segment's
+    /// payload, by its range in the message, to the FPDU's CRC.
+    fn put_spliced_write(
+        &mut self,
+        stag: u32,
+        to: u64,
+        len: usize,
+        index: usize,
+        mut payload_crc: impl FnMut(&mut Crc32c, Range<usize>),
+    ) {
         let mut off = 0usize;
         loop {
             let n = len.saturating_sub(off).min(self.cfg.max_segment);
@@ -1282,13 +1323,12 @@ impl<B: DataBuffer> Connection<B> {
             let ulpdu = h.as_bytes().len().saturating_sub(LEN_FIELD).saturating_add(n);
             self.tx.extend_from_slice(&(ulpdu as u16).to_be_bytes());
             self.tx.extend_from_slice(h.as_bytes().get(LEN_FIELD..).unwrap_or_default());
-            let payload = buf.as_ref().get(off..off.saturating_add(n)).unwrap_or_default();
             let at = self.tx.len();
             self.tx.resize(at.saturating_add(wire::pad_len(n)), 0);
             let value = if self.crc {
                 let mut c = Crc32c::new();
                 c.update(self.tx.get(start..at).unwrap_or_default());
-                c.update(payload);
+                payload_crc(&mut c, off..off.saturating_add(n));
                 c.update(self.tx.get(at..).unwrap_or_default());
                 c.value()
             } else {
@@ -1302,8 +1342,6 @@ impl<B: DataBuffer> Connection<B> {
                 break;
             }
         }
-        self.tx_bufs.push(buf);
-        true
     }
 
     /// Sends `data` as an RDMA Write to the peer's `stag` at offset `to`.

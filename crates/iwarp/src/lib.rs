@@ -31,5 +31,5 @@ pub mod mpa;
 pub mod wire;
 
 pub use block::DataBuffer;
-pub use conn::{Access, Config, Connection, Event, Received, Role, Splice, State, HEAD_MAX};
+pub use conn::{Access, Config, Connection, Event, Received, Role, Splice, State, HEAD_MAX, ZEROS};
 pub use error::{ErrorCode, Fatal};

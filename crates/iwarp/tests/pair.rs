@@ -333,6 +333,58 @@ fn an_rdma_write_from_its_own_buffer_lands_at_the_peer() {
 }
 
 #[test]
+fn an_rdma_write_of_zeros_sends_the_bytes_of_zeros_written_nowhere() {
+    for crc in [false, true] {
+        // The reference: zeros through the transmit bytes, in FPDUs of 1000
+        // bytes (the last one padded), then a Send after them.
+        let (_, mut a) = connected(host_cfg(crc), Config { max_segment: 1000, ..target_cfg(crc) });
+        a.write(0x42, 100, &[0; 4097]);
+        a.send(&[2; 16], &[], None);
+        let mut want = Vec::new();
+        a.take_transmit(&mut want);
+        let (_, mut b) = connected(host_cfg(crc), Config { max_segment: 1000, ..target_cfg(crc) });
+        assert!(b.write_zeros(0x42, 100, 4097));
+        b.send(&[2; 16], &[], None);
+        assert_eq!(b.transmit_len(), want.len());
+        let (mut head, mut splices, mut bufs) = (vec![9u8; 3], Vec::new(), Vec::<Buf>::new());
+        b.take_transmit_parts(&mut head, &mut bufs, |s| splices.push(s));
+        assert!(bufs.is_empty(), "no buffer holds zeros");
+        assert_eq!(splices.len(), 5, "FPDUs of 1000, 1000, 1000, 1000 and 97 bytes");
+        assert!(splices.iter().all(|s| s.buf == iwarp::ZEROS));
+        let (mut got, mut from) = (Vec::new(), 3);
+        for s in &splices {
+            got.extend_from_slice(&head[from..s.at]);
+            got.resize(got.len() + s.len, 0);
+            from = s.at;
+        }
+        got.extend_from_slice(&head[from..]);
+        assert_eq!(got, want, "crc {crc}");
+        // take_transmit writes the zeros in.
+        let (_, mut c) = connected(host_cfg(crc), Config { max_segment: 1000, ..target_cfg(crc) });
+        c.write_zeros(0x42, 100, 4097);
+        c.send(&[2; 16], &[], None);
+        let mut copied = Vec::new();
+        c.take_transmit(&mut copied);
+        assert_eq!(copied, want);
+    }
+}
+
+#[test]
+fn an_rdma_write_of_zeros_lands_at_the_peer() {
+    let (mut h, mut t) = connected(host_cfg(true), Config { max_segment: 4096, ..target_cfg(true) });
+    let stag = h.register(Buf(vec![0xee; 20000]), 0x1000, Access::RemoteWrite);
+    assert!(t.write_zeros(stag, 0x1000 + 8, 12345));
+    let mut wire = Vec::new();
+    t.take_transmit(&mut wire);
+    for piece in wire.chunks(777) {
+        h.handle_input(piece).unwrap();
+    }
+    let buf = h.deregister(stag).unwrap().0;
+    assert!(buf[8..8 + 12345].iter().all(|&b| b == 0), "the zeros landed");
+    assert!(buf[..8].iter().chain(&buf[8 + 12345..]).all(|&b| b == 0xee), "nothing else changed");
+}
+
+#[test]
 fn a_failed_fill_sends_nothing() {
     let (_h, mut t) = connected(host_cfg(false), target_cfg(false));
     let before = t.transmit_len();

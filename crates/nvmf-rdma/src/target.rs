@@ -455,6 +455,21 @@ impl<B: DataBuffer> TargetQueue<B> {
         self.send_response(cqe);
     }
 
+    /// As [`send_data`](Self::send_data) with `len` zero bytes (a null
+    /// device's read), written nowhere: their splices name
+    /// [`iwarp::ZEROS`] ([`take_transmit_parts`](Self::take_transmit_parts)).
+    /// Returns `false`, having queued nothing, when the command has no
+    /// keyed buffer of the host that holds `len` bytes (or `len` is 0); the
+    /// caller then answers another way.
+    pub fn send_zeros(&mut self, cid: u16, len: usize, cqe: Cqe) -> bool {
+        let Some(k) = self.keyed.get(&cid).copied() else { return false };
+        if len == 0 || len > k.len as usize || !self.conn.write_zeros(k.key, k.addr, len) {
+            return false;
+        }
+        self.send_response(cqe);
+        true
+    }
+
     /// As [`send_data`](Self::send_data) with `len` bytes that `fill`
     /// appends straight to the send buffer (one FPDU). Returns `false`,
     /// having queued nothing, when `fill` does (or appends another number
