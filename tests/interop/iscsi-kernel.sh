@@ -284,14 +284,17 @@ check_grow() {
 	pid=$!
 	while kill -0 "$pid" 2>/dev/null; do
 		if ((!grown)) && grep -q KP-GROW-NOW "$log"; then
-			"$IRONWIRE_BIN" ctl --socket "$WORK/ctl.sock" set device name=file0 size=320MiB ||
+			if "$IRONWIRE_BIN" ctl --socket "$WORK/ctl.sock" set device name=file0 size=320MiB; then
+				grown=1
+			else
 				say "$name: ctl set device failed"
-			grown=1
+				grown=-1
+			fi
 		fi
 		sleep 0.2
 	done
 	wait "$pid" || rc=$?
-	((grown)) || ((rc != 0)) || rc=1
+	((grown == 1)) || ((rc != 0)) || rc=1
 	((rc == 0)) || [[ $SHOW == never ]] || tail -n 40 "$log" >&2
 	record "$name" "$rc" "$(since "$t0")"
 	say "$name: $( ((rc == 0)) && echo PASS || echo "FAIL (rc=$rc, console: $log)")"

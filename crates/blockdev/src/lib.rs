@@ -206,6 +206,7 @@ pub struct Growth<'a> {
 impl Growth<'_> {
     /// Adopts the new capacity: `true` when it changed, so hosts must be
     /// told.
+    #[must_use = "hosts must be told when the capacity changed"]
     pub fn commit(self) -> bool {
         self.device.blocks.swap(self.blocks, Ordering::AcqRel) != self.blocks
     }

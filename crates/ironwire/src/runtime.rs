@@ -204,10 +204,10 @@ pub fn apply(live: &mut Live, old: &Config, new: &Config, symlinks: Symlinks, pr
         std::net::TcpListener::bind(a).map(drop).with_context(|| format!("cannot listen on {a}"))?;
     }
 
-    // Growing is the last step that may fail, and all-or-nothing: every
-    // file is extended before any device takes its new size (an extended
-    // file alone changes nothing), so a failure leaves every capacity as
-    // the configuration that stays in force says.
+    // Growing is the last step that may fail (but for a port, below), and
+    // all-or-nothing: every file is extended before any device takes its
+    // new size (an extended file alone changes nothing), so a failure here
+    // leaves every capacity as the configuration that stays in force says.
     let mut growths = Vec::with_capacity(to_grow.len());
     for (name, bytes) in to_grow {
         let Some(dev) = live.devices.get(name) else { continue };

@@ -246,7 +246,8 @@ pub struct Splice {
     pub at: usize,
     /// Which buffer, or [`ZEROS`].
     pub buf: usize,
-    /// First byte of the buffer sent.
+    /// First byte of the buffer sent (for [`ZEROS`], the payload's offset
+    /// in its message, which says nothing about where zeros come from).
     pub start: usize,
     /// Bytes sent.
     pub len: usize,

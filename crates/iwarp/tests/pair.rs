@@ -370,6 +370,37 @@ fn an_rdma_write_of_zeros_sends_the_bytes_of_zeros_written_nowhere() {
 }
 
 #[test]
+fn zeros_between_spliced_buffers_keep_every_splice_on_its_own_buffer() {
+    let (_, mut a) = connected(host_cfg(true), target_cfg(true));
+    a.write(0x41, 0, &[1; 3000]);
+    a.write(0x42, 0, &[0; 2000]);
+    a.write(0x43, 0, &[3; 1000]);
+    let mut want = Vec::new();
+    a.take_transmit(&mut want);
+    let (_, mut b) = connected(host_cfg(true), target_cfg(true));
+    assert!(b.write_from(0x41, 0, Buf(vec![1; 3000]), 3000));
+    assert!(b.write_zeros(0x42, 0, 2000));
+    assert!(b.write_from(0x43, 0, Buf(vec![3; 1000]), 1000));
+    // Buffers already in `bufs` (another connection's) shift the indexes,
+    // not the zeros'.
+    let (mut head, mut splices, mut bufs) = (Vec::new(), Vec::new(), vec![Buf(vec![9; 7])]);
+    b.take_transmit_parts(&mut head, &mut bufs, |s| splices.push(s));
+    assert_eq!(splices.iter().map(|s| s.buf).collect::<Vec<_>>(), vec![1, iwarp::ZEROS, 2]);
+    let (mut got, mut from) = (Vec::new(), 0);
+    for s in &splices {
+        got.extend_from_slice(&head[from..s.at]);
+        if s.buf == iwarp::ZEROS {
+            got.resize(got.len() + s.len, 0);
+        } else {
+            got.extend_from_slice(&bufs[s.buf].0[s.start..s.start + s.len]);
+        }
+        from = s.at;
+    }
+    got.extend_from_slice(&head[from..]);
+    assert_eq!(got, want);
+}
+
+#[test]
 fn an_rdma_write_of_zeros_lands_at_the_peer() {
     let (mut h, mut t) = connected(host_cfg(true), Config { max_segment: 4096, ..target_cfg(true) });
     let stag = h.register(Buf(vec![0xee; 20000]), 0x1000, Access::RemoteWrite);
