@@ -64,44 +64,27 @@ ensure_fio_layer() {
 # (RESTART: the graceful stop, which must exit 0) or SIGKILL (KILL), and
 # serves again with the script's start_ironwire; the host must reconnect
 # and fio's verify must stay clean. Run it on a file namespace or LU, so
-# that what was acknowledged outlives the process.
+# that what was acknowledged outlives the process. The script's `check`
+# runs it.
 check_restart() {
-	local name=$1 limit=$2; shift 2
-	selected "$name" || return 0
-	if ! targets_alive; then
-		say "$name: SKIPPED, a target process has exited"
-		record "$name" 1 0; return 0
-	fi
-	say "$name: $(describe "$name")"
+	selected "$1" || return 0
 	if ! ensure_fio_layer; then
-		say "$name: FAIL (no fio layer for the guest)"
-		record "$name" 1 0; return 0
+		say "$1: FAIL (no fio layer for the guest)"
+		record "$1" 1 0; return 0
 	fi
-	local log=$WORK/$name.console.log t0 rc=0 pid ev done_ev="" n=0
-	t0=$(now)
-	: >"$log"
-	echo "+ kernel-peer run -t $limit $*" >&2
-	KP_WITH_FIO=1 "$KP" run --show always -t "$limit" "$@" >"$log" 2>&1 &
-	pid=$!
-	while kill -0 "$pid" 2>/dev/null; do
-		for ev in DROP RESTART KILL; do
-			[[ " $done_ev " == *" $ev "* ]] && continue
-			grep -q "KP-$ev-NOW" "$log" || continue
-			done_ev+=" $ev"
-			if [[ $ev == DROP ]]; then
-				drop_connections || rc=1
-			elif ! restart_ironwire "$ev" "$((++n))"; then
-				say "$name: ironwire did not stop or start cleanly ($ev)"
-				rc=1
-			fi
-		done
-		sleep 0.2
-	done
-	wait "$pid" || rc=$?
-	[[ $done_ev == " DROP RESTART KILL" ]] || ((rc != 0)) || rc=1
-	((rc == 0)) || [[ $SHOW == never ]] || tail -n 60 "$log" >&2
-	record "$name" "$rc" "$(since "$t0")"
-	say "$name: $( ((rc == 0)) && echo PASS || echo "FAIL (rc=$rc, console: $log)")"
+	RESTARTS=0
+	KP_WITH_FIO=1 ON_MARKER=restart_event MARKERS="DROP RESTART KILL" check "$@"
+}
+
+# restart_event DROP|RESTART|KILL : check_restart's marker handler.
+restart_event() {
+	case $1 in
+	DROP) drop_connections ;;
+	RESTART | KILL)
+		restart_ironwire "$1" "$((++RESTARTS))" ||
+			{ say "ironwire did not stop or start cleanly ($1)"; return 1; } ;;
+	*) say "unexpected marker KP-$1-NOW"; return 1 ;;
+	esac
 }
 
 # drop_connections : `ironwire ctl disconnect` of every connection from
@@ -141,15 +124,46 @@ restart_ironwire() {
 # A guest that never reaches its scenario (a soft lockup while booting under
 # TCG on a busy host, seen with more vCPUs than host cores) has tested
 # nothing of the target: that boot is retried once, and said so.
+# With ON_MARKER set to a function, the runner acts mid-scenario: each
+# KP-<WORD>-NOW line the guest prints calls `$ON_MARKER WORD` once, in
+# order, and the run fails if a handler fails or if the words handled are
+# not MARKERS (space-separated) when that is set.
 kp_run() {
 	local log=$1 limit=$2 rc=0; shift 2
-	"$KP" run --show "$SHOW" --log "$log" -t "$limit" "$@" || rc=$?
+	kp_run_once "$log" "$limit" "$@" || rc=$?
 	if ((rc != 0)) && ! grep -q '^KP-SCENARIO-START' "$log" 2>/dev/null; then
 		say "the guest never reached its scenario (rc=$rc, console: $log.boot-failure); booting it once more"
 		mv -f "$log" "$log.boot-failure" 2>/dev/null
 		rc=0
-		"$KP" run --show "$SHOW" --log "$log" -t "$limit" "$@" || rc=$?
+		kp_run_once "$log" "$limit" "$@" || rc=$?
 	fi
+	return "$rc"
+}
+
+kp_run_once() {
+	local log=$1 limit=$2 rc=0 pid word marked=""; shift 2
+	if [[ -z ${ON_MARKER:-} ]]; then
+		"$KP" run --show "$SHOW" --log "$log" -t "$limit" "$@"
+		return
+	fi
+	: >"$log"
+	# --show always streams the console as it happens (--log is written at the end).
+	"$KP" run --show always -t "$limit" "$@" >"$log" 2>&1 &
+	pid=$!
+	while kill -0 "$pid" 2>/dev/null; do
+		while read -r word; do
+			[[ " $marked " == *" $word "* ]] && continue
+			marked+=" $word"
+			"$ON_MARKER" "$word" </dev/null || rc=1
+		done < <(grep -o 'KP-[A-Z0-9-]*-NOW' "$log" | sed 's/^KP-//; s/-NOW$//')
+		sleep 0.2
+	done
+	wait "$pid" || rc=$?
+	if [[ -n ${MARKERS:-} && $marked != " $MARKERS" ]]; then
+		say "the guest's markers were${marked:- none}, expected $MARKERS"
+		((rc != 0)) || rc=1
+	fi
+	((rc == 0)) || [[ $SHOW == never ]] || tail -n 60 "$log" >&2
 	return "$rc"
 }
 

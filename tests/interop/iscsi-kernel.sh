@@ -263,41 +263,14 @@ run_checks() {
 		iscsi-battery "$PORTAL" "$IQN_ACL"
 	check_restart restart-fio 300 "${chap[@]}" iscsi-restart "$PORTAL" "$IQN_CHAP"
 	# Last: it leaves file0 larger than the configuration says.
-	check_grow lun-grow 150 "${chap[@]}" iscsi-grow "$PORTAL" "$IQN_CHAP"
+	ON_MARKER=grow_event MARKERS=GROW check lun-grow 150 "${chap[@]}" -e GROW_MIB=320 iscsi-grow "$PORTAL" "$IQN_CHAP"
 }
 
-# check_grow NAME TIMEOUT kernel-peer-run-args... : as `check`, and when
-# the guest prints KP-GROW-NOW the runner grows file0 (the CHAP target's
-# LU) from 256 to 320 MiB with `ironwire ctl`.
-check_grow() {
-	local name=$1 limit=$2; shift 2
-	selected "$name" || return 0
-	if ! kill -0 "$DAEMON_PID" 2>/dev/null; then
-		say "$name: SKIPPED, ironwire has exited"
-		record "$name" 1 0; return 0
-	fi
-	say "$name: $(describe "$name")"
-	local log=$WORK/$name.console.log t0 rc=0 pid grown=0; t0=$(now)
-	: >"$log"
-	# --show always streams the console as it happens (--log is written at the end).
-	"$KP" run --show always -t "$limit" -e GROW_MIB=320 "$@" >"$log" 2>&1 &
-	pid=$!
-	while kill -0 "$pid" 2>/dev/null; do
-		if ((!grown)) && grep -q KP-GROW-NOW "$log"; then
-			if "$IRONWIRE_BIN" ctl --socket "$WORK/ctl.sock" set device name=file0 size=320MiB; then
-				grown=1
-			else
-				say "$name: ctl set device failed"
-				grown=-1
-			fi
-		fi
-		sleep 0.2
-	done
-	wait "$pid" || rc=$?
-	((grown == 1)) || ((rc != 0)) || rc=1
-	((rc == 0)) || [[ $SHOW == never ]] || tail -n 40 "$log" >&2
-	record "$name" "$rc" "$(since "$t0")"
-	say "$name: $( ((rc == 0)) && echo PASS || echo "FAIL (rc=$rc, console: $log)")"
+# grow_event GROW : when the guest says so, the runner grows file0 (the CHAP
+# target's LU) from 256 to 320 MiB with `ironwire ctl`.
+grow_event() {
+	[[ $1 == GROW ]] || { say "unexpected marker KP-$1-NOW"; return 1; }
+	"$IRONWIRE_BIN" ctl --socket "$WORK/ctl.sock" set device name=file0 size=320MiB
 }
 
 # ------------------------------------------------------------------ main

@@ -236,7 +236,8 @@ run_checks() {
 	check ext4-fs 180 -e FS_FILES=20 -e FS_MAX_KIB=4096 nvme-fs "$PORT" "$IW_NQN"
 	check refused-host 120 -e KP_HOSTNQN="$IW_REFUSED_HOSTNQN" -e ALLOWED_HOSTNQN="$IW_ALLOWED_HOSTNQN" \
 		nvme-refused "$RPORT" "$IW_RESTRICTED_NQN"
-	[[ $MODE == ironwire ]] && check_aen
+	[[ $MODE == ironwire ]] && ON_MARKER=aen_event MARKERS="AEN-ADD AEN-GROW AEN-REMOVE" \
+		check namespace-aen 150 nvme-aen "$PORT" "$IW_NQN"
 	[[ $MODE == ironwire ]] && check_restart restart-fio 300 -e KP_HOSTNQN="$IW_ALLOWED_HOSTNQN" \
 		nvme-restart "$RPORT" "$IW_RESTRICTED_NQN"
 	# The roles turned round: ironwire's own NVMe/TCP host against the
@@ -246,37 +247,16 @@ run_checks() {
 
 # The namespace-changed event needs the host side to act mid-scenario: the
 # guest prints a marker, the runner edits the daemon with `ironwire ctl`.
-check_aen() {
-	local name=namespace-aen limit=150
-	selected "$name" || return 0
-	say "$name: $(describe "$name")"
-	local ctl=("$IRONWIRE_BIN" ctl --socket "$WORK/ctl.sock") log=$WORK/$name.console.log
-	local t0 rc=0 pid added=0 grown=0 removed=0; t0=$(now)
-	: >"$log"
-	# --show always streams the console as it happens (--log is written at the end).
-	"$KP" run --show always -t "$limit" nvme-aen "$PORT" "$IW_NQN" >"$log" 2>&1 &
-	pid=$!
-	while kill -0 "$pid" 2>/dev/null; do
-		if ((!added)) && grep -q KP-AEN-ADD-NOW "$log"; then
-			"${ctl[@]}" add device name=aen0 kind=file path="$WORK/img/aen0.img" size=64MiB &&
-				"${ctl[@]}" ns-add "$IW_NQN" 2 aen0 || say "ctl ns-add failed"
-			added=1
-		fi
-		if ((!grown)) && grep -q KP-AEN-GROW-NOW "$log"; then
-			"${ctl[@]}" set device name=aen0 size=96MiB || say "ctl set device size failed"
-			grown=1
-		fi
-		if ((!removed)) && grep -q KP-AEN-REMOVE-NOW "$log"; then
-			"${ctl[@]}" ns-remove "$IW_NQN" 2 || say "ctl ns-remove failed"
-			removed=1
-		fi
-		sleep 0.2
-	done
-	wait "$pid" || rc=$?
-	((added && grown && removed)) || ((rc != 0)) || rc=1
-	((rc == 0)) || [[ $SHOW == never ]] || tail -n 40 "$log" >&2
-	record "$name" "$rc" "$(since "$t0")"
-	say "$name: $( ((rc == 0)) && echo PASS || echo "FAIL (rc=$rc, console: $log)")"
+aen_event() {
+	local ctl=("$IRONWIRE_BIN" ctl --socket "$WORK/ctl.sock")
+	case $1 in
+	AEN-ADD)
+		"${ctl[@]}" add device name=aen0 kind=file path="$WORK/img/aen0.img" size=64MiB &&
+			"${ctl[@]}" ns-add "$IW_NQN" 2 aen0 ;;
+	AEN-GROW) "${ctl[@]}" set device name=aen0 size=96MiB ;;
+	AEN-REMOVE) "${ctl[@]}" ns-remove "$IW_NQN" 2 ;;
+	*) say "unexpected marker KP-$1-NOW"; return 1 ;;
+	esac
 }
 
 # ------------------------------------------------------------------ main

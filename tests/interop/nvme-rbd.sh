@@ -152,11 +152,19 @@ address = "127.0.0.1:$1"
 EOF
 }
 
+# mp_event MP-KILL : the guest says when to kill gateway A (part_multipath's
+# gw_a, seen through the call).
+mp_event() {
+	[[ $1 == MP-KILL ]] || { say "unexpected marker KP-$1-NOW"; return 1; }
+	say "multipath: killing gateway A (pid $gw_a) with SIGKILL"
+	kill -KILL -- "-$gw_a" 2>/dev/null || kill -KILL "$gw_a"
+}
+
 # Two gateways on one image; the guest says when to kill gateway A.
 part_multipath() {
 	selected multipath || return 0
 	say "multipath: $(describe multipath)"
-	local pa pb t0 rc=0 kp killed=0 log=$WORK/multipath.console.log
+	local pa pb t0 rc=0 log=$WORK/multipath.console.log
 	pa=$(free_port); pb=$(free_port); t0=$(now)
 	rbd_create mp 256M
 	gateway_config "$pa" 1 999 gw-a-vol >"$WORK/gw-a.toml"
@@ -172,23 +180,10 @@ part_multipath() {
 		record multipath 1 "$(since "$t0")"
 		return 0
 	fi
-	: >"$log"
-	# --show always streams the console as it happens (--log is written at the end).
-	KP_WITH_FIO=1 "$KP" run --show always -t 300 \
-		${MP_FIO_SIZE:+-e MP_FIO_SIZE="$MP_FIO_SIZE"} nvme-multipath "$pa" "$pb" "$MP_NQN" >"$log" 2>&1 &
-	kp=$!
-	while kill -0 "$kp" 2>/dev/null; do
-		if ((!killed)) && grep -q KP-MP-KILL-NOW "$log"; then
-			say "multipath: killing gateway A (pid $gw_a) with SIGKILL"
-			kill -KILL -- "-$gw_a" 2>/dev/null || kill -KILL "$gw_a"
-			killed=1
-		fi
-		sleep 0.1
-	done
-	wait "$kp" || rc=$?
-	((killed)) || ((rc != 0)) || rc=1
+	KP_WITH_FIO=1 ON_MARKER=mp_event MARKERS=MP-KILL kp_run "$log" 300 \
+		${MP_FIO_SIZE:+-e MP_FIO_SIZE="$MP_FIO_SIZE"} nvme-multipath "$pa" "$pb" "$MP_NQN" || rc=$?
 	kill -0 "$gw_b" 2>/dev/null || { say "multipath: gateway B exited"; rc=1; }
-	((rc == 0)) || { [[ $SHOW == never ]] || tail -n 60 "$log" >&2; dump_target_logs; }
+	((rc == 0)) || dump_target_logs
 	record multipath "$rc" "$(since "$t0")"
 	say "multipath: $( ((rc == 0)) && echo PASS || echo "FAIL (rc=$rc, console: $log)")"
 }
