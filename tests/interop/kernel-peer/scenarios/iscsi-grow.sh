@@ -3,8 +3,8 @@
 # ask the host-side runner (KP-GROW-NOW on the console) to grow the LU's
 # device with `ironwire ctl set device size=`. A command after that must
 # meet the unit attention CAPACITY DATA HAS CHANGED (the kernel logs
-# "Capacity data has changed"); a rescan, what udev does on that event
-# (there is no udev here), must give the disk the new size, and data
+# "Capacity data has changed"); a rescan, what a udev rule may do on that
+# event (there is no udev here), must give the disk the new size, and data
 # written at the new end must read back. Then log out.
 # Args: PORTAL IQN
 # Env:  GROW_MIB (the size the runner grows the LU to, MiB; required),
