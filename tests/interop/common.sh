@@ -81,7 +81,8 @@ restart_event() {
 	case $1 in
 	DROP) drop_connections ;;
 	RESTART | KILL)
-		restart_ironwire "$1" "$((++RESTARTS))" ||
+		RESTARTS=$((${RESTARTS:-0} + 1))
+		restart_ironwire "$1" "$RESTARTS" ||
 			{ say "ironwire did not stop or start cleanly ($1)"; return 1; } ;;
 	*) say "unexpected marker KP-$1-NOW"; return 1 ;;
 	esac
@@ -131,7 +132,8 @@ restart_ironwire() {
 kp_run() {
 	local log=$1 limit=$2 rc=0; shift 2
 	kp_run_once "$log" "$limit" "$@" || rc=$?
-	if ((rc != 0)) && ! grep -q '^KP-SCENARIO-START' "$log" 2>/dev/null; then
+	# (A run that printed a marker had its runner act: never run it again.)
+	if ((rc != 0)) && ! grep -q '^KP-SCENARIO-START' "$log" 2>/dev/null && [[ -z $(markers_in "$log") ]]; then
 		say "the guest never reached its scenario (rc=$rc, console: $log.boot-failure); booting it once more"
 		mv -f "$log" "$log.boot-failure" 2>/dev/null
 		rc=0
@@ -141,30 +143,46 @@ kp_run() {
 }
 
 kp_run_once() {
-	local log=$1 limit=$2 rc=0 pid word marked=""; shift 2
+	local log=$1 limit=$2 rc=0 word marked="" late=""; shift 2
 	if [[ -z ${ON_MARKER:-} ]]; then
 		"$KP" run --show "$SHOW" --log "$log" -t "$limit" "$@"
 		return
 	fi
+	[[ -n ${MARKERS:-} ]] || { say "ON_MARKER=$ON_MARKER set without MARKERS"; return 2; }
 	: >"$log"
 	# --show always streams the console as it happens (--log is written at the end).
 	"$KP" run --show always -t "$limit" "$@" >"$log" 2>&1 &
-	pid=$!
-	while kill -0 "$pid" 2>/dev/null; do
+	GUEST_PID=$!
+	while kill -0 "$GUEST_PID" 2>/dev/null; do
 		while read -r word; do
 			[[ " $marked " == *" $word "* ]] && continue
 			marked+=" $word"
 			"$ON_MARKER" "$word" </dev/null || rc=1
-		done < <(grep -o 'KP-[A-Z0-9-]*-NOW' "$log" | sed 's/^KP-//; s/-NOW$//')
+		done < <(markers_in "$log")
 		sleep 0.2
 	done
-	wait "$pid" || rc=$?
-	if [[ -n ${MARKERS:-} && $marked != " $MARKERS" ]]; then
-		say "the guest's markers were${marked:- none}, expected $MARKERS"
+	wait "$GUEST_PID" || rc=$?
+	GUEST_PID=""
+	while read -r word; do
+		[[ " $marked " == *" $word "* ]] || late+=" $word"
+	done < <(markers_in "$log")
+	[[ -z $late ]] || say "markers the guest printed as it ended, not acted on:$late"
+	if [[ $marked != " $MARKERS" ]]; then
+		say "the guest's markers acted on were${marked:- none}, expected $MARKERS"
 		((rc != 0)) || rc=1
 	fi
 	((rc == 0)) || [[ $SHOW == never ]] || tail -n 60 "$log" >&2
 	return "$rc"
+}
+
+# markers_in LOG : the words of the KP-<WORD>-NOW markers in LOG, in order.
+markers_in() { grep -o 'KP-[A-Z0-9-]*-NOW' "$1" 2>/dev/null | sed 's/^KP-//; s/-NOW$//'; }
+
+# stop_guest : the guest a marker run left running (the runner is exiting).
+GUEST_PID=""
+stop_guest() {
+	[[ -z $GUEST_PID ]] || stop_pid "$GUEST_PID"
+	GUEST_PID=""
 }
 
 # ------------------------------------------------ the runners' shared state

@@ -101,6 +101,7 @@ stop_daemon() { # the process group we started with setsid, by its id
 }
 cleanup() {
 	local rc=$?
+	stop_guest
 	stop_daemon
 	if [[ ${IW_KEEP_WORK:-0} == 1 || $FAILED != 0 || $rc != 0 ]]; then
 		echo "iscsi-kernel: logs kept in $WORK" >&2
@@ -263,14 +264,16 @@ run_checks() {
 		iscsi-battery "$PORTAL" "$IQN_ACL"
 	check_restart restart-fio 300 "${chap[@]}" iscsi-restart "$PORTAL" "$IQN_CHAP"
 	# Last: it leaves file0 larger than the configuration says.
-	ON_MARKER=grow_event MARKERS=GROW check lun-grow 150 "${chap[@]}" -e GROW_MIB=320 iscsi-grow "$PORTAL" "$IQN_CHAP"
+	ON_MARKER=grow_event MARKERS=GROW check lun-grow 150 "${chap[@]}" -e GROW_MIB="$GROW_TO_MIB" iscsi-grow "$PORTAL" "$IQN_CHAP"
 }
 
 # grow_event GROW : when the guest says so, the runner grows file0 (the CHAP
-# target's LU) from 256 to 320 MiB with `ironwire ctl`.
+# target's LU) from 256 MiB to GROW_TO_MIB with `ironwire ctl`.
+GROW_TO_MIB=320
 grow_event() {
 	[[ $1 == GROW ]] || { say "unexpected marker KP-$1-NOW"; return 1; }
-	"$IRONWIRE_BIN" ctl --socket "$WORK/ctl.sock" set device name=file0 size=320MiB
+	"$IRONWIRE_BIN" ctl --socket "$WORK/ctl.sock" set device name=file0 size="${GROW_TO_MIB}MiB" ||
+		{ say "ctl set device name=file0 size=${GROW_TO_MIB}MiB failed"; return 1; }
 }
 
 # ------------------------------------------------------------------ main

@@ -102,6 +102,7 @@ TARGET_PIDS=() TARGET_LOGS=() RESULTS=() FAILED=0
 
 cleanup() {
 	local rc=$? p
+	stop_guest
 	for p in "${TARGET_PIDS[@]}"; do stop_pid "$p"; done
 	if [[ ${IW_KEEP_WORK:-0} == 1 || $FAILED != 0 || $rc != 0 ]]; then
 		echo "nvme-kernel: logs kept in $WORK" >&2

@@ -62,6 +62,7 @@ CEPH_DIR=$WORK/ceph
 TARGET_PIDS=() TARGET_LOGS=() RESULTS=() FAILED=0
 cleanup() {
 	local rc=$? p
+	stop_guest
 	for p in "${TARGET_PIDS[@]}"; do stop_pid "$p"; done
 	"$CEPH_PEER" destroy "$CEPH_DIR" >/dev/null 2>&1
 	if [[ ${IW_KEEP_WORK:-0} == 1 || $FAILED != 0 || $rc != 0 ]]; then
@@ -152,12 +153,12 @@ address = "127.0.0.1:$1"
 EOF
 }
 
-# mp_event MP-KILL : the guest says when to kill gateway A (part_multipath's
-# gw_a, seen through the call).
+# mp_event MP-KILL : the guest says when to kill gateway A (MP_GW_A).
+MP_GW_A=""
 mp_event() {
-	[[ $1 == MP-KILL ]] || { say "unexpected marker KP-$1-NOW"; return 1; }
-	say "multipath: killing gateway A (pid $gw_a) with SIGKILL"
-	kill -KILL -- "-$gw_a" 2>/dev/null || kill -KILL "$gw_a"
+	[[ $1 == MP-KILL && -n $MP_GW_A ]] || { say "unexpected marker KP-$1-NOW"; return 1; }
+	say "multipath: killing gateway A (pid $MP_GW_A) with SIGKILL"
+	kill -KILL -- "-$MP_GW_A" 2>/dev/null || kill -KILL "$MP_GW_A"
 }
 
 # Two gateways on one image; the guest says when to kill gateway A.
@@ -172,6 +173,7 @@ part_multipath() {
 	RUST_LOG=${RUST_LOG:-info} start_target gw-a "$WORK/gw-a.log" \
 		"$IRONWIRE_BIN" serve --config "$WORK/gw-a.toml" --ctl-socket "$WORK/gw-a.sock"
 	local gw_a=${TARGET_PIDS[-1]}
+	MP_GW_A=$gw_a
 	RUST_LOG=${RUST_LOG:-info} start_target gw-b "$WORK/gw-b.log" \
 		"$IRONWIRE_BIN" serve --config "$WORK/gw-b.toml" --ctl-socket "$WORK/gw-b.sock"
 	local gw_b=${TARGET_PIDS[-1]}
