@@ -81,6 +81,24 @@ fn sends(evs: Vec<Event<Buf>>) -> Vec<Received<Buf>> {
         .collect()
 }
 
+/// The bytes a writer would put on the wire for `take_transmit_parts`'s
+/// output: `head` from byte `from` on, each splice's payload (from its
+/// buffer in `bufs`, or zeros) inserted where it says.
+fn wire_of_parts(head: &[u8], from: usize, splices: &[iwarp::Splice], bufs: &[Buf]) -> Vec<u8> {
+    let (mut wire, mut from) = (Vec::new(), from);
+    for s in splices {
+        wire.extend_from_slice(&head[from..s.at]);
+        if s.buf == iwarp::ZEROS {
+            wire.resize(wire.len() + s.len, 0);
+        } else {
+            wire.extend_from_slice(&bufs[s.buf].0[s.start..s.start + s.len]);
+        }
+        from = s.at;
+    }
+    wire.extend_from_slice(&head[from..]);
+    wire
+}
+
 /// The Terminate `c` queued: layer/etype byte, ecode, hdrct.
 fn terminate_sent(c: &mut Conn) -> (u8, u8, u16) {
     let mut out = Vec::new();
@@ -283,14 +301,7 @@ fn an_rdma_write_from_its_own_buffer_sends_the_same_bytes_without_copying_them()
         assert_eq!(splices.len(), 8, "7 FPDUs of the 6001 bytes, 1 empty");
         assert_eq!(splices.iter().map(|s| s.len).sum::<usize>(), 6001);
         assert_eq!(head.len() - 5 + 6001, want.len());
-        let (mut got, mut from) = (Vec::new(), 5);
-        for s in &splices {
-            got.extend_from_slice(&head[from..s.at]);
-            got.extend_from_slice(&bufs[s.buf].0[s.start..s.start + s.len]);
-            from = s.at;
-        }
-        got.extend_from_slice(&head[from..]);
-        assert_eq!(got, want, "crc {crc}");
+        assert_eq!(wire_of_parts(&head, 5, &splices, &bufs), want, "crc {crc}");
         // take_transmit gives the same bytes, copied.
         let (_, mut c) = connected(host_cfg(crc), Config { max_segment: 1000, ..target_cfg(crc) });
         c.send(&[1; 16], &[], None);
@@ -314,14 +325,7 @@ fn an_rdma_write_from_its_own_buffer_lands_at_the_peer() {
         t.send(&[7; 16], &[], None);
         let (mut head, mut splices, mut bufs) = (Vec::new(), Vec::new(), Vec::new());
         t.take_transmit_parts(&mut head, &mut bufs, |s| splices.push(s));
-        let mut wire = Vec::new();
-        let mut from = 0;
-        for s in &splices {
-            wire.extend_from_slice(&head[from..s.at]);
-            wire.extend_from_slice(&bufs[s.buf].0[s.start..s.start + s.len]);
-            from = s.at;
-        }
-        wire.extend_from_slice(&head[from..]);
+        let wire = wire_of_parts(&head, 0, &splices, &bufs);
         for piece in wire.chunks(777) {
             h.handle_input(piece).unwrap();
         }
@@ -351,14 +355,7 @@ fn an_rdma_write_of_zeros_sends_the_bytes_of_zeros_written_nowhere() {
         assert!(bufs.is_empty(), "no buffer holds zeros");
         assert_eq!(splices.len(), 5, "FPDUs of 1000, 1000, 1000, 1000 and 97 bytes");
         assert!(splices.iter().all(|s| s.buf == iwarp::ZEROS));
-        let (mut got, mut from) = (Vec::new(), 3);
-        for s in &splices {
-            got.extend_from_slice(&head[from..s.at]);
-            got.resize(got.len() + s.len, 0);
-            from = s.at;
-        }
-        got.extend_from_slice(&head[from..]);
-        assert_eq!(got, want, "crc {crc}");
+        assert_eq!(wire_of_parts(&head, 3, &splices, &bufs), want, "crc {crc}");
         // take_transmit writes the zeros in.
         let (_, mut c) = connected(host_cfg(crc), Config { max_segment: 1000, ..target_cfg(crc) });
         c.write_zeros(0x42, 100, 4097);
@@ -386,18 +383,7 @@ fn zeros_between_spliced_buffers_keep_every_splice_on_its_own_buffer() {
     let (mut head, mut splices, mut bufs) = (Vec::new(), Vec::new(), vec![Buf(vec![9; 7])]);
     b.take_transmit_parts(&mut head, &mut bufs, |s| splices.push(s));
     assert_eq!(splices.iter().map(|s| s.buf).collect::<Vec<_>>(), vec![1, iwarp::ZEROS, 2]);
-    let (mut got, mut from) = (Vec::new(), 0);
-    for s in &splices {
-        got.extend_from_slice(&head[from..s.at]);
-        if s.buf == iwarp::ZEROS {
-            got.resize(got.len() + s.len, 0);
-        } else {
-            got.extend_from_slice(&bufs[s.buf].0[s.start..s.start + s.len]);
-        }
-        from = s.at;
-    }
-    got.extend_from_slice(&head[from..]);
-    assert_eq!(got, want);
+    assert_eq!(wire_of_parts(&head, 0, &splices, &bufs), want);
 }
 
 #[test]
