@@ -279,6 +279,10 @@ pub struct Connection<B> {
     trailer: [u8; 7],
     trailer_len: usize,
     rx_crc: Crc32c,
+    /// The CRC of the FPDU being received, computed in one pass because
+    /// all of it had arrived at once (the usual case); `rx_crc` is then
+    /// not fed.
+    rx_whole: Option<u32>,
     ctrl: Ctrl,
     dest: Dest,
     payload_len: usize,
@@ -336,6 +340,7 @@ impl<B: DataBuffer> Connection<B> {
             trailer: [0; 7],
             trailer_len: 0,
             rx_crc: Crc32c::new(),
+            rx_whole: None,
             ctrl: Ctrl(0),
             dest: Dest::Nothing,
             payload_len: 0,
@@ -577,7 +582,7 @@ impl<B: DataBuffer> Connection<B> {
         };
         read.buf = Some(buf);
         let n = n.min(left);
-        if self.crc {
+        if self.crc && self.rx_whole.is_none() {
             if let Some(placed) = read.buf.as_ref().and_then(|b| b.as_ref().get(offset..offset.saturating_add(n))) {
                 self.rx_crc.update(placed);
             }
@@ -747,6 +752,9 @@ impl<B: DataBuffer> Connection<B> {
         while !input.is_empty() && self.state == State::Rdma {
             match self.rx {
                 Rx::Header { need } => {
+                    if need == 4 && self.hdr_len == 0 && self.crc {
+                        self.rx_whole = whole_fpdu_crc(input);
+                    }
                     let take = need.saturating_sub(self.hdr_len).min(input.len());
                     let (now, rest) = input.split_at(take);
                     if let Some(dst) = self.hdr.get_mut(self.hdr_len..self.hdr_len.saturating_add(take)) {
@@ -780,7 +788,7 @@ impl<B: DataBuffer> Connection<B> {
                     let take = left.min(input.len());
                     let (now, rest) = input.split_at(take);
                     self.place(now);
-                    if self.crc {
+                    if self.crc && self.rx_whole.is_none() {
                         self.rx_crc.update(now);
                     }
                     input = rest;
@@ -834,7 +842,7 @@ impl<B: DataBuffer> Connection<B> {
             ));
         };
         self.payload_len = payload_len;
-        if self.crc {
+        if self.crc && self.rx_whole.is_none() {
             self.rx_crc = Crc32c::new();
             self.rx_crc.update(self.hdr.get(..hdr_len).unwrap_or_default());
         }
@@ -1095,8 +1103,14 @@ impl<B: DataBuffer> Connection<B> {
         let pad = wire::pad_len(self.payload_len);
         let (pad_bytes, crc_bytes) = self.trailer.split_at(pad.min(self.trailer.len()));
         if self.crc {
-            self.rx_crc.update(pad_bytes);
-            let want = self.rx_crc.value().to_le_bytes();
+            let want = match self.rx_whole.take() {
+                Some(value) => value,
+                None => {
+                    self.rx_crc.update(pad_bytes);
+                    self.rx_crc.value()
+                }
+            }
+            .to_le_bytes();
             let got = crc_bytes.get(..CRC_LEN).unwrap_or_default();
             if got != want {
                 return Err(
@@ -1442,6 +1456,16 @@ fn copy_concat(dst: &mut [u8], off: usize, a: &[u8], b: &[u8]) {
     if let Some(src) = b.get(b_off..b_off.saturating_add(db.len())) {
         db.copy_from_slice(src);
     }
+}
+
+/// The CRC32C of the FPDU at the start of `input` (its length field, ULPDU
+/// and pad), in one pass, when all of it and its CRC field are there:
+/// one call where a piece at a time (header, payload, pad) costs three.
+fn whole_fpdu_crc(input: &[u8]) -> Option<u32> {
+    let ulpdu = usize::from(u16::from_be_bytes([*input.first()?, *input.get(1)?]));
+    let covered = LEN_FIELD.saturating_add(ulpdu);
+    let covered = covered.saturating_add(wire::pad_len(covered));
+    (input.len() >= covered.saturating_add(CRC_LEN)).then(|| checksum::crc32c(input.get(..covered).unwrap_or_default()))
 }
 
 /// The byte offset of `[to, to + len)` in a region of `size` bytes at
