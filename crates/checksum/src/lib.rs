@@ -105,21 +105,31 @@ pub fn crc32c_of_zeros(len: usize) -> u32 {
 }
 
 /// A CRC32C over pieces fed in order: the same value as [`crc32c`] of
-/// their concatenation.
-#[derive(Clone)]
-pub struct Crc32c(Digest);
+/// their concatenation. It holds the CRC register alone (4 bytes, where a
+/// `crc_fast::Digest` carries its algorithm's parameters, a few hundred
+/// bytes to build and move).
+#[derive(Clone, Copy)]
+pub struct Crc32c {
+    register: u32,
+}
+
+/// The register before any byte (CRC32C's init).
+const INIT: u32 = !0;
 
 impl Crc32c {
     /// An empty running CRC.
     pub fn new() -> Self {
-        Crc32c(Digest::new(ALGORITHM))
+        Crc32c { register: INIT }
     }
 
     /// Feeds `bytes` (nothing, and no call into `crc-fast`, when empty:
     /// an FPDU's pad usually is).
     pub fn update(&mut self, bytes: &[u8]) {
         if !bytes.is_empty() {
-            self.0.update(bytes);
+            let mut d = Digest::new_with_init_state(ALGORITHM, u64::from(self.register));
+            d.update(bytes);
+            // A 32-bit CRC's register always fits in u32.
+            self.register = d.get_state() as u32;
         }
     }
 
@@ -128,14 +138,12 @@ impl Crc32c {
     /// [`shift_by_zeros`]), at a cost that grows with the bits set in
     /// `len`, not with `len`.
     pub fn update_zeros(&mut self, len: usize) {
-        // A 32-bit CRC's register always fits in u32.
-        let register = shift_by_zeros(self.0.get_state() as u32, len);
-        self.0 = Digest::new_with_init_state(ALGORITHM, u64::from(register));
+        self.register = shift_by_zeros(self.register, len);
     }
 
     /// The CRC32C of everything fed so far.
     pub fn value(&self) -> u32 {
-        self.0.finalize() as u32
+        !self.register
     }
 }
 
