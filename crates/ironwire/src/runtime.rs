@@ -99,9 +99,11 @@ fn users(config: &Config, device: &str) -> Vec<String> {
 }
 
 /// Changes the live objects from what `old` describes to what `new` does
-/// (both normalized and valid). On error nothing has changed, except that a
-/// port a reactor could not bind is reported after the rest applied. The
-/// devices it opens resolve their paths as `symlinks` says:
+/// (both normalized and valid). On error nothing has changed: the steps
+/// that can fail come first (checks, opening devices, extending files to
+/// grow, the reactors binding new ports, which are put back as they were
+/// when one cannot), then the steps that cannot. The devices it opens
+/// resolve their paths as `symlinks` says:
 /// [`Symlinks::Refuse`] for paths ctl checked against `[control]
 /// allow_paths`, so that what is opened is what was checked.
 /// Devices opened ahead of the change that uses them, by name, each with
@@ -197,37 +199,41 @@ pub fn apply(live: &mut Live, old: &Config, new: &Config, symlinks: Symlinks, pr
         };
         opened.insert(d.name.clone(), dev);
     }
-    // The addresses new ports need must be free before anything changes.
-    let old_addrs: Vec<&str> = old.port.iter().map(|p| p.address.as_str()).collect();
-    for p in new.port.iter().filter(|p| !old_addrs.contains(&p.address.as_str())) {
-        let a: SocketAddr = p.address.parse().with_context(|| format!("port address {:?}", p.address))?;
-        std::net::TcpListener::bind(a).map(drop).with_context(|| format!("cannot listen on {a}"))?;
-    }
-
-    // Growing is the last step that may fail (but for a port, below), and
-    // all-or-nothing: every file is extended before any device takes its
-    // new size (an extended file alone changes nothing), so a failure here
-    // leaves every capacity as the configuration that stays in force says.
+    // Growing is all-or-nothing: every file is extended before any device
+    // takes its new size (an extended file alone changes nothing), so a
+    // failure here, or at the ports below, leaves every capacity as the
+    // configuration that stays in force says.
     let mut growths = Vec::with_capacity(to_grow.len());
     for (name, bytes) in to_grow {
         let Some(dev) = live.devices.get(name) else { continue };
         let growth = dev.prepare_grow(bytes).with_context(|| format!("device {name}: growing to {bytes} bytes"))?;
         growths.push((dev, growth));
     }
+
+    // The last step that may fail: every reactor binds the new ports (the
+    // binding is the check, so no other process can take an address
+    // between a check and the bind); if one cannot, the ports go back to
+    // what they were.
+    listen_on(live, old, new)?;
+
+    // From here on every step succeeds.
     for (dev, growth) in growths {
         if growth.commit() {
             capacity_changed(live, dev);
         }
     }
-
-    // From here on every step succeeds, but for a port a reactor cannot bind.
     let mut devices = live.devices.clone();
     devices.retain(|name, _| new.device.iter().any(|d| &d.name == name));
     devices.extend(opened);
     apply_nvme(live, &devices, old, new)?;
     apply_iscsi(live, &devices, new)?;
     live.devices = devices;
-    apply_ports(live, old, new)
+    for p in old.port.iter().filter(|p| !new.port.contains(p)) {
+        if let (Some(t), Ok(a)) = (live.listeners.nvme_transport(&p.transport), p.address.parse()) {
+            live.target.remove_port(a, &t);
+        }
+    }
+    add_ports(live, &old.port, &new.port)
 }
 
 /// Closes the connections of hosts the live access lists no longer let
@@ -399,15 +405,26 @@ pub fn portals(config: &Config) -> Vec<String> {
     out
 }
 
-fn apply_ports(live: &Live, old: &Config, new: &Config) -> Result<()> {
-    for p in old.port.iter().filter(|p| !new.port.contains(p)) {
-        if let (Some(t), Ok(a)) = (live.listeners.nvme_transport(&p.transport), p.address.parse()) {
-            live.target.remove_port(a, &t);
-        }
+/// Makes every reactor listen on `new`'s ports instead of `old`'s. When one
+/// cannot (an address in use, a reactor that does not answer), every
+/// reactor goes back to `old`'s ports and the error names what failed.
+fn listen_on(live: &Live, old: &Config, new: &Config) -> Result<()> {
+    if old.port == new.port {
+        return Ok(());
     }
-    add_ports(live, &old.port, &new.port)?;
     let generation = live.listeners.set(&new.port)?;
-    live.listeners.wait(generation, live.reactors, PORT_CHANGE_LIMIT).map_err(anyhow::Error::msg)
+    let Err(failed) = live.listeners.wait(generation, live.reactors, PORT_CHANGE_LIMIT) else {
+        return Ok(());
+    };
+    let back = live.listeners.set(&old.port).map(|g| live.listeners.wait(g, live.reactors, PORT_CHANGE_LIMIT));
+    match back {
+        Ok(Ok(())) => bail!("cannot listen on the new ports ({failed}); nothing changed"),
+        Ok(Err(e)) => {
+            log::error!("control: the ports in force could not all be listened on again: {e}");
+            bail!("cannot listen on the new ports ({failed}); nothing else changed, but the ports in force could not all be listened on again ({e})")
+        }
+        Err(e) => bail!("cannot listen on the new ports ({failed}); nothing else changed, but going back failed: {e}"),
+    }
 }
 
 /// Enters the NVMe ports of `new` that `old` lacks in the discovery log.

@@ -262,6 +262,40 @@ fn reload_and_sighup_change_namespaces_and_ports_without_dropping_a_connected_ho
 }
 
 #[test]
+fn a_change_whose_port_is_taken_changes_nothing_and_keeps_every_port() {
+    let mut d = start("taken", &[]);
+    let file = d.dir.join("ironwire.toml");
+    let original = std::fs::read_to_string(&file).expect("config");
+    // Another program holds this address: the daemon's reactors cannot
+    // bind it.
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let taken_port = taken.local_addr().expect("addr").port();
+    let iscsi_line = original.lines().find(|l| l.contains("address") && !l.contains(&d.addr.to_string()));
+    let iscsi_addr = iscsi_line.and_then(|l| l.split('"').nth(1)).expect("the iSCSI port's address").to_string();
+    // The NVMe port moves to the taken address, and a subsystem comes with
+    // it: neither may happen.
+    let moved = original.replace(&d.addr.to_string(), &format!("127.0.0.1:{taken_port}"))
+        + &format!("\n[[subsystem]]\nnqn = \"{NQN2}\"\nallow_any_host = true\n");
+    let before = show(&d);
+    std::fs::write(&file, &moved).expect("write config");
+    let e = refused(&d, "reload");
+    assert!(e.contains(&format!("listen 127.0.0.1:{taken_port}")) && e.contains("nothing changed"), "{e}");
+    assert_eq!(before, show(&d), "a change that could not listen changed something");
+    // The port it would have removed listens again, and serves.
+    nvme_round_trip(d.addr, NQN, 1, 512);
+    TcpStream::connect(&iscsi_addr).expect("the iSCSI port still listens");
+
+    // Once the address is free, the same change applies.
+    drop(taken);
+    ok(&d, "reload");
+    let moved_to = SocketAddr::from(([127, 0, 0, 1], taken_port));
+    nvme_round_trip(moved_to, NQN, 1, 512);
+    assert!(TcpStream::connect(d.addr).is_err(), "the port moved away still accepts");
+    assert_eq!(show(&d)["live"]["subsystems"][1]["nqn"], NQN2);
+    d.assert_alive();
+}
+
+#[test]
 fn objects_in_use_are_not_pulled_from_under_a_connected_host() {
     let mut d = start("in-use", &[]);
     let addr = d.addr;
