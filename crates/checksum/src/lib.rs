@@ -247,6 +247,16 @@ mod tests {
     }
 
     #[test]
+    fn rows_past_the_byte_fed_lengths_match_crc_fast_on_16_mib_of_zeros() {
+        // Rows 17..=24 (and every lower one) against crc-fast's own CRC of
+        // the bytes; the higher rows are squares of these.
+        let zeros = vec![0u8; (1 << 24) + 3];
+        for len in [1 << 17, (1 << 20) + 1, (1 << 24) + 3] {
+            assert_eq!(crc32c_of_zeros(len), crc32c(&zeros[..len]), "{len} zeros");
+        }
+    }
+
+    #[test]
     fn running_crc_over_pieces_equals_the_crc_of_the_whole() {
         let buf = random_bytes(9000, 42);
         for cut in [0, 1, 7, 24, 4096, 8999, 9000] {

@@ -101,9 +101,9 @@ fn users(config: &Config, device: &str) -> Vec<String> {
 /// Changes the live objects from what `old` describes to what `new` does
 /// (both normalized and valid). On error nothing has changed: the steps
 /// that can fail come first (checks, opening devices, extending files to
-/// grow, the reactors binding new ports, which are put back as they were
-/// when one cannot), then the steps that cannot. The devices it opens
-/// resolve their paths as `symlinks` says:
+/// grow, the reactors binding new ports, which go back to the ports in
+/// force when one cannot or when a later step fails), then the steps that
+/// cannot. The devices it opens resolve their paths as `symlinks` says:
 /// [`Symlinks::Refuse`] for paths ctl checked against `[control]
 /// allow_paths`, so that what is opened is what was checked.
 /// Devices opened ahead of the change that uses them, by name, each with
@@ -210,11 +210,34 @@ pub fn apply(live: &mut Live, old: &Config, new: &Config, symlinks: Symlinks, pr
         growths.push((dev, growth));
     }
 
-    // The last step that may fail: every reactor binds the new ports (the
-    // binding is the check, so no other process can take an address
-    // between a check and the bind); if one cannot, the ports go back to
-    // what they were.
-    listen_on(live, old, new)?;
+    // The addresses new ports need must be free: a plain bind, because the
+    // reactors' SO_REUSEPORT listeners would share an address with another
+    // process's listener rather than fail.
+    let old_addrs: Vec<&str> = old.port.iter().map(|p| p.address.as_str()).collect();
+    for p in new.port.iter().filter(|p| !old_addrs.contains(&p.address.as_str())) {
+        let a: SocketAddr = p.address.parse().with_context(|| format!("port address {:?}", p.address))?;
+        std::net::TcpListener::bind(a).map(drop).with_context(|| format!("cannot listen on {a}"))?;
+    }
+    // Then every reactor binds them (an address can still be taken after
+    // the check); if one cannot, the ports go back to what they were.
+    if let Err(failed) = publish(live, &new.port) {
+        return Err(match publish(live, &old.port) {
+            Ok(()) => anyhow!("cannot listen on the new ports ({failed}); nothing changed"),
+            Err(back) => back_failed(anyhow!("cannot listen on the new ports ({failed})"), back),
+        });
+    }
+
+    let mut devices = live.devices.clone();
+    devices.retain(|name, _| new.device.iter().any(|d| &d.name == name));
+    devices.extend(opened);
+    // The objects' own checks ran above; should one still refuse (a host
+    // connected meanwhile), the ports go back too.
+    if let Err(e) = apply_nvme(live, &devices, old, new).and_then(|()| apply_iscsi(live, &devices, new)) {
+        return Err(match publish(live, &old.port) {
+            Ok(()) => e,
+            Err(back) => back_failed(e, back),
+        });
+    }
 
     // From here on every step succeeds.
     for (dev, growth) in growths {
@@ -222,11 +245,6 @@ pub fn apply(live: &mut Live, old: &Config, new: &Config, symlinks: Symlinks, pr
             capacity_changed(live, dev);
         }
     }
-    let mut devices = live.devices.clone();
-    devices.retain(|name, _| new.device.iter().any(|d| &d.name == name));
-    devices.extend(opened);
-    apply_nvme(live, &devices, old, new)?;
-    apply_iscsi(live, &devices, new)?;
     live.devices = devices;
     for p in old.port.iter().filter(|p| !new.port.contains(p)) {
         if let (Some(t), Ok(a)) = (live.listeners.nvme_transport(&p.transport), p.address.parse()) {
@@ -405,26 +423,19 @@ pub fn portals(config: &Config) -> Vec<String> {
     out
 }
 
-/// Makes every reactor listen on `new`'s ports instead of `old`'s. When one
-/// cannot (an address in use, a reactor that does not answer), every
-/// reactor goes back to `old`'s ports and the error names what failed.
-fn listen_on(live: &Live, old: &Config, new: &Config) -> Result<()> {
-    if old.port == new.port {
-        return Ok(());
-    }
-    let generation = live.listeners.set(&new.port)?;
-    let Err(failed) = live.listeners.wait(generation, live.reactors, PORT_CHANGE_LIMIT) else {
-        return Ok(());
-    };
-    let back = live.listeners.set(&old.port).map(|g| live.listeners.wait(g, live.reactors, PORT_CHANGE_LIMIT));
-    match back {
-        Ok(Ok(())) => bail!("cannot listen on the new ports ({failed}); nothing changed"),
-        Ok(Err(e)) => {
-            log::error!("control: the ports in force could not all be listened on again: {e}");
-            bail!("cannot listen on the new ports ({failed}); nothing else changed, but the ports in force could not all be listened on again ({e})")
-        }
-        Err(e) => bail!("cannot listen on the new ports ({failed}); nothing else changed, but going back failed: {e}"),
-    }
+/// Makes every reactor listen on `ports` and nothing else; the error
+/// names every address a reactor could not bind, or the reactors that did
+/// not answer in time.
+fn publish(live: &Live, ports: &[crate::config::PortConfig]) -> Result<(), String> {
+    let generation = live.listeners.set(ports).map_err(|e| e.to_string())?;
+    live.listeners.wait(generation, live.reactors, PORT_CHANGE_LIMIT)
+}
+
+/// `e`, when going back to the ports in force failed too (`back`): logged,
+/// since the daemon no longer listens where its configuration says.
+fn back_failed(e: anyhow::Error, back: String) -> anyhow::Error {
+    log::error!("control: the ports in force could not all be listened on again: {back}");
+    e.context(format!("the ports in force could not all be listened on again ({back})"))
 }
 
 /// Enters the NVMe ports of `new` that `old` lacks in the discovery log.
