@@ -752,8 +752,12 @@ impl<B: DataBuffer> Connection<B> {
         while !input.is_empty() && self.state == State::Rdma {
             match self.rx {
                 Rx::Header { need } => {
-                    if need == 4 && self.hdr_len == 0 && self.crc {
-                        self.rx_whole = whole_fpdu_crc(input);
+                    if need == 4 && self.hdr_len == 0 {
+                        if let Some(used) = self.take_whole_fpdu(input, total)? {
+                            input = input.get(used..).unwrap_or_default();
+                            continue;
+                        }
+                        self.rx_whole = None;
                     }
                     let take = need.saturating_sub(self.hdr_len).min(input.len());
                     let (now, rest) = input.split_at(take);
@@ -813,6 +817,43 @@ impl<B: DataBuffer> Connection<B> {
             }
         }
         Ok(())
+    }
+
+    /// The FPDU at the start of `input`, when all of it is there (the usual
+    /// case): checked and delivered in one pass, its CRC in one call
+    /// instead of a piece at a time. Returns the bytes it took, or `None`,
+    /// having done nothing, when the FPDU has not all arrived (or its
+    /// opcode is unknown: the byte-wise path names that).
+    fn take_whole_fpdu(&mut self, input: &[u8], total: usize) -> Result<Option<usize>, Fatal> {
+        let (Some(&l0), Some(&l1), Some(&c0), Some(&c1)) = (input.first(), input.get(1), input.get(2), input.get(3))
+        else {
+            return Ok(None);
+        };
+        let Some(hdr_len) = Ctrl(u16::from_be_bytes([c0, c1])).opcode().header_len() else { return Ok(None) };
+        let covered = LEN_FIELD.saturating_add(usize::from(u16::from_be_bytes([l0, l1])));
+        let covered = covered.saturating_add(wire::pad_len(covered));
+        let fpdu = covered.saturating_add(CRC_LEN);
+        let (Some(hdr), Some(body)) = (input.get(..hdr_len), input.get(hdr_len..fpdu)) else { return Ok(None) };
+        self.rx_whole = self.crc.then(|| checksum::crc32c(input.get(..covered).unwrap_or_default()));
+        let Some(dst) = self.hdr.get_mut(..hdr_len) else { return Err(self.internal()) };
+        dst.copy_from_slice(hdr);
+        self.hdr_len = hdr_len;
+        self.input_at = total.saturating_sub(input.len()).saturating_add(hdr_len);
+        self.input_left = input.len().saturating_sub(hdr_len);
+        // A ULPDU shorter than its header is refused here.
+        self.begin_segment()?;
+        let (payload, trailer) = body.split_at(self.payload_len.min(body.len()));
+        if !payload.is_empty() {
+            self.place(payload);
+        }
+        let Some(dst) = self.trailer.get_mut(..trailer.len()) else { return Err(self.internal()) };
+        dst.copy_from_slice(trailer);
+        self.trailer_len = trailer.len();
+        self.end_segment()?;
+        self.hdr_len = 0;
+        self.trailer_len = 0;
+        self.rx = Rx::Header { need: 4 };
+        Ok(Some(fpdu))
     }
 
     fn trailer_state(&self) -> Rx {
@@ -1456,16 +1497,6 @@ fn copy_concat(dst: &mut [u8], off: usize, a: &[u8], b: &[u8]) {
     if let Some(src) = b.get(b_off..b_off.saturating_add(db.len())) {
         db.copy_from_slice(src);
     }
-}
-
-/// The CRC32C of the FPDU at the start of `input` (its length field, ULPDU
-/// and pad), in one pass, when all of it and its CRC field are there:
-/// one call where a piece at a time (header, payload, pad) costs three.
-fn whole_fpdu_crc(input: &[u8]) -> Option<u32> {
-    let ulpdu = usize::from(u16::from_be_bytes([*input.first()?, *input.get(1)?]));
-    let covered = LEN_FIELD.saturating_add(ulpdu);
-    let covered = covered.saturating_add(wire::pad_len(covered));
-    (input.len() >= covered.saturating_add(CRC_LEN)).then(|| checksum::crc32c(input.get(..covered).unwrap_or_default()))
 }
 
 /// The byte offset of `[to, to + len)` in a region of `size` bytes at
