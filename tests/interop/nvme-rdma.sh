@@ -454,7 +454,13 @@ run_checks() {
 	if ((EMBEDDED)); then
 		skipped restart-fio "the embedded default has no file namespace to outlive a restart"
 	else
-		check_restart restart-fio 300 -e NVME_TRANSPORT=rdma -e KP_HOSTNQN="$IW_ALLOWED_HOSTNQN" \
+		# The guest's side of this check flakes under TCG, with the
+		# daemon from before this change too (3 of 17 runs on 2026-11-27):
+		# once the kernel host stopped sending on its reconnected queues
+		# after the SIGKILL (keep-alive timeout, then a connect that timed
+		# out), once nvme-rdma failed a write whose send met the closing
+		# queue (post_send -107) instead of requeuing it. One retry.
+		RETRY_GUEST_FAILURE=1 check_restart restart-fio 300 -e NVME_TRANSPORT=rdma -e KP_HOSTNQN="$IW_ALLOWED_HOSTNQN" \
 			nvme-restart "$RPORT" "$IW_RESTRICTED_NQN"
 	fi
 	# The roles turned round: 4 KiB writes ride in the capsule (nvmet-rdma's
