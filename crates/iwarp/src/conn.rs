@@ -279,9 +279,10 @@ pub struct Connection<B> {
     trailer: [u8; 7],
     trailer_len: usize,
     rx_crc: Crc32c,
-    /// The CRC of the FPDU being received, computed in one pass because
-    /// all of it had arrived at once (the usual case); `rx_crc` is then
-    /// not fed.
+    /// The CRC of the FPDU [`take_whole_fpdu`](Self::take_whole_fpdu) is
+    /// taking, computed in one pass: `begin_segment` then does not start
+    /// `rx_crc`, and `end_segment` checks this instead. An FPDU taken a
+    /// piece at a time never has one.
     rx_whole: Option<u32>,
     ctrl: Ctrl,
     dest: Dest,
@@ -582,7 +583,7 @@ impl<B: DataBuffer> Connection<B> {
         };
         read.buf = Some(buf);
         let n = n.min(left);
-        if self.crc && self.rx_whole.is_none() {
+        if self.crc {
             if let Some(placed) = read.buf.as_ref().and_then(|b| b.as_ref().get(offset..offset.saturating_add(n))) {
                 self.rx_crc.update(placed);
             }
@@ -792,7 +793,7 @@ impl<B: DataBuffer> Connection<B> {
                     let take = left.min(input.len());
                     let (now, rest) = input.split_at(take);
                     self.place(now);
-                    if self.crc && self.rx_whole.is_none() {
+                    if self.crc {
                         self.rx_crc.update(now);
                     }
                     input = rest;
