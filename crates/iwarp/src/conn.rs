@@ -836,8 +836,17 @@ impl<B: DataBuffer> Connection<B> {
         let fpdu = covered.saturating_add(CRC_LEN);
         let (Some(hdr), Some(body)) = (input.get(..hdr_len), input.get(hdr_len..fpdu)) else { return Ok(None) };
         self.rx_whole = self.crc.then(|| checksum::crc32c(input.get(..covered).unwrap_or_default()));
-        let Some(dst) = self.hdr.get_mut(..hdr_len) else { return Err(self.internal()) };
-        dst.copy_from_slice(hdr);
+        // A copy of fixed size where the input allows (the bytes past the
+        // header are never read): the header's fields are loaded back at
+        // once, and a load spanning two stores of a variable-length copy
+        // waits for both to retire.
+        match input.first_chunk::<READ_REQUEST_LEN>() {
+            Some(whole) => self.hdr = *whole,
+            None => {
+                let Some(dst) = self.hdr.get_mut(..hdr_len) else { return Err(self.internal()) };
+                dst.copy_from_slice(hdr);
+            }
+        }
         self.hdr_len = hdr_len;
         self.input_at = total.saturating_sub(input.len()).saturating_add(hdr_len);
         self.input_left = input.len().saturating_sub(hdr_len);
@@ -905,12 +914,17 @@ impl<B: DataBuffer> Connection<B> {
                 format!("opcode {} with the tagged bit {}", op.0, if ctrl.tagged() { "set" } else { "clear" }),
             ));
         }
+        // The fields are read where they lie: a copy of the header struct
+        // is split by the compiler into odd-sized stores that the loads
+        // right after cannot be forwarded from.
         self.dest = if op.is_tagged() {
-            let t = TaggedHeader::read_from_prefix(&self.hdr).map(|(t, _)| t).map_err(|_| self.internal())?;
-            self.begin_tagged(op, t.stag.get(), t.to.get())?
+            let t = TaggedHeader::ref_from_prefix(&self.hdr).map(|(t, _)| t).map_err(|_| self.internal())?;
+            let (stag, to) = (t.stag.get(), t.to.get());
+            self.begin_tagged(op, stag, to)?
         } else {
-            let u = UntaggedHeader::read_from_prefix(&self.hdr).map(|(u, _)| u).map_err(|_| self.internal())?;
-            self.begin_untagged(op, &u)?
+            let u = UntaggedHeader::ref_from_prefix(&self.hdr).map(|(u, _)| u).map_err(|_| self.internal())?;
+            let fields = Untagged { inv_stag: u.inv_stag.get(), qn: u.qn.get(), msn: u.msn.get(), mo: u.mo.get() };
+            self.begin_untagged(op, fields)?
         };
         self.rx = if payload_len == 0 { self.trailer_state() } else { Rx::Payload { left: payload_len } };
         Ok(())
@@ -990,8 +1004,8 @@ impl<B: DataBuffer> Connection<B> {
         Ok(if len == 0 { Dest::Nothing } else { Dest::Region { index, offset } })
     }
 
-    fn begin_untagged(&mut self, op: Opcode, u: &UntaggedHeader) -> Result<Dest, Fatal> {
-        let (qn, msn, mo) = (u.qn.get(), u.msn.get(), u.mo.get() as usize);
+    fn begin_untagged(&mut self, op: Opcode, u: Untagged) -> Result<Dest, Fatal> {
+        let (qn, msn, mo) = (u.qn, u.msn, u.mo as usize);
         if qn != op.queue() {
             return Err(self.segment_error(
                 ErrorCode::DDP_UNTAGGED_INVALID_QN,
@@ -1064,7 +1078,7 @@ impl<B: DataBuffer> Connection<B> {
                     inb.active = true;
                     inb.head_len = 0;
                     inb.staged.clear();
-                    inb.invalidate = op.invalidates().then(|| u.inv_stag.get());
+                    inb.invalidate = op.invalidates().then_some(u.inv_stag);
                     inb.solicited = op.solicited();
                     // A message in one segment has a known length: its body
                     // is left where it lies in a lent input that holds all
@@ -1505,6 +1519,15 @@ fn copy_concat(dst: &mut [u8], off: usize, a: &[u8], b: &[u8]) {
 fn checked_range(base: u64, size: usize, to: u64, len: usize) -> Option<usize> {
     let off = usize::try_from(to.checked_sub(base)?).ok()?;
     (off.checked_add(len)? <= size).then_some(off)
+}
+
+/// The fields of a received untagged header, in host order.
+#[derive(Clone, Copy)]
+struct Untagged {
+    inv_stag: u32,
+    qn: u32,
+    msn: u32,
+    mo: u32,
 }
 
 fn untagged(op: Opcode, last: bool, inv_stag: u32, qn: u32, msn: u32, mo: u32) -> UntaggedHeader {
