@@ -11,7 +11,8 @@ use crate::pdu::{
     self, dgst, flags, offset, CapsuleCmd, CapsuleResp, DataHeader, Framing, IcReq, IcResp, PduType, R2t, TermReq,
 };
 use nvme_spec::{Cqe, Sgl, Sqe, Status};
-use std::collections::{HashMap, VecDeque};
+use rustc_hash::FxHashMap;
+use std::collections::VecDeque;
 use zerocopy::{FromBytes, IntoBytes};
 
 /// What the host asks for in its ICReq.
@@ -56,7 +57,7 @@ pub struct HostConnection {
     rx: Vec<u8>,
     rx_start: usize,
     tx: Vec<u8>,
-    pending: HashMap<u16, Pending>,
+    pending: FxHashMap<u16, Pending>,
     completions: VecDeque<Completion>,
     /// Data buffers handed back by [`recycle`](Self::recycle) and by
     /// finished writes, reused for the next reads and writes.
@@ -79,7 +80,7 @@ impl HostConnection {
             rx: Vec::new(),
             rx_start: 0,
             tx: Vec::new(),
-            pending: HashMap::new(),
+            pending: FxHashMap::default(),
             completions: VecDeque::new(),
             spare: Vec::new(),
         };

@@ -6,7 +6,7 @@
 use super::{merge, plan, BenchOptions, InFlight, Report, Tally, Workload};
 use crate::iscsi::{self, cdb, LoginOptions, Session};
 use crate::{Error, Result};
-use std::collections::HashMap;
+use rustc_hash::FxHashMap;
 use std::time::Instant;
 
 /// Where an iSCSI load goes (the portal is `BenchOptions::addr`; digests
@@ -107,7 +107,8 @@ impl SessionJob {
     async fn run(mut self) -> Result<Tally> {
         let io_bytes = self.w.io_bytes();
         let blocks = self.w.blocks_per_io;
-        let mut in_flight: HashMap<u32, InFlight> = HashMap::with_capacity(self.qd * 2);
+        let mut in_flight: FxHashMap<u32, InFlight> =
+            FxHashMap::with_capacity_and_hasher(self.qd * 2, Default::default());
         let depth = self.w.depth(self.qd);
         let mut now = Instant::now();
         loop {

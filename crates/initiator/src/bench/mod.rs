@@ -27,8 +27,8 @@ use crate::{cmd, Error, Result};
 use hdrhistogram::Histogram;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
+use rustc_hash::FxHashMap;
 use std::cell::Cell;
-use std::collections::HashMap;
 use std::fmt;
 use std::net::SocketAddr;
 use std::rc::Rc;
@@ -916,7 +916,8 @@ struct InFlight {
 impl QueueJob {
     async fn run(mut self) -> Result<Tally> {
         let io_bytes = self.w.io_bytes();
-        let mut in_flight: HashMap<u16, InFlight> = HashMap::with_capacity(self.qd * 2);
+        let mut in_flight: FxHashMap<u16, InFlight> =
+            FxHashMap::with_capacity_and_hasher(self.qd * 2, Default::default());
         let depth = self.w.depth(self.qd).min(self.q.depth());
         let mut now = Instant::now();
         loop {
