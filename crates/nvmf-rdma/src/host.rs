@@ -263,7 +263,8 @@ impl HostConnection {
     }
 
     fn on_completion(&mut self, m: Received<Vec<u8>>) -> Result<(), HostError> {
-        let Ok(cqe) = Cqe::read_from_bytes(m.head()) else {
+        // Read from the whole head array, a copy of fixed size.
+        let (true, Ok((cqe, _))) = (m.head_len == CQE_LEN, Cqe::read_from_prefix(&m.head)) else {
             return Err(self.abort(format!("completion of {} bytes (expected {CQE_LEN})", m.head_len)));
         };
         let cid = cqe.cid.get();

@@ -40,7 +40,9 @@ pub enum DataPtr {
 /// Reads the data pointer of `sqe`; `in_capsule` is how many data bytes the
 /// capsule carried. Failures are the status to complete the command with.
 pub fn parse(sqe: &Sqe, in_capsule: usize, max_transfer: u32) -> Result<DataPtr, Status> {
-    let sgl: Sgl = sqe.dptr;
+    // Read where it lies: a copy of the descriptor is split into stores
+    // that the reads below cannot be forwarded from.
+    let sgl: &Sgl = &sqe.dptr;
     let b = sgl.as_bytes();
     let le32 = |at: usize| {
         b.get(at..at.saturating_add(4)).and_then(|s| <[u8; 4]>::try_from(s).ok()).map_or(0, u32::from_le_bytes)

@@ -305,7 +305,9 @@ impl<B: DataBuffer> TargetQueue<B> {
     }
 
     fn on_send(&mut self, m: iwarp::Received<B>) -> Result<(), Fatal> {
-        let Ok(sqe) = Sqe::read_from_bytes(m.head()) else {
+        // The head array is exactly an SQE: its fields are read where they
+        // lie, and it is copied whole into the event.
+        let (true, Ok((sqe, _))) = (m.head_len == SQE_LEN, Sqe::ref_from_prefix(&m.head)) else {
             return Err(self.conn.abort(Fatal::new(
                 ErrorCode::RDMAP_LOCAL_CATASTROPHIC,
                 format!("command capsule of {} bytes (at least {SQE_LEN})", m.head_len),
@@ -317,7 +319,7 @@ impl<B: DataBuffer> TargetQueue<B> {
             (None, Some(r)) => r.len(),
             (None, None) => 0,
         };
-        if let Ok(DataPtr::Keyed(k)) = sgl::parse(&sqe, in_capsule, self.cfg.max_transfer) {
+        if let Ok(DataPtr::Keyed(k)) = sgl::parse(sqe, in_capsule, self.cfg.max_transfer) {
             let cid = sqe.cid.get();
             match self.keyed.entry(cid) {
                 Entry::Vacant(v) => {
@@ -332,6 +334,7 @@ impl<B: DataBuffer> TargetQueue<B> {
                 }
             }
         }
+        let sqe = *sqe;
         match m.lent {
             Some(data) => self.events.push_back(Event::CommandInInput { sqe, data }),
             None => self.events.push_back(Event::Command { sqe, data: m.body }),
