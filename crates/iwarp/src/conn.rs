@@ -425,6 +425,14 @@ impl<B: DataBuffer> Connection<B> {
         self.events.pop_front()
     }
 
+    /// The next event, left where it is (read a Send's head in place, then
+    /// [`poll_event`](Self::poll_event) takes it): an event moved out
+    /// whole is stored again, and a header read right after waits for
+    /// those stores.
+    pub fn peek_event(&self) -> Option<&Event<B>> {
+        self.events.front()
+    }
+
     /// Moves the bytes to send to the end of `out`, copying in the
     /// payload of [`write_from`](Self::write_from) (see
     /// [`take_transmit_parts`](Self::take_transmit_parts) to send it from

@@ -229,7 +229,18 @@ impl HostConnection {
     }
 
     fn drain(&mut self) -> Result<(), HostError> {
-        while let Some(ev) = self.conn.poll_event() {
+        loop {
+            // A completion is read in place; only its 16 bytes move.
+            let completion = match self.conn.peek_event() {
+                None => return Ok(()),
+                Some(Event::Send(m)) => Some(Completion::of(m)),
+                Some(_) => None,
+            };
+            let Some(ev) = self.conn.poll_event() else { return Ok(()) };
+            if let Some(c) = completion {
+                self.on_completion(c)?;
+                continue;
+            }
             match ev {
                 Event::Established { private_data } => {
                     let Ok((rep, _)) = CmReply::read_from_prefix(&private_data) else {
@@ -247,13 +258,12 @@ impl HostConnection {
                     let sts = CmReject::read_from_prefix(&private_data).map_or(0, |(r, _)| r.sts.get());
                     return Err(HostError::Rejected { sts });
                 }
-                Event::Send(m) => self.on_completion(m)?,
                 Event::Terminated(code) => return Err(HostError::Terminated(code)),
-                // The host issues no RDMA Reads, and it is the initiator.
-                Event::ReadDone { .. } | Event::ConnectRequest { .. } => {}
+                // The host issues no RDMA Reads, and it is the initiator
+                // (Sends were taken above).
+                Event::Send(_) | Event::ReadDone { .. } | Event::ConnectRequest { .. } => {}
             }
         }
-        Ok(())
     }
 
     /// Ends the connection with a Terminate for a fault of the controller's
@@ -262,10 +272,9 @@ impl HostConnection {
         HostError::Fatal(self.conn.abort(Fatal::new(ErrorCode::RDMAP_LOCAL_CATASTROPHIC, reason)))
     }
 
-    fn on_completion(&mut self, m: Received<Vec<u8>>) -> Result<(), HostError> {
-        // Read from the whole head array, a copy of fixed size.
-        let (true, Ok((cqe, _))) = (m.head_len == CQE_LEN, Cqe::read_from_prefix(&m.head)) else {
-            return Err(self.abort(format!("completion of {} bytes (expected {CQE_LEN})", m.head_len)));
+    fn on_completion(&mut self, m: Completion) -> Result<(), HostError> {
+        let Some(cqe) = m.cqe else {
+            return Err(self.abort(format!("completion of {} bytes (expected {CQE_LEN})", m.len)));
         };
         let cid = cqe.cid.get();
         let Some(p) = self.pending.remove(&cid) else {
@@ -306,6 +315,23 @@ impl HostConnection {
     /// Moves every byte waiting to be sent to the end of `out`.
     pub fn take_transmit(&mut self, out: &mut Vec<u8>) {
         self.conn.take_transmit(out);
+    }
+}
+
+/// What a completion's Send carried.
+struct Completion {
+    /// The CQE, when the message's head is exactly one.
+    cqe: Option<Cqe>,
+    /// Bytes of the head.
+    len: usize,
+    /// The STag it invalidated.
+    invalidated: Option<u32>,
+}
+
+impl Completion {
+    fn of(m: &Received<Vec<u8>>) -> Self {
+        let cqe = (m.head_len == CQE_LEN).then(|| Cqe::read_from_prefix(&m.head).ok().map(|(c, _)| c)).flatten();
+        Completion { cqe, len: m.head_len, invalidated: m.invalidated }
     }
 }
 
