@@ -111,9 +111,11 @@ pub struct Received<B> {
     /// The rest of the message, if any (and not `lent`).
     pub body: Option<B>,
     /// The rest of the message when it lay whole in the input given to
-    /// [`Connection::handle_input_lent`]: where it lies there. It must be
+    /// [`Connection::handle_input_lent`]: where it lies there (offsets of
+    /// 32 bits keep the whole message within 128 bytes, moved without a
+    /// call to `memcpy`). It must be
     /// used or copied before that input goes.
-    pub lent: Option<std::ops::Range<usize>>,
+    pub lent: Option<std::ops::Range<u32>>,
     /// The STag a Send with Invalidate invalidated.
     pub invalidated: Option<u32>,
     /// The Send asked for a solicited event.
@@ -525,8 +527,9 @@ impl<B: DataBuffer> Connection<B> {
     /// [`Received::lent`] says where the body lies in `input`.
     pub fn handle_input_lent(&mut self, input: &[u8]) -> Result<(), Fatal> {
         // Only FPDUs from the first byte: before full operation the input
-        // is parsed (or buffered) elsewhere and offsets would not hold.
-        self.lending = self.state == State::Rdma;
+        // is parsed (or buffered) elsewhere and offsets would not hold; and
+        // offsets that fit [`Received::lent`]'s 32 bits.
+        self.lending = self.state == State::Rdma && u32::try_from(input.len()).is_ok();
         let r = self.handle_input(input);
         self.lending = false;
         // A body still lent once the input is done (the connection failed
@@ -1236,7 +1239,9 @@ impl<B: DataBuffer> Connection<B> {
             }
             None => None,
         };
-        let lent = inb.lent.take().map(|(start, n)| start..start.saturating_add(n));
+        // Lent only from an input of at most u32::MAX bytes.
+        let at = |i: usize| u32::try_from(i).unwrap_or(u32::MAX);
+        let lent = inb.lent.take().map(|(start, n)| at(start)..at(start.saturating_add(n)));
         let invalidated = inb.invalidate.take();
         let msg =
             Received { head: inb.head, head_len: inb.head_len, body, lent, invalidated, solicited: inb.solicited };

@@ -233,6 +233,7 @@ pub fn pad_len(payload_len: usize) -> usize {
 /// the CRC field (the CRC32C of everything before it when `crc`, else
 /// zero). The header length plus the payload length must fit a ULPDU
 /// (callers segment at most [`MAX_ULPDU`]).
+#[inline]
 pub fn put_fpdu(out: &mut Vec<u8>, header: &[u8], payload_len: usize, crc: bool, fill: impl FnOnce(&mut [u8])) {
     put_fpdu_appended(out, header, payload_len, crc, |out| {
         let at = out.len();
@@ -246,6 +247,7 @@ pub fn put_fpdu(out: &mut Vec<u8>, header: &[u8], payload_len: usize, crc: bool,
 /// zeroed slice is written first: a device's data is copied in once).
 /// Nothing is appended, and `false` returned, when `fill` returns `false`
 /// or appends another number of bytes than `payload_len`.
+#[inline]
 pub fn put_fpdu_appended(
     out: &mut Vec<u8>,
     header: &[u8],

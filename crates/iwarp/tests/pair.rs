@@ -227,7 +227,7 @@ fn a_send_lying_whole_in_a_lent_input_is_left_there() {
                 for r in sends(events(&mut t)) {
                     let body = match (&r.body, &r.lent) {
                         (Some(b), None) => b.0.clone(),
-                        (None, Some(at)) => piece[at.clone()].to_vec(),
+                        (None, Some(at)) => piece[at.start as usize..at.end as usize].to_vec(),
                         (None, None) => Vec::new(),
                         (Some(_), Some(_)) => panic!("a body both copied and lent"),
                     };
@@ -830,4 +830,18 @@ fn terminate_control_word_follows_rfc_5040() {
     assert_eq!(ec, 0x03);
     assert_eq!(hdrct, 0xc000);
     assert_eq!(Ctrl::new(Opcode::TERMINATE, true).0, 0x4147);
+}
+
+/// An event is moved from the connection's queue to the caller whole: at
+/// 128 bytes or less the compiler moves it with a few vector stores, above
+/// that with a call to `memcpy` (20 ns per 4K read in the target's
+/// profile when it was 144). Buffers of 32 bytes with a niche, as the
+/// daemon's I/O buffers are, and `Vec`s keep it there.
+#[test]
+fn an_event_with_a_buffer_of_32_bytes_fits_128_bytes() {
+    #[allow(dead_code)]
+    struct Buf32(std::ptr::NonNull<u8>, usize, usize, bool);
+    assert_eq!(std::mem::size_of::<Buf32>(), 32);
+    assert!(std::mem::size_of::<Event<Buf32>>() <= 128, "{}", std::mem::size_of::<Event<Buf32>>());
+    assert!(std::mem::size_of::<Event<Vec<u8>>>() <= 128);
 }

@@ -316,7 +316,7 @@ impl<B: DataBuffer> TargetQueue<B> {
         self.sqhd = self.sqhd.wrapping_add(1).checked_rem(self.sq_entries).unwrap_or(0);
         let in_capsule = match (&m.body, &m.lent) {
             (Some(b), _) => b.as_ref().len(),
-            (None, Some(r)) => r.len(),
+            (None, Some(r)) => r.end.saturating_sub(r.start) as usize,
             (None, None) => 0,
         };
         if let Ok(DataPtr::Keyed(k)) = sgl::parse(sqe, in_capsule, self.cfg.max_transfer) {
@@ -336,7 +336,7 @@ impl<B: DataBuffer> TargetQueue<B> {
         }
         let sqe = *sqe;
         match m.lent {
-            Some(data) => self.events.push_back(Event::CommandInInput { sqe, data }),
+            Some(r) => self.events.push_back(Event::CommandInInput { sqe, data: r.start as usize..r.end as usize }),
             None => self.events.push_back(Event::Command { sqe, data: m.body }),
         }
         Ok(())
