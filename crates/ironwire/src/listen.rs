@@ -20,7 +20,7 @@ use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::os::unix::io::{AsRawFd, RawFd};
 use std::rc::Rc;
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::{Arc, Condvar, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 /// The protocol a listening address speaks.
@@ -67,6 +67,10 @@ struct State {
     generation: u64,
     next_version: u64,
     wanted: Vec<Wanted>,
+    /// The counts of addresses no longer wanted, while connections they
+    /// accepted live: an address wanted again (a port added back, or a
+    /// change rolled back) counts them against its limit.
+    retired: Vec<(SocketAddr, Weak<PortCount>)>,
     /// Per reactor: the last generation applied and the addresses it could
     /// not bind then.
     acks: HashMap<usize, (u64, Vec<String>)>,
@@ -173,12 +177,21 @@ impl Listeners {
                 Some(w) if w.signature == signature => w,
                 old => {
                     st.next_version += 1;
-                    let count = old.map(|w| w.count).unwrap_or_default();
+                    let retired = || st.retired.iter().find(|(a, _)| *a == addr).and_then(|(_, c)| c.upgrade());
+                    let count = old.map(|w| w.count).or_else(retired).unwrap_or_default();
                     Wanted { addr, proto, signature, version: st.next_version, count }
                 }
             };
             wanted.push(w);
         }
+        let gone: Vec<(SocketAddr, Weak<PortCount>)> = st
+            .wanted
+            .iter()
+            .filter(|w| !wanted.iter().any(|n| n.addr == w.addr))
+            .map(|w| (w.addr, Arc::downgrade(&w.count)))
+            .collect();
+        st.retired.retain(|(a, c)| c.strong_count() > 0 && !wanted.iter().any(|n| n.addr == *a));
+        st.retired.extend(gone);
         st.wanted = wanted;
         st.generation += 1;
         for r in &st.ringers {

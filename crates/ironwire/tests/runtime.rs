@@ -295,6 +295,41 @@ fn a_change_whose_port_is_taken_changes_nothing_and_keeps_every_port() {
     d.assert_alive();
 }
 
+/// Whether the daemon closes a new connection to `addr` at once (refused
+/// by a `[limits]` count) rather than waiting for its first PDU.
+fn closed_at_once(addr: SocketAddr) -> bool {
+    use std::io::Read;
+    let mut s = TcpStream::connect(addr).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(3))).expect("timeout");
+    match s.read(&mut [0u8; 1]) {
+        Ok(n) => n == 0,
+        Err(e) => !matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut),
+    }
+}
+
+#[test]
+fn a_port_added_back_counts_the_connections_it_accepted_before() {
+    let iscsi_port = free_port();
+    let limits = "\n[limits]\nconnections_per_port = 2\n\n[timeouts]\nhandshake_ms = 60000\n";
+    let mut d = Daemon::start_args("rt-count", &[], move |dir, port| config(dir, port, iscsi_port) + limits);
+    let port = format!("127.0.0.1:{}", d.addr.port());
+    // Two connections that send nothing hold the port's two places.
+    let held = [TcpStream::connect(d.addr).expect("first"), TcpStream::connect(d.addr).expect("second")];
+    assert!(closed_at_once(d.addr), "a third connection was admitted past the limit of 2");
+    // The port goes and comes back while they live: they still count.
+    ok(&d, &format!("remove port address={port}"));
+    ok(&d, &format!("add port address={port}"));
+    assert!(closed_at_once(d.addr), "the port added back admitted a connection past the limit of 2");
+    // Once they close, their places are free again.
+    drop(held);
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while closed_at_once(d.addr) {
+        assert!(std::time::Instant::now() < deadline, "the places of closed connections were never given back");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    d.assert_alive();
+}
+
 #[test]
 fn objects_in_use_are_not_pulled_from_under_a_connected_host() {
     let mut d = start("in-use", &[]);
