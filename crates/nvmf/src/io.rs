@@ -121,7 +121,10 @@ pub fn io_error_status(err: &block::Error, write: bool) -> Status {
 }
 
 impl<D: BlockDevice> Queue<D> {
-    fn namespace(&mut self, ctrl: &Controller<D>, nsid: u32) -> Option<Arc<Namespace<D>>> {
+    /// The namespace `nsid` in the queue's cache (refreshed when the
+    /// subsystem's namespaces changed), lent: cloning its `Arc` would be an
+    /// atomic add and subtract per command.
+    fn namespace(&mut self, ctrl: &Controller<D>, nsid: u32) -> Option<&Arc<Namespace<D>>> {
         // The subsystem is looked up once per queue, not upgraded from the
         // controller's weak reference on every command.
         if self.ns_subsys.is_none() {
@@ -142,7 +145,7 @@ impl<D: BlockDevice> Queue<D> {
             }
             self.ns_cache_gen = gen;
         }
-        self.ns_cache.get(nsid as usize).cloned().flatten()
+        self.ns_cache.get(nsid as usize)?.as_ref()
     }
 
     pub(crate) fn io<B: AsRef<[u8]>>(
@@ -157,14 +160,18 @@ impl<D: BlockDevice> Queue<D> {
             return Outcome::status(cid, Status::COMMAND_SEQUENCE_ERROR.dnr());
         }
         let nsid = sqe.nsid.get();
-        let Some(ns) = self.namespace(ctrl, nsid) else {
-            log::debug!("{}: I/O opcode {:#04x} to inactive nsid {nsid}", self.peer, sqe.opcode);
-            return Outcome::status(cid, Status::INVALID_NAMESPACE.dnr());
+        // The device's `Arc` is cloned once, for the request (an atomic
+        // add here and a subtract when the request ends).
+        let (device, ana) = match self.namespace(ctrl, nsid) {
+            Some(ns) => (ns.device.clone(), ns.ana_state().io_status()),
+            None => {
+                log::debug!("{}: I/O opcode {:#04x} to inactive nsid {nsid}", self.peer, sqe.opcode);
+                return Outcome::status(cid, Status::INVALID_NAMESPACE.dnr());
+            }
         };
-        if let Some(status) = ns.ana_state().io_status() {
+        if let Some(status) = ana {
             return self.reject(cid, sqe, status);
         }
-        let device = ns.device.clone();
         let geo = device.geometry();
         let max_transfer = self.target.settings.max_transfer;
         // Read, Write and Compare move (NLB+1) blocks; the SGL must say so.
@@ -181,25 +188,28 @@ impl<D: BlockDevice> Queue<D> {
             }
             Ok(sgl_len)
         };
-        let req = |op| Outcome::Io(BlockRequest { cid, nsid, device: device.clone(), op });
-        match Io(sqe.opcode) {
+        let op = match Io(sqe.opcode) {
             Io::READ => match transfer(sqe.blocks()) {
-                Ok(len_bytes) => req(BlockOp::Read { lba: sqe.slba(), len_bytes }),
-                Err(s) => self.reject(cid, sqe, s),
+                Ok(len_bytes) => BlockOp::Read { lba: sqe.slba(), len_bytes },
+                Err(s) => return self.reject(cid, sqe, s),
             },
             Io::WRITE | Io::COMPARE => match (transfer(sqe.blocks()), data) {
-                (Err(s), _) => self.reject(cid, sqe, s),
-                (Ok(len), None) => Outcome::NeedData {
-                    len,
-                    discard: Io(sqe.opcode) == Io::WRITE && crate::fused::fuse(sqe) == 0 && device.discards_writes(),
-                },
+                (Err(s), _) => return self.reject(cid, sqe, s),
+                (Ok(len), None) => {
+                    return Outcome::NeedData {
+                        len,
+                        discard: Io(sqe.opcode) == Io::WRITE
+                            && crate::fused::fuse(sqe) == 0
+                            && device.discards_writes(),
+                    }
+                }
                 (Ok(_), Some(data)) if Io(sqe.opcode) == Io::WRITE => {
                     let fua = sqe.fua() || (ctrl.write_through() && device.volatile_write_cache());
-                    req(BlockOp::Write { lba: sqe.slba(), data, fua })
+                    BlockOp::Write { lba: sqe.slba(), data, fua }
                 }
-                (Ok(_), Some(data)) => req(BlockOp::Compare { lba: sqe.slba(), data }),
+                (Ok(_), Some(data)) => BlockOp::Compare { lba: sqe.slba(), data },
             },
-            Io::FLUSH => req(BlockOp::Flush),
+            Io::FLUSH => BlockOp::Flush,
             Io::WRITE_ZEROES => {
                 let blocks = u64::from(sqe.blocks());
                 if let Err(why) = limits::check_write_zeroes(blocks, geo.block_size) {
@@ -210,7 +220,7 @@ impl<D: BlockDevice> Queue<D> {
                     return self.reject(cid, sqe, Status::LBA_OUT_OF_RANGE.dnr());
                 }
                 let deallocate = sqe.cdw12.get() & (1 << 25) != 0;
-                req(BlockOp::WriteZeroes { lba: sqe.slba(), blocks, deallocate })
+                BlockOp::WriteZeroes { lba: sqe.slba(), blocks, deallocate }
             }
             Io::DATASET_MANAGEMENT => {
                 // NR is 0-based. Hosts may describe more data than the
@@ -253,10 +263,11 @@ impl<D: BlockDevice> Queue<D> {
                 if list.iter().any(|&(slba, nlb)| device.check_range(slba, nlb).is_err()) {
                     return self.reject(cid, sqe, Status::LBA_OUT_OF_RANGE.dnr());
                 }
-                req(BlockOp::Deallocate { ranges: list })
+                BlockOp::Deallocate { ranges: list }
             }
-            _ => self.reject(cid, sqe, Status::INVALID_OPCODE.dnr()),
-        }
+            _ => return self.reject(cid, sqe, Status::INVALID_OPCODE.dnr()),
+        };
+        Outcome::Io(BlockRequest { cid, nsid, device, op })
     }
 
     fn reject<B>(&self, cid: u16, sqe: &Sqe, status: Status) -> Outcome<B, D> {
