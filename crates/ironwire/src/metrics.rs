@@ -172,6 +172,13 @@ pub fn render(snap: &Snapshot, hosts: &[stats::Host]) -> String {
     for r in &snap.reactors {
         f.sample(name, &format!("reactor=\"{}\"", r.index), r.cpu.as_secs_f64());
     }
+    let name = "ironwire_reactor_idle_poll_seconds_total";
+    let help = "Part of the reactor's CPU time spent spinning ([reactor] poll_us) without finding work; \
+                its CPU time less this is its busy time.";
+    let mut f = Family::new(&mut out, name, "counter", help);
+    for r in &snap.reactors {
+        f.sample(name, &format!("reactor=\"{}\"", r.index), r.idle_poll.as_secs_f64());
+    }
     let name = "ironwire_reactor_connections";
     let mut f = Family::new(&mut out, name, "gauge", "Connections the reactor serves.");
     for r in &snap.reactors {

@@ -220,6 +220,8 @@ pub enum Scope {
 pub struct ReactorStats {
     index: usize,
     connections: Counter,
+    /// The reactor's idle spin in ns (`reactor::idle_poll_counter`).
+    idle_poll: Option<Arc<std::sync::atomic::AtomicU64>>,
     scopes: Mutex<Vec<(Scope, Arc<IoCounters>)>>,
     ports: Mutex<Vec<(SocketAddr, Arc<PortCounters>)>>,
 }
@@ -239,6 +241,7 @@ pub fn register_reactor(index: usize) -> Arc<ReactorStats> {
     let r = Arc::new(ReactorStats {
         index,
         connections: Counter::default(),
+        idle_poll: reactor::idle_poll_counter(),
         scopes: Mutex::new(Vec::new()),
         ports: Mutex::new(Vec::new()),
     });
@@ -559,6 +562,9 @@ pub struct ReactorTotals {
     pub busy_percent: f64,
     /// Heap allocations its thread made.
     pub allocations: u64,
+    /// The part of `cpu` spent spinning (`[reactor] poll_us`) without
+    /// finding work; `cpu` less this is its busy time.
+    pub idle_poll: Duration,
 }
 
 /// Everything counted, added up over the reactors.
@@ -622,6 +628,9 @@ pub fn snapshot() -> Snapshot {
             cpu: used,
             busy_percent: busy.min(100.0),
             allocations: allocs.iter().find(|(n, _)| *n == name).map(|(_, a)| *a).unwrap_or(0),
+            idle_poll: Duration::from_nanos(
+                r.idle_poll.as_ref().map_or(0, |c| c.load(std::sync::atomic::Ordering::Relaxed)),
+            ),
         });
     }
     *last = Some((now, readings));

@@ -51,11 +51,12 @@ pub fn stats_text(snap: &Snapshot) -> String {
     for r in &snap.reactors {
         let _ = writeln!(
             out,
-            "reactor {} busy={:.1}% connections={} cpu_us={} allocs={}",
+            "reactor {} busy={:.1}% connections={} cpu_us={} idle_poll_us={} allocs={}",
             r.index,
             r.busy_percent,
             r.connections,
             r.cpu.as_micros(),
+            r.idle_poll.as_micros(),
             r.allocations
         );
     }
@@ -156,6 +157,7 @@ pub fn stats_json(snap: &Snapshot) -> String {
                 "busy_percent": (r.busy_percent * 10.0).round() / 10.0,
                 "connections": r.connections,
                 "cpu_us": r.cpu.as_micros() as u64,
+                "idle_poll_us": r.idle_poll.as_micros() as u64,
                 "allocations": r.allocations,
             })
         })

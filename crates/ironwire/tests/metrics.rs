@@ -220,7 +220,10 @@ fn the_endpoint_answers_only_get_metrics_and_bounds_the_request() {
     let _ = s.read_to_string(&mut reply);
     assert!(reply.starts_with("HTTP/1.1 431 "), "{reply:?}");
     // And it still serves the next client.
-    assert!(scrape(&d).contains("# TYPE ironwire_reactor_cpu_seconds_total counter"));
+    let text = scrape(&d);
+    assert!(text.contains("# TYPE ironwire_reactor_cpu_seconds_total counter"));
+    assert!(text.contains("# TYPE ironwire_reactor_idle_poll_seconds_total counter"), "{text}");
+    assert!(text.contains("ironwire_reactor_idle_poll_seconds_total{reactor=\"0\"} "), "{text}");
 }
 
 /// `ironwire ctl --socket S ARGS...`, the real client: its stdout.
@@ -307,12 +310,17 @@ fn ctl_hosts_and_stats_name_the_connected_hosts_and_the_failures() {
         assert_eq!((ns1["writes"].as_u64(), ns1["write_bytes"].as_u64()), (Some(1), Some(4096)), "{ns1:#}");
         assert_eq!(ns1["latency"]["write"]["count"], 1);
         assert_eq!(stats["reactors"][0]["connections"], 4, "{stats:#}");
+        // The default poll_us spins after each burst of work before it
+        // sleeps: some of the reactor's CPU time was idle spin.
+        let idle = stats["reactors"][0]["idle_poll_us"].as_u64().expect("idle_poll_us");
+        assert!(idle > 0, "no idle spin counted: {stats:#}");
 
         let text = ctl(&sock, &["stats"]);
         assert!(text.lines().any(|l| l.starts_with("cpu ")), "the bench's line stays first: {text}");
         assert!(text.contains(&format!("namespace {NQN} 1 reads=0 writes=1 ")), "{text}");
         assert!(text.contains("last_error=\"LBA Out of Range"), "{text}");
         assert!(text.contains("reactor 0 busy="), "{text}");
+        assert!(text.contains(" idle_poll_us="), "{text}");
     }));
 }
 

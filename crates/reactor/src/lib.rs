@@ -23,7 +23,8 @@ pub use bufring::{register_receive_buffers, Receiver, RecvBuf, DEFAULT_BUFFERS, 
 pub use doorbell::{doorbell, Doorbell, Ringer};
 pub use drain::{Drain, Refused, Ticket};
 pub use rt::{
-    race, sleep, spawn, timeout, yield_now, Config, Elapsed, Features, JoinHandle, Runtime, Sleep, DEFAULT_POLL,
+    idle_poll_counter, race, sleep, spawn, timeout, yield_now, Config, Elapsed, Features, JoinHandle, Runtime, Sleep,
+    DEFAULT_POLL,
 };
 
 use std::cell::{Cell, RefCell};
@@ -180,6 +181,25 @@ mod tests {
 
     fn run<F: Future>(f: F) -> F::Output {
         Runtime::new(Config::default()).expect("runtime").block_on(f)
+    }
+
+    #[test]
+    fn spinning_that_finds_nothing_counts_as_idle_and_sleeping_does_not() {
+        use std::sync::atomic::Ordering::Relaxed;
+        let wait = |poll: Duration| {
+            let mut rt = Runtime::new(Config { poll, ..Config::default() }).expect("runtime");
+            rt.block_on(async {
+                let idle = idle_poll_counter().expect("the reactor's counter");
+                sleep(Duration::from_millis(30)).await;
+                idle.load(Relaxed)
+            })
+        };
+        // A spin longer than the wait: the wait for the timer is spun.
+        let spun = wait(Duration::from_millis(500));
+        assert!(spun >= 25_000_000, "{spun} ns of idle spin over a 30 ms wait");
+        // No spin: the wait is slept, and nothing counts.
+        assert_eq!(wait(Duration::ZERO), 0);
+        assert!(idle_poll_counter().is_none(), "a thread that runs no reactor has no counter");
     }
 
     #[test]

@@ -25,6 +25,8 @@ use std::future::Future;
 use std::io;
 use std::pin::Pin;
 use std::rc::Rc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::task::{Context, Poll, RawWaker, RawWakerVTable, Waker};
 use std::time::{Duration, Instant};
 
@@ -156,6 +158,9 @@ pub(crate) struct Core {
     /// The registered buffer arena (`base`, `len`), if any.
     fixed: Cell<Option<(usize, usize)>>,
     pub(crate) bufring: RefCell<Option<crate::bufring::BufRing>>,
+    /// Nanoseconds spent spinning ([`Config::poll`]) without finding work;
+    /// only this thread writes it, others read it ([`idle_poll_counter`]).
+    idle_poll: Arc<AtomicU64>,
 }
 
 thread_local! {
@@ -174,6 +179,14 @@ pub(crate) fn with_core<R>(f: impl FnOnce(&Rc<Core>) -> R) -> R {
         let core = c.as_ref().expect("ironwire reactor: I/O outside a running reactor (use reactor::Runtime)");
         f(core)
     })
+}
+
+/// The counter of nanoseconds this thread's reactor spent spinning
+/// ([`Config::poll`]) without finding work: part of its CPU time, which less
+/// this is its busy time. `None` on a thread that runs no reactor. Other
+/// threads may read it at any time.
+pub fn idle_poll_counter() -> Option<Arc<AtomicU64>> {
+    try_with_core(|c| c.idle_poll.clone())
 }
 
 /// Runs `f` with this thread's reactor core, if there is one.
@@ -251,6 +264,7 @@ impl Runtime {
             woken: RefCell::new(Vec::with_capacity(1024)),
             fixed: Cell::new(None),
             bufring: RefCell::new(None),
+            idle_poll: Arc::new(AtomicU64::new(0)),
         });
         CURRENT.with(|c| *c.borrow_mut() = Some(core.clone()));
         Ok(Runtime { core })
@@ -271,6 +285,8 @@ impl Runtime {
         let mut cx = Context::from_waker(&waker);
         let core = self.core.clone();
         let mut last_activity = Instant::now();
+        // When the turns that found nothing began, while spinning.
+        let mut spin_from: Option<Instant> = None;
         loop {
             if main_woken.replace(false) {
                 if let Poll::Ready(v) = fut.as_mut().poll(&mut cx) {
@@ -292,13 +308,16 @@ impl Runtime {
                 core.reap()
             };
             if reaped > 0 || busy {
+                core.idle_since(spin_from.take(), now);
                 last_activity = now;
                 continue;
             }
             if now.duration_since(last_activity) < core.poll {
+                spin_from.get_or_insert(now);
                 std::hint::spin_loop();
                 continue;
             }
+            core.idle_since(spin_from.take(), now);
             // Idle: sleep until a completion or the next timer.
             let wait = core.next_timer().map(|t| t.saturating_duration_since(now));
             if wait != Some(Duration::ZERO) {
@@ -309,6 +328,17 @@ impl Runtime {
             // The tasks this wake-up runs see the time after the sleep,
             // not the time before it.
             crate::set_loop_time(last_activity);
+        }
+    }
+}
+
+impl Core {
+    /// Counts the spin from `from` (if it spun) to `now` as idle.
+    fn idle_since(&self, from: Option<Instant>, now: Instant) {
+        if let Some(from) = from {
+            let ns = u64::try_from(now.saturating_duration_since(from).as_nanos()).unwrap_or(u64::MAX);
+            // One writer: a load and a store, no locked read-modify-write.
+            self.idle_poll.store(self.idle_poll.load(Ordering::Relaxed).saturating_add(ns), Ordering::Relaxed);
         }
     }
 }
