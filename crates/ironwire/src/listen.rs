@@ -67,10 +67,11 @@ struct State {
     generation: u64,
     next_version: u64,
     wanted: Vec<Wanted>,
-    /// The counts of addresses no longer wanted, while connections they
-    /// accepted live: an address wanted again (a port added back, or a
-    /// change rolled back) counts them against its limit.
-    retired: Vec<(SocketAddr, Weak<PortCount>)>,
+    /// Every address's count while something holds it (the wanted set,
+    /// a listener, a connection's slot): an address wanted again (a port
+    /// added back, or a change rolled back) takes up its count and the
+    /// connections it accepted before.
+    counts: Vec<(SocketAddr, Weak<PortCount>)>,
     /// Per reactor: the last generation applied and the addresses it could
     /// not bind then.
     acks: HashMap<usize, (u64, Vec<String>)>,
@@ -175,24 +176,23 @@ impl Listeners {
             let old = st.wanted.iter().find(|w| w.addr == addr).cloned();
             let w = match old {
                 Some(w) if w.signature == signature => w,
-                old => {
+                _ => {
                     st.next_version += 1;
-                    let retired = || st.retired.iter().find(|(a, _)| *a == addr).and_then(|(_, c)| c.upgrade());
-                    let count = old.map(|w| w.count).or_else(retired).unwrap_or_default();
+                    // The address's count if anything still holds it (an
+                    // address still wanted always does).
+                    let live = st.counts.iter().filter(|(a, _)| *a == addr).find_map(|(_, c)| c.upgrade());
+                    let count = live.unwrap_or_else(|| {
+                        let c = Arc::new(PortCount::default());
+                        st.counts.push((addr, Arc::downgrade(&c)));
+                        c
+                    });
                     Wanted { addr, proto, signature, version: st.next_version, count }
                 }
             };
             wanted.push(w);
         }
-        let gone: Vec<(SocketAddr, Weak<PortCount>)> = st
-            .wanted
-            .iter()
-            .filter(|w| !wanted.iter().any(|n| n.addr == w.addr))
-            .map(|w| (w.addr, Arc::downgrade(&w.count)))
-            .collect();
-        st.retired.retain(|(a, c)| c.strong_count() > 0 && !wanted.iter().any(|n| n.addr == *a));
-        st.retired.extend(gone);
         st.wanted = wanted;
+        st.counts.retain(|(_, c)| c.strong_count() > 0);
         st.generation += 1;
         for r in &st.ringers {
             r.ring();
