@@ -83,7 +83,7 @@ fn check(target: &Target<Device>, sqe: &Sqe, o: &Outcome<Vec<u8>, Device>, data_
                 // and that half may be either of the two.
                 assert!(req.cid == cid || *compare_cid == cid, "a fused pair issued by neither of its halves");
                 assert_eq!(expected.len(), data.len(), "the halves carry different lengths");
-                assert!(!data.is_empty() && data.len() as u64 % bs == 0, "fused data is not whole blocks");
+                assert!(!data.is_empty() && (data.len() as u64).is_multiple_of(bs), "fused data is not whole blocks");
                 assert!(data.len() <= max as usize, "fused half > MDTS");
                 assert!(req.device.check_range(*lba, data.len() as u64 / bs).is_ok());
                 return;

@@ -76,7 +76,7 @@ fn check(lu: &LogicalUnit<Described>, cdb: &[u8], o: &Outcome<Vec<u8>>) -> Optio
             }
             BlockOp::Write { lba, data, .. } => {
                 let n = data.len() as u64;
-                assert!(n > 0 && n % bs == 0, "WRITE of {n} bytes");
+                assert!(n > 0 && n.is_multiple_of(bs), "WRITE of {n} bytes");
                 assert!(n / bs <= u64::from(lim.max_transfer_blocks));
                 assert!(in_range(*lba, n / bs), "WRITE {lba}+{} out of range", n / bs);
             }

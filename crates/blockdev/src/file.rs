@@ -251,9 +251,9 @@ impl FileBackend {
     /// the O_DIRECT descriptor.
     fn direct_fits(&self, pos: u64, len: usize, addr: usize) -> bool {
         self.dio_align != 0
-            && pos % self.dio_align == 0
-            && (len as u64) % self.dio_align == 0
-            && addr % self.dio_mem_align == 0
+            && pos.is_multiple_of(self.dio_align)
+            && (len as u64).is_multiple_of(self.dio_align)
+            && addr.is_multiple_of(self.dio_mem_align)
     }
 
     /// The descriptor for an I/O of `len` bytes at `pos` from `addr`:

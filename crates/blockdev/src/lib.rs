@@ -23,6 +23,7 @@ mod ram;
 mod range_lock;
 mod resolve;
 
+use checksum::Appender;
 use std::fmt;
 use std::io;
 use std::path::{Path, PathBuf};
@@ -185,7 +186,7 @@ fn check_block_size(block_size: u32) -> Result<(), Error> {
 fn exact_geometry(size_bytes: u64, block_size: u32) -> Result<Geometry, Error> {
     check_block_size(block_size)?;
     let bs = u64::from(block_size);
-    if size_bytes == 0 || size_bytes % bs != 0 {
+    if size_bytes == 0 || !size_bytes.is_multiple_of(bs) {
         return Err(Error::InvalidSize { size_bytes, block_size });
     }
     Ok(Geometry { block_size, blocks: size_bytes / bs })
@@ -482,7 +483,7 @@ impl Device {
     fn io_offset(&self, lba: u64, len: usize) -> Result<u64, Error> {
         let block_size = self.geometry.block_size;
         let bs = block_size as usize;
-        if len % bs != 0 {
+        if !len.is_multiple_of(bs) {
             return Err(Error::Misaligned { len, block_size });
         }
         Ok(self.byte_range(lba, (len / bs) as u64)?.0)
@@ -516,9 +517,9 @@ impl Device {
     /// `out` when the device needs no I/O for it (null, ram): `None` for
     /// file and block devices. Lets a transport copy device data once,
     /// straight into its send buffer (not even over zeros written first),
-    /// with no task and no intermediate buffer. On an error nothing is
-    /// appended.
-    pub fn read_now(&self, lba: u64, len: usize, out: &mut Vec<u8>) -> Option<Result<(), Error>> {
+    /// with no task and no intermediate buffer, and a digest over it
+    /// computed by the copy's own loads. On an error nothing is appended.
+    pub fn read_now(&self, lba: u64, len: usize, out: &mut Appender<'_>) -> Option<Result<(), Error>> {
         if !self.latency.read.is_zero() {
             return None;
         }
@@ -528,7 +529,7 @@ impl Device {
         };
         match &self.backend {
             Backend::Null => {
-                out.resize(out.len().saturating_add(len), 0);
+                out.extend_zeros(len);
                 Some(Ok(()))
             }
             Backend::Ram(ram) => Some(ram.read_append(offset, len, out).map_err(Error::from)),
@@ -812,7 +813,7 @@ mod tests {
         let ram = Device::ram("r", 1 << 20, 512).expect("ram device");
         assert!(matches!(ram.write_now(3, &[0x5a; 1024]), Some(Ok(()))));
         let mut back = vec![7u8; 2];
-        assert!(matches!(ram.read_now(3, 1024, &mut back), Some(Ok(()))));
+        assert!(matches!(ram.read_now(3, 1024, &mut Appender::new(&mut back, None)), Some(Ok(()))));
         assert_eq!(back.len(), 2 + 1024, "appended after what was there");
         assert_eq!(back[..2], [7, 7]);
         assert!(back[2..].iter().all(|&b| b == 0x5a));

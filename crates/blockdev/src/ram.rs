@@ -10,6 +10,7 @@
 //! Every reactor thread copies in and out of the same region. No Rust
 //! reference to the region is ever formed; all access is raw-pointer copies.
 
+use checksum::Appender;
 use std::io;
 use std::ptr::NonNull;
 
@@ -91,20 +92,15 @@ impl RamRegion {
     }
 
     /// As [`read`](Self::read), appending the `len` bytes to `out`: they
-    /// are copied into its spare capacity, with no zeroing first.
-    pub(crate) fn read_append(&self, offset: u64, len: usize, out: &mut Vec<u8>) -> io::Result<()> {
+    /// are copied into its spare capacity, with no zeroing first, and fed
+    /// to its CRC (if it keeps one) by the same loads.
+    pub(crate) fn read_append(&self, offset: u64, len: usize, out: &mut Appender<'_>) -> io::Result<()> {
         let (src, _) = self.span(offset, len)?;
-        out.reserve(len);
-        let at = out.len();
-        // SAFETY: `reserve` left room for `len` bytes after `at`, which the
-        // copy (from inside the live mapping, checked by `span`, into the
-        // vector's own distinct allocation) initialises before `set_len`
-        // makes them part of the vector. As in `read`, concurrent writers
-        // only make the bytes unspecified.
-        unsafe {
-            std::ptr::copy_nonoverlapping(src, out.as_mut_ptr().add(at), len);
-            out.set_len(at.saturating_add(len));
-        }
+        // SAFETY: `src..src+len` is inside the live mapping (checked by
+        // `span`), which the appender's own allocation is not part of. As
+        // in `read`, concurrent writers only make the bytes unspecified: no
+        // reference to the shared region is formed.
+        unsafe { out.extend_from_ptr(src, len) };
         Ok(())
     }
 

@@ -3,6 +3,7 @@
 
 mod common;
 
+use checksum::{Appender, Crc32c};
 use std::sync::Arc;
 
 use blockdev::{BlockDevice, Device, Error, IoBuf, Kind};
@@ -577,19 +578,25 @@ fn read_now_serves_memory_devices_at_once_and_declines_files() {
         write(&file, 8, IoBuf::from_slice(&data), false).await;
     });
     assert!(ram.reads_from_memory() && null.reads_from_memory() && !file.reads_from_memory());
-    // The data is appended to what the buffer holds (a PDU's header).
+    // The data is appended to what the buffer holds (a PDU's header), and
+    // fed to the appender's CRC where it keeps one.
     let mut dst = vec![0xffu8; 24];
-    assert!(matches!(ram.read_now(8, 4096, &mut dst), Some(Ok(()))));
+    let mut crc = Crc32c::new();
+    assert!(matches!(ram.read_now(8, 4096, &mut Appender::new(&mut dst, Some(&mut crc))), Some(Ok(()))));
     assert_eq!(dst[..24], [0xff; 24]);
     assert_eq!(dst[24..], data[..]);
+    assert_eq!(crc.value(), checksum::crc32c(&data));
     dst.truncate(24);
-    assert!(matches!(null.read_now(8, 4096, &mut dst), Some(Ok(()))));
+    let mut crc = Crc32c::new();
+    assert!(matches!(null.read_now(8, 4096, &mut Appender::new(&mut dst, Some(&mut crc))), Some(Ok(()))));
     assert_eq!(dst.len(), 24 + 4096);
     assert!(is_zero(&dst[24..]));
+    assert_eq!(crc.value(), checksum::crc32c_of_zeros(4096));
     dst.truncate(24);
-    assert!(file.read_now(8, 4096, &mut dst).is_none(), "a file needs I/O");
+    let mut out = Appender::new(&mut dst, None);
+    assert!(file.read_now(8, 4096, &mut out).is_none(), "a file needs I/O");
     // The range check still applies, and a failed read appends nothing.
-    assert!(matches!(ram.read_now(2047, 4096, &mut dst), Some(Err(Error::OutOfRange { .. }))));
-    assert!(matches!(ram.read_now(0, 100, &mut dst), Some(Err(_))), "not a whole number of blocks");
+    assert!(matches!(ram.read_now(2047, 4096, &mut out), Some(Err(Error::OutOfRange { .. }))));
+    assert!(matches!(ram.read_now(0, 100, &mut out), Some(Err(_))), "not a whole number of blocks");
     assert_eq!(dst.len(), 24);
 }

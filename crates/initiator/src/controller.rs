@@ -462,7 +462,7 @@ impl Controller {
     async fn blocks_of(&mut self, nsid: u32, data: &[u8]) -> Result<u32> {
         let bs = self.block_size(nsid).await;
         self.check_len(data.len())?;
-        if data.is_empty() || data.len() % bs as usize != 0 {
+        if data.is_empty() || !data.len().is_multiple_of(bs as usize) {
             return Err(Error::Invalid(format!("{} bytes is not a whole number of {bs}-byte blocks", data.len())));
         }
         Ok((data.len() / bs as usize) as u32)
@@ -528,7 +528,7 @@ impl Controller {
 
 /// Get Log Page on an admin queue.
 pub(crate) async fn get_log_page(admin: &mut Queue, lid: u8, len: u32, offset: u64) -> Result<Vec<u8>> {
-    if len == 0 || len % 4 != 0 || offset % 4 != 0 {
+    if len == 0 || !len.is_multiple_of(4) || !offset.is_multiple_of(4) {
         return Err(Error::Invalid(format!(
             "log page length {len} and offset {offset} must be non-zero multiples of 4"
         )));

@@ -748,7 +748,7 @@ impl Session {
     /// WRITE (16) of `data` (a whole number of `block_len` blocks) at `lba`.
     pub async fn write16(&mut self, lun: u64, lba: u64, block_len: u32, data: Vec<u8>) -> Result<()> {
         let bl = block_len as usize;
-        if bl == 0 || data.is_empty() || data.len() % bl != 0 {
+        if bl == 0 || data.is_empty() || !data.len().is_multiple_of(bl) {
             return Err(Error::Invalid(format!(
                 "{} bytes is not a whole number of {block_len}-byte blocks",
                 data.len()

@@ -951,7 +951,7 @@ impl Config {
         if !t.max_transfer.is_power_of_two() || t.max_transfer < 4096 {
             bail!("nvme_tcp.max_transfer: {} is not a power of two >= 4096", t.max_transfer);
         }
-        if t.in_capsule_data > t.max_transfer || t.in_capsule_data % 16 != 0 {
+        if t.in_capsule_data > t.max_transfer || !t.in_capsule_data.is_multiple_of(16) {
             bail!(
                 "nvme_tcp.in_capsule_data: {} must be a multiple of 16 no larger than max_transfer",
                 t.in_capsule_data
@@ -960,7 +960,7 @@ impl Config {
         if !(4096..=1 << 30).contains(&t.r2t_buffer.0) {
             bail!("nvme_tcp.r2t_buffer: {} must be between 4KiB and 1GiB", t.r2t_buffer.0);
         }
-        if t.max_h2c_data < 4096 || t.max_h2c_data % 4 != 0 {
+        if t.max_h2c_data < 4096 || !t.max_h2c_data.is_multiple_of(4) {
             bail!("nvme_tcp.max_h2c_data: {} must be a multiple of 4 and at least 4096", t.max_h2c_data);
         }
         if t.max_io_queues == 0 || t.queue_entries < 2 {

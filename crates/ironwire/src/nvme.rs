@@ -16,6 +16,7 @@
 use crate::conn::{Outbox, Shell};
 use crate::stats::{self, Failure, Op};
 use blockdev::{BlockDevice, Device, IoBuf};
+use checksum::Appender;
 use nvme_spec::{Cqe, Sqe, Status};
 use nvmf::{BlockOp, Outcome};
 use nvmf_tcp::DataBuffer;
@@ -159,13 +160,14 @@ pub trait Binding: 'static {
     /// nothing was queued.
     fn send_zeros(&mut self, cid: u16, len: usize, cqe: Cqe) -> bool {
         self.send_data_with(cid, len, cqe, |out| {
-            out.resize(out.len().saturating_add(len), 0);
+            out.extend_zeros(len);
             true
         })
     }
     /// As `send_data`, with `fill` appending the `len` bytes of data to the
-    /// send buffer itself; `false` when nothing was queued.
-    fn send_data_with(&mut self, cid: u16, len: usize, cqe: Cqe, fill: impl FnOnce(&mut Vec<u8>) -> bool) -> bool;
+    /// send buffer itself (any digest over them computed as they are
+    /// copied); `false` when nothing was queued.
+    fn send_data_with(&mut self, cid: u16, len: usize, cqe: Cqe, fill: impl FnOnce(&mut Appender<'_>) -> bool) -> bool;
     /// Sends a completion.
     fn send_response(&mut self, cqe: Cqe);
     /// Records the queue once Connect succeeded.
@@ -212,7 +214,7 @@ macro_rules! forward_binding {
         fn send_data(&mut self, cid: u16, data: &[u8], cqe: Cqe) {
             $($ty)::+::send_data(self, cid, data, cqe)
         }
-        fn send_data_with(&mut self, cid: u16, len: usize, cqe: Cqe, fill: impl FnOnce(&mut Vec<u8>) -> bool) -> bool {
+        fn send_data_with(&mut self, cid: u16, len: usize, cqe: Cqe, fill: impl FnOnce(&mut Appender<'_>) -> bool) -> bool {
             $($ty)::+::send_data_with(self, cid, len, cqe, fill)
         }
         fn send_response(&mut self, cqe: Cqe) {

@@ -11,6 +11,7 @@
 
 use crate::digest;
 use crate::error::{Disposition, PduError, RejectReason};
+use checksum::{Appender, Crc32c};
 
 /// Length of the Basic Header Segment.
 pub const BHS_LEN: usize = 48;
@@ -714,7 +715,8 @@ pub fn encode(out: &mut Vec<u8>, bhs: &Bhs, ahs: &[u8], data: &[u8], framing: Fr
 }
 
 /// Appends a PDU without AHS whose `len` data bytes `fill` appends to
-/// `out` (no zeroed slice is written first). The data goes in first and
+/// `out` (no zeroed slice is written first, and the data digest is
+/// computed as the bytes are copied). The data goes in first and
 /// the header is made by `bhs` only once `fill` succeeded, so a failed
 /// fill (one returning `false` or appending another number of bytes)
 /// appends nothing and changes no state the header would carry (StatSN,
@@ -723,18 +725,20 @@ pub fn encode_with(
     out: &mut Vec<u8>,
     len: usize,
     framing: Framing,
-    fill: impl FnOnce(&mut Vec<u8>) -> bool,
+    fill: impl FnOnce(&mut Appender<'_>) -> bool,
     bhs: impl FnOnce() -> Bhs,
 ) -> bool {
     let start = out.len();
     let header_len = BHS_LEN.saturating_add(if framing.header_digest { digest::LEN } else { 0 });
     let data_start = start.saturating_add(header_len);
     out.resize(data_start, 0);
-    if !fill(out) || out.len() != data_start.saturating_add(len) {
+    let mut dd = (framing.data_digest && len > 0).then(Crc32c::new);
+    let mut data = Appender::new(out, dd.as_mut());
+    if !fill(&mut data) || data.len() != data_start.saturating_add(len) {
         out.truncate(start);
         return false;
     }
-    out.resize(data_start.saturating_add(len).saturating_add(pad_len(len)), 0);
+    data.extend_zeros(pad_len(len));
     let mut b = bhs();
     b.set_total_ahs_words(0);
     b.set_data_segment_length(u32::try_from(len).unwrap_or(u32::MAX));
@@ -747,9 +751,8 @@ pub fn encode_with(
             h.copy_from_slice(&d);
         }
     }
-    if framing.data_digest && len > 0 {
-        let d = digest::crc32c(out.get(data_start..).unwrap_or_default());
-        out.extend_from_slice(&d);
+    if let Some(d) = dd {
+        out.extend_from_slice(&d.value().to_le_bytes());
     }
     true
 }
@@ -819,13 +822,13 @@ mod tests {
                 let mut failed = vec![9u8; 3];
                 assert!(!encode_with(&mut failed, len, framing, |_| false, || b));
                 assert_eq!(failed, [9u8; 3]);
-                let short = |out: &mut Vec<u8>| {
+                let short = |out: &mut Appender<'_>| {
                     out.extend_from_slice(data.get(1..).unwrap_or_default());
                     true
                 };
-                let long = |out: &mut Vec<u8>| {
+                let long = |out: &mut Appender<'_>| {
                     out.extend_from_slice(&data);
-                    out.push(0);
+                    out.extend_zeros(1);
                     true
                 };
                 assert!(!encode_with(&mut failed, len, framing, long, || b));

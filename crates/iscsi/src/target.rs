@@ -21,6 +21,7 @@ use crate::pdu::{
 };
 use crate::text::{self, Params, SessionType};
 use crate::DataBuffer;
+use checksum::Appender;
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 
@@ -1913,7 +1914,12 @@ impl<B: DataBuffer> TargetConnection<B> {
     /// expected length, `task` is not open, or `fill` fails (or appends
     /// another number of bytes); the caller then answers with
     /// [`Self::send_data_in`].
-    pub fn send_data_in_with(&mut self, task: TaskRef, len: usize, fill: impl FnOnce(&mut Vec<u8>) -> bool) -> bool {
+    pub fn send_data_in_with(
+        &mut self,
+        task: TaskRef,
+        len: usize,
+        fill: impl FnOnce(&mut Appender<'_>) -> bool,
+    ) -> bool {
         if !self.fits_one_data_in(task, len) {
             return false;
         }

@@ -23,7 +23,7 @@ use crate::wire::{
     QN_READ_REQUEST, QN_SEND, QN_TERMINATE, READ_REQUEST_LEN, UNTAGGED_LEN,
 };
 use block::DataBuffer;
-use checksum::Crc32c;
+use checksum::{Appender, Crc32c};
 use std::collections::VecDeque;
 use std::ops::Range;
 use zerocopy::{FromBytes, IntoBytes};
@@ -1334,15 +1334,15 @@ impl<B: DataBuffer> Connection<B> {
 
     /// Sends `len` bytes as an RDMA Write to the peer's `stag` at tagged
     /// offset `to`; `fill(range, out)` appends the bytes of the message
-    /// in `range` (one segment's payload) to `out`. When `fill` returns
-    /// false, or appends another number of bytes, nothing is sent and this
-    /// returns false.
+    /// in `range` (one segment's payload) to `out`, which computes their
+    /// CRC as it copies them. When `fill` returns false, or appends another
+    /// number of bytes, nothing is sent and this returns false.
     pub fn write_with(
         &mut self,
         stag: u32,
         to: u64,
         len: usize,
-        fill: impl FnMut(Range<usize>, &mut Vec<u8>) -> bool,
+        fill: impl FnMut(Range<usize>, &mut Appender<'_>) -> bool,
     ) -> bool {
         if self.state != State::Rdma {
             return false;
@@ -1564,7 +1564,7 @@ fn put_tagged(
     stag: u32,
     to: u64,
     len: usize,
-    mut fill: impl FnMut(Range<usize>, &mut Vec<u8>) -> bool,
+    mut fill: impl FnMut(Range<usize>, &mut Appender<'_>) -> bool,
 ) -> bool {
     let start = tx.len();
     let mut off = 0usize;

@@ -5,6 +5,7 @@
 //! is what an FPDU begins with. Every header length is a multiple of four,
 //! so an FPDU's padding depends on its payload length alone.
 
+use checksum::{Appender, Crc32c};
 use zerocopy::big_endian::{U16, U32, U64};
 use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout};
 
@@ -235,16 +236,17 @@ pub fn pad_len(payload_len: usize) -> usize {
 /// (callers segment at most [`MAX_ULPDU`]).
 #[inline]
 pub fn put_fpdu(out: &mut Vec<u8>, header: &[u8], payload_len: usize, crc: bool, fill: impl FnOnce(&mut [u8])) {
-    put_fpdu_appended(out, header, payload_len, crc, |out| {
-        let at = out.len();
-        out.resize(at.saturating_add(payload_len), 0);
-        fill(out.get_mut(at..).unwrap_or_default());
-        true
-    });
+    let start = out.len();
+    let body = put_header(out, header, payload_len);
+    out.resize(body.saturating_add(payload_len).saturating_add(pad_len(payload_len)), 0);
+    fill(out.get_mut(body..body.saturating_add(payload_len)).unwrap_or_default());
+    let value = if crc { checksum::crc32c(out.get(start..).unwrap_or_default()) } else { 0 };
+    put_crc(out, value);
 }
 
-/// As [`put_fpdu`] with a payload that `fill` appends to `out` itself (no
-/// zeroed slice is written first: a device's data is copied in once).
+/// As [`put_fpdu`] with a payload that `fill` appends itself (no zeroed
+/// slice is written first: a device's data is copied in once, and the CRC
+/// is computed from that copy's own loads, see [`checksum::Appender`]).
 /// Nothing is appended, and `false` returned, when `fill` returns `false`
 /// or appends another number of bytes than `payload_len`.
 #[inline]
@@ -253,24 +255,42 @@ pub fn put_fpdu_appended(
     header: &[u8],
     payload_len: usize,
     crc: bool,
-    fill: impl FnOnce(&mut Vec<u8>) -> bool,
+    fill: impl FnOnce(&mut Appender<'_>) -> bool,
 ) -> bool {
     let start = out.len();
+    let body = put_header(out, header, payload_len);
+    let mut running = crc.then(|| {
+        let mut c = Crc32c::new();
+        c.update(out.get(start..).unwrap_or_default());
+        c
+    });
+    let mut payload = Appender::new(out, running.as_mut());
+    if !fill(&mut payload) || payload.len() != body.saturating_add(payload_len) {
+        out.truncate(start);
+        return false;
+    }
+    payload.extend_zeros(pad_len(payload_len));
+    put_crc(out, running.map_or(0, |c| c.value()));
+    true
+}
+
+/// Appends the ULPDU length and `header` after its length field, for a
+/// payload of `payload_len`; returns where the payload starts.
+#[inline]
+fn put_header(out: &mut Vec<u8>, header: &[u8], payload_len: usize) -> usize {
     let ulpdu = header.len().saturating_sub(LEN_FIELD).saturating_add(payload_len);
     debug_assert!(ulpdu <= MAX_ULPDU);
     out.extend_from_slice(&(ulpdu as u16).to_be_bytes());
     out.extend_from_slice(header.get(LEN_FIELD..).unwrap_or_default());
-    let body = out.len();
-    if !fill(out) || out.len() != body.saturating_add(payload_len) {
-        out.truncate(start);
-        return false;
-    }
-    out.resize(body.saturating_add(payload_len).saturating_add(pad_len(payload_len)), 0);
-    let value = if crc { checksum::crc32c(out.get(start..).unwrap_or_default()) } else { 0 };
+    out.len()
+}
+
+/// Appends the CRC field.
+#[inline]
+fn put_crc(out: &mut Vec<u8>, value: u32) {
     // The CRC field carries the CRC32C least significant byte first, as
     // iSCSI's digests do (RFC 5044 section 6 with RFC 3385's bit order).
     out.extend_from_slice(&value.to_le_bytes());
-    true
 }
 
 /// The largest ULPDU the 16-bit length field allows.

@@ -408,13 +408,13 @@ fn a_failed_fill_sends_nothing() {
     // The first segment is filled, a later one fails: nothing of the
     // message is left queued.
     assert!(!t.write_with(1, 0, 100_000, |range, out| {
-        out.resize(out.len() + range.len(), 1);
+        out.extend_from_slice(&vec![1; range.len()]);
         range.start == 0
     }));
     assert_eq!(t.transmit_len(), before);
     // A fill that appends too few bytes fails too.
     assert!(!t.write_with(1, 0, 100, |range, out| {
-        out.resize(out.len() + range.len() - 1, 1);
+        out.extend_from_slice(&vec![1; range.len() - 1]);
         true
     }));
     assert_eq!(t.transmit_len(), before);

@@ -11,6 +11,7 @@
 use crate::cm::{self, CmReject, CmReply};
 use crate::sgl::{self, DataPtr, Keyed};
 use block::DataBuffer;
+use checksum::Appender;
 use iwarp::error::{ErrorCode, Fatal};
 use iwarp::{Connection, State};
 use nvme_spec::{Cqe, Sqe, Status};
@@ -478,7 +479,13 @@ impl<B: DataBuffer> TargetQueue<B> {
     /// having queued nothing, when `fill` does (or appends another number
     /// of bytes) or when `len` needs more than one FPDU; the caller then
     /// answers another way.
-    pub fn send_data_with(&mut self, cid: u16, len: usize, cqe: Cqe, fill: impl FnOnce(&mut Vec<u8>) -> bool) -> bool {
+    pub fn send_data_with(
+        &mut self,
+        cid: u16,
+        len: usize,
+        cqe: Cqe,
+        fill: impl FnOnce(&mut Appender<'_>) -> bool,
+    ) -> bool {
         let Some(k) = self.keyed.get(&cid).copied() else { return false };
         if len == 0 || len > self.cfg.max_segment || len > k.len as usize {
             return false;

@@ -8,6 +8,7 @@
 
 use crate::digest;
 use crate::error::{Fatal, Fes};
+use checksum::{Appender, Crc32c};
 use nvme_spec::{Cqe, Sqe};
 use zerocopy::little_endian::{U16, U32};
 use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout};
@@ -446,33 +447,34 @@ fn head_checked(
 /// flags and PLEN/PDO are filled in here), header digest, padding to
 /// `data_align`, `data`, data digest.
 pub fn encode(out: &mut Vec<u8>, header: &[u8], data: &[u8], framing: Framing) {
-    let dd = begin(out, header, data.len(), framing);
-    out.extend_from_slice(data);
-    if dd {
-        out.extend_from_slice(&digest::crc32c(data));
+    let mut dd = begin(out, header, data.len(), framing).then(Crc32c::new);
+    Appender::new(out, dd.as_mut()).extend_from_slice(data);
+    if let Some(d) = dd {
+        out.extend_from_slice(&d.value().to_le_bytes());
     }
 }
 
 /// As [`encode`] with `len` data bytes that `fill` appends to `out` (no
-/// zeroed slice is written first); nothing is appended when `fill` returns
-/// `false` or appends another number of bytes.
+/// zeroed slice is written first, and the data digest is computed as the
+/// bytes are copied); nothing is appended when `fill` returns `false` or
+/// appends another number of bytes.
 pub fn encode_with(
     out: &mut Vec<u8>,
     header: &[u8],
     len: usize,
     framing: Framing,
-    fill: impl FnOnce(&mut Vec<u8>) -> bool,
+    fill: impl FnOnce(&mut Appender<'_>) -> bool,
 ) -> bool {
     let start = out.len();
-    let dd = begin(out, header, len, framing);
+    let mut dd = begin(out, header, len, framing).then(Crc32c::new);
     let data_start = out.len();
-    if !fill(out) || out.len() != data_start.saturating_add(len) {
+    let mut data = Appender::new(out, dd.as_mut());
+    if !fill(&mut data) || data.len() != data_start.saturating_add(len) {
         out.truncate(start);
         return false;
     }
-    if dd {
-        let d = digest::crc32c(out.get(data_start..).unwrap_or_default());
-        out.extend_from_slice(&d);
+    if let Some(d) = dd {
+        out.extend_from_slice(&d.value().to_le_bytes());
     }
     true
 }

@@ -15,6 +15,7 @@ use crate::pdu::{
     self, dgst, flags, offset, CapsuleCmd, CapsuleResp, DataHeader, Framing, IcReq, IcResp, PduType, R2t, TermReq,
 };
 use block::DataBuffer;
+use checksum::Appender;
 use nvme_spec::{Cqe, Sgl, Sqe};
 use std::collections::VecDeque;
 use zerocopy::{FromBytes, IntoBytes};
@@ -820,7 +821,13 @@ impl<B: DataBuffer> TargetConnection<B> {
     /// `false`, having queued nothing, when `fill` does (or appends another
     /// number of bytes) or when `len` needs more than one PDU; the caller
     /// then answers another way.
-    pub fn send_data_with(&mut self, cid: u16, len: usize, cqe: Cqe, fill: impl FnOnce(&mut Vec<u8>) -> bool) -> bool {
+    pub fn send_data_with(
+        &mut self,
+        cid: u16,
+        len: usize,
+        cqe: Cqe,
+        fill: impl FnOnce(&mut Appender<'_>) -> bool,
+    ) -> bool {
         if len == 0 || len > self.cfg.max_transfer.max(4096) as usize {
             return false;
         }

@@ -227,7 +227,7 @@ impl<D: BlockDevice> Queue<D> {
                 // ranges need (Linux sends the ranges it built; nvmet also
                 // accepts a shorter payload); take the ranges both cover.
                 let ranges = (sqe.cdw10.get() & 0xff) + 1;
-                if !(16..=4096).contains(&sgl_len) || sgl_len % 16 != 0 {
+                if !(16..=4096).contains(&sgl_len) || !sgl_len.is_multiple_of(16) {
                     log::debug!("{}: DSM nr {ranges} with {sgl_len} data bytes", self.peer);
                     return self.reject(cid, sqe, Status::SGL_DATA_LENGTH_INVALID.dnr());
                 }

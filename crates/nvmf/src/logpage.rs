@@ -55,7 +55,7 @@ pub(crate) fn build<D: BlockDevice>(
     let Ok(start) = usize::try_from(glp.offset) else {
         return Err(Status::INVALID_FIELD.dnr());
     };
-    if start > page.len() || glp.offset % 4 != 0 {
+    if start > page.len() || !glp.offset.is_multiple_of(4) {
         return Err(Status::INVALID_FIELD.dnr());
     }
     // The caller pads or cuts the window to the length the SGL describes.

@@ -115,7 +115,7 @@ fn designator(out: &mut Vec<u8>, proto_code_set: u8, piv_assoc_type: u8, value: 
 fn scsi_name(name: &str) -> Vec<u8> {
     let mut v: Vec<u8> = name.bytes().take(251).collect();
     v.push(0);
-    while v.len() % 4 != 0 {
+    while !v.len().is_multiple_of(4) {
         v.push(0);
     }
     v

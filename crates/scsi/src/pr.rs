@@ -170,7 +170,7 @@ fn transport_id(initiator: &str) -> Vec<u8> {
     let format = if initiator.contains(",i,0x") { 0x40 } else { 0x00 };
     let mut name: Vec<u8> = initiator.bytes().take(0xFFF0).collect();
     name.push(0);
-    while name.len() % 4 != 0 || name.len() < 20 {
+    while !name.len().is_multiple_of(4) || name.len() < 20 {
         name.push(0);
     }
     let mut t = vec![format | 0x05, 0];

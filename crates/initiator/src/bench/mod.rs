@@ -523,7 +523,7 @@ fn plan(opts: &BenchOptions, jobs: usize, lbs: u32, ns_bytes: u64) -> Result<Vec
             opts.block_size
         )));
     }
-    if opts.offset % lbs64 != 0 {
+    if !opts.offset.is_multiple_of(lbs64) {
         return Err(Error::Invalid(format!("offset {} is not a multiple of {lbs}-byte blocks", opts.offset)));
     }
     let first = opts.offset / lbs64;
