@@ -80,6 +80,17 @@ impl<'a> Appender<'a> {
 const FUSED_MIN: usize = 256;
 
 impl Crc32c {
+    /// Copies `src` into `dst` and feeds the bytes copied, in one pass
+    /// where the CPU allows (received data placed where it belongs while
+    /// its CRC is checked). Only the first `min(dst.len(), src.len())`
+    /// bytes are copied and fed.
+    pub fn copy_into(&mut self, dst: &mut [u8], src: &[u8]) {
+        let len = dst.len().min(src.len());
+        // SAFETY: both slices hold `len` bytes, and a shared and a mutable
+        // slice never overlap.
+        unsafe { self.copy_from_ptr(dst.as_mut_ptr(), src.as_ptr(), len) }
+    }
+
     /// Copies `len` bytes from `src` to `dst` and feeds them, in one pass
     /// where the CPU allows.
     ///
@@ -285,6 +296,22 @@ mod tests {
         let mut c = Crc32c { register: r };
         c.update(bytes);
         !c.register
+    }
+
+    #[test]
+    fn copy_into_copies_and_feeds_the_shorter_length() {
+        let data = bytes(5_000);
+        for len in [0usize, 3, 255, 256, 4_096, 4_999] {
+            let mut dst = vec![0u8; len + 7];
+            let mut crc = Crc32c::new();
+            crc.update(b"hdr");
+            crc.copy_into(&mut dst[..len], &data[1..]);
+            assert_eq!(&dst[..len], &data[1..1 + len]);
+            assert!(dst[len..].iter().all(|&b| b == 0));
+            let mut whole = b"hdr".to_vec();
+            whole.extend_from_slice(&data[1..1 + len]);
+            assert_eq!(crc.value(), crc32c(&whole), "len {len}");
+        }
     }
 
     #[test]

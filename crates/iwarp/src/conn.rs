@@ -281,11 +281,6 @@ pub struct Connection<B> {
     trailer: [u8; 7],
     trailer_len: usize,
     rx_crc: Crc32c,
-    /// The CRC of the FPDU [`take_whole_fpdu`](Self::take_whole_fpdu) is
-    /// taking, computed in one pass: `begin_segment` then does not start
-    /// `rx_crc`, and `end_segment` checks this instead. An FPDU taken a
-    /// piece at a time never has one.
-    rx_whole: Option<u32>,
     ctrl: Ctrl,
     dest: Dest,
     payload_len: usize,
@@ -343,7 +338,6 @@ impl<B: DataBuffer> Connection<B> {
             trailer: [0; 7],
             trailer_len: 0,
             rx_crc: Crc32c::new(),
-            rx_whole: None,
             ctrl: Ctrl(0),
             dest: Dest::Nothing,
             payload_len: 0,
@@ -769,7 +763,6 @@ impl<B: DataBuffer> Connection<B> {
                             input = input.get(used..).unwrap_or_default();
                             continue;
                         }
-                        self.rx_whole = None;
                     }
                     let take = need.saturating_sub(self.hdr_len).min(input.len());
                     let (now, rest) = input.split_at(take);
@@ -804,9 +797,6 @@ impl<B: DataBuffer> Connection<B> {
                     let take = left.min(input.len());
                     let (now, rest) = input.split_at(take);
                     self.place(now);
-                    if self.crc {
-                        self.rx_crc.update(now);
-                    }
                     input = rest;
                     let left = left.saturating_sub(take);
                     self.rx = if left == 0 { self.trailer_state() } else { Rx::Payload { left } };
@@ -832,8 +822,8 @@ impl<B: DataBuffer> Connection<B> {
     }
 
     /// The FPDU at the start of `input`, when all of it is there (the usual
-    /// case): checked and delivered in one pass, its CRC in one call
-    /// instead of a piece at a time. Returns the bytes it took, or `None`,
+    /// case): checked and delivered in one pass, its payload's CRC computed
+    /// as it is placed. Returns the bytes it took, or `None`,
     /// having done nothing, when the FPDU has not all arrived (or its
     /// opcode is unknown: the byte-wise path names that).
     fn take_whole_fpdu(&mut self, input: &[u8], total: usize) -> Result<Option<usize>, Fatal> {
@@ -846,7 +836,6 @@ impl<B: DataBuffer> Connection<B> {
         let covered = covered.saturating_add(wire::pad_len(covered));
         let fpdu = covered.saturating_add(CRC_LEN);
         let (Some(hdr), Some(body)) = (input.get(..hdr_len), input.get(hdr_len..fpdu)) else { return Ok(None) };
-        self.rx_whole = self.crc.then(|| checksum::crc32c(input.get(..covered).unwrap_or_default()));
         // A copy of fixed size where the input allows (the bytes past the
         // header are never read): the header's fields are loaded back at
         // once, and a load spanning two stores of a variable-length copy
@@ -904,7 +893,7 @@ impl<B: DataBuffer> Connection<B> {
             ));
         };
         self.payload_len = payload_len;
-        if self.crc && self.rx_whole.is_none() {
+        if self.crc {
             self.rx_crc = Crc32c::new();
             self.rx_crc.update(self.hdr.get(..hdr_len).unwrap_or_default());
         }
@@ -1108,15 +1097,23 @@ impl<B: DataBuffer> Connection<B> {
         }
     }
 
-    /// Places payload bytes where the segment's header said (checked).
+    /// Places payload bytes where the segment's header said (checked) and
+    /// feeds them to the segment's CRC when it has one: bytes copied into a
+    /// registered region or a read's sink are fed by the copy's own loads
+    /// (one pass, [`Crc32c::copy_into`]).
     fn place(&mut self, bytes: &[u8]) {
         let n = bytes.len();
+        let mut crc = self.crc.then_some(&mut self.rx_crc);
+        let copy = |crc: &mut Option<&mut Crc32c>, dst: &mut [u8]| match crc.take() {
+            Some(c) => c.copy_into(dst, bytes),
+            None => dst.copy_from_slice(bytes),
+        };
         match &mut self.dest {
             Dest::Nothing => {}
             Dest::Region { index, offset } => {
                 if let Some(r) = self.regions.get_mut(*index).and_then(Option::as_mut) {
                     if let Some(dst) = r.buf.as_mut().get_mut(*offset..offset.saturating_add(n)) {
-                        dst.copy_from_slice(bytes);
+                        copy(&mut crc, dst);
                     }
                 }
                 *offset = offset.saturating_add(n);
@@ -1124,7 +1121,7 @@ impl<B: DataBuffer> Connection<B> {
             Dest::Sink { offset } => {
                 if let Some(buf) = self.reads.front_mut().and_then(|r| r.buf.as_mut()) {
                     if let Some(dst) = buf.as_mut().get_mut(*offset..offset.saturating_add(n)) {
-                        dst.copy_from_slice(bytes);
+                        copy(&mut crc, dst);
                     }
                 }
                 *offset = offset.saturating_add(n);
@@ -1162,6 +1159,10 @@ impl<B: DataBuffer> Connection<B> {
                 self.term_echo.extend_from_slice(bytes.get(..room.min(n)).unwrap_or_default());
             }
         }
+        // Bytes no copy fed (kept in the head, lent, staged or dropped).
+        if let Some(c) = crc {
+            c.update(bytes);
+        }
     }
 
     /// The segment's pad and CRC arrived: check them, then finish the
@@ -1170,14 +1171,8 @@ impl<B: DataBuffer> Connection<B> {
         let pad = wire::pad_len(self.payload_len);
         let (pad_bytes, crc_bytes) = self.trailer.split_at(pad.min(self.trailer.len()));
         if self.crc {
-            let want = match self.rx_whole.take() {
-                Some(value) => value,
-                None => {
-                    self.rx_crc.update(pad_bytes);
-                    self.rx_crc.value()
-                }
-            }
-            .to_le_bytes();
+            self.rx_crc.update(pad_bytes);
+            let want = self.rx_crc.value().to_le_bytes();
             let got = crc_bytes.get(..CRC_LEN).unwrap_or_default();
             if got != want {
                 return Err(
