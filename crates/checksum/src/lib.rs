@@ -25,8 +25,51 @@ const ALGORITHM: CrcAlgorithm = CrcAlgorithm::Crc32Iscsi;
 
 /// The CRC32C of `bytes`.
 pub fn crc32c(bytes: &[u8]) -> u32 {
+    if let Some(register) = small::update(INIT, bytes) {
+        return !register;
+    }
     // A 32-bit CRC always fits in u32.
     crc_fast::checksum(ALGORITHM, bytes) as u32
+}
+
+/// Short pieces (a PDU header, an FPDU's header or a completion) fed with
+/// the CRC instruction directly, 8 bytes at a time: `crc-fast`'s dispatch
+/// and state cost more than such bytes do (6.5 ns for 8 bytes through it).
+mod small {
+    /// The longest piece fed here.
+    const MAX: usize = 64;
+
+    /// The register after `bytes`, or `None` when they are longer than
+    /// [`MAX`] or the CPU has no CRC instruction.
+    #[inline]
+    pub fn update(register: u32, bytes: &[u8]) -> Option<u32> {
+        #[cfg(target_arch = "x86_64")]
+        if bytes.len() <= MAX && std::is_x86_feature_detected!("sse4.2") {
+            // SAFETY: the CPU has SSE4.2 (checked just above).
+            return Some(unsafe { x86(register, bytes) });
+        }
+        let _ = (register, bytes);
+        None
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "sse4.2")]
+    fn x86(register: u32, bytes: &[u8]) -> u32 {
+        use std::arch::x86_64::{_mm_crc32_u64, _mm_crc32_u8};
+        let mut words = bytes.chunks_exact(8);
+        let mut r = u64::from(register);
+        for w in &mut words {
+            let mut b = [0u8; 8];
+            b.copy_from_slice(w);
+            r = _mm_crc32_u64(r, u64::from_le_bytes(b));
+        }
+        // A 32-bit register always fits in u32.
+        let mut r = r as u32;
+        for &b in words.remainder() {
+            r = _mm_crc32_u8(r, b);
+        }
+        r
+    }
 }
 
 /// CRC32C's polynomial, reflected: bit 31 stands for x^0, bit 0 for x^31.
@@ -125,10 +168,13 @@ impl Crc32c {
         Crc32c { register: INIT }
     }
 
-    /// Feeds `bytes` (nothing, and no call into `crc-fast`, when empty:
-    /// an FPDU's pad usually is).
+    /// Feeds `bytes`: up to 64 of them with the CRC instruction directly
+    /// (an FPDU's header, or its pad, usually empty), longer pieces
+    /// through `crc-fast`.
     pub fn update(&mut self, bytes: &[u8]) {
-        if !bytes.is_empty() {
+        if let Some(register) = small::update(self.register, bytes) {
+            self.register = register;
+        } else if !bytes.is_empty() {
             let mut d = Digest::new_with_init_state(ALGORITHM, u64::from(self.register));
             d.update(bytes);
             // A 32-bit CRC's register always fits in u32.
