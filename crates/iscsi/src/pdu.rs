@@ -752,7 +752,7 @@ pub fn encode_with(
         }
     }
     if let Some(d) = dd {
-        out.extend_from_slice(&d.value().to_le_bytes());
+        out.extend_from_slice(&digest::of(&d));
     }
     true
 }

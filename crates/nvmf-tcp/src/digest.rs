@@ -9,6 +9,12 @@ pub fn crc32c(bytes: &[u8]) -> [u8; 4] {
     checksum::crc32c(bytes).to_le_bytes()
 }
 
+/// A running CRC32C's value as carried on the wire (a digest fed as its
+/// bytes were copied).
+pub fn of(crc: &checksum::Crc32c) -> [u8; 4] {
+    crc.value().to_le_bytes()
+}
+
 /// The CRC32C of `len` zero bytes, as carried on the wire.
 pub fn crc32c_of_zeros(len: usize) -> [u8; 4] {
     checksum::crc32c_of_zeros(len).to_le_bytes()

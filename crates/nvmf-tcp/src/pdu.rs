@@ -450,7 +450,7 @@ pub fn encode(out: &mut Vec<u8>, header: &[u8], data: &[u8], framing: Framing) {
     let mut dd = begin(out, header, data.len(), framing).then(Crc32c::new);
     Appender::new(out, dd.as_mut()).extend_from_slice(data);
     if let Some(d) = dd {
-        out.extend_from_slice(&d.value().to_le_bytes());
+        out.extend_from_slice(&digest::of(&d));
     }
 }
 
@@ -474,7 +474,7 @@ pub fn encode_with(
         return false;
     }
     if let Some(d) = dd {
-        out.extend_from_slice(&d.value().to_le_bytes());
+        out.extend_from_slice(&digest::of(&d));
     }
     true
 }
