@@ -58,7 +58,7 @@ mod small {
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "sse4.2")]
     fn x86(register: u32, bytes: &[u8]) -> u32 {
-        use std::arch::x86_64::{_mm_crc32_u64, _mm_crc32_u8};
+        use std::arch::x86_64::{_mm_crc32_u16, _mm_crc32_u32, _mm_crc32_u64, _mm_crc32_u8};
         let mut words = bytes.chunks_exact(8);
         let mut r = u64::from(register);
         for w in &mut words {
@@ -68,7 +68,18 @@ mod small {
         }
         // A 32-bit register always fits in u32.
         let mut r = r as u32;
-        for &b in words.remainder() {
+        // The last 0..=7 bytes in at most three steps (each waits for the
+        // one before): an FPDU header is 16 to 28 bytes.
+        let mut rest = words.remainder();
+        if let Some((w, tail)) = rest.split_first_chunk::<4>() {
+            r = _mm_crc32_u32(r, u32::from_le_bytes(*w));
+            rest = tail;
+        }
+        if let Some((w, tail)) = rest.split_first_chunk::<2>() {
+            r = _mm_crc32_u16(r, u16::from_le_bytes(*w));
+            rest = tail;
+        }
+        if let Some(&b) = rest.first() {
             r = _mm_crc32_u8(r, b);
         }
         r

@@ -14,7 +14,8 @@ use nvmf_rdma::host::{HostConfig as RdmaConfig, HostConnection as RdmaConnection
 use nvmf_tcp::host::{Completion, HostConfig, HostConnection};
 use reactor::buf::{IoBufMut, SliceMut};
 use reactor::net::TcpStream;
-use std::collections::{HashSet, VecDeque};
+use rustc_hash::FxHashSet;
+use std::collections::VecDeque;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::pin::Pin;
@@ -103,7 +104,7 @@ pub struct Queue {
     conn: Link,
     tx: Vec<u8>,
     ready: VecDeque<Completion>,
-    in_flight: HashSet<u16>,
+    in_flight: FxHashSet<u16>,
     next_cid: u16,
     depth: usize,
     timeout: Duration,
@@ -158,7 +159,7 @@ impl Queue {
             conn,
             tx: Vec::with_capacity(64 * 1024),
             ready: VecDeque::new(),
-            in_flight: HashSet::new(),
+            in_flight: FxHashSet::default(),
             next_cid: 0,
             // Until Connect sets the real depth, the Connect itself.
             depth: 1,

@@ -123,6 +123,10 @@ pub struct Received<B> {
 }
 
 impl<B> Received<B> {
+    /// A message of nothing, to be filled in where it lies.
+    const EMPTY: Self =
+        Received { head: [0; HEAD_MAX], head_len: 0, body: None, lent: None, invalidated: None, solicited: false };
+
     /// The head bytes.
     pub fn head(&self) -> &[u8] {
         self.head.get(..self.head_len).unwrap_or_default()
@@ -917,15 +921,17 @@ impl<B: DataBuffer> Connection<B> {
         // The fields are read where they lie: a copy of the header struct
         // is split by the compiler into odd-sized stores that the loads
         // right after cannot be forwarded from.
-        self.dest = if op.is_tagged() {
+        // Each sets `dest` itself: a `Dest` returned inside the `Result`
+        // would be moved through the stack in pieces.
+        if op.is_tagged() {
             let t = TaggedHeader::ref_from_prefix(&self.hdr).map(|(t, _)| t).map_err(|_| self.internal())?;
             let (stag, to) = (t.stag.get(), t.to.get());
-            self.begin_tagged(op, stag, to)?
+            self.begin_tagged(op, stag, to)?;
         } else {
             let u = UntaggedHeader::ref_from_prefix(&self.hdr).map(|(u, _)| u).map_err(|_| self.internal())?;
             let fields = Untagged { inv_stag: u.inv_stag.get(), qn: u.qn.get(), msn: u.msn.get(), mo: u.mo.get() };
-            self.begin_untagged(op, fields)?
-        };
+            self.begin_untagged(op, fields)?;
+        }
         self.rx = if payload_len == 0 { self.trailer_state() } else { Rx::Payload { left: payload_len } };
         Ok(())
     }
@@ -934,7 +940,8 @@ impl<B: DataBuffer> Connection<B> {
         Fatal::new(ErrorCode::DDP_CATASTROPHIC, "header buffer shorter than its layout")
     }
 
-    fn begin_tagged(&mut self, op: Opcode, stag: u32, to: u64) -> Result<Dest, Fatal> {
+    /// Checks a tagged segment's STag and offset and sets `dest`.
+    fn begin_tagged(&mut self, op: Opcode, stag: u32, to: u64) -> Result<(), Fatal> {
         let len = self.payload_len;
         if op == Opcode::READ_RESPONSE {
             let Some(read) = self.reads.front() else {
@@ -966,7 +973,8 @@ impl<B: DataBuffer> Connection<B> {
                     format!("Read Response ends after {end} of {size} bytes asked"),
                 ));
             }
-            return Ok(Dest::Sink { offset: read.received });
+            self.dest = Dest::Sink { offset: read.received };
+            return Ok(());
         }
         // RDMA Write into a registered region.
         if let Some((s, next)) = self.write_next {
@@ -1001,10 +1009,12 @@ impl<B: DataBuffer> Connection<B> {
             ));
         };
         self.write_next = if self.ctrl.last() { None } else { Some((stag, to.saturating_add(len as u64))) };
-        Ok(if len == 0 { Dest::Nothing } else { Dest::Region { index, offset } })
+        self.dest = if len == 0 { Dest::Nothing } else { Dest::Region { index, offset } };
+        Ok(())
     }
 
-    fn begin_untagged(&mut self, op: Opcode, u: Untagged) -> Result<Dest, Fatal> {
+    /// Checks an untagged segment's queue, MSN and offset and sets `dest`.
+    fn begin_untagged(&mut self, op: Opcode, u: Untagged) -> Result<(), Fatal> {
         let (qn, msn, mo) = (u.qn, u.msn, u.mo as usize);
         if qn != op.queue() {
             return Err(self.segment_error(
@@ -1015,7 +1025,8 @@ impl<B: DataBuffer> Connection<B> {
         match op {
             Opcode::TERMINATE => {
                 self.term_echo.clear();
-                Ok(if self.payload_len == 0 { Dest::Nothing } else { Dest::Terminate })
+                self.dest = if self.payload_len == 0 { Dest::Nothing } else { Dest::Terminate };
+                Ok(())
             }
             Opcode::READ_REQUEST => {
                 let expected = self.rx_msn[1];
@@ -1041,7 +1052,8 @@ impl<B: DataBuffer> Connection<B> {
                         "RDMA Read Request, but this end's IRD is 0".into(),
                     ));
                 }
-                Ok(Dest::Nothing)
+                self.dest = Dest::Nothing;
+                Ok(())
             }
             _ => {
                 let expected = self.rx_msn[0];
@@ -1092,7 +1104,8 @@ impl<B: DataBuffer> Connection<B> {
                     inb.lent = lend.then_some((self.input_at.saturating_add(head), 0));
                     inb.body = (whole && !lend).then(|| (B::alloc(self.payload_len.saturating_sub(head)), 0));
                 }
-                Ok(if self.payload_len == 0 { Dest::Nothing } else { Dest::Send })
+                self.dest = if self.payload_len == 0 { Dest::Nothing } else { Dest::Send };
+                Ok(())
             }
         }
     }
@@ -1171,7 +1184,9 @@ impl<B: DataBuffer> Connection<B> {
         let pad = wire::pad_len(self.payload_len);
         let (pad_bytes, crc_bytes) = self.trailer.split_at(pad.min(self.trailer.len()));
         if self.crc {
-            self.rx_crc.update(pad_bytes);
+            if !pad_bytes.is_empty() {
+                self.rx_crc.update(pad_bytes);
+            }
             let want = self.rx_crc.value().to_le_bytes();
             let got = crc_bytes.get(..CRC_LEN).unwrap_or_default();
             if got != want {
@@ -1238,8 +1253,7 @@ impl<B: DataBuffer> Connection<B> {
         let at = |i: usize| u32::try_from(i).unwrap_or(u32::MAX);
         let lent = inb.lent.take().map(|(start, n)| at(start)..at(start.saturating_add(n)));
         let invalidated = inb.invalidate.take();
-        let msg =
-            Received { head: inb.head, head_len: inb.head_len, body, lent, invalidated, solicited: inb.solicited };
+        let (head_len, solicited) = (inb.head_len, inb.solicited);
         if let Some(stag) = invalidated {
             let region = self.region_index(stag).and_then(|i| self.regions.get_mut(i)?.as_mut());
             match region {
@@ -1252,7 +1266,19 @@ impl<B: DataBuffer> Connection<B> {
                 }
             }
         }
-        self.events.push_back(Event::Send(msg));
+        // The message is written in its slot, field by field. Built on the
+        // stack and moved, it would be read back in wide loads that each
+        // span several of the narrow stores that built it, and such a load
+        // waits for them to retire.
+        self.events.push_back(Event::Send(Received::EMPTY));
+        if let Some(Event::Send(m)) = self.events.back_mut() {
+            m.head = self.inbound.head;
+            m.solicited = solicited;
+            m.head_len = head_len;
+            m.body = body;
+            m.lent = lent;
+            m.invalidated = invalidated;
+        }
         Ok(())
     }
 
