@@ -1,9 +1,10 @@
 //! Bytes appended to a buffer with their CRC32C computed in the same pass:
-//! where the CPU has AVX-512 and VPCLMULQDQ, each 64-byte vector the copy
-//! loads is both stored and folded into the CRC, so the CRC never reads
-//! the copy back (a read of just-copied bytes waits for the copy's stores,
-//! and a device's data is copied cold). Elsewhere, and for short pieces,
-//! the bytes are copied and then fed to [`Crc32c::update`].
+//! where the CPU has VPCLMULQDQ, each vector the copy loads (64 bytes with
+//! AVX-512, 32 with AVX2 alone) is both stored and folded into the CRC, so
+//! the CRC never reads the copy back (a read of just-copied bytes waits for
+//! the copy's stores, and a device's data is copied cold). Elsewhere, and
+//! for short pieces, the bytes are copied and then fed to
+//! [`Crc32c::update`].
 
 use crate::Crc32c;
 
@@ -76,7 +77,8 @@ impl<'a> Appender<'a> {
 }
 
 /// Pieces shorter than this are copied and then fed to `crc-fast`: the
-/// fused loop starts with four 64-byte vectors.
+/// fused loops start with four vectors (64 bytes each with AVX-512, 32
+/// with AVX2).
 const FUSED_MIN: usize = 256;
 
 impl Crc32c {
@@ -100,11 +102,18 @@ impl Crc32c {
     /// overlapping.
     unsafe fn copy_from_ptr(&mut self, dst: *mut u8, src: *const u8, len: usize) {
         #[cfg(target_arch = "x86_64")]
-        if len >= FUSED_MIN && fused::available() {
-            // SAFETY: the caller vouches for the pointers; the CPU has the
-            // features (checked just above).
-            self.register = unsafe { fused::copy_crc(self.register, dst, src, len) };
-            return;
+        if len >= FUSED_MIN {
+            if fused::available() {
+                // SAFETY: the caller vouches for the pointers; the CPU has
+                // the features (checked just above).
+                self.register = unsafe { fused::copy_crc(self.register, dst, src, len) };
+                return;
+            }
+            if fused256::available() {
+                // SAFETY: as above.
+                self.register = unsafe { fused256::copy_crc(self.register, dst, src, len) };
+                return;
+            }
         }
         // SAFETY: the caller vouches for the pointers; the copy's bytes are
         // then read back as the slice they now are (this call's own).
@@ -147,6 +156,10 @@ mod constants {
     pub const BY_256: (u64, u64) = fold(256 * 8);
     /// One vector ahead (64 bytes).
     pub const BY_64: (u64, u64) = fold(64 * 8);
+    /// Four 256-bit vectors ahead (128 bytes), the AVX2 loop's stride.
+    pub const BY_128: (u64, u64) = fold(128 * 8);
+    /// One 256-bit vector ahead (32 bytes).
+    pub const BY_32: (u64, u64) = fold(32 * 8);
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -236,6 +249,90 @@ mod fused {
     }
 }
 
+/// The same pass in 256-bit vectors, for CPUs with VPCLMULQDQ and AVX2
+/// but no AVX-512 (AMD Zen 3, Intel client cores since Alder Lake).
+#[cfg(target_arch = "x86_64")]
+mod fused256 {
+    use super::constants::{BY_128, BY_32};
+    use std::arch::x86_64::*;
+
+    /// Whether this CPU runs [`copy_crc`].
+    pub fn available() -> bool {
+        std::is_x86_feature_detected!("avx2")
+            && std::is_x86_feature_detected!("vpclmulqdq")
+            && std::is_x86_feature_detected!("sse4.2")
+    }
+
+    /// `k` in both 128-bit lanes: the first 8 bytes' multiplier low.
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    fn lanes(k: (u64, u64)) -> __m256i {
+        let (lo, hi) = (k.0 as i64, k.1 as i64);
+        _mm256_set_epi64x(hi, lo, hi, lo)
+    }
+
+    /// Carries each lane of `x` ahead by `k`'s distance and adds `y`.
+    #[inline]
+    #[target_feature(enable = "avx2,vpclmulqdq")]
+    fn fold(x: __m256i, k: __m256i, y: __m256i) -> __m256i {
+        let first = _mm256_clmulepi64_epi128(x, k, 0x00);
+        let last = _mm256_clmulepi64_epi128(x, k, 0x11);
+        _mm256_xor_si256(_mm256_xor_si256(first, last), y)
+    }
+
+    /// As the AVX-512 [`copy_crc`](super::fused::copy_crc), with four
+    /// 32-byte accumulators 128 bytes apart.
+    ///
+    /// # Safety
+    ///
+    /// `src` valid for reads and `dst` for writes of `len` bytes, not
+    /// overlapping; `len` at least 128; the CPU has the features enabled.
+    #[target_feature(enable = "avx2,vpclmulqdq,sse4.2")]
+    pub unsafe fn copy_crc(register: u32, dst: *mut u8, src: *const u8, len: usize) -> u32 {
+        debug_assert!(len >= 128);
+        // SAFETY (all loads and stores below): offsets stay within `len`,
+        // for which the caller vouches on both pointers.
+        let load = |at: usize| unsafe { _mm256_loadu_si256(src.add(at).cast()) };
+        let store = |at: usize, v: __m256i| unsafe { _mm256_storeu_si256(dst.add(at).cast(), v) };
+        let (k128, k32) = (lanes(BY_128), lanes(BY_32));
+        let mut x = [load(0), load(32), load(64), load(96)];
+        for (i, v) in x.iter().enumerate() {
+            store(i * 32, *v);
+        }
+        // The register enters as the first four bytes, added.
+        x[0] = _mm256_xor_si256(x[0], _mm256_castsi128_si256(_mm_cvtsi32_si128(register as i32)));
+        let mut at = 128;
+        while len - at >= 128 {
+            for (i, acc) in x.iter_mut().enumerate() {
+                let y = load(at + i * 32);
+                store(at + i * 32, y);
+                *acc = fold(*acc, k128, y);
+            }
+            at += 128;
+        }
+        let mut one = fold(fold(fold(x[0], k32, x[1]), k32, x[2]), k32, x[3]);
+        while len - at >= 32 {
+            let y = load(at);
+            store(at, y);
+            one = fold(one, k32, y);
+            at += 32;
+        }
+        let mut words = [0u64; 4];
+        // SAFETY: `words` is 32 writable bytes.
+        unsafe { _mm256_storeu_si256(words.as_mut_ptr().cast(), one) };
+        let mut r = words.iter().fold(0u64, |r, &w| _mm_crc32_u64(r, w)) as u32;
+        while at < len {
+            // SAFETY: `at < len`, as above.
+            let b = unsafe { src.add(at).read() };
+            // SAFETY: as above.
+            unsafe { dst.add(at).write(b) };
+            r = _mm_crc32_u8(r, b);
+            at += 1;
+        }
+        r
+    }
+}
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used, clippy::indexing_slicing, clippy::arithmetic_side_effects)]
 mod tests {
@@ -267,6 +364,40 @@ mod tests {
         }
     }
 
+    /// Each fused path, called directly where this CPU has it (the
+    /// dispatch above picks only the widest).
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn each_fused_path_matches_copy_then_crc_at_every_length_alignment_and_register() {
+        type Path = unsafe fn(u32, *mut u8, *const u8, usize) -> u32;
+        let mut paths: Vec<(&str, Path)> = Vec::new();
+        if fused::available() {
+            paths.push(("avx512", fused::copy_crc));
+        }
+        if fused256::available() {
+            paths.push(("avx2", fused256::copy_crc));
+        }
+        let data = bytes(4_700);
+        for (name, path) in paths {
+            for len in 256..=4_400usize {
+                for off in [0usize, 1, 7, 64] {
+                    for register in [!0u32, 0, 0x1234_5678] {
+                        let src = &data[off..off + len];
+                        let mut dst = vec![0xeeu8; len + 1];
+                        // SAFETY: both buffers hold `len` bytes; the CPU has
+                        // the path's features (checked above).
+                        let r = unsafe { path(register, dst.as_mut_ptr(), src.as_ptr(), len) };
+                        assert_eq!(&dst[..len], src, "{name} bytes, len {len} off {off}");
+                        assert_eq!(dst[len], 0xee, "{name} wrote past the end, len {len}");
+                        let mut want = Crc32c { register };
+                        want.update(src);
+                        assert_eq!(r, want.register, "{name} crc, len {len} off {off} register {register:#x}");
+                    }
+                }
+            }
+        }
+    }
+
     #[test]
     fn the_fold_multipliers_carry_a_lane_as_far_as_bytes_of_zeros_do() {
         // A 16-byte lane followed by `d` zero bytes has the CRC of the lane
@@ -275,7 +406,7 @@ mod tests {
             (0..64).filter(|i| a >> i & 1 == 1).fold(0u128, |p, i| p ^ (u128::from(b) << i))
         }
         let lane: [u8; 16] = std::array::from_fn(|i| (i as u8).wrapping_mul(37) ^ 0x5a);
-        for d in [16usize, 64, 256] {
+        for d in [16usize, 32, 64, 128, 256] {
             let (k_first, k_last) = constants::fold(d as u64 * 8);
             let first = u64::from_le_bytes(lane[..8].try_into().unwrap());
             let last = u64::from_le_bytes(lane[8..].try_into().unwrap());

@@ -13,7 +13,8 @@
 //! shared page) are never read: they shift the CRC register by a power of
 //! x, a table lookup per bit set in their length. Bytes copied into a
 //! buffer that a digest covers are fed as they are copied ([`Appender`]:
-//! one pass over them where the CPU has AVX-512 and VPCLMULQDQ). The
+//! one pass over them where the CPU has VPCLMULQDQ, in 512-bit vectors
+//! with AVX-512 and 256-bit ones with AVX2 alone). The
 //! unsafe code is in these instruction paths, each behind a run-time
 //! check of the CPU. This crate owns no I/O and no state beyond a running
 //! value.
