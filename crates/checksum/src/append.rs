@@ -236,17 +236,33 @@ mod fused {
         let mut words = [0u64; 8];
         // SAFETY: `words` is 64 writable bytes.
         unsafe { _mm512_storeu_si512(words.as_mut_ptr().cast(), one) };
-        let mut r = words.iter().fold(0u64, |r, &w| _mm_crc32_u64(r, w)) as u32;
-        while at < len {
-            // SAFETY: `at < len`, as above.
-            let b = unsafe { src.add(at).read() };
-            // SAFETY: as above.
-            unsafe { dst.add(at).write(b) };
-            r = _mm_crc32_u8(r, b);
-            at += 1;
-        }
-        r
+        // SAFETY: the caller vouches for the pointers up to `len`.
+        unsafe { super::finish(&words, dst, src, at, len) }
     }
+}
+
+/// The end both fused loops share: the folded vector's 64-bit words
+/// (its remainder, zero register) through the CRC instruction, then the
+/// bytes after the last whole vector, copied one at a time.
+///
+/// # Safety
+///
+/// `src` valid for reads and `dst` for writes of `len` bytes; the CPU has
+/// SSE4.2.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "sse4.2")]
+unsafe fn finish(words: &[u64], dst: *mut u8, src: *const u8, mut at: usize, len: usize) -> u32 {
+    use std::arch::x86_64::{_mm_crc32_u64, _mm_crc32_u8};
+    let mut r = words.iter().fold(0u64, |r, &w| _mm_crc32_u64(r, w)) as u32;
+    while at < len {
+        // SAFETY: `at < len`, for which the caller vouches.
+        let b = unsafe { src.add(at).read() };
+        // SAFETY: as above.
+        unsafe { dst.add(at).write(b) };
+        r = _mm_crc32_u8(r, b);
+        at += 1;
+    }
+    r
 }
 
 /// The same pass in 256-bit vectors, for CPUs with VPCLMULQDQ and AVX2
@@ -320,16 +336,8 @@ mod fused256 {
         let mut words = [0u64; 4];
         // SAFETY: `words` is 32 writable bytes.
         unsafe { _mm256_storeu_si256(words.as_mut_ptr().cast(), one) };
-        let mut r = words.iter().fold(0u64, |r, &w| _mm_crc32_u64(r, w)) as u32;
-        while at < len {
-            // SAFETY: `at < len`, as above.
-            let b = unsafe { src.add(at).read() };
-            // SAFETY: as above.
-            unsafe { dst.add(at).write(b) };
-            r = _mm_crc32_u8(r, b);
-            at += 1;
-        }
-        r
+        // SAFETY: the caller vouches for the pointers up to `len`.
+        unsafe { super::finish(&words, dst, src, at, len) }
     }
 }
 
