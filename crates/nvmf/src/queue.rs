@@ -267,7 +267,10 @@ impl<D: BlockDevice> Queue<D> {
                     self.admin(ctrl, sqe, data_len, data)
                 }
             }
-            QueueKind::Io(ctrl, _) if ctrl.is_dead() => Outcome::status(cid, Status::ABORTED_SQ_DELETION.dnr()),
+            // Without DNR: the controller is gone (its admin queue closed,
+            // a restart, keep-alive expiry), not the command's fault, and a
+            // host retries it once it has reconnected.
+            QueueKind::Io(ctrl, _) if ctrl.is_dead() => Outcome::status(cid, Status::ABORTED_SQ_DELETION),
             QueueKind::Io(ctrl, _) => self.io(ctrl, sqe, data_len, data),
         };
         self.kind = kind;

@@ -236,6 +236,20 @@ fn gives_each_admin_connect_its_own_controller_id() {
 }
 
 #[test]
+fn an_io_command_after_its_controller_is_gone_is_aborted_for_the_host_to_retry() {
+    let t = target();
+    let (mut a, cntlid) = admin(&t);
+    let mut io = io_queue(&t, cntlid, 1);
+    assert!(matches!(run(&mut io, &read_sqe(1, 1, 0, 1, 512), None), Outcome::Io(_)));
+    a.close();
+    assert!(io.expired(0), "the I/O queue must close with its controller");
+    // No DNR: a restart or a lost admin connection is not the command's
+    // fault, and the Linux host fails a DNR completion to the application
+    // instead of retrying it after it reconnects.
+    assert_eq!(status(&run(&mut io, &read_sqe(2, 1, 0, 1, 512), None)), Status::ABORTED_SQ_DELETION);
+}
+
+#[test]
 fn checks_lba_range_transfer_size_and_sgl_length() {
     let t = target();
     let (_a, cntlid) = admin(&t);
