@@ -22,12 +22,12 @@
 //! buffer of its own.
 
 use crate::buf::IoBufMut;
+use crate::net::Socket;
 use crate::net::TcpStream;
 use crate::op::Op;
 use crate::rt::{try_with_core, with_core, Core};
 use io_uring::{cqueue, opcode, types};
 use std::io;
-use std::os::fd::{AsRawFd, OwnedFd};
 use std::rc::Rc;
 use std::sync::atomic::{AtomicU16, Ordering};
 
@@ -266,7 +266,7 @@ impl Drop for RecvBuf<'_> {
 /// The receiving side of a connection: multishot into the reactor's
 /// buffer ring, or one-shot into its own buffer.
 pub struct Receiver {
-    fd: Rc<OwnedFd>,
+    fd: Rc<Socket>,
     /// The armed multishot receive.
     multi: Option<u32>,
     own: Vec<u8>,
@@ -274,7 +274,7 @@ pub struct Receiver {
 
 impl Receiver {
     pub(crate) fn new(stream: &TcpStream) -> Receiver {
-        Receiver { fd: stream.fd().clone(), multi: None, own: Vec::new() }
+        Receiver { fd: stream.socket().clone(), multi: None, own: Vec::new() }
     }
 
     fn ring_ready() -> bool {
@@ -290,7 +290,8 @@ impl Receiver {
             let idx = match self.multi {
                 Some(i) => i,
                 None => {
-                    let entry = opcode::RecvMulti::new(types::Fd(self.fd.as_raw_fd()), GROUP).build();
+                    let (fd, flags) = self.fd.target();
+                    let entry = opcode::RecvMulti::new(fd, GROUP).build().flags(flags);
                     let i = with_core(|c| c.push(entry, c.new_multi()));
                     self.multi = Some(i);
                     i
@@ -354,7 +355,8 @@ impl Receiver {
             return (Err(io::Error::other("read_into while a multishot receive is armed")), buf);
         }
         let len = buf.bytes_total();
-        let entry = opcode::Recv::new(types::Fd(self.fd.as_raw_fd()), buf.write_ptr(), len as u32).build();
+        let (fd, flags) = self.fd.target();
+        let entry = opcode::Recv::new(fd, buf.write_ptr(), len as u32).build().flags(flags);
         let done = Op::submit(entry, (buf, self.fd.clone())).await;
         let (mut buf, _) = done.data;
         let n = crate::op::result(done.res);

@@ -518,6 +518,58 @@ mod tests {
     }
 
     #[test]
+    fn registered_sockets_close_when_dropped_while_others_keep_receiving() {
+        run(async {
+            let fixed = crate::rt::with_core(|c| c.features().fixed_files);
+            let l = listen("127.0.0.1:0".parse().expect("addr")).expect("listen");
+            let addr = l.local_addr().expect("addr");
+            // A connection whose multishot receive stays armed throughout:
+            // on kernels before 6.13 it would keep every socket registered
+            // after it from closing, which is why they use descriptors.
+            let old_client = net::TcpStream::connect(addr).await.expect("connect");
+            let (old_server, _) = l.accept().await.expect("accept");
+            assert_eq!(old_server.is_registered(), fixed);
+            let mut old_rx = old_server.receiver();
+            let armed = spawn(async move { old_rx.recv().await.expect("recv").to_vec() });
+            yield_now().await;
+            let in_use = crate::rt::with_core(|c| c.file_counts().0);
+            for round in 0..64u32 {
+                let client = net::TcpStream::connect(addr).await.expect("connect");
+                let (server, _) = l.accept().await.expect("accept");
+                assert_eq!((client.is_registered(), server.is_registered()), (fixed, fixed));
+                let (r, _) = client.write_all(round.to_le_bytes().to_vec()).await;
+                r.expect("write");
+                let mut rx = server.receiver();
+                assert_eq!(rx.recv().await.expect("recv").to_vec(), round.to_le_bytes());
+                let (r, _) = server.write_all(b"bye".to_vec()).await;
+                r.expect("reply");
+                drop(rx);
+                drop(server);
+                // The peer sees the end of the stream: the dropped socket
+                // really closed, its slot did not keep it open.
+                let mut got = Vec::new();
+                loop {
+                    let (n, buf) = timeout(Duration::from_secs(5), client.read(vec![0u8; 16]))
+                        .await
+                        .expect("the dropped socket never closed");
+                    let n = n.expect("read");
+                    if n == 0 {
+                        break;
+                    }
+                    got.extend_from_slice(&buf[..n]);
+                }
+                assert_eq!(got, b"bye");
+            }
+            // Every slot came back (the table did not grow by 128).
+            yield_now().await;
+            assert_eq!(crate::rt::with_core(|c| c.file_counts().0), in_use);
+            let (r, _) = old_client.write_all(b"still here".to_vec()).await;
+            r.expect("write");
+            assert_eq!(armed.await, b"still here");
+        });
+    }
+
+    #[test]
     fn file_reads_and_writes_go_through_the_ring() {
         let path = std::env::temp_dir().join(format!("reactor-fs-{}", std::process::id()));
         let file = std::rc::Rc::new(std::fs::File::create_new(&path).expect("create"));

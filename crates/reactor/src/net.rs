@@ -3,7 +3,7 @@
 use crate::buf::{IoBuf, IoBufMut};
 use crate::bufring::Receiver;
 use crate::op::{result, Op};
-use io_uring::{opcode, types};
+use io_uring::{opcode, squeue, types};
 use std::io;
 use std::mem::ManuallyDrop;
 use std::net::SocketAddr;
@@ -102,6 +102,48 @@ fn with_std<R>(fd: RawFd, f: impl FnOnce(&std::net::TcpStream) -> R) -> R {
     f(&s)
 }
 
+/// A connected socket's descriptor and, where the ring has a table of
+/// registered files ([`crate::Features::fixed_files`]), its slot there:
+/// operations then name the slot, and the kernel takes no reference on the
+/// file per operation. The slot is emptied when the socket drops, so the
+/// socket closes as a plain descriptor would.
+pub(crate) struct Socket {
+    fd: OwnedFd,
+    slot: Option<u32>,
+}
+
+impl Socket {
+    /// Adopts `fd`, registering it with this thread's ring if it can.
+    fn new(fd: OwnedFd) -> Socket {
+        let slot = crate::rt::try_with_core(|c| c.register_file(fd.as_raw_fd())).flatten();
+        Socket { fd, slot }
+    }
+
+    /// What a submission names the socket by (its slot, or its descriptor)
+    /// and the flags that go with it.
+    pub(crate) fn target(&self) -> (types::Fd, squeue::Flags) {
+        match self.slot {
+            // A slot is below the table's size, which fits an i32.
+            Some(slot) => (types::Fd(slot as i32), squeue::Flags::FIXED_FILE),
+            None => (types::Fd(self.fd.as_raw_fd()), squeue::Flags::empty()),
+        }
+    }
+}
+
+impl AsRawFd for Socket {
+    fn as_raw_fd(&self) -> RawFd {
+        self.fd.as_raw_fd()
+    }
+}
+
+impl Drop for Socket {
+    fn drop(&mut self) {
+        if let Some(slot) = self.slot {
+            crate::rt::try_with_core(|c| c.unregister_file(slot));
+        }
+    }
+}
+
 /// A listening TCP socket.
 pub struct TcpListener {
     fd: Rc<OwnedFd>,
@@ -145,7 +187,7 @@ impl TcpListener {
         let fd = result(done.res)?;
         // SAFETY: accept returned a fresh descriptor we now own.
         let fd = unsafe { OwnedFd::from_raw_fd(fd as RawFd) };
-        let mut stream = TcpStream { fd: Rc::new(fd), zc_min: usize::MAX };
+        let mut stream = TcpStream { fd: Rc::new(Socket::new(fd)), zc_min: usize::MAX };
         let peer = stream.peer_addr()?;
         stream.zc_min = zero_copy_min(stream.local_addr(), Ok(peer));
         Ok((stream, peer))
@@ -162,7 +204,7 @@ impl AsRawFd for TcpListener {
 /// another sends); it closes when the last one drops.
 #[derive(Clone)]
 pub struct TcpStream {
-    fd: Rc<OwnedFd>,
+    fd: Rc<Socket>,
     /// Sends at least this large are zero-copy.
     zc_min: usize,
 }
@@ -176,8 +218,11 @@ impl TcpStream {
             opcode::Connect::new(types::Fd(fd.as_raw_fd()), (ss.as_ref() as *const libc::sockaddr_storage).cast(), len)
                 .build();
         let done = Op::submit(entry, (ss, fd.clone())).await;
-        result(done.res)?;
-        let mut s = TcpStream { fd, zc_min: usize::MAX };
+        let res = done.res;
+        drop(done);
+        result(res)?;
+        let fd = Rc::try_unwrap(fd).map_err(|_| io::Error::other("connect: the socket is still shared"))?;
+        let mut s = TcpStream { fd: Rc::new(Socket::new(fd)), zc_min: usize::MAX };
         s.zc_min = zero_copy_min(s.local_addr(), s.peer_addr());
         Ok(s)
     }
@@ -185,7 +230,7 @@ impl TcpStream {
     /// Adopts a connected std socket.
     pub fn from_std(s: std::net::TcpStream) -> TcpStream {
         let zc_min = zero_copy_min(s.local_addr(), s.peer_addr());
-        TcpStream { fd: Rc::new(OwnedFd::from(s)), zc_min }
+        TcpStream { fd: Rc::new(Socket::new(OwnedFd::from(s))), zc_min }
     }
 
     /// Sets the smallest send that goes out zero-copy (`usize::MAX`: none).
@@ -193,8 +238,14 @@ impl TcpStream {
         self.zc_min = bytes;
     }
 
-    pub(crate) fn fd(&self) -> &Rc<OwnedFd> {
+    pub(crate) fn socket(&self) -> &Rc<Socket> {
         &self.fd
+    }
+
+    /// Whether operations name the socket by its slot in the ring's table
+    /// of registered files ([`crate::Features::fixed_files`]).
+    pub fn is_registered(&self) -> bool {
+        self.fd.slot.is_some()
     }
 
     /// Sets TCP_NODELAY.
@@ -263,7 +314,8 @@ impl TcpStream {
     /// stream) and the buffer back.
     pub async fn read<B: IoBufMut>(&self, mut buf: B) -> (io::Result<usize>, B) {
         let len = buf.bytes_total();
-        let entry = opcode::Recv::new(types::Fd(self.fd.as_raw_fd()), buf.write_ptr(), len as u32).build();
+        let (fd, flags) = self.fd.target();
+        let entry = opcode::Recv::new(fd, buf.write_ptr(), len as u32).build().flags(flags);
         let done = Op::submit(entry, (buf, self.fd.clone())).await;
         let (mut buf, _) = done.data;
         let n = result(done.res);
@@ -283,12 +335,13 @@ impl TcpStream {
         while sent < total {
             let ptr = data.0.read_ptr().wrapping_add(sent);
             let len = (total - sent).min(u32::MAX as usize) as u32;
-            let fd = types::Fd(self.fd.as_raw_fd());
+            let (fd, flags) = self.fd.target();
             let entry = if zc {
                 opcode::SendZc::new(fd, ptr, len).flags(libc::MSG_NOSIGNAL).build()
             } else {
                 opcode::Send::new(fd, ptr, len).flags(libc::MSG_NOSIGNAL).build()
-            };
+            }
+            .flags(flags);
             let done = Op::submit(entry, data).await;
             data = done.data;
             match progress(done.res) {
@@ -311,9 +364,9 @@ impl TcpStream {
         let mut sent = 0usize;
         while sent < total {
             data.0.prepare(sent);
-            let entry = opcode::SendMsg::new(types::Fd(self.fd.as_raw_fd()), data.0.msg_ptr())
-                .flags(libc::MSG_NOSIGNAL as u32)
-                .build();
+            let (fd, flags) = self.fd.target();
+            let entry =
+                opcode::SendMsg::new(fd, data.0.msg_ptr()).flags(libc::MSG_NOSIGNAL as u32).build().flags(flags);
             let done = Op::submit(entry, data).await;
             data = done.data;
             match progress(done.res) {

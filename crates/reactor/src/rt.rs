@@ -73,6 +73,28 @@ pub struct Features {
     pub recv_multishot: bool,
     /// Zero-copy send (6.0).
     pub send_zc: bool,
+    /// Sockets named by their slot in the ring's table of registered files
+    /// (6.13): no file reference taken and dropped, an atomic on the
+    /// shared `struct file`, per operation. Earlier kernels release a
+    /// dropped slot's file only after every request issued before the drop
+    /// is done (a long-lived receive on another connection would keep a
+    /// closed socket open), so they use plain descriptors.
+    pub fixed_files: bool,
+}
+
+/// Slots in each ring's table of registered files (at most; less when
+/// `RLIMIT_NOFILE` is lower). A socket past them uses its descriptor.
+const FILE_SLOTS: u32 = 4096;
+
+/// The ring's table of registered files: which slots are free.
+#[derive(Default)]
+struct FileSlots {
+    /// Slots never used yet start here.
+    next: u32,
+    cap: u32,
+    free: Vec<u32>,
+    /// Slots dropped while the ring was borrowed: emptied at the next turn.
+    dropped: Vec<u32>,
 }
 
 /// One operation's place in the ring.
@@ -157,6 +179,8 @@ pub(crate) struct Core {
     woken: RefCell<Vec<Waker>>,
     /// The registered buffer arena (`base`, `len`), if any.
     fixed: Cell<Option<(usize, usize)>>,
+    /// The registered file table's slots ([`Features::fixed_files`]).
+    files: RefCell<FileSlots>,
     pub(crate) bufring: RefCell<Option<crate::bufring::BufRing>>,
     /// Nanoseconds spent spinning ([`Config::poll`]) without finding work;
     /// only this thread writes it, others read it ([`idle_poll_counter`]).
@@ -232,6 +256,32 @@ fn build_ring(entries: u32) -> io::Result<(IoUring, Features)> {
     Err(last.unwrap_or_else(|| io::Error::other("io_uring setup failed")))
 }
 
+/// Whether the running kernel's release is at least `major.minor`.
+fn kernel_at_least(major: u32, minor: u32) -> bool {
+    // SAFETY: all-zero is a valid utsname, which uname fills.
+    let mut u: libc::utsname = unsafe { std::mem::zeroed() };
+    // SAFETY: `u` is a live utsname.
+    if unsafe { libc::uname(&mut u) } != 0 {
+        return false;
+    }
+    // SAFETY: uname wrote a NUL-terminated release string.
+    let release = unsafe { std::ffi::CStr::from_ptr(u.release.as_ptr()) }.to_string_lossy();
+    let mut parts = release.split(|c: char| !c.is_ascii_digit()).map(|p| p.parse::<u32>().unwrap_or(0));
+    let (a, b) = (parts.next().unwrap_or(0), parts.next().unwrap_or(0));
+    (a, b) >= (major, minor)
+}
+
+/// The soft `RLIMIT_NOFILE`, which also bounds a registered file table.
+fn nofile_limit() -> u32 {
+    // SAFETY: all-zero is a valid rlimit, which getrlimit fills.
+    let mut r: libc::rlimit = unsafe { std::mem::zeroed() };
+    // SAFETY: `r` is a live rlimit.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) } != 0 {
+        return 0;
+    }
+    u32::try_from(r.rlim_cur).unwrap_or(u32::MAX)
+}
+
 impl Runtime {
     /// Creates this thread's reactor. One per thread at a time.
     pub fn new(config: Config) -> io::Result<Runtime> {
@@ -249,6 +299,14 @@ impl Runtime {
             features.send_zc = probe.is_supported(opcode::SendZc::CODE);
             features.recv_multishot = features.send_zc;
         }
+        let mut files = FileSlots::default();
+        if kernel_at_least(6, 13) {
+            let cap = FILE_SLOTS.min(nofile_limit());
+            if cap > 0 && ring.submitter().register_files_sparse(cap).is_ok() {
+                features.fixed_files = true;
+                files.cap = cap;
+            }
+        }
         let core = Rc::new(Core {
             ring: RefCell::new(ring),
             features,
@@ -263,6 +321,7 @@ impl Runtime {
             timers: RefCell::new(Timers::with_capacity(1024)),
             woken: RefCell::new(Vec::with_capacity(1024)),
             fixed: Cell::new(None),
+            files: RefCell::new(files),
             bufring: RefCell::new(None),
             idle_poll: Arc::new(AtomicU64::new(0)),
         });
@@ -299,6 +358,7 @@ impl Runtime {
             }
             let now = Instant::now();
             crate::set_loop_time(now);
+            core.empty_dropped_files();
             let fired = core.fire_timers(now);
             let busy = ran > 0 || fired || !core.ready.borrow().is_empty();
             let reaped = if busy || core.sq_pending() || core.kernel_has_work() {
@@ -333,6 +393,64 @@ impl Runtime {
 }
 
 impl Core {
+    /// Puts `fd` in a free slot of the ring's registered file table: the
+    /// slot, or `None` (no table, or it is full) to use the descriptor.
+    pub(crate) fn register_file(&self, fd: std::os::fd::RawFd) -> Option<u32> {
+        if !self.features.fixed_files {
+            return None;
+        }
+        let slot = {
+            let mut f = self.files.borrow_mut();
+            match f.free.pop() {
+                Some(s) => s,
+                None if f.next < f.cap => {
+                    f.next += 1;
+                    f.next - 1
+                }
+                None => return None,
+            }
+        };
+        let ring = self.ring.try_borrow().ok();
+        match ring.map(|r| r.submitter().register_files_update(slot, &[fd])) {
+            Some(Ok(_)) => Some(slot),
+            _ => {
+                self.files.borrow_mut().free.push(slot);
+                None
+            }
+        }
+    }
+
+    /// Empties `slot`: the ring lets go of its file, which closes once its
+    /// descriptor is closed too and its requests are done.
+    pub(crate) fn unregister_file(&self, slot: u32) {
+        match self.ring.try_borrow() {
+            Ok(ring) => {
+                if ring.submitter().register_files_update(slot, &[-1]).is_ok() {
+                    self.files.borrow_mut().free.push(slot);
+                }
+            }
+            Err(_) => self.files.borrow_mut().dropped.push(slot),
+        }
+    }
+
+    /// Empties the slots dropped while the ring was borrowed.
+    fn empty_dropped_files(&self) {
+        if self.files.borrow().dropped.is_empty() {
+            return;
+        }
+        let dropped = std::mem::take(&mut self.files.borrow_mut().dropped);
+        for slot in dropped {
+            self.unregister_file(slot);
+        }
+    }
+
+    /// Registered file slots in use and the table's size.
+    #[cfg(test)]
+    pub(crate) fn file_counts(&self) -> (u32, u32) {
+        let f = self.files.borrow();
+        (f.next - f.free.len() as u32, f.cap)
+    }
+
     /// Counts the spin from `from` (if it spun) to `now` as idle.
     fn idle_since(&self, from: Option<Instant>, now: Instant) {
         if let Some(from) = from {
