@@ -903,7 +903,7 @@ fn command(conn: &Rc<Conn>, cmd: iscsi::target::Command<Buf>) {
                     && !write_to_memory(conn, itt, device, &op, residual, (lun, t0))
                 {
                     conn.running.borrow_mut().push((itt.serial, false));
-                    reactor::spawn(run_io(conn.clone(), itt, busy, op, residual, t0));
+                    reactor::spawn_detached(run_io(conn.clone(), itt, busy, op, residual, t0));
                 }
             }
         }

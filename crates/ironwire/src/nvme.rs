@@ -675,7 +675,7 @@ fn answer<T: Binding, B: AsRef<[u8]>>(
         Outcome::Io(req) => {
             let t0 = reactor::now_us();
             if !read_from_memory(conn, &req, t0) && !write_to_memory(conn, &req, t0) {
-                reactor::spawn(run_io(conn.clone(), req.map_data(own), t0));
+                reactor::spawn_detached(run_io(conn.clone(), req.map_data(own), t0));
             }
         }
         Outcome::Deferred => {}

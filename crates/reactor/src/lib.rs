@@ -23,8 +23,8 @@ pub use bufring::{register_receive_buffers, Receiver, RecvBuf, DEFAULT_BUFFERS, 
 pub use doorbell::{doorbell, Doorbell, Ringer};
 pub use drain::{Drain, Refused, Ticket};
 pub use rt::{
-    idle_poll_counter, race, sleep, spawn, timeout, yield_now, Config, Elapsed, Features, JoinHandle, Runtime, Sleep,
-    DEFAULT_POLL,
+    idle_poll_counter, race, sleep, spawn, spawn_detached, timeout, yield_now, Config, Elapsed, Features, JoinHandle,
+    Runtime, Sleep, DEFAULT_POLL,
 };
 
 use std::cell::{Cell, RefCell};
@@ -171,6 +171,42 @@ impl Notify {
         })
         .await
     }
+}
+
+/// Counts this thread's heap allocations, for the tests that assert a
+/// path allocates nothing.
+#[cfg(test)]
+mod counting {
+    use std::alloc::{GlobalAlloc, Layout, System};
+    use std::cell::Cell;
+
+    thread_local! {
+        static ALLOCS: Cell<u64> = const { Cell::new(0) };
+    }
+
+    /// Allocations this thread made so far.
+    pub fn allocs() -> u64 {
+        ALLOCS.with(Cell::get)
+    }
+
+    struct Counting;
+
+    // SAFETY: every call is passed to the system allocator unchanged.
+    unsafe impl GlobalAlloc for Counting {
+        unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+            let _ = ALLOCS.try_with(|c| c.set(c.get() + 1));
+            // SAFETY: the caller's contract, passed on.
+            unsafe { System.alloc(layout) }
+        }
+
+        unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+            // SAFETY: as above.
+            unsafe { System.dealloc(ptr, layout) }
+        }
+    }
+
+    #[global_allocator]
+    static COUNTING: Counting = Counting;
 }
 
 #[cfg(test)]
@@ -514,6 +550,40 @@ mod tests {
             // which drops (and cancels) it.
             let r = timeout(Duration::from_millis(20), s.read(vec![0u8; 64])).await;
             assert!(r.is_err());
+        });
+    }
+
+    #[test]
+    fn detached_tasks_reuse_the_storage_of_finished_ones() {
+        run(async {
+            let done = Rc::new(Cell::new(0usize));
+            let start = |n: usize| {
+                for _ in 0..n {
+                    let d = done.clone();
+                    spawn_detached(async move {
+                        yield_now().await;
+                        d.set(d.get() + 1);
+                    });
+                }
+            };
+            let spares = || crate::rt::with_core(|c| c.spare_task_count());
+            let before = spares();
+            let mut allocs_after_first = 0;
+            for round in 1..=4 {
+                let allocs = counting::allocs();
+                start(8);
+                while done.get() < 8 * round {
+                    yield_now().await;
+                }
+                yield_now().await;
+                if round > 1 {
+                    allocs_after_first += counting::allocs() - allocs;
+                }
+                // Eight ran at once, so eight storages exist: each round
+                // takes them and gives them back.
+                assert_eq!(spares() - before, 8, "round {round}");
+            }
+            assert_eq!(allocs_after_first, 0, "allocations spawning tasks into reused storage");
         });
     }
 

@@ -18,7 +18,7 @@
 //! shared with another core.
 
 use io_uring::{cqueue, opcode, squeue, types, IoUring};
-use std::any::Any;
+use std::any::{Any, TypeId};
 use std::cell::{Cell, RefCell};
 use std::collections::{BinaryHeap, VecDeque};
 use std::future::Future;
@@ -128,9 +128,57 @@ struct OpSlot {
 
 struct TaskSlot {
     gen: u32,
-    fut: Option<Pin<Box<dyn Future<Output = ()>>>>,
+    fut: Option<Pin<Box<dyn TaskFuture>>>,
     queued: bool,
     live: bool,
+}
+
+/// Emptied task storage kept per future type, at most this many of each.
+const SPARE_TASKS_MAX: usize = 1024;
+
+/// A task's future in storage that outlives it: when the future ends it
+/// is dropped where it lies and the storage waits for the next task of the
+/// same type, so a task spawned per command allocates nothing once the
+/// reactor has seen as many at once.
+trait TaskFuture {
+    /// Polls the future; an emptied storage is ready.
+    fn poll_task(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()>;
+    /// Drops the future where it lies, keeping the storage.
+    fn clear(self: Pin<&mut Self>);
+    /// The storage's type, which says what it can take.
+    fn kind(&self) -> TypeId;
+    /// The storage, to put the next future of its type in.
+    fn as_any(&mut self) -> &mut dyn Any;
+}
+
+/// The storage of one task's future.
+struct Stored<F>(Option<F>);
+
+/// Emptied task storages of one future type.
+type Spares = (TypeId, Vec<Pin<Box<dyn TaskFuture>>>);
+
+impl<F: Future<Output = ()> + 'static> TaskFuture for Stored<F> {
+    fn poll_task(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        // SAFETY: the future is pinned with its storage (structural
+        // pinning of the only field) and is never moved out of it.
+        match unsafe { self.map_unchecked_mut(|s| &mut s.0) }.as_pin_mut() {
+            Some(f) => f.poll(cx),
+            None => Poll::Ready(()),
+        }
+    }
+
+    fn clear(self: Pin<&mut Self>) {
+        // SAFETY: as above; `set` drops the future where it lies.
+        unsafe { self.map_unchecked_mut(|s| &mut s.0) }.set(None);
+    }
+
+    fn kind(&self) -> TypeId {
+        TypeId::of::<Self>()
+    }
+
+    fn as_any(&mut self) -> &mut dyn Any {
+        self
+    }
 }
 
 struct TimerSlot {
@@ -175,6 +223,8 @@ pub(crate) struct Core {
     task_free: RefCell<Vec<u32>>,
     ready: RefCell<VecDeque<u32>>,
     timers: RefCell<Timers>,
+    /// Emptied task storage by type ([`TaskFuture`]); a handful of types.
+    spare_tasks: RefCell<Vec<Spares>>,
     /// Wakers one reap collected, woken with no borrow held (reused).
     woken: RefCell<Vec<Waker>>,
     /// The registered buffer arena (`base`, `len`), if any.
@@ -319,6 +369,7 @@ impl Runtime {
             task_free: RefCell::new(Vec::with_capacity(1024)),
             ready: RefCell::new(VecDeque::with_capacity(1024)),
             timers: RefCell::new(Timers::with_capacity(1024)),
+            spare_tasks: RefCell::new(Vec::new()),
             woken: RefCell::new(Vec::with_capacity(1024)),
             fixed: Cell::new(None),
             files: RefCell::new(files),
@@ -535,7 +586,43 @@ impl Core {
         }
     }
 
-    fn spawn_boxed(&self, fut: Pin<Box<dyn Future<Output = ()>>>) {
+    /// Spawns `fut` in emptied storage of its type if there is some.
+    fn spawn_stored<F: Future<Output = ()> + 'static>(&self, fut: F) {
+        let kind = TypeId::of::<Stored<F>>();
+        let spare = {
+            let mut spares = self.spare_tasks.borrow_mut();
+            spares.iter_mut().find(|(k, _)| *k == kind).and_then(|(_, v)| v.pop())
+        };
+        if let Some(mut b) = spare {
+            // SAFETY: nothing is moved out of the pinned storage: it holds
+            // no future (it was emptied), and the new one is written into
+            // it where it lies.
+            if let Some(s) = unsafe { Pin::get_unchecked_mut(b.as_mut()) }.as_any().downcast_mut::<Stored<F>>() {
+                s.0 = Some(fut);
+                return self.spawn_boxed(b);
+            }
+        }
+        self.spawn_boxed(Box::pin(Stored(Some(fut))));
+    }
+
+    /// Keeps a finished task's emptied storage for the next of its type.
+    fn keep_spare(&self, b: Pin<Box<dyn TaskFuture>>) {
+        let kind = b.kind();
+        let mut spares = self.spare_tasks.borrow_mut();
+        match spares.iter_mut().find(|(k, _)| *k == kind) {
+            Some((_, v)) if v.len() < SPARE_TASKS_MAX => v.push(b),
+            Some(_) => {}
+            None => spares.push((kind, vec![b])),
+        }
+    }
+
+    /// Emptied task storage kept, of every type.
+    #[cfg(test)]
+    pub(crate) fn spare_task_count(&self) -> usize {
+        self.spare_tasks.borrow().iter().map(|(_, v)| v.len()).sum()
+    }
+
+    fn spawn_boxed(&self, fut: Pin<Box<dyn TaskFuture>>) {
         let mut tasks = self.tasks.borrow_mut();
         let idx = match self.task_free.borrow_mut().pop() {
             Some(i) => i,
@@ -569,11 +656,12 @@ impl Core {
             let mut fut = fut;
             let waker = task_waker(idx, gen);
             let mut cx = Context::from_waker(&waker);
-            let done = fut.as_mut().poll(&mut cx).is_ready();
+            let done = fut.as_mut().poll_task(&mut cx).is_ready();
             ran += 1;
             if done {
                 // Dropped outside the borrow: its drop may spawn or wake.
-                drop(fut);
+                fut.as_mut().clear();
+                self.keep_spare(fut);
                 let mut tasks = self.tasks.borrow_mut();
                 if let Some(t) = tasks.get_mut(idx as usize) {
                     t.live = false;
@@ -1041,8 +1129,20 @@ where
             w.wake();
         }
     };
-    with_core(|core| core.spawn_boxed(Box::pin(task)));
+    with_core(|core| core.spawn_stored(task));
     JoinHandle { inner }
+}
+
+/// Runs `fut` as a task on this thread's reactor, with no handle to wait
+/// for it: once as many tasks of its type have run at once before, this
+/// allocates nothing (the storage of finished ones is reused), which is
+/// how a command's device I/O is run.
+///
+/// # Panics
+///
+/// Outside a running reactor.
+pub fn spawn_detached<F: Future<Output = ()> + 'static>(fut: F) {
+    with_core(|core| core.spawn_stored(fut));
 }
 
 /// Completes after `d` (on the reactor's timers, no ring entry).
