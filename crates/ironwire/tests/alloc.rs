@@ -104,19 +104,25 @@ async fn nvme_ios(c: &mut Controller, n: usize, qd: usize, big_every: usize) {
     }
 }
 
-#[test]
-fn nvme_tcp_reads_and_writes_allocate_nothing_per_command() {
-    let d = start("nvme");
-    let (before, after) = block_on(bounded(120, async {
+/// 4 KiB reads and writes over one NVMe/TCP I/O queue to the daemon
+/// `d`'s namespace: the reactor threads' allocations before and after the
+/// measured ones.
+fn nvme_tcp_allocs(d: &Daemon) -> (u64, u64) {
+    block_on(bounded(120, async {
         let mut c =
             Controller::connect(d.addr, NQN, HOST, Options { io_queues: 1, queue_size: 64, ..Options::default() })
                 .await
                 .expect("connect");
         nvme_ios(&mut c, WARM_UP, QD, 0).await;
-        let before = reactor_allocs(&d);
+        let before = reactor_allocs(d);
         nvme_ios(&mut c, MEASURED, QD, 0).await;
-        (before, reactor_allocs(&d))
-    }));
+        (before, reactor_allocs(d))
+    }))
+}
+
+#[test]
+fn nvme_tcp_reads_and_writes_allocate_nothing_per_command() {
+    let (before, after) = nvme_tcp_allocs(&start("nvme"));
     assert_eq!(after - before, 0, "{} allocations in {MEASURED} NVMe/TCP commands after warm-up", after - before);
 }
 
@@ -151,17 +157,7 @@ fn nvme_rdma_reads_and_writes_allocate_nothing_per_command() {
 
 #[test]
 fn nvme_tcp_reads_and_writes_on_a_file_allocate_nothing_per_command() {
-    let d = start_file("nvme-file");
-    let (before, after) = block_on(bounded(120, async {
-        let mut c =
-            Controller::connect(d.addr, NQN, HOST, Options { io_queues: 1, queue_size: 64, ..Options::default() })
-                .await
-                .expect("connect");
-        nvme_ios(&mut c, WARM_UP, QD, 0).await;
-        let before = reactor_allocs(&d);
-        nvme_ios(&mut c, MEASURED, QD, 0).await;
-        (before, reactor_allocs(&d))
-    }));
+    let (before, after) = nvme_tcp_allocs(&start_file("nvme-file"));
     assert_eq!(
         after - before,
         0,
