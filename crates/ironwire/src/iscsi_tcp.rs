@@ -50,9 +50,15 @@ pub struct Unit {
     busy: reactor::Drain,
 }
 
+/// A session's handle on a unit ([`Session::handles`]). The `Rc` is the
+/// point: cloned per command, it is counted on this thread, where the
+/// unit's `Arc` is counted by every reactor.
+#[allow(clippy::redundant_allocation)]
+type UnitHandle = Rc<Arc<Unit>>;
+
 /// A command running on a unit; the unit counts it until this drops (on
 /// the reactor that dispatched it).
-struct Busy(Arc<Unit>, reactor::Ticket);
+struct Busy(UnitHandle, reactor::Ticket);
 
 impl Drop for Busy {
     fn drop(&mut self) {
@@ -65,9 +71,10 @@ impl Unit {
         Unit { lu, busy: reactor::Drain::new() }
     }
 
-    /// Counts a command starting on the unit; `None` once it is retired.
-    fn enter(self: &Arc<Self>) -> Option<Busy> {
-        self.busy.enter().ok().map(|ticket| Busy(self.clone(), ticket))
+    /// Counts a command starting on the unit `handle` names; `None` once
+    /// the unit is retired.
+    fn enter(handle: &UnitHandle) -> Option<Busy> {
+        handle.busy.enter().ok().map(|ticket| Busy(handle.clone(), ticket))
     }
 
     /// Commands of the unit being executed now.
@@ -374,12 +381,21 @@ impl Policy for IscsiModel {
     }
 }
 
+/// A session's own handle on each of `units` ([`Session::handles`]).
+fn handles_of(units: &BTreeMap<u64, Arc<Unit>>) -> BTreeMap<u64, UnitHandle> {
+    units.iter().map(|(n, u)| (*n, Rc::new(u.clone()))).collect()
+}
+
 struct Session {
     target: Arc<IscsiTarget>,
     nexus: Nexus,
     /// The target's LUNs as this session last saw them, and their
     /// generation in the target's [`LunTable`].
     units: Arc<BTreeMap<u64, Arc<Unit>>>,
+    /// This session's handles on `units`, made with them: a command clones
+    /// one, a count on this thread, where a clone of the unit's `Arc` would
+    /// be an atomic on a count every reactor touches.
+    handles: BTreeMap<u64, UnitHandle>,
     generation: u64,
     luns: Vec<u64>,
     /// REPORTED LUNS DATA HAS CHANGED is pending for this I_T nexus.
@@ -393,7 +409,8 @@ impl Session {
             u.lu.nexus_created(&nexus);
         }
         let luns = units.keys().copied().collect();
-        Session { target, nexus, units, generation, luns, luns_changed: false }
+        let handles = handles_of(&units);
+        Session { target, nexus, units, handles, generation, luns, luns_changed: false }
     }
 
     /// Catches up with a LUN change made since the last command: new units
@@ -415,6 +432,7 @@ impl Session {
             }
         }
         self.luns = units.keys().copied().collect();
+        self.handles = handles_of(&units);
         self.units = units;
         self.generation = generation;
         self.luns_changed = true;
@@ -851,7 +869,7 @@ fn command(conn: &Rc<Conn>, cmd: iscsi::target::Command<Buf>) {
     // A unit ctl is removing takes no new command: it is gone for this
     // session as soon as the session sees the change.
     let busy = match scsi::decode_lun(cmd.lun.to_be_bytes()) {
-        Some(scsi::Lun::Unit(n)) => s.units.get(&n).and_then(Unit::enter),
+        Some(scsi::Lun::Unit(n)) => s.handles.get(&n).and_then(Unit::enter),
         _ => None,
     };
     let unit = busy.as_ref().map(|b| b.0.clone());

@@ -17,7 +17,6 @@ use crate::queue::{Outcome, Queue};
 use block::BlockDevice;
 use nvme_spec::opcode::{Admin, Io};
 use nvme_spec::{Cqe, Sqe, Status};
-use std::sync::Arc;
 
 /// CDW0 FUSE (bits 9:8, the low two bits of `Sqe::flags`).
 const FUSE_MASK: u8 = 0b11;
@@ -37,7 +36,7 @@ pub(crate) struct First<D> {
     cid: u16,
     sqe: Sqe,
     /// The namespace's device and NSID, once the Compare was checked.
-    target: Option<(u32, Arc<D>)>,
+    target: Option<(u32, crate::io::DeviceRef<D>)>,
     expected: Option<Vec<u8>>,
     second: Second,
 }

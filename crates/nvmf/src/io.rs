@@ -9,7 +9,18 @@ use crate::queue::{Outcome, Queue};
 use block::BlockDevice;
 use nvme_spec::opcode::Io;
 use nvme_spec::{Sqe, Status};
+use std::rc::Rc;
 use std::sync::Arc;
+
+/// A queue's own handle on a namespace's device. The device is shared by
+/// every reactor as an `Arc`, whose count is an atomic on a cache line
+/// they all touch; a request carries a clone of the queue's `Rc` of it
+/// instead, counted on this thread alone (see the queue's namespace
+/// cache, refreshed when the subsystem's namespaces change).
+pub type DeviceRef<D> = Rc<Arc<D>>;
+
+/// A namespace in a queue's cache, with the queue's handle on its device.
+pub(crate) type CachedNamespace<D> = (Arc<Namespace<D>>, DeviceRef<D>);
 
 /// A storage operation for the reactor to run.
 #[derive(Debug)]
@@ -19,7 +30,7 @@ pub struct BlockRequest<B, D> {
     /// The namespace the command addressed (for per-namespace figures).
     pub nsid: u32,
     /// The device.
-    pub device: Arc<D>,
+    pub device: DeviceRef<D>,
     /// What to do.
     pub op: BlockOp<B>,
 }
@@ -122,9 +133,10 @@ pub fn io_error_status(err: &block::Error, write: bool) -> Status {
 
 impl<D: BlockDevice> Queue<D> {
     /// The namespace `nsid` in the queue's cache (refreshed when the
-    /// subsystem's namespaces changed), lent: cloning its `Arc` would be an
-    /// atomic add and subtract per command.
-    fn namespace(&mut self, ctrl: &Controller<D>, nsid: u32) -> Option<&Arc<Namespace<D>>> {
+    /// subsystem's namespaces changed) with the queue's handle on its
+    /// device, lent: cloning the namespace's `Arc` would be an atomic add
+    /// and subtract per command.
+    fn namespace(&mut self, ctrl: &Controller<D>, nsid: u32) -> Option<&CachedNamespace<D>> {
         // The subsystem is looked up once per queue, not upgraded from the
         // controller's weak reference on every command.
         if self.ns_subsys.is_none() {
@@ -140,7 +152,8 @@ impl<D: BlockDevice> Queue<D> {
                     self.ns_cache.resize(idx.saturating_add(1), None);
                 }
                 if let Some(slot) = self.ns_cache.get_mut(idx) {
-                    *slot = Some(ns);
+                    let device = Rc::new(ns.device.clone());
+                    *slot = Some((ns, device));
                 }
             }
             self.ns_cache_gen = gen;
@@ -160,10 +173,10 @@ impl<D: BlockDevice> Queue<D> {
             return Outcome::status(cid, Status::COMMAND_SEQUENCE_ERROR.dnr());
         }
         let nsid = sqe.nsid.get();
-        // The device's `Arc` is cloned once, for the request (an atomic
-        // add here and a subtract when the request ends).
+        // The queue's handle on the device is cloned for the request: a
+        // count on this thread, no atomic.
         let (device, ana) = match self.namespace(ctrl, nsid) {
-            Some(ns) => (ns.device.clone(), ns.ana_state().io_status()),
+            Some((ns, device)) => (device.clone(), ns.ana_state().io_status()),
             None => {
                 log::debug!("{}: I/O opcode {:#04x} to inactive nsid {nsid}", self.peer, sqe.opcode);
                 return Outcome::status(cid, Status::INVALID_NAMESPACE.dnr());

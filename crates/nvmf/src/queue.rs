@@ -6,7 +6,7 @@
 
 use crate::controller::Controller;
 use crate::io::{BlockOp, BlockRequest};
-use crate::model::{Namespace, Subsystem, Target, Transport};
+use crate::model::{Subsystem, Target, Transport};
 use block::BlockDevice;
 use nvme_spec::fabrics::{connect_invalid_param_result, ConnectCmd, ConnectData, PropertyCmd};
 use nvme_spec::opcode::{Admin, FabricsType};
@@ -114,7 +114,7 @@ pub struct Queue<D> {
     pub(crate) local: SocketAddr,
     pub(crate) peer: SocketAddr,
     pub(crate) aers: Vec<u16>,
-    pub(crate) ns_cache: Vec<Option<Arc<Namespace<D>>>>,
+    pub(crate) ns_cache: Vec<Option<crate::io::CachedNamespace<D>>>,
     pub(crate) ns_cache_gen: u64,
     pub(crate) ns_subsys: Option<Arc<Subsystem<D>>>,
     pub(crate) pending: FxHashMap<u16, Pending>,

@@ -276,6 +276,31 @@ fn checks_lba_range_transfer_size_and_sgl_length() {
 }
 
 #[test]
+fn requests_share_the_queues_handle_on_the_device_not_its_atomic_count() {
+    let t = target();
+    let (_a, cntlid) = admin(&t);
+    let mut io = io_queue(&t, cntlid, 1);
+    let device = t.subsystem(SUB).and_then(|s| s.namespace(1)).expect("namespace 1").device.clone();
+    let first = match run(&mut io, &read_sqe(1, 1, 0, 1, 512), None) {
+        Outcome::Io(req) => req,
+        other => panic!("{other:?}"),
+    };
+    // The queue's cache took one reference to the device (and this test
+    // one); every request after that shares the queue's own handle.
+    let shared = Arc::strong_count(&device);
+    let mut held = vec![first];
+    for cid in 2..=64 {
+        match run(&mut io, &read_sqe(cid, 1, u64::from(cid), 1, 512), None) {
+            Outcome::Io(req) => held.push(req),
+            other => panic!("{other:?}"),
+        }
+    }
+    assert_eq!(Arc::strong_count(&device), shared, "a request cloned the device's Arc");
+    assert!(held.iter().all(|r| Arc::ptr_eq(&r.device, &device)), "a request names another device");
+    assert_eq!(std::rc::Rc::strong_count(&held[0].device), 1 + held.len(), "the queue's handle and the requests");
+}
+
+#[test]
 fn write_asks_for_data_then_becomes_a_block_request() {
     let t = target();
     let (_a, cntlid) = admin(&t);
