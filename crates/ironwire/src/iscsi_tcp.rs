@@ -50,7 +50,7 @@ pub struct Unit {
     busy: reactor::Drain,
 }
 
-/// A session's handle on a unit ([`Session::handles`]). The `Rc` is the
+/// A session's handle on a unit ([`Session::units`]). The `Rc` is the
 /// point: cloned per command, it is counted on this thread, where the
 /// unit's `Arc` is counted by every reactor.
 #[allow(clippy::redundant_allocation)]
@@ -381,7 +381,7 @@ impl Policy for IscsiModel {
     }
 }
 
-/// A session's own handle on each of `units` ([`Session::handles`]).
+/// A session's own handle on each of `units` ([`Session::units`]).
 fn handles_of(units: &BTreeMap<u64, Arc<Unit>>) -> BTreeMap<u64, UnitHandle> {
     units.iter().map(|(n, u)| (*n, Rc::new(u.clone()))).collect()
 }
@@ -389,13 +389,12 @@ fn handles_of(units: &BTreeMap<u64, Arc<Unit>>) -> BTreeMap<u64, UnitHandle> {
 struct Session {
     target: Arc<IscsiTarget>,
     nexus: Nexus,
-    /// The target's LUNs as this session last saw them, and their
-    /// generation in the target's [`LunTable`].
-    units: Arc<BTreeMap<u64, Arc<Unit>>>,
-    /// This session's handles on `units`, made with them: a command clones
-    /// one, a count on this thread, where a clone of the unit's `Arc` would
-    /// be an atomic on a count every reactor touches.
-    handles: BTreeMap<u64, UnitHandle>,
+    /// The target's LUNs as this session last saw them (their generation
+    /// in the target's [`LunTable`] below), each behind this session's own
+    /// handle: a command clones that, a count on this thread, where a clone
+    /// of the unit's `Arc` would be an atomic on a count every reactor
+    /// touches.
+    units: BTreeMap<u64, UnitHandle>,
     generation: u64,
     luns: Vec<u64>,
     /// REPORTED LUNS DATA HAS CHANGED is pending for this I_T nexus.
@@ -409,8 +408,7 @@ impl Session {
             u.lu.nexus_created(&nexus);
         }
         let luns = units.keys().copied().collect();
-        let handles = handles_of(&units);
-        Session { target, nexus, units, handles, generation, luns, luns_changed: false }
+        Session { target, nexus, units: handles_of(&units), generation, luns, luns_changed: false }
     }
 
     /// Catches up with a LUN change made since the last command: new units
@@ -422,18 +420,17 @@ impl Session {
         }
         let (generation, units) = self.target.table.snapshot();
         for (n, u) in units.iter() {
-            if !self.units.get(n).is_some_and(|o| Arc::ptr_eq(o, u)) {
+            if !self.units.get(n).is_some_and(|o| Arc::ptr_eq(&**o, u)) {
                 u.lu.nexus_created(&self.nexus);
             }
         }
         for (n, u) in self.units.iter() {
-            if !units.get(n).is_some_and(|o| Arc::ptr_eq(o, u)) {
+            if !units.get(n).is_some_and(|o| Arc::ptr_eq(o, &**u)) {
                 u.lu.nexus_lost(&self.nexus);
             }
         }
         self.luns = units.keys().copied().collect();
-        self.handles = handles_of(&units);
-        self.units = units;
+        self.units = handles_of(&units);
         self.generation = generation;
         self.luns_changed = true;
     }
@@ -869,7 +866,7 @@ fn command(conn: &Rc<Conn>, cmd: iscsi::target::Command<Buf>) {
     // A unit ctl is removing takes no new command: it is gone for this
     // session as soon as the session sees the change.
     let busy = match scsi::decode_lun(cmd.lun.to_be_bytes()) {
-        Some(scsi::Lun::Unit(n)) => s.handles.get(&n).and_then(Unit::enter),
+        Some(scsi::Lun::Unit(n)) => s.units.get(&n).and_then(Unit::enter),
         _ => None,
     };
     let unit = busy.as_ref().map(|b| b.0.clone());
