@@ -1,4 +1,5 @@
-# Helpers shared by the kernel-host runners (nvme-kernel.sh, iscsi-kernel.sh).
+# Helpers shared by the kernel-host runners (nvme-kernel.sh, iscsi-kernel.sh,
+# nvme-rdma.sh, nvme-rbd.sh) and prepare.sh.
 # Source it after setting TOOL (the name in log lines), KP (the kernel-peer
 # script) and INSTALL (0: never apt-get).
 
@@ -39,6 +40,33 @@ ensure_host_tools() {
 		say "kernel-peer prepare (cache $KP_CACHE)"
 	fi
 	"$KP" prepare || die "kernel-peer prepare failed"
+}
+
+# ensure_siw : the guest kernel and initramfs with siw.ko (KP_SIW=1).
+# kernel-peer only warns when building siw.ko fails; without it no NVMe/RDMA
+# check can run, so install what the build needs first and check the result
+# after.
+ensure_siw() {
+	local need=()
+	if ! compgen -G "$KP_CACHE/siw-*/siw.ko" >/dev/null; then
+		command -v gcc >/dev/null || need+=(gcc)
+		command -v make >/dev/null || need+=(make)
+		command -v patch >/dev/null || need+=(patch)
+		command -v strip >/dev/null || need+=(binutils)
+	fi
+	if ((${#need[@]})); then
+		((INSTALL)) || die "building siw.ko needs ${need[*]}, and --no-install given"
+		apt_update
+		say "apt-get install ${need[*]} (to build siw.ko)"
+		as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" ||
+			die "apt-get install ${need[*]} failed"
+	fi
+	# linux-headers/linux-source come with apt-get download: package lists needed
+	compgen -G "$KP_CACHE/siw-*/siw.ko" >/dev/null || { ((INSTALL)) && apt_update; }
+	ensure_host_tools
+	compgen -G "$KP_CACHE/siw-*/siw.ko" >/dev/null ||
+		find "$KP_CACHE"/kernel-*/ -name 'siw.ko*' 2>/dev/null | grep -q . ||
+		die "kernel-peer prepare built no siw.ko (see its output above; KP_CACHE=$KP_CACHE)"
 }
 
 # ensure_fio_layer : the guest's fio layer (KP_WITH_FIO=1), built from the

@@ -164,35 +164,6 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM HUP
 
-# kernel-peer only warns when building siw.ko fails; without it no check
-# can run, so install what the build needs first and check the result after.
-ensure_siw() {
-	local need=()
-	if ! compgen -G "$KP_CACHE/siw-*/siw.ko" >/dev/null; then
-		command -v gcc >/dev/null || need+=(gcc)
-		command -v make >/dev/null || need+=(make)
-		command -v patch >/dev/null || need+=(patch)
-		command -v strip >/dev/null || need+=(binutils)
-	fi
-	if ((${#need[@]})); then
-		((INSTALL)) || die "building siw.ko needs ${need[*]}, and --no-install given"
-		apt_update
-		say "apt-get install ${need[*]} (to build siw.ko)"
-		as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" ||
-			die "apt-get install ${need[*]} failed"
-	fi
-	# linux-headers/linux-source come with apt-get download: package lists needed
-	compgen -G "$KP_CACHE/siw-*/siw.ko" >/dev/null || { ((INSTALL)) && apt_update; }
-	ensure_host_tools
-	compgen -G "$KP_CACHE/siw-*/siw.ko" >/dev/null ||
-		find "$KP_CACHE"/kernel-*/ -name 'siw.ko*' 2>/dev/null | grep -q . ||
-		die "kernel-peer prepare built no siw.ko (see its output above; KP_CACHE=$KP_CACHE)"
-}
-
-
-
-
-
 # NVMe/TCP and NVMe/RDMA share 127.0.0.1:PORT (ironwire tells them apart by
 # the first bytes a host sends: an MPA request or an ICReq); CPORT is RDMA
 # only, with MPA CRC off.
