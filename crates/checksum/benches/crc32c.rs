@@ -1,7 +1,8 @@
 //! CRC32C throughput at the sizes digests see: a PDU header (8..72 bytes),
-//! 512 B, 4 KiB and 128 KiB data; the CRC of zeros, which reads none; and
-//! 4 KiB appended to a send buffer with their CRC, copied then fed against
-//! fed by the copy's own loads (`Appender`).
+//! an FPDU with a command or a completion (96..256 bytes), 512 B, 4 KiB
+//! and 128 KiB data; the CRC of zeros, which reads none; and 4 KiB
+//! appended to a send buffer with their CRC, copied then fed against fed
+//! by the copy's own loads (`Appender`).
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use std::hint::black_box;
@@ -9,7 +10,7 @@ use std::hint::black_box;
 fn crc32c(c: &mut Criterion) {
     let buf: Vec<u8> = (0..(128 << 10) + 8).map(|i: u32| (i.wrapping_mul(31) ^ (i >> 7)) as u8).collect();
     let mut g = c.benchmark_group("crc32c");
-    for len in [8usize, 24, 72, 512, 4096, 128 << 10] {
+    for len in [8usize, 24, 72, 96, 160, 256, 512, 4096, 128 << 10] {
         g.throughput(Throughput::Bytes(len as u64));
         g.bench_with_input(BenchmarkId::from_parameter(len), &len, |b, &len| {
             // Offset by one byte: digests cover unaligned PDU payloads.
