@@ -1,5 +1,5 @@
 //! CRC32C throughput at the sizes digests see: a PDU header (8..72 bytes),
-//! an FPDU with a command or a completion (96..256 bytes), 512 B, 4 KiB
+//! longer pieces to 256 bytes (an FPDU with a command is 84), 512 B, 4 KiB
 //! and 128 KiB data; the CRC of zeros, which reads none; and 4 KiB
 //! appended to a send buffer with their CRC, copied then fed against fed
 //! by the copy's own loads (`Appender`).
