@@ -42,13 +42,13 @@ ensure_host_tools() {
 	"$KP" prepare || die "kernel-peer prepare failed"
 }
 
-# ensure_siw : the guest kernel and initramfs with siw.ko (KP_SIW=1).
-# kernel-peer only warns when building siw.ko fails; without it no NVMe/RDMA
-# check can run, so install what the build needs first and check the result
-# after.
+# ensure_siw : the guest kernel and initramfs with siw.ko (the caller
+# exports KP_SIW=1). When the initramfs for this configuration is not
+# cached yet, kernel-peer may have to build siw.ko (and fails if it
+# cannot): install what the build needs first. A cached one has siw.ko.
 ensure_siw() {
 	local need=()
-	if ! compgen -G "$KP_CACHE/siw-*/siw.ko" >/dev/null; then
+	if ! "$KP" prepare --check 2>/dev/null; then
 		command -v gcc >/dev/null || need+=(gcc)
 		command -v make >/dev/null || need+=(make)
 		command -v patch >/dev/null || need+=(patch)
@@ -61,12 +61,7 @@ ensure_siw() {
 		as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" ||
 			die "apt-get install ${need[*]} failed"
 	fi
-	# linux-headers/linux-source come with apt-get download: package lists needed
-	compgen -G "$KP_CACHE/siw-*/siw.ko" >/dev/null || { ((INSTALL)) && apt_update; }
 	ensure_host_tools
-	compgen -G "$KP_CACHE/siw-*/siw.ko" >/dev/null ||
-		find "$KP_CACHE"/kernel-*/ -name 'siw.ko*' 2>/dev/null | grep -q . ||
-		die "kernel-peer prepare built no siw.ko (see its output above; KP_CACHE=$KP_CACHE)"
 }
 
 # ensure_fio_layer : the guest's fio layer (KP_WITH_FIO=1), built from the
