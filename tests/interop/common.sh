@@ -16,6 +16,16 @@ port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 as_root() { if ((EUID == 0)); then "$@"; elif command -v sudo >/dev/null; then sudo "$@"; else "$@"; fi; }
 APT_UPDATED=0
 apt_update() { ((APT_UPDATED)) && return 0; say "apt-get update"; as_root apt-get update -qq || die "apt-get update failed"; APT_UPDATED=1; }
+# apt_install WHY PKG... : installs the packages (without recommends), or
+# dies; WHY goes in the log line ("" for none).
+apt_install() {
+	local why=${1:+ ($1)}
+	shift
+	apt_update
+	say "apt-get install $*$why"
+	as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$@" ||
+		die "apt-get install $* failed"
+}
 
 # QEMU and the tools kernel-peer needs, then its (cached) kernel and initramfs.
 ensure_host_tools() {
@@ -28,10 +38,7 @@ ensure_host_tools() {
 	{ command -v flock && command -v setsid; } >/dev/null || need+=(util-linux)
 	if ((${#need[@]})); then
 		((INSTALL)) || die "missing host tools (${need[*]}) and --no-install given"
-		apt_update
-		say "apt-get install ${need[*]}"
-		as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" ||
-			die "apt-get install ${need[*]} failed"
+		apt_install "" "${need[@]}"
 	fi
 	# kernel-peer prepare downloads Debian packages (apt-get download) unless
 	# its cache is complete; that needs package lists.
@@ -56,10 +63,7 @@ ensure_siw() {
 	fi
 	if ((${#need[@]})); then
 		((INSTALL)) || die "building siw.ko needs ${need[*]}, and --no-install given"
-		apt_update
-		say "apt-get install ${need[*]} (to build siw.ko)"
-		as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" ||
-			die "apt-get install ${need[*]} failed"
+		apt_install "to build siw.ko" "${need[@]}"
 	fi
 	ensure_host_tools
 }
@@ -70,10 +74,7 @@ FIO_LAYER=0
 ensure_fio_layer() {
 	if ! command -v fio >/dev/null; then
 		((INSTALL)) || return 1
-		apt_update
-		say "apt-get install fio (for the guest's fio layer)"
-		as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends fio ||
-			die "apt-get install fio failed"
+		apt_install "for the guest's fio layer" fio
 	fi
 	KP_WITH_FIO=1 "$KP" prepare || die "kernel-peer prepare (fio layer) failed"
 	FIO_LAYER=1

@@ -196,13 +196,7 @@ cd "$REPO" || die "no repo at $REPO"
 [[ -x $IRONWIRE_BIN ]] || die "no ironwire binary at $IRONWIRE_BIN (cargo build --release, or set IRONWIRE_BIN)"
 [[ -x $CEPH_PEER ]] || die "no ceph-peer at $CEPH_PEER"
 ensure_host_tools
-# The guest's fio layer is built from the host's fio package.
-if ! command -v fio >/dev/null; then
-	((INSTALL)) || die "fio is not installed and --no-install given"
-	apt_update
-	as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends fio || die "apt-get install fio failed"
-fi
-KP_WITH_FIO=1 "$KP" prepare || die "kernel-peer prepare (fio layer) failed"
+ensure_fio_layer || die "fio is not installed and --no-install given"
 say "ceph-peer start $CEPH_DIR"
 "$CEPH_PEER" start "$CEPH_DIR" >"$WORK/ceph-peer.env" 2>"$WORK/ceph-peer.log" || { tail -n 30 "$WORK/ceph-peer.log" >&2; die "ceph-peer start failed"; }
 part_battery

@@ -28,10 +28,7 @@ export KP_SIW=1
 [[ $# -eq 0 ]] || { sed -n '2,/^set -uo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 2; }
 
 if ! command -v iscsi-test-cu >/dev/null; then
-	apt_update
-	say "apt-get install libiscsi-bin"
-	as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends libiscsi-bin ||
-		die "apt-get install libiscsi-bin failed"
+	apt_install "" libiscsi-bin
 fi
 ensure_siw
 ensure_fio_layer
