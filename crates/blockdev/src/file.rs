@@ -26,9 +26,11 @@
 //! through the buffered descriptor instead, so 512-byte blocks always work.
 //! Every descriptor is a reopen of the one object the path resolved to
 //! ([`crate::resolve`]), never a second lookup of the path.
-//! Each I/O holds a reference to the descriptors until its completion, so a
-//! device removed while I/O is in flight never lets the numbers be reused
-//! under the kernel.
+//! An I/O borrows its descriptor from the backend, so the device outlives
+//! it; a ring operation dropped before the kernel took it submits it
+//! first ([`reactor::fs`]), so a device removed then never lets the number
+//! be reused under the kernel, and no I/O counts a reference on anything
+//! that other reactors share.
 //!
 //! A third descriptor serves flushes only. The kernel reports a writeback
 //! error once per open file description (`errseq_t`), to whichever
@@ -39,8 +41,7 @@
 
 use std::fs::File;
 use std::io;
-use std::os::fd::{AsRawFd, RawFd};
-use std::sync::Arc;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
 
 use crate::iobuf::{IoBuf, IO_BUF_ALIGN};
 use crate::resolve::Resolved;
@@ -75,21 +76,8 @@ struct Fds {
     sync: File,
 }
 
-/// One I/O's descriptor, holding the device's descriptors open until the
-/// kernel is done with it.
-struct FdRef {
-    fd: RawFd,
-    _owner: Arc<Fds>,
-}
-
-impl AsRawFd for FdRef {
-    fn as_raw_fd(&self) -> RawFd {
-        self.fd
-    }
-}
-
 pub(crate) struct FileBackend {
-    fds: Arc<Fds>,
+    fds: Fds,
     /// Offset and length alignment `O_DIRECT` needs (0 when not direct).
     dio_align: u64,
     /// Buffer address alignment `O_DIRECT` needs.
@@ -225,7 +213,7 @@ impl FileBackend {
         let dio_align = if direct.is_some() { u64::from(dio_align) } else { 0 };
         Ok(Opened {
             backend: FileBackend {
-                fds: Arc::new(Fds { buffered, direct, sync }),
+                fds: Fds { buffered, direct, sync },
                 dio_align,
                 dio_mem_align: usize::try_from(dio_mem_align).unwrap_or(IO_BUF_ALIGN).max(1),
                 is_block,
@@ -258,16 +246,15 @@ impl FileBackend {
 
     /// The descriptor for an I/O of `len` bytes at `pos` from `addr`:
     /// direct when everything is aligned for it, buffered otherwise.
-    fn pick(&self, pos: u64, len: usize, addr: usize) -> FdRef {
-        let fd = match &self.fds.direct {
-            Some(direct) if self.direct_fits(pos, len, addr) => direct.as_raw_fd(),
-            _ => self.fds.buffered.as_raw_fd(),
-        };
-        FdRef { fd, _owner: self.fds.clone() }
+    fn pick(&self, pos: u64, len: usize, addr: usize) -> BorrowedFd<'_> {
+        match &self.fds.direct {
+            Some(direct) if self.direct_fits(pos, len, addr) => direct.as_fd(),
+            _ => self.fds.buffered.as_fd(),
+        }
     }
 
-    fn buffered(&self) -> FdRef {
-        FdRef { fd: self.fds.buffered.as_raw_fd(), _owner: self.fds.clone() }
+    fn buffered(&self) -> BorrowedFd<'_> {
+        self.fds.buffered.as_fd()
     }
 
     /// Reads all of `buf` at `offset`, in as many reads as it takes (fixed
@@ -325,8 +312,7 @@ impl FileBackend {
     /// fdatasync through the flush-only descriptor. On a block device it
     /// also flushes the device's volatile write cache.
     pub(crate) async fn flush(&self) -> io::Result<()> {
-        let fd = FdRef { fd: self.fds.sync.as_raw_fd(), _owner: self.fds.clone() };
-        reactor::fs::sync(fd, true).await
+        reactor::fs::sync(self.fds.sync.as_fd(), true).await
     }
 
     /// fallocate on the ring: the kernel runs it off this thread.
@@ -448,10 +434,10 @@ mod tests {
         let backend = opened.backend;
         run(async {
             let direct = backend.fds.direct.as_ref().expect("direct fd").as_raw_fd();
-            assert_eq!(backend.pick(8192, 4096, 4096).fd, direct);
-            assert_ne!(backend.pick(512, 4096, 4096).fd, direct);
-            assert_ne!(backend.pick(4096, 512, 4096).fd, direct);
-            assert_ne!(backend.pick(4096, 4096, 4096 + 512).fd, direct);
+            assert_eq!(backend.pick(8192, 4096, 4096).as_raw_fd(), direct);
+            assert_ne!(backend.pick(512, 4096, 4096).as_raw_fd(), direct);
+            assert_ne!(backend.pick(4096, 512, 4096).as_raw_fd(), direct);
+            assert_ne!(backend.pick(4096, 4096, 4096 + 512).as_raw_fd(), direct);
 
             let (res, _) = backend.write(512, IoBuf::from_slice(&[0x3c; 1536]), false).await;
             res.expect("unaligned write");

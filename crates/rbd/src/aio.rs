@@ -24,7 +24,7 @@ use std::collections::VecDeque;
 use std::ffi::{c_int, c_void};
 use std::future::poll_fn;
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
 use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -87,15 +87,6 @@ unsafe extern "C" fn on_complete(c: Completion, arg: *mut c_void) {
         // SAFETY: writes 8 bytes from a live buffer to our eventfd. It
         // cannot block: the counter is read before it nears its limit.
         unsafe { libc::write(shared.eventfd.as_raw_fd(), one.as_ptr().cast(), one.len()) };
-    }
-}
-
-/// The eventfd as a descriptor owner for the reactor's read.
-struct EventFd(Arc<Shared>);
-
-impl AsRawFd for EventFd {
-    fn as_raw_fd(&self) -> RawFd {
-        self.0.eventfd.as_raw_fd()
     }
 }
 
@@ -185,7 +176,7 @@ async fn drain(local: Rc<Local>) {
     let mut counter = vec![0u8; 8];
     let mut batch: VecDeque<u32> = VecDeque::with_capacity(SLOTS);
     loop {
-        let (res, buf) = reactor::fs::read_at(EventFd(local.shared.clone()), counter, 0).await;
+        let (res, buf) = reactor::fs::read_at(local.shared.eventfd.as_fd(), counter, 0).await;
         counter = buf;
         if let Err(e) = res {
             log::error!("rbd: reading the completion eventfd failed: {e}; rbd I/O on this reactor stops");

@@ -6,7 +6,7 @@
 
 use std::cell::RefCell;
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
 use std::sync::Arc;
 
 /// The reactor's side: waits for rings. Not `Send`; make it on the
@@ -20,14 +20,6 @@ pub struct Doorbell {
 /// Another thread's side: rings the doorbell. Cheap to clone.
 #[derive(Clone, Debug)]
 pub struct Ringer(Arc<OwnedFd>);
-
-struct Fd(Arc<OwnedFd>);
-
-impl AsRawFd for Fd {
-    fn as_raw_fd(&self) -> RawFd {
-        self.0.as_raw_fd()
-    }
-}
 
 /// A doorbell and the ringer that rings it.
 pub fn doorbell() -> io::Result<(Doorbell, Ringer)> {
@@ -46,7 +38,7 @@ impl Doorbell {
     /// last wait). Not for two waiters at a time.
     pub async fn wait(&self) -> io::Result<()> {
         let counter = self.counter.borrow_mut().take().unwrap_or_else(|| vec![0; 8]);
-        let (res, counter) = crate::fs::read_at(Fd(self.fd.clone()), counter, 0).await;
+        let (res, counter) = crate::fs::read_at(self.fd.as_fd(), counter, 0).await;
         *self.counter.borrow_mut() = Some(counter);
         res.map(drop)
     }

@@ -7,7 +7,7 @@ use crate::op::{result, Op};
 use crate::rt::with_core;
 use io_uring::{opcode, types};
 use std::io;
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsRawFd, BorrowedFd};
 
 /// Registers `len` bytes at `base` as this reactor's fixed buffer (index
 /// 0). Reads and writes whose bytes lie inside it may use
@@ -41,13 +41,10 @@ pub fn is_fixed(ptr: *const u8, len: usize) -> bool {
     .unwrap_or(false)
 }
 
-/// Reads `buf`'s writable bytes at `pos` of `file` (which keeps its
-/// descriptor open until the kernel is done): bytes read and the buffer.
-pub async fn read_at<F, B>(file: F, mut buf: B, pos: u64) -> (io::Result<usize>, B)
-where
-    F: AsRawFd + 'static,
-    B: IoBufMut,
-{
+/// Reads `buf`'s writable bytes at `pos` of `file`: bytes read and the
+/// buffer. The borrow keeps the descriptor open until the kernel has the
+/// request (see [`crate::op`]); nothing is counted per operation.
+pub async fn read_at<B: IoBufMut>(file: BorrowedFd<'_>, mut buf: B, pos: u64) -> (io::Result<usize>, B) {
     let (ptr, len) = (buf.write_ptr(), buf.bytes_total());
     let fd = types::Fd(file.as_raw_fd());
     let entry = if is_fixed(ptr, len) {
@@ -55,8 +52,8 @@ where
     } else {
         opcode::Read::new(fd, ptr, len as u32).offset(pos).build()
     };
-    let done = Op::submit(entry, (buf, file)).await;
-    let (mut buf, _) = done.data;
+    let done = Op::submit_borrowed(entry, buf).await;
+    let mut buf = done.data;
     let n = result(done.res);
     if let Ok(n) = n {
         // SAFETY: the kernel wrote `n` bytes.
@@ -67,11 +64,7 @@ where
 
 /// Writes `buf`'s bytes at `pos` of `file`; with `dsync` the write is
 /// durable when it completes (`RWF_DSYNC`, the FUA of a file).
-pub async fn write_at<F, B>(file: F, buf: B, pos: u64, dsync: bool) -> (io::Result<usize>, B)
-where
-    F: AsRawFd + 'static,
-    B: IoBuf,
-{
+pub async fn write_at<B: IoBuf>(file: BorrowedFd<'_>, buf: B, pos: u64, dsync: bool) -> (io::Result<usize>, B) {
     let (ptr, len) = (buf.read_ptr(), buf.bytes_init());
     let fd = types::Fd(file.as_raw_fd());
     let flags = if dsync { libc::RWF_DSYNC } else { 0 };
@@ -80,24 +73,24 @@ where
     } else {
         opcode::Write::new(fd, ptr, len as u32).offset(pos).rw_flags(flags).build()
     };
-    let done = Op::submit(entry, (buf, file)).await;
-    (result(done.res), done.data.0)
+    let done = Op::submit_borrowed(entry, buf).await;
+    (result(done.res), done.data)
 }
 
 /// `fdatasync` (or `fsync` with `data_only` false) of `file`.
-pub async fn sync<F: AsRawFd + 'static>(file: F, data_only: bool) -> io::Result<()> {
+pub async fn sync(file: BorrowedFd<'_>, data_only: bool) -> io::Result<()> {
     let mut op = opcode::Fsync::new(types::Fd(file.as_raw_fd()));
     if data_only {
         op = op.flags(types::FsyncFlags::DATASYNC);
     }
-    let done = Op::submit(op.build(), file).await;
+    let done = Op::submit_borrowed(op.build(), ()).await;
     result(done.res).map(drop)
 }
 
 /// `fallocate(mode, offset, len)` of `file`, off the thread.
-pub async fn fallocate<F: AsRawFd + 'static>(file: F, mode: i32, offset: u64, len: u64) -> io::Result<()> {
+pub async fn fallocate(file: BorrowedFd<'_>, mode: i32, offset: u64, len: u64) -> io::Result<()> {
     let entry = opcode::Fallocate::new(types::Fd(file.as_raw_fd()), len).offset(offset).mode(mode).build();
-    let done = Op::submit(entry, file).await;
+    let done = Op::submit_borrowed(entry, ()).await;
     result(done.res).map(drop)
 }
 
@@ -112,12 +105,12 @@ const BLOCK_URING_CMD_DISCARD: u32 = 0x1200;
 /// `fallocate` mode for this: `FALLOC_FL_NO_HIDE_STALE`, which
 /// `blkdev_fallocate` once mapped to a discard, was always refused by
 /// `vfs_fallocate` and was dropped in 6.12.
-pub async fn discard<F: AsRawFd + 'static>(file: F, offset: u64, len: u64) -> io::Result<()> {
+pub async fn discard(file: BorrowedFd<'_>, offset: u64, len: u64) -> io::Result<()> {
     let entry = opcode::UringCmd16::new(types::Fd(file.as_raw_fd()), BLOCK_URING_CMD_DISCARD)
         .addr(Some(offset))
         .cmd(pack_u64(len))
         .build();
-    let done = Op::submit(entry, file).await;
+    let done = Op::submit_borrowed(entry, ()).await;
     result(done.res).map(drop)
 }
 

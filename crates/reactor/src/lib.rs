@@ -639,15 +639,64 @@ mod tests {
         });
     }
 
+    fn pipe() -> (std::fs::File, std::fs::File) {
+        use std::os::fd::FromRawFd;
+        let mut fds = [0; 2];
+        // SAFETY: `fds` has room for the two descriptors.
+        assert_eq!(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC | libc::O_NONBLOCK) }, 0);
+        // SAFETY: two fresh descriptors, each owned once.
+        unsafe { (std::fs::File::from_raw_fd(fds[0]), std::fs::File::from_raw_fd(fds[1])) }
+    }
+
+    /// A file operation dropped before the turn submitted it is submitted
+    /// as it drops, while its borrow still holds the descriptor: closing it
+    /// then, and getting its number back for another file, must not
+    /// redirect the write. (Pipes, because a pipe write completes as it is
+    /// submitted, so the cancel that follows cannot hide where it went.)
+    #[test]
+    fn file_operation_dropped_unsubmitted_never_reaches_a_reused_descriptor() {
+        use std::io::Read;
+        use std::os::fd::{AsFd, AsRawFd};
+        let (mut first, first_w) = pipe();
+        let (mut second, second_w) = pipe();
+        run(async {
+            let number = first_w.as_raw_fd();
+            let mut write = Box::pin(fs::write_at(first_w.as_fd(), b"for the first pipe".to_vec(), 0, false));
+            // Polled once: queued on the ring, not yet handed to the kernel.
+            std::future::poll_fn(|cx| {
+                assert!(write.as_mut().poll(cx).is_pending());
+                Poll::Ready(())
+            })
+            .await;
+            drop(write);
+            drop(first_w);
+            // SAFETY: `dup` of a live descriptor; the copy is owned once.
+            let taken =
+                unsafe { <std::fs::File as std::os::fd::FromRawFd>::from_raw_fd(libc::dup(second_w.as_raw_fd())) };
+            assert_eq!(taken.as_raw_fd(), number, "the test needs the number reused");
+            // Turns in which a write still queued would reach `taken`.
+            sleep(Duration::from_millis(10)).await;
+            drop(taken);
+        });
+        drop(second_w);
+        let mut got = Vec::new();
+        let _ = second.read_to_end(&mut got);
+        assert!(got.is_empty(), "the dropped write reached the pipe that took its number: {got:?}");
+        let mut got = Vec::new();
+        let _ = first.read_to_end(&mut got);
+        assert_eq!(got, b"for the first pipe");
+    }
+
     #[test]
     fn file_reads_and_writes_go_through_the_ring() {
         let path = std::env::temp_dir().join(format!("reactor-fs-{}", std::process::id()));
-        let file = std::rc::Rc::new(std::fs::File::create_new(&path).expect("create"));
+        use std::os::fd::AsFd;
+        let file = std::fs::File::create_new(&path).expect("create");
         let r = run(async {
-            let (w, _) = fs::write_at(file.clone(), b"hello ring".to_vec(), 4096, true).await;
+            let (w, _) = fs::write_at(file.as_fd(), b"hello ring".to_vec(), 4096, true).await;
             assert_eq!(w.expect("write"), 10);
-            fs::sync(file.clone(), true).await.expect("fdatasync");
-            let (n, buf) = fs::read_at(file.clone(), Vec::with_capacity(10), 4096).await;
+            fs::sync(file.as_fd(), true).await.expect("fdatasync");
+            let (n, buf) = fs::read_at(file.as_fd(), Vec::with_capacity(10), 4096).await;
             assert_eq!(n.expect("read"), 10);
             buf
         });

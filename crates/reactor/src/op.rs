@@ -1,7 +1,10 @@
 //! One ring operation as a future: it owns what the kernel touches (buffers,
 //! the descriptor's owner, socket addresses) until the completion, and if
 //! it is dropped first, hands them to the ring's slot and asks the kernel
-//! to cancel.
+//! to cancel. An operation on a borrowed descriptor owns nothing of it:
+//! the kernel takes its own reference on the file when the entry is
+//! submitted, so dropped before that, the operation submits first, while
+//! the borrow still keeps the number open.
 
 use crate::rt::{with_core, OpState};
 use io_uring::squeue;
@@ -13,6 +16,8 @@ pub(crate) struct Op<T: 'static> {
     idx: u32,
     data: Option<T>,
     done: bool,
+    /// The entry names a descriptor the caller only borrowed.
+    borrowed_fd: bool,
 }
 
 /// A finished operation: the kernel's result, the CQE flags, and what the
@@ -27,7 +32,18 @@ impl<T: 'static> Op<T> {
     /// does not move with it).
     pub(crate) fn submit(entry: squeue::Entry, data: T) -> Op<T> {
         let idx = with_core(|c| c.push(entry, OpState::Waiting(None)));
-        Op { idx, data: Some(data), done: false }
+        Op { idx, data: Some(data), done: false, borrowed_fd: false }
+    }
+
+    /// As [`Op::submit`], for an entry naming a descriptor that the
+    /// caller's borrow keeps open only as long as this `Op` lives: dropped
+    /// unfinished, it hands the kernel every queued entry before it lets
+    /// go, so the number is never looked up after it may have been closed
+    /// and reused.
+    pub(crate) fn submit_borrowed(entry: squeue::Entry, data: T) -> Op<T> {
+        let mut op = Op::submit(entry, data);
+        op.borrowed_fd = true;
+        op
     }
 }
 
@@ -58,7 +74,13 @@ impl<T: 'static> Drop for Op<T> {
         }
         let keep = self.data.take().map(|d| Box::new(d) as Box<dyn std::any::Any>);
         let idx = self.idx;
-        crate::rt::try_with_core(|c| c.abandon(idx, keep));
+        let borrowed_fd = self.borrowed_fd;
+        crate::rt::try_with_core(|c| {
+            if borrowed_fd {
+                c.submit_queued();
+            }
+            c.abandon(idx, keep)
+        });
     }
 }
 

@@ -876,6 +876,20 @@ impl Core {
         }
     }
 
+    /// Hands the kernel every entry queued so far, now rather than at the
+    /// end of the turn: it looks up each entry's descriptor as it takes
+    /// the entry (nothing here links or drains entries, which would defer
+    /// that). Completions are reaped in between only when the kernel
+    /// refused to take more (a full completion queue).
+    pub(crate) fn submit_queued(&self) {
+        while !self.ring.borrow_mut().submission().is_empty() {
+            self.enter(0, None);
+            if !self.ring.borrow_mut().submission().is_empty() {
+                self.reap();
+            }
+        }
+    }
+
     pub(crate) fn cancel(&self, idx: u32) {
         let entry = opcode::AsyncCancel::new(u64::from(idx)).build().user_data(IGNORED);
         self.push_entry(entry);
