@@ -43,6 +43,8 @@ use std::fs::File;
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
 
+use reactor::fs::SharedFile;
+
 use crate::iobuf::{IoBuf, IO_BUF_ALIGN};
 use crate::resolve::Resolved;
 use reactor::buf::{IoBuf as _, IoBufMut as _};
@@ -69,8 +71,10 @@ mod ioctl {
 const ZERO_CHUNK: usize = 1 << 20;
 
 struct Fds {
-    buffered: File,
-    direct: Option<File>,
+    /// Registered in each reactor's file table where the ring has one,
+    /// except a block device's, which holds the device's `O_EXCL` claim.
+    buffered: SharedFile,
+    direct: Option<SharedFile>,
     /// Used by [`FileBackend::flush`] and nothing else (see the module
     /// documentation).
     sync: File,
@@ -169,9 +173,9 @@ impl FileBackend {
     /// The backing file's length or block device's size now.
     pub(crate) fn current_size(&self) -> io::Result<u64> {
         if self.is_block {
-            block_size_bytes(&self.fds.buffered)
+            block_size_bytes(self.fds.buffered.file())
         } else {
-            Ok(self.fds.buffered.metadata()?.len())
+            Ok(self.fds.buffered.file().metadata()?.len())
         }
     }
 
@@ -181,8 +185,9 @@ impl FileBackend {
         if self.is_block {
             return Err(io::Error::other("a block device's size is its own"));
         }
-        if self.fds.buffered.metadata()?.len() < len {
-            self.fds.buffered.set_len(len)?;
+        let file = self.fds.buffered.file();
+        if file.metadata()?.len() < len {
+            file.set_len(len)?;
         }
         Ok(())
     }
@@ -213,7 +218,11 @@ impl FileBackend {
         let dio_align = if direct.is_some() { u64::from(dio_align) } else { 0 };
         Ok(Opened {
             backend: FileBackend {
-                fds: Fds { buffered, direct, sync },
+                fds: Fds {
+                    buffered: if is_block { SharedFile::by_descriptor(buffered) } else { SharedFile::new(buffered) },
+                    direct: direct.map(SharedFile::new),
+                    sync,
+                },
                 dio_align,
                 dio_mem_align: usize::try_from(dio_mem_align).unwrap_or(IO_BUF_ALIGN).max(1),
                 is_block,
@@ -227,7 +236,8 @@ impl FileBackend {
     #[cfg(test)]
     pub(crate) fn inodes(&self) -> Vec<u64> {
         use std::os::unix::fs::MetadataExt;
-        let fds = [Some(&self.fds.buffered), Some(&self.fds.sync), self.fds.direct.as_ref()];
+        let fds =
+            [Some(self.fds.buffered.file()), Some(&self.fds.sync), self.fds.direct.as_ref().map(SharedFile::file)];
         fds.into_iter().flatten().map(|f| f.metadata().expect("fstat").ino()).collect()
     }
 
@@ -244,12 +254,12 @@ impl FileBackend {
             && addr.is_multiple_of(self.dio_mem_align)
     }
 
-    /// The descriptor for an I/O of `len` bytes at `pos` from `addr`:
-    /// direct when everything is aligned for it, buffered otherwise.
-    fn pick(&self, pos: u64, len: usize, addr: usize) -> BorrowedFd<'_> {
+    /// The file for an I/O of `len` bytes at `pos` from `addr`: direct
+    /// when everything is aligned for it, buffered otherwise.
+    fn pick(&self, pos: u64, len: usize, addr: usize) -> &SharedFile {
         match &self.fds.direct {
-            Some(direct) if self.direct_fits(pos, len, addr) => direct.as_fd(),
-            _ => self.fds.buffered.as_fd(),
+            Some(direct) if self.direct_fits(pos, len, addr) => direct,
+            _ => &self.fds.buffered,
         }
     }
 
@@ -433,11 +443,11 @@ mod tests {
         opened.backend.dio_mem_align = 4096;
         let backend = opened.backend;
         run(async {
-            let direct = backend.fds.direct.as_ref().expect("direct fd").as_raw_fd();
-            assert_eq!(backend.pick(8192, 4096, 4096).as_raw_fd(), direct);
-            assert_ne!(backend.pick(512, 4096, 4096).as_raw_fd(), direct);
-            assert_ne!(backend.pick(4096, 512, 4096).as_raw_fd(), direct);
-            assert_ne!(backend.pick(4096, 4096, 4096 + 512).as_raw_fd(), direct);
+            let direct = backend.fds.direct.as_ref().expect("direct fd").file().as_raw_fd();
+            assert_eq!(backend.pick(8192, 4096, 4096).file().as_raw_fd(), direct);
+            assert_ne!(backend.pick(512, 4096, 4096).file().as_raw_fd(), direct);
+            assert_ne!(backend.pick(4096, 512, 4096).file().as_raw_fd(), direct);
+            assert_ne!(backend.pick(4096, 4096, 4096 + 512).file().as_raw_fd(), direct);
 
             let (res, _) = backend.write(512, IoBuf::from_slice(&[0x3c; 1536]), false).await;
             res.expect("unaligned write");

@@ -1,13 +1,112 @@
 //! File and block-device I/O on the reactor's ring, including registered
-//! (fixed) buffers: the same ring as the sockets, so a completed disk read
-//! and the send of its data happen in the same loop turn.
+//! (fixed) buffers and registered files: the same ring as the sockets, so
+//! a completed disk read and the send of its data happen in the same loop
+//! turn.
 
 use crate::buf::{IoBuf, IoBufMut};
 use crate::op::{result, Op};
-use crate::rt::with_core;
-use io_uring::{opcode, types};
+use crate::rt::{with_core, Remote};
+use io_uring::{opcode, squeue, types};
 use std::io;
-use std::os::fd::{AsRawFd, BorrowedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+
+/// A file that every reactor may do I/O on (a device's descriptor). Each
+/// reactor puts it in its ring's registered file table the first time it
+/// does ([`crate::Features::fixed_files`], kernel 6.13+), and its reads and
+/// writes then name the slot: the kernel takes no reference on the file
+/// per operation, an atomic count that every reactor serving the device
+/// would write. Dropped, on whatever thread, it asks each of those
+/// reactors to empty its slot (waking it if it sleeps); the file closes
+/// once they have and its requests in flight are done. Where a reactor
+/// has no table, or it is full, that reactor uses the descriptor.
+pub struct SharedFile {
+    file: std::fs::File,
+    /// False: always by descriptor ([`SharedFile::by_descriptor`]).
+    register: bool,
+    /// Names the file in each reactor's map of slots; never reused.
+    key: u64,
+    /// The reactors that gave it a slot, and the slot.
+    homes: Mutex<Vec<(Arc<Remote>, u32)>>,
+}
+
+impl SharedFile {
+    pub fn new(file: std::fs::File) -> SharedFile {
+        static KEYS: AtomicU64 = AtomicU64::new(0);
+        SharedFile { file, register: true, key: KEYS.fetch_add(1, Ordering::Relaxed), homes: Mutex::new(Vec::new()) }
+    }
+
+    /// A file that is never registered: closing its descriptor must let go
+    /// of it at once (an `O_EXCL` claim on a block device, which a slot
+    /// would hold until its reactor got round to emptying it).
+    pub fn by_descriptor(file: std::fs::File) -> SharedFile {
+        let mut f = SharedFile::new(file);
+        f.register = false;
+        f
+    }
+
+    /// The file, for everything but ring I/O.
+    pub fn file(&self) -> &std::fs::File {
+        &self.file
+    }
+
+    /// What this thread's ring names the file by, and the flags for it.
+    fn target(&self) -> (types::Fd, squeue::Flags) {
+        let fd = self.file.as_raw_fd();
+        if !self.register {
+            return (types::Fd(fd), squeue::Flags::empty());
+        }
+        match crate::rt::try_with_core(|c| c.shared_slot(self.key, fd, &self.homes)).flatten() {
+            // A slot is below the table's size, which fits an i32.
+            Some(slot) => (types::Fd(slot as i32), squeue::Flags::FIXED_FILE),
+            None => (types::Fd(fd), squeue::Flags::empty()),
+        }
+    }
+}
+
+impl Drop for SharedFile {
+    fn drop(&mut self) {
+        for (home, slot) in self.homes.get_mut().unwrap_or_else(PoisonError::into_inner).drain(..) {
+            home.release(self.key, slot);
+        }
+    }
+}
+
+impl AsFd for SharedFile {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.file.as_fd()
+    }
+}
+
+/// The file of a read or write: a descriptor, or a [`SharedFile`] by its
+/// slot in this reactor's table where it has one.
+#[derive(Clone, Copy)]
+pub enum FileRef<'a> {
+    Fd(BorrowedFd<'a>),
+    Shared(&'a SharedFile),
+}
+
+impl FileRef<'_> {
+    fn target(self) -> (types::Fd, squeue::Flags) {
+        match self {
+            FileRef::Fd(fd) => (types::Fd(fd.as_raw_fd()), squeue::Flags::empty()),
+            FileRef::Shared(f) => f.target(),
+        }
+    }
+}
+
+impl<'a> From<BorrowedFd<'a>> for FileRef<'a> {
+    fn from(fd: BorrowedFd<'a>) -> Self {
+        FileRef::Fd(fd)
+    }
+}
+
+impl<'a> From<&'a SharedFile> for FileRef<'a> {
+    fn from(f: &'a SharedFile) -> Self {
+        FileRef::Shared(f)
+    }
+}
 
 /// Registers `len` bytes at `base` as this reactor's fixed buffer (index
 /// 0). Reads and writes whose bytes lie inside it may use
@@ -44,14 +143,15 @@ pub fn is_fixed(ptr: *const u8, len: usize) -> bool {
 /// Reads `buf`'s writable bytes at `pos` of `file`: bytes read and the
 /// buffer. The borrow keeps the descriptor open until the kernel has the
 /// request (see [`crate::op`]); nothing is counted per operation.
-pub async fn read_at<B: IoBufMut>(file: BorrowedFd<'_>, mut buf: B, pos: u64) -> (io::Result<usize>, B) {
+pub async fn read_at<'a, B: IoBufMut>(file: impl Into<FileRef<'a>>, mut buf: B, pos: u64) -> (io::Result<usize>, B) {
     let (ptr, len) = (buf.write_ptr(), buf.bytes_total());
-    let fd = types::Fd(file.as_raw_fd());
+    let (fd, flags) = file.into().target();
     let entry = if is_fixed(ptr, len) {
         opcode::ReadFixed::new(fd, ptr, len as u32, 0).offset(pos).build()
     } else {
         opcode::Read::new(fd, ptr, len as u32).offset(pos).build()
-    };
+    }
+    .flags(flags);
     let done = Op::submit_borrowed(entry, buf).await;
     let mut buf = done.data;
     let n = result(done.res);
@@ -64,15 +164,21 @@ pub async fn read_at<B: IoBufMut>(file: BorrowedFd<'_>, mut buf: B, pos: u64) ->
 
 /// Writes `buf`'s bytes at `pos` of `file`; with `dsync` the write is
 /// durable when it completes (`RWF_DSYNC`, the FUA of a file).
-pub async fn write_at<B: IoBuf>(file: BorrowedFd<'_>, buf: B, pos: u64, dsync: bool) -> (io::Result<usize>, B) {
+pub async fn write_at<'a, B: IoBuf>(
+    file: impl Into<FileRef<'a>>,
+    buf: B,
+    pos: u64,
+    dsync: bool,
+) -> (io::Result<usize>, B) {
     let (ptr, len) = (buf.read_ptr(), buf.bytes_init());
-    let fd = types::Fd(file.as_raw_fd());
+    let (fd, sqe_flags) = file.into().target();
     let flags = if dsync { libc::RWF_DSYNC } else { 0 };
     let entry = if is_fixed(ptr, len) {
         opcode::WriteFixed::new(fd, ptr, len as u32, 0).offset(pos).rw_flags(flags).build()
     } else {
         opcode::Write::new(fd, ptr, len as u32).offset(pos).rw_flags(flags).build()
-    };
+    }
+    .flags(sqe_flags);
     let done = Op::submit_borrowed(entry, buf).await;
     (result(done.res), done.data)
 }

@@ -687,6 +687,71 @@ mod tests {
         assert_eq!(got, b"for the first pipe");
     }
 
+    /// A shared file takes one slot on the reactor that does I/O on it, and
+    /// when it is dropped on another thread that reactor, asleep in the
+    /// kernel with nothing to do, is woken to empty the slot: only then
+    /// does the file close (the kernel reports its last close to inotify).
+    #[test]
+    fn shared_file_takes_one_slot_and_closes_when_dropped_on_another_thread() {
+        use std::ffi::CString;
+        use std::os::unix::ffi::OsStrExt;
+        let path = std::env::temp_dir().join(format!("reactor-shared-{}", std::process::id()));
+        let file = std::fs::File::options().read(true).write(true).create_new(true).open(&path).expect("create");
+        let shared = std::sync::Arc::new(fs::SharedFile::new(file));
+        // SAFETY: plain syscalls on a fresh descriptor and a NUL-terminated path.
+        let inotify = unsafe { libc::inotify_init1(libc::IN_CLOEXEC) };
+        assert!(inotify >= 0);
+        let cpath = CString::new(path.as_os_str().as_bytes()).expect("path");
+        // SAFETY: as above.
+        let watch =
+            unsafe { libc::inotify_add_watch(inotify, cpath.as_ptr(), libc::IN_CLOSE_WRITE | libc::IN_CLOSE_NOWRITE) };
+        assert!(watch >= 0);
+        let (done, ring_done) = crate::doorbell().expect("doorbell");
+        let (tx, rx) = std::sync::mpsc::channel();
+        let on_reactor = shared.clone();
+        let reactor = std::thread::spawn(move || {
+            let mut rt = Runtime::new(Config::default()).expect("runtime");
+            if !rt.features().fixed_files {
+                tx.send(None).expect("send");
+                return None;
+            }
+            rt.block_on(async move {
+                let before = crate::rt::with_core(|c| c.file_counts().0);
+                let (w, _) = fs::write_at(&*on_reactor, b"shared".to_vec(), 0, false).await;
+                assert_eq!(w.expect("write"), 6);
+                let (n, buf) = fs::read_at(&*on_reactor, Vec::with_capacity(6), 0).await;
+                assert_eq!(n.expect("read"), 6);
+                assert_eq!(buf, b"shared");
+                // One slot for both operations.
+                assert_eq!(crate::rt::with_core(|c| c.file_counts().0), before + 1);
+                drop(on_reactor);
+                tx.send(Some(before)).expect("send");
+                // Asleep until the test is over: no timer, no other work.
+                done.wait().await.expect("doorbell");
+                Some((before, crate::rt::with_core(|c| c.file_counts().0)))
+            })
+        });
+        let ran = rx.recv().expect("reactor");
+        drop(shared);
+        let mut closed = false;
+        if ran.is_some() {
+            let mut pfd = libc::pollfd { fd: inotify, events: libc::POLLIN, revents: 0 };
+            // SAFETY: one valid pollfd.
+            closed = unsafe { libc::poll(&mut pfd, 1, 10_000) } == 1;
+        }
+        ring_done.ring();
+        let counts = reactor.join().expect("reactor thread");
+        // SAFETY: our descriptor, closed once.
+        unsafe { libc::close(inotify) };
+        let _ = std::fs::remove_file(&path);
+        let Some((before, after)) = counts else {
+            eprintln!("skipped: this kernel's io_uring has no registered file table for us");
+            return;
+        };
+        assert!(closed, "the file stayed open: its reactor never emptied the slot");
+        assert_eq!(after, before);
+    }
+
     #[test]
     fn file_reads_and_writes_go_through_the_ring() {
         let path = std::env::temp_dir().join(format!("reactor-fs-{}", std::process::id()));

@@ -26,7 +26,9 @@ use std::io;
 use std::pin::Pin;
 use std::rc::Rc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
+
+use rustc_hash::FxHashMap;
 use std::task::{Context, Poll, RawWaker, RawWakerVTable, Waker};
 use std::time::{Duration, Instant};
 
@@ -235,6 +237,42 @@ pub(crate) struct Core {
     /// Nanoseconds spent spinning ([`Config::poll`]) without finding work;
     /// only this thread writes it, others read it ([`idle_poll_counter`]).
     idle_poll: Arc<AtomicU64>,
+    /// This ring's slot (or `None`: none to be had) for each
+    /// [`crate::fs::SharedFile`] it did I/O on, by the file's key.
+    shared: RefCell<FxHashMap<u64, Option<u32>>>,
+    /// Where other threads ask this reactor to empty those slots; made
+    /// (with the task that serves it) on the first registration.
+    remote: RefCell<Option<Arc<Remote>>>,
+}
+
+/// Slots of [`crate::fs::SharedFile`]s that were dropped, maybe on another
+/// thread, for their reactor to empty, and the doorbell that wakes it.
+pub(crate) struct Remote {
+    ringer: crate::Ringer,
+    release: Mutex<Vec<(u64, u32)>>,
+}
+
+impl Remote {
+    /// Asks the reactor to empty `slot`, the slot of shared file `key`.
+    pub(crate) fn release(&self, key: u64, slot: u32) {
+        self.release.lock().unwrap_or_else(PoisonError::into_inner).push((key, slot));
+        self.ringer.ring();
+    }
+}
+
+/// The task that empties the slots other threads released ([`Remote`]).
+async fn release_shared_slots(doorbell: crate::Doorbell, remote: Arc<Remote>) {
+    while doorbell.wait().await.is_ok() {
+        let released = std::mem::take(&mut *remote.release.lock().unwrap_or_else(PoisonError::into_inner));
+        // Nothing can be queued under these slots: an operation borrows
+        // its file, and these files are gone.
+        with_core(|c| {
+            for (key, slot) in released {
+                c.shared.borrow_mut().remove(&key);
+                c.unregister_file(slot);
+            }
+        });
+    }
 }
 
 thread_local! {
@@ -375,6 +413,8 @@ impl Runtime {
             files: RefCell::new(files),
             bufring: RefCell::new(None),
             idle_poll: Arc::new(AtomicU64::new(0)),
+            shared: RefCell::new(FxHashMap::default()),
+            remote: RefCell::new(None),
         });
         CURRENT.with(|c| *c.borrow_mut() = Some(core.clone()));
         Ok(Runtime { core })
@@ -469,6 +509,51 @@ impl Core {
                 None
             }
         }
+    }
+
+    /// This ring's slot for shared file `key` (descriptor `fd`), put in the
+    /// table on the first call for it (and noted in `homes` with where to
+    /// release it); `None` when there is no table, it is full, or the
+    /// reactor cannot be woken from other threads.
+    pub(crate) fn shared_slot(
+        &self,
+        key: u64,
+        fd: std::os::fd::RawFd,
+        homes: &Mutex<Vec<(Arc<Remote>, u32)>>,
+    ) -> Option<u32> {
+        if let Some(slot) = self.shared.borrow().get(&key) {
+            return *slot;
+        }
+        let slot = self.register_file(fd).and_then(|slot| match self.remote() {
+            Some(remote) => {
+                homes.lock().unwrap_or_else(PoisonError::into_inner).push((remote, slot));
+                Some(slot)
+            }
+            None => {
+                self.unregister_file(slot);
+                None
+            }
+        });
+        self.shared.borrow_mut().insert(key, slot);
+        slot
+    }
+
+    /// This reactor's [`Remote`], made with its task on first use.
+    fn remote(&self) -> Option<Arc<Remote>> {
+        if let Some(r) = &*self.remote.borrow() {
+            return Some(r.clone());
+        }
+        let (doorbell, ringer) = match crate::doorbell() {
+            Ok(pair) => pair,
+            Err(e) => {
+                log::warn!("reactor: no doorbell for releasing shared file slots ({e}); device files go by descriptor");
+                return None;
+            }
+        };
+        let remote = Arc::new(Remote { ringer, release: Mutex::new(Vec::new()) });
+        *self.remote.borrow_mut() = Some(remote.clone());
+        self.spawn_stored(release_shared_slots(doorbell, remote.clone()));
+        Some(remote)
     }
 
     /// Empties `slot`: the ring lets go of its file, which closes once its
