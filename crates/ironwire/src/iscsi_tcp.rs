@@ -22,7 +22,7 @@ use iscsi::target::{
 };
 use iscsi::text::SessionType;
 use reactor::net::TcpStream;
-use reactor::{now_ms, Notify};
+use reactor::{now_ms, Notify, NotifyAll};
 use scsi::{status, BlockOp, Nexus, Outcome, Sense};
 
 type LogicalUnit = scsi::LogicalUnit<Device>;
@@ -459,8 +459,9 @@ struct Conn {
     /// these sizes.
     running: RefCell<Vec<(u64, bool)>>,
     /// Notified each time an I/O task finishes, for the task management
-    /// requests waiting on them.
-    io_done: Notify,
+    /// requests waiting on them and the connection's end: every waiter
+    /// wakes (two aborts can wait at once, or an abort and the end).
+    io_done: NotifyAll,
     /// Tasks waiting where an abort can end the wait (a COMPARE AND WRITE
     /// waiting for its range), by serial, each woken when aborted.
     watched: RefCell<Vec<(u64, Rc<Notify>)>>,
@@ -632,7 +633,7 @@ pub async fn serve(stream: TcpStream, model: Arc<IscsiModel>, cfg: TargetConfig,
         session: RefCell::new(None),
         shell: Shell::new(peer),
         running: RefCell::new(Vec::new()),
-        io_done: Notify::default(),
+        io_done: NotifyAll::default(),
         watched: RefCell::new(Vec::new()),
         stats: stats::Connection::open("iscsi", port, peer, stream.as_raw_fd()),
         fd: stream.as_raw_fd(),

@@ -158,3 +158,65 @@ fn lun_reset_is_answered_only_after_its_writes_can_no_longer_land() {
 fn target_reset_is_answered_only_after_its_writes_can_no_longer_land() {
     block_on(bounded(30, aborted_writes_never_land_after_the_answer(TARGET_WARM_RESET)));
 }
+
+/// LUN 1 as the wire carries it (peripheral addressing), for task
+/// management requests sent without waiting for their answer.
+const LUN1_WIRE: u64 = 0x0001_0000_0000_0000;
+
+/// Two task management requests wait for I/O at the same time: both are
+/// answered (each waiter wakes when an I/O task ends, not only the last
+/// to start waiting).
+#[test]
+fn two_aborts_waiting_at_once_are_both_answered() {
+    let d = start("two-aborts");
+    block_on(bounded(30, async {
+        let mut s = session(&d).await;
+        let a = held_write(&mut s, 0, 1).await;
+        reactor::sleep(HOLD / 2).await;
+        let b = held_write(&mut s, 8, 2).await;
+        reactor::sleep(SETTLE).await;
+        let ta = s.connection_mut().task_mgmt(ABORT_TASK, LUN1_WIRE, a);
+        s.flush().await.expect("send");
+        reactor::sleep(SETTLE).await;
+        let tb = s.connection_mut().task_mgmt(ABORT_TASK, LUN1_WIRE, b);
+        s.flush().await.expect("send");
+        s.set_timeout(HOLD * 10);
+        let mut answered = Vec::new();
+        while answered.len() < 2 {
+            match s.next_event().await.expect("both answers before the timeout") {
+                iscsi::host::HostEvent::TaskMgmt { itt, response } => answered.push((itt, response)),
+                other => panic!("unexpected {other:?}"),
+            }
+        }
+        answered.sort_unstable();
+        let mut want = vec![(ta, 0), (tb, 0)];
+        want.sort_unstable();
+        assert_eq!(answered, want, "both ABORT TASKs answered function complete");
+    }));
+}
+
+/// An abort waits for its write when the initiator drops the connection
+/// (what open-iscsi does when a task management request times out): once
+/// the write is over the connection ends, so a login reinstating the
+/// session (same initiator name and ISID) is answered.
+#[test]
+fn a_session_dropped_while_an_abort_waits_can_be_reinstated() {
+    let d = start("tmf-drop");
+    block_on(bounded(40, async {
+        let options = LoginOptions::new(HOST, Some(TARGET));
+        let isid = options.isid;
+        let mut s = Session::connect(d.addr, options).await.expect("login");
+        s.clear_unit_attentions(1).await.expect("LUN 1 ready");
+        let a = held_write(&mut s, 0, 3).await;
+        reactor::sleep(SETTLE).await;
+        let _ = s.connection_mut().task_mgmt(ABORT_TASK, LUN1_WIRE, a);
+        s.flush().await.expect("send");
+        reactor::sleep(SETTLE).await;
+        drop(s);
+        reactor::sleep(HOLD * 2).await;
+        let mut again = LoginOptions::new(HOST, Some(TARGET));
+        again.isid = isid;
+        again.timeout = HOLD * 10;
+        Session::connect(d.addr, again).await.expect("the reinstating login is answered");
+    }));
+}

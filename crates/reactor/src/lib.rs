@@ -173,6 +173,43 @@ impl Notify {
     }
 }
 
+/// A single-threaded event that wakes every waiter: each [`NotifyAll::wait`]
+/// returns at the first [`NotifyAll::notify`] after it began. For several
+/// tasks waiting on the same thing (where [`Notify`] keeps one waiter and a
+/// second `wait` would leave the first asleep for good).
+#[derive(Default)]
+pub struct NotifyAll {
+    generation: Cell<u64>,
+    wakers: RefCell<Vec<Waker>>,
+}
+
+impl NotifyAll {
+    /// Wakes every waiter.
+    pub fn notify(&self) {
+        self.generation.set(self.generation.get().wrapping_add(1));
+        let wakers = std::mem::take(&mut *self.wakers.borrow_mut());
+        for w in wakers {
+            w.wake();
+        }
+    }
+
+    /// Waits for the next notification.
+    pub async fn wait(&self) {
+        let start = self.generation.get();
+        std::future::poll_fn(|cx| {
+            if self.generation.get() != start {
+                return Poll::Ready(());
+            }
+            let mut wakers = self.wakers.borrow_mut();
+            if !wakers.iter().any(|w| w.will_wake(cx.waker())) {
+                wakers.push(cx.waker().clone());
+            }
+            Poll::Pending
+        })
+        .await
+    }
+}
+
 /// Counts this thread's heap allocations, for the tests that assert a
 /// path allocates nothing.
 #[cfg(test)]
@@ -750,6 +787,31 @@ mod tests {
         };
         assert!(closed, "the file stayed open: its reactor never emptied the slot");
         assert_eq!(after, before);
+    }
+
+    #[test]
+    fn notify_all_wakes_every_waiter() {
+        run(async {
+            let event = std::rc::Rc::new(NotifyAll::default());
+            let woken = std::rc::Rc::new(Cell::new(0));
+            let waiters: Vec<_> = (0..3)
+                .map(|_| {
+                    let (event, woken) = (event.clone(), woken.clone());
+                    spawn(async move {
+                        event.wait().await;
+                        woken.set(woken.get() + 1);
+                    })
+                })
+                .collect();
+            // Every waiter is asleep on the event before it fires.
+            yield_now().await;
+            assert_eq!(woken.get(), 0);
+            event.notify();
+            for w in waiters {
+                w.await;
+            }
+            assert_eq!(woken.get(), 3);
+        });
     }
 
     #[test]
