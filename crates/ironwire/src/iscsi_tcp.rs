@@ -1013,16 +1013,25 @@ async fn run_io(conn: Rc<Conn>, itt: TaskRef, busy: Busy, op: BlockOp<Buf>, resi
             compare_and_write(&conn, itt, device, lba, blocks as usize * bs, data.0, fua).await.map(|()| None)
         }
         BlockOp::Flush => device.flush().await.map(|()| None).map_err(sense),
-        BlockOp::WriteZeroes { lba, blocks, unmap } => {
-            device.write_zeroes(lba, blocks, unmap).await.map(|()| None).map_err(sense)
+        BlockOp::WriteZeroes { lba, blocks, unmap, fua } => {
+            let mut r = device.write_zeroes(lba, blocks, unmap).await;
+            // Zeroing is a ring `FALLOCATE`: no RWF_DSYNC to ask for, so
+            // with the write cache off it is followed by the flush.
+            if r.is_ok() && fua {
+                r = device.flush().await;
+            }
+            r.map(|()| None).map_err(sense)
         }
-        BlockOp::Unmap { ranges } => {
+        BlockOp::Unmap { ranges, fua } => {
             let mut r = Ok(());
             for (lba, blocks) in ranges {
                 r = device.deallocate(lba, blocks).await;
                 if r.is_err() {
                     break;
                 }
+            }
+            if r.is_ok() && fua {
+                r = device.flush().await;
             }
             r.map(|()| None).map_err(sense)
         }

@@ -798,16 +798,24 @@ async fn run_io<T: Binding>(conn: Rc<Conn<T>>, req: BlockRequest, t0: u64) {
         }
         BlockOp::Write { lba, data, fua } => ok(device.write_undelayed(lba, data.0, fua).await.0, true),
         BlockOp::Flush => ok(device.flush().await, true),
-        BlockOp::WriteZeroes { lba, blocks, deallocate } => {
-            ok(device.write_zeroes(lba, blocks, deallocate).await, true)
+        BlockOp::WriteZeroes { lba, blocks, deallocate, fua } => {
+            match ok(device.write_zeroes(lba, blocks, deallocate).await, true) {
+                // Zeroing is a ring `FALLOCATE`: no RWF_DSYNC to ask for,
+                // so a durable one is followed by the device's flush.
+                s if s.is_success() && fua => ok(device.flush().await, true),
+                s => s,
+            }
         }
-        BlockOp::Deallocate { ranges } => {
+        BlockOp::Deallocate { ranges, fua } => {
             let mut status = Status::SUCCESS;
             for (lba, blocks) in ranges {
                 status = ok(device.deallocate(lba, blocks).await, true);
                 if !status.is_success() {
                     break;
                 }
+            }
+            if status.is_success() && fua {
+                status = ok(device.flush().await, true);
             }
             status
         }

@@ -277,6 +277,18 @@ fn fua_and_flush_reach_the_block_device(proto: Proto, tag: &str) {
         assert!(after_fua >= before + 8, "8 FUA writes made {} flush requests", after_fua - before);
         h.flush().await;
         assert!(lo.flushes() > after_fua, "the flush command reached the device");
+        if let Host::Nvme(c) = &mut h {
+            // Write Zeroes is an fallocate, which no RWF_DSYNC covers: with
+            // FUA it is followed by the device's flush, without it is not.
+            let q = c.io_queue(0).expect("queue");
+            let before = lo.flushes();
+            q.execute(cmd::write_zeroes(1, 256, 64, false), Vec::new(), 0).await.expect("Write Zeroes");
+            assert_eq!(lo.flushes(), before, "a plain Write Zeroes needs no flush");
+            let mut sqe = cmd::write_zeroes(1, 512, 64, false);
+            sqe.cdw12 = (sqe.cdw12.get() | 1 << 30).into();
+            q.execute(sqe, Vec::new(), 0).await.expect("Write Zeroes with FUA");
+            assert!(lo.flushes() > before, "Write Zeroes with FUA reached the device as a flush");
+        }
     }));
     d.assert_alive();
 }

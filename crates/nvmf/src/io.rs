@@ -64,11 +64,17 @@ pub enum BlockOp<B> {
         blocks: u64,
         /// Deallocate (DEAC).
         deallocate: bool,
+        /// Durable before completion (FUA, or the host turned the volatile
+        /// write cache off): the executor flushes the device after it.
+        fua: bool,
     },
     /// Deallocate each `(lba, blocks)` range.
     Deallocate {
         /// Ranges.
         ranges: Vec<(u64, u64)>,
+        /// Durable before completion (the host turned the volatile write
+        /// cache off): the executor flushes the device after it.
+        fua: bool,
     },
     /// Read at `lba` and compare with `data`: Compare Failure on mismatch.
     Compare {
@@ -104,8 +110,10 @@ impl<B, D> BlockRequest<B, D> {
             BlockOp::Read { lba, len_bytes } => BlockOp::Read { lba, len_bytes },
             BlockOp::Write { lba, data, fua } => BlockOp::Write { lba, data: f(data), fua },
             BlockOp::Flush => BlockOp::Flush,
-            BlockOp::WriteZeroes { lba, blocks, deallocate } => BlockOp::WriteZeroes { lba, blocks, deallocate },
-            BlockOp::Deallocate { ranges } => BlockOp::Deallocate { ranges },
+            BlockOp::WriteZeroes { lba, blocks, deallocate, fua } => {
+                BlockOp::WriteZeroes { lba, blocks, deallocate, fua }
+            }
+            BlockOp::Deallocate { ranges, fua } => BlockOp::Deallocate { ranges, fua },
             BlockOp::Compare { lba, data } => BlockOp::Compare { lba, data: f(data) },
             BlockOp::CompareAndWrite { compare_cid, lba, expected, data, fua } => {
                 BlockOp::CompareAndWrite { compare_cid, lba, expected, data, fua }
@@ -233,7 +241,8 @@ impl<D: BlockDevice> Queue<D> {
                     return self.reject(cid, sqe, Status::LBA_OUT_OF_RANGE.dnr());
                 }
                 let deallocate = sqe.cdw12.get() & (1 << 25) != 0;
-                BlockOp::WriteZeroes { lba: sqe.slba(), blocks, deallocate }
+                let fua = sqe.fua() || (ctrl.write_through() && device.volatile_write_cache());
+                BlockOp::WriteZeroes { lba: sqe.slba(), blocks, deallocate, fua }
             }
             Io::DATASET_MANAGEMENT => {
                 // NR is 0-based. Hosts may describe more data than the
@@ -276,7 +285,7 @@ impl<D: BlockDevice> Queue<D> {
                 if list.iter().any(|&(slba, nlb)| device.check_range(slba, nlb).is_err()) {
                     return self.reject(cid, sqe, Status::LBA_OUT_OF_RANGE.dnr());
                 }
-                BlockOp::Deallocate { ranges: list }
+                BlockOp::Deallocate { ranges: list, fua: ctrl.write_through() && device.volatile_write_cache() }
             }
             _ => return self.reject(cid, sqe, Status::INVALID_OPCODE.dnr()),
         };

@@ -386,7 +386,7 @@ fn dataset_management_deallocates_the_listed_ranges() {
     }
     match run(&mut io, &d, Some(ranges.clone())) {
         Outcome::Io(req) => match req.op {
-            BlockOp::Deallocate { ranges } => assert_eq!(ranges, vec![(8, 16), (100, 4)]),
+            BlockOp::Deallocate { ranges, .. } => assert_eq!(ranges, vec![(8, 16), (100, 4)]),
             other => panic!("{other:?}"),
         },
         other => panic!("{other:?}"),
@@ -430,7 +430,7 @@ fn dataset_management_beyond_dmsl_is_refused_with_command_size_limit_exceeded() 
     let (d, data) = dsm_sqe(9, &many);
     match run(&mut io, &d, Some(data)) {
         Outcome::Io(req) => match req.op {
-            BlockOp::Deallocate { ranges } => assert_eq!(ranges.len(), 256),
+            BlockOp::Deallocate { ranges, .. } => assert_eq!(ranges.len(), 256),
             other => panic!("{other:?}"),
         },
         other => panic!("{other:?}"),
@@ -653,6 +653,55 @@ fn volatile_write_cache_is_advertised_and_switchable_when_a_namespace_has_one() 
     assert!(write_fua(&mut io, 12, 2, false), "written through with the cache disabled");
     assert_eq!(set_feature(&mut a, 0x06, 1).0, Status::SUCCESS);
     assert!(!write_fua(&mut io, 13, 2, false));
+}
+
+/// The `fua` of the block requests a one-block Write Zeroes (with or
+/// without its FUA bit) and a one-range Deallocate of `nsid` become.
+fn zeroing_fua(io: &mut Queue, cid: u16, nsid: u32, fua_bit: bool) -> (bool, bool) {
+    let mut wz = sqe(0x08, cid);
+    wz.nsid = nsid.into();
+    wz.cdw12 = (u32::from(fua_bit) << 30).into();
+    let zeroes = match ex(io, 0, &wz) {
+        Outcome::Io(req) => match req.op {
+            BlockOp::WriteZeroes { fua, .. } => fua,
+            other => panic!("{other:?}"),
+        },
+        other => panic!("{other:?}"),
+    };
+    let mut d = sqe(0x09, cid.wrapping_add(1));
+    d.nsid = nsid.into();
+    d.cdw11 = 4.into(); // AD
+    d.dptr = Sgl::in_capsule(16);
+    let mut range = Vec::new();
+    range.extend_from_slice(&0u32.to_le_bytes());
+    range.extend_from_slice(&8u32.to_le_bytes());
+    range.extend_from_slice(&0u64.to_le_bytes());
+    let deallocate = match run(io, &d, Some(range)) {
+        Outcome::Io(req) => match req.op {
+            BlockOp::Deallocate { fua, .. } => fua,
+            other => panic!("{other:?}"),
+        },
+        other => panic!("{other:?}"),
+    };
+    (zeroes, deallocate)
+}
+
+#[test]
+fn write_zeroes_and_deallocate_are_durable_when_writes_would_be() {
+    let t = target();
+    t.subsystem(SUB).expect("sub").add_namespace(Namespace::new(SUB, 2, cached("f2"))).expect("add");
+    let (mut a, cntlid) = admin(&t);
+    let mut io = io_queue(&t, cntlid, 1);
+    assert_eq!(zeroing_fua(&mut io, 10, 2, false), (false, false), "cached, as writes are");
+    assert!(zeroing_fua(&mut io, 12, 2, true).0, "Write Zeroes keeps its FUA bit");
+    assert_eq!(set_feature(&mut a, 0x06, 0).0, Status::SUCCESS);
+    assert_eq!(zeroing_fua(&mut io, 14, 2, false), (true, true), "the host turned the cache off");
+    // A controller told of no write cache, then given a cached namespace.
+    let t = target();
+    let (_a, cntlid) = admin(&t);
+    let mut io = io_queue(&t, cntlid, 1);
+    t.subsystem(SUB).expect("sub").add_namespace(Namespace::new(SUB, 2, cached("f2"))).expect("add");
+    assert_eq!(zeroing_fua(&mut io, 10, 2, false), (true, true), "written through");
 }
 
 #[test]

@@ -118,6 +118,9 @@ pub enum BlockOp<B> {
         blocks: u64,
         /// The UNMAP bit was set.
         unmap: bool,
+        /// Durable before the answer (write cache disabled): the executor
+        /// flushes the device after zeroing.
+        fua: bool,
     },
     /// WRITE SAME of a non-zero block: write `block` (exactly one logical
     /// block) to each of `blocks` blocks at `lba`. The executor replicates
@@ -137,6 +140,9 @@ pub enum BlockOp<B> {
     Unmap {
         /// Ranges, each non-empty and in range.
         ranges: Vec<(u64, u64)>,
+        /// Durable before the answer (write cache disabled): the executor
+        /// flushes the device after deallocating.
+        fua: bool,
     },
     /// COMPARE AND WRITE: read `blocks` blocks at `lba`, compare them with
     /// the first half of `data` and, only when equal, write the second half.

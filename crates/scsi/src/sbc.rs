@@ -232,13 +232,14 @@ fn write_same<B: DataOut, D: BlockDevice>(lu: &LogicalUnit<D>, c: Bytes<'_>, dat
     if blocks > lu.limits.max_write_same_blocks {
         return Outcome::Check(Sense::invalid_cdb_field(if sixteen { 10 } else { 7 }, None));
     }
+    let fua = !lu.write_cache_enabled();
     if ndob {
-        return io(BlockOp::WriteZeroes { lba, blocks, unmap });
+        return io(BlockOp::WriteZeroes { lba, blocks, unmap, fua });
     }
     let block_size = lu.device.geometry().block_size;
     match exact(data, block_size) {
-        Ok(block) if block.as_ref().iter().all(|&b| b == 0) => io(BlockOp::WriteZeroes { lba, blocks, unmap }),
-        Ok(block) => io(BlockOp::WriteSame { lba, blocks, block, fua: !lu.write_cache_enabled() }),
+        Ok(block) if block.as_ref().iter().all(|&b| b == 0) => io(BlockOp::WriteZeroes { lba, blocks, unmap, fua }),
+        Ok(block) => io(BlockOp::WriteSame { lba, blocks, block, fua }),
         Err(o) => o,
     }
 }
@@ -289,7 +290,7 @@ fn unmap<B: DataOut, D: BlockDevice>(lu: &LogicalUnit<D>, c: Bytes<'_>, data: Op
     if ranges.is_empty() {
         return good();
     }
-    io(BlockOp::Unmap { ranges })
+    io(BlockOp::Unmap { ranges, fua: !lu.write_cache_enabled() })
 }
 
 /// COMPARE AND WRITE (SBC-3 5.2).

@@ -492,7 +492,7 @@ fn write_same_of_zero_block_with_unmap_becomes_write_zeroes_with_deallocation() 
     let lu = ram_lu();
     let cdb = rw16(op::WRITE_SAME_16, 8, 100, 0x08);
     match block_op(exec_out(&lu, &nexus(1), &cdb, vec![0; 512])) {
-        BlockOp::WriteZeroes { lba: 8, blocks: 100, unmap: true } => {}
+        BlockOp::WriteZeroes { lba: 8, blocks: 100, unmap: true, .. } => {}
         other => panic!("{other:?}"),
     }
     let cdb10 = [op::WRITE_SAME_10, 0, 0, 0, 0, 8, 0, 0, 100, 0];
@@ -500,6 +500,36 @@ fn write_same_of_zero_block_with_unmap_becomes_write_zeroes_with_deallocation() 
         block_op(exec_out(&lu, &nexus(1), &cdb10, vec![0; 512])),
         BlockOp::WriteZeroes { unmap: false, .. }
     ));
+}
+
+/// WRITE SAME of zeros and UNMAP are fallocates, which no RWF_DSYNC
+/// covers: with the write cache off they carry `fua`, and the executor
+/// flushes the device before answering.
+#[test]
+fn zeroing_and_unmap_are_durable_with_the_write_cache_off() {
+    let dev = Described { backend: "file", volatile_write_cache: true, ..Described::new("f", BS, 2048) };
+    let lu = LogicalUnit::new(TARGET, 0, Arc::new(dev));
+    let n = nexus(1);
+    good(exec(&lu, &n, &[0; 6]));
+    let zeroes = |lu: &LogicalUnit| match block_op(exec_out(
+        lu,
+        &n,
+        &rw16(op::WRITE_SAME_16, 8, 100, 0),
+        vec![0; BS as usize],
+    )) {
+        BlockOp::WriteZeroes { fua, .. } => fua,
+        other => panic!("{other:?}"),
+    };
+    let unmap = |lu: &LogicalUnit| {
+        let p = unmap_list(&[(0, 8)]);
+        match block_op(exec_out(lu, &n, &unmap_cdb(p.len()), p)) {
+            BlockOp::Unmap { fua, .. } => fua,
+            other => panic!("{other:?}"),
+        }
+    };
+    assert!(!zeroes(&lu) && !unmap(&lu), "the write cache is on");
+    set_wce(&lu, &n, false);
+    assert!(zeroes(&lu) && unmap(&lu), "the write cache is off");
 }
 
 #[test]
@@ -555,7 +585,7 @@ fn unmap_parses_descriptors_and_skips_empty_ones() {
     let lu = ram_lu();
     let p = unmap_list(&[(0, 8), (100, 0), (2000, 48)]);
     match block_op(exec_out(&lu, &nexus(1), &unmap_cdb(p.len()), p)) {
-        BlockOp::Unmap { ranges } => assert_eq!(ranges, [(0, 8), (2000, 48)]),
+        BlockOp::Unmap { ranges, .. } => assert_eq!(ranges, [(0, 8), (2000, 48)]),
         other => panic!("{other:?}"),
     }
 }
@@ -591,7 +621,7 @@ fn unmap_ignores_truncated_trailing_descriptor() {
     let mut p = unmap_list(&[(0, 8), (16, 8)]);
     p.truncate(p.len() - 4);
     match block_op(exec_out(&lu, &nexus(1), &unmap_cdb(p.len()), p)) {
-        BlockOp::Unmap { ranges } => assert_eq!(ranges, [(0, 8)]),
+        BlockOp::Unmap { ranges, .. } => assert_eq!(ranges, [(0, 8)]),
         other => panic!("{other:?}"),
     }
 }
