@@ -205,8 +205,10 @@ pub mod ns {
     pub const NSFEAT_OPTPERF: u8 = 1 << 4;
     /// NSFEAT: deallocated or unwritten logical block error support.
     pub const NSFEAT_DAE: u8 = 1 << 2;
-    /// DLFEAT: deallocated blocks read as zeroes, Write Zeroes may deallocate.
-    pub const DLFEAT_READ_ZEROES_WZ_DEALLOC: u8 = 0x01 | 0x08;
+    /// DLFEAT bits 2:0: deallocated blocks read as zeroes.
+    pub const DLFEAT_READ_ZEROES: u8 = 0x01;
+    /// DLFEAT bit 3: Write Zeroes may deallocate (its DEAC bit).
+    pub const DLFEAT_WZ_DEALLOC: u8 = 0x08;
 }
 
 /// Namespace Identification Descriptor types (NVMe Base 2.0 figure 276).

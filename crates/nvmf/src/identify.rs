@@ -158,7 +158,11 @@ fn namespace<D: BlockDevice>(ns: &Namespace<D>) -> Vec<u8> {
     p.u8(n::NSFEAT, n::NSFEAT_OPTPERF);
     p.u8(n::NLBAF, 0).u8(n::FLBAS, 0).u8(n::NMIC, n::NMIC_SHARED);
     p.u32(n::ANAGRPID, ns.nsid);
-    p.u8(n::DLFEAT, n::DLFEAT_READ_ZEROES_WZ_DEALLOC);
+    // Deallocated blocks read as zeros only where the device promises it:
+    // on block and rbd devices a deallocate is a discard hint that may be
+    // skipped or only partly done (Write Zeroes always zeroes).
+    let zeros = if ns.device.deallocate_reads_zeroes() { n::DLFEAT_READ_ZEROES } else { 0 };
+    p.u8(n::DLFEAT, zeros | n::DLFEAT_WZ_DEALLOC);
     let bs_blocks = (4096 / geo.block_size).max(1) as u16;
     p.u16(n::NPWG, bs_blocks - 1).u16(n::NPDG, bs_blocks - 1);
     p.bytes(n::NGUID, &ns.nguid).bytes(n::EUI64, &ns.eui64);

@@ -1133,3 +1133,21 @@ fn fused_write_that_fails_its_checks_aborts_the_compare_as_failed_fused() {
     let cqe = io.poll_completion().expect("the Compare's completion");
     assert_eq!((cqe.cid.get(), cqe.status()), (1, Status::ABORTED_FAILED_FUSED));
 }
+
+/// DLFEAT says deallocated blocks read as zeros only where the device
+/// promises it (not a block device's discard hint); Write Zeroes may
+/// deallocate on both.
+#[test]
+fn dlfeat_promises_zeros_only_where_the_device_does() {
+    let t = target();
+    let hint = Arc::new(Described {
+        backend: "block",
+        volatile_write_cache: true,
+        deallocate_reads_zeroes: false,
+        ..Described::new("b3", 512, 2048)
+    });
+    t.subsystem(SUB).expect("sub").add_namespace(Namespace::new(SUB, 3, hint)).expect("add");
+    let (mut a, _) = admin(&t);
+    assert_eq!(identify(&mut a, 0, 1).1[33], 0x09, "memory: zeros, and Write Zeroes may deallocate");
+    assert_eq!(identify(&mut a, 0, 3).1[33], 0x08, "a discard hint: nothing promised of what it reads");
+}
