@@ -28,7 +28,7 @@ use std::fmt;
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::OnceLock;
+use std::sync::{Mutex, OnceLock, PoisonError};
 use std::time::Duration;
 
 pub use block::{BlockDevice, Error, Geometry, MAX_BLOCK_SIZE, MIN_BLOCK_SIZE};
@@ -143,10 +143,69 @@ pub struct Device {
     /// lost were acknowledged (fsyncgate). Every flush fails from then on,
     /// until the device is reopened.
     flush_failed: OnceLock<String>,
+    /// The flushes in flight, so that a successful one is reported only
+    /// once those started before it ended are over ([`Flushes`]).
+    flushes: Flushes,
     /// [`BlockDevice::shared_identity`]: rbd images only.
     shared: Option<String>,
     /// The LBA range lock every write passes (docs/architecture.md).
     gate: WriteGate,
+}
+
+/// How often a successful flush looks again whether the flushes started
+/// before it ended are over (only while flushes overlap).
+const FLUSH_OVERLAP_POLL: Duration = Duration::from_millis(1);
+
+/// A device's flushes in flight, by ticket. Every reactor flushes through
+/// the one flush descriptor, and the kernel reports a writeback error to
+/// one `fsync` on it: of two flushes that overlap, one may succeed while
+/// the other learns of lost writes both covered. A failed flush latches
+/// the error before it ends; a successful one waits for every flush that
+/// started before it ended, then checks the latch. Flushes are rare: a
+/// mutex here costs no I/O anything.
+#[derive(Default)]
+struct Flushes {
+    next: AtomicU64,
+    running: Mutex<Vec<u64>>,
+}
+
+/// One flush's place among [`Flushes`]; ends when dropped.
+struct FlushTicket<'a> {
+    flushes: &'a Flushes,
+    id: u64,
+}
+
+impl Flushes {
+    fn start(&self) -> FlushTicket<'_> {
+        let mut running = self.running.lock().unwrap_or_else(PoisonError::into_inner);
+        let id = self.next.fetch_add(1, Ordering::Relaxed);
+        running.push(id);
+        FlushTicket { flushes: self, id }
+    }
+
+    /// Whether a flush with a ticket below `horizon` is still running.
+    fn any_before(&self, horizon: u64) -> bool {
+        self.running.lock().unwrap_or_else(PoisonError::into_inner).iter().any(|&t| t < horizon)
+    }
+}
+
+impl FlushTicket<'_> {
+    /// Ends this flush: the tickets of the flushes started so far end below
+    /// the returned horizon.
+    fn end(self) -> u64 {
+        let mut running = self.flushes.running.lock().unwrap_or_else(PoisonError::into_inner);
+        running.retain(|&t| t != self.id);
+        let horizon = self.flushes.next.load(Ordering::Relaxed);
+        drop(running);
+        std::mem::forget(self);
+        horizon
+    }
+}
+
+impl Drop for FlushTicket<'_> {
+    fn drop(&mut self) {
+        self.flushes.running.lock().unwrap_or_else(PoisonError::into_inner).retain(|&t| t != self.id);
+    }
 }
 
 /// Latency added to every read and every write, for tests of what happens
@@ -227,6 +286,7 @@ impl Device {
             backend: Backend::Null,
             latency: Latency::default(),
             flush_failed: OnceLock::new(),
+            flushes: Flushes::default(),
             shared: None,
             gate: WriteGate::new(),
         })
@@ -253,6 +313,7 @@ impl Device {
             backend: Backend::Ram(RamRegion::new(size_bytes, huge_pages)?),
             latency: Latency::default(),
             flush_failed: OnceLock::new(),
+            flushes: Flushes::default(),
             shared: None,
             gate: WriteGate::new(),
         })
@@ -305,6 +366,7 @@ impl Device {
             backend: Backend::File(opened.backend),
             latency: Latency::default(),
             flush_failed: OnceLock::new(),
+            flushes: Flushes::default(),
             shared: None,
             gate: WriteGate::new(),
         })
@@ -350,6 +412,7 @@ impl Device {
             backend: Backend::File(opened.backend),
             latency: Latency::default(),
             flush_failed: OnceLock::new(),
+            flushes: Flushes::default(),
             shared: None,
             gate: WriteGate::new(),
         })
@@ -379,6 +442,7 @@ impl Device {
             backend: Backend::Rbd(image),
             latency: Latency::default(),
             flush_failed: OnceLock::new(),
+            flushes: Flushes::default(),
             gate: WriteGate::new(),
         })
     }
@@ -693,14 +757,23 @@ impl Device {
     /// writes, and the kernel would not say so a second time.
     pub async fn flush(&self) -> Result<(), Error> {
         self.check_flush_latch()?;
+        let ticket = self.flushes.start();
         let res = match &self.backend {
             Backend::Null | Backend::Ram(_) => Ok(()),
             Backend::File(file) => file.flush().await,
             Backend::Rbd(image) => image.flush().await,
         };
         match res {
-            // A concurrent flush may have failed while this one ran.
-            Ok(()) => self.check_flush_latch(),
+            Ok(()) => {
+                // A flush that ran beside this one may have been told of
+                // the writeback error instead (the kernel tells one
+                // `fsync` per descriptor); it latches it before it ends.
+                let horizon = ticket.end();
+                while self.flushes.any_before(horizon) {
+                    reactor::sleep(FLUSH_OVERLAP_POLL).await;
+                }
+                self.check_flush_latch()
+            }
             Err(e) => {
                 if self.flush_failed.set(e.to_string()).is_ok() {
                     log::error!(

@@ -386,3 +386,40 @@ fn nvme_flush_keeps_failing_after_a_failed_fdatasync() {
 fn iscsi_synchronize_cache_keeps_failing_after_a_failed_fdatasync() {
     a_failed_flush_fails_every_later_flush(Proto::Iscsi, "iscsi-fsyncgate");
 }
+
+/// Two flushes in flight together when writeback fails: the kernel tells
+/// one `fdatasync` on the shared flush descriptor, and the other would
+/// succeed; both must fail, whichever completes first.
+#[test]
+fn two_flushes_in_flight_when_writeback_fails_both_fail() {
+    let scratch = Scratch::new("nvme-flush-pair");
+    let fs = match Tmpfs::mount(&scratch.0.join("tmpfs"), 1 << 20) {
+        Ok(fs) => fs,
+        Err(e) => {
+            eprintln!("skipping: cannot mount a small tmpfs ({e})");
+            return;
+        }
+    };
+    let lo = match LoopDevice::new(&fs.0.join("backing.img")) {
+        Ok(lo) => lo,
+        Err(e) => {
+            eprintln!("skipping: no loop device ({e})");
+            return;
+        }
+    };
+    let mut d = start("nvme-flush-pair", Proto::Nvme, "block", &lo.dev);
+    block_on(bounded(60, async {
+        let Host::Nvme(mut c) = Host::connect(Proto::Nvme, d.addr).await else { unreachable!() };
+        let writer = OpenOptions::new().write(true).open(&lo.dev).expect("writer");
+        writer.write_all_at(&vec![0xab; 2 << 20], 0).expect("buffered writes are accepted");
+        let q = c.io_queue(0).expect("queue");
+        q.submit(cmd::flush(1), Vec::new(), 0).expect("first flush");
+        q.submit(cmd::flush(1), Vec::new(), 0).expect("second flush");
+        for _ in 0..2 {
+            let done = q.next_completion().await.expect("a flush answered");
+            assert!(!done.cqe.status().is_success(), "a flush succeeded though writeback failed");
+        }
+    }));
+    drop(fs);
+    d.assert_alive();
+}
