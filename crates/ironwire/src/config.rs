@@ -106,6 +106,11 @@ pub struct LimitsConfig {
     /// yet to solicit or receive (one write always goes through).
     #[serde(default = "default_iscsi_write_budget")]
     pub iscsi_write_budget: Size,
+    /// Read data one connection holds at once: file and block device reads
+    /// running plus replies queued or being sent (one read always goes
+    /// through).
+    #[serde(default = "default_read_budget")]
+    pub read_budget: Size,
 }
 
 fn default_connections_per_port() -> u32 {
@@ -129,6 +134,9 @@ fn default_send_high_water() -> Size {
 fn default_iscsi_write_budget() -> Size {
     Size(32 << 20)
 }
+fn default_read_budget() -> Size {
+    Size(8 << 20)
+}
 
 impl Default for LimitsConfig {
     fn default() -> Self {
@@ -140,6 +148,7 @@ impl Default for LimitsConfig {
             tasks_per_session: default_tasks_per_session(),
             send_high_water: default_send_high_water(),
             iscsi_write_budget: default_iscsi_write_budget(),
+            read_budget: default_read_budget(),
         }
     }
 }
@@ -997,6 +1006,9 @@ impl Config {
         if !(64 << 10..=16 << 30).contains(&l.iscsi_write_budget.0) {
             bail!("limits.iscsi_write_budget: {} bytes is not between 64 KiB and 16 GiB", l.iscsi_write_budget.0);
         }
+        if !(64 << 10..=1 << 30).contains(&l.read_budget.0) {
+            bail!("limits.read_budget: {} bytes is not between 64 KiB and 1 GiB", l.read_budget.0);
+        }
         let t = &self.timeouts;
         if self.shutdown.drain_s > 3600 {
             bail!("shutdown.drain_s: {} is more than 3600 seconds", self.shutdown.drain_s);
@@ -1185,6 +1197,8 @@ mod tests {
         assert!(e.contains("limits.controllers_per_subsystem"), "{e}");
         let e = err_of(&format!("{base}[limits]\nsend_high_water = \"1KiB\"\n"));
         assert!(e.contains("limits.send_high_water"), "{e}");
+        let e = err_of(&format!("{base}[limits]\nread_budget = \"2GiB\"\n"));
+        assert!(e.contains("limits.read_budget"), "{e}");
         let e = err_of(&format!("{base}[limits]\niscsi_write_budget = \"32KiB\"\n"));
         assert!(e.contains("limits.iscsi_write_budget"), "{e}");
         let e = err_of(&format!("{base}[limits]\niscsi_write_budget = \"17GiB\"\n"));

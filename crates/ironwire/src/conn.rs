@@ -6,7 +6,7 @@
 use reactor::buf::IoBuf;
 use reactor::gather::Gather;
 use reactor::net::TcpStream;
-use reactor::{Notify, Receiver};
+use reactor::{Notify, NotifyAll, Receiver};
 use std::cell::Cell;
 use std::net::SocketAddr;
 use std::rc::Rc;
@@ -24,6 +24,19 @@ pub fn set_send_high_water(bytes: usize) {
     SEND_HIGH_WATER.store(bytes, Ordering::Relaxed);
 }
 
+/// Bytes of read data a connection may hold at once: the buffers of its
+/// reads running on a file or block device, plus its replies queued or
+/// being sent. A read that would pass it waits for room (one read always
+/// goes through), so a peer that sends a queue's depth of large reads and
+/// does not read the data costs this, not depth × transfer size.
+/// `[limits] read_budget`, set once at start.
+static READ_BUDGET: AtomicUsize = AtomicUsize::new(8 << 20);
+
+/// Sets the read budget for every connection.
+pub fn set_read_budget(bytes: usize) {
+    READ_BUDGET.store(bytes, Ordering::Relaxed);
+}
+
 /// The I/O side of one connection.
 pub struct Shell {
     /// Wakes the writer; notifications before it runs collapse into one
@@ -33,6 +46,12 @@ pub struct Shell {
     sending: Cell<usize>,
     /// Wakes a reader waiting for the writer to make room.
     drained: Notify,
+    /// Bytes of read buffers held by this connection's running reads.
+    read_held: Cell<usize>,
+    /// Reads waiting for read budget ([`hold_read`]), and what wakes them
+    /// (the writer's progress, a read's end).
+    read_waiters: Cell<usize>,
+    read_room: NotifyAll,
     closing: Cell<bool>,
     /// Commands running as I/O tasks.
     io: Cell<usize>,
@@ -63,6 +82,9 @@ impl Shell {
             tx_ready: Notify::default(),
             sending: Cell::new(0),
             drained: Notify::default(),
+            read_held: Cell::new(0),
+            read_waiters: Cell::new(0),
+            read_room: NotifyAll::default(),
             closing: Cell::new(false),
             io: Cell::new(0),
             io_idle: Notify::default(),
@@ -76,6 +98,7 @@ impl Shell {
         if !self.closing.replace(true) {
             self.tx_ready.notify();
             self.drained.notify();
+            self.read_room.notify();
         }
     }
 
@@ -111,6 +134,52 @@ pub trait Outbox {
     fn take_transmit(&self, out: &mut Gather<Self::Spliced>);
     /// How many bytes are queued.
     fn queued(&self) -> usize;
+}
+
+/// Read data held by one read ([`hold_read`]) until it drops: by then the
+/// data is queued for sending, or dropped.
+pub struct ReadHold<'a> {
+    shell: &'a Shell,
+    len: usize,
+}
+
+impl Drop for ReadHold<'_> {
+    fn drop(&mut self) {
+        self.shell.read_held.set(self.shell.read_held.get().saturating_sub(self.len));
+        self.shell.room_for_reads();
+    }
+}
+
+impl Shell {
+    /// Wakes the reads waiting for read budget, if any.
+    fn room_for_reads(&self) {
+        if self.read_waiters.get() > 0 {
+            self.read_room.notify();
+        }
+    }
+}
+
+/// Waits until a read of `len` bytes fits the connection's read budget
+/// ([`READ_BUDGET`]: reads held plus replies queued or being sent), then
+/// holds its bytes until the returned guard drops. A read goes through
+/// alone when nothing else is held or queued, whatever its size; on a
+/// closing connection at once.
+pub async fn hold_read<C: Outbox>(conn: &C, len: usize) -> ReadHold<'_> {
+    let shell = conn.shell();
+    loop {
+        let held = shell.read_held.get();
+        let replies = conn.queued().saturating_add(shell.sending.get());
+        let total = held.saturating_add(replies).saturating_add(len);
+        if total <= READ_BUDGET.load(Ordering::Relaxed) || (held == 0 && replies == 0) || shell.is_closing() {
+            break;
+        }
+        shell.tx_ready.notify();
+        shell.read_waiters.set(shell.read_waiters.get() + 1);
+        shell.read_room.wait().await;
+        shell.read_waiters.set(shell.read_waiters.get() - 1);
+    }
+    shell.read_held.set(shell.read_held.get().saturating_add(len));
+    ReadHold { shell, len }
 }
 
 /// Whether the connection's replies (queued, and being sent) passed
@@ -167,6 +236,7 @@ pub async fn write_loop<C: Outbox>(wr: TcpStream, conn: Rc<C>) {
             out.clear();
             shell.sending.set(0);
             shell.drained.notify();
+            shell.room_for_reads();
             if res.is_err() {
                 shell.closing.set(true);
             }

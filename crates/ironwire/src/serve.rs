@@ -201,6 +201,7 @@ pub fn run(mut config: Config, ctl_socket: &std::path::Path, origin: Origin) -> 
         ..reactor::Config::default()
     };
     crate::conn::set_send_high_water(usize::try_from(limits.send_high_water.0).unwrap_or(usize::MAX));
+    crate::conn::set_read_budget(usize::try_from(limits.read_budget.0).unwrap_or(usize::MAX));
     let (rx_count, rx_size) = (config.reactor.receive_buffers, config.reactor.receive_buffer_size.0 as usize);
     let handles = reactor::start(&cpus, rcfg, {
         let listeners = listeners.clone();

@@ -187,8 +187,9 @@ impl NotifyAll {
     /// Wakes every waiter.
     pub fn notify(&self) {
         self.generation.set(self.generation.get().wrapping_add(1));
-        let wakers = std::mem::take(&mut *self.wakers.borrow_mut());
-        for w in wakers {
+        // Waking only queues the task (nothing runs here), so the list can
+        // be drained in place and keep its room.
+        for w in self.wakers.borrow_mut().drain(..) {
             w.wake();
         }
     }

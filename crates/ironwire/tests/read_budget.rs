@@ -1,0 +1,99 @@
+//! `[limits] read_budget` against the real daemon: a peer sends many large
+//! reads of a slow device at once and never reads the data. Each read's
+//! buffer waits for room in the connection's budget (buffers held plus
+//! replies queued), so the daemon holds about the budget, not the
+//! queue's depth times the transfer size (before, 100 NVMe reads of 1 MiB
+//! or 200 iSCSI reads of 8 MiB took that much memory at once).
+
+mod common;
+
+use common::{block_on, bounded, toml, Daemon};
+use initiator::iscsi::{cdb, LoginOptions, Session};
+use initiator::{cmd, Controller, Options};
+use iscsi::pdu::{flags, Bhs, Opcode};
+use std::time::Duration;
+
+const NQN: &str = "nqn.2026-11.io.ironwire:read-budget";
+const IQN: &str = "iqn.2026-11.io.ironwire.test:read-budget";
+const HOST_IQN: &str = "iqn.2026-11.io.ironwire.test:read-budget-host";
+
+/// Each read is held by the device this long.
+const HOLD_US: u64 = 2_000_000;
+/// How much more memory the daemon may take for all of it: the budget
+/// (8 MiB) and the replies it lets through, with room for the allocator.
+const GROWTH_KIB: u64 = 64 << 10;
+
+fn device() -> String {
+    format!("[[device]]\nname = \"slow\"\nkind = \"ram\"\nsize = \"16MiB\"\nread_latency_us = {HOLD_US}\n\n")
+}
+
+/// Checks the daemon's growth while the reads are held, and again once
+/// they are done and their replies wait unread.
+async fn check_growth(d: &Daemon, before: u64, what: &str) {
+    reactor::sleep(Duration::from_micros(HOLD_US / 2)).await;
+    let held = d.rss_kib();
+    reactor::sleep(Duration::from_micros(HOLD_US * 2)).await;
+    let done = d.rss_kib();
+    eprintln!("{what}: RSS {before} KiB before, {held} KiB while held, {done} KiB with the replies unread");
+    for (when, kib) in [("while the reads were held", held), ("with the replies unread", done)] {
+        assert!(
+            kib.saturating_sub(before) < GROWTH_KIB,
+            "{what}: the daemon grew by {} MiB {when}",
+            kib.saturating_sub(before) / 1024
+        );
+    }
+}
+
+#[test]
+fn nvme_reads_of_a_peer_that_does_not_read_are_held_to_the_budget() {
+    let mut d = Daemon::start_with("read-budget-nvme", |_, port| {
+        format!(
+            "{}[[subsystem]]\nnqn = \"{NQN}\"\nallow_any_host = true\n[[subsystem.namespace]]\ndevice = \"slow\"\n\n\
+             [[port]]\naddress = \"127.0.0.1:{port}\"\n\n[reactor]\ncores = [0]\n",
+            device()
+        )
+    });
+    block_on(bounded(60, async {
+        let opts = Options { io_queues: 1, queue_size: 128, ..Options::default() };
+        let mut c = Controller::connect(d.addr, NQN, "nqn.2014-08.org.nvmexpress:uuid:read-budget", opts)
+            .await
+            .expect("connect");
+        let before = d.rss_kib();
+        let q = c.io_queue(0).expect("queue");
+        // 100 reads of 1 MiB (MDTS), never collected.
+        for i in 0..100u64 {
+            q.submit(cmd::read(1, (i % 8) * 2048, 2048), Vec::new(), 1 << 20).expect("submit");
+        }
+        q.flush().await.expect("send");
+        check_growth(&d, before, "NVMe/TCP").await;
+    }));
+    d.assert_alive();
+}
+
+#[test]
+fn iscsi_reads_of_a_peer_that_does_not_read_are_held_to_the_budget() {
+    let mut d = Daemon::start_with("read-budget-iscsi", |_, port| {
+        format!("{}{}{}[reactor]\ncores = [0]\n", device(), toml::iscsi_target(IQN, &["slow"]), toml::iscsi_port(port))
+    });
+    block_on(bounded(60, async {
+        let mut s = Session::connect(d.addr, LoginOptions::new(HOST_IQN, Some(IQN))).await.expect("login");
+        s.clear_unit_attentions(0).await.expect("ready");
+        let before = d.rss_kib();
+        // 200 immediate READ(16)s of 8 MiB: the CmdSN window does not bound
+        // immediate commands, only the session's task limit does.
+        let len = 8u32 << 20;
+        for i in 0..200u32 {
+            let mut b = Bhs::new(Opcode::SCSI_CMD);
+            b.set_immediate(true)
+                .set_flags(flags::FINAL | flags::READ | 1)
+                .set_lun(0)
+                .set_itt(0x10_0000 + i)
+                .set_expected_data_transfer_length(len)
+                .set_cdb(&cdb::read16(0, len / 512));
+            s.connection_mut().send_raw(&b, &[], &[]);
+        }
+        s.flush().await.expect("send");
+        check_growth(&d, before, "iSCSI").await;
+    }));
+    d.assert_alive();
+}
