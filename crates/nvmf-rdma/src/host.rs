@@ -586,6 +586,52 @@ mod tests {
     }
 
     #[test]
+    fn an_in_capsule_command_reusing_a_running_cid_leaves_that_commands_key() {
+        let mut h =
+            HostConnection::new(HostConfig { qid: 1, entries: 16, max_in_capsule: 4096, ..HostConfig::default() });
+        let mut t = TargetQueue::new(TargetConfig { crc: false, read_buffer: 16 << 10, ..TargetConfig::default() });
+        pump(&mut h, &mut t);
+        assert!(matches!(t.poll_event(), Some(TEvent::Accepted { .. })));
+        // Two keyed writes: the second's RDMA Read waits for the budget.
+        h.submit(cmd(0x01, 1), pattern(1, 16 << 10), 0);
+        h.submit(cmd(0x01, 5), pattern(5, 16 << 10), 0);
+        pump(&mut h, &mut t);
+        for cid in [1u16, 5] {
+            let Some(TEvent::Command { sqe, data: None }) = t.poll_event() else { panic!("keyed write") };
+            assert_eq!(sqe.cid.get(), cid);
+            t.request_data(cid, 16 << 10);
+        }
+        assert_eq!(t.read_bytes(), 16 << 10, "only cid 1's read is issued");
+        // The host (wrongly) reuses cid 5 for a small in-capsule write.
+        let mut again = cmd(0x01, 5);
+        again.set_sgl(Sgl::in_capsule(512));
+        h.conn.send(again.as_bytes(), &[0u8; 512], None);
+        let mut wire = Vec::new();
+        h.conn.take_transmit(&mut wire);
+        t.handle_input(&wire).unwrap();
+        assert!(matches!(t.poll_event(), Some(TEvent::Command { data: Some(_), .. })));
+        // nvmf::Queue::execute answers it Command ID Conflict (cid 5 waits
+        // for its data), and the driver sends that with send_response.
+        t.send_response(Cqe::new(5, Status::CID_CONFLICT.dnr(), 0));
+        // One round each way: the host serves cid 1's read (and takes the
+        // conflict's answer for its cid 5), and cid 1's data arriving makes
+        // room for the first cid 5's read, which goes out with its own key.
+        // (Not delivered: this host already let go of its cid 5 buffer.)
+        let mut back = Vec::new();
+        t.take_transmit(&mut back);
+        h.handle_input(&back).unwrap();
+        let mut wire = Vec::new();
+        h.take_transmit(&mut wire);
+        t.handle_input(&wire).unwrap();
+        let Some(TEvent::Data { cid: 1, .. }) = t.poll_event() else { panic!("cid 1's data") };
+        assert_eq!(
+            t.read_bytes(),
+            16 << 10,
+            "the first cid 5's read was dropped (its key went with the conflict's answer): it would hang"
+        );
+    }
+
+    #[test]
     fn data_with_no_keyed_buffer_to_go_to_fails_its_command() {
         let (mut h, mut t) = pair(false, 1);
         // A small write: its data came in the capsule, so the host gave

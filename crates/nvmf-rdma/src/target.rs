@@ -502,6 +502,15 @@ impl<B: DataBuffer> TargetQueue<B> {
     /// the command's key when its SGL asked for it. SQHD and SQID are filled
     /// in here; the command's receive is posted again.
     pub fn send_response(&mut self, cqe: Cqe) {
+        let status = cqe.status();
+        if (status.sct(), status.sc()) == (Status::CID_CONFLICT.sct(), Status::CID_CONFLICT.sc()) {
+            // The answer to a second command with a running command's CID
+            // (the core refused it): the key kept for that CID is the
+            // running command's, which this answer must neither take nor
+            // invalidate.
+            self.complete(cqe, None);
+            return;
+        }
         let invalidate = self.keyed.remove(&cqe.cid.get()).filter(|k| k.invalidate).map(|k| k.key);
         self.complete(cqe, invalidate);
     }
