@@ -747,6 +747,9 @@ impl<B: DataBuffer> TargetConnection<B> {
     }
 
     fn send_r2t(&mut self, cid: u16, len: u32, discard: bool) {
+        if self.state == State::Terminated {
+            return;
+        }
         self.r2t_bytes = self.r2t_bytes.saturating_add(u64::from(len));
         let ttag = match self.free_ttags.pop() {
             Some(t) => t,
@@ -792,6 +795,9 @@ impl<B: DataBuffer> TargetConnection<B> {
     /// Sends read data for `cid` followed by its completion, or with the
     /// SUCCESS flag in place of it ([`success_flag`](Self::success_flag)).
     pub fn send_data(&mut self, cid: u16, data: &[u8], cqe: Cqe) {
+        if self.state == State::Terminated {
+            return;
+        }
         let success_flag = self.success_flag(&cqe);
         let max = self.cfg.max_transfer.max(4096) as usize;
         let mut offset = 0usize;
@@ -828,6 +834,9 @@ impl<B: DataBuffer> TargetConnection<B> {
         cqe: Cqe,
         fill: impl FnOnce(&mut Appender<'_>) -> bool,
     ) -> bool {
+        if self.state == State::Terminated {
+            return true;
+        }
         if len == 0 || len > self.cfg.max_transfer.max(4096) as usize {
             return false;
         }
@@ -851,6 +860,9 @@ impl<B: DataBuffer> TargetConnection<B> {
     /// go, and the sender sends them from a page of zeros. `false`, having
     /// queued nothing, when `len` needs more than one PDU.
     pub fn send_zeros(&mut self, cid: u16, len: usize, cqe: Cqe) -> bool {
+        if self.state == State::Terminated {
+            return true;
+        }
         if len == 0 || len > self.cfg.max_transfer.max(4096) as usize {
             return false;
         }
@@ -873,6 +885,9 @@ impl<B: DataBuffer> TargetConnection<B> {
 
     /// Sends a response capsule. SQHD and SQID are filled in here.
     pub fn send_response(&mut self, mut cqe: Cqe) {
+        if self.state == State::Terminated {
+            return;
+        }
         self.outstanding = self.outstanding.saturating_sub(1);
         cqe.sqhd = if self.sq_flow_disabled { 0xffff } else { self.sqhd }.into();
         cqe.sqid = self.sqid.into();
@@ -880,7 +895,9 @@ impl<B: DataBuffer> TargetConnection<B> {
         pdu::encode(&mut self.tx, resp.as_bytes(), &[], self.tx_framing);
     }
 
-    /// Queues a C2HTermReq for `e` and stops the connection.
+    /// Queues a C2HTermReq for `e` and stops the connection: nothing is
+    /// queued after it (TP 8000 7.4.4: the controller sends no further
+    /// PDU), so answers of commands still running are dropped.
     pub fn terminate(&mut self, e: &Fatal) {
         if self.state == State::Terminated {
             return;

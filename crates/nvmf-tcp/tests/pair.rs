@@ -202,6 +202,23 @@ fn rejects_unknown_pdu_type_with_invalid_header_field() {
     assert_eq!((term.fes.get(), term.fei.get()), (Fes::INVALID_HEADER_FIELD.0, 0));
 }
 
+/// After its C2HTermReq the target sends nothing more: answers of commands
+/// that were still running when the connection failed are dropped.
+#[test]
+fn nothing_follows_the_c2h_term_req() {
+    let (_h, mut t, _b) = pair(false, false);
+    let mut bytes = capsule(PLAIN, &[], 0);
+    bytes[0] = 0x0b;
+    let term = term_after(&mut t, &bytes);
+    assert_eq!(term.fes.get(), Fes::INVALID_HEADER_FIELD.0);
+    t.send_response(Cqe::new(1, Status::SUCCESS, 0));
+    t.send_data(2, &[7; 512], Cqe::new(2, Status::SUCCESS, 0));
+    assert!(t.send_zeros(3, 4096, Cqe::new(3, Status::SUCCESS, 0)), "taken (and dropped)");
+    assert!(t.send_data_with(4, 512, Cqe::new(4, Status::SUCCESS, 0), |_| true), "taken (and dropped)");
+    t.request_data(5, 4096);
+    assert_eq!(t.transmit_len(), 0, "a PDU was queued after the C2HTermReq");
+}
+
 #[test]
 fn rejects_inconsistent_hlen_pdo_and_plen() {
     for (field, value, fei) in [(2usize, 24u8, 2u32), (3, 8, 3), (4, 60, 4)] {
