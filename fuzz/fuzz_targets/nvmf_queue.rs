@@ -103,7 +103,7 @@ fn check(target: &Target<Device>, sqe: &Sqe, o: &Outcome<Vec<u8>, Device>, data_
                 BlockOp::WriteZeroes { lba, blocks, .. } => {
                     assert!(req.device.check_range(*lba, *blocks).is_ok());
                 }
-                BlockOp::Deallocate { ranges } => {
+                BlockOp::Deallocate { ranges, .. } => {
                     for (lba, n) in ranges {
                         assert!(*n > 0);
                         assert!(req.device.check_range(*lba, *n).is_ok());

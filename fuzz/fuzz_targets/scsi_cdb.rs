@@ -90,7 +90,7 @@ fn check(lu: &LogicalUnit<Described>, cdb: &[u8], o: &Outcome<Vec<u8>>) -> Optio
                 assert!(*blocks > 0 && *blocks <= lim.max_write_same_blocks);
                 assert!(in_range(*lba, *blocks), "WRITE SAME {lba}+{blocks} out of range");
             }
-            BlockOp::Unmap { ranges } => {
+            BlockOp::Unmap { ranges, .. } => {
                 assert!(ranges.len() as u64 <= u64::from(lim.max_unmap_descriptors));
                 let total: u64 = ranges.iter().map(|r| r.1).sum();
                 assert!(total <= u64::from(lim.max_unmap_lba_count), "UNMAP of {total} blocks");
