@@ -334,6 +334,26 @@ impl Drop for Tmpfs {
     }
 }
 
+/// A loop device whose sparse backing file sits on a 1 MiB tmpfs, so that
+/// writing back more than that fails; `None` (and a line saying why the
+/// test is skipped) where the machine cannot make one.
+fn failing_loop_device(scratch: &Scratch) -> Option<(Tmpfs, LoopDevice)> {
+    let fs = match Tmpfs::mount(&scratch.0.join("tmpfs"), 1 << 20) {
+        Ok(fs) => fs,
+        Err(e) => {
+            eprintln!("skipping: cannot mount a small tmpfs ({e})");
+            return None;
+        }
+    };
+    match LoopDevice::new(&fs.0.join("backing.img")) {
+        Ok(lo) => Some((fs, lo)),
+        Err(e) => {
+            eprintln!("skipping: no loop device ({e})");
+            None
+        }
+    }
+}
+
 /// A real failing fdatasync: the daemon serves a loop device whose sparse
 /// backing file sits on a 1 MiB tmpfs, and 2 MiB of the loop device's page
 /// cache are dirtied (by the test, through a descriptor of its own: the
@@ -343,20 +363,7 @@ impl Drop for Tmpfs {
 /// flushes (fsyncgate) and says why once.
 fn a_failed_flush_fails_every_later_flush(proto: Proto, tag: &str) {
     let scratch = Scratch::new(tag);
-    let fs = match Tmpfs::mount(&scratch.0.join("tmpfs"), 1 << 20) {
-        Ok(fs) => fs,
-        Err(e) => {
-            eprintln!("skipping: cannot mount a small tmpfs ({e})");
-            return;
-        }
-    };
-    let lo = match LoopDevice::new(&fs.0.join("backing.img")) {
-        Ok(lo) => lo,
-        Err(e) => {
-            eprintln!("skipping: no loop device ({e})");
-            return;
-        }
-    };
+    let Some((fs, lo)) = failing_loop_device(&scratch) else { return };
     let mut d = start(tag, proto, "block", &lo.dev);
     block_on(bounded(60, async {
         let mut h = Host::connect(proto, d.addr).await;
@@ -393,20 +400,7 @@ fn iscsi_synchronize_cache_keeps_failing_after_a_failed_fdatasync() {
 #[test]
 fn two_flushes_in_flight_when_writeback_fails_both_fail() {
     let scratch = Scratch::new("nvme-flush-pair");
-    let fs = match Tmpfs::mount(&scratch.0.join("tmpfs"), 1 << 20) {
-        Ok(fs) => fs,
-        Err(e) => {
-            eprintln!("skipping: cannot mount a small tmpfs ({e})");
-            return;
-        }
-    };
-    let lo = match LoopDevice::new(&fs.0.join("backing.img")) {
-        Ok(lo) => lo,
-        Err(e) => {
-            eprintln!("skipping: no loop device ({e})");
-            return;
-        }
-    };
+    let Some((_fs, lo)) = failing_loop_device(&scratch) else { return };
     let mut d = start("nvme-flush-pair", Proto::Nvme, "block", &lo.dev);
     block_on(bounded(60, async {
         let Host::Nvme(mut c) = Host::connect(Proto::Nvme, d.addr).await else { unreachable!() };
@@ -420,6 +414,5 @@ fn two_flushes_in_flight_when_writeback_fails_both_fail() {
             assert!(!done.cqe.status().is_success(), "a flush succeeded though writeback failed");
         }
     }));
-    drop(fs);
     d.assert_alive();
 }
