@@ -769,7 +769,9 @@ impl Device {
                 // the writeback error instead (the kernel tells one
                 // `fsync` per descriptor); it latches it before it ends.
                 let horizon = ticket.end();
-                while self.flushes.any_before(horizon) {
+                // Only a file's flushes share one descriptor (rbd reports
+                // an error to every flush it concerns).
+                while matches!(self.backend, Backend::File(_)) && self.flushes.any_before(horizon) {
                     reactor::sleep(FLUSH_OVERLAP_POLL).await;
                 }
                 self.check_flush_latch()

@@ -25,8 +25,9 @@ pub fn set_send_high_water(bytes: usize) {
 }
 
 /// Bytes of read data a connection may hold at once: the buffers of its
-/// reads running on a file or block device, plus its replies queued or
-/// being sent. A read that would pass it waits for room (one read always
+/// reads that run as I/O tasks (file and block devices; memory devices
+/// only with injected latency or answers of several PDUs), plus its
+/// replies queued or being sent. A read that would pass it waits for room (one read always
 /// goes through), so a peer that sends a queue's depth of large reads and
 /// does not read the data costs this, not depth × transfer size.
 /// `[limits] read_budget`, set once at start.
@@ -162,15 +163,20 @@ impl Shell {
 /// Waits until a read of `len` bytes fits the connection's read budget
 /// ([`READ_BUDGET`]: reads held plus replies queued or being sent), then
 /// holds its bytes until the returned guard drops. A read goes through
-/// alone when nothing else is held or queued, whatever its size; on a
-/// closing connection at once.
-pub async fn hold_read<C: Outbox>(conn: &C, len: usize) -> ReadHold<'_> {
+/// alone when nothing else is held or queued, whatever its size. `None`
+/// once the connection is closing: nobody will take the data, and letting
+/// every waiting read through then would allocate what the budget held
+/// back (a peer can close at will); the caller drops the command.
+pub async fn hold_read<C: Outbox>(conn: &C, len: usize) -> Option<ReadHold<'_>> {
     let shell = conn.shell();
     loop {
+        if shell.is_closing() {
+            return None;
+        }
         let held = shell.read_held.get();
         let replies = conn.queued().saturating_add(shell.sending.get());
         let total = held.saturating_add(replies).saturating_add(len);
-        if total <= READ_BUDGET.load(Ordering::Relaxed) || (held == 0 && replies == 0) || shell.is_closing() {
+        if total <= READ_BUDGET.load(Ordering::Relaxed) || (held == 0 && replies == 0) {
             break;
         }
         shell.tx_ready.notify();
@@ -179,7 +185,7 @@ pub async fn hold_read<C: Outbox>(conn: &C, len: usize) -> ReadHold<'_> {
         shell.read_waiters.set(shell.read_waiters.get() - 1);
     }
     shell.read_held.set(shell.read_held.get().saturating_add(len));
-    ReadHold { shell, len }
+    Some(ReadHold { shell, len })
 }
 
 /// Whether the connection's replies (queued, and being sent) passed

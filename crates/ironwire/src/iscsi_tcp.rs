@@ -1001,11 +1001,15 @@ async fn run_io(conn: Rc<Conn>, itt: TaskRef, busy: Busy, op: BlockOp<Buf>, resi
         scsi::io_error_sense(&e, write)
     };
     // A read's buffer counts against the connection's read budget until
-    // its Data-In is queued.
+    // its Data-In is queued; on a closing connection the read is dropped.
     let mut _held = None;
     let result: Result<Option<IoBuf>, Sense> = match op {
         BlockOp::Read { lba, blocks } => {
-            _held = Some(crate::conn::hold_read(&*conn, blocks as usize * bs).await);
+            _held = crate::conn::hold_read(&*conn, blocks as usize * bs).await;
+            if _held.is_none() {
+                conn.finished(itt);
+                return;
+            }
             let (r, buf) = device.read(lba, IoBuf::with_len(blocks as usize * bs)).await;
             r.map(|()| Some(buf)).map_err(sense)
         }
@@ -1040,7 +1044,11 @@ async fn run_io(conn: Rc<Conn>, itt: TaskRef, busy: Busy, op: BlockOp<Buf>, resi
             r.map(|()| None).map_err(sense)
         }
         BlockOp::Verify { lba, blocks, data } => {
-            _held = Some(crate::conn::hold_read(&*conn, blocks as usize * bs).await);
+            _held = crate::conn::hold_read(&*conn, blocks as usize * bs).await;
+            if _held.is_none() {
+                conn.finished(itt);
+                return;
+            }
             let (r, buf) = device.read(lba, IoBuf::with_len(blocks as usize * bs)).await;
             match (r, data) {
                 (Err(e), _) => Err(sense(e)),

@@ -142,7 +142,10 @@ pub fn is_fixed(ptr: *const u8, len: usize) -> bool {
 
 /// Reads `buf`'s writable bytes at `pos` of `file`: bytes read and the
 /// buffer. The borrow keeps the descriptor open until the kernel has the
-/// request (see [`crate::op`]); nothing is counted per operation.
+/// request (see [`crate::op`]); nothing is counted per operation. The
+/// future must be awaited or dropped, never leaked (`mem::forget`): a
+/// leaked one's queued entry would outlive the borrow. The same holds for
+/// every function here that takes a borrowed descriptor.
 pub async fn read_at<'a, B: IoBufMut>(file: impl Into<FileRef<'a>>, mut buf: B, pos: u64) -> (io::Result<usize>, B) {
     let (ptr, len) = (buf.write_ptr(), buf.bytes_total());
     let (fd, flags) = file.into().target();

@@ -262,7 +262,14 @@ impl Remote {
 
 /// The task that empties the slots other threads released ([`Remote`]).
 async fn release_shared_slots(doorbell: crate::Doorbell, remote: Arc<Remote>) {
-    while doorbell.wait().await.is_ok() {
+    loop {
+        if let Err(e) = doorbell.wait().await {
+            log::error!(
+                "reactor: the doorbell for releasing shared file slots failed ({e}); \
+                 dropped devices' files stay open until this reactor ends"
+            );
+            return;
+        }
         let released = std::mem::take(&mut *remote.release.lock().unwrap_or_else(PoisonError::into_inner));
         // Nothing can be queued under these slots: an operation borrows
         // its file, and these files are gone.
@@ -521,6 +528,9 @@ impl Core {
         fd: std::os::fd::RawFd,
         homes: &Mutex<Vec<(Arc<Remote>, u32)>>,
     ) -> Option<u32> {
+        if !self.features.fixed_files {
+            return None;
+        }
         if let Some(slot) = self.shared.borrow().get(&key) {
             return *slot;
         }
@@ -967,12 +977,21 @@ impl Core {
     /// that). Completions are reaped in between only when the kernel
     /// refused to take more (a full completion queue).
     pub(crate) fn submit_queued(&self) {
-        while !self.ring.borrow_mut().submission().is_empty() {
+        // Each `enter` takes what the kernel can (an entry that fails is
+        // taken too, and completes with its error); a kernel short of
+        // memory answers EAGAIN, so the tries are bounded.
+        for _ in 0..1000 {
+            if self.ring.borrow_mut().submission().is_empty() {
+                return;
+            }
             self.enter(0, None);
             if !self.ring.borrow_mut().submission().is_empty() {
                 self.reap();
             }
         }
+        log::error!(
+            "reactor: the kernel took no queued submission in 1000 tries; a dropped operation's may follow late"
+        );
     }
 
     pub(crate) fn cancel(&self, idx: u32) {

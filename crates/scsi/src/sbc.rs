@@ -233,12 +233,17 @@ fn write_same<B: DataOut, D: BlockDevice>(lu: &LogicalUnit<D>, c: Bytes<'_>, dat
         return Outcome::Check(Sense::invalid_cdb_field(if sixteen { 10 } else { 7 }, None));
     }
     let fua = !lu.write_cache_enabled();
+    // Zeroing is no write the device makes durable by itself: it needs a
+    // flush after it, which only a device with a volatile cache needs.
+    let zero_fua = fua && lu.device.volatile_write_cache();
     if ndob {
-        return io(BlockOp::WriteZeroes { lba, blocks, unmap, fua });
+        return io(BlockOp::WriteZeroes { lba, blocks, unmap, fua: zero_fua });
     }
     let block_size = lu.device.geometry().block_size;
     match exact(data, block_size) {
-        Ok(block) if block.as_ref().iter().all(|&b| b == 0) => io(BlockOp::WriteZeroes { lba, blocks, unmap, fua }),
+        Ok(block) if block.as_ref().iter().all(|&b| b == 0) => {
+            io(BlockOp::WriteZeroes { lba, blocks, unmap, fua: zero_fua })
+        }
         Ok(block) => io(BlockOp::WriteSame { lba, blocks, block, fua }),
         Err(o) => o,
     }
@@ -290,7 +295,7 @@ fn unmap<B: DataOut, D: BlockDevice>(lu: &LogicalUnit<D>, c: Bytes<'_>, data: Op
     if ranges.is_empty() {
         return good();
     }
-    io(BlockOp::Unmap { ranges, fua: !lu.write_cache_enabled() })
+    io(BlockOp::Unmap { ranges, fua: !lu.write_cache_enabled() && lu.device.volatile_write_cache() })
 }
 
 /// COMPARE AND WRITE (SBC-3 5.2).
