@@ -1002,14 +1002,20 @@ async fn run_io(conn: Rc<Conn>, itt: TaskRef, busy: Busy, op: BlockOp<Buf>, resi
     };
     // A read's buffer counts against the connection's read budget until
     // its Data-In is queued; on a closing connection the read is dropped.
-    let mut _held = None;
+    let _held = match op {
+        BlockOp::Read { blocks, .. } | BlockOp::Verify { blocks, .. } => {
+            match crate::conn::hold_read(&*conn, blocks as usize * bs).await {
+                Some(held) => Some(held),
+                None => {
+                    conn.finished(itt);
+                    return;
+                }
+            }
+        }
+        _ => None,
+    };
     let result: Result<Option<IoBuf>, Sense> = match op {
         BlockOp::Read { lba, blocks } => {
-            _held = crate::conn::hold_read(&*conn, blocks as usize * bs).await;
-            if _held.is_none() {
-                conn.finished(itt);
-                return;
-            }
             let (r, buf) = device.read(lba, IoBuf::with_len(blocks as usize * bs)).await;
             r.map(|()| Some(buf)).map_err(sense)
         }
@@ -1044,11 +1050,6 @@ async fn run_io(conn: Rc<Conn>, itt: TaskRef, busy: Busy, op: BlockOp<Buf>, resi
             r.map(|()| None).map_err(sense)
         }
         BlockOp::Verify { lba, blocks, data } => {
-            _held = crate::conn::hold_read(&*conn, blocks as usize * bs).await;
-            if _held.is_none() {
-                conn.finished(itt);
-                return;
-            }
             let (r, buf) = device.read(lba, IoBuf::with_len(blocks as usize * bs)).await;
             match (r, data) {
                 (Err(e), _) => Err(sense(e)),
