@@ -45,9 +45,25 @@ pub struct Unit {
     /// The SCSI logical unit.
     pub lu: Arc<LogicalUnit>,
     /// Commands of this unit between dispatch and answer, on every
-    /// reactor; closed when ctl removed the unit (no command starts on it
-    /// any more).
+    /// reactor; closed while a [`Fence`] waits for them, and for good once
+    /// ctl removed the unit.
     busy: reactor::Drain,
+    /// Commands stamped ([`iscsi::target::Command::epoch`]) before this
+    /// epoch of the target's [`LunTable`] were in the scope of a task
+    /// management function or a PREEMPT AND ABORT of another session:
+    /// they end in TASK ABORTED when they come to run.
+    fenced_before: AtomicU64,
+    /// Who holds `busy` closed; taken only to close or open it.
+    gate: std::sync::Mutex<Gate>,
+}
+
+/// Why a unit's drain is closed.
+#[derive(Default)]
+struct Gate {
+    /// [`Fence`]s alive.
+    fences: u32,
+    /// ctl removed the unit.
+    retired: bool,
 }
 
 /// A session's handle on a unit ([`Session::units`]). The `Rc` is the
@@ -66,15 +82,87 @@ impl Drop for Busy {
     }
 }
 
+/// What a command arriving at a unit may do ([`Unit::enter`]).
+enum Entry {
+    /// Run; the unit counts it.
+    Run(Busy),
+    /// It was in the scope of another session's task management function
+    /// or PREEMPT AND ABORT: TASK ABORTED.
+    Aborted,
+    /// A fence waits for the unit's commands in flight: BUSY, the
+    /// initiator retries.
+    Wait,
+    /// ctl removed the unit.
+    Gone,
+}
+
+/// A unit's commands held back while those already running finish: what
+/// LUN RESET, CLEAR TASK SET, the target resets and PREEMPT AND ABORT
+/// need before they may be answered. Commands that arrived before it
+/// (stamped with an earlier epoch) are aborted whenever they come to run,
+/// later ones get BUSY until the fence drops.
+struct Fence(Arc<Unit>);
+
+impl Fence {
+    /// Waits (polling, on the reactor) until none of the unit's commands
+    /// runs, or until `deadline`; whether they all ended.
+    async fn drained(&self, deadline: std::time::Instant) -> bool {
+        loop {
+            if self.0.busy.in_flight() == 0 {
+                return true;
+            }
+            if std::time::Instant::now() >= deadline {
+                return false;
+            }
+            reactor::sleep(Duration::from_millis(1)).await;
+        }
+    }
+}
+
+impl Drop for Fence {
+    fn drop(&mut self) {
+        let mut g = self.0.gate();
+        g.fences -= 1;
+        if g.fences == 0 && !g.retired {
+            self.0.busy.open();
+        }
+    }
+}
+
 impl Unit {
     fn new(lu: Arc<LogicalUnit>) -> Unit {
-        Unit { lu, busy: reactor::Drain::new() }
+        Unit { lu, busy: reactor::Drain::new(), fenced_before: AtomicU64::new(0), gate: Default::default() }
     }
 
-    /// Counts a command starting on the unit `handle` names; `None` once
-    /// the unit is retired.
-    fn enter(handle: &UnitHandle) -> Option<Busy> {
-        handle.busy.enter().ok().map(|ticket| Busy(handle.clone(), ticket))
+    fn gate(&self) -> std::sync::MutexGuard<'_, Gate> {
+        self.gate.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Admits a command stamped `epoch` to the unit `handle` names.
+    fn enter(handle: &UnitHandle, epoch: u64) -> Entry {
+        let entry = match handle.busy.enter() {
+            Ok(ticket) => Entry::Run(Busy(handle.clone(), ticket)),
+            Err(_) if handle.gate().retired => return Entry::Gone,
+            Err(_) => Entry::Wait,
+        };
+        // After `enter`: a fence that closed the drain before this command
+        // was counted made its epoch visible first (the drain's barrier);
+        // one that closes later waits for this command.
+        if epoch < handle.fenced_before.load(Ordering::Acquire) {
+            Entry::Aborted
+        } else {
+            entry
+        }
+    }
+
+    /// Fences the unit: commands stamped before `epoch` are aborted, new
+    /// ones wait, until the fence drops.
+    fn fence(self: &Arc<Unit>, epoch: u64) -> Fence {
+        self.fenced_before.fetch_max(epoch, Ordering::AcqRel);
+        let mut g = self.gate();
+        g.fences += 1;
+        self.busy.close();
+        Fence(self.clone())
     }
 
     /// Commands of the unit being executed now.
@@ -85,7 +173,11 @@ impl Unit {
     /// Stops new commands on the unit and waits (at most `limit`, off the
     /// reactors) for those running to be answered; how many still run.
     pub fn retire(&self, limit: Duration) -> u64 {
-        self.busy.close();
+        {
+            let mut g = self.gate();
+            g.retired = true;
+            self.busy.close();
+        }
         let deadline = std::time::Instant::now() + limit;
         loop {
             let n = self.busy.in_flight();
@@ -114,6 +206,10 @@ struct LunTable {
     /// Bumped (under the lock) at each change; read without it on every
     /// command.
     generation: AtomicU64,
+    /// The clock of task management across the target's sessions: stamped
+    /// on each command as it arrives, advanced by each [`Fence`] (the
+    /// fenced unit aborts commands stamped earlier).
+    epoch: AtomicU64,
     units: RwLock<Arc<BTreeMap<u64, Arc<Unit>>>>,
 }
 
@@ -197,7 +293,13 @@ impl IscsiTarget {
                 .collect(),
             sessions: prev.map_or_else(Arc::default, |p| p.sessions.clone()),
             table: prev.map_or_else(
-                || Arc::new(LunTable { generation: AtomicU64::new(0), units: RwLock::new(Arc::new(units.clone())) }),
+                || {
+                    Arc::new(LunTable {
+                        generation: AtomicU64::new(0),
+                        epoch: AtomicU64::new(0),
+                        units: RwLock::new(Arc::new(units.clone())),
+                    })
+                },
                 |p| p.table.clone(),
             ),
             units,
@@ -514,6 +616,16 @@ impl Conn {
         self.check(task, sense);
     }
 
+    /// Status `st` without sense data; all but GOOD count as errors on the
+    /// port.
+    fn status(&self, task: TaskRef, st: u8) {
+        if st != status::GOOD {
+            self.stats.port().error(Failure::ScsiStatus(st));
+        }
+        self.iscsi.borrow_mut().send_response(task, st, None, None);
+        self.shell.tx_ready.notify();
+    }
+
     fn check(&self, task: TaskRef, sense: &Sense) {
         log::debug!("{}: ITT {:#x}: CHECK CONDITION, {sense}", self.shell.peer, task.itt);
         self.iscsi.borrow_mut().send_response(task, status::CHECK_CONDITION, Some(&sense.to_fixed_bytes()), None);
@@ -645,7 +757,12 @@ pub async fn serve(stream: TcpStream, model: Arc<IscsiModel>, cfg: TargetConfig,
     let mut rx = rd.receiver();
     while !conn.shell.is_closing() {
         let r = match rx.recv().await {
-            Ok(bytes) if !bytes.is_empty() => conn.iscsi.borrow_mut().handle_input(&bytes),
+            Ok(bytes) if !bytes.is_empty() => {
+                let epoch = conn.session.borrow().as_ref().map_or(0, |s| s.target.table.epoch.load(Ordering::Acquire));
+                let mut c = conn.iscsi.borrow_mut();
+                c.set_epoch(epoch);
+                c.handle_input(&bytes)
+            }
             _ => break,
         };
         // Commands wait, parsed, while the initiator does not read our
@@ -747,12 +864,14 @@ fn dispatch_events(conn: &Rc<Conn>, model: &Arc<IscsiModel>) -> bool {
             }
             Event::Command(cmd) => command(conn, cmd),
             Event::TaskMgmt { itt, function, lun, tasks, .. } => {
-                let response = task_mgmt(conn, function, lun);
-                if response == tmf_response::COMPLETE && conn.abort(&tasks) {
+                let (response, fences) = task_mgmt(conn, function, lun);
+                if response == tmf_response::COMPLETE && (conn.abort(&tasks) || !fences.is_empty()) {
                     // RFC 7143 4.2.3: "function complete" only once every
                     // affected task is over. I/O already submitted cannot
                     // be recalled, so wait for it; its answer is dropped.
-                    reactor::spawn(answer_tmf_when_done(conn.clone(), itt, tasks));
+                    // Other sessions' commands on a fenced unit are waited
+                    // for too (SAM-5 7.7: the task set is shared).
+                    reactor::spawn(answer_tmf_when_done(conn.clone(), itt, tasks, fences));
                 } else {
                     conn.iscsi.borrow_mut().send_tmf_response(itt, response);
                 }
@@ -802,48 +921,93 @@ async fn admit_after(conn: Rc<Conn>, model: Arc<IscsiModel>, older: Vec<Arc<crat
     dispatch_events(&conn, &model);
 }
 
+/// How long a fence waits for the commands running on its unit before the
+/// function that asked for it is refused: under open-iscsi's 30 s task
+/// management timeout, so that the initiator hears why.
+const FENCE_LIMIT: Duration = Duration::from_secs(25);
+
 /// Answers task management request `itt` "function complete" once none
-/// of `tasks` is running any more.
-async fn answer_tmf_when_done(conn: Rc<Conn>, itt: u32, tasks: Vec<TaskRef>) {
+/// of `tasks` is running any more and no command runs on the `fences`'
+/// units; "function rejected" when they did not end within
+/// [`FENCE_LIMIT`].
+async fn answer_tmf_when_done(conn: Rc<Conn>, itt: u32, tasks: Vec<TaskRef>, fences: Vec<Fence>) {
     while conn.any_running(&tasks) {
         conn.io_done.wait().await;
     }
-    conn.iscsi.borrow_mut().send_tmf_response(itt, tmf_response::COMPLETE);
+    let response = if drained(&conn, &fences).await { tmf_response::COMPLETE } else { tmf_response::REJECTED };
+    drop(fences);
+    conn.iscsi.borrow_mut().send_tmf_response(itt, response);
     conn.shell.tx_ready.notify();
 }
 
-fn task_mgmt(conn: &Conn, function: TmfFunction, lun: u64) -> u8 {
+/// Waits for the commands running on the `fences`' units to end, at most
+/// [`FENCE_LIMIT`]; false (logged) when some still run.
+async fn drained(conn: &Conn, fences: &[Fence]) -> bool {
+    let deadline = std::time::Instant::now() + FENCE_LIMIT;
+    for f in fences {
+        if !f.drained(deadline).await {
+            log::warn!(
+                "{}: {} commands still run on LUN {} after {} s; the request waiting for them fails",
+                conn.shell.peer,
+                f.0.busy(),
+                f.0.lu.lun,
+                FENCE_LIMIT.as_secs()
+            );
+            return false;
+        }
+    }
+    true
+}
+
+/// Fences `units` for a function of this session: the other sessions'
+/// commands that arrived before it are aborted, this session's that are
+/// left arrived after it.
+fn fence(conn: &Conn, s: &Session, units: &[&UnitHandle]) -> Vec<Fence> {
+    let epoch = s.target.table.epoch.fetch_add(1, Ordering::AcqRel).wrapping_add(1);
+    let fences = units.iter().map(|u| Unit::fence(u, epoch)).collect();
+    conn.iscsi.borrow_mut().restamp(epoch);
+    fences
+}
+
+/// Runs task management `function` on `lun`: the response, and the fences
+/// the answer waits for.
+fn task_mgmt(conn: &Conn, function: TmfFunction, lun: u64) -> (u8, Vec<Fence>) {
     let mut session = conn.session.borrow_mut();
-    let Some(s) = session.as_mut() else { return tmf_response::NOT_SUPPORTED };
+    let Some(s) = session.as_mut() else { return (tmf_response::NOT_SUPPORTED, Vec::new()) };
     s.refresh();
     let unit = match scsi::decode_lun(lun.to_be_bytes()) {
         Some(scsi::Lun::Unit(n)) => s.units.get(&n).cloned(),
         _ => None,
     };
-    // The affected tasks still running are waited for by the caller.
+    // The affected tasks of this session still running are waited for by
+    // the caller; those of other sessions through the fences (the task set
+    // is shared, TST 000b).
     match function {
-        TmfFunction::ABORT_TASK | TmfFunction::ABORT_TASK_SET | TmfFunction::CLEAR_TASK_SET => {
-            if let (TmfFunction::CLEAR_TASK_SET, Some(u)) = (function, &unit) {
+        TmfFunction::ABORT_TASK | TmfFunction::ABORT_TASK_SET => (tmf_response::COMPLETE, Vec::new()),
+        TmfFunction::CLEAR_TASK_SET => match unit {
+            Some(u) => {
                 u.lu.clear_task_set(&s.nexus, &[]);
+                (tmf_response::COMPLETE, fence(conn, s, &[&u]))
             }
-            tmf_response::COMPLETE
-        }
+            None => (tmf_response::COMPLETE, Vec::new()),
+        },
         TmfFunction::LOGICAL_UNIT_RESET => match unit {
             Some(u) => {
                 log::info!("{}: LUN reset of {} LUN {}", conn.shell.peer, s.target.iqn, u.lu.lun);
                 u.lu.lun_reset(&s.nexus);
-                tmf_response::COMPLETE
+                (tmf_response::COMPLETE, fence(conn, s, &[&u]))
             }
-            None => tmf_response::LUN_DOES_NOT_EXIST,
+            None => (tmf_response::LUN_DOES_NOT_EXIST, Vec::new()),
         },
         TmfFunction::TARGET_WARM_RESET | TmfFunction::TARGET_COLD_RESET => {
             log::info!("{}: target reset of {}", conn.shell.peer, s.target.iqn);
             for u in s.units.values() {
                 u.lu.target_reset();
             }
-            tmf_response::COMPLETE
+            let units: Vec<&UnitHandle> = s.units.values().collect();
+            (tmf_response::COMPLETE, fence(conn, s, &units))
         }
-        _ => tmf_response::NOT_SUPPORTED,
+        _ => (tmf_response::NOT_SUPPORTED, Vec::new()),
     }
 }
 
@@ -858,18 +1022,33 @@ fn command(conn: &Rc<Conn>, cmd: iscsi::target::Command<Buf>) {
     let read = cmd.read;
     let cdb = cmd.cdb.as_slice();
     s.refresh();
+    // A unit ctl is removing takes no new command: it is gone for this
+    // session as soon as the session sees the change.
+    let entry = match scsi::decode_lun(cmd.lun.to_be_bytes()) {
+        Some(scsi::Lun::Unit(n)) => s.units.get(&n).map(|u| Unit::enter(u, cmd.epoch)),
+        _ => None,
+    };
+    let mut busy = match entry {
+        Some(Entry::Run(b)) => Some(b),
+        Some(Entry::Aborted) => {
+            drop(session);
+            log::debug!("{}: ITT {:#x} was aborted by another session", conn.shell.peer, itt.itt);
+            conn.status(itt, status::TASK_ABORTED);
+            return;
+        }
+        Some(Entry::Wait) => {
+            drop(session);
+            conn.status(itt, status::BUSY);
+            return;
+        }
+        Some(Entry::Gone) | None => None,
+    };
     if let Some(ua) = s.luns_changed_attention(cdb.first().copied()) {
         drop(session);
         log::debug!("{}: unit attention REPORTED LUNS DATA HAS CHANGED", conn.shell.peer);
         conn.check(itt, &ua);
         return;
     }
-    // A unit ctl is removing takes no new command: it is gone for this
-    // session as soon as the session sees the change.
-    let busy = match scsi::decode_lun(cmd.lun.to_be_bytes()) {
-        Some(scsi::Lun::Unit(n)) => s.units.get(&n).and_then(Unit::enter),
-        _ => None,
-    };
     let unit = busy.as_ref().map(|b| b.0.clone());
     // The connection collected all of the write data before dispatching,
     // so the command gets its data-out (possibly none) on the first call.
@@ -896,17 +1075,22 @@ fn command(conn: &Rc<Conn>, cmd: iscsi::target::Command<Buf>) {
     if cdb.first() == Some(&scsi::op::REPORT_LUNS) && matches!(outcome, Outcome::Good { .. }) {
         s.luns_changed = false;
     }
+    if matches!(outcome, Outcome::Good { .. }) && is_preempt_and_abort(cdb) {
+        if let Some(b) = busy.take() {
+            // SPC-4 5.9.11.5: the preempted nexuses' tasks are aborted
+            // before GOOD; running ones cannot be recalled, so wait.
+            let fences = fence(conn, s, &[&b.0]);
+            drop((b, session));
+            conn.running.borrow_mut().push((itt.serial, false));
+            reactor::spawn_detached(answer_preempt_when_fenced(conn.clone(), itt, fences));
+            return;
+        }
+    }
     drop(session);
     match outcome {
         Outcome::Good { data_in } => conn.good(itt, read, &data_in, residual),
         Outcome::Check(sense) => conn.failed(itt, &sense),
-        Outcome::Status(st) => {
-            if st != status::GOOD {
-                conn.stats.port().error(Failure::ScsiStatus(st));
-            }
-            conn.iscsi.borrow_mut().send_response(itt, st, None, None);
-            conn.shell.tx_ready.notify();
-        }
+        Outcome::Status(st) => conn.status(itt, st),
         // The iSCSI layer collects all write data before the command is
         // dispatched; a command asking for more had no data-out phase.
         Outcome::NeedData { .. } => conn.failed(itt, &Sense::INVALID_FIELD_IN_CDB),
@@ -923,6 +1107,29 @@ fn command(conn: &Rc<Conn>, cmd: iscsi::target::Command<Buf>) {
                 }
             }
         }
+    }
+}
+
+/// PERSISTENT RESERVE OUT with service action PREEMPT AND ABORT.
+fn is_preempt_and_abort(cdb: &[u8]) -> bool {
+    const PREEMPT_AND_ABORT: u8 = 0x05;
+    cdb.first() == Some(&scsi::op::PERSISTENT_RESERVE_OUT) && cdb.get(1).map(|b| b & 0x1F) == Some(PREEMPT_AND_ABORT)
+}
+
+/// Answers the PREEMPT AND ABORT `itt` once no command runs on its unit;
+/// ABORTED COMMAND (LOGICAL UNIT COMMUNICATION TIME-OUT) when they did not
+/// end within [`FENCE_LIMIT`], so that a cluster does not take the
+/// preempted node for fenced while one of its writes may still land.
+async fn answer_preempt_when_fenced(conn: Rc<Conn>, itt: TaskRef, fences: Vec<Fence>) {
+    let done = drained(&conn, &fences).await;
+    drop(fences);
+    if conn.finished(itt) {
+        return;
+    }
+    if done {
+        conn.good(itt, false, &[], None);
+    } else {
+        conn.check(itt, &Sense::LU_COMMUNICATION_TIMEOUT);
     }
 }
 

@@ -220,3 +220,126 @@ fn a_session_dropped_while_an_abort_waits_can_be_reinstated() {
         Session::connect(d.addr, again).await.expect("the reinstating login is answered");
     }));
 }
+
+/// Task management functions whose scope is the whole task set (SAM-5
+/// 7.7: the task set is shared, TST 000b) reach other sessions' writes
+/// too: one running on the device is waited for before the answer, and
+/// one still collecting its data when the function arrives never runs.
+async fn other_sessions_writes_never_land_after_the_answer(function: u8) {
+    let d = start(&format!("others{function}"));
+    let mut a = session(&d).await;
+    let mut b = session(&d).await;
+    for lun in [0, 1] {
+        a.write16(lun, 0, BLOCK, vec![0; BLOCK as usize]).await.expect("zero");
+    }
+    // LUN 1 holds B's write on the device.
+    let held = held_write(&mut b, 0, 0x5a).await;
+    // LUN 0: a write of 1 MiB, more than the first burst; B sends the
+    // unsolicited part and does not read the target's R2Ts until after
+    // the function is answered.
+    let big = (0..1024 * 1024).map(|i| (i % 251) as u8).collect::<Vec<u8>>();
+    let collecting = b.submit(0, &cdb::write16(0, 2048), big.clone(), 0).expect("submit");
+    b.flush().await.expect("send");
+    reactor::sleep(SETTLE).await;
+    // A target reset covers both LUNs; the others go to LUN 1, then 0.
+    let luns: &[u64] = if function == TARGET_WARM_RESET { &[0] } else { &[1, 0] };
+    for &lun in luns {
+        assert_eq!(a.task_mgmt(function, lun, u32::MAX).await.expect("answered"), 0, "function complete");
+    }
+    let first = read(&mut a, 1, 0).await;
+    assert!(first == pattern(0x5a), "the write running when the function arrived ended before the answer");
+    // B now sends the rest of the 1 MiB: the command never runs.
+    b.set_timeout(HOLD * 10);
+    let mut outcomes = std::collections::HashMap::new();
+    for _ in 0..2 {
+        let (itt, r) = b.next_completion().await.expect("B's commands are answered");
+        outcomes.insert(itt, r.status);
+    }
+    assert_eq!(outcomes[&held], 0, "the running write completed: GOOD");
+    assert_eq!(outcomes[&collecting], scsi::status::TASK_ABORTED, "the collecting write: TASK ABORTED");
+    reactor::sleep(HOLD * 2).await;
+    assert_eq!(read(&mut a, 1, 0).await, first);
+    let head = read(&mut a, 0, 0).await;
+    assert!(head == vec![0; BLOCK as usize], "the aborted write of another session reached the device");
+    // B carries on: its next write lands.
+    b.clear_unit_attentions(0).await.expect("B's unit attentions");
+    b.write16(0, 0, BLOCK, pattern(0x3c)).await.expect("B writes again");
+    assert_eq!(read(&mut a, 0, 0).await, pattern(0x3c));
+}
+
+#[test]
+fn lun_reset_reaches_the_writes_of_other_sessions() {
+    block_on(bounded(40, other_sessions_writes_never_land_after_the_answer(LOGICAL_UNIT_RESET)));
+}
+
+#[test]
+fn clear_task_set_reaches_the_writes_of_other_sessions() {
+    block_on(bounded(40, other_sessions_writes_never_land_after_the_answer(CLEAR_TASK_SET)));
+}
+
+#[test]
+fn target_reset_reaches_the_writes_of_other_sessions() {
+    block_on(bounded(40, other_sessions_writes_never_land_after_the_answer(TARGET_WARM_RESET)));
+}
+
+/// While a LUN reset waits for another session's write, new commands to
+/// the unit get BUSY (and run once the reset is answered).
+#[test]
+fn commands_arriving_while_a_reset_waits_get_busy() {
+    let d = start("busy");
+    block_on(bounded(30, async {
+        let mut a = session(&d).await;
+        let mut b = session(&d).await;
+        let mut c = session(&d).await;
+        let _held = held_write(&mut b, 0, 0x21).await;
+        reactor::sleep(SETTLE).await;
+        let reset = a.connection_mut().task_mgmt(LOGICAL_UNIT_RESET, LUN1_WIRE, u32::MAX);
+        a.flush().await.expect("send");
+        reactor::sleep(SETTLE).await;
+        let r = c.scsi(1, &cdb::test_unit_ready(), Vec::new(), 0).await.expect("TEST UNIT READY");
+        assert_eq!(r.status, scsi::status::BUSY, "{r:?}");
+        match a.next_event().await.expect("the reset is answered") {
+            iscsi::host::HostEvent::TaskMgmt { itt, response } => assert_eq!((itt, response), (reset, 0)),
+            other => panic!("unexpected {other:?}"),
+        }
+        c.clear_unit_attentions(1).await.expect("unit attentions");
+        let r = c.scsi(1, &cdb::test_unit_ready(), Vec::new(), 0).await.expect("TEST UNIT READY");
+        assert!(r.is_good(), "{r:?}");
+    }));
+}
+
+/// PREEMPT AND ABORT (SPC-4 5.9.11.5) ends the preempted nexus's tasks
+/// before GOOD: its write running on the device has ended, so nothing of
+/// it lands afterwards (what fencing a cluster node relies on).
+#[test]
+fn preempt_and_abort_is_good_only_after_the_preempted_write_ended() {
+    let d = start("preempt-abort");
+    block_on(bounded(30, async {
+        let prout = |sa: u8, rtype: u8| [0x5F, sa, rtype, 0, 0, 0, 0, 0, 24, 0];
+        let params = |key: u64, sa_key: u64| {
+            let mut p = vec![0u8; 24];
+            p[..8].copy_from_slice(&key.to_be_bytes());
+            p[8..16].copy_from_slice(&sa_key.to_be_bytes());
+            p
+        };
+        let mut a = session(&d).await;
+        let mut b = session(&d).await;
+        a.write16(1, 0, BLOCK, vec![0; BLOCK as usize]).await.expect("zero");
+        assert!(a.scsi(1, &prout(0, 0), params(0, 0xA), 0).await.expect("register A").is_good());
+        assert!(b.scsi(1, &prout(0, 0), params(0, 0xB), 0).await.expect("register B").is_good());
+        // B holds a Write Exclusive reservation and writes.
+        assert!(b.scsi(1, &prout(1, 1), params(0xB, 0), 0).await.expect("reserve").is_good());
+        let _w = held_write(&mut b, 0, 0x66).await;
+        reactor::sleep(SETTLE).await;
+        let r = a.scsi(1, &prout(5, 1), params(0xA, 0xB), 0).await.expect("PREEMPT AND ABORT");
+        assert!(r.is_good(), "{r:?}");
+        let first = read(&mut a, 1, 0).await;
+        assert!(first == pattern(0x66), "the preempted write still ran when GOOD was sent");
+        reactor::sleep(HOLD * 2).await;
+        assert_eq!(read(&mut a, 1, 0).await, first);
+        // B is fenced: its next write conflicts.
+        b.clear_unit_attentions(1).await.expect("unit attentions");
+        let w = b.scsi(1, &cdb::write16(8, 1), pattern(1), 0).await.expect("write");
+        assert_eq!(w.status, scsi::status::RESERVATION_CONFLICT);
+    }));
+}

@@ -328,6 +328,10 @@ pub struct Command<B> {
     /// W=1 with Expected Data Transfer Length 0, which RFC 7143 section
     /// 11.3.1 allows: no data-out phase, no R2T); `None` otherwise.
     pub data: Option<B>,
+    /// The upper layer's epoch when the command arrived
+    /// ([`TargetConnection::set_epoch`]): a task management function of
+    /// another session that began later knows the command was in its scope.
+    pub epoch: u64,
 }
 
 /// Something the upper layer must act on.
@@ -546,6 +550,8 @@ pub struct TargetConnection<B> {
     max_cmd_sn: u32,
     tasks: HashMap<u32, Task<B>>,
     next_serial: u64,
+    /// Stamped on arriving commands ([`Command::epoch`]).
+    epoch: u64,
     /// Bytes of write buffers counted against `cfg.write_budget`.
     write_held: u64,
     /// Writes waiting for room in the write budget, oldest first.
@@ -609,6 +615,7 @@ impl<B: DataBuffer> TargetConnection<B> {
             max_cmd_sn: 0,
             tasks: HashMap::new(),
             next_serial: 0,
+            epoch: 0,
             write_held: 0,
             write_waiting: VecDeque::new(),
             aborted_itts: VecDeque::new(),
@@ -645,6 +652,29 @@ impl<B: DataBuffer> TargetConnection<B> {
     /// The session type negotiated at login.
     pub fn session_type(&self) -> SessionType {
         self.login.session_type
+    }
+
+    /// Sets the epoch stamped on the commands that arrive from now on
+    /// ([`Command::epoch`]); the upper layer's clock of task management
+    /// across sessions, opaque here.
+    pub fn set_epoch(&mut self, epoch: u64) {
+        self.epoch = epoch;
+    }
+
+    /// Raises to `epoch` the stamp of every command not yet handed out
+    /// (collecting its data, or an event not yet polled): after a task
+    /// management function of this session ended the tasks in its scope,
+    /// the ones left arrived after it.
+    pub fn restamp(&mut self, epoch: u64) {
+        self.epoch = self.epoch.max(epoch);
+        for c in self.tasks.values_mut().filter_map(|t| t.cmd.as_mut()) {
+            c.epoch = c.epoch.max(epoch);
+        }
+        for e in self.events.iter_mut() {
+            if let Event::Command(c) = e {
+                c.epoch = c.epoch.max(epoch);
+            }
+        }
     }
 
     /// (ExpCmdSN, MaxCmdSN) as the next PDU will carry them.
@@ -1517,6 +1547,7 @@ impl<B: DataBuffer> TargetConnection<B> {
             attr: f & flags::ATTR_MASK,
             immediate: bhs.immediate(),
             data: None,
+            epoch: self.epoch,
         };
         let mut task = Task {
             serial,

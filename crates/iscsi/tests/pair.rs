@@ -1370,3 +1370,42 @@ fn zeros_answer_a_read_as_one_collapsed_data_in_with_or_without_digests() {
         assert_eq!(t.open_tasks(), 0);
     }
 }
+
+#[test]
+fn commands_carry_the_epoch_they_arrived_in_and_restamp_raises_the_waiting_ones() {
+    let mut tc = target_cfg(false);
+    tc.params.initial_r2t = true;
+    tc.params.immediate_data = false;
+    let mut hc = HostConfig::new(INITIATOR, Some(TARGET));
+    hc.params.initial_r2t = true;
+    hc.params.immediate_data = false;
+    let (mut h, mut t, _) = logged_in(hc, tc);
+    t.set_epoch(5);
+    // A write collecting its data, and a read whose event is not polled.
+    let write = h.submit(0, &write10(1), 0, pattern(512));
+    let read = h.submit(0, &read10(1), 512, Vec::new());
+    let mut bytes = Vec::new();
+    h.take_transmit(&mut bytes);
+    t.set_epoch(6);
+    t.handle_input(&bytes).expect("commands");
+    t.set_epoch(7);
+    t.restamp(9);
+    let Some(Event::Command(c)) = t.poll_event() else { panic!("the read") };
+    assert_eq!((c.task.itt, c.epoch), (read, 9));
+    // Restamping never lowers a stamp, nor the epoch new commands get.
+    t.restamp(8);
+    let mut r2t = Vec::new();
+    t.take_transmit(&mut r2t);
+    h.handle_input(&r2t).expect("R2T");
+    let mut data = Vec::new();
+    h.take_transmit(&mut data);
+    t.handle_input(&data).expect("data");
+    let Some(Event::Command(c)) = t.poll_event() else { panic!("the write") };
+    assert_eq!((c.task.itt, c.epoch), (write, 9));
+    let later = h.submit(0, &read10(1), 512, Vec::new());
+    let mut bytes = Vec::new();
+    h.take_transmit(&mut bytes);
+    t.handle_input(&bytes).expect("command");
+    let Some(Event::Command(c)) = t.poll_event() else { panic!("the later read") };
+    assert_eq!((c.task.itt, c.epoch), (later, 9));
+}

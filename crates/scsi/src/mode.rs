@@ -43,9 +43,11 @@ fn page(code: u8, pc: u8, wce: bool, swp: bool) -> Option<Vec<u8>> {
             set(&mut p, 1, 0x0A);
             if !changeable {
                 // TST 000b (shared task set), QAM 1 (unrestricted
-                // reordering), QERR 00b, D_SENSE 0; BUSY TIMEOUT PERIOD
-                // unlimited.
+                // reordering), QERR 00b, D_SENSE 0; TAS 1 (a task aborted
+                // by another nexus's task management ends in TASK
+                // ABORTED); BUSY TIMEOUT PERIOD unlimited.
                 set(&mut p, 3, 0x10);
+                set(&mut p, 5, 0x40);
                 put(&mut p, 8, &[0xFF, 0xFF]);
             }
             // SWP (byte 4 bit 3) is the one changeable field.

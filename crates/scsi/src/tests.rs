@@ -714,6 +714,8 @@ fn mode_sense10_long_lba_descriptor() {
     assert_eq!(d[8..16], BLOCKS.to_be_bytes());
     assert_eq!(d[20..24], BS.to_be_bytes());
     assert_eq!(d[24..26], [0x0A, 0x0A]);
+    // QAM 1, TAS 1 (tasks aborted by another nexus end in TASK ABORTED).
+    assert_eq!((d[27], d[29]), (0x10, 0x40));
     assert_eq!(d.len(), 36);
 }
 
@@ -761,10 +763,14 @@ fn mode_select_rejects_unchangeable_fields_and_sp() {
     let sp = [op::MODE_SELECT_6, 0x11, 0, 0, 24, 0];
     assert_eq!(asc(check(exec(&lu, &nexus(1), &sp))), INVALID_CDB);
     // Control page with a changed QAM.
-    let mut list = vec![0u8, 0, 0, 0, 0x0A, 0x0A, 0, 0x00, 0, 0, 0, 0, 0xFF, 0xFF, 0, 0];
+    let mut list = vec![0u8, 0, 0, 0, 0x0A, 0x0A, 0, 0x00, 0, 0x40, 0, 0, 0xFF, 0xFF, 0, 0];
     let cdb = [op::MODE_SELECT_6, 0x10, 0, 0, list.len() as u8, 0];
     assert_eq!(asc(check(exec_out(&lu, &nexus(1), &cdb, list.clone()))), INVALID_PARAM);
     list[7] = 0x10;
+    // TAS is not changeable either.
+    list[9] = 0;
+    assert_eq!(asc(check(exec_out(&lu, &nexus(1), &cdb, list.clone()))), INVALID_PARAM);
+    list[9] = 0x40;
     assert!(good(exec_out(&lu, &nexus(1), &cdb, list)).is_empty(), "unchanged control page is accepted");
 }
 
@@ -1266,7 +1272,7 @@ fn random_cdbs_never_panic() {
 
 fn set_swp(lu: &LogicalUnit, n: &Nexus, swp: bool) {
     // The control page as MODE SENSE reports it, with SWP (byte 4 bit 3).
-    let mut list = vec![0u8, 0, 0, 0, 0x0A, 0x0A, 0, 0x10, 0, 0, 0, 0, 0xFF, 0xFF, 0, 0];
+    let mut list = vec![0u8, 0, 0, 0, 0x0A, 0x0A, 0, 0x10, 0, 0x40, 0, 0, 0xFF, 0xFF, 0, 0];
     if swp {
         list[8] |= 0x08;
     }
