@@ -66,6 +66,10 @@ fn check(target: &Target<Device>, sqe: &Sqe, o: &Outcome<Vec<u8>, Device>, data_
             assert!(*sqsize >= 1 && *sqsize < target.settings.queue_entries);
         }
         Outcome::CompleteAndClose { cqe } => assert_eq!(cqe.cid.get(), cid),
+        Outcome::Shutdown { cqe, .. } => {
+            assert_eq!(cqe.cid.get(), cid);
+            assert_eq!(sqe.opcode, 0x7f, "a shutdown from other than a Fabrics command");
+        }
         Outcome::NeedData { len, discard } => {
             assert!(!had_data, "asked for data it was given");
             let plain_write = sqe.opcode == 0x01 && sqe.flags & 3 == 0;

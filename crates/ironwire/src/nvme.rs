@@ -712,6 +712,26 @@ fn answer<T: Binding, B: AsRef<[u8]>>(
             conn.wire.borrow_mut().send_response(cqe);
             conn.shell.close();
         }
+        Outcome::Shutdown { cqe, devices } => {
+            conn.wire.borrow_mut().send_response(cqe);
+            let ctrl = conn.queue.borrow().controller().cloned();
+            reactor::spawn(shut_down(conn.shell.peer, ctrl, devices));
+        }
+    }
+}
+
+/// A normal shutdown the host asked for (CC.SHN): flushes the namespaces'
+/// devices, then lets CSTS.SHST say complete. A failed flush is logged;
+/// the device's latch fails every later flush (docs/configuration.md).
+async fn shut_down(peer: std::net::SocketAddr, ctrl: Option<Arc<nvmf::Controller<Device>>>, devices: Vec<Arc<Device>>) {
+    for d in &devices {
+        if let Err(e) = d.flush().await {
+            log::error!("{peer}: flushing {} for the host's shutdown failed: {e}", d.name());
+        }
+    }
+    if let Some(c) = ctrl {
+        log::debug!("{peer}: controller {} shut down", c.cntlid);
+        c.shutdown_complete();
     }
 }
 

@@ -416,3 +416,31 @@ fn two_flushes_in_flight_when_writeback_fails_both_fail() {
     }));
     d.assert_alive();
 }
+
+/// A normal shutdown (CC.SHN, what `nvme disconnect` sends) flushes the
+/// namespaces' devices before CSTS.SHST says complete: plain writes
+/// before it are durable once the host sees the shutdown done.
+#[test]
+fn nvme_controller_shutdown_flushes_the_device() {
+    let scratch = Scratch::new("nvme-shutdown");
+    let lo = match LoopDevice::new(&scratch.0.join("backing.img")) {
+        Ok(lo) => lo,
+        Err(e) => {
+            eprintln!("skipping: no loop device ({e})");
+            return;
+        }
+    };
+    let mut d = start("nvme-shutdown", Proto::Nvme, "block", &lo.dev);
+    let img = image();
+    block_on(bounded(60, async {
+        let Host::Nvme(mut c) = Host::connect(Proto::Nvme, d.addr).await else { unreachable!() };
+        let before = lo.flushes();
+        for i in 0..8u64 {
+            c.write(0, 1, i * 8, img[..4096].to_vec()).await.expect("write");
+        }
+        assert_eq!(lo.flushes(), before, "plain writes to a write-back device need no flush");
+        c.disconnect().await.expect("shutdown completes");
+        assert!(lo.flushes() > before, "the shutdown reached the device as a flush");
+    }));
+    d.assert_alive();
+}

@@ -145,8 +145,11 @@ impl<D: BlockDevice> Controller<D> {
         kato != 0 && now_ms.saturating_sub(self.last_keep_alive_ms.load(Ordering::Relaxed)) > kato
     }
 
-    /// Property Set of CC: enable, disable and shutdown.
-    pub(crate) fn set_cc(&self, value: u32) {
+    /// Property Set of CC: enable, disable and shutdown. True when a
+    /// shutdown begins: CSTS.SHST says "occurring" until
+    /// [`Controller::shutdown_complete`], once the caller has flushed the
+    /// namespaces' devices ([`Outcome::Shutdown`](crate::Outcome::Shutdown)).
+    pub(crate) fn set_cc(&self, value: u32) -> bool {
         let mut s = self.lock();
         let new = Cc(value);
         let old = Cc(s.cc);
@@ -156,12 +159,24 @@ impl<D: BlockDevice> Controller<D> {
         } else if !new.en() && old.en() {
             s.csts = 0;
         }
-        if new.shn() != 0 {
-            s.csts |= csts::SHST_COMPLETE;
-        } else {
+        let begins = new.shn() != 0 && old.shn() == 0;
+        if begins {
+            s.csts = (s.csts & !csts::SHST_COMPLETE) | csts::SHST_OCCURRING;
+        } else if new.shn() == 0 {
             s.csts &= !(csts::SHST_COMPLETE | csts::SHST_OCCURRING);
         }
         self.ready.store(s.csts & csts::RDY != 0, Ordering::Release);
+        begins
+    }
+
+    /// The shutdown [`Controller::set_cc`] began is over (what the host
+    /// wrote before it is durable): CSTS.SHST says "complete", unless the
+    /// host cleared CC.SHN meanwhile.
+    pub fn shutdown_complete(&self) {
+        let mut s = self.lock();
+        if Cc(s.cc).shn() != 0 {
+            s.csts = (s.csts & !csts::SHST_OCCURRING) | csts::SHST_COMPLETE;
+        }
     }
 
     /// Whether CC.EN and CSTS.RDY are set. A load, no lock: the I/O path

@@ -68,6 +68,16 @@ pub enum Outcome<B, D> {
         /// The completion.
         cqe: Cqe,
     },
+    /// The host began a normal shutdown (CC.SHN): send the completion,
+    /// flush each of `devices`, then call the controller's
+    /// [`shutdown_complete`](crate::Controller::shutdown_complete) (the
+    /// host polls CSTS.SHST meanwhile).
+    Shutdown {
+        /// The completion of the Property Set.
+        cqe: Cqe,
+        /// The devices of the subsystem's namespaces.
+        devices: Vec<Arc<D>>,
+    },
 }
 
 impl<B, D> Outcome<B, D> {
@@ -84,6 +94,7 @@ impl<B, D> Outcome<B, D> {
                 Outcome::Connected { cqe, qid, sqsize, sq_flow_disabled }
             }
             Outcome::CompleteAndClose { cqe } => Outcome::CompleteAndClose { cqe },
+            Outcome::Shutdown { cqe, devices } => Outcome::Shutdown { cqe, devices },
         }
     }
 
@@ -326,7 +337,16 @@ impl<D: BlockDevice> Queue<D> {
             FabricsType::PROPERTY_SET => {
                 let p = PropertyCmd::from_sqe(sqe);
                 if p.offset == regs::CC && !p.eight_bytes {
-                    ctrl.set_cc(p.value as u32);
+                    if ctrl.set_cc(p.value as u32) {
+                        // NVMe base 2.0 3.6.1: what was written before a
+                        // normal shutdown is on non-volatile media by the
+                        // time CSTS.SHST says complete.
+                        let devices = ctrl
+                            .subsystem()
+                            .map(|s| s.namespaces().into_iter().map(|ns| ns.device.clone()).collect())
+                            .unwrap_or_default();
+                        return Outcome::Shutdown { cqe: Cqe::new(cid, Status::SUCCESS, 0), devices };
+                    }
                     Outcome::status(cid, Status::SUCCESS)
                 } else {
                     log::warn!("{}: Property Set offset {:#x} not writable", self.peer, p.offset);

@@ -73,9 +73,10 @@ fn ex(q: &mut Queue, now_ms: u64, s: &Sqe) -> Outcome<Vec<u8>> {
 
 fn status(o: &Outcome<Vec<u8>>) -> Status {
     match o {
-        Outcome::Complete { cqe, .. } | Outcome::Connected { cqe, .. } | Outcome::CompleteAndClose { cqe } => {
-            cqe.status()
-        }
+        Outcome::Complete { cqe, .. }
+        | Outcome::Connected { cqe, .. }
+        | Outcome::CompleteAndClose { cqe }
+        | Outcome::Shutdown { cqe, .. } => cqe.status(),
         other => panic!("no completion: {other:?}"),
     }
 }
@@ -154,8 +155,27 @@ fn enables_the_controller_through_cc_and_reports_ready() {
     assert_eq!(prop_get(&mut q, 0x08, false).1, 0x0001_0400);
     prop_set_cc(&mut q, 0x0046_0001);
     assert_eq!(prop_get(&mut q, 0x1c, false).1 & 1, 1, "CSTS.RDY");
-    prop_set_cc(&mut q, 0x0046_4001); // shutdown notification
+    // Shutdown notification: the caller is to flush the namespace's
+    // device; until it says so, SHST is "occurring".
+    let mut s = fabrics(0x00, 2);
+    s.cdw11 = 0x14.into();
+    s.cdw12 = 0x0046_4001.into();
+    let controller = match run(&mut q, &s, None) {
+        Outcome::Shutdown { cqe, devices } => {
+            assert!(cqe.status().is_success());
+            assert_eq!(devices.len(), 1, "the subsystem's one namespace");
+            q.controller().expect("connected").clone()
+        }
+        other => panic!("expected a shutdown, got {other:?}"),
+    };
+    assert_eq!(prop_get(&mut q, 0x1c, false).1 & 0xc, 0x4, "SHST occurring");
+    // Written again while it runs, CC.SHN starts no second shutdown.
+    assert_eq!(prop_set_cc(&mut q, 0x0046_4001), Status::SUCCESS);
+    controller.shutdown_complete();
     assert_eq!(prop_get(&mut q, 0x1c, false).1 & 0xc, 0x8, "SHST complete");
+    // Clearing SHN ends the shutdown state.
+    assert_eq!(prop_set_cc(&mut q, 0x0046_0001), Status::SUCCESS);
+    assert_eq!(prop_get(&mut q, 0x1c, false).1 & 0xc, 0, "SHST cleared");
     assert_eq!(prop_get(&mut q, 0x40, false).0, Status::INVALID_FIELD.dnr());
 }
 
