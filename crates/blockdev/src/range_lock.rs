@@ -9,7 +9,7 @@
 //! docs/architecture.md), and never block a reactor: whoever waits, waits
 //! asynchronously and is woken by the release it waits for.
 //!
-//! How: the gate's [`reactor::Drain`] is open while no lock is pending
+//! How: the gate's [`drain::Drain`] is open while no lock is pending
 //! or held, and a write takes the fast path: it enters the drain (a plain
 //! load and store of its thread's own in-flight count, and a load of the
 //! drain's state). The first pending lock closes the drain, which pays
@@ -119,7 +119,7 @@ impl Table {
 #[derive(Debug)]
 enum Entry {
     /// Counted in the drain (the fast path).
-    Fast(reactor::Ticket),
+    Fast(drain::Ticket),
     /// Recorded in the table under this id.
     Table(u64),
 }
@@ -128,7 +128,7 @@ enum Entry {
 #[derive(Debug)]
 pub(crate) struct WriteGate {
     /// Closed while any lock is pending or held.
-    drain: reactor::Drain,
+    drain: drain::Drain,
     table: Mutex<Table>,
 }
 
@@ -183,7 +183,7 @@ impl Drop for RangeLock<'_> {
 
 impl WriteGate {
     pub(crate) fn new() -> WriteGate {
-        WriteGate { drain: reactor::Drain::new(), table: Mutex::new(Table::default()) }
+        WriteGate { drain: drain::Drain::new(), table: Mutex::new(Table::default()) }
     }
 
     fn table(&self) -> MutexGuard<'_, Table> {
@@ -194,8 +194,8 @@ impl WriteGate {
     fn try_fast(&self) -> Option<WriteToken<'_>> {
         match self.drain.enter() {
             Ok(ticket) => Some(WriteToken { gate: self, entry: Entry::Fast(ticket), _thread_bound: PhantomData }),
-            Err(reactor::Refused::Closed) => None,
-            Err(reactor::Refused::Raced) => {
+            Err(drain::Refused::Closed) => None,
+            Err(drain::Refused::Raced) => {
                 // A locker came in while this write counted itself: it may
                 // be waiting for the count this write took back.
                 self.table().wake_all();

@@ -47,7 +47,7 @@ pub struct Unit {
     /// Commands of this unit between dispatch and answer, on every
     /// reactor; closed while a [`Fence`] waits for them, and for good once
     /// ctl removed the unit.
-    busy: reactor::Drain,
+    busy: drain::Drain,
     /// Commands stamped ([`iscsi::target::Command::epoch`]) before this
     /// epoch of the target's [`LunTable`] were in the scope of a task
     /// management function or a PREEMPT AND ABORT of another session:
@@ -74,7 +74,7 @@ type UnitHandle = Rc<Arc<Unit>>;
 
 /// A command running on a unit; the unit counts it until this drops (on
 /// the reactor that dispatched it).
-struct Busy(UnitHandle, reactor::Ticket);
+struct Busy(UnitHandle, drain::Ticket);
 
 impl Drop for Busy {
     fn drop(&mut self) {
@@ -131,7 +131,7 @@ impl Drop for Fence {
 
 impl Unit {
     fn new(lu: Arc<LogicalUnit>) -> Unit {
-        Unit { lu, busy: reactor::Drain::new(), fenced_before: AtomicU64::new(0), gate: Default::default() }
+        Unit { lu, busy: drain::Drain::new(), fenced_before: AtomicU64::new(0), gate: Default::default() }
     }
 
     fn gate(&self) -> std::sync::MutexGuard<'_, Gate> {
@@ -170,22 +170,12 @@ impl Unit {
         self.busy.in_flight()
     }
 
-    /// Stops new commands on the unit and waits (at most `limit`, off the
-    /// reactors) for those running to be answered; how many still run.
-    pub fn retire(&self, limit: Duration) -> u64 {
-        {
-            let mut g = self.gate();
-            g.retired = true;
-            self.busy.close();
-        }
-        let deadline = std::time::Instant::now() + limit;
-        loop {
-            let n = self.busy.in_flight();
-            if n == 0 || std::time::Instant::now() >= deadline {
-                return n;
-            }
-            std::thread::sleep(Duration::from_millis(1));
-        }
+    /// Stops new commands on the unit for good (ctl removed it);
+    /// [`Unit::busy`] then counts, exactly, those still running.
+    pub fn retire(&self) {
+        let mut g = self.gate();
+        g.retired = true;
+        self.busy.close();
     }
 }
 

@@ -780,7 +780,9 @@ fn write_to_memory<T: Binding, B: AsRef<[u8]>>(conn: &Conn<T>, req: &nvmf::Block
 
 async fn run_io<T: Binding>(conn: Rc<Conn<T>>, req: BlockRequest, t0: u64) {
     let _running = conn.shell.io_task();
-    let BlockRequest { cid, nsid, device, op } = req;
+    // `_busy` counts the request on its namespace until it is answered:
+    // the namespace's removal waits for it.
+    let BlockRequest { cid, nsid, device, op, busy: _busy } = req;
     let kind = op_kind(&op);
     // An injected latency is waited out here, where an Abort can stop the
     // command before the device sees it.

@@ -337,13 +337,22 @@ fn apply_nvme(live: &Live, devices: &HashMap<String, Arc<Device>>, old: &Config,
             let same =
                 same_ids && wanted.and_then(|w| devices.get(&w.device)).is_some_and(|d| Arc::ptr_eq(d, &ns.device));
             if !same {
+                // Its commands running are waited for: nothing of it
+                // reaches the device once the change returns.
                 live_s.remove_namespace(ns.nsid);
-                log::info!(
-                    "removed namespace {} ({}) from {}",
-                    ns.nsid,
-                    blockdev::BlockDevice::name(&*ns.device),
-                    s.nqn
-                );
+                let left = wait_out(|| ns.in_flight());
+                let device = blockdev::BlockDevice::name(&*ns.device);
+                if left > 0 {
+                    log::warn!(
+                        "removed namespace {} from {}, but {left} command(s) still running after {} s; \
+                         they finish on device {device}",
+                        ns.nsid,
+                        s.nqn,
+                        DRAIN_LIMIT.as_secs(),
+                    );
+                } else {
+                    log::info!("removed namespace {} ({device}) from {}", ns.nsid, s.nqn);
+                }
             }
         }
         for ns in &s.namespace {
@@ -392,13 +401,14 @@ fn apply_iscsi(live: &Live, devices: &HashMap<String, Arc<Device>>, new: &Config
         targets.iter().flat_map(|t| t.publish().into_iter().map(|u| (t.iqn.clone(), u))).collect();
     live.iscsi.replace(targets, portals(new), disc);
     for (iqn, u) in gone {
-        let left = u.retire(LUN_DRAIN_LIMIT);
+        u.retire();
+        let left = wait_out(|| u.busy());
         if left > 0 {
             log::warn!(
                 "iSCSI target {iqn} LUN {}: removed, but {left} command(s) still running after {} s; \
                  they finish on device {}",
                 u.lu.lun,
-                LUN_DRAIN_LIMIT.as_secs(),
+                DRAIN_LIMIT.as_secs(),
                 u.lu.device.name()
             );
         } else {
@@ -408,8 +418,22 @@ fn apply_iscsi(live: &Live, devices: &HashMap<String, Arc<Device>>, new: &Config
     Ok(())
 }
 
-/// How long removing an iSCSI LUN waits for the commands running on it.
-const LUN_DRAIN_LIMIT: Duration = Duration::from_secs(30);
+/// How long removing an iSCSI LUN or an NVMe namespace waits for the
+/// commands running on it.
+const DRAIN_LIMIT: Duration = Duration::from_secs(30);
+
+/// Waits (here, off the reactors) until `running` is 0, at most
+/// [`DRAIN_LIMIT`]; what is still running then.
+fn wait_out(running: impl Fn() -> u64) -> u64 {
+    let deadline = std::time::Instant::now() + DRAIN_LIMIT;
+    loop {
+        let n = running();
+        if n == 0 || std::time::Instant::now() >= deadline {
+            return n;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
 
 /// The SendTargets portals of `config`'s iSCSI ports.
 pub fn portals(config: &Config) -> Vec<String> {

@@ -464,3 +464,79 @@ fn devices_in_use_grow_and_the_hosts_of_both_protocols_are_told() {
     }));
     d.assert_alive();
 }
+
+/// Removing a namespace with a write in flight: `ctl` returns once the
+/// write is answered and on the file, and the queues (the one that wrote,
+/// idle since) let go of the device, whose file then closes when the
+/// device is removed too.
+#[test]
+fn removing_a_namespace_waits_for_its_writes_and_idle_queues_let_go_of_it() {
+    const SLOW_WRITE_MS: u64 = 300;
+    let d = Daemon::start_args("rt-ns-drain", &[], |dir, port| {
+        format!(
+            "[[device]]\nname = \"r0\"\nkind = \"ram\"\nsize = \"1MiB\"\n\n\
+             [[device]]\nname = \"slow\"\nkind = \"file\"\npath = \"{}\"\nsize = \"1MiB\"\n\
+             write_latency_us = {}\n\n\
+             [[subsystem]]\nnqn = \"{NQN}\"\nallow_any_host = true\n\
+             [[subsystem.namespace]]\ndevice = \"r0\"\n[[subsystem.namespace]]\ndevice = \"slow\"\n\n\
+             [[port]]\naddress = \"127.0.0.1:{port}\"\n\n[reactor]\ncores = [0]\n",
+            dir.join("slow.img").display(),
+            SLOW_WRITE_MS * 1000
+        )
+    });
+    let file = d.dir.join("slow.img");
+    let open_fds = |pid: u32| -> usize {
+        std::fs::read_dir(format!("/proc/{pid}/fd"))
+            .expect("fd dir")
+            .filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
+            .filter(|p| p == &file)
+            .count()
+    };
+    let pid = d.pid();
+    let addr = d.addr;
+    let sock = d.dir.join("ctl.sock");
+    block_on(bounded(30, async {
+        let opts = Options { io_queues: 1, queue_size: 16, ..Options::default() };
+        let mut c = Controller::connect(addr, NQN, HOST, opts).await.expect("connect");
+        let data = vec![0xc3; 512];
+        let q = c.io_queue(0).expect("queue");
+        q.submit(initiator::cmd::write(2, 5, 1), data.clone(), 0).expect("submit the write");
+        let busy_sock = sock.clone();
+        let remover = std::thread::spawn(move || {
+            // Waits until the target runs the write (`busy` in show --json).
+            for tries in 0.. {
+                let v: serde_json::Value =
+                    serde_json::from_str(&common::ctl(&busy_sock, &["show", "--json"]).expect("show")).expect("JSON");
+                match v["live"]["subsystems"][0]["namespaces"][1]["busy"].as_u64() {
+                    Some(1) => break,
+                    _ if tries == 3000 => panic!("the write never showed as running on namespace 2"),
+                    _ => std::thread::sleep(Duration::from_millis(10)),
+                }
+            }
+            let r = common::ctl(&busy_sock, &["remove", "namespace", &format!("nqn={NQN}"), "nsid=2"]);
+            let on_file = std::fs::read(busy_sock.with_file_name("slow.img")).expect("read the file");
+            (r, on_file[5 * 512..6 * 512].to_vec())
+        });
+        let done = q.next_completion().await.expect("the write in flight is answered");
+        assert!(done.cqe.status().is_success(), "the write in flight at the removal: {:?}", done.cqe.status());
+        let (removed, on_file) = remover.join().expect("ctl thread");
+        removed.expect("ctl remove namespace with a write in flight");
+        assert_eq!(on_file, data, "ctl returned before the write in flight reached the file");
+        // The device, no longer used, goes too; nothing holds its file
+        // open: the I/O queue, idle since its write, let go of namespace 2
+        // when the removal rang it.
+        common::ctl(&sock, &["remove", "device", "name=slow"]).expect("ctl remove device");
+        // The ring is answered on the reactor; give it a moment (bounded).
+        let mut open = open_fds(pid);
+        for _ in 0..500 {
+            if open == 0 {
+                break;
+            }
+            reactor::sleep(Duration::from_millis(10)).await;
+            open = open_fds(pid);
+        }
+        assert_eq!(open, 0, "the removed device's file is still open");
+        assert!(c.read(0, 2, 5, 1).await.is_err(), "namespace 2 after its removal");
+        assert_eq!(c.read(0, 1, 0, 1).await.expect("namespace 1 carries on").len(), 512);
+    }));
+}

@@ -89,6 +89,16 @@ impl<D: BlockDevice> Controller<D> {
         None
     }
 
+    /// Rings the doorbell of each of the controller's I/O queues, which
+    /// also makes each look at its namespaces again
+    /// ([`Queue::refresh_namespaces`]).
+    pub(crate) fn ring_io_queues(&self) {
+        let bells: Vec<Doorbell> = lock(&self.aborts).io_doorbells.iter().map(|(_, d)| d.clone()).collect();
+        for ring in bells {
+            ring();
+        }
+    }
+
     /// Posts the answer to `req` for the admin queue and wakes it.
     fn answer_abort(&self, req: AbortRequest, aborted: bool) {
         let doorbell = {

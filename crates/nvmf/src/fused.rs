@@ -35,8 +35,9 @@ pub(crate) fn fuse(sqe: &Sqe) -> u8 {
 pub(crate) struct First<D> {
     cid: u16,
     sqe: Sqe,
-    /// The namespace's device and NSID, once the Compare was checked.
-    target: Option<(u32, crate::io::DeviceRef<D>)>,
+    /// The namespace's device and NSID, once the Compare was checked, and
+    /// the pair's count on the namespace.
+    target: Option<(u32, crate::io::DeviceRef<D>, crate::io::InFlight<D>)>,
     expected: Option<Vec<u8>>,
     second: Second,
 }
@@ -140,8 +141,8 @@ impl<D: BlockDevice> Queue<D> {
         let is_first = first.cid == cid;
         match out {
             Outcome::NeedData { len, .. } => return Outcome::NeedData { len, discard: false },
-            Outcome::Io(BlockRequest { nsid, device, op: BlockOp::Compare { data, .. }, .. }) if is_first => {
-                first.target = Some((nsid, device));
+            Outcome::Io(BlockRequest { nsid, device, op: BlockOp::Compare { data, .. }, busy, .. }) if is_first => {
+                first.target = Some((nsid, device, busy));
                 first.expected = Some(data.as_ref().to_vec());
             }
             Outcome::Io(BlockRequest { op: BlockOp::Write { data, fua, .. }, .. }) if !is_first => {
@@ -187,7 +188,7 @@ impl<D: BlockDevice> Queue<D> {
             Second::Arrived { cid, data: Some(_), fua } => {
                 let (write_cid, fua) = (*cid, *fua);
                 let Some(first) = self.fused.take() else { return Outcome::Deferred };
-                let (Some((nsid, device)), Some(expected), Second::Arrived { data: Some(data), .. }) =
+                let (Some((nsid, device, busy)), Some(expected), Second::Arrived { data: Some(data), .. }) =
                     (first.target, first.expected, first.second)
                 else {
                     return Outcome::Deferred;
@@ -197,6 +198,7 @@ impl<D: BlockDevice> Queue<D> {
                     nsid,
                     device,
                     op: BlockOp::CompareAndWrite { compare_cid: first.cid, lba: first.sqe.slba(), expected, data, fua },
+                    busy,
                 });
             }
         };

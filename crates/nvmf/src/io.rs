@@ -19,8 +19,40 @@ use std::sync::Arc;
 /// cache, refreshed when the subsystem's namespaces change).
 pub type DeviceRef<D> = Rc<Arc<D>>;
 
+/// A queue's own handle on a namespace, for the same reason.
+#[allow(clippy::redundant_allocation)]
+pub(crate) type NamespaceRef<D> = Rc<Arc<Namespace<D>>>;
+
 /// A namespace in a queue's cache, with the queue's handle on its device.
-pub(crate) type CachedNamespace<D> = (Arc<Namespace<D>>, DeviceRef<D>);
+pub(crate) type CachedNamespace<D> = (NamespaceRef<D>, DeviceRef<D>);
+
+/// A block request counted on its namespace until it drops, on the
+/// reactor that made it: what a namespace's removal waits for
+/// ([`Namespace::retire`]). Keep it until the request's I/O is over.
+pub struct InFlight<D> {
+    ns: NamespaceRef<D>,
+    ticket: drain::Ticket,
+}
+
+impl<D> InFlight<D> {
+    /// Counts a request on `ns`; `None` once the namespace was retired.
+    fn enter(ns: &NamespaceRef<D>) -> Option<InFlight<D>> {
+        let ticket = ns.busy.enter().ok()?;
+        Some(InFlight { ns: ns.clone(), ticket })
+    }
+}
+
+impl<D> Drop for InFlight<D> {
+    fn drop(&mut self) {
+        self.ns.busy.exit(&self.ticket);
+    }
+}
+
+impl<D> std::fmt::Debug for InFlight<D> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("InFlight").field("nsid", &self.ns.nsid).finish()
+    }
+}
 
 /// A storage operation for the reactor to run.
 #[derive(Debug)]
@@ -33,6 +65,8 @@ pub struct BlockRequest<B, D> {
     pub device: DeviceRef<D>,
     /// What to do.
     pub op: BlockOp<B>,
+    /// The request's count on its namespace: drop it once the I/O is over.
+    pub busy: InFlight<D>,
 }
 
 /// The storage operations NVMe commands turn into.
@@ -105,7 +139,7 @@ pub enum BlockOp<B> {
 impl<B, D> BlockRequest<B, D> {
     /// The same request with its data buffer turned into another type.
     pub fn map_data<C>(self, f: impl FnOnce(B) -> C) -> BlockRequest<C, D> {
-        let BlockRequest { cid, nsid, device, op } = self;
+        let BlockRequest { cid, nsid, device, op, busy } = self;
         let op = match op {
             BlockOp::Read { lba, len_bytes } => BlockOp::Read { lba, len_bytes },
             BlockOp::Write { lba, data, fua } => BlockOp::Write { lba, data: f(data), fua },
@@ -119,7 +153,7 @@ impl<B, D> BlockRequest<B, D> {
                 BlockOp::CompareAndWrite { compare_cid, lba, expected, data, fua }
             }
         };
-        BlockRequest { cid, nsid, device, op }
+        BlockRequest { cid, nsid, device, op, busy }
     }
 }
 
@@ -150,23 +184,33 @@ impl<D: BlockDevice> Queue<D> {
         if self.ns_subsys.is_none() {
             self.ns_subsys = ctrl.subsystem();
         }
-        let subsys = self.ns_subsys.as_ref()?;
-        let gen = subsys.ns_generation();
-        if gen != self.ns_cache_gen {
-            self.ns_cache.clear();
-            for ns in subsys.namespaces() {
-                let idx = ns.nsid as usize;
-                if idx >= self.ns_cache.len() {
-                    self.ns_cache.resize(idx.saturating_add(1), None);
-                }
-                if let Some(slot) = self.ns_cache.get_mut(idx) {
-                    let device = Rc::new(ns.device.clone());
-                    *slot = Some((ns, device));
-                }
-            }
-            self.ns_cache_gen = gen;
-        }
+        self.refresh_namespaces();
         self.ns_cache.get(nsid as usize)?.as_ref()
+    }
+
+    /// Catches the queue's namespace cache up with its subsystem, when
+    /// the namespaces changed: one atomic load when they did not. The
+    /// driver calls it when rung after a namespace was removed, so that a
+    /// queue with no command to send lets go of the removed namespace and
+    /// its device.
+    pub fn refresh_namespaces(&mut self) {
+        let Some(subsys) = self.ns_subsys.as_ref() else { return };
+        let gen = subsys.ns_generation();
+        if gen == self.ns_cache_gen {
+            return;
+        }
+        self.ns_cache.clear();
+        for ns in subsys.namespaces() {
+            let idx = ns.nsid as usize;
+            if idx >= self.ns_cache.len() {
+                self.ns_cache.resize(idx.saturating_add(1), None);
+            }
+            if let Some(slot) = self.ns_cache.get_mut(idx) {
+                let device = Rc::new(ns.device.clone());
+                *slot = Some((Rc::new(ns), device));
+            }
+        }
+        self.ns_cache_gen = gen;
     }
 
     pub(crate) fn io<B: AsRef<[u8]>>(
@@ -183,8 +227,8 @@ impl<D: BlockDevice> Queue<D> {
         let nsid = sqe.nsid.get();
         // The queue's handle on the device is cloned for the request: a
         // count on this thread, no atomic.
-        let (device, ana) = match self.namespace(ctrl, nsid) {
-            Some((ns, device)) => (device.clone(), ns.ana_state().io_status()),
+        let (ns, device, ana) = match self.namespace(ctrl, nsid) {
+            Some((ns, device)) => (ns.clone(), device.clone(), ns.ana_state().io_status()),
             None => {
                 log::debug!("{}: I/O opcode {:#04x} to inactive nsid {nsid}", self.peer, sqe.opcode);
                 return Outcome::status(cid, Status::INVALID_NAMESPACE.dnr());
@@ -289,7 +333,12 @@ impl<D: BlockDevice> Queue<D> {
             }
             _ => return self.reject(cid, sqe, Status::INVALID_OPCODE.dnr()),
         };
-        Outcome::Io(BlockRequest { cid, nsid, device, op })
+        // Counted on the namespace until the request is over; one being
+        // removed takes no new command.
+        let Some(busy) = InFlight::enter(&ns) else {
+            return self.reject(cid, sqe, Status::INVALID_NAMESPACE.dnr());
+        };
+        Outcome::Io(BlockRequest { cid, nsid, device, op, busy })
     }
 
     fn reject<B>(&self, cid: u16, sqe: &Sqe, status: Status) -> Outcome<B, D> {

@@ -55,6 +55,9 @@ pub struct Namespace<D> {
     /// This gateway's ANA state for the namespace's group; every I/O
     /// command loads it.
     ana_state: AtomicU8,
+    /// Block requests of the namespace from the queue to their completion,
+    /// on every reactor ([`crate::InFlight`]); closed once it is removed.
+    pub(crate) busy: drain::Drain,
 }
 
 impl<D: BlockDevice> Namespace<D> {
@@ -81,7 +84,29 @@ impl<D: BlockDevice> Namespace<D> {
         for (d, s) in eui64.iter_mut().zip(hash128(format!("eui64:{seed}").as_bytes())) {
             *d = s;
         }
-        Namespace { nsid, device, nguid, eui64, uuid, ana_state: AtomicU8::new(AnaState::OPTIMIZED.0) }
+        Namespace {
+            nsid,
+            device,
+            nguid,
+            eui64,
+            uuid,
+            ana_state: AtomicU8::new(AnaState::OPTIMIZED.0),
+            busy: drain::Drain::new(),
+        }
+    }
+
+    /// Takes no new command any more (the namespace was removed from its
+    /// subsystem): a queue still holding it answers Invalid Namespace, and
+    /// [`Namespace::in_flight`] counts, exactly, the requests still
+    /// running, for the remover to wait out.
+    pub fn retire(&self) {
+        self.busy.close();
+    }
+
+    /// The namespace's block requests running now (from the queue to
+    /// their completion, on every reactor).
+    pub fn in_flight(&self) -> u64 {
+        self.busy.in_flight()
     }
 
     /// Replaces the derived NGUID (a configured one).
@@ -271,11 +296,21 @@ impl<D: BlockDevice> Subsystem<D> {
         }
     }
 
-    /// Removes a namespace and notifies connected controllers.
+    /// Removes a namespace and notifies connected controllers. The
+    /// namespace takes no new command ([`Namespace::retire`]); every I/O
+    /// queue's driver is rung, so that one with nothing to send lets go of
+    /// it too. The caller waits for [`Namespace::in_flight`] to reach 0
+    /// before it tells anyone the namespace is gone.
     pub fn remove_namespace(&self, nsid: u32) -> Option<Arc<Namespace<D>>> {
         let removed = self.namespaces.write().unwrap_or_else(|e| e.into_inner()).remove(&nsid);
-        if removed.is_some() {
+        if let Some(ns) = &removed {
             self.notify_ns_changed(nsid);
+            ns.retire();
+            let controllers: Vec<Arc<Controller<D>>> =
+                self.controllers.lock().unwrap_or_else(|e| e.into_inner()).values().cloned().collect();
+            for c in controllers {
+                c.ring_io_queues();
+            }
         }
         removed
     }

@@ -12,7 +12,6 @@
 pub mod buf;
 mod bufring;
 mod doorbell;
-mod drain;
 pub mod fs;
 pub mod gather;
 pub mod net;
@@ -21,7 +20,6 @@ mod rt;
 
 pub use bufring::{register_receive_buffers, Receiver, RecvBuf, DEFAULT_BUFFERS, DEFAULT_BUFFER_SIZE};
 pub use doorbell::{doorbell, Doorbell, Ringer};
-pub use drain::{Drain, Refused, Ticket};
 pub use rt::{
     idle_poll_counter, race, sleep, spawn, spawn_detached, timeout, yield_now, Config, Elapsed, Features, JoinHandle,
     Runtime, Sleep, DEFAULT_POLL,

@@ -81,8 +81,10 @@ pub(super) fn start<T: Binding>(conn: &Rc<Conn<T>>) {
 }
 
 /// Completes the Aborts answered for this admin queue, and carries out
-/// those posted for this I/O queue.
+/// those posted for this I/O queue; lets go of removed namespaces (the
+/// other reason a queue is rung).
 fn answer<T: Binding>(conn: &Conn<T>) {
+    conn.queue.borrow_mut().refresh_namespaces();
     loop {
         let cqe = conn.queue.borrow_mut().poll_abort_answer();
         let Some(cqe) = cqe else { break };

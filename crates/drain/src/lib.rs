@@ -1,5 +1,5 @@
-//! Counting work in flight on every reactor so that a rare closer can stop
-//! new work and wait for the old to finish, without costing the work a
+//! Counting work in flight on every thread (every reactor) so that a rare
+//! closer can stop new work and wait for the old to finish, without costing the work a
 //! lock, an atomic read-modify-write or a fence (the data-path rules of
 //! docs/architecture.md).
 //!
@@ -18,8 +18,11 @@
 //! A count belongs to the thread that took it: a [`Ticket`] is not `Send`,
 //! and goes back through [`Drain::exit`] on the thread that entered.
 //! Users: the write gate of a block device's LBA range lock (a
-//! compare-and-write quiesces the writes of every reactor) and an iSCSI
-//! logical unit's removal (it waits for the commands running on the unit).
+//! compare-and-write quiesces the writes of every reactor), an iSCSI
+//! logical unit (its removal and the task management functions that
+//! fence it wait for the commands running on it) and an NVMe namespace
+//! (its removal waits for its commands). No I/O and no runtime: the
+//! protocol cores use it too.
 
 use std::cell::Cell;
 use std::marker::PhantomData;
