@@ -45,6 +45,7 @@ thread_local! {
     static THREAD: Cell<usize> = const { Cell::new(usize::MAX) };
 }
 
+#[inline]
 fn thread_index() -> usize {
     THREAD.with(|t| match t.get() {
         usize::MAX => {
@@ -140,6 +141,7 @@ impl Drain {
 
     /// Orders this thread's slot update before its next load of `state`
     /// (the worker's half of the handshake).
+    #[inline]
     fn worker_barrier(state: u32) {
         if state & FENCE != 0 {
             fence(Ordering::SeqCst);
@@ -149,6 +151,7 @@ impl Drain {
     }
 
     /// Counts one unit of work on this thread, unless the drain is closed.
+    #[inline]
     pub fn enter(&self) -> Result<Ticket, Refused> {
         let state = self.state.load(Ordering::Relaxed);
         if state & CLOSED != 0 {
@@ -175,8 +178,20 @@ impl Drain {
         Ok(ticket)
     }
 
+    /// Ends the work `ticket` counted, for a closer that polls
+    /// [`Drain::in_flight`]: one store, no look at the state.
+    #[inline]
+    pub fn leave(&self, ticket: &Ticket) {
+        match ticket.slot.and_then(|i| self.slots.get(i)) {
+            Some(slot) => slot.0.store(slot.0.load(Ordering::Relaxed).wrapping_sub(1), Ordering::Release),
+            None => {
+                self.shared.fetch_sub(1, Ordering::SeqCst);
+            }
+        }
+    }
+
     /// Ends the work `ticket` counted; whether the drain is closed now (a
-    /// closer may be waiting for this count to drain).
+    /// closer may be waiting for this count to drain, to be woken).
     pub fn exit(&self, ticket: &Ticket) -> bool {
         match ticket.slot {
             Some(i) => {
@@ -243,6 +258,11 @@ mod tests {
         d.open();
         let c = d.enter().expect("open again");
         assert!(!d.exit(&c));
+        // `leave` gives a count back without looking at the state.
+        let e = d.enter().expect("open");
+        assert_eq!(d.in_flight(), 1);
+        d.leave(&e);
+        assert_eq!(d.in_flight(), 0);
     }
 
     #[test]

@@ -78,7 +78,7 @@ struct Busy(UnitHandle, drain::Ticket);
 
 impl Drop for Busy {
     fn drop(&mut self) {
-        self.0.busy.exit(&self.1);
+        self.0.busy.leave(&self.1);
     }
 }
 

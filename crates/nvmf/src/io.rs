@@ -44,7 +44,7 @@ impl<D> InFlight<D> {
 
 impl<D> Drop for InFlight<D> {
     fn drop(&mut self) {
-        self.ns.busy.exit(&self.ticket);
+        self.ns.busy.leave(&self.ticket);
     }
 }
 
@@ -193,12 +193,19 @@ impl<D: BlockDevice> Queue<D> {
     /// driver calls it when rung after a namespace was removed, so that a
     /// queue with no command to send lets go of the removed namespace and
     /// its device.
+    #[inline]
     pub fn refresh_namespaces(&mut self) {
         let Some(subsys) = self.ns_subsys.as_ref() else { return };
         let gen = subsys.ns_generation();
-        if gen == self.ns_cache_gen {
-            return;
+        if gen != self.ns_cache_gen {
+            self.fill_ns_cache(gen);
         }
+    }
+
+    /// Fills the namespace cache from the subsystem, at generation `gen`.
+    #[cold]
+    fn fill_ns_cache(&mut self, gen: u64) {
+        let Some(subsys) = self.ns_subsys.clone() else { return };
         self.ns_cache.clear();
         for ns in subsys.namespaces() {
             let idx = ns.nsid as usize;
