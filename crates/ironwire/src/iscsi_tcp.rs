@@ -156,13 +156,14 @@ impl Unit {
     }
 
     /// Fences the unit: commands stamped before `epoch` are aborted, new
-    /// ones wait, until the fence drops.
-    fn fence(self: &Arc<Unit>, epoch: u64) -> Fence {
-        self.fenced_before.fetch_max(epoch, Ordering::AcqRel);
+    /// ones wait, until the fence drops. Also returns the epoch fenced
+    /// before: commands stamped earlier were doomed already.
+    fn fence(self: &Arc<Unit>, epoch: u64) -> (Fence, u64) {
+        let before = self.fenced_before.fetch_max(epoch, Ordering::AcqRel);
         let mut g = self.gate();
         g.fences += 1;
         self.busy.close();
-        Fence(self.clone())
+        (Fence(self.clone()), before)
     }
 
     /// Commands of the unit being executed now.
@@ -861,7 +862,8 @@ fn dispatch_events(conn: &Rc<Conn>, model: &Arc<IscsiModel>) -> bool {
                     // be recalled, so wait for it; its answer is dropped.
                     // Other sessions' commands on a fenced unit are waited
                     // for too (SAM-5 7.7: the task set is shared).
-                    reactor::spawn(answer_tmf_when_done(conn.clone(), itt, tasks, fences));
+                    let deadline = std::time::Instant::now() + FENCE_LIMIT;
+                    reactor::spawn(answer_tmf_when_done(conn.clone(), itt, tasks, fences, deadline));
                 } else {
                     conn.iscsi.borrow_mut().send_tmf_response(itt, response);
                 }
@@ -911,38 +913,57 @@ async fn admit_after(conn: Rc<Conn>, model: Arc<IscsiModel>, older: Vec<Arc<crat
     dispatch_events(&conn, &model);
 }
 
-/// How long a fence waits for the commands running on its unit before the
-/// function that asked for it is refused: under open-iscsi's 30 s task
-/// management timeout, so that the initiator hears why.
+/// How long a function that fences units may wait, from its arrival, for
+/// the commands running on them: under open-iscsi's 30 s task management
+/// timeout.
 const FENCE_LIMIT: Duration = Duration::from_secs(25);
 
 /// Answers task management request `itt` "function complete" once none
 /// of `tasks` is running any more and no command runs on the `fences`'
-/// units; "function rejected" when they did not end within
-/// [`FENCE_LIMIT`].
-async fn answer_tmf_when_done(conn: Rc<Conn>, itt: u32, tasks: Vec<TaskRef>, fences: Vec<Fence>) {
-    while conn.any_running(&tasks) {
-        conn.io_done.wait().await;
-    }
-    let response = if drained(&conn, &fences).await { tmf_response::COMPLETE } else { tmf_response::REJECTED };
+/// units. When fences do not drain by `deadline` the connection closes
+/// instead: the function took effect (unit attentions, reservations) but
+/// a command in its scope still runs, which no response can say, and the
+/// tasks it ended have no answer either (the initiator recovers the
+/// session, as it would after a refused reset).
+async fn answer_tmf_when_done(
+    conn: Rc<Conn>,
+    itt: u32,
+    tasks: Vec<TaskRef>,
+    fences: Vec<Fence>,
+    deadline: std::time::Instant,
+) {
+    let own = async {
+        while conn.any_running(&tasks) {
+            conn.io_done.wait().await;
+        }
+    };
+    let ended = if fences.is_empty() {
+        own.await;
+        true
+    } else {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        reactor::timeout(left, own).await.is_ok() && drained(&conn, &fences, deadline).await
+    };
     drop(fences);
-    conn.iscsi.borrow_mut().send_tmf_response(itt, response);
+    if !ended {
+        log::warn!(
+            "{}: task management request {itt:#x}: commands in its scope still run after {} s; closing the connection",
+            conn.shell.peer,
+            FENCE_LIMIT.as_secs()
+        );
+        conn.shell.close();
+        return;
+    }
+    conn.iscsi.borrow_mut().send_tmf_response(itt, tmf_response::COMPLETE);
     conn.shell.tx_ready.notify();
 }
 
-/// Waits for the commands running on the `fences`' units to end, at most
-/// [`FENCE_LIMIT`]; false (logged) when some still run.
-async fn drained(conn: &Conn, fences: &[Fence]) -> bool {
-    let deadline = std::time::Instant::now() + FENCE_LIMIT;
+/// Waits for the commands running on the `fences`' units to end, until
+/// `deadline`; false (logged) when some still run.
+async fn drained(conn: &Conn, fences: &[Fence], deadline: std::time::Instant) -> bool {
     for f in fences {
         if !f.drained(deadline).await {
-            log::warn!(
-                "{}: {} commands still run on LUN {} after {} s; the request waiting for them fails",
-                conn.shell.peer,
-                f.0.busy(),
-                f.0.lu.lun,
-                FENCE_LIMIT.as_secs()
-            );
+            log::warn!("{}: {} commands still run on LUN {}", conn.shell.peer, f.0.busy(), f.0.lu.lun);
             return false;
         }
     }
@@ -950,12 +971,22 @@ async fn drained(conn: &Conn, fences: &[Fence]) -> bool {
 }
 
 /// Fences `units` for a function of this session: the other sessions'
-/// commands that arrived before it are aborted, this session's that are
-/// left arrived after it.
+/// commands that arrived before it are aborted. This session's commands
+/// left on those units arrived after it (the function ended those in its
+/// scope) and are restamped, unless an earlier fence doomed them already.
 fn fence(conn: &Conn, s: &Session, units: &[&UnitHandle]) -> Vec<Fence> {
     let epoch = s.target.table.epoch.fetch_add(1, Ordering::AcqRel).wrapping_add(1);
-    let fences = units.iter().map(|u| Unit::fence(u, epoch)).collect();
-    conn.iscsi.borrow_mut().restamp(epoch);
+    let (fences, before): (Vec<Fence>, Vec<(u64, u64)>) = units
+        .iter()
+        .map(|u| {
+            let (f, before) = Unit::fence(u, epoch);
+            (f, (u.lu.lun, before))
+        })
+        .unzip();
+    conn.iscsi.borrow_mut().restamp(epoch, |lun, stamp| match scsi::decode_lun(lun.to_be_bytes()) {
+        Some(scsi::Lun::Unit(n)) => before.iter().any(|&(l, b)| l == n && stamp >= b),
+        _ => false,
+    });
     fences
 }
 
@@ -1072,7 +1103,8 @@ fn command(conn: &Rc<Conn>, cmd: iscsi::target::Command<Buf>) {
             let fences = fence(conn, s, &[&b.0]);
             drop((b, session));
             conn.running.borrow_mut().push((itt.serial, false));
-            reactor::spawn_detached(answer_preempt_when_fenced(conn.clone(), itt, fences));
+            let deadline = std::time::Instant::now() + FENCE_LIMIT;
+            reactor::spawn_detached(answer_preempt_when_fenced(conn.clone(), itt, residual, fences, deadline));
             return;
         }
     }
@@ -1108,16 +1140,23 @@ fn is_preempt_and_abort(cdb: &[u8]) -> bool {
 
 /// Answers the PREEMPT AND ABORT `itt` once no command runs on its unit;
 /// ABORTED COMMAND (LOGICAL UNIT COMMUNICATION TIME-OUT) when they did not
-/// end within [`FENCE_LIMIT`], so that a cluster does not take the
-/// preempted node for fenced while one of its writes may still land.
-async fn answer_preempt_when_fenced(conn: Rc<Conn>, itt: TaskRef, fences: Vec<Fence>) {
-    let done = drained(&conn, &fences).await;
+/// end by `deadline`, so that a cluster does not take the preempted node
+/// for fenced while one of its writes may still land (the preemption
+/// itself stands: the registrations are gone).
+async fn answer_preempt_when_fenced(
+    conn: Rc<Conn>,
+    itt: TaskRef,
+    residual: Option<Residual>,
+    fences: Vec<Fence>,
+    deadline: std::time::Instant,
+) {
+    let done = drained(&conn, &fences, deadline).await;
     drop(fences);
     if conn.finished(itt) {
         return;
     }
     if done {
-        conn.good(itt, false, &[], None);
+        conn.good(itt, false, &[], residual);
     } else {
         conn.check(itt, &Sense::LU_COMMUNICATION_TIMEOUT);
     }

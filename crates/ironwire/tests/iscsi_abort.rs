@@ -343,3 +343,66 @@ fn preempt_and_abort_is_good_only_after_the_preempted_write_ended() {
         assert_eq!(w.status, scsi::status::RESERVATION_CONFLICT);
     }));
 }
+
+/// A session's own fence on one LUN does not lift another session's fence
+/// from its commands on another: B's write to LUN 0, in the scope of A's
+/// CLEAR TASK SET there, stays aborted when B clears LUN 1's task set.
+#[test]
+fn own_task_management_on_another_lun_does_not_lift_another_sessions_fence() {
+    let d = start("restamp");
+    block_on(bounded(30, async {
+        let mut a = session(&d).await;
+        let mut b = session(&d).await;
+        a.write16(0, 0, BLOCK, vec![0; BLOCK as usize]).await.expect("zero");
+        let big = (0..1024 * 1024).map(|i| (i % 251) as u8).collect::<Vec<u8>>();
+        let w = b.submit(0, &cdb::write16(0, 2048), big, 0).expect("submit");
+        b.flush().await.expect("send");
+        reactor::sleep(SETTLE).await;
+        assert_eq!(a.task_mgmt(CLEAR_TASK_SET, 0, u32::MAX).await.expect("answered"), 0, "function complete");
+        let tmf = b.connection_mut().task_mgmt(CLEAR_TASK_SET, LUN1_WIRE, u32::MAX);
+        b.flush().await.expect("send");
+        b.set_timeout(HOLD * 10);
+        match b.next_event().await.expect("B's CLEAR TASK SET is answered") {
+            iscsi::host::HostEvent::TaskMgmt { itt, response } => assert_eq!((itt, response), (tmf, 0)),
+            other => panic!("unexpected {other:?}"),
+        }
+        let (itt, r) = b.next_completion().await.expect("B's write is answered");
+        assert_eq!(itt, w);
+        assert_eq!(r.status, scsi::status::TASK_ABORTED, "{r:?}");
+        let head = read(&mut a, 0, 0).await;
+        assert!(head == vec![0; BLOCK as usize], "a write in A's CLEAR TASK SET scope landed after it was answered");
+    }));
+}
+
+/// A reset whose scope does not drain in time (another session's write
+/// stuck on the device) is not answered: its connection closes (the
+/// initiator recovers the session), and the unit takes commands again.
+#[test]
+fn a_reset_whose_scope_does_not_drain_closes_its_connection() {
+    let d = Daemon::start_with("iscsi-abort-stuck", |_, port| {
+        format!(
+            "{}{}{}{}[reactor]\ncores = [0]\n",
+            toml::ram("fast", 0, 0),
+            toml::ram("stuck-writes", 0, 40_000_000),
+            toml::iscsi_target(TARGET, &["fast", "stuck-writes"]),
+            toml::iscsi_port(port)
+        )
+    });
+    block_on(bounded(90, async {
+        let mut a = session(&d).await;
+        let mut b = session(&d).await;
+        let _stuck = held_write(&mut b, 0, 0x44).await;
+        reactor::sleep(SETTLE).await;
+        let _ = a.connection_mut().task_mgmt(LOGICAL_UNIT_RESET, LUN1_WIRE, u32::MAX);
+        a.flush().await.expect("send");
+        a.set_timeout(Duration::from_secs(45));
+        let events = a.wait_closed().await.expect("the connection closes");
+        assert!(
+            !events.iter().any(|e| matches!(e, iscsi::host::HostEvent::TaskMgmt { .. })),
+            "the reset was answered: {events:?}"
+        );
+        let mut c = session(&d).await;
+        let r = c.scsi(1, &cdb::test_unit_ready(), Vec::new(), 0).await.expect("TEST UNIT READY");
+        assert!(r.is_good(), "{r:?}");
+    }));
+}

@@ -661,17 +661,18 @@ impl<B: DataBuffer> TargetConnection<B> {
         self.epoch = epoch;
     }
 
-    /// Raises to `epoch` the stamp of every command not yet handed out
-    /// (collecting its data, or an event not yet polled): after a task
-    /// management function of this session ended the tasks in its scope,
-    /// the ones left arrived after it.
-    pub fn restamp(&mut self, epoch: u64) {
-        self.epoch = self.epoch.max(epoch);
-        for c in self.tasks.values_mut().filter_map(|t| t.cmd.as_mut()) {
-            c.epoch = c.epoch.max(epoch);
-        }
-        for e in self.events.iter_mut() {
-            if let Event::Command(c) = e {
+    /// Raises to `epoch` the stamp of each command not yet handed out
+    /// (collecting its data, or an event not yet polled) for which
+    /// `applies(lun, stamp)` holds: after a task management function of
+    /// this session ended the tasks in its scope, the ones left on its
+    /// LUNs arrived after it.
+    pub fn restamp(&mut self, epoch: u64, applies: impl Fn(u64, u64) -> bool) {
+        let queued = self.events.iter_mut().filter_map(|e| match e {
+            Event::Command(c) => Some(c),
+            _ => None,
+        });
+        for c in self.tasks.values_mut().filter_map(|t| t.cmd.as_mut()).chain(queued) {
+            if applies(c.lun, c.epoch) {
                 c.epoch = c.epoch.max(epoch);
             }
         }

@@ -1381,19 +1381,23 @@ fn commands_carry_the_epoch_they_arrived_in_and_restamp_raises_the_waiting_ones(
     hc.params.immediate_data = false;
     let (mut h, mut t, _) = logged_in(hc, tc);
     t.set_epoch(5);
-    // A write collecting its data, and a read whose event is not polled.
+    // A write collecting its data, a read whose event is not polled, both
+    // on LUN 0, and a read of LUN 3.
     let write = h.submit(0, &write10(1), 0, pattern(512));
     let read = h.submit(0, &read10(1), 512, Vec::new());
+    let other = h.submit(3, &read10(1), 512, Vec::new());
     let mut bytes = Vec::new();
     h.take_transmit(&mut bytes);
     t.set_epoch(6);
     t.handle_input(&bytes).expect("commands");
     t.set_epoch(7);
-    t.restamp(9);
+    // Only what `applies` picks (LUN 0) is raised; a stamp never goes down.
+    t.restamp(9, |lun, stamp| lun == 0 && stamp >= 6);
+    t.restamp(8, |_, _| true);
     let Some(Event::Command(c)) = t.poll_event() else { panic!("the read") };
     assert_eq!((c.task.itt, c.epoch), (read, 9));
-    // Restamping never lowers a stamp, nor the epoch new commands get.
-    t.restamp(8);
+    let Some(Event::Command(c)) = t.poll_event() else { panic!("the read of LUN 3") };
+    assert_eq!((c.task.itt, c.epoch), (other, 8));
     let mut r2t = Vec::new();
     t.take_transmit(&mut r2t);
     h.handle_input(&r2t).expect("R2T");
@@ -1402,10 +1406,11 @@ fn commands_carry_the_epoch_they_arrived_in_and_restamp_raises_the_waiting_ones(
     t.handle_input(&data).expect("data");
     let Some(Event::Command(c)) = t.poll_event() else { panic!("the write") };
     assert_eq!((c.task.itt, c.epoch), (write, 9));
+    // New commands get the epoch set last, whatever was restamped.
     let later = h.submit(0, &read10(1), 512, Vec::new());
     let mut bytes = Vec::new();
     h.take_transmit(&mut bytes);
     t.handle_input(&bytes).expect("command");
     let Some(Event::Command(c)) = t.poll_event() else { panic!("the later read") };
-    assert_eq!((c.task.itt, c.epoch), (later, 9));
+    assert_eq!((c.task.itt, c.epoch), (later, 7));
 }
