@@ -18,11 +18,9 @@
 //! A count belongs to the thread that took it: a [`Ticket`] is not `Send`,
 //! and goes back through [`Drain::exit`] on the thread that entered.
 //! Users: the write gate of a block device's LBA range lock (a
-//! compare-and-write quiesces the writes of every reactor), an iSCSI
+//! compare-and-write quiesces the writes of every reactor) and an iSCSI
 //! logical unit (its removal and the task management functions that
-//! fence it wait for the commands running on it) and an NVMe namespace
-//! (its removal waits for its commands). No I/O and no runtime: the
-//! protocol cores use it too.
+//! fence it wait for the commands running on it). No I/O and no runtime.
 
 use std::cell::Cell;
 use std::marker::PhantomData;

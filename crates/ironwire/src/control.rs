@@ -601,7 +601,7 @@ impl Control {
                     .iter()
                     .map(|n| {
                         serde_json::json!({"nsid": n.nsid, "device": n.device.name(), "ana_group": n.nsid,
-                            "ana_state": crate::config::ana_state_name(n.ana_state()), "busy": n.in_flight()})
+                            "ana_state": crate::config::ana_state_name(n.ana_state()), "held": n.holders()})
                     })
                     .collect();
                 serde_json::json!({"nqn": s.nqn, "serial": s.serial, "controllers": s.controller_count(), "namespaces": ns})

@@ -340,12 +340,12 @@ fn apply_nvme(live: &Live, devices: &HashMap<String, Arc<Device>>, old: &Config,
                 // Its commands running are waited for: nothing of it
                 // reaches the device once the change returns.
                 live_s.remove_namespace(ns.nsid);
-                let left = wait_out(|| ns.in_flight());
+                let left = wait_out(|| ns.holders());
                 let device = blockdev::BlockDevice::name(&*ns.device);
                 if left > 0 {
                     log::warn!(
-                        "removed namespace {} from {}, but {left} command(s) still running after {} s; \
-                         they finish on device {device}",
+                        "removed namespace {} from {}, but {left} queue(s) still hold it after {} s; \
+                         their commands finish on device {device}",
                         ns.nsid,
                         s.nqn,
                         DRAIN_LIMIT.as_secs(),

@@ -503,11 +503,13 @@ fn removing_a_namespace_waits_for_its_writes_and_idle_queues_let_go_of_it() {
         q.submit(initiator::cmd::write(2, 5, 1), data.clone(), 0).expect("submit the write");
         let busy_sock = sock.clone();
         let remover = std::thread::spawn(move || {
-            // Waits until the target runs the write (`busy` in show --json).
+            // Waits until the target runs the write: the I/O queue holds
+            // namespace 2 from its first command of it on (`held` in
+            // show --json).
             for tries in 0.. {
                 let v: serde_json::Value =
                     serde_json::from_str(&common::ctl(&busy_sock, &["show", "--json"]).expect("show")).expect("JSON");
-                match v["live"]["subsystems"][0]["namespaces"][1]["busy"].as_u64() {
+                match v["live"]["subsystems"][0]["namespaces"][1]["held"].as_u64() {
                     Some(1) => break,
                     _ if tries == 3000 => panic!("the write never showed as running on namespace 2"),
                     _ => std::thread::sleep(Duration::from_millis(10)),

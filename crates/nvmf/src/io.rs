@@ -4,7 +4,7 @@
 
 use crate::controller::Controller;
 use crate::limits;
-use crate::model::Namespace;
+use crate::model::Held;
 use crate::queue::{Outcome, Queue};
 use block::BlockDevice;
 use nvme_spec::opcode::Io;
@@ -19,38 +19,21 @@ use std::sync::Arc;
 /// cache, refreshed when the subsystem's namespaces change).
 pub type DeviceRef<D> = Rc<Arc<D>>;
 
-/// A queue's own handle on a namespace, for the same reason.
-#[allow(clippy::redundant_allocation)]
-pub(crate) type NamespaceRef<D> = Rc<Arc<Namespace<D>>>;
+/// A queue's own handle on a namespace, for the same reason: its cache
+/// holds one, and each block request made of it a clone.
+pub(crate) type NamespaceRef<D> = Rc<Held<D>>;
 
 /// A namespace in a queue's cache, with the queue's handle on its device.
 pub(crate) type CachedNamespace<D> = (NamespaceRef<D>, DeviceRef<D>);
 
-/// A block request counted on its namespace until it drops, on the
-/// reactor that made it: what a namespace's removal waits for
-/// ([`Namespace::retire`]). Keep it until the request's I/O is over.
-pub struct InFlight<D> {
-    ns: NamespaceRef<D>,
-    ticket: drain::Ticket,
-}
-
-impl<D> InFlight<D> {
-    /// Counts a request on `ns`; `None` once the namespace was retired.
-    fn enter(ns: &NamespaceRef<D>) -> Option<InFlight<D>> {
-        let ticket = ns.busy.enter().ok()?;
-        Some(InFlight { ns: ns.clone(), ticket })
-    }
-}
-
-impl<D> Drop for InFlight<D> {
-    fn drop(&mut self) {
-        self.ns.busy.leave(&self.ticket);
-    }
-}
+/// A block request's hold on its namespace, through the queue's: a
+/// removal waits until the queue's cache and every such request let go
+/// ([`crate::Namespace::holders`]). Keep it until the request's I/O is over.
+pub struct InFlight<D>(NamespaceRef<D>);
 
 impl<D> std::fmt::Debug for InFlight<D> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("InFlight").field("nsid", &self.ns.nsid).finish()
+        f.debug_struct("InFlight").field("nsid", &self.0.nsid).finish()
     }
 }
 
@@ -207,7 +190,7 @@ impl<D: BlockDevice> Queue<D> {
     fn fill_ns_cache(&mut self, gen: u64) {
         let Some(subsys) = self.ns_subsys.clone() else { return };
         self.ns_cache.clear();
-        for ns in subsys.namespaces() {
+        for ns in subsys.namespaces_held() {
             let idx = ns.nsid as usize;
             if idx >= self.ns_cache.len() {
                 self.ns_cache.resize(idx.saturating_add(1), None);
@@ -340,12 +323,8 @@ impl<D: BlockDevice> Queue<D> {
             }
             _ => return self.reject(cid, sqe, Status::INVALID_OPCODE.dnr()),
         };
-        // Counted on the namespace until the request is over; one being
-        // removed takes no new command.
-        let Some(busy) = InFlight::enter(&ns) else {
-            return self.reject(cid, sqe, Status::INVALID_NAMESPACE.dnr());
-        };
-        Outcome::Io(BlockRequest { cid, nsid, device, op, busy })
+        // The namespace is held until the request is over.
+        Outcome::Io(BlockRequest { cid, nsid, device, op, busy: InFlight(ns) })
     }
 
     fn reject<B>(&self, cid: u16, sqe: &Sqe, status: Status) -> Outcome<B, D> {

@@ -55,9 +55,32 @@ pub struct Namespace<D> {
     /// This gateway's ANA state for the namespace's group; every I/O
     /// command loads it.
     ana_state: AtomicU8,
-    /// Block requests of the namespace from the queue to their completion,
-    /// on every reactor ([`crate::InFlight`]); closed once it is removed.
-    pub(crate) busy: drain::Drain,
+    /// Queues holding the namespace in their cache, each until its cache
+    /// and the last request it made of it let go ([`Held`]): what a
+    /// removal waits out. Written once per queue and cache refill, never
+    /// per I/O.
+    holders: AtomicU64,
+}
+
+/// A queue's hold on a namespace, counted in [`Namespace::holders`] until
+/// it drops. Taken under the subsystem's namespace lock
+/// ([`Subsystem::namespaces_held`]), so a removal, which takes that lock,
+/// counts every queue that will ever use what it removed.
+#[derive(Debug)]
+pub(crate) struct Held<D>(Arc<Namespace<D>>);
+
+impl<D> Drop for Held<D> {
+    fn drop(&mut self) {
+        self.0.holders.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+impl<D> std::ops::Deref for Held<D> {
+    type Target = Namespace<D>;
+
+    fn deref(&self) -> &Namespace<D> {
+        &self.0
+    }
 }
 
 impl<D: BlockDevice> Namespace<D> {
@@ -91,22 +114,16 @@ impl<D: BlockDevice> Namespace<D> {
             eui64,
             uuid,
             ana_state: AtomicU8::new(AnaState::OPTIMIZED.0),
-            busy: drain::Drain::new(),
+            holders: AtomicU64::new(0),
         }
     }
 
-    /// Takes no new command any more (the namespace was removed from its
-    /// subsystem): a queue still holding it answers Invalid Namespace, and
-    /// [`Namespace::in_flight`] counts, exactly, the requests still
-    /// running, for the remover to wait out.
-    pub fn retire(&self) {
-        self.busy.close();
-    }
-
-    /// The namespace's block requests running now (from the queue to
-    /// their completion, on every reactor).
-    pub fn in_flight(&self) -> u64 {
-        self.busy.in_flight()
+    /// The queues holding the namespace: in their cache, or through a
+    /// block request made of it that is still running. Once it was
+    /// removed ([`Subsystem::remove_namespace`]) and this reads 0, none
+    /// of its requests runs and none will.
+    pub fn holders(&self) -> u64 {
+        self.holders.load(Ordering::Acquire)
     }
 
     /// Replaces the derived NGUID (a configured one).
@@ -269,6 +286,17 @@ impl<D: BlockDevice> Subsystem<D> {
         self.namespaces.read().unwrap_or_else(|e| e.into_inner()).values().cloned().collect()
     }
 
+    /// The namespaces, each held for a queue's cache ([`Held`]).
+    pub(crate) fn namespaces_held(&self) -> Vec<Held<D>> {
+        let map = self.namespaces.read().unwrap_or_else(|e| e.into_inner());
+        map.values()
+            .map(|ns| {
+                ns.holders.fetch_add(1, Ordering::AcqRel);
+                Held(ns.clone())
+            })
+            .collect()
+    }
+
     /// Adds a namespace and notifies connected controllers with a
     /// namespace-attribute-changed event. Fails if the NSID is taken or 0.
     pub fn add_namespace(&self, ns: Namespace<D>) -> Result<(), String> {
@@ -296,16 +324,16 @@ impl<D: BlockDevice> Subsystem<D> {
         }
     }
 
-    /// Removes a namespace and notifies connected controllers. The
-    /// namespace takes no new command ([`Namespace::retire`]); every I/O
-    /// queue's driver is rung, so that one with nothing to send lets go of
-    /// it too. The caller waits for [`Namespace::in_flight`] to reach 0
-    /// before it tells anyone the namespace is gone.
+    /// Removes a namespace and notifies connected controllers. Each queue
+    /// lets go of it at its next command, and every I/O queue's driver is
+    /// rung so that one with nothing to send does so too. The caller waits
+    /// for [`Namespace::holders`] to reach 0 before it tells anyone the
+    /// namespace is gone: its requests running (and any a queue made of it
+    /// before it saw the change) are over then.
     pub fn remove_namespace(&self, nsid: u32) -> Option<Arc<Namespace<D>>> {
         let removed = self.namespaces.write().unwrap_or_else(|e| e.into_inner()).remove(&nsid);
-        if let Some(ns) = &removed {
+        if removed.is_some() {
             self.notify_ns_changed(nsid);
-            ns.retire();
             let controllers: Vec<Arc<Controller<D>>> =
                 self.controllers.lock().unwrap_or_else(|e| e.into_inner()).values().cloned().collect();
             for c in controllers {

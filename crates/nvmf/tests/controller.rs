@@ -1173,29 +1173,29 @@ fn dlfeat_promises_zeros_only_where_the_device_does() {
 }
 
 #[test]
-fn a_namespace_counts_its_requests_until_they_drop_and_takes_none_once_removed() {
+fn a_removed_namespace_is_held_until_every_queue_and_request_lets_go() {
     let t = target();
     let (_a, cntlid) = admin(&t);
     let mut io = io_queue(&t, cntlid, 1);
     let mut idle = io_queue(&t, cntlid, 2);
     let sub = t.subsystem(SUB).expect("subsystem");
     let ns = sub.namespace(1).expect("namespace 1");
+    assert_eq!(ns.holders(), 0, "no queue used it yet");
     // The second queue reads once, then has nothing more to send.
     assert!(matches!(ex(&mut idle, 0, &read_sqe(9, 1, 0, 1, 512)), Outcome::Io(_)));
     let Outcome::Io(first) = ex(&mut io, 0, &read_sqe(1, 1, 0, 1, 512)) else { panic!("a read") };
     let Outcome::Io(second) = ex(&mut io, 0, &read_sqe(2, 1, 8, 1, 512)) else { panic!("a read") };
-    assert_eq!(ns.in_flight(), 2);
+    assert_eq!(ns.holders(), 2, "one per queue, however many requests");
     drop(first);
-    assert_eq!(ns.in_flight(), 1);
-    // Removed, it takes no new command; the one running is still counted
-    // for the remover to wait out.
     sub.remove_namespace(1).expect("removed");
+    // The first queue's next command finds it gone and its cache lets go,
+    // but the request still running holds it.
     assert_eq!(status(&ex(&mut io, 0, &read_sqe(3, 1, 0, 1, 512))), Status::INVALID_NAMESPACE.dnr());
-    assert_eq!(ns.in_flight(), 1);
+    assert_eq!(ns.holders(), 2);
     drop(second);
-    assert_eq!(ns.in_flight(), 0);
-    // A queue that kept it in its cache, told to look again, lets go of it.
-    assert!(Arc::strong_count(&ns) > 1, "the idle queue's cache holds the namespace");
+    assert_eq!(ns.holders(), 1, "the idle queue's cache");
+    // The idle queue, rung and told to look again, lets go of it.
     idle.refresh_namespaces();
+    assert_eq!(ns.holders(), 0);
     assert_eq!(Arc::strong_count(&ns), 1, "only the test holds it now");
 }
