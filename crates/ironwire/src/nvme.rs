@@ -712,10 +712,10 @@ fn answer<T: Binding, B: AsRef<[u8]>>(
             conn.wire.borrow_mut().send_response(cqe);
             conn.shell.close();
         }
-        Outcome::Shutdown { cqe, devices } => {
+        Outcome::Shutdown { cqe, devices, shutdown } => {
             conn.wire.borrow_mut().send_response(cqe);
             let ctrl = conn.queue.borrow().controller().cloned();
-            reactor::spawn(shut_down(conn.shell.peer, ctrl, devices));
+            reactor::spawn(shut_down(conn.shell.peer, ctrl, devices, shutdown));
         }
     }
 }
@@ -723,7 +723,12 @@ fn answer<T: Binding, B: AsRef<[u8]>>(
 /// A normal shutdown the host asked for (CC.SHN): flushes the namespaces'
 /// devices, then lets CSTS.SHST say complete. A failed flush is logged;
 /// the device's latch fails every later flush (docs/configuration.md).
-async fn shut_down(peer: std::net::SocketAddr, ctrl: Option<Arc<nvmf::Controller<Device>>>, devices: Vec<Arc<Device>>) {
+async fn shut_down(
+    peer: std::net::SocketAddr,
+    ctrl: Option<Arc<nvmf::Controller<Device>>>,
+    devices: Vec<Arc<Device>>,
+    shutdown: u64,
+) {
     for d in &devices {
         if let Err(e) = d.flush().await {
             log::error!("{peer}: flushing {} for the host's shutdown failed: {e}", d.name());
@@ -731,7 +736,7 @@ async fn shut_down(peer: std::net::SocketAddr, ctrl: Option<Arc<nvmf::Controller
     }
     if let Some(c) = ctrl {
         log::debug!("{peer}: controller {} shut down", c.cntlid);
-        c.shutdown_complete();
+        c.shutdown_complete(shutdown);
     }
 }
 

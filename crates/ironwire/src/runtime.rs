@@ -310,7 +310,8 @@ pub fn capacity_changed(live: &Live, dev: &Arc<Device>) {
 fn apply_nvme(live: &Live, devices: &HashMap<String, Arc<Device>>, old: &Config, new: &Config) -> Result<()> {
     let target = &live.target;
     for s in old.subsystem.iter().filter(|s| !new.subsystem.iter().any(|n| n.nqn == s.nqn)) {
-        target.remove_subsystem(&s.nqn).map_err(anyhow::Error::msg)?;
+        let gone = target.remove_subsystem(&s.nqn).map_err(anyhow::Error::msg)?;
+        wait_for_namespaces(&gone);
         log::info!("removed subsystem {}", s.nqn);
     }
     for s in &new.subsystem {
@@ -318,7 +319,8 @@ fn apply_nvme(live: &Live, devices: &HashMap<String, Arc<Device>>, old: &Config,
         let mut live_s = target.subsystem(&s.nqn);
         if before.is_some_and(|b| recreated(b, s)) {
             // Checked above: no controller is connected.
-            target.remove_subsystem(&s.nqn).map_err(anyhow::Error::msg)?;
+            let gone = target.remove_subsystem(&s.nqn).map_err(anyhow::Error::msg)?;
+            wait_for_namespaces(&gone);
             live_s = None;
         }
         let live_s = match live_s {
@@ -375,6 +377,26 @@ fn apply_nvme(live: &Live, devices: &HashMap<String, Arc<Device>>, old: &Config,
         }
     }
     Ok(())
+}
+
+/// Waits for the requests still running on the namespaces of `gone`, a
+/// subsystem just removed: no controller is connected, but an I/O queue
+/// whose admin queue closed may still be writing. Logged when some are
+/// left after [`DRAIN_LIMIT`].
+fn wait_for_namespaces(gone: &crate::nvme::Subsystem) {
+    for ns in gone.namespaces() {
+        let left = wait_out(|| ns.holders());
+        if left > 0 {
+            log::warn!(
+                "removed subsystem {}, but {left} queue(s) still hold namespace {} after {} s; \
+                 their commands finish on device {}",
+                gone.nqn,
+                ns.nsid,
+                DRAIN_LIMIT.as_secs(),
+                blockdev::BlockDevice::name(&*ns.device)
+            );
+        }
+    }
 }
 
 /// Whether the change from `a` to `b` makes a new live subsystem: what a

@@ -542,3 +542,53 @@ fn removing_a_namespace_waits_for_its_writes_and_idle_queues_let_go_of_it() {
         assert_eq!(c.read(0, 1, 0, 1).await.expect("namespace 1 carries on").len(), 512);
     }));
 }
+
+/// Removing a subsystem once its controller is gone (the host closed the
+/// admin queue) while an I/O queue still runs a write of it: `ctl`
+/// returns only once that write is on the file, though the I/O queue
+/// itself stays connected.
+#[test]
+fn removing_a_subsystem_waits_for_the_writes_of_a_gone_controllers_queues() {
+    const SLOW_WRITE_MS: u64 = 600;
+    let d = Daemon::start_args("rt-sub-drain", &[], |dir, port| {
+        format!(
+            "[[device]]\nname = \"slow\"\nkind = \"file\"\npath = \"{}\"\nsize = \"1MiB\"\n\
+             write_latency_us = {}\n\n\
+             [[subsystem]]\nnqn = \"{NQN}\"\nallow_any_host = true\n\
+             [[subsystem.namespace]]\ndevice = \"slow\"\n\n\
+             [[port]]\naddress = \"127.0.0.1:{port}\"\n\n[reactor]\ncores = [0]\n",
+            dir.join("slow.img").display(),
+            SLOW_WRITE_MS * 1000
+        )
+    });
+    let file = d.dir.join("slow.img");
+    let addr = d.addr;
+    let sock = d.dir.join("ctl.sock");
+    let show = |sock: &Path| -> serde_json::Value {
+        serde_json::from_str(&common::ctl(sock, &["show", "--json"]).expect("show")).expect("JSON")
+    };
+    block_on(bounded(30, async {
+        let opts = Options { io_queues: 1, queue_size: 16, ..Options::default() };
+        let mut c = Controller::connect(addr, NQN, HOST, opts).await.expect("connect");
+        let mut io = c.take_io_queues();
+        let data = vec![0xc3; 512];
+        io[0].submit(initiator::cmd::write(1, 5, 1), data.clone(), 0).expect("submit the write");
+        io[0].flush().await.expect("send");
+        // The admin connection closes: the controller is gone, its I/O
+        // queue stays with the write running.
+        drop(c);
+        let mut gone = false;
+        for _ in 0..300 {
+            if show(&sock)["live"]["subsystems"][0]["controllers"].as_u64() == Some(0) {
+                gone = true;
+                break;
+            }
+            reactor::sleep(Duration::from_millis(10)).await;
+        }
+        assert!(gone, "the controller outlived its admin queue");
+        common::ctl(&sock, &["remove", "subsystem", &format!("nqn={NQN}")]).expect("ctl remove subsystem");
+        let on_file = std::fs::read(&file).expect("read")[5 * 512..6 * 512].to_vec();
+        assert_eq!(on_file, data, "ctl returned before the write in flight reached the file");
+        drop(io);
+    }));
+}

@@ -29,6 +29,8 @@ pub mod ctrl {
     pub const CNTLID: usize = 78;
     /// Version (u32).
     pub const VER: usize = 80;
+    /// RTD3 entry latency, µs (u32): how long a normal shutdown may take.
+    pub const RTD3E: usize = 88;
     /// Optional asynchronous events supported (u32).
     pub const OAES: usize = 92;
     /// Controller attributes (u32).

@@ -30,6 +30,9 @@ pub(crate) struct CtrlState {
     pub changed_ns: Vec<u32>,
     pub ns_aen_outstanding: bool,
     pub ana_aen_outstanding: bool,
+    /// Shutdowns begun ([`Controller::set_cc`]): only the flush of the
+    /// latest may complete one.
+    pub shutdowns: u64,
 }
 
 /// One NVMe-oF controller.
@@ -145,11 +148,12 @@ impl<D: BlockDevice> Controller<D> {
         kato != 0 && now_ms.saturating_sub(self.last_keep_alive_ms.load(Ordering::Relaxed)) > kato
     }
 
-    /// Property Set of CC: enable, disable and shutdown. True when a
-    /// shutdown begins: CSTS.SHST says "occurring" until
-    /// [`Controller::shutdown_complete`], once the caller has flushed the
-    /// namespaces' devices ([`Outcome::Shutdown`](crate::Outcome::Shutdown)).
-    pub(crate) fn set_cc(&self, value: u32) -> bool {
+    /// Property Set of CC: enable, disable and shutdown. When a shutdown
+    /// begins, its number: CSTS.SHST says "occurring" until
+    /// [`Controller::shutdown_complete`] of that number, once the caller
+    /// has flushed the namespaces' devices
+    /// ([`Outcome::Shutdown`](crate::Outcome::Shutdown)).
+    pub(crate) fn set_cc(&self, value: u32) -> Option<u64> {
         let mut s = self.lock();
         let new = Cc(value);
         let old = Cc(s.cc);
@@ -162,19 +166,21 @@ impl<D: BlockDevice> Controller<D> {
         let begins = new.shn() != 0 && old.shn() == 0;
         if begins {
             s.csts = (s.csts & !csts::SHST_COMPLETE) | csts::SHST_OCCURRING;
+            s.shutdowns = s.shutdowns.wrapping_add(1);
         } else if new.shn() == 0 {
             s.csts &= !(csts::SHST_COMPLETE | csts::SHST_OCCURRING);
         }
         self.ready.store(s.csts & csts::RDY != 0, Ordering::Release);
-        begins
+        begins.then_some(s.shutdowns)
     }
 
-    /// The shutdown [`Controller::set_cc`] began is over (what the host
-    /// wrote before it is durable): CSTS.SHST says "complete", unless the
-    /// host cleared CC.SHN meanwhile.
-    pub fn shutdown_complete(&self) {
+    /// Shutdown number `shutdown` ([`Controller::set_cc`]) is over (what
+    /// the host wrote before it is durable): CSTS.SHST says "complete",
+    /// unless the host cleared CC.SHN meanwhile or began a later shutdown
+    /// (whose flush may cover writes this one's did not).
+    pub fn shutdown_complete(&self, shutdown: u64) {
         let mut s = self.lock();
-        if Cc(s.cc).shn() != 0 {
+        if Cc(s.cc).shn() != 0 && s.shutdowns == shutdown {
             s.csts = (s.csts & !csts::SHST_OCCURRING) | csts::SHST_COMPLETE;
         }
     }

@@ -15,6 +15,10 @@ pub(crate) const MAX_NSID: u32 = 1024;
 /// a path. A state is set, not transitioned, here; ten seconds as nvmet.
 const ANATT_S: u8 = 10;
 
+/// RTD3E: the time a normal shutdown (CC.SHN) may take, µs; it flushes
+/// the namespaces' devices first.
+const SHUTDOWN_US: u32 = 30_000_000;
+
 pub(crate) fn build<D: BlockDevice>(
     target: &Target<D>,
     transport: &Transport,
@@ -131,6 +135,9 @@ fn controller<D: BlockDevice>(
         // and each reports its ANA state per namespace.
         p.u8(c::CMIC, c::CMIC_MULTI_PORT | c::CMIC_MULTI_CTRL | c::CMIC_ANA);
         p.u32(c::OAES, c::OAES_NS_ATTR | c::OAES_ANA_CHANGE);
+        // A normal shutdown flushes every namespace's device, which may
+        // take a while: hosts (Linux reads RTD3E) wait up to 30 s for it.
+        p.u32(c::RTD3E, SHUTDOWN_US);
         // One ANA group per namespace, its ID the NSID.
         p.u8(c::ANATT, ANATT_S).u8(c::ANACAP, c::ANACAP_ALL_STATES | c::ANACAP_GRPID_STATIC);
         p.u32(c::ANAGRPMAX, MAX_NSID).u32(c::NANAGRPID, MAX_NSID);

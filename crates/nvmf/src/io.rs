@@ -175,7 +175,8 @@ impl<D: BlockDevice> Queue<D> {
     /// the namespaces changed: one atomic load when they did not. The
     /// driver calls it when rung after a namespace was removed, so that a
     /// queue with no command to send lets go of the removed namespace and
-    /// its device.
+    /// its device. (A queue whose controller is gone closes at its next
+    /// tick, [`Queue::expired`].)
     #[inline]
     pub fn refresh_namespaces(&mut self) {
         let Some(subsys) = self.ns_subsys.as_ref() else { return };

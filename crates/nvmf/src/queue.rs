@@ -77,6 +77,8 @@ pub enum Outcome<B, D> {
         cqe: Cqe,
         /// The devices of the subsystem's namespaces.
         devices: Vec<Arc<D>>,
+        /// The shutdown's number, for `shutdown_complete`.
+        shutdown: u64,
     },
 }
 
@@ -94,7 +96,7 @@ impl<B, D> Outcome<B, D> {
                 Outcome::Connected { cqe, qid, sqsize, sq_flow_disabled }
             }
             Outcome::CompleteAndClose { cqe } => Outcome::CompleteAndClose { cqe },
-            Outcome::Shutdown { cqe, devices } => Outcome::Shutdown { cqe, devices },
+            Outcome::Shutdown { cqe, devices, shutdown } => Outcome::Shutdown { cqe, devices, shutdown },
         }
     }
 
@@ -337,7 +339,7 @@ impl<D: BlockDevice> Queue<D> {
             FabricsType::PROPERTY_SET => {
                 let p = PropertyCmd::from_sqe(sqe);
                 if p.offset == regs::CC && !p.eight_bytes {
-                    if ctrl.set_cc(p.value as u32) {
+                    if let Some(shutdown) = ctrl.set_cc(p.value as u32) {
                         // NVMe base 2.0 3.6.1: what was written before a
                         // normal shutdown is on non-volatile media by the
                         // time CSTS.SHST says complete.
@@ -345,7 +347,7 @@ impl<D: BlockDevice> Queue<D> {
                             .subsystem()
                             .map(|s| s.namespaces().into_iter().map(|ns| ns.device.clone()).collect())
                             .unwrap_or_default();
-                        return Outcome::Shutdown { cqe: Cqe::new(cid, Status::SUCCESS, 0), devices };
+                        return Outcome::Shutdown { cqe: Cqe::new(cid, Status::SUCCESS, 0), devices, shutdown };
                     }
                     Outcome::status(cid, Status::SUCCESS)
                 } else {

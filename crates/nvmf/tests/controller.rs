@@ -161,17 +161,25 @@ fn enables_the_controller_through_cc_and_reports_ready() {
     s.cdw11 = 0x14.into();
     s.cdw12 = 0x0046_4001.into();
     let controller = match run(&mut q, &s, None) {
-        Outcome::Shutdown { cqe, devices } => {
+        Outcome::Shutdown { cqe, devices, shutdown } => {
             assert!(cqe.status().is_success());
             assert_eq!(devices.len(), 1, "the subsystem's one namespace");
-            q.controller().expect("connected").clone()
+            (q.controller().expect("connected").clone(), shutdown)
         }
         other => panic!("expected a shutdown, got {other:?}"),
     };
     assert_eq!(prop_get(&mut q, 0x1c, false).1 & 0xc, 0x4, "SHST occurring");
     // Written again while it runs, CC.SHN starts no second shutdown.
     assert_eq!(prop_set_cc(&mut q, 0x0046_4001), Status::SUCCESS);
-    controller.shutdown_complete();
+    // Cleared and set again, it does: the first one's flush no longer
+    // completes anything (writes may have come in between).
+    assert_eq!(prop_set_cc(&mut q, 0x0046_0001), Status::SUCCESS);
+    let Outcome::Shutdown { shutdown: again, .. } = run(&mut q, &s, None) else { panic!("a second shutdown") };
+    let (controller, first) = controller;
+    assert_ne!(first, again);
+    controller.shutdown_complete(first);
+    assert_eq!(prop_get(&mut q, 0x1c, false).1 & 0xc, 0x4, "SHST still occurring");
+    controller.shutdown_complete(again);
     assert_eq!(prop_get(&mut q, 0x1c, false).1 & 0xc, 0x8, "SHST complete");
     // Clearing SHN ends the shutdown state.
     assert_eq!(prop_set_cc(&mut q, 0x0046_0001), Status::SUCCESS);
@@ -772,6 +780,7 @@ fn identify_reports_a_shared_namespace_with_ana_reporting() {
     let (_, ctrl) = identify(&mut a, 1, 0);
     assert_eq!(ctrl[76], 0x0b, "CMIC: multi-port, multi-controller, ANA reporting");
     assert_ne!(u32_at(&ctrl, 92) & (1 << 11), 0, "OAES: ANA change notices");
+    assert_eq!(u32_at(&ctrl, 88), 30_000_000, "RTD3E: a shutdown, which flushes the devices, may take 30 s");
     assert_ne!(ctrl[342], 0, "ANATT");
     assert_eq!(ctrl[343], 0x5f, "ANACAP: all five states, group ID fixed while attached");
     assert_eq!((u32_at(&ctrl, 344), u32_at(&ctrl, 348)), (1024, 1024), "ANAGRPMAX, NANAGRPID");
