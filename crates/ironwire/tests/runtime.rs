@@ -64,15 +64,19 @@ fn show(d: &Daemon) -> serde_json::Value {
     serde_json::from_str(&ok(d, "show --json")).expect("show --json is JSON")
 }
 
-/// `show --json` once no controller and no session is left (a host that
-/// just disconnected takes a moment to be noticed); bounded.
+/// `show --json` once no controller, no session and no queue holding a
+/// namespace is left (a host that just disconnected takes a moment to be
+/// noticed); bounded.
 fn show_idle(d: &Daemon) -> serde_json::Value {
     for _ in 0..100 {
         let v = show(d);
         let busy = |list: &str, key: &str| {
             v["live"][list].as_array().expect("list").iter().any(|x| x[key].as_u64().unwrap_or(0) > 0)
         };
-        if !busy("subsystems", "controllers") && !busy("iscsi_targets", "sessions") {
+        let held = v["live"]["subsystems"].as_array().expect("list").iter().any(|s| {
+            s["namespaces"].as_array().expect("namespaces").iter().any(|n| n["held"].as_u64().unwrap_or(0) > 0)
+        });
+        if !busy("subsystems", "controllers") && !busy("iscsi_targets", "sessions") && !held {
             return v;
         }
         std::thread::sleep(Duration::from_millis(100));
@@ -130,8 +134,8 @@ fn objects_added_at_run_time_over_both_protocols_survive_save_and_restart() {
     assert_eq!(
         s["namespaces"],
         serde_json::json!([
-            {"nsid": 1, "device": "r1", "ana_group": 1, "ana_state": "optimized"},
-            {"nsid": 5, "device": "f1", "ana_group": 5, "ana_state": "optimized"}
+            {"nsid": 1, "device": "r1", "ana_group": 1, "ana_state": "optimized", "held": 0},
+            {"nsid": 5, "device": "f1", "ana_group": 5, "ana_state": "optimized", "held": 0}
         ])
     );
     assert_eq!(before["live"]["nvme_ports"].as_array().map(Vec::len), Some(2));
