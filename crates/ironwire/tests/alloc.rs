@@ -2,9 +2,9 @@
 //! reactor thread's heap allocations (`ctl stats`), and after a warm-up,
 //! 100,000 4 KiB reads and writes over loopback against a null device
 //! (NVMe/TCP, one reactor, queue depth 32) and iSCSI (against a null LUN)
-//! must not add one; nor over NVMe/TCP to a file, whose device I/O runs as
-//! a task per command in reused task storage (`reactor::spawn_detached`).
-//! Over NVMe/RDMA (iWARP, MPA CRC on; writes in the capsule and, one in 8,
+//! must not add one. Over NVMe/TCP to a file, whose device I/O runs as a
+//! task per command in reused task storage (`reactor::spawn_detached`),
+//! over NVMe/RDMA (iWARP, MPA CRC on; writes in the capsule and, one in 8,
 //! fetched by RDMA Read) and iSCSI to a file the count must stay far below
 //! one per command: see the tests for the rare high-water growth they
 //! allow.
@@ -158,9 +158,13 @@ fn nvme_rdma_reads_and_writes_allocate_nothing_per_command() {
 #[test]
 fn nvme_tcp_reads_and_writes_on_a_file_allocate_nothing_per_command() {
     let (before, after) = nvme_tcp_allocs(&start_file("nvme-file"));
-    assert_eq!(
-        after - before,
-        0,
+    // A command that allocated would add 100,000. What may remain is the
+    // reused task storage, or the ring's completion batch, growing by one
+    // at a new high-water mark of I/O in flight at once, which a loaded
+    // machine can reach after the warm-up: measured 0 alone, 1 once under
+    // the test command's parallel load.
+    assert!(
+        after - before < 4,
         "{} allocations in {MEASURED} NVMe/TCP commands on a file after warm-up",
         after - before
     );
