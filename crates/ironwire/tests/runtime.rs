@@ -578,6 +578,17 @@ fn removing_a_subsystem_waits_for_the_writes_of_a_gone_controllers_queues() {
         let data = vec![0xc3; 512];
         io[0].submit(initiator::cmd::write(1, 5, 1), data.clone(), 0).expect("submit the write");
         io[0].flush().await.expect("send");
+        // The write runs once the I/O queue holds the namespace (its
+        // first command of it).
+        let mut running = false;
+        for _ in 0..300 {
+            if show(&sock)["live"]["subsystems"][0]["namespaces"][0]["held"].as_u64() == Some(1) {
+                running = true;
+                break;
+            }
+            reactor::sleep(Duration::from_millis(10)).await;
+        }
+        assert!(running, "the write never reached the target");
         // The admin connection closes: the controller is gone, its I/O
         // queue stays with the write running.
         drop(c);
