@@ -553,7 +553,7 @@ fn removing_a_namespace_waits_for_its_writes_and_idle_queues_let_go_of_it() {
 /// itself stays connected.
 #[test]
 fn removing_a_subsystem_waits_for_the_writes_of_a_gone_controllers_queues() {
-    const SLOW_WRITE_MS: u64 = 600;
+    const SLOW_WRITE_MS: u64 = 1500;
     let d = Daemon::start_args("rt-sub-drain", &[], |dir, port| {
         format!(
             "[[device]]\nname = \"slow\"\nkind = \"file\"\npath = \"{}\"\nsize = \"1MiB\"\n\
