@@ -856,14 +856,15 @@ fn dispatch_events(conn: &Rc<Conn>, model: &Arc<IscsiModel>) -> bool {
             Event::Command(cmd) => command(conn, cmd),
             Event::TaskMgmt { itt, function, lun, tasks, .. } => {
                 let (response, fences) = task_mgmt(conn, function, lun);
-                if response == tmf_response::COMPLETE && (conn.abort(&tasks) || !fences.is_empty()) {
+                let cold = function == TmfFunction::TARGET_COLD_RESET;
+                if response == tmf_response::COMPLETE && (conn.abort(&tasks) || !fences.is_empty() || cold) {
                     // RFC 7143 4.2.3: "function complete" only once every
                     // affected task is over. I/O already submitted cannot
                     // be recalled, so wait for it; its answer is dropped.
                     // Other sessions' commands on a fenced unit are waited
                     // for too (SAM-5 7.7: the task set is shared).
                     let deadline = std::time::Instant::now() + FENCE_LIMIT;
-                    reactor::spawn(answer_tmf_when_done(conn.clone(), itt, tasks, fences, deadline));
+                    reactor::spawn(answer_tmf_when_done(conn.clone(), itt, tasks, fences, deadline, cold));
                 } else {
                     conn.iscsi.borrow_mut().send_tmf_response(itt, response);
                 }
@@ -924,13 +925,16 @@ const FENCE_LIMIT: Duration = Duration::from_secs(25);
 /// instead: the function took effect (unit attentions, reservations) but
 /// a command in its scope still runs, which no response can say, and the
 /// tasks it ended have no answer either (the initiator recovers the
-/// session, as it would after a refused reset).
+/// session, as it would after a refused reset). After a TARGET COLD RESET
+/// (`cold`) every connection of the target's sessions closes, this one
+/// once the response is sent (RFC 7143 11.5.1).
 async fn answer_tmf_when_done(
     conn: Rc<Conn>,
     itt: u32,
     tasks: Vec<TaskRef>,
     fences: Vec<Fence>,
     deadline: std::time::Instant,
+    cold: bool,
 ) {
     let own = async {
         while conn.any_running(&tasks) {
@@ -956,6 +960,23 @@ async fn answer_tmf_when_done(
     }
     conn.iscsi.borrow_mut().send_tmf_response(itt, tmf_response::COMPLETE);
     conn.shell.tx_ready.notify();
+    if cold {
+        drop_target_connections(&conn);
+    }
+}
+
+/// TARGET COLD RESET is over: closes the connections of every session of
+/// this connection's target, this one after what it queued is sent.
+fn drop_target_connections(conn: &Conn) {
+    let iqn = conn.session.borrow().as_ref().map(|s| s.target.iqn.clone());
+    let Some(iqn) = iqn else { return };
+    let me = conn.shell.peer;
+    let others = crate::stats::disconnect(|h| {
+        h.peer != me
+            && matches!(&h.login, Some(stats::Login::Iscsi { target: Some(t), .. }) if t.eq_ignore_ascii_case(&iqn))
+    });
+    log::info!("{me}: target cold reset of {iqn}: closing its {} session(s)", others.len() + 1);
+    conn.shell.close();
 }
 
 /// Waits for the commands running on the `fences`' units to end, until

@@ -406,3 +406,26 @@ fn a_reset_whose_scope_does_not_drain_closes_its_connection() {
         assert!(r.is_good(), "{r:?}");
     }));
 }
+
+/// TARGET COLD RESET (RFC 7143 11.5.1): answered "function complete",
+/// then every connection of the target's sessions closes, the
+/// requester's included; the target takes new logins at once.
+#[test]
+fn target_cold_reset_closes_every_session_after_its_answer() {
+    const TARGET_COLD_RESET: u8 = 7;
+    let d = start("cold");
+    block_on(bounded(30, async {
+        let mut a = session(&d).await;
+        let mut b = session(&d).await;
+        let reset = a.connection_mut().task_mgmt(TARGET_COLD_RESET, 0, u32::MAX);
+        a.flush().await.expect("send");
+        let events = a.wait_closed().await.expect("the requester's connection closes");
+        assert!(
+            events.iter().any(|e| matches!(e, iscsi::host::HostEvent::TaskMgmt { itt, response: 0 } if *itt == reset)),
+            "the reset was answered before the close: {events:?}"
+        );
+        b.wait_closed().await.expect("the other session's connection closes");
+        let mut c = session(&d).await;
+        assert!(c.scsi(1, &cdb::test_unit_ready(), Vec::new(), 0).await.expect("TEST UNIT READY").is_good());
+    }));
+}
