@@ -856,15 +856,21 @@ fn task_management_scope_is_fixed_when_the_request_arrives() {
     }
 }
 
-#[test]
-fn aborted_write_still_collecting_data_is_never_delivered() {
+/// Logged in with InitialR2T=Yes and ImmediateData=No on both sides: a
+/// write's data waits for the target's R2T.
+fn logged_in_r2t_only() -> (HostConnection, Target, Backend) {
     let mut tc = target_cfg(false);
     tc.params.initial_r2t = true;
     tc.params.immediate_data = false;
     let mut hc = HostConfig::new(INITIATOR, Some(TARGET));
     hc.params.initial_r2t = true;
     hc.params.immediate_data = false;
-    let (mut h, mut t, mut b) = logged_in(hc, tc);
+    logged_in(hc, tc)
+}
+
+#[test]
+fn aborted_write_still_collecting_data_is_never_delivered() {
+    let (mut h, mut t, mut b) = logged_in_r2t_only();
     // Take the command and its R2T, but hold the data back.
     let victim = h.submit(0, &write10(1), 0, pattern(512));
     let mut bytes = Vec::new();
@@ -1373,13 +1379,7 @@ fn zeros_answer_a_read_as_one_collapsed_data_in_with_or_without_digests() {
 
 #[test]
 fn commands_carry_the_epoch_they_arrived_in_and_restamp_raises_the_waiting_ones() {
-    let mut tc = target_cfg(false);
-    tc.params.initial_r2t = true;
-    tc.params.immediate_data = false;
-    let mut hc = HostConfig::new(INITIATOR, Some(TARGET));
-    hc.params.initial_r2t = true;
-    hc.params.immediate_data = false;
-    let (mut h, mut t, _) = logged_in(hc, tc);
+    let (mut h, mut t, _) = logged_in_r2t_only();
     t.set_epoch(5);
     // A write collecting its data, a read whose event is not polled, both
     // on LUN 0, and a read of LUN 3.
