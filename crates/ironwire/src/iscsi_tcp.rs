@@ -602,9 +602,11 @@ impl Conn {
     }
 
     /// A command failed before reaching a device: counted on the port.
-    fn failed(&self, task: TaskRef, sense: &Sense) {
+    /// A write's `residual` (its data against the CDB's) is reported with
+    /// the sense data.
+    fn failed(&self, task: TaskRef, sense: &Sense, residual: Option<Residual>) {
         self.stats.port().error(Failure::sense(sense));
-        self.check(task, sense);
+        self.check_with(task, sense, residual);
     }
 
     /// Status `st` without sense data; all but GOOD count as errors on the
@@ -618,8 +620,12 @@ impl Conn {
     }
 
     fn check(&self, task: TaskRef, sense: &Sense) {
+        self.check_with(task, sense, None);
+    }
+
+    fn check_with(&self, task: TaskRef, sense: &Sense, residual: Option<Residual>) {
         log::debug!("{}: ITT {:#x}: CHECK CONDITION, {sense}", self.shell.peer, task.itt);
-        self.iscsi.borrow_mut().send_response(task, status::CHECK_CONDITION, Some(&sense.to_fixed_bytes()), None);
+        self.iscsi.borrow_mut().send_response(task, status::CHECK_CONDITION, Some(&sense.to_fixed_bytes()), residual);
         self.shell.tx_ready.notify();
     }
 
@@ -1057,7 +1063,7 @@ fn command(conn: &Rc<Conn>, cmd: iscsi::target::Command<Buf>) {
     let mut session = conn.session.borrow_mut();
     let Some(s) = session.as_mut() else {
         drop(session);
-        conn.failed(cmd.task, &Sense::LUN_NOT_SUPPORTED);
+        conn.failed(cmd.task, &Sense::LUN_NOT_SUPPORTED, None);
         return;
     };
     let itt = cmd.task;
@@ -1132,11 +1138,11 @@ fn command(conn: &Rc<Conn>, cmd: iscsi::target::Command<Buf>) {
     drop(session);
     match outcome {
         Outcome::Good { data_in } => conn.good(itt, read, &data_in, residual),
-        Outcome::Check(sense) => conn.failed(itt, &sense),
+        Outcome::Check(sense) => conn.failed(itt, &sense, residual),
         Outcome::Status(st) => conn.status(itt, st),
         // The iSCSI layer collects all write data before the command is
         // dispatched; a command asking for more had no data-out phase.
-        Outcome::NeedData { .. } => conn.failed(itt, &Sense::INVALID_FIELD_IN_CDB),
+        Outcome::NeedData { .. } => conn.failed(itt, &Sense::INVALID_FIELD_IN_CDB, residual),
         Outcome::Io(op) => {
             if let Some(busy) = busy {
                 let t0 = reactor::now_us();

@@ -9,7 +9,7 @@
 mod common;
 
 use common::{block_on, bounded, Daemon};
-use initiator::iscsi::{cdb, Error, LoginOptions, Session};
+use initiator::iscsi::{cdb, Error, LoginOptions, Residual, Session};
 use iscsi::chap::ChapAlgorithm;
 use iscsi::host::HostEvent;
 use iscsi::pdu::{self, flags, Bhs, Opcode, RESERVED_TAG};
@@ -393,6 +393,30 @@ fn read_beyond_the_last_block_gets_check_condition_lba_out_of_range() {
         // The last block itself is fine, and so is the session.
         s.write16(0, PLAIN_BLOCKS - 1, 512, pattern(512, 9)).await.expect("write last block");
         assert_eq!(s.read16(0, PLAIN_BLOCKS - 1, 1, 512).await.expect("read last block"), pattern(512, 9));
+        s.logout().await.expect("logout");
+    }));
+}
+
+#[test]
+fn a_write_whose_data_ends_inside_a_block_writes_nothing_and_says_so() {
+    let d = Daemon::start("partial");
+    block_on(bounded(30, async {
+        let mut s = login(d.addr, opts(PLAIN)).await;
+        let lba = 100;
+        s.write16(0, lba, 512, pattern(1024, 1)).await.expect("first write");
+        // The CDB asks for two blocks; the initiator sends a block and a half.
+        let r = s.scsi(0, &cdb::write16(lba, 2), vec![0xEE; 768], 0).await.expect("a response");
+        assert_eq!(r.status, 0x02, "CHECK CONDITION");
+        let sense = r.sense_code().expect("sense data");
+        assert_eq!((sense.key, sense.asc, sense.ascq), (0x05, 0x0E, 0x03), "INVALID FIELD IN COMMAND IU");
+        assert_eq!(r.residual, Some(Residual::Overflow(256)), "the overflow is still reported");
+        assert_eq!(s.read16(0, lba, 2, 512).await.expect("read back"), pattern(1024, 1), "nothing was written");
+        // A whole block of the two is written, GOOD with the overflow.
+        let r = s.scsi(0, &cdb::write16(lba, 2), vec![0xEE; 512], 0).await.expect("a response");
+        assert_eq!((r.status, r.residual), (0x00, Some(Residual::Overflow(512))));
+        let mut want = vec![0xEE; 512];
+        want.extend_from_slice(&pattern(1024, 1)[512..]);
+        assert_eq!(s.read16(0, lba, 2, 512).await.expect("read back"), want);
         s.logout().await.expect("logout");
     }));
 }

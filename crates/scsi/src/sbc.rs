@@ -156,11 +156,19 @@ fn read_write<B: DataOut, D: BlockDevice>(
         return Outcome::NeedData { len };
     };
     // The initiator's expected data transfer length may differ from the
-    // CDB's (SAM-5 5.4.3, RFC 7143 11.4.5.2): write the whole blocks both
-    // cover and let the transport report the overflow or underflow, as
-    // libiscsi's iSCSIResiduals tests expect.
+    // CDB's (SAM-5 5.4.3, RFC 7143 11.4.5.2): write the blocks both cover
+    // and let the transport report the overflow or underflow, as libiscsi's
+    // iSCSIResiduals tests expect. Data that ends inside a block the CDB
+    // asks for cannot be written as sent: nothing is written, and the
+    // answer says so (FCP-4 9.4.2 b), rather than GOOD for a write whose
+    // last bytes were dropped.
     let bs = u64::from(lu.device.geometry().block_size.max(1));
-    let covered = (data.as_ref().len() as u64).min(u64::from(len)) / bs;
+    let sent = (data.as_ref().len() as u64).min(u64::from(len));
+    if sent % bs != 0 {
+        log::debug!("data-out of {sent} bytes ends inside a block of a {len}-byte write");
+        return Outcome::Check(Sense::INVALID_FIELD_IN_COMMAND_IU);
+    }
+    let covered = sent / bs;
     if covered == 0 {
         return good();
     }

@@ -123,6 +123,10 @@ impl Sense {
     pub const LBA_OUT_OF_RANGE: Sense = Sense::new(key::ILLEGAL_REQUEST, 0x21, 0x00);
     /// ILLEGAL REQUEST / INVALID FIELD IN CDB (no field pointer).
     pub const INVALID_FIELD_IN_CDB: Sense = Sense::new(key::ILLEGAL_REQUEST, 0x24, 0x00);
+    /// ILLEGAL REQUEST / INVALID FIELD IN COMMAND INFORMATION UNIT: the
+    /// transport's expected data length does not fit the command (SPC-4
+    /// 4.5.6, FCP-4 9.4.2 b).
+    pub const INVALID_FIELD_IN_COMMAND_IU: Sense = Sense::new(key::ILLEGAL_REQUEST, 0x0E, 0x03);
     /// ILLEGAL REQUEST / LOGICAL UNIT NOT SUPPORTED.
     pub const LUN_NOT_SUPPORTED: Sense = Sense::new(key::ILLEGAL_REQUEST, 0x25, 0x00);
     /// ILLEGAL REQUEST / INVALID FIELD IN PARAMETER LIST (no field pointer).
