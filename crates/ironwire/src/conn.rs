@@ -7,7 +7,8 @@ use reactor::buf::IoBuf;
 use reactor::gather::Gather;
 use reactor::net::TcpStream;
 use reactor::{Notify, NotifyAll, Receiver};
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
+use std::collections::VecDeque;
 use std::net::SocketAddr;
 use std::rc::Rc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -27,9 +28,10 @@ pub fn set_send_high_water(bytes: usize) {
 /// Bytes of read data a connection may hold at once: the buffers of its
 /// reads that run as I/O tasks (file and block devices; memory devices
 /// only with injected latency or answers of several PDUs), plus its
-/// replies queued or being sent. A read that would pass it waits for room (one read always
-/// goes through), so a peer that sends a queue's depth of large reads and
-/// does not read the data costs this, not depth × transfer size.
+/// replies queued or being sent. A read that would pass it waits for room,
+/// in arrival order (one read always goes through), so a peer that sends a
+/// queue's depth of large reads and does not read the data costs this, not
+/// depth × transfer size.
 /// `[limits] read_budget`, set once at start.
 static READ_BUDGET: AtomicUsize = AtomicUsize::new(8 << 20);
 
@@ -49,9 +51,11 @@ pub struct Shell {
     drained: Notify,
     /// Bytes of read buffers held by this connection's running reads.
     read_held: Cell<usize>,
-    /// Reads waiting for read budget ([`hold_read`]), and what wakes them
-    /// (the writer's progress, a read's end).
-    read_waiters: Cell<usize>,
+    /// Reads waiting for read budget ([`hold_read`]), by ticket in arrival
+    /// order, and what wakes them (the writer's progress, a read's end, the
+    /// head of the line leaving it).
+    read_line: RefCell<VecDeque<u64>>,
+    read_tickets: Cell<u64>,
     read_room: NotifyAll,
     closing: Cell<bool>,
     /// Commands running as I/O tasks.
@@ -84,7 +88,8 @@ impl Shell {
             sending: Cell::new(0),
             drained: Notify::default(),
             read_held: Cell::new(0),
-            read_waiters: Cell::new(0),
+            read_line: RefCell::new(VecDeque::new()),
+            read_tickets: Cell::new(0),
             read_room: NotifyAll::default(),
             closing: Cell::new(false),
             io: Cell::new(0),
@@ -154,38 +159,86 @@ impl Drop for ReadHold<'_> {
 impl Shell {
     /// Wakes the reads waiting for read budget, if any.
     fn room_for_reads(&self) {
-        if self.read_waiters.get() > 0 {
+        if !self.read_line.borrow().is_empty() {
             self.read_room.notify();
         }
     }
+
+    /// Counts `len` bytes of read data held until the guard drops.
+    fn hold(&self, len: usize) -> ReadHold<'_> {
+        self.read_held.set(self.read_held.get().saturating_add(len));
+        ReadHold { shell: self, len }
+    }
+}
+
+/// A read's place in its connection's line for read budget; leaving it
+/// (admitted, or the read dropped while it waits: aborted, connection
+/// closing) lets the next one check.
+struct InLine<'a> {
+    shell: &'a Shell,
+    ticket: u64,
+}
+
+impl Drop for InLine<'_> {
+    fn drop(&mut self) {
+        let mut line = self.shell.read_line.borrow_mut();
+        if let Some(i) = line.iter().position(|&t| t == self.ticket) {
+            line.remove(i);
+        }
+        drop(line);
+        self.shell.room_for_reads();
+    }
+}
+
+/// Whether a read of `len` bytes fits the connection's read budget now:
+/// reads held plus replies queued or being sent, or nothing else at all.
+fn fits<C: Outbox>(conn: &C, len: usize) -> bool {
+    let shell = conn.shell();
+    let held = shell.read_held.get();
+    let replies = conn.queued().saturating_add(shell.sending.get());
+    held.saturating_add(replies).saturating_add(len) <= READ_BUDGET.load(Ordering::Relaxed)
+        || (held == 0 && replies == 0)
+}
+
+/// Holds a read of `len` bytes against the connection's read budget
+/// ([`READ_BUDGET`]) when it fits now and no read waits before it; `None`
+/// when it would have to wait ([`hold_read`] waits) or the connection is
+/// closing.
+pub fn try_hold_read<C: Outbox>(conn: &C, len: usize) -> Option<ReadHold<'_>> {
+    let shell = conn.shell();
+    (!shell.is_closing() && shell.read_line.borrow().is_empty() && fits(conn, len)).then(|| shell.hold(len))
 }
 
 /// Waits until a read of `len` bytes fits the connection's read budget
 /// ([`READ_BUDGET`]: reads held plus replies queued or being sent), then
-/// holds its bytes until the returned guard drops. A read goes through
-/// alone when nothing else is held or queued, whatever its size. `None`
-/// once the connection is closing: nobody will take the data, and letting
-/// every waiting read through then would allocate what the budget held
-/// back (a peer can close at will); the caller drops the command.
+/// holds its bytes until the returned guard drops. Reads that wait go in
+/// arrival order: a large read is not passed by the small ones that come
+/// after it. A read goes through alone when nothing else is held or
+/// queued, whatever its size. `None` once the connection is closing:
+/// nobody will take the data, and letting every waiting read through then
+/// would allocate what the budget held back (a peer can close at will);
+/// the caller drops the command.
 pub async fn hold_read<C: Outbox>(conn: &C, len: usize) -> Option<ReadHold<'_>> {
+    if let Some(held) = try_hold_read(conn, len) {
+        return Some(held);
+    }
     let shell = conn.shell();
+    let ticket = shell.read_tickets.get();
+    shell.read_tickets.set(ticket.wrapping_add(1));
+    shell.read_line.borrow_mut().push_back(ticket);
+    let place = InLine { shell, ticket };
     loop {
         if shell.is_closing() {
             return None;
         }
-        let held = shell.read_held.get();
-        let replies = conn.queued().saturating_add(shell.sending.get());
-        let total = held.saturating_add(replies).saturating_add(len);
-        if total <= READ_BUDGET.load(Ordering::Relaxed) || (held == 0 && replies == 0) {
+        if shell.read_line.borrow().front() == Some(&ticket) && fits(conn, len) {
             break;
         }
         shell.tx_ready.notify();
-        shell.read_waiters.set(shell.read_waiters.get() + 1);
         shell.read_room.wait().await;
-        shell.read_waiters.set(shell.read_waiters.get() - 1);
     }
-    shell.read_held.set(shell.read_held.get().saturating_add(len));
-    Some(ReadHold { shell, len })
+    drop(place);
+    Some(shell.hold(len))
 }
 
 /// Whether the connection's replies (queued, and being sent) passed
@@ -253,4 +306,103 @@ pub async fn write_loop<C: Outbox>(wr: TcpStream, conn: Rc<C>) {
     }
     // Ends the reader's pending receive.
     wr.shutdown();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    /// A connection with nothing queued: only its reads count.
+    struct Quiet(Shell);
+
+    impl Outbox for Quiet {
+        type Spliced = Vec<u8>;
+        fn shell(&self) -> &Shell {
+            &self.0
+        }
+        fn take_transmit(&self, _: &mut Gather<Vec<u8>>) {}
+        fn queued(&self) -> usize {
+            0
+        }
+    }
+
+    const MIB: usize = 1 << 20;
+
+    fn quiet() -> Rc<Quiet> {
+        Rc::new(Quiet(Shell::new(SocketAddr::from(([127, 0, 0, 1], 1)))))
+    }
+
+    /// Spawns a read of `len` bytes that records `name` in `order` once it
+    /// holds its budget, and keeps it until `release` is notified.
+    fn read(
+        conn: &Rc<Quiet>,
+        len: usize,
+        name: &'static str,
+        order: &Rc<RefCell<Vec<&'static str>>>,
+        release: &Rc<NotifyAll>,
+    ) -> reactor::JoinHandle<bool> {
+        let (conn, order, release) = (conn.clone(), order.clone(), release.clone());
+        reactor::spawn(async move {
+            let Some(_held) = hold_read(&*conn, len).await else { return false };
+            order.borrow_mut().push(name);
+            release.wait().await;
+            true
+        })
+    }
+
+    async fn settle() {
+        for _ in 0..10 {
+            reactor::yield_now().await;
+        }
+    }
+
+    #[test]
+    fn reads_waiting_for_budget_go_in_arrival_order() {
+        let mut rt = reactor::Runtime::new(reactor::Config::default()).expect("a ring");
+        rt.block_on(async {
+            let conn = quiet();
+            let first = try_hold_read(&*conn, 6 * MIB).expect("an empty budget takes a read");
+            let (order, release) = (Rc::new(RefCell::new(Vec::new())), Rc::new(NotifyAll::default()));
+            let big = read(&conn, 4 * MIB, "big", &order, &release);
+            settle().await;
+            assert!(order.borrow().is_empty(), "6 + 4 MiB passes the 8 MiB budget");
+            // 6 + 1 MiB would fit, but the big read waits before it.
+            assert!(try_hold_read(&*conn, MIB).is_none(), "a small read passed a waiting big one");
+            let small = read(&conn, MIB, "small", &order, &release);
+            settle().await;
+            assert!(order.borrow().is_empty());
+            drop(first);
+            settle().await;
+            assert_eq!(*order.borrow(), ["big", "small"]);
+            release.notify();
+            assert!(big.await && small.await);
+            assert!(try_hold_read(&*conn, 8 * MIB).is_some(), "every hold was given back");
+        });
+    }
+
+    #[test]
+    fn a_waiting_read_dropped_lets_the_next_one_go_and_closing_ends_the_rest() {
+        let mut rt = reactor::Runtime::new(reactor::Config::default()).expect("a ring");
+        rt.block_on(async {
+            let conn = quiet();
+            let first = try_hold_read(&*conn, 6 * MIB).expect("an empty budget takes a read");
+            let (order, release) = (Rc::new(RefCell::new(Vec::new())), Rc::new(NotifyAll::default()));
+            // The big read gives up while it waits (an abort drops it).
+            let big = reactor::timeout(Duration::from_millis(20), hold_read(&*conn, 4 * MIB));
+            let small = read(&conn, MIB, "small", &order, &release);
+            assert!(big.await.is_err(), "the big read could not fit");
+            settle().await;
+            assert_eq!(*order.borrow(), ["small"], "the line moved on when its head left");
+            // A read still waiting when the connection closes gets nothing.
+            let last = read(&conn, 2 * MIB, "last", &order, &release);
+            settle().await;
+            conn.0.close();
+            assert!(!last.await, "a closing connection let a read through");
+            release.notify();
+            assert!(small.await);
+            drop(first);
+            assert_eq!(*order.borrow(), ["small"]);
+        });
+    }
 }

@@ -1264,16 +1264,22 @@ async fn run_io(conn: Rc<Conn>, itt: TaskRef, busy: Busy, op: BlockOp<Buf>, resi
         scsi::io_error_sense(&e, write)
     };
     // A read's buffer counts against the connection's read budget until
-    // its Data-In is queued; on a closing connection the read is dropped.
+    // its Data-In is queued; on a closing connection the read is dropped,
+    // and one aborted while it waits for room never reads.
     let _held = match op {
         BlockOp::Read { blocks, .. } | BlockOp::Verify { blocks, .. } => {
-            match crate::conn::hold_read(&*conn, blocks as usize * bs).await {
+            let len = blocks as usize * bs;
+            let held = match crate::conn::try_hold_read(&*conn, len) {
                 Some(held) => Some(held),
-                None => {
-                    conn.finished(itt);
-                    return;
+                None => reactor::race(crate::conn::hold_read(&*conn, len), conn.on_abort(itt)).await.ok().flatten(),
+            };
+            if held.is_none() {
+                if conn.finished(itt) {
+                    log::debug!("{}: ITT {:#x} was aborted waiting for read budget", conn.shell.peer, itt.itt);
                 }
+                return;
             }
+            held
         }
         _ => None,
     };

@@ -813,7 +813,7 @@ async fn run_io<T: Binding>(conn: Rc<Conn<T>>, req: BlockRequest, t0: u64) {
     };
     let status = match op {
         BlockOp::Read { lba, len_bytes } => {
-            let Some(_held) = crate::conn::hold_read(&*conn, len_bytes as usize).await else { return };
+            let Some(_held) = abort::hold_read(&conn, cid, len_bytes as usize).await else { return };
             let (r, buf) = device.read_undelayed(lba, IoBuf::with_len(len_bytes as usize)).await;
             let status = ok(r, false);
             if status.is_success() {
@@ -848,7 +848,7 @@ async fn run_io<T: Binding>(conn: Rc<Conn<T>>, req: BlockRequest, t0: u64) {
             status
         }
         BlockOp::Compare { lba, data } => {
-            let Some(_held) = crate::conn::hold_read(&*conn, data.0.len()).await else { return };
+            let Some(_held) = abort::hold_read(&conn, cid, data.0.len()).await else { return };
             let (r, buf) = device.read_undelayed(lba, IoBuf::with_len(data.0.len())).await;
             match ok(r, false) {
                 s if !s.is_success() => s,

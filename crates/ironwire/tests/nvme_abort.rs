@@ -364,6 +364,45 @@ fn a_command_held_back_while_the_host_does_not_read_is_aborted_before_it_starts(
 }
 
 #[test]
+fn a_read_waiting_for_read_budget_is_aborted_before_it_reaches_the_device() {
+    // Namespace 3 reads through a task (a millisecond of injected latency),
+    // which holds its buffer against a small read budget.
+    let extra = "\n[limits]\nread_budget = \"64KiB\"\n\n[[device]]\nname = \"slow-reads\"\nkind = \"ram\"\n\
+                 size = \"4MiB\"\nread_latency_us = 1000\n\n[[subsystem.namespace]]\ndevice = \"slow-reads\"\n";
+    let mut d = start_with_extra("budget", extra);
+    let mut h = host(&d);
+    // 30 reads of 1 MiB the host does not read: once the socket is full,
+    // the replies being sent keep the budget full and the last reads wait.
+    let mut burst = Vec::new();
+    for cid in 1..=30u16 {
+        let mut s = rw(0x02, cid, 3, 0, 2048);
+        s.dptr = Sgl::transport(1 << 20);
+        encode(&mut burst, CapsuleCmd { ch: common_header(PduType::CAPSULE_CMD, 0), sqe: s }.as_bytes(), &[], PLAIN);
+    }
+    h.io.send(&burst);
+    std::thread::sleep(Duration::from_millis(500));
+    let done = h.admin.execute(abort(120, h.qid, 30), &[], 0).0;
+    assert!(aborted(&done), "the read waiting for budget is aborted: {done:?}");
+    let mut reads = 0;
+    for _ in 0..30 {
+        let (cqe, data) = h.io.completion_with_data();
+        if cqe.cid.get() == 30 {
+            assert_eq!(cqe.status(), Status::ABORT_REQUESTED, "{cqe:?}");
+            assert!(data.is_empty(), "the aborted read sent data");
+        } else {
+            assert!(cqe.status().is_success(), "{cqe:?}");
+            assert_eq!(data.len(), 1 << 20, "read {} data", cqe.cid.get());
+            reads += 1;
+        }
+    }
+    assert_eq!(reads, 29);
+    let stats = d.ctl("stats").expect("stats");
+    let line = stats.lines().find(|l| l.starts_with(&format!("namespace {NQN} 3 "))).expect("namespace 3 counted");
+    assert!(line.contains(" reads=29 "), "the aborted read reached the device: {line}");
+    d.assert_alive();
+}
+
+#[test]
 fn aborts_beyond_the_advertised_limit_are_refused() {
     let mut d = start("acl");
     let mut h = host(&d);

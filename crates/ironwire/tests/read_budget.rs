@@ -109,3 +109,46 @@ fn iscsi_reads_of_a_peer_that_does_not_read_are_held_to_the_budget() {
     }));
     d.assert_alive();
 }
+
+/// An iSCSI read aborted while it waits for read budget ends there: the
+/// abort is answered without waiting for room, and the read never reaches
+/// the device (before, it waited for room, then read and threw the data
+/// away, and the abort's answer waited for all of it).
+#[test]
+fn an_iscsi_read_aborted_while_it_waits_for_budget_never_reads() {
+    const HOLD_MS: u64 = 1_500;
+    let d = Daemon::start_with("read-budget-abort", |_, port| {
+        format!(
+            "[[device]]\nname = \"slow\"\nkind = \"ram\"\nsize = \"16MiB\"\nread_latency_us = {}\n\n{}{}\
+             [limits]\nread_budget = \"64KiB\"\n\n[reactor]\ncores = [0]\n",
+            HOLD_MS * 1000,
+            toml::iscsi_target(IQN, &["slow"]),
+            toml::iscsi_port(port)
+        )
+    });
+    block_on(bounded(30, async {
+        let mut s = Session::connect(d.addr, LoginOptions::new(HOST_IQN, Some(IQN))).await.expect("login");
+        s.clear_unit_attentions(0).await.expect("ready");
+        // The first read takes the whole budget while the device holds it;
+        // the second waits for room.
+        let blocks = (64u32 << 10) / 512;
+        let first = s.submit(0, &cdb::read16(0, blocks), Vec::new(), 64 << 10).expect("submit");
+        let second = s.submit(0, &cdb::read16(blocks.into(), blocks), Vec::new(), 64 << 10).expect("submit");
+        s.flush().await.expect("send");
+        reactor::sleep(Duration::from_millis(100)).await;
+        assert_eq!(s.task_mgmt(1, 0, second).await.expect("abort answered"), 0, "function complete");
+        // The LU's line in `ctl stats` (none before its first I/O ends).
+        let reads = || {
+            let text = d.ctl("stats").expect("stats");
+            let line = text.lines().find(|l| l.starts_with("lun ")).unwrap_or_default();
+            line.split_whitespace().find_map(|w| w.strip_prefix("reads=")).map_or(0, |n| n.parse().expect("a count"))
+        };
+        assert_eq!(reads(), 0, "the abort waited for a read");
+        let (itt, r) = s.next_completion().await.expect("the first read completes");
+        assert_eq!(itt, first);
+        r.check().expect("GOOD");
+        // Past the time the aborted read would have taken, had it run.
+        reactor::sleep(Duration::from_millis(HOLD_MS + 500)).await;
+        assert_eq!(reads(), 1, "the aborted read reached the device");
+    }));
+}

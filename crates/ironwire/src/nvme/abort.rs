@@ -9,9 +9,10 @@
 //! Besides what the core and the binding hold (a write waiting for its
 //! data, and commands parsed but held back while the host does not read
 //! our replies), a command can be stopped while it waits before reaching
-//! the device: out a device's injected latency, or for the LBA range lock
-//! of a fused Compare and Write. It is then watched here, by CID
-//! ([`on_abort`]), and an Abort ends the wait.
+//! the device: out a device's injected latency, for room in the
+//! connection's read budget, or for the LBA range lock of a fused Compare
+//! and Write. It is then watched here, by CID ([`on_abort`]), and an Abort
+//! ends the wait.
 
 use super::{Binding, Conn};
 use std::cell::{Cell, RefCell};
@@ -25,8 +26,9 @@ pub(super) struct Aborts {
     /// Rings this connection's doorbell; taken at close to end its task.
     ringer: RefCell<Option<reactor::Ringer>>,
     /// Commands waiting where an Abort can stop them, by CID (at most the
-    /// queue's depth: an injected latency, which only test devices have,
-    /// or a fused Compare and Write waiting for its range).
+    /// queue's depth: an injected latency, which only test devices have, a
+    /// read waiting for read budget, or a fused Compare and Write waiting
+    /// for its range).
     watched: RefCell<Vec<(u16, Rc<Held>)>>,
 }
 
@@ -142,4 +144,16 @@ impl Drop for Watch<'_> {
 /// already and must not reach the device).
 pub(super) async fn wait_delay<T: Binding>(conn: &Conn<T>, cid: u16, delay: Duration) -> bool {
     reactor::race(on_abort(conn, cid), reactor::sleep(delay)).await.is_err()
+}
+
+/// Holds `len` bytes of the connection's read budget for command `cid`
+/// ([`crate::conn::hold_read`]), watched for an Abort only when it has to
+/// wait for room. `None` when the command was aborted meanwhile (it is
+/// answered already) or the connection is closing: it must not reach the
+/// device.
+pub(super) async fn hold_read<T: Binding>(conn: &Conn<T>, cid: u16, len: usize) -> Option<crate::conn::ReadHold<'_>> {
+    if let Some(held) = crate::conn::try_hold_read(conn, len) {
+        return Some(held);
+    }
+    reactor::race(on_abort(conn, cid), crate::conn::hold_read(conn, len)).await.err().flatten()
 }
