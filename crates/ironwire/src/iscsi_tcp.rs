@@ -26,7 +26,7 @@ use reactor::{now_ms, Notify, NotifyAll};
 use scsi::{status, BlockOp, Nexus, Outcome, Sense};
 
 type LogicalUnit = scsi::LogicalUnit<Device>;
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::collections::BTreeMap;
 use std::os::fd::{AsRawFd, RawFd};
 use std::rc::Rc;
@@ -558,6 +558,10 @@ struct Conn {
     /// Tasks waiting where an abort can end the wait (a COMPARE AND WRITE
     /// waiting for its range), by serial, each woken when aborted.
     watched: RefCell<Vec<(u64, Rc<Notify>)>>,
+    /// The epoch of the last fence this connection raised: its own
+    /// commands in that function's scope end through [`Conn::abort`], not
+    /// through the unit's epoch ([`fenced_by_another`]).
+    own_fence: Cell<u64>,
     stats: stats::Connection,
     /// The socket, for a duplicate in the session registry.
     fd: RawFd,
@@ -744,6 +748,7 @@ pub async fn serve(stream: TcpStream, model: Arc<IscsiModel>, cfg: TargetConfig,
         running: RefCell::new(Vec::new()),
         io_done: NotifyAll::default(),
         watched: RefCell::new(Vec::new()),
+        own_fence: Cell::new(0),
         stats: stats::Connection::open("iscsi", port, peer, stream.as_raw_fd()),
         fd: stream.as_raw_fd(),
         registration: RefCell::new(None),
@@ -1003,6 +1008,7 @@ async fn drained(conn: &Conn, fences: &[Fence], deadline: std::time::Instant) ->
 /// scope) and are restamped, unless an earlier fence doomed them already.
 fn fence(conn: &Conn, s: &Session, units: &[&UnitHandle]) -> Vec<Fence> {
     let epoch = s.target.table.epoch.fetch_add(1, Ordering::AcqRel).wrapping_add(1);
+    conn.own_fence.set(epoch);
     let (fences, before): (Vec<Fence>, Vec<(u64, u64)>) = units
         .iter()
         .map(|u| {
@@ -1068,12 +1074,13 @@ fn command(conn: &Rc<Conn>, cmd: iscsi::target::Command<Buf>) {
     };
     let itt = cmd.task;
     let read = cmd.read;
+    let cmd_epoch = cmd.epoch;
     let cdb = cmd.cdb.as_slice();
     s.refresh();
     // A unit ctl is removing takes no new command: it is gone for this
     // session as soon as the session sees the change.
     let entry = match scsi::decode_lun(cmd.lun.to_be_bytes()) {
-        Some(scsi::Lun::Unit(n)) => s.units.get(&n).map(|u| Unit::enter(u, cmd.epoch)),
+        Some(scsi::Lun::Unit(n)) => s.units.get(&n).map(|u| Unit::enter(u, cmd_epoch)),
         _ => None,
     };
     let mut busy = match entry {
@@ -1152,7 +1159,7 @@ fn command(conn: &Rc<Conn>, cmd: iscsi::target::Command<Buf>) {
                     && !write_to_memory(conn, itt, device, &op, residual, (lun, t0))
                 {
                     conn.running.borrow_mut().push((itt.serial, false));
-                    reactor::spawn_detached(run_io(conn.clone(), itt, busy, op, residual, t0));
+                    reactor::spawn_detached(run_io(conn.clone(), itt, busy, op, (residual, cmd_epoch), t0));
                 }
             }
         }
@@ -1253,7 +1260,15 @@ fn op_kind(op: &BlockOp<Buf>, block_size: usize) -> (Op, u64) {
 }
 
 /// Runs `op` on `busy`'s unit; the unit counts it busy until it is answered.
-async fn run_io(conn: Rc<Conn>, itt: TaskRef, busy: Busy, op: BlockOp<Buf>, residual: Option<Residual>, t0: u64) {
+/// `epoch` is the command's stamp ([`Unit::enter`]).
+async fn run_io(
+    conn: Rc<Conn>,
+    itt: TaskRef,
+    busy: Busy,
+    op: BlockOp<Buf>,
+    (residual, epoch): (Option<Residual>, u64),
+    t0: u64,
+) {
     let unit = &busy.0;
     let device = &unit.lu.device;
     let write = op.is_write();
@@ -1264,22 +1279,33 @@ async fn run_io(conn: Rc<Conn>, itt: TaskRef, busy: Busy, op: BlockOp<Buf>, resi
         scsi::io_error_sense(&e, write)
     };
     // A read's buffer counts against the connection's read budget until
-    // its Data-In is queued; on a closing connection the read is dropped,
-    // and one aborted while it waits for room never reads.
+    // its Data-In is queued; on a closing connection the read is dropped.
+    // One that waits for room has not reached the device: aborted by this
+    // session, or fenced by another's task management, it never reads.
     let _held = match op {
         BlockOp::Read { blocks, .. } | BlockOp::Verify { blocks, .. } => {
             let len = blocks as usize * bs;
             let held = match crate::conn::try_hold_read(&*conn, len) {
-                Some(held) => Some(held),
-                None => reactor::race(crate::conn::hold_read(&*conn, len), conn.on_abort(itt)).await.ok().flatten(),
-            };
-            if held.is_none() {
-                if conn.finished(itt) {
-                    log::debug!("{}: ITT {:#x} was aborted waiting for read budget", conn.shell.peer, itt.itt);
+                Some(held) => Ok(held),
+                None => {
+                    let stop = reactor::race(conn.on_abort(itt), fenced_by_another(&conn, unit, epoch));
+                    match reactor::race(crate::conn::hold_read(&*conn, len), stop).await {
+                        Ok(Some(held)) => Ok(held),
+                        Ok(None) => Err(false),
+                        Err(by_abort) => Err(by_abort.is_err()),
+                    }
                 }
-                return;
+            };
+            match held {
+                Ok(held) => Some(held),
+                Err(fenced) => {
+                    if !conn.finished(itt) && fenced && !conn.shell.is_closing() {
+                        log::debug!("{}: ITT {:#x} waited for read budget past a fence", conn.shell.peer, itt.itt);
+                        conn.status(itt, status::TASK_ABORTED);
+                    }
+                    return;
+                }
             }
-            held
         }
         _ => None,
     };
@@ -1336,6 +1362,21 @@ async fn run_io(conn: Rc<Conn>, itt: TaskRef, busy: Busy, op: BlockOp<Buf>, resi
         Ok(Some(buf)) => conn.good(itt, true, &buf, None),
         Ok(None) => conn.good(itt, false, &[], residual),
         Err(sense) => conn.check(itt, &sense),
+    }
+}
+
+/// Ends once another session's task management (or PREEMPT AND ABORT)
+/// fenced `unit` past `epoch`, the stamp of a command of `conn` that has
+/// not reached the device: that command must not run (TASK ABORTED, TAS
+/// is 1), and the fence must not wait for it. Polls: it only runs while
+/// such a command waits for read budget.
+async fn fenced_by_another(conn: &Conn, unit: &Unit, epoch: u64) {
+    loop {
+        let before = unit.fenced_before.load(Ordering::Acquire);
+        if before > epoch && before != conn.own_fence.get() {
+            return;
+        }
+        reactor::sleep(Duration::from_millis(5)).await;
     }
 }
 

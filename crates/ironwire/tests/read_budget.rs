@@ -152,3 +152,49 @@ fn an_iscsi_read_aborted_while_it_waits_for_budget_never_reads() {
         assert_eq!(reads(), 1, "the aborted read reached the device");
     }));
 }
+
+/// Another session's LUN RESET does not wait for a read of this session
+/// that waits for read budget: that read has not reached the device, so it
+/// ends in TASK ABORTED and never reads (before, the reset waited for it to
+/// get room and read, up to the fence's bound when its initiator does not
+/// read).
+#[test]
+fn another_sessions_lun_reset_ends_a_read_waiting_for_budget() {
+    const HOLD_MS: u64 = 1_500;
+    let d = Daemon::start_with("read-budget-fence", |_, port| {
+        format!(
+            "[[device]]\nname = \"slow\"\nkind = \"ram\"\nsize = \"16MiB\"\nread_latency_us = {}\n\n{}{}\
+             [limits]\nread_budget = \"64KiB\"\n\n[reactor]\ncores = [0]\n",
+            HOLD_MS * 1000,
+            toml::iscsi_target(IQN, &["slow"]),
+            toml::iscsi_port(port)
+        )
+    });
+    block_on(bounded(30, async {
+        let mut a = Session::connect(d.addr, LoginOptions::new(HOST_IQN, Some(IQN))).await.expect("login A");
+        a.clear_unit_attentions(0).await.expect("A ready");
+        let other = format!("{HOST_IQN}-b");
+        let mut b = Session::connect(d.addr, LoginOptions::new(&other, Some(IQN))).await.expect("login B");
+        b.clear_unit_attentions(0).await.expect("B ready");
+        let blocks = (64u32 << 10) / 512;
+        let first = a.submit(0, &cdb::read16(0, blocks), Vec::new(), 64 << 10).expect("submit");
+        let second = a.submit(0, &cdb::read16(blocks.into(), blocks), Vec::new(), 64 << 10).expect("submit");
+        a.flush().await.expect("send");
+        reactor::sleep(Duration::from_millis(100)).await;
+        // B's reset waits for A's first read, which is on the device.
+        assert_eq!(b.task_mgmt(5, 0, 0).await.expect("LUN RESET answered"), 0, "function complete");
+        let mut got = Vec::new();
+        for _ in 0..2 {
+            let (itt, r) = a.next_completion().await.expect("A's reads are answered");
+            got.push((itt, r.status));
+        }
+        got.sort_unstable();
+        let mut want = vec![(first, 0x00), (second, 0x40)];
+        want.sort_unstable();
+        assert_eq!(got, want, "the first read GOOD, the one waiting for budget TASK ABORTED");
+        reactor::sleep(Duration::from_millis(HOLD_MS + 500)).await;
+        let text = d.ctl("stats").expect("stats");
+        let line = text.lines().find(|l| l.starts_with("lun ")).expect("the LU's line");
+        assert!(line.contains(" reads=1 "), "the fenced read reached the device: {line}");
+    }));
+}
