@@ -126,7 +126,14 @@ pub fn preopen(old: &Config, new: &Config, symlinks: Symlinks) -> Result<Preopen
     Ok(out)
 }
 
-pub fn apply(live: &mut Live, old: &Config, new: &Config, symlinks: Symlinks, preopened: &Preopened) -> Result<()> {
+pub fn apply(
+    live: &mut Live,
+    old: &Config,
+    new: &Config,
+    symlinks: Symlinks,
+    preopened: &Preopened,
+    removed: &mut Removed,
+) -> Result<()> {
     check_fixed(old, new)?;
     // Checks first: a refusal leaves everything as it was.
     let old_dev: HashMap<&str, &DeviceConfig> = old.device.iter().map(|d| (d.name.as_str(), d)).collect();
@@ -232,7 +239,9 @@ pub fn apply(live: &mut Live, old: &Config, new: &Config, symlinks: Symlinks, pr
     devices.extend(opened);
     // The objects' own checks ran above; should one still refuse (a host
     // connected meanwhile), the ports go back too.
-    if let Err(e) = apply_nvme(live, &devices, old, new).and_then(|()| apply_iscsi(live, &devices, new)) {
+    if let Err(e) =
+        apply_nvme(live, &devices, old, new, removed).and_then(|()| apply_iscsi(live, &devices, new, removed))
+    {
         return Err(match publish(live, &old.port) {
             Ok(()) => e,
             Err(back) => back_failed(e, back),
@@ -307,12 +316,18 @@ pub fn capacity_changed(live: &Live, dev: &Arc<Device>) {
     }
 }
 
-fn apply_nvme(live: &Live, devices: &HashMap<String, Arc<Device>>, old: &Config, new: &Config) -> Result<()> {
+fn apply_nvme(
+    live: &Live,
+    devices: &HashMap<String, Arc<Device>>,
+    old: &Config,
+    new: &Config,
+    removed: &mut Removed,
+) -> Result<()> {
     let target = &live.target;
     for s in old.subsystem.iter().filter(|s| !new.subsystem.iter().any(|n| n.nqn == s.nqn)) {
         let gone = target.remove_subsystem(&s.nqn).map_err(anyhow::Error::msg)?;
-        wait_for_namespaces(&gone);
         log::info!("removed subsystem {}", s.nqn);
+        removed.subsystems.push(gone);
     }
     for s in &new.subsystem {
         let before = old.subsystem.iter().find(|o| o.nqn == s.nqn);
@@ -320,7 +335,7 @@ fn apply_nvme(live: &Live, devices: &HashMap<String, Arc<Device>>, old: &Config,
         if before.is_some_and(|b| recreated(b, s)) {
             // Checked above: no controller is connected.
             let gone = target.remove_subsystem(&s.nqn).map_err(anyhow::Error::msg)?;
-            wait_for_namespaces(&gone);
+            removed.subsystems.push(gone);
             live_s = None;
         }
         let live_s = match live_s {
@@ -342,19 +357,7 @@ fn apply_nvme(live: &Live, devices: &HashMap<String, Arc<Device>>, old: &Config,
                 // Its commands running are waited for: nothing of it
                 // reaches the device once the change returns.
                 live_s.remove_namespace(ns.nsid);
-                let left = wait_out(|| ns.holders());
-                let device = blockdev::BlockDevice::name(&*ns.device);
-                if left > 0 {
-                    log::warn!(
-                        "removed namespace {} from {}, but {left} queue(s) still hold it after {} s; \
-                         their commands finish on device {device}",
-                        ns.nsid,
-                        s.nqn,
-                        DRAIN_LIMIT.as_secs(),
-                    );
-                } else {
-                    log::info!("removed namespace {} ({device}) from {}", ns.nsid, s.nqn);
-                }
+                removed.namespaces.push((s.nqn.clone(), ns));
             }
         }
         for ns in &s.namespace {
@@ -379,22 +382,65 @@ fn apply_nvme(live: &Live, devices: &HashMap<String, Arc<Device>>, old: &Config,
     Ok(())
 }
 
-/// Waits for the requests still running on the namespaces of `gone`, a
-/// subsystem just removed: no controller is connected, but an I/O queue
-/// whose admin queue closed may still be writing. Logged when some are
-/// left after [`DRAIN_LIMIT`].
-fn wait_for_namespaces(gone: &crate::nvme::Subsystem) {
-    for ns in gone.namespaces() {
-        let left = wait_out(|| ns.holders());
-        if left > 0 {
-            log::warn!(
-                "removed subsystem {}, but {left} queue(s) still hold namespace {} after {} s; \
-                 their commands finish on device {}",
-                gone.nqn,
-                ns.nsid,
-                DRAIN_LIMIT.as_secs(),
-                blockdev::BlockDevice::name(&*ns.device)
-            );
+/// What a change removed whose commands may still run: NVMe namespaces
+/// (alone, or with their subsystem, where an I/O queue whose admin queue
+/// closed may still be writing) and iSCSI units. [`Removed::wait`] waits
+/// for them once the change is in force and the control lock is let go,
+/// so that other `ctl` commands go on meanwhile, and the change returns
+/// only when nothing of what it removed reaches a device any more.
+#[derive(Default)]
+pub struct Removed {
+    namespaces: Vec<(String, Arc<crate::nvme::Namespace>)>,
+    subsystems: Vec<Arc<crate::nvme::Subsystem>>,
+    units: Vec<(String, Arc<crate::iscsi_tcp::Unit>)>,
+}
+
+impl Removed {
+    /// Waits, each at most [`DRAIN_LIMIT`], for the commands still running
+    /// on what was removed; logs what is left after that.
+    pub fn wait(self) {
+        for (nqn, ns) in self.namespaces {
+            let left = wait_out(|| ns.holders());
+            let device = blockdev::BlockDevice::name(&*ns.device);
+            if left > 0 {
+                log::warn!(
+                    "removed namespace {} from {nqn}, but {left} queue(s) still hold it after {} s; \
+                     their commands finish on device {device}",
+                    ns.nsid,
+                    DRAIN_LIMIT.as_secs(),
+                );
+            } else {
+                log::info!("removed namespace {} ({device}) from {nqn}", ns.nsid);
+            }
+        }
+        for gone in self.subsystems {
+            for ns in gone.namespaces() {
+                let left = wait_out(|| ns.holders());
+                if left > 0 {
+                    log::warn!(
+                        "removed subsystem {}, but {left} queue(s) still hold namespace {} after {} s; \
+                         their commands finish on device {}",
+                        gone.nqn,
+                        ns.nsid,
+                        DRAIN_LIMIT.as_secs(),
+                        blockdev::BlockDevice::name(&*ns.device)
+                    );
+                }
+            }
+        }
+        for (iqn, u) in self.units {
+            let left = wait_out(|| u.busy());
+            if left > 0 {
+                log::warn!(
+                    "iSCSI target {iqn} LUN {}: removed, but {left} command(s) still running after {} s; \
+                     they finish on device {}",
+                    u.lu.lun,
+                    DRAIN_LIMIT.as_secs(),
+                    u.lu.device.name()
+                );
+            } else {
+                log::info!("iSCSI target {iqn}: LUN {} removed", u.lu.lun);
+            }
         }
     }
 }
@@ -406,7 +452,7 @@ fn recreated(a: &crate::config::SubsystemConfig, b: &crate::config::SubsystemCon
     a.serial != b.serial || a.cntlid_range() != b.cntlid_range()
 }
 
-fn apply_iscsi(live: &Live, devices: &HashMap<String, Arc<Device>>, new: &Config) -> Result<()> {
+fn apply_iscsi(live: &Live, devices: &HashMap<String, Arc<Device>>, new: &Config, removed: &mut Removed) -> Result<()> {
     let current = live.iscsi.targets();
     let mut targets = Vec::new();
     for t in &new.iscsi_target {
@@ -424,18 +470,7 @@ fn apply_iscsi(live: &Live, devices: &HashMap<String, Arc<Device>>, new: &Config
     live.iscsi.replace(targets, portals(new), disc);
     for (iqn, u) in gone {
         u.retire();
-        let left = wait_out(|| u.busy());
-        if left > 0 {
-            log::warn!(
-                "iSCSI target {iqn} LUN {}: removed, but {left} command(s) still running after {} s; \
-                 they finish on device {}",
-                u.lu.lun,
-                DRAIN_LIMIT.as_secs(),
-                u.lu.device.name()
-            );
-        } else {
-            log::info!("iSCSI target {iqn}: LUN {} removed", u.lu.lun);
-        }
+        removed.units.push((iqn, u));
     }
     Ok(())
 }
