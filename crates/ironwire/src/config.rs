@@ -107,8 +107,9 @@ pub struct LimitsConfig {
     #[serde(default = "default_iscsi_write_budget")]
     pub iscsi_write_budget: Size,
     /// Read data one connection holds at once: file and block device reads
-    /// running plus replies queued or being sent (one read always goes
-    /// through).
+    /// running plus replies queued or being sent. Reads wait in arrival
+    /// order; one goes through whatever its size once no other read is
+    /// held and at most half of this is in replies.
     #[serde(default = "default_read_budget")]
     pub read_budget: Size,
 }

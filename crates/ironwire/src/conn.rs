@@ -29,9 +29,10 @@ pub fn set_send_high_water(bytes: usize) {
 /// reads that run as I/O tasks (file and block devices; memory devices
 /// only with injected latency or answers of several PDUs), plus its
 /// replies queued or being sent. A read that would pass it waits for room,
-/// in arrival order (one read always goes through), so a peer that sends a
-/// queue's depth of large reads and does not read the data costs this, not
-/// depth × transfer size.
+/// in arrival order, so a peer that sends a queue's depth of large reads
+/// and does not read the data costs this (and at most one read more), not
+/// depth × transfer size. A read goes through whatever its size once the
+/// connection holds no other read and at most half the budget in replies.
 /// `[limits] read_budget`, set once at start.
 static READ_BUDGET: AtomicUsize = AtomicUsize::new(8 << 20);
 
@@ -191,13 +192,18 @@ impl Drop for InLine<'_> {
 }
 
 /// Whether a read of `len` bytes fits the connection's read budget now:
-/// reads held plus replies queued or being sent, or nothing else at all.
+/// reads held plus replies queued or being sent, or no other read held and
+/// at most half the budget in replies. The second rule lets a read larger
+/// than the room left (or than the whole budget) go without waiting for
+/// every reply to be sent: other replies (write responses, R2Ts, NOP-Ins)
+/// may keep coming, and the reads behind it in line wait for it. It costs
+/// at most one read beyond half the budget.
 fn fits<C: Outbox>(conn: &C, len: usize) -> bool {
     let shell = conn.shell();
     let held = shell.read_held.get();
     let replies = conn.queued().saturating_add(shell.sending.get());
-    held.saturating_add(replies).saturating_add(len) <= READ_BUDGET.load(Ordering::Relaxed)
-        || (held == 0 && replies == 0)
+    let budget = READ_BUDGET.load(Ordering::Relaxed);
+    held.saturating_add(replies).saturating_add(len) <= budget || (held == 0 && replies <= budget / 2)
 }
 
 /// Holds a read of `len` bytes against the connection's read budget
@@ -213,8 +219,9 @@ pub fn try_hold_read<C: Outbox>(conn: &C, len: usize) -> Option<ReadHold<'_>> {
 /// ([`READ_BUDGET`]: reads held plus replies queued or being sent), then
 /// holds its bytes until the returned guard drops. Reads that wait go in
 /// arrival order: a large read is not passed by the small ones that come
-/// after it. A read goes through alone when nothing else is held or
-/// queued, whatever its size. `None` once the connection is closing:
+/// after it. A read goes through whatever its size when no other read is
+/// held and at most half the budget is in replies ([`fits`]). `None` once
+/// the connection is closing:
 /// nobody will take the data, and letting every waiting read through then
 /// would allocate what the budget held back (a peer can close at will);
 /// the caller drops the command.
@@ -313,8 +320,8 @@ mod tests {
     use super::*;
     use std::time::Duration;
 
-    /// A connection with nothing queued: only its reads count.
-    struct Quiet(Shell);
+    /// A connection whose replies queued are set by the test.
+    struct Quiet(Shell, Cell<usize>);
 
     impl Outbox for Quiet {
         type Spliced = Vec<u8>;
@@ -323,14 +330,14 @@ mod tests {
         }
         fn take_transmit(&self, _: &mut Gather<Vec<u8>>) {}
         fn queued(&self) -> usize {
-            0
+            self.1.get()
         }
     }
 
     const MIB: usize = 1 << 20;
 
     fn quiet() -> Rc<Quiet> {
-        Rc::new(Quiet(Shell::new(SocketAddr::from(([127, 0, 0, 1], 1)))))
+        Rc::new(Quiet(Shell::new(SocketAddr::from(([127, 0, 0, 1], 1))), Cell::new(0)))
     }
 
     /// Spawns a read of `len` bytes that records `name` in `order` once it
@@ -378,6 +385,38 @@ mod tests {
             release.notify();
             assert!(big.await && small.await);
             assert!(try_hold_read(&*conn, 8 * MIB).is_some(), "every hold was given back");
+        });
+    }
+
+    #[test]
+    fn a_read_larger_than_the_room_goes_alone_while_small_replies_keep_coming() {
+        let mut rt = reactor::Runtime::new(reactor::Config::default()).expect("a ring");
+        rt.block_on(async {
+            let conn = quiet();
+            // Replies of other commands are always queued.
+            conn.1.set(4 << 10);
+            let (order, release) = (Rc::new(RefCell::new(Vec::new())), Rc::new(NotifyAll::default()));
+            let big = read(&conn, 8 * MIB, "big", &order, &release);
+            let small = read(&conn, 64 << 10, "small", &order, &release);
+            settle().await;
+            assert_eq!(*order.borrow(), ["big"], "no other read held: the big read goes");
+            release.notify();
+            assert!(big.await);
+            settle().await;
+            assert_eq!(*order.borrow(), ["big", "small"]);
+            release.notify();
+            assert!(small.await);
+            // More than half the budget in replies: even a lone read waits.
+            conn.1.set(5 * MIB);
+            let held = read(&conn, 4 * MIB, "past half", &order, &release);
+            settle().await;
+            assert_eq!(order.borrow().len(), 2, "a lone read went with 5 MiB of replies queued");
+            conn.1.set(4 * MIB);
+            conn.0.room_for_reads();
+            settle().await;
+            assert_eq!(order.borrow().last(), Some(&"past half"));
+            release.notify();
+            assert!(held.await);
         });
     }
 

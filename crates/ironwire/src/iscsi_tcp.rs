@@ -1288,11 +1288,13 @@ async fn run_io(
             let held = match crate::conn::try_hold_read(&*conn, len) {
                 Some(held) => Ok(held),
                 None => {
+                    // The stops first: room that comes in the same turn as
+                    // an abort does not let the aborted read through.
                     let stop = reactor::race(conn.on_abort(itt), fenced_by_another(&conn, unit, epoch));
-                    match reactor::race(crate::conn::hold_read(&*conn, len), stop).await {
-                        Ok(Some(held)) => Ok(held),
-                        Ok(None) => Err(false),
-                        Err(by_abort) => Err(by_abort.is_err()),
+                    match reactor::race(stop, crate::conn::hold_read(&*conn, len)).await {
+                        Err(Some(held)) => Ok(held),
+                        Err(None) => Err(false),
+                        Ok(by_abort) => Err(by_abort.is_err()),
                     }
                 }
             };

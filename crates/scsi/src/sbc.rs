@@ -277,6 +277,14 @@ fn unmap<B: DataOut, D: BlockDevice>(lu: &LogicalUnit<D>, c: Bytes<'_>, data: Op
     if p.len() < 8 {
         return Outcome::Check(Sense::PARAMETER_LIST_LENGTH_ERROR);
     }
+    // The transport's expected length cut the list inside the descriptors
+    // it announces: unmapping only those that arrived, and answering GOOD,
+    // would let the initiator take the rest for unmapped (read as zeros
+    // with LBPRZ). Nothing is done (FCP-4 9.4.2 b), as for a write.
+    if p.len() < usize::from(len) && usize::from(p.be16(2)).saturating_add(8) > p.len() {
+        log::debug!("UNMAP parameter data of {} bytes cut inside its {}-byte list", p.len(), len);
+        return Outcome::Check(Sense::INVALID_FIELD_IN_COMMAND_IU);
+    }
     // Descriptors the block descriptor data length announces and the list
     // holds; an incomplete trailing descriptor is ignored.
     let bd_len = usize::from(p.be16(2)).min(p.len().saturating_sub(8));

@@ -631,6 +631,24 @@ fn unmap_rejects_bad_lists() {
 }
 
 #[test]
+fn unmap_whose_data_ends_inside_its_descriptors_does_nothing() {
+    let lu = ram_lu();
+    let p = unmap_list(&[(0, 8), (16, 8)]);
+    let cdb = unmap_cdb(p.len());
+    for cut in [30, 39] {
+        let s = check(lu.execute(&nexus(1), &cdb, Some(p[..cut].to_vec())));
+        assert_eq!(asc(s), (5, 0x0E, 0x03), "{cut} of {} bytes: INVALID FIELD IN COMMAND IU", p.len());
+    }
+    // Cut after the descriptors the header announces: those are all there.
+    let mut longer = p.clone();
+    longer.extend_from_slice(&[0; 16]);
+    match block_op(lu.execute(&nexus(1), &unmap_cdb(longer.len()), Some(p))) {
+        BlockOp::Unmap { ranges, .. } => assert_eq!(ranges, [(0, 8), (16, 8)]),
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
 fn unmap_ignores_truncated_trailing_descriptor() {
     let lu = ram_lu();
     let mut p = unmap_list(&[(0, 8), (16, 8)]);
