@@ -173,6 +173,30 @@ impl<D: BlockDevice> Queue<D> {
         }
     }
 
+    /// Ends the held pair whose Compare was checked against a namespace
+    /// that has since been removed, while its Write has not come: the pair
+    /// can no longer run, and it would hold the namespace (which its
+    /// removal waits for) until the host's next command. The Compare
+    /// completes with Missing Fused Command ([`Queue::poll_completion`]).
+    /// Called when the queue's namespace cache was refilled.
+    pub(crate) fn end_fused_of_removed(&mut self) {
+        let Some(first) = self.fused.as_ref() else { return };
+        let (Some((nsid, _, held)), Second::Awaited) = (first.target.as_ref(), &first.second) else { return };
+        let checked = held.namespace();
+        let current = self.ns_cache.get(*nsid as usize).and_then(Option::as_ref);
+        if current.is_some_and(|(ns, _)| {
+            let ns: &crate::Namespace<D> = ns;
+            std::ptr::eq(ns, checked)
+        }) {
+            return;
+        }
+        log::debug!("{}: fused Compare cid {} on removed namespace {nsid}: ended", self.peer, first.cid);
+        if let Some(first) = self.fused.as_mut() {
+            first.second = Second::Missing;
+        }
+        let _: Outcome<Vec<u8>, D> = self.settle_fused();
+    }
+
     /// Runs or ends the held pair when it can: both halves' data in →
     /// the block request; a first half whose partner went missing or
     /// failed → its completion, once its own data is in.

@@ -31,6 +31,13 @@ pub(crate) type CachedNamespace<D> = (NamespaceRef<D>, DeviceRef<D>);
 /// ([`crate::Namespace::holders`]). Keep it until the request's I/O is over.
 pub struct InFlight<D>(NamespaceRef<D>);
 
+impl<D> InFlight<D> {
+    /// The namespace held.
+    pub(crate) fn namespace(&self) -> &crate::Namespace<D> {
+        &self.0
+    }
+}
+
 impl<D> std::fmt::Debug for InFlight<D> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("InFlight").field("nsid", &self.0.nsid).finish()
@@ -202,6 +209,7 @@ impl<D: BlockDevice> Queue<D> {
             }
         }
         self.ns_cache_gen = gen;
+        self.end_fused_of_removed();
     }
 
     pub(crate) fn io<B: AsRef<[u8]>>(

@@ -1151,6 +1151,38 @@ fn lone_or_mismatched_fused_halves_are_aborted_as_missing_their_partner() {
 }
 
 #[test]
+fn a_fused_compare_waiting_for_its_write_lets_go_of_a_removed_namespace() {
+    let t = target();
+    let (_a, cntlid) = admin(&t);
+    let mut io = io_queue(&t, cntlid, 1);
+    let sub = t.subsystem(SUB).expect("subsystem");
+    let ns = sub.namespace(1).expect("namespace 1");
+    assert!(matches!(in_capsule(&mut io, &fused_sqe(0x05, 1, 1, 3), 0), Outcome::Deferred));
+    sub.remove_namespace(1).expect("removed");
+    // Rung by the removal, the queue looks again: the pair can never run,
+    // so the Compare ends and nothing holds the namespace any more.
+    io.refresh_namespaces();
+    let cqe = io.poll_completion().expect("the Compare's completion");
+    assert_eq!((cqe.cid.get(), cqe.status()), (1, Status::ABORTED_MISSING_FUSED));
+    assert_eq!(ns.holders(), 0, "the held Compare let go");
+    // Its Write arriving late finds no Compare before it.
+    assert_eq!(status(&in_capsule(&mut io, &fused_sqe(0x01, 2, 2, 3), 0)), Status::ABORTED_MISSING_FUSED);
+    // A pair on a namespace that stays is not touched by another's removal.
+    let other = Arc::new(Described::new("r2", 512, 2048));
+    sub.add_namespace(Namespace::new(SUB, 2, other)).expect("add 2");
+    let mut c = fused_sqe(0x05, 1, 3, 3);
+    c.nsid = 2.into();
+    assert!(matches!(in_capsule(&mut io, &c, 0), Outcome::Deferred));
+    sub.add_namespace(Namespace::new(SUB, 5, Arc::new(Described::new("r5", 512, 8)))).expect("add 5");
+    sub.remove_namespace(5).expect("removed 5");
+    io.refresh_namespaces();
+    assert!(io.poll_completion().is_none(), "the pair on namespace 2 still waits for its Write");
+    let mut w = fused_sqe(0x01, 2, 4, 3);
+    w.nsid = 2.into();
+    assert!(matches!(in_capsule(&mut io, &w, 0), Outcome::Io(_)));
+}
+
+#[test]
 fn fused_write_that_fails_its_checks_aborts_the_compare_as_failed_fused() {
     let t = target();
     let (_a, cntlid) = admin(&t);

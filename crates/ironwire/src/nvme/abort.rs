@@ -87,6 +87,8 @@ pub(super) fn start<T: Binding>(conn: &Rc<Conn<T>>) {
 /// other reason a queue is rung).
 fn answer<T: Binding>(conn: &Conn<T>) {
     conn.queue.borrow_mut().refresh_namespaces();
+    // A fused Compare held on a removed namespace ends there.
+    conn.respond_extra();
     loop {
         let cqe = conn.queue.borrow_mut().poll_abort_answer();
         let Some(cqe) = cqe else { break };
