@@ -450,41 +450,20 @@ impl Control {
             if st.config != base {
                 continue;
             }
-            let mut removed = crate::runtime::Removed::default();
-            let result = self.apply_locked(&mut st, &base, new, &preopened, &mut removed);
-            // What the change removed is waited for without the lock, so
-            // that other commands (`show`, `stats`, `hosts`) go on.
-            drop(st);
-            removed.wait();
-            return result;
+            let applied = crate::runtime::apply(&mut st.live, &base, &new, blockdev::Symlinks::Refuse, &preopened);
+            // Access lists may have changed even if a later step failed.
+            let closed = crate::runtime::enforce_access(&st.live).len();
+            applied?;
+            st.config = new;
+            log::info!("control: configuration changed");
+            if let (true, Some(path)) = (self.persist, &self.config_path) {
+                let text = toml::to_string(&st.config)?;
+                write_atomic(path, text.as_bytes())
+                    .with_context(|| format!("the change is live, but saving it to {} failed", path.display()))?;
+            }
+            return Ok(closed);
         }
         bail!("the configuration changed three times while this change was being prepared; try again")
-    }
-
-    /// Applies the change from `base` to `new` under the control lock
-    /// (held in `st`), then saves it with `--persist`; what it removed is
-    /// left in `removed` for the caller to wait for once the lock is let
-    /// go. Returns how many connections it closed.
-    fn apply_locked(
-        &self,
-        st: &mut State,
-        base: &Config,
-        new: Config,
-        preopened: &crate::runtime::Preopened,
-        removed: &mut crate::runtime::Removed,
-    ) -> Result<usize> {
-        let applied = crate::runtime::apply(&mut st.live, base, &new, blockdev::Symlinks::Refuse, preopened, removed);
-        // Access lists may have changed even if a later step failed.
-        let closed = crate::runtime::enforce_access(&st.live).len();
-        applied?;
-        st.config = new;
-        log::info!("control: configuration changed");
-        if let (true, Some(path)) = (self.persist, &self.config_path) {
-            let text = toml::to_string(&st.config)?;
-            write_atomic(path, text.as_bytes())
-                .with_context(|| format!("the change is live, but saving it to {} failed", path.display()))?;
-        }
-        Ok(closed)
     }
 
     /// `f` applied to `config`, normalized, validated, and its new or
@@ -542,24 +521,12 @@ impl Control {
         crate::runtime::normalize(&mut new);
         let mut st = self.lock();
         let old = st.config.clone();
-        let mut removed = crate::runtime::Removed::default();
-        let applied = crate::runtime::apply(
-            &mut st.live,
-            &old,
-            &new,
-            blockdev::Symlinks::Follow,
-            &Default::default(),
-            &mut removed,
-        );
+        let applied = crate::runtime::apply(&mut st.live, &old, &new, blockdev::Symlinks::Follow, &Default::default());
         crate::runtime::enforce_access(&st.live);
-        if applied.is_ok() {
-            st.config = new;
-            log::info!("control: reloaded {}", path.display());
-        }
-        // As for a change: removals are waited for without the lock.
-        drop(st);
-        removed.wait();
-        applied.with_context(|| format!("reloading {}", path.display()))
+        applied.with_context(|| format!("reloading {}", path.display()))?;
+        st.config = new;
+        log::info!("control: reloaded {}", path.display());
+        Ok(())
     }
 
     fn show(&self) -> String {

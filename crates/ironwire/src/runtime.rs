@@ -126,14 +126,7 @@ pub fn preopen(old: &Config, new: &Config, symlinks: Symlinks) -> Result<Preopen
     Ok(out)
 }
 
-pub fn apply(
-    live: &mut Live,
-    old: &Config,
-    new: &Config,
-    symlinks: Symlinks,
-    preopened: &Preopened,
-    removed: &mut Removed,
-) -> Result<()> {
+pub fn apply(live: &mut Live, old: &Config, new: &Config, symlinks: Symlinks, preopened: &Preopened) -> Result<()> {
     check_fixed(old, new)?;
     // Checks first: a refusal leaves everything as it was.
     let old_dev: HashMap<&str, &DeviceConfig> = old.device.iter().map(|d| (d.name.as_str(), d)).collect();
@@ -239,9 +232,7 @@ pub fn apply(
     devices.extend(opened);
     // The objects' own checks ran above; should one still refuse (a host
     // connected meanwhile), the ports go back too.
-    if let Err(e) =
-        apply_nvme(live, &devices, old, new, removed).and_then(|()| apply_iscsi(live, &devices, new, removed))
-    {
+    if let Err(e) = apply_nvme(live, &devices, old, new).and_then(|()| apply_iscsi(live, &devices, new)) {
         return Err(match publish(live, &old.port) {
             Ok(()) => e,
             Err(back) => back_failed(e, back),
@@ -316,18 +307,12 @@ pub fn capacity_changed(live: &Live, dev: &Arc<Device>) {
     }
 }
 
-fn apply_nvme(
-    live: &Live,
-    devices: &HashMap<String, Arc<Device>>,
-    old: &Config,
-    new: &Config,
-    removed: &mut Removed,
-) -> Result<()> {
+fn apply_nvme(live: &Live, devices: &HashMap<String, Arc<Device>>, old: &Config, new: &Config) -> Result<()> {
     let target = &live.target;
     for s in old.subsystem.iter().filter(|s| !new.subsystem.iter().any(|n| n.nqn == s.nqn)) {
         let gone = target.remove_subsystem(&s.nqn).map_err(anyhow::Error::msg)?;
+        wait_for_namespaces(&gone);
         log::info!("removed subsystem {}", s.nqn);
-        removed.subsystems.push(gone);
     }
     for s in &new.subsystem {
         let before = old.subsystem.iter().find(|o| o.nqn == s.nqn);
@@ -335,7 +320,7 @@ fn apply_nvme(
         if before.is_some_and(|b| recreated(b, s)) {
             // Checked above: no controller is connected.
             let gone = target.remove_subsystem(&s.nqn).map_err(anyhow::Error::msg)?;
-            removed.subsystems.push(gone);
+            wait_for_namespaces(&gone);
             live_s = None;
         }
         let live_s = match live_s {
@@ -357,7 +342,19 @@ fn apply_nvme(
                 // Its commands running are waited for: nothing of it
                 // reaches the device once the change returns.
                 live_s.remove_namespace(ns.nsid);
-                removed.namespaces.push((s.nqn.clone(), ns));
+                let left = wait_out(|| ns.holders());
+                let device = blockdev::BlockDevice::name(&*ns.device);
+                if left > 0 {
+                    log::warn!(
+                        "removed namespace {} from {}, but {left} queue(s) still hold it after {} s; \
+                         their commands finish on device {device}",
+                        ns.nsid,
+                        s.nqn,
+                        DRAIN_LIMIT.as_secs(),
+                    );
+                } else {
+                    log::info!("removed namespace {} ({device}) from {}", ns.nsid, s.nqn);
+                }
             }
         }
         for ns in &s.namespace {
@@ -382,65 +379,22 @@ fn apply_nvme(
     Ok(())
 }
 
-/// What a change removed whose commands may still run: NVMe namespaces
-/// (alone, or with their subsystem, where an I/O queue whose admin queue
-/// closed may still be writing) and iSCSI units. [`Removed::wait`] waits
-/// for them once the change is in force and the control lock is let go,
-/// so that other `ctl` commands go on meanwhile, and the change returns
-/// only when nothing of what it removed reaches a device any more.
-#[derive(Default)]
-pub struct Removed {
-    namespaces: Vec<(String, Arc<crate::nvme::Namespace>)>,
-    subsystems: Vec<Arc<crate::nvme::Subsystem>>,
-    units: Vec<(String, Arc<crate::iscsi_tcp::Unit>)>,
-}
-
-impl Removed {
-    /// Waits, each at most [`DRAIN_LIMIT`], for the commands still running
-    /// on what was removed; logs what is left after that.
-    pub fn wait(self) {
-        for (nqn, ns) in self.namespaces {
-            let left = wait_out(|| ns.holders());
-            let device = blockdev::BlockDevice::name(&*ns.device);
-            if left > 0 {
-                log::warn!(
-                    "removed namespace {} from {nqn}, but {left} queue(s) still hold it after {} s; \
-                     their commands finish on device {device}",
-                    ns.nsid,
-                    DRAIN_LIMIT.as_secs(),
-                );
-            } else {
-                log::info!("removed namespace {} ({device}) from {nqn}", ns.nsid);
-            }
-        }
-        for gone in self.subsystems {
-            for ns in gone.namespaces() {
-                let left = wait_out(|| ns.holders());
-                if left > 0 {
-                    log::warn!(
-                        "removed subsystem {}, but {left} queue(s) still hold namespace {} after {} s; \
-                         their commands finish on device {}",
-                        gone.nqn,
-                        ns.nsid,
-                        DRAIN_LIMIT.as_secs(),
-                        blockdev::BlockDevice::name(&*ns.device)
-                    );
-                }
-            }
-        }
-        for (iqn, u) in self.units {
-            let left = wait_out(|| u.busy());
-            if left > 0 {
-                log::warn!(
-                    "iSCSI target {iqn} LUN {}: removed, but {left} command(s) still running after {} s; \
-                     they finish on device {}",
-                    u.lu.lun,
-                    DRAIN_LIMIT.as_secs(),
-                    u.lu.device.name()
-                );
-            } else {
-                log::info!("iSCSI target {iqn}: LUN {} removed", u.lu.lun);
-            }
+/// Waits for the requests still running on the namespaces of `gone`, a
+/// subsystem just removed: no controller is connected, but an I/O queue
+/// whose admin queue closed may still be writing. Logged when some are
+/// left after [`DRAIN_LIMIT`].
+fn wait_for_namespaces(gone: &crate::nvme::Subsystem) {
+    for ns in gone.namespaces() {
+        let left = wait_out(|| ns.holders());
+        if left > 0 {
+            log::warn!(
+                "removed subsystem {}, but {left} queue(s) still hold namespace {} after {} s; \
+                 their commands finish on device {}",
+                gone.nqn,
+                ns.nsid,
+                DRAIN_LIMIT.as_secs(),
+                blockdev::BlockDevice::name(&*ns.device)
+            );
         }
     }
 }
@@ -452,7 +406,7 @@ fn recreated(a: &crate::config::SubsystemConfig, b: &crate::config::SubsystemCon
     a.serial != b.serial || a.cntlid_range() != b.cntlid_range()
 }
 
-fn apply_iscsi(live: &Live, devices: &HashMap<String, Arc<Device>>, new: &Config, removed: &mut Removed) -> Result<()> {
+fn apply_iscsi(live: &Live, devices: &HashMap<String, Arc<Device>>, new: &Config) -> Result<()> {
     let current = live.iscsi.targets();
     let mut targets = Vec::new();
     for t in &new.iscsi_target {
@@ -470,7 +424,18 @@ fn apply_iscsi(live: &Live, devices: &HashMap<String, Arc<Device>>, new: &Config
     live.iscsi.replace(targets, portals(new), disc);
     for (iqn, u) in gone {
         u.retire();
-        removed.units.push((iqn, u));
+        let left = wait_out(|| u.busy());
+        if left > 0 {
+            log::warn!(
+                "iSCSI target {iqn} LUN {}: removed, but {left} command(s) still running after {} s; \
+                 they finish on device {}",
+                u.lu.lun,
+                DRAIN_LIMIT.as_secs(),
+                u.lu.device.name()
+            );
+        } else {
+            log::info!("iSCSI target {iqn}: LUN {} removed", u.lu.lun);
+        }
     }
     Ok(())
 }

