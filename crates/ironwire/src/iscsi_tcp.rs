@@ -26,7 +26,7 @@ use reactor::{now_ms, Notify, NotifyAll};
 use scsi::{status, BlockOp, Nexus, Outcome, Sense};
 
 type LogicalUnit = scsi::LogicalUnit<Device>;
-use std::cell::{Cell, RefCell};
+use std::cell::RefCell;
 use std::collections::BTreeMap;
 use std::os::fd::{AsRawFd, RawFd};
 use std::rc::Rc;
@@ -558,10 +558,11 @@ struct Conn {
     /// Tasks waiting where an abort can end the wait (a COMPARE AND WRITE
     /// waiting for its range), by serial, each woken when aborted.
     watched: RefCell<Vec<(u64, Rc<Notify>)>>,
-    /// The epoch of the last fence this connection raised: its own
-    /// commands in that function's scope end through [`Conn::abort`], not
-    /// through the unit's epoch ([`fenced_by_another`]).
-    own_fence: Cell<u64>,
+    /// The epoch of the last fence this connection raised on each unit it
+    /// fenced (by the unit's address): its own commands in that function's
+    /// scope end through [`Conn::abort`], not through the unit's epoch
+    /// ([`fenced_by_another`]). One entry per unit ever fenced here.
+    own_fences: RefCell<Vec<(usize, u64)>>,
     stats: stats::Connection,
     /// The socket, for a duplicate in the session registry.
     fd: RawFd,
@@ -748,7 +749,7 @@ pub async fn serve(stream: TcpStream, model: Arc<IscsiModel>, cfg: TargetConfig,
         running: RefCell::new(Vec::new()),
         io_done: NotifyAll::default(),
         watched: RefCell::new(Vec::new()),
-        own_fence: Cell::new(0),
+        own_fences: RefCell::new(Vec::new()),
         stats: stats::Connection::open("iscsi", port, peer, stream.as_raw_fd()),
         fd: stream.as_raw_fd(),
         registration: RefCell::new(None),
@@ -1008,7 +1009,15 @@ async fn drained(conn: &Conn, fences: &[Fence], deadline: std::time::Instant) ->
 /// scope) and are restamped, unless an earlier fence doomed them already.
 fn fence(conn: &Conn, s: &Session, units: &[&UnitHandle]) -> Vec<Fence> {
     let epoch = s.target.table.epoch.fetch_add(1, Ordering::AcqRel).wrapping_add(1);
-    conn.own_fence.set(epoch);
+    let mut own = conn.own_fences.borrow_mut();
+    for u in units {
+        let at = Arc::as_ptr(u) as usize;
+        match own.iter_mut().find(|(unit, _)| *unit == at) {
+            Some(entry) => entry.1 = epoch,
+            None => own.push((at, epoch)),
+        }
+    }
+    drop(own);
     let (fences, before): (Vec<Fence>, Vec<(u64, u64)>) = units
         .iter()
         .map(|u| {
@@ -1370,15 +1379,23 @@ async fn run_io(
 /// Ends once another session's task management (or PREEMPT AND ABORT)
 /// fenced `unit` past `epoch`, the stamp of a command of `conn` that has
 /// not reached the device: that command must not run (TASK ABORTED, TAS
-/// is 1), and the fence must not wait for it. Polls: it only runs while
-/// such a command waits for read budget.
-async fn fenced_by_another(conn: &Conn, unit: &Unit, epoch: u64) {
+/// is 1), and the fence must not wait for it. A fence of this connection
+/// itself (the unit's latest) does not count: its own commands in scope
+/// end through [`Conn::abort`]. Polls, only while such a command waits for
+/// read budget, backing off from 5 to 200 ms: a peer that never reads can
+/// keep its reads waiting, and hundreds of them polling fast would keep
+/// the reactor busy; a fence then waits at most that much longer.
+async fn fenced_by_another(conn: &Conn, unit: &Arc<Unit>, epoch: u64) {
+    let at = Arc::as_ptr(unit) as usize;
+    let mut pause = Duration::from_millis(5);
     loop {
         let before = unit.fenced_before.load(Ordering::Acquire);
-        if before > epoch && before != conn.own_fence.get() {
+        let own = conn.own_fences.borrow().iter().any(|&(u, e)| u == at && e == before);
+        if before > epoch && !own {
             return;
         }
-        reactor::sleep(Duration::from_millis(5)).await;
+        reactor::sleep(pause).await;
+        pause = (pause * 2).min(Duration::from_millis(200));
     }
 }
 

@@ -198,3 +198,66 @@ fn another_sessions_lun_reset_ends_a_read_waiting_for_budget() {
         assert!(line.contains(" reads=1 "), "the fenced read reached the device: {line}");
     }));
 }
+
+/// PERSISTENT RESERVE OUT `service_action` with 24 bytes of parameters.
+fn prout(service_action: u8) -> [u8; 10] {
+    [0x5F, service_action, if service_action == 0 { 0 } else { 1 }, 0, 0, 0, 0, 0, 24, 0]
+}
+
+/// PR OUT parameters: reservation key, service action reservation key.
+fn pr_params(key: u64, sa_key: u64) -> Vec<u8> {
+    let mut p = vec![0u8; 24];
+    p[..8].copy_from_slice(&key.to_be_bytes());
+    p[8..16].copy_from_slice(&sa_key.to_be_bytes());
+    p
+}
+
+/// A session's own PREEMPT AND ABORT does not end its own read waiting for
+/// read budget on that unit (only the preempted nexuses' tasks are
+/// aborted), nor does its next fence on another unit (as `fence_scsi`
+/// preempts device after device).
+#[test]
+fn a_preemptors_own_read_waiting_for_budget_survives_its_fences() {
+    const HOLD_MS: u64 = 1_500;
+    let d = Daemon::start_with("read-budget-own-fence", |_, port| {
+        format!(
+            "[[device]]\nname = \"slow\"\nkind = \"ram\"\nsize = \"16MiB\"\nread_latency_us = {}\n\n\
+             [[device]]\nname = \"other\"\nkind = \"ram\"\nsize = \"4MiB\"\n\n{}{}\
+             [limits]\nread_budget = \"64KiB\"\n\n[reactor]\ncores = [0]\n",
+            HOLD_MS * 1000,
+            toml::iscsi_target(IQN, &["slow", "other"]),
+            toml::iscsi_port(port)
+        )
+    });
+    block_on(bounded(30, async {
+        let mut a = Session::connect(d.addr, LoginOptions::new(HOST_IQN, Some(IQN))).await.expect("login A");
+        let other = format!("{HOST_IQN}-b");
+        let mut b = Session::connect(d.addr, LoginOptions::new(&other, Some(IQN))).await.expect("login B");
+        for lun in [0, 1] {
+            a.clear_unit_attentions(lun).await.expect("A ready");
+            b.clear_unit_attentions(lun).await.expect("B ready");
+            assert!(a.scsi(lun, &prout(0), pr_params(0, 0xA), 0).await.expect("register A").is_good());
+            assert!(b.scsi(lun, &prout(0), pr_params(0, 0xB), 0).await.expect("register B").is_good());
+            assert!(b.scsi(lun, &prout(1), pr_params(0xB, 0), 0).await.expect("reserve B").is_good());
+        }
+        let blocks = (64u32 << 10) / 512;
+        let first = a.submit(0, &cdb::read16(0, blocks), Vec::new(), 64 << 10).expect("submit");
+        let second = a.submit(0, &cdb::read16(blocks.into(), blocks), Vec::new(), 64 << 10).expect("submit");
+        a.flush().await.expect("send");
+        reactor::sleep(Duration::from_millis(100)).await;
+        let p0 = a.submit(0, &prout(5), pr_params(0xA, 0xB), 0).expect("submit");
+        a.flush().await.expect("send");
+        reactor::sleep(Duration::from_millis(50)).await;
+        let p1 = a.submit(1, &prout(5), pr_params(0xA, 0xB), 0).expect("submit");
+        a.flush().await.expect("send");
+        let mut got = Vec::new();
+        for _ in 0..4 {
+            let (itt, r) = a.next_completion().await.expect("answered");
+            got.push((itt, r.status));
+        }
+        got.sort_unstable();
+        let mut want = vec![(first, 0x00), (second, 0x00), (p0, 0x00), (p1, 0x00)];
+        want.sort_unstable();
+        assert_eq!(got, want, "A's own read was ended (0x40: TASK ABORTED)");
+    }));
+}
