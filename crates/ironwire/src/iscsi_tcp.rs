@@ -558,11 +558,9 @@ struct Conn {
     /// Tasks waiting where an abort can end the wait (a COMPARE AND WRITE
     /// waiting for its range), by serial, each woken when aborted.
     watched: RefCell<Vec<(u64, Rc<Notify>)>>,
-    /// The epoch of the last fence this connection raised on each unit it
-    /// fenced (by the unit's address): its own commands in that function's
-    /// scope end through [`Conn::abort`], not through the unit's epoch
-    /// ([`fenced_by_another`]). One entry per unit ever fenced here.
-    own_fences: RefCell<Vec<(usize, u64)>>,
+    /// This connection's fences, per unit it fenced ([`OwnFence`]); one
+    /// entry per unit ever fenced here.
+    own_fences: RefCell<Vec<OwnFence>>,
     stats: stats::Connection,
     /// The socket, for a duplicate in the session registry.
     fd: RawFd,
@@ -699,6 +697,62 @@ impl Conn {
         drop(running);
         self.io_done.notify();
         aborted
+    }
+}
+
+/// What a connection knows of its own fences on one unit: its own
+/// commands in those functions' scope end through [`Conn::abort`], not
+/// through the unit's epoch ([`fenced_by_another`]), which keeps only the
+/// latest fence's.
+struct OwnFence {
+    /// The unit, by address.
+    unit: usize,
+    /// The epoch of this connection's latest fence of it.
+    epoch: u64,
+    /// The latest epoch of another session's fence that one of this
+    /// connection's fences replaced in the unit's epoch.
+    others: u64,
+}
+
+impl OwnFence {
+    /// This connection fenced the unit again, at `epoch`; the unit's epoch
+    /// was `before` (this connection's previous fence, or another's).
+    fn again(&mut self, epoch: u64, before: u64) {
+        if before != self.epoch {
+            self.others = self.others.max(before);
+        }
+        self.epoch = epoch;
+    }
+}
+
+/// Whether another session fenced a unit after a command stamped `stamp`
+/// arrived, from the unit's epoch `before` (the latest fence's) and this
+/// connection's own fences of it.
+fn fenced_by_other(own: Option<&OwnFence>, before: u64, stamp: u64) -> bool {
+    match own {
+        Some(own) => (before > stamp && before != own.epoch) || own.others > stamp,
+        None => before > stamp,
+    }
+}
+
+impl Conn {
+    /// Notes this connection's fence `epoch` of `unit`, whose epoch was
+    /// `before`.
+    fn note_own_fence(&self, unit: &Arc<Unit>, epoch: u64, before: u64) {
+        let at = Arc::as_ptr(unit) as usize;
+        let mut own = self.own_fences.borrow_mut();
+        match own.iter_mut().find(|f| f.unit == at) {
+            Some(f) => f.again(epoch, before),
+            None => own.push(OwnFence { unit: at, epoch, others: before }),
+        }
+    }
+
+    /// Whether another session fenced `unit` after a command stamped
+    /// `stamp` arrived ([`fenced_by_other`]).
+    fn fenced_by_another(&self, unit: &Arc<Unit>, stamp: u64) -> bool {
+        let at = Arc::as_ptr(unit) as usize;
+        let before = unit.fenced_before.load(Ordering::Acquire);
+        fenced_by_other(self.own_fences.borrow().iter().find(|f| f.unit == at), before, stamp)
     }
 }
 
@@ -1009,19 +1063,11 @@ async fn drained(conn: &Conn, fences: &[Fence], deadline: std::time::Instant) ->
 /// scope) and are restamped, unless an earlier fence doomed them already.
 fn fence(conn: &Conn, s: &Session, units: &[&UnitHandle]) -> Vec<Fence> {
     let epoch = s.target.table.epoch.fetch_add(1, Ordering::AcqRel).wrapping_add(1);
-    let mut own = conn.own_fences.borrow_mut();
-    for u in units {
-        let at = Arc::as_ptr(u) as usize;
-        match own.iter_mut().find(|(unit, _)| *unit == at) {
-            Some(entry) => entry.1 = epoch,
-            None => own.push((at, epoch)),
-        }
-    }
-    drop(own);
     let (fences, before): (Vec<Fence>, Vec<(u64, u64)>) = units
         .iter()
         .map(|u| {
             let (f, before) = Unit::fence(u, epoch);
+            conn.note_own_fence(u, epoch, before);
             (f, (u.lu.lun, before))
         })
         .unzip();
@@ -1386,12 +1432,9 @@ async fn run_io(
 /// keep its reads waiting, and hundreds of them polling fast would keep
 /// the reactor busy; a fence then waits at most that much longer.
 async fn fenced_by_another(conn: &Conn, unit: &Arc<Unit>, epoch: u64) {
-    let at = Arc::as_ptr(unit) as usize;
     let mut pause = Duration::from_millis(5);
     loop {
-        let before = unit.fenced_before.load(Ordering::Acquire);
-        let own = conn.own_fences.borrow().iter().any(|&(u, e)| u == at && e == before);
-        if before > epoch && !own {
+        if conn.fenced_by_another(unit, epoch) {
             return;
         }
         reactor::sleep(pause).await;
@@ -1522,6 +1565,26 @@ async fn tick_loop(conn: Rc<Conn>, model: Arc<IscsiModel>, rd: TcpStream) {
 mod tests {
     use super::*;
     use crate::config::Config;
+
+    #[test]
+    fn a_connections_own_fences_neither_end_its_reads_nor_hide_anothers() {
+        let stamp = 5;
+        // Nobody fenced after the read arrived; then another session did.
+        assert!(!fenced_by_other(None, 3, stamp));
+        assert!(fenced_by_other(None, 8, stamp));
+        // Only this connection fenced since (twice): its read stays.
+        let mut own = OwnFence { unit: 1, epoch: 8, others: 3 };
+        assert!(!fenced_by_other(Some(&own), 8, stamp));
+        own.again(10, 8);
+        assert!(!fenced_by_other(Some(&own), 10, stamp));
+        // Another session fenced (12), then this connection (14): the
+        // unit's epoch shows only the latter, the note keeps the former.
+        own.again(14, 12);
+        assert!(fenced_by_other(Some(&own), 14, stamp));
+        // Another session's fence after this connection's own.
+        let own = OwnFence { unit: 1, epoch: 8, others: 0 };
+        assert!(fenced_by_other(Some(&own), 9, stamp));
+    }
 
     fn model(toml: &str) -> IscsiModel {
         let cfg = Config::parse(toml).expect("config");

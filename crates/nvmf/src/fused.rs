@@ -181,26 +181,34 @@ impl<D: BlockDevice> Queue<D> {
     /// Called when the queue's namespace cache was refilled.
     pub(crate) fn end_fused_of_removed(&mut self) {
         let Some(first) = self.fused.as_ref() else { return };
-        let (Some((nsid, _, held)), Second::Awaited) = (first.target.as_ref(), &first.second) else { return };
-        let checked = held.namespace();
-        let current = self.ns_cache.get(*nsid as usize).and_then(Option::as_ref);
-        if current.is_some_and(|(ns, _)| {
-            let ns: &crate::Namespace<D> = ns;
-            std::ptr::eq(ns, checked)
-        }) {
+        if !matches!(first.second, Second::Awaited) || self.fused_namespace_current() {
             return;
         }
-        log::debug!("{}: fused Compare cid {} on removed namespace {nsid}: ended", self.peer, first.cid);
+        log::debug!("{}: fused Compare cid {} on a removed namespace: ended", self.peer, first.cid);
         if let Some(first) = self.fused.as_mut() {
             first.second = Second::Missing;
         }
         let _: Outcome<Vec<u8>, D> = self.settle_fused();
     }
 
+    /// Whether the held pair's Compare, once checked, was checked against
+    /// the namespace the queue's cache holds under its NSID now (true
+    /// before it was checked).
+    fn fused_namespace_current(&self) -> bool {
+        let Some((nsid, _, held)) = self.fused.as_ref().and_then(|f| f.target.as_ref()) else { return true };
+        let checked = held.namespace();
+        let current = self.ns_cache.get(*nsid as usize).and_then(Option::as_ref);
+        current.is_some_and(|(ns, _)| {
+            let ns: &crate::Namespace<D> = ns;
+            std::ptr::eq(ns, checked)
+        })
+    }
+
     /// Runs or ends the held pair when it can: both halves' data in →
     /// the block request; a first half whose partner went missing or
     /// failed → its completion, once its own data is in.
     fn settle_fused<B>(&mut self) -> Outcome<B, D> {
+        let current = self.fused_namespace_current();
         let Some(first) = self.fused.as_mut() else { return Outcome::Deferred };
         if first.expected.is_none() {
             return Outcome::Deferred;
@@ -211,6 +219,16 @@ impl<D: BlockDevice> Queue<D> {
             Second::Failed => Status::ABORTED_FAILED_FUSED,
             Second::Arrived { cid, data: Some(_), fua } => {
                 let (write_cid, fua) = (*cid, *fua);
+                if !current {
+                    // The Compare's namespace was removed (and its NSID
+                    // perhaps given to another) since it was checked: the
+                    // pair must not run on the old device.
+                    let compare = first.cid;
+                    log::debug!("{}: fused pair cid {compare}/{write_cid}: its namespace was removed", self.peer);
+                    self.fused = None;
+                    self.fused_done.push(Cqe::new(compare, Status::INVALID_NAMESPACE.dnr(), 0));
+                    return Outcome::status(write_cid, Status::ABORTED_FAILED_FUSED);
+                }
                 let Some(first) = self.fused.take() else { return Outcome::Deferred };
                 let (Some((nsid, device, busy)), Some(expected), Second::Arrived { data: Some(data), .. }) =
                     (first.target, first.expected, first.second)

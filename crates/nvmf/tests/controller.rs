@@ -1183,6 +1183,24 @@ fn a_fused_compare_waiting_for_its_write_lets_go_of_a_removed_namespace() {
 }
 
 #[test]
+fn a_fused_pair_does_not_run_on_a_namespace_removed_under_it() {
+    let t = target();
+    let (_a, cntlid) = admin(&t);
+    let mut io = io_queue(&t, cntlid, 1);
+    let sub = t.subsystem(SUB).expect("subsystem");
+    assert!(matches!(in_capsule(&mut io, &fused_sqe(0x05, 1, 1, 3), 0), Outcome::Deferred));
+    // Namespace 1 is removed and another takes its NSID before the queue
+    // is rung: the Write, checked against the new one, must not run the
+    // pair on the old device.
+    sub.remove_namespace(1).expect("removed");
+    sub.add_namespace(Namespace::new(SUB, 1, Arc::new(Described::new("new1", 512, 2048)))).expect("re-added");
+    assert_eq!(status(&in_capsule(&mut io, &fused_sqe(0x01, 2, 2, 3), 0)), Status::ABORTED_FAILED_FUSED);
+    let cqe = io.poll_completion().expect("the Compare's completion");
+    assert_eq!((cqe.cid.get(), cqe.status()), (1, Status::INVALID_NAMESPACE.dnr()));
+    assert!(io.poll_completion().is_none());
+}
+
+#[test]
 fn fused_write_that_fails_its_checks_aborts_the_compare_as_failed_fused() {
     let t = target();
     let (_a, cntlid) = admin(&t);
