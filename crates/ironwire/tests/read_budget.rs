@@ -110,22 +110,33 @@ fn iscsi_reads_of_a_peer_that_does_not_read_are_held_to_the_budget() {
     d.assert_alive();
 }
 
+/// How long the small-budget daemon's slow LU holds each read.
+const SLOW_HOLD_MS: u64 = 1_500;
+
+/// A daemon whose iSCSI target has LUN 0 on a RAM device that holds each
+/// read [`SLOW_HOLD_MS`] (and LUN 1 on a plain one when `two_luns`), and a
+/// read budget of 64 KiB: one 64 KiB read fills it.
+fn small_budget_iscsi(tag: &str, two_luns: bool) -> Daemon {
+    Daemon::start_with(tag, |_, port| {
+        let other = if two_luns { "[[device]]\nname = \"other\"\nkind = \"ram\"\nsize = \"4MiB\"\n\n" } else { "" };
+        let luns: &[&str] = if two_luns { &["slow", "other"] } else { &["slow"] };
+        format!(
+            "[[device]]\nname = \"slow\"\nkind = \"ram\"\nsize = \"16MiB\"\nread_latency_us = {}\n\n{other}{}{}\
+             [limits]\nread_budget = \"64KiB\"\n\n[reactor]\ncores = [0]\n",
+            SLOW_HOLD_MS * 1000,
+            toml::iscsi_target(IQN, luns),
+            toml::iscsi_port(port)
+        )
+    })
+}
+
 /// An iSCSI read aborted while it waits for read budget ends there: the
 /// abort is answered without waiting for room, and the read never reaches
 /// the device (before, it waited for room, then read and threw the data
 /// away, and the abort's answer waited for all of it).
 #[test]
 fn an_iscsi_read_aborted_while_it_waits_for_budget_never_reads() {
-    const HOLD_MS: u64 = 1_500;
-    let d = Daemon::start_with("read-budget-abort", |_, port| {
-        format!(
-            "[[device]]\nname = \"slow\"\nkind = \"ram\"\nsize = \"16MiB\"\nread_latency_us = {}\n\n{}{}\
-             [limits]\nread_budget = \"64KiB\"\n\n[reactor]\ncores = [0]\n",
-            HOLD_MS * 1000,
-            toml::iscsi_target(IQN, &["slow"]),
-            toml::iscsi_port(port)
-        )
-    });
+    let d = small_budget_iscsi("read-budget-abort", false);
     block_on(bounded(30, async {
         let mut s = Session::connect(d.addr, LoginOptions::new(HOST_IQN, Some(IQN))).await.expect("login");
         s.clear_unit_attentions(0).await.expect("ready");
@@ -148,7 +159,7 @@ fn an_iscsi_read_aborted_while_it_waits_for_budget_never_reads() {
         assert_eq!(itt, first);
         r.check().expect("GOOD");
         // Past the time the aborted read would have taken, had it run.
-        reactor::sleep(Duration::from_millis(HOLD_MS + 500)).await;
+        reactor::sleep(Duration::from_millis(SLOW_HOLD_MS + 500)).await;
         assert_eq!(reads(), 1, "the aborted read reached the device");
     }));
 }
@@ -160,16 +171,7 @@ fn an_iscsi_read_aborted_while_it_waits_for_budget_never_reads() {
 /// read).
 #[test]
 fn another_sessions_lun_reset_ends_a_read_waiting_for_budget() {
-    const HOLD_MS: u64 = 1_500;
-    let d = Daemon::start_with("read-budget-fence", |_, port| {
-        format!(
-            "[[device]]\nname = \"slow\"\nkind = \"ram\"\nsize = \"16MiB\"\nread_latency_us = {}\n\n{}{}\
-             [limits]\nread_budget = \"64KiB\"\n\n[reactor]\ncores = [0]\n",
-            HOLD_MS * 1000,
-            toml::iscsi_target(IQN, &["slow"]),
-            toml::iscsi_port(port)
-        )
-    });
+    let d = small_budget_iscsi("read-budget-fence", false);
     block_on(bounded(30, async {
         let mut a = Session::connect(d.addr, LoginOptions::new(HOST_IQN, Some(IQN))).await.expect("login A");
         a.clear_unit_attentions(0).await.expect("A ready");
@@ -192,7 +194,7 @@ fn another_sessions_lun_reset_ends_a_read_waiting_for_budget() {
         let mut want = vec![(first, 0x00), (second, 0x40)];
         want.sort_unstable();
         assert_eq!(got, want, "the first read GOOD, the one waiting for budget TASK ABORTED");
-        reactor::sleep(Duration::from_millis(HOLD_MS + 500)).await;
+        reactor::sleep(Duration::from_millis(SLOW_HOLD_MS + 500)).await;
         let text = d.ctl("stats").expect("stats");
         let line = text.lines().find(|l| l.starts_with("lun ")).expect("the LU's line");
         assert!(line.contains(" reads=1 "), "the fenced read reached the device: {line}");
@@ -218,17 +220,7 @@ fn pr_params(key: u64, sa_key: u64) -> Vec<u8> {
 /// preempts device after device).
 #[test]
 fn a_preemptors_own_read_waiting_for_budget_survives_its_fences() {
-    const HOLD_MS: u64 = 1_500;
-    let d = Daemon::start_with("read-budget-own-fence", |_, port| {
-        format!(
-            "[[device]]\nname = \"slow\"\nkind = \"ram\"\nsize = \"16MiB\"\nread_latency_us = {}\n\n\
-             [[device]]\nname = \"other\"\nkind = \"ram\"\nsize = \"4MiB\"\n\n{}{}\
-             [limits]\nread_budget = \"64KiB\"\n\n[reactor]\ncores = [0]\n",
-            HOLD_MS * 1000,
-            toml::iscsi_target(IQN, &["slow", "other"]),
-            toml::iscsi_port(port)
-        )
-    });
+    let d = small_budget_iscsi("read-budget-own-fence", true);
     block_on(bounded(30, async {
         let mut a = Session::connect(d.addr, LoginOptions::new(HOST_IQN, Some(IQN))).await.expect("login A");
         let other = format!("{HOST_IQN}-b");
