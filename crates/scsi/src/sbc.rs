@@ -158,19 +158,21 @@ fn read_write<B: DataOut, D: BlockDevice>(
     // The initiator's expected data transfer length may differ from the
     // CDB's (SAM-5 5.4.3, RFC 7143 11.4.5.2): write the blocks both cover
     // and let the transport report the overflow or underflow, as libiscsi's
-    // iSCSIResiduals tests expect. Data that ends inside a block the CDB
-    // asks for cannot be written as sent: nothing is written, and the
-    // answer says so (FCP-4 9.4.2 b), rather than GOOD for a write whose
-    // last bytes were dropped.
+    // iSCSIResiduals tests expect. Less than one block is no write at all:
+    // GOOD with the overflow (libiscsi's reservation tests send 512 bytes
+    // to a 4 KiB LU and expect GOOD). Whole blocks followed by part of one
+    // cannot be written as sent: nothing is written, and the answer says
+    // so (FCP-4 9.4.2 b), rather than GOOD for a write whose last bytes
+    // were dropped.
     let bs = u64::from(lu.device.geometry().block_size.max(1));
     let sent = (data.as_ref().len() as u64).min(u64::from(len));
-    if sent % bs != 0 {
-        log::debug!("data-out of {sent} bytes ends inside a block of a {len}-byte write");
-        return Outcome::Check(Sense::INVALID_FIELD_IN_COMMAND_IU);
-    }
     let covered = sent / bs;
     if covered == 0 {
         return good();
+    }
+    if sent % bs != 0 {
+        log::debug!("data-out of {sent} bytes ends inside a block of a {len}-byte write");
+        return Outcome::Check(Sense::INVALID_FIELD_IN_COMMAND_IU);
     }
     data.truncate(covered.saturating_mul(bs) as usize);
     let fua = fua || verify || !lu.write_cache_enabled();

@@ -385,8 +385,9 @@ fn write_with_less_data_than_the_cdb_writes_the_whole_blocks_sent() {
         BlockOp::Write { lba: 0, data, .. } => assert_eq!(data, vec![7u8; 512]),
         other => panic!("expected a one-block write, got {other:?}"),
     }
-    // Nothing: no block is written, GOOD status (the transport reports the
-    // overflow).
+    // Less than one block, or nothing: no block is written, GOOD status
+    // (the transport reports the overflow).
+    good(lu.execute(&nexus(1), &cdb, Some(vec![7u8; 200])));
     good(lu.execute(&nexus(1), &cdb, Some(Vec::new())));
 }
 
@@ -394,7 +395,7 @@ fn write_with_less_data_than_the_cdb_writes_the_whole_blocks_sent() {
 fn write_whose_data_ends_inside_a_block_writes_nothing() {
     let lu = ram_lu();
     let cdb = rw16(op::WRITE_16, 0, 2, 0);
-    for short in [200usize, 700, 1023] {
+    for short in [513usize, 700, 1023] {
         match lu.execute(&nexus(1), &cdb, Some(vec![7u8; short])) {
             Outcome::Check(s) => assert_eq!(s, Sense::INVALID_FIELD_IN_COMMAND_IU, "{short} bytes"),
             other => panic!("{short} bytes: expected CHECK CONDITION, got {other:?}"),
