@@ -221,10 +221,9 @@ pub fn try_hold_read<C: Outbox>(conn: &C, len: usize) -> Option<ReadHold<'_>> {
 /// arrival order: a large read is not passed by the small ones that come
 /// after it. A read goes through whatever its size when no other read is
 /// held and at most half the budget is in replies ([`fits`]). `None` once
-/// the connection is closing:
-/// nobody will take the data, and letting every waiting read through then
-/// would allocate what the budget held back (a peer can close at will);
-/// the caller drops the command.
+/// the connection is closing: nobody will take the data, and letting every
+/// waiting read through then would allocate what the budget held back (a
+/// peer can close at will); the caller drops the command.
 pub async fn hold_read<C: Outbox>(conn: &C, len: usize) -> Option<ReadHold<'_>> {
     if let Some(held) = try_hold_read(conn, len) {
         return Some(held);

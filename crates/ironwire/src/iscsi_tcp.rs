@@ -702,7 +702,7 @@ impl Conn {
 
 /// What a connection knows of its own fences on one unit: its own
 /// commands in those functions' scope end through [`Conn::abort`], not
-/// through the unit's epoch ([`fenced_by_another`]), which keeps only the
+/// through the unit's epoch ([`until_fenced_by_another`]), which keeps only the
 /// latest fence's.
 struct OwnFence {
     /// The unit, by address.
@@ -1345,7 +1345,7 @@ async fn run_io(
                 None => {
                     // The stops first: room that comes in the same turn as
                     // an abort does not let the aborted read through.
-                    let stop = reactor::race(conn.on_abort(itt), fenced_by_another(&conn, unit, epoch));
+                    let stop = reactor::race(conn.on_abort(itt), until_fenced_by_another(&conn, unit, epoch));
                     match reactor::race(stop, crate::conn::hold_read(&*conn, len)).await {
                         Err(Some(held)) => Ok(held),
                         Err(None) => Err(false),
@@ -1431,7 +1431,7 @@ async fn run_io(
 /// read budget, backing off from 5 to 200 ms: a peer that never reads can
 /// keep its reads waiting, and hundreds of them polling fast would keep
 /// the reactor busy; a fence then waits at most that much longer.
-async fn fenced_by_another(conn: &Conn, unit: &Arc<Unit>, epoch: u64) {
+async fn until_fenced_by_another(conn: &Conn, unit: &Arc<Unit>, epoch: u64) {
     let mut pause = Duration::from_millis(5);
     loop {
         if conn.fenced_by_another(unit, epoch) {
