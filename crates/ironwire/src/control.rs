@@ -44,9 +44,17 @@ pub struct Control {
     pub target: Arc<Target>,
     /// `[control] allow_paths`: what a device added by ctl may open.
     pub allow_paths: Vec<String>,
-    /// The running configuration and the live objects it describes; the
-    /// lock serializes changes.
+    /// The running configuration and the live objects it describes. A
+    /// change holds this lock only to read the configuration and to put
+    /// its result in place: reading commands (`show`, `save`) are answered
+    /// while a change waits for what it removed.
     pub state: Mutex<State>,
+    /// Serializes changes and reloads: each holds it from the moment it
+    /// applies to the end of its waits for the commands still running on
+    /// what it removed, so a later change (re-adding a device, a namespace
+    /// on it) starts only once nothing of the removed objects reaches a
+    /// device any more.
+    pub changes: Mutex<()>,
     /// `serve --config`: what `reload` re-reads.
     pub config_path: Option<PathBuf>,
     /// `serve --persist`: rewrite `config_path` after every change.
@@ -383,6 +391,13 @@ impl Control {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// Waits for the change in progress, if any, to end (its removals
+    /// waited for) and keeps others from starting while the guard lives:
+    /// the stop takes it before its last flush of every device.
+    pub fn quiesce(&self) -> std::sync::MutexGuard<'_, ()> {
+        self.changes.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     /// Runs one command line and returns its output.
     pub fn handle(&self, line: &str) -> Result<String> {
         let words: Vec<&str> = line.split_whitespace().collect();
@@ -433,9 +448,14 @@ impl Control {
     /// `check-config` validates, device paths checked against `[control]
     /// allow_paths`, applied to the live objects, then (with `--persist`)
     /// written to the configuration file. Nothing changes on an error.
-    /// rbd devices are opened before the lock is taken for the change, so
-    /// that other ctl commands go on while a cluster is slow to answer; a
+    /// rbd devices are opened before the change takes its turn, so that
+    /// other ctl commands go on while a cluster is slow to answer; a
     /// change that came in meanwhile makes this one start again from it.
+    /// The change is applied in its turn ([`Control::changes`]) but
+    /// without the state lock, which it takes only to put the result in
+    /// place: `show` and `save` are answered while it waits for the
+    /// commands still running on what it removed (up to 30 s), and show
+    /// the configuration before it until it returns.
     /// Returns how many connections it closed: those of hosts the change
     /// no longer lets in ([`crate::runtime::enforce_access`]).
     fn change(&self, f: impl Fn(&Config) -> Result<Config>) -> Result<usize> {
@@ -446,18 +466,25 @@ impl Control {
             };
             // Every file or block device the change opens is one checked above.
             let preopened = crate::runtime::preopen(&base, &new, blockdev::Symlinks::Refuse)?;
-            let mut st = self.lock();
-            if st.config != base {
-                continue;
-            }
-            let applied = crate::runtime::apply(&mut st.live, &base, &new, blockdev::Symlinks::Refuse, &preopened);
+            let _turn = self.quiesce();
+            let mut live = {
+                let st = self.lock();
+                if st.config != base {
+                    continue;
+                }
+                st.live.clone()
+            };
+            let applied = crate::runtime::apply(&mut live, &base, &new, blockdev::Symlinks::Refuse, &preopened);
             // Access lists may have changed even if a later step failed.
-            let closed = crate::runtime::enforce_access(&st.live).len();
+            let closed = crate::runtime::enforce_access(&live).len();
             applied?;
+            let mut st = self.lock();
+            st.live = live;
             st.config = new;
             log::info!("control: configuration changed");
             if let (true, Some(path)) = (self.persist, &self.config_path) {
                 let text = toml::to_string(&st.config)?;
+                drop(st);
                 write_atomic(path, text.as_bytes())
                     .with_context(|| format!("the change is live, but saving it to {} failed", path.display()))?;
             }
@@ -519,11 +546,17 @@ impl Control {
             new.reactor.cores = self.cores.clone();
         }
         crate::runtime::normalize(&mut new);
-        let mut st = self.lock();
-        let old = st.config.clone();
-        let applied = crate::runtime::apply(&mut st.live, &old, &new, blockdev::Symlinks::Follow, &Default::default());
-        crate::runtime::enforce_access(&st.live);
+        // In its turn, without the state lock, as a change.
+        let _turn = self.quiesce();
+        let (old, mut live) = {
+            let st = self.lock();
+            (st.config.clone(), st.live.clone())
+        };
+        let applied = crate::runtime::apply(&mut live, &old, &new, blockdev::Symlinks::Follow, &Default::default());
+        crate::runtime::enforce_access(&live);
         applied.with_context(|| format!("reloading {}", path.display()))?;
+        let mut st = self.lock();
+        st.live = live;
         st.config = new;
         log::info!("control: reloaded {}", path.display());
         Ok(())

@@ -131,16 +131,28 @@ impl Signals {
         Ok(Signals(set))
     }
 
-    /// Starts the thread that waits for the signals: SIGHUP runs `reload`;
-    /// the first SIGINT or SIGTERM is sent on `stop`; a second removes the
-    /// control socket `socket` and exits at once, with status 128 + the
-    /// signal's number.
+    /// Starts the thread that waits for the signals: SIGHUP runs `reload`
+    /// on a thread of its own, so that a reload waiting its turn or for
+    /// what it removed (up to 30 s) never holds back a stop (SIGHUPs that
+    /// arrive meanwhile make one more reload); the first SIGINT or SIGTERM
+    /// is sent on `stop`; a second removes the control socket `socket` and
+    /// exits at once, with status 128 + the signal's number.
     pub fn spawn(
         self,
         stop: std::sync::mpsc::Sender<Stop>,
         socket: PathBuf,
         reload: impl Fn() + Send + 'static,
     ) -> Result<()> {
+        let (reload_tx, reload_rx) = std::sync::mpsc::sync_channel::<()>(1);
+        std::thread::Builder::new().name("reload".into()).spawn(move || {
+            while reload_rx.recv().is_ok() {
+                if draining() {
+                    log::warn!("SIGHUP while stopping: not reloading");
+                } else {
+                    reload();
+                }
+            }
+        })?;
         std::thread::Builder::new().name("signals".into()).spawn(move || {
             let mut first = true;
             loop {
@@ -154,11 +166,9 @@ impl Signals {
                     std::process::exit(1);
                 }
                 if sig == libc::SIGHUP {
-                    if draining() {
-                        log::warn!("SIGHUP while stopping: not reloading");
-                    } else {
-                        reload();
-                    }
+                    // Full: a reload is already due, which reads the file
+                    // after this signal.
+                    let _ = reload_tx.try_send(());
                     continue;
                 }
                 let name = if sig == libc::SIGINT { "SIGINT" } else { "SIGTERM" };

@@ -27,7 +27,9 @@ use std::time::Duration;
 /// How long a port change may take to reach every reactor.
 const PORT_CHANGE_LIMIT: Duration = Duration::from_secs(5);
 
-/// The live objects a configuration describes.
+/// The live objects a configuration describes. A clone shares the
+/// objects; only its map of devices is its own.
+#[derive(Clone)]
 pub struct Live {
     /// The NVMe-oF target.
     pub target: Arc<Target>,

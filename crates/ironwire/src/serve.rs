@@ -177,6 +177,7 @@ pub fn run(mut config: Config, ctl_socket: &std::path::Path, origin: Origin) -> 
         target: target.clone(),
         allow_paths: config.control.allow_paths.clone(),
         state: std::sync::Mutex::new(crate::control::State { config: config.clone(), live }),
+        changes: std::sync::Mutex::new(()),
         config_path: origin.path,
         persist: origin.persist,
         cores: origin.cores,
@@ -288,8 +289,11 @@ pub fn run(mut config: Config, ctl_socket: &std::path::Path, origin: Origin) -> 
     if left > 0 {
         log::warn!("{left} connections still open after the drain and its grace period; closing them");
     }
+    // No change runs from here on: none opens a device this flush misses.
+    let quiet = control.quiesce();
     let devices: Vec<Arc<Device>> = control.devices();
     let flushed = flush_all(&devices);
+    drop(quiet);
     drop(ctl_socket);
     drop(handles);
     let flushed = flushed?;

@@ -1,8 +1,8 @@
 //! The daemon's stop: SIGTERM drains the connections (commands already
 //! taken finish and are answered, iSCSI initiators are asked to log out),
-//! flushes the devices and exits 0; a second signal exits at once; a
-//! restart right after binds the same ports; a service manager hears
-//! READY=1 and STOPPING=1.
+//! flushes the devices and exits 0, even while a reload waits; a second
+//! signal exits at once; a restart right after binds the same ports; a
+//! service manager hears READY=1 and STOPPING=1.
 
 mod common;
 
@@ -86,6 +86,47 @@ fn a_stop_answers_the_nvme_writes_in_flight_then_flushes_and_exits_0() {
         let at = (i as usize) * BS;
         assert!(on_disk[at..at + BS] == block(i)[..], "block {i} is not what was acknowledged");
     }
+}
+
+/// A stop while a SIGHUP reload waits for a removed namespace's write in
+/// flight starts at once: reloads run on a thread of their own, not on the
+/// one that waits for signals.
+#[test]
+fn a_stop_is_not_held_back_by_a_reload_waiting_for_a_removal() {
+    let mut d = Daemon::start_with("lifecycle-reload", |dir, port| config(dir, port, false, 2000, 10));
+    let path = d.dir.join("ironwire.toml");
+    let image = d.dir.join("dev.img");
+    block_on(bounded(30, async {
+        let mut c = nvme_host(&d).await;
+        let q = c.io_queue(0).expect("queue");
+        q.submit(cmd::write(1, 0, 1), block(0), 0).expect("submit");
+        q.flush().await.expect("send the write");
+        reactor::sleep(Duration::from_millis(100)).await;
+        // The same configuration without the namespace: the reload waits
+        // for the write, 2 s from done.
+        let text = std::fs::read_to_string(&path).expect("read the configuration");
+        let without = text.replace("[[subsystem.namespace]]\ndevice = \"dev\"\n", "");
+        assert_ne!(without, text, "the namespace is in the configuration");
+        std::fs::write(&path, without).expect("write the configuration");
+        d.signal(libc::SIGHUP);
+        reactor::sleep(Duration::from_millis(400)).await;
+        d.signal(libc::SIGTERM);
+        reactor::sleep(Duration::from_millis(400)).await;
+        let log = d.log();
+        assert!(!log.contains("configuration reloaded"), "the reload did not wait for the write: {log}");
+        assert!(log.contains("SIGTERM: stopping"), "the stop waited for the reload: {log}");
+        let done = match q.next_completion().await {
+            Ok(d) => d,
+            Err(e) => panic!("{e}: {}", d.log()),
+        };
+        assert!(done.cqe.status().is_success(), "write failed: {:?}", done.cqe);
+    }));
+    let status = d.wait_exit(20).expect("the daemon exits after the drain");
+    assert_eq!(status.code(), Some(0), "log:\n{}", d.log());
+    let log = d.log();
+    assert!(log.contains("SIGHUP: configuration reloaded"), "{log}");
+    let on_disk = std::fs::read(&image).expect("device file");
+    assert!(on_disk[..BS] == block(0)[..], "the write acknowledged is not on the file");
 }
 
 #[test]

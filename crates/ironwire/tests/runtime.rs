@@ -472,10 +472,11 @@ fn devices_in_use_grow_and_the_hosts_of_both_protocols_are_told() {
 /// Removing a namespace with a write in flight: `ctl` returns once the
 /// write is answered and on the file, and the queues (the one that wrote,
 /// idle since) let go of the device, whose file then closes when the
-/// device is removed too.
+/// device is removed too. Meanwhile `show` is answered at once (the
+/// removal in force) and a later change waits for the removal's end.
 #[test]
 fn removing_a_namespace_waits_for_its_writes_and_idle_queues_let_go_of_it() {
-    const SLOW_WRITE_MS: u64 = 300;
+    const SLOW_WRITE_MS: u64 = 2000;
     let d = Daemon::start_args("rt-ns-drain", &[], |dir, port| {
         format!(
             "[[device]]\nname = \"r0\"\nkind = \"ram\"\nsize = \"1MiB\"\n\n\
@@ -519,8 +520,33 @@ fn removing_a_namespace_waits_for_its_writes_and_idle_queues_let_go_of_it() {
                     _ => std::thread::sleep(Duration::from_millis(10)),
                 }
             }
+            // While the removal waits for the write: `show` answers before
+            // the write lands, with the namespace already gone; a change
+            // sent then returns only after the removal did, with the write
+            // on the file.
+            let (show_sock, change_sock) = (busy_sock.clone(), busy_sock.clone());
+            let observer = std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_millis(300));
+                let shown = common::ctl(&show_sock, &["show", "--json"]).expect("show during the removal");
+                let on_file = std::fs::read(show_sock.with_file_name("slow.img")).expect("read the file");
+                (shown, on_file[5 * 512..6 * 512].to_vec())
+            });
+            let later = std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_millis(300));
+                let r = common::ctl(&change_sock, &["add", "device", "name=later", "kind=null", "size=1MiB"]);
+                let on_file = std::fs::read(change_sock.with_file_name("slow.img")).expect("read the file");
+                (r, on_file[5 * 512..6 * 512].to_vec())
+            });
             let r = common::ctl(&busy_sock, &["remove", "namespace", &format!("nqn={NQN}"), "nsid=2"]);
             let on_file = std::fs::read(busy_sock.with_file_name("slow.img")).expect("read the file");
+            let (shown, on_file_at_show) = observer.join().expect("observer thread");
+            assert!(on_file_at_show != vec![0xc3; 512], "show waited for the removal, which waited for the write");
+            let v: serde_json::Value = serde_json::from_str(&shown).expect("JSON");
+            let left = v["live"]["subsystems"][0]["namespaces"].as_array().map(Vec::len);
+            assert_eq!(left, Some(1), "the removal was in force while it waited: {shown}");
+            let (added, on_file_at_add) = later.join().expect("later change thread");
+            added.expect("the later change");
+            assert_eq!(on_file_at_add, vec![0xc3; 512], "a later change returned before the removal's wait ended");
             (r, on_file[5 * 512..6 * 512].to_vec())
         });
         let done = q.next_completion().await.expect("the write in flight is answered");
