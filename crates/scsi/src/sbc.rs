@@ -276,14 +276,13 @@ fn unmap<B: DataOut, D: BlockDevice>(lu: &LogicalUnit<D>, c: Bytes<'_>, data: Op
     };
     let all = data.as_ref();
     let p = Bytes(all.get(..all.len().min(usize::from(len))).unwrap_or_default());
-    if p.len() < 8 {
-        return Outcome::Check(Sense::PARAMETER_LIST_LENGTH_ERROR);
-    }
-    // The transport's expected length cut the list inside the descriptors
-    // it announces: unmapping only those that arrived, and answering GOOD,
-    // would let the initiator take the rest for unmapped (read as zeros
-    // with LBPRZ). Nothing is done (FCP-4 9.4.2 b), as for a write.
-    if p.len() < usize::from(len) && usize::from(p.be16(2)).saturating_add(8) > p.len() {
+    // The transport's expected length cut the list inside its header, or
+    // inside the descriptors the header announces: unmapping only those
+    // that arrived, and answering GOOD, would let the initiator take the
+    // rest for unmapped (read as zeros with LBPRZ). Nothing is done
+    // (FCP-4 9.4.2 b), as for a write. (`len` is at least 8 here, so a
+    // header shorter than 8 bytes is always such a cut.)
+    if p.len() < 8 || (p.len() < usize::from(len) && usize::from(p.be16(2)).saturating_add(8) > p.len()) {
         log::debug!("UNMAP parameter data of {} bytes cut inside its {}-byte list", p.len(), len);
         return Outcome::Check(Sense::INVALID_FIELD_IN_COMMAND_IU);
     }
