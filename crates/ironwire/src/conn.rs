@@ -6,12 +6,13 @@
 use reactor::buf::IoBuf;
 use reactor::gather::Gather;
 use reactor::net::TcpStream;
-use reactor::{Notify, NotifyAll, Receiver};
+use reactor::{Notify, Receiver};
 use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
 use std::net::SocketAddr;
 use std::rc::Rc;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::task::{Poll, Waker};
 
 /// Bytes of replies a connection may have queued or in its socket send
 /// before it stops reading the peer's commands: a peer that does not read
@@ -53,11 +54,13 @@ pub struct Shell {
     /// Bytes of read buffers held by this connection's running reads.
     read_held: Cell<usize>,
     /// Reads waiting for read budget ([`hold_read`]), by ticket in arrival
-    /// order, and what wakes them (the writer's progress, a read's end, the
-    /// head of the line leaving it).
-    read_line: RefCell<VecDeque<u64>>,
+    /// order, each with its task's waker while it sleeps. Only the head of
+    /// the line can go, so only it is woken (by the writer's progress, a
+    /// read's end, the head before it leaving), and a peer's thousand
+    /// waiting reads cost one wake-up per event, not a thousand; closing
+    /// wakes them all.
+    read_line: RefCell<VecDeque<(u64, Option<Waker>)>>,
     read_tickets: Cell<u64>,
-    read_room: NotifyAll,
     closing: Cell<bool>,
     /// Commands running as I/O tasks.
     io: Cell<usize>,
@@ -91,7 +94,6 @@ impl Shell {
             read_held: Cell::new(0),
             read_line: RefCell::new(VecDeque::new()),
             read_tickets: Cell::new(0),
-            read_room: NotifyAll::default(),
             closing: Cell::new(false),
             io: Cell::new(0),
             io_idle: Notify::default(),
@@ -105,7 +107,8 @@ impl Shell {
         if !self.closing.replace(true) {
             self.tx_ready.notify();
             self.drained.notify();
-            self.read_room.notify();
+            let wakers: Vec<Waker> = self.read_line.borrow_mut().iter_mut().filter_map(|(_, w)| w.take()).collect();
+            wakers.into_iter().for_each(Waker::wake);
         }
     }
 
@@ -158,11 +161,37 @@ impl Drop for ReadHold<'_> {
 }
 
 impl Shell {
-    /// Wakes the reads waiting for read budget, if any.
+    /// Wakes the read at the head of the line for read budget, if it
+    /// sleeps: the only one that may go.
     fn room_for_reads(&self) {
-        if !self.read_line.borrow().is_empty() {
-            self.read_room.notify();
+        let head = self.read_line.borrow_mut().front_mut().and_then(|(_, w)| w.take());
+        if let Some(w) = head {
+            w.wake();
         }
+    }
+
+    /// Sleeps until the read holding `ticket` in the line is woken (it
+    /// became the head, room was made while it is, or the connection is
+    /// closing) or its task is polled for another reason; the caller
+    /// checks again either way.
+    async fn sleep_in_line(&self, ticket: u64) {
+        let mut slept = false;
+        std::future::poll_fn(|cx| {
+            if std::mem::replace(&mut slept, true) {
+                return Poll::Ready(());
+            }
+            let mut line = self.read_line.borrow_mut();
+            // The head, or one that just joined at the back: found at once.
+            let place = match line.front_mut() {
+                Some(front) if front.0 == ticket => Some(front),
+                _ => line.iter_mut().rev().find(|(t, _)| *t == ticket),
+            };
+            if let Some((_, waker)) = place {
+                *waker = Some(cx.waker().clone());
+            }
+            Poll::Pending
+        })
+        .await
     }
 
     /// Counts `len` bytes of read data held until the guard drops.
@@ -183,7 +212,7 @@ struct InLine<'a> {
 impl Drop for InLine<'_> {
     fn drop(&mut self) {
         let mut line = self.shell.read_line.borrow_mut();
-        if let Some(i) = line.iter().position(|&t| t == self.ticket) {
+        if let Some(i) = line.iter().position(|&(t, _)| t == self.ticket) {
             line.remove(i);
         }
         drop(line);
@@ -231,17 +260,17 @@ pub async fn hold_read<C: Outbox>(conn: &C, len: usize) -> Option<ReadHold<'_>> 
     let shell = conn.shell();
     let ticket = shell.read_tickets.get();
     shell.read_tickets.set(ticket.wrapping_add(1));
-    shell.read_line.borrow_mut().push_back(ticket);
+    shell.read_line.borrow_mut().push_back((ticket, None));
     let place = InLine { shell, ticket };
     loop {
         if shell.is_closing() {
             return None;
         }
-        if shell.read_line.borrow().front() == Some(&ticket) && fits(conn, len) {
+        if shell.read_line.borrow().front().map(|&(t, _)| t) == Some(ticket) && fits(conn, len) {
             break;
         }
         shell.tx_ready.notify();
-        shell.read_room.wait().await;
+        shell.sleep_in_line(ticket).await;
     }
     drop(place);
     Some(shell.hold(len))
@@ -317,6 +346,7 @@ pub async fn write_loop<C: Outbox>(wr: TcpStream, conn: Rc<C>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use reactor::NotifyAll;
     use std::time::Duration;
 
     /// A connection whose replies queued are set by the test.
@@ -416,6 +446,44 @@ mod tests {
             assert_eq!(order.borrow().last(), Some(&"past half"));
             release.notify();
             assert!(held.await);
+        });
+    }
+
+    #[test]
+    fn only_the_head_of_the_line_is_woken() {
+        let mut rt = reactor::Runtime::new(reactor::Config::default()).expect("a ring");
+        rt.block_on(async {
+            let conn = quiet();
+            let first = try_hold_read(&*conn, 6 * MIB).expect("an empty budget takes a read");
+            let polls = Rc::new(Cell::new(0usize));
+            let waiting: Vec<_> = (0..100)
+                .map(|_| {
+                    let (conn, polls) = (conn.clone(), polls.clone());
+                    reactor::spawn(async move {
+                        let mut wait = std::pin::pin!(hold_read(&*conn, 4 * MIB));
+                        std::future::poll_fn(|cx| {
+                            polls.set(polls.get() + 1);
+                            std::future::Future::poll(wait.as_mut(), cx).map(|held| held.is_some())
+                        })
+                        .await
+                    })
+                })
+                .collect();
+            settle().await;
+            let before = polls.get();
+            assert_eq!(before, 100, "each waiting read polled once, to join the line");
+            // Room made 50 times, none enough: the head alone checks.
+            for _ in 0..50 {
+                conn.0.room_for_reads();
+                settle().await;
+            }
+            assert_eq!(polls.get() - before, 50, "reads behind the head were woken");
+            // Closing ends every one of them.
+            conn.0.close();
+            for w in waiting {
+                assert!(!w.await, "a closing connection let a read through");
+            }
+            drop(first);
         });
     }
 
