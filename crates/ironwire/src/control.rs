@@ -72,6 +72,15 @@ pub struct State {
     pub live: Live,
 }
 
+/// Changes are refused once the daemon stops: the reactors no longer
+/// take port changes, and the stop's last flush must see every device.
+fn refuse_while_stopping() -> Result<()> {
+    if crate::lifecycle::draining() {
+        bail!("the daemon is stopping; no change is made now");
+    }
+    Ok(())
+}
+
 fn euid() -> u32 {
     // SAFETY: geteuid has no preconditions and cannot fail.
     unsafe { libc::geteuid() }
@@ -384,7 +393,7 @@ impl Control {
 
     /// Every device open now.
     pub fn devices(&self) -> Vec<Arc<blockdev::Device>> {
-        self.state.lock().map(|s| s.live.devices.values().cloned().collect()).unwrap_or_default()
+        self.lock().live.devices.values().cloned().collect()
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
@@ -448,25 +457,37 @@ impl Control {
     /// `check-config` validates, device paths checked against `[control]
     /// allow_paths`, applied to the live objects, then (with `--persist`)
     /// written to the configuration file. Nothing changes on an error.
-    /// rbd devices are opened before the change takes its turn, so that
-    /// other ctl commands go on while a cluster is slow to answer; a
-    /// change that came in meanwhile makes this one start again from it.
-    /// The change is applied in its turn ([`Control::changes`]) but
-    /// without the state lock, which it takes only to put the result in
-    /// place: `show` and `save` are answered while it waits for the
-    /// commands still running on what it removed (up to 30 s), and show
-    /// the configuration before it until it returns.
+    /// The change is checked and applied in its turn ([`Control::changes`]),
+    /// against what the change before it left, but without the state lock,
+    /// which it takes only to put the result in place: `show` and `save`
+    /// are answered while it waits for the commands still running on what
+    /// it removed (up to 30 s), and show the configuration before it until
+    /// it returns. rbd devices are opened out of turn, so that other ctl
+    /// commands go on while a cluster is slow to answer; a change that came
+    /// in meanwhile makes this one start again from it.
     /// Returns how many connections it closed: those of hosts the change
     /// no longer lets in ([`crate::runtime::enforce_access`]).
     fn change(&self, f: impl Fn(&Config) -> Result<Config>) -> Result<usize> {
         for _ in 0..3 {
+            let mut turn = Some(self.quiesce());
+            refuse_while_stopping()?;
             let (base, new) = {
                 let st = self.lock();
                 (st.config.clone(), self.checked(&st.config, &f)?)
             };
+            if new.device.iter().any(|d| d.kind == "rbd" && !base.device.contains(d)) {
+                turn = None;
+            }
             // Every file or block device the change opens is one checked above.
             let preopened = crate::runtime::preopen(&base, &new, blockdev::Symlinks::Refuse)?;
-            let _turn = self.quiesce();
+            let _turn = match turn {
+                Some(turn) => turn,
+                None => {
+                    let turn = self.quiesce();
+                    refuse_while_stopping()?;
+                    turn
+                }
+            };
             let mut live = {
                 let st = self.lock();
                 if st.config != base {
@@ -540,14 +561,17 @@ impl Control {
             .config_path
             .as_ref()
             .ok_or_else(|| anyhow!("serve was started without --config; nothing to reload"))?;
+        // In its turn, without the state lock, as a change; the file is
+        // read in it, after the change before it (which `--persist` may
+        // have written there).
+        let _turn = self.quiesce();
+        refuse_while_stopping()?;
         let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
         let mut new = Config::parse(&text).with_context(|| format!("in {}", path.display()))?;
         if !self.cores.is_empty() {
             new.reactor.cores = self.cores.clone();
         }
         crate::runtime::normalize(&mut new);
-        // In its turn, without the state lock, as a change.
-        let _turn = self.quiesce();
         let (old, mut live) = {
             let st = self.lock();
             (st.config.clone(), st.live.clone())

@@ -289,11 +289,12 @@ pub fn run(mut config: Config, ctl_socket: &std::path::Path, origin: Origin) -> 
     if left > 0 {
         log::warn!("{left} connections still open after the drain and its grace period; closing them");
     }
-    // No change runs from here on: none opens a device this flush misses.
-    let quiet = control.quiesce();
+    // No change runs from here on (a change in progress ends first): none
+    // opens a device this flush misses, or writes the configuration file
+    // after it.
+    let _quiet = control.quiesce();
     let devices: Vec<Arc<Device>> = control.devices();
     let flushed = flush_all(&devices);
-    drop(quiet);
     drop(ctl_socket);
     drop(handles);
     let flushed = flushed?;

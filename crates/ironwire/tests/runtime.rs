@@ -473,7 +473,8 @@ fn devices_in_use_grow_and_the_hosts_of_both_protocols_are_told() {
 /// write is answered and on the file, and the queues (the one that wrote,
 /// idle since) let go of the device, whose file then closes when the
 /// device is removed too. Meanwhile `show` is answered at once (the
-/// removal in force) and a later change waits for the removal's end.
+/// removal in force), and changes sent then (the device's removal among
+/// them) wait for the removal's end and are checked against its result.
 #[test]
 fn removing_a_namespace_waits_for_its_writes_and_idle_queues_let_go_of_it() {
     const SLOW_WRITE_MS: u64 = 2000;
@@ -521,32 +522,49 @@ fn removing_a_namespace_waits_for_its_writes_and_idle_queues_let_go_of_it() {
                 }
             }
             // While the removal waits for the write: `show` answers before
-            // the write lands, with the namespace already gone; a change
-            // sent then returns only after the removal did, with the write
-            // on the file.
-            let (show_sock, change_sock) = (busy_sock.clone(), busy_sock.clone());
+            // the write lands, with the namespace already gone. Changes
+            // sent then (removing the namespace's device, adding three
+            // others) are checked against what the removal leaves and
+            // return only after it did, with the write on the file.
+            let watch_sock = busy_sock.clone();
             let observer = std::thread::spawn(move || {
-                std::thread::sleep(Duration::from_millis(300));
-                let shown = common::ctl(&show_sock, &["show", "--json"]).expect("show during the removal");
-                let on_file = std::fs::read(show_sock.with_file_name("slow.img")).expect("read the file");
-                (shown, on_file[5 * 512..6 * 512].to_vec())
-            });
-            let later = std::thread::spawn(move || {
-                std::thread::sleep(Duration::from_millis(300));
-                let r = common::ctl(&change_sock, &["add", "device", "name=later", "kind=null", "size=1MiB"]);
-                let on_file = std::fs::read(change_sock.with_file_name("slow.img")).expect("read the file");
-                (r, on_file[5 * 512..6 * 512].to_vec())
+                let on_file = || std::fs::read(watch_sock.with_file_name("slow.img")).expect("read the file");
+                for tries in 0.. {
+                    let shown = common::ctl(&watch_sock, &["show", "--json"]).expect("show during the removal");
+                    let v: serde_json::Value = serde_json::from_str(&shown).expect("JSON");
+                    match v["live"]["subsystems"][0]["namespaces"].as_array().map(Vec::len) {
+                        Some(1) => break,
+                        _ if tries == 3000 => panic!("the removal never came into force: {shown}"),
+                        _ => std::thread::sleep(Duration::from_millis(10)),
+                    }
+                }
+                let at_show = on_file()[5 * 512..6 * 512].to_vec();
+                let mut words = vec![vec!["remove".to_string(), "device".into(), "name=slow".into()]];
+                words.extend((0..3).map(|i| {
+                    vec!["add".into(), "device".into(), format!("name=x{i}"), "kind=null".into(), "size=1MiB".into()]
+                }));
+                let changes: Vec<_> = words
+                    .into_iter()
+                    .map(|w| {
+                        let sock = watch_sock.clone();
+                        std::thread::spawn(move || {
+                            let w: Vec<&str> = w.iter().map(String::as_str).collect();
+                            let r = common::ctl(&sock, &w);
+                            let on_file = std::fs::read(sock.with_file_name("slow.img")).expect("read the file");
+                            (w.join(" "), r, on_file[5 * 512..6 * 512].to_vec())
+                        })
+                    })
+                    .collect();
+                (at_show, changes.into_iter().map(|t| t.join().expect("change thread")).collect::<Vec<_>>())
             });
             let r = common::ctl(&busy_sock, &["remove", "namespace", &format!("nqn={NQN}"), "nsid=2"]);
             let on_file = std::fs::read(busy_sock.with_file_name("slow.img")).expect("read the file");
-            let (shown, on_file_at_show) = observer.join().expect("observer thread");
-            assert!(on_file_at_show != vec![0xc3; 512], "show waited for the removal, which waited for the write");
-            let v: serde_json::Value = serde_json::from_str(&shown).expect("JSON");
-            let left = v["live"]["subsystems"][0]["namespaces"].as_array().map(Vec::len);
-            assert_eq!(left, Some(1), "the removal was in force while it waited: {shown}");
-            let (added, on_file_at_add) = later.join().expect("later change thread");
-            added.expect("the later change");
-            assert_eq!(on_file_at_add, vec![0xc3; 512], "a later change returned before the removal's wait ended");
+            let (at_show, changes) = observer.join().expect("observer thread");
+            assert!(at_show != vec![0xc3; 512], "show waited for the removal, which waited for the write");
+            for (what, r, at_return) in changes {
+                r.unwrap_or_else(|e| panic!("`{what}` sent during the removal's wait: {e}"));
+                assert_eq!(at_return, vec![0xc3; 512], "`{what}` returned before the removal's wait ended");
+            }
             (r, on_file[5 * 512..6 * 512].to_vec())
         });
         let done = q.next_completion().await.expect("the write in flight is answered");
@@ -554,10 +572,9 @@ fn removing_a_namespace_waits_for_its_writes_and_idle_queues_let_go_of_it() {
         let (removed, on_file) = remover.join().expect("ctl thread");
         removed.expect("ctl remove namespace with a write in flight");
         assert_eq!(on_file, data, "ctl returned before the write in flight reached the file");
-        // The device, no longer used, goes too; nothing holds its file
-        // open: the I/O queue, idle since its write, let go of namespace 2
-        // when the removal rang it.
-        common::ctl(&sock, &["remove", "device", "name=slow"]).expect("ctl remove device");
+        // The device went too (removed during the wait); nothing holds its
+        // file open: the I/O queue, idle since its write, let go of
+        // namespace 2 when the removal rang it.
         // The ring is answered on the reactor; give it a moment (bounded).
         let mut open = open_fds(pid);
         for _ in 0..500 {
