@@ -455,12 +455,15 @@ pub async fn serve(
             }
             let wire = nvmf_rdma::target::TargetQueue::<Buf>::new(cfg);
             let stats = stats::Connection::open("nvme-rdma", port, peer, rd.as_raw_fd());
-            run(wire, (rd, rx), wr, first, Queue::new(target, transport, local, peer), stats, handshake).await
+            // Boxed: each binding's connection state lives in its own
+            // allocation, so an idle connection of either pays for its own
+            // and not for the larger of the two inside this future.
+            Box::pin(run(wire, (rd, rx), wr, first, Queue::new(target, transport, local, peer), stats, handshake)).await
         }
         (Some((cfg, transport)), _) => {
             let wire = nvmf_tcp::target::TargetConnection::<Buf>::new(cfg);
             let stats = stats::Connection::open("nvme-tcp", port, peer, rd.as_raw_fd());
-            run(wire, (rd, rx), wr, first, Queue::new(target, transport, local, peer), stats, handshake).await
+            Box::pin(run(wire, (rd, rx), wr, first, Queue::new(target, transport, local, peer), stats, handshake)).await
         }
         _ => {}
     }
