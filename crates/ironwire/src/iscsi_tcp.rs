@@ -50,9 +50,18 @@ pub struct Unit {
     busy: drain::Drain,
     /// Commands stamped ([`iscsi::target::Command::epoch`]) before this
     /// epoch of the target's [`LunTable`] were in the scope of a task
-    /// management function or a PREEMPT AND ABORT of another session:
-    /// they end in TASK ABORTED when they come to run.
+    /// management function of another session (or of a PREEMPT AND ABORT
+    /// past [`PREEMPTED_MAX`]): they end in TASK ABORTED when they come to
+    /// run.
     fenced_before: AtomicU64,
+    /// The I_T nexuses PREEMPT AND ABORT preempted, each with the epoch
+    /// of the latest that did: their commands stamped earlier end in TASK
+    /// ABORTED when they come to run; other nexuses' do not. At most
+    /// [`PREEMPTED_MAX`]; taken only by commands stamped before
+    /// `preempted_before`.
+    preempted: std::sync::Mutex<Vec<(scsi::NexusId, u64)>>,
+    /// The latest epoch in `preempted`: one load per command.
+    preempted_before: AtomicU64,
     /// Who holds `busy` closed; taken only to close or open it.
     gate: std::sync::Mutex<Gate>,
 }
@@ -65,6 +74,12 @@ struct Gate {
     /// ctl removed the unit.
     retired: bool,
 }
+
+/// Nexuses a unit keeps PREEMPT AND ABORT fences for; a preemption that
+/// would keep more fences the whole unit, as a LUN reset does (other
+/// sessions' commands that arrived before it end in TASK ABORTED too,
+/// which initiators retry).
+const PREEMPTED_MAX: usize = 256;
 
 /// A session's handle on a unit ([`Session::units`]). The `Rc` is the
 /// point: cloned per command, it is counted on this thread, where the
@@ -131,15 +146,23 @@ impl Drop for Fence {
 
 impl Unit {
     fn new(lu: Arc<LogicalUnit>) -> Unit {
-        Unit { lu, busy: drain::Drain::new(), fenced_before: AtomicU64::new(0), gate: Default::default() }
+        Unit {
+            lu,
+            busy: drain::Drain::new(),
+            fenced_before: AtomicU64::new(0),
+            preempted: Default::default(),
+            preempted_before: AtomicU64::new(0),
+            gate: Default::default(),
+        }
     }
 
     fn gate(&self) -> std::sync::MutexGuard<'_, Gate> {
         self.gate.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Admits a command stamped `epoch` to the unit `handle` names.
-    fn enter(handle: &UnitHandle, epoch: u64) -> Entry {
+    /// Admits a command of `nexus` stamped `epoch` to the unit `handle`
+    /// names.
+    fn enter(handle: &UnitHandle, epoch: u64, nexus: &scsi::Nexus) -> Entry {
         let entry = match handle.busy.enter() {
             Ok(ticket) => Entry::Run(Busy(handle.clone(), ticket)),
             Err(_) if handle.gate().retired => return Entry::Gone,
@@ -148,11 +171,51 @@ impl Unit {
         // After `enter`: a fence that closed the drain before this command
         // was counted made its epoch visible first (the drain's barrier);
         // one that closes later waits for this command.
-        if epoch < handle.fenced_before.load(Ordering::Acquire) {
+        if epoch < handle.fenced_before.load(Ordering::Acquire) || handle.preempted_since(nexus, epoch) {
             Entry::Aborted
         } else {
             entry
         }
+    }
+
+    /// Whether a PREEMPT AND ABORT preempted `nexus` after its command
+    /// stamped `stamp` arrived.
+    fn preempted_since(&self, nexus: &scsi::Nexus, stamp: u64) -> bool {
+        stamp < self.preempted_before.load(Ordering::Acquire)
+            && self
+                .preempted
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .iter()
+                .any(|(id, epoch)| stamp < *epoch && nexus.is(id))
+    }
+
+    /// Fences the unit for a PREEMPT AND ABORT at `epoch` that preempted
+    /// `nexuses`: their commands stamped earlier are aborted (other
+    /// nexuses' are not), new commands wait, until the fence drops.
+    /// `None`, having fenced nothing, when the unit already keeps
+    /// [`PREEMPTED_MAX`] nexuses: the caller fences the whole unit.
+    fn fence_nexuses(self: &Arc<Unit>, epoch: u64, nexuses: &[scsi::NexusId]) -> Option<Fence> {
+        {
+            let mut list = self.preempted.lock().unwrap_or_else(|e| e.into_inner());
+            let new = nexuses.iter().filter(|n| !list.iter().any(|(id, _)| id == *n)).count();
+            if list.len().saturating_add(new) > PREEMPTED_MAX {
+                return None;
+            }
+            for n in nexuses {
+                match list.iter_mut().find(|(id, _)| id == n) {
+                    Some(e) => e.1 = e.1.max(epoch),
+                    None => list.push((n.clone(), epoch)),
+                }
+            }
+        }
+        // Before the drain closes, as `fence` does: a command counted
+        // after the close sees the epoch.
+        self.preempted_before.fetch_max(epoch, Ordering::AcqRel);
+        let mut g = self.gate();
+        g.fences += 1;
+        self.busy.close();
+        Some(Fence(self.clone()))
     }
 
     /// Fences the unit: commands stamped before `epoch` are aborted, new
@@ -753,6 +816,7 @@ impl Conn {
         let at = Arc::as_ptr(unit) as usize;
         let before = unit.fenced_before.load(Ordering::Acquire);
         fenced_by_other(self.own_fences.borrow().iter().find(|f| f.unit == at), before, stamp)
+            || self.session.borrow().as_ref().is_some_and(|s| unit.preempted_since(&s.nexus, stamp))
     }
 }
 
@@ -1135,7 +1199,7 @@ fn command(conn: &Rc<Conn>, cmd: iscsi::target::Command<Buf>) {
     // A unit ctl is removing takes no new command: it is gone for this
     // session as soon as the session sees the change.
     let entry = match scsi::decode_lun(cmd.lun.to_be_bytes()) {
-        Some(scsi::Lun::Unit(n)) => s.units.get(&n).map(|u| Unit::enter(u, cmd_epoch)),
+        Some(scsi::Lun::Unit(n)) => s.units.get(&n).map(|u| Unit::enter(u, cmd_epoch, &s.nexus)),
         _ => None,
     };
     let mut busy = match entry {
@@ -1186,10 +1250,16 @@ fn command(conn: &Rc<Conn>, cmd: iscsi::target::Command<Buf>) {
         s.luns_changed = false;
     }
     if matches!(outcome, Outcome::Good { .. }) && is_preempt_and_abort(cdb) {
-        if let Some(b) = busy.take() {
-            // SPC-4 5.9.11.5: the preempted nexuses' tasks are aborted
-            // before GOOD; running ones cannot be recalled, so wait.
-            let fences = fence(conn, s, &[&b.0]);
+        let preempted = unit.as_ref().map(|u| u.lu.take_preempted(&s.nexus)).unwrap_or_default();
+        if let Some(b) = busy.take_if(|_| !preempted.is_empty()) {
+            // SPC-4 5.12.11.2.6: the preempted nexuses' tasks are aborted
+            // before GOOD, and only theirs; running ones cannot be
+            // recalled, so wait.
+            let epoch = s.target.table.epoch.fetch_add(1, Ordering::AcqRel).wrapping_add(1);
+            let fences = match Unit::fence_nexuses(&b.0, epoch, &preempted) {
+                Some(f) => vec![f],
+                None => fence(conn, s, &[&b.0]),
+            };
             drop((b, session));
             conn.running.borrow_mut().push((itt.serial, false));
             let deadline = std::time::Instant::now() + FENCE_LIMIT;

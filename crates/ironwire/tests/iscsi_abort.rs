@@ -344,6 +344,51 @@ fn preempt_and_abort_is_good_only_after_the_preempted_write_ended() {
     }));
 }
 
+/// PREEMPT AND ABORT aborts only the preempted nexus's tasks (SPC-4
+/// 5.12.11.2.6): of two writes still collecting their data when it
+/// arrives, the preempted session's never runs (TASK ABORTED) and the one
+/// of a registrant that was not preempted lands (GOOD).
+#[test]
+fn preempt_and_abort_spares_the_tasks_of_nexuses_it_did_not_preempt() {
+    let d = start("preempt-others");
+    block_on(bounded(40, async {
+        let prout = |sa: u8, rtype: u8| [0x5F, sa, rtype, 0, 0, 0, 0, 0, 24, 0];
+        let params = |key: u64, sa_key: u64| {
+            let mut p = vec![0u8; 24];
+            p[..8].copy_from_slice(&key.to_be_bytes());
+            p[8..16].copy_from_slice(&sa_key.to_be_bytes());
+            p
+        };
+        let (mut a, mut b, mut c) = (session(&d).await, session(&d).await, session(&d).await);
+        for (s, key) in [(&mut a, 0xA), (&mut b, 0xB), (&mut c, 0xC)] {
+            assert!(s.scsi(1, &prout(0, 0), params(0, key), 0).await.expect("register").is_good());
+        }
+        // WRITE EXCLUSIVE - REGISTRANTS ONLY, held by B: C writes too.
+        assert!(b.scsi(1, &prout(1, 5), params(0xB, 0), 0).await.expect("reserve").is_good());
+        for lba in [2048u64, 4096] {
+            a.write16(1, lba, BLOCK, vec![0; BLOCK as usize]).await.expect("zero");
+        }
+        // B and C each start a 1 MiB write to LUN 1 and hold back the data
+        // the target's R2Ts ask for until the preemption is answered.
+        let big = |seed: u8| (0..1024 * 1024).map(|i| (i % 251) as u8 ^ seed).collect::<Vec<u8>>();
+        let from_b = b.submit(1, &cdb::write16(2048, 2048), big(0x11), 0).expect("submit B");
+        b.flush().await.expect("send B");
+        let from_c = c.submit(1, &cdb::write16(4096, 2048), big(0x22), 0).expect("submit C");
+        c.flush().await.expect("send C");
+        reactor::sleep(SETTLE).await;
+        let r = a.scsi(1, &prout(5, 5), params(0xA, 0xB), 0).await.expect("PREEMPT AND ABORT");
+        assert!(r.is_good(), "{r:?}");
+        b.set_timeout(HOLD * 10);
+        c.set_timeout(HOLD * 10);
+        let (itt, r) = b.next_completion().await.expect("B's write is answered");
+        assert_eq!((itt, r.status), (from_b, scsi::status::TASK_ABORTED), "the preempted session's write");
+        let (itt, r) = c.next_completion().await.expect("C's write is answered");
+        assert_eq!((itt, r.status), (from_c, scsi::status::GOOD), "a registrant not preempted: {r:?}");
+        assert_eq!(read(&mut a, 1, 2048).await, vec![0; BLOCK as usize], "the aborted write reached the device");
+        assert_eq!(read(&mut a, 1, 4096).await, big(0x22)[..BLOCK as usize], "C's write is on the device");
+    }));
+}
+
 /// A session's own fence on one LUN does not lift another session's fence
 /// from its commands on another: B's write to LUN 0, in the scope of A's
 /// CLEAR TASK SET there, stays aborted when B clears LUN 1's task set.

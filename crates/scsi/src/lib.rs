@@ -40,6 +40,7 @@ mod tests;
 
 pub use cdb::op;
 pub use lun::{decode_lun, encode_lun, execute_without_lu, report_luns, report_luns_data, Lun, WLUN_REPORT_LUNS};
+pub use pr::NexusId;
 pub use sense::{io_error_sense, key, miscompare, status, FieldPointer, Sense};
 pub use unit::{Limits, LogicalUnit, Nexus};
 

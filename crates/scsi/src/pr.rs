@@ -5,7 +5,8 @@
 //! Registrations and the reservation live in memory only: PTPL is not
 //! supported (APTPL is rejected and REPORT CAPABILITIES says so), nor are
 //! ALL_TG_PT, SPEC_I_PT or REGISTER AND MOVE. PREEMPT AND ABORT preempts
-//! like PREEMPT; aborting the preempted nexuses' tasks is the executor's.
+//! like PREEMPT; aborting the preempted nexuses' tasks is the executor's,
+//! which learns which they were from [`LogicalUnit::take_preempted`].
 
 use crate::cdb::{self, op, Bytes};
 use crate::sense::{status, Sense};
@@ -14,10 +15,13 @@ use crate::DataOut;
 use crate::Outcome;
 use block::BlockDevice;
 
-/// An I_T nexus as reservations know it.
+/// An I_T nexus as reservations know it: its initiator and target port
+/// names ([`Nexus`]).
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub(crate) struct NexusId {
+pub struct NexusId {
+    /// [`Nexus::initiator`].
     pub initiator: String,
+    /// [`Nexus::target_port`].
     pub target_port: String,
 }
 
@@ -68,6 +72,10 @@ pub(crate) struct PrState {
     generation: u32,
     regs: Vec<Registration>,
     res: Option<Reservation>,
+    /// The nexuses each successful PREEMPT AND ABORT preempted, by the
+    /// nexus that sent it, until its executor takes them
+    /// ([`LogicalUnit::take_preempted`], right after the command).
+    aborts: Vec<(NexusId, Vec<NexusId>)>,
 }
 
 impl PrState {
@@ -292,7 +300,7 @@ pub(crate) fn persistent_reserve_out<B: DataOut, D: BlockDevice>(
                     0x01 => reserve(&mut st, &id, rtype),
                     0x02 => release(&mut st, &id, rtype),
                     0x03 => clear(&mut st, &id),
-                    _ => preempt(&mut st, &id, rtype, sa_key),
+                    _ => preempt(&mut st, &id, rtype, sa_key, sa == 0x05),
                 }
             }
         }
@@ -409,8 +417,9 @@ fn clear<B>(st: &mut LuState, id: &NexusId) -> Outcome<B> {
     good()
 }
 
-/// PREEMPT and PREEMPT AND ABORT (SPC-4 5.9.11.4).
-fn preempt<B>(st: &mut LuState, id: &NexusId, rtype: u8, sa_key: u64) -> Outcome<B> {
+/// PREEMPT and PREEMPT AND ABORT (SPC-4 5.9.11.4); for the latter
+/// (`abort`) the preempted nexuses are kept for the executor.
+fn preempt<B>(st: &mut LuState, id: &NexusId, rtype: u8, sa_key: u64, abort: bool) -> Outcome<B> {
     let pr = &mut st.pr;
     let (removed, new_res): (Vec<NexusId>, Option<Option<Reservation>>) = match &pr.res {
         // An all-registrants reservation with SERVICE ACTION RESERVATION
@@ -454,10 +463,25 @@ fn preempt<B>(st: &mut LuState, id: &NexusId, rtype: u8, sa_key: u64) -> Outcome
         }
     }
     pr.generation = pr.generation.wrapping_add(1);
+    if abort {
+        // One entry per sending nexus: an earlier one not taken (its
+        // executor never asked) is replaced, not accumulated.
+        pr.aborts.retain(|(by, _)| by != id);
+        pr.aborts.push((id.clone(), removed.clone()));
+    }
     for o in removed {
         st.unit_attention(&o, Sense::UA_REGISTRATIONS_PREEMPTED);
     }
     good()
+}
+
+/// The nexuses the PREEMPT AND ABORT that `by` just completed preempted
+/// (taken: a second call returns none).
+pub(crate) fn take_preempted(st: &mut LuState, by: &NexusId) -> Vec<NexusId> {
+    match st.pr.aborts.iter().position(|(b, _)| b == by) {
+        Some(i) => st.pr.aborts.swap_remove(i).1,
+        None => Vec::new(),
+    }
 }
 
 /// Builds the 24-byte PERSISTENT RESERVE OUT parameter list.

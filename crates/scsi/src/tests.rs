@@ -1137,6 +1137,32 @@ fn preempt_moves_reservation_and_removes_preempted_registrations() {
 }
 
 #[test]
+fn preempt_and_abort_names_only_the_preempted_nexuses_to_its_executor() {
+    const PREEMPT_AND_ABORT: u8 = 5;
+    let lu = ram_lu();
+    let (a, b, c) = (nexus(1), nexus(2), nexus(3));
+    good(pr_out(&lu, &a, REGISTER, 0, 0, 0xA));
+    good(pr_out(&lu, &b, REGISTER, 0, 0, 0xB));
+    good(pr_out(&lu, &c, REGISTER, 0, 0, 0xC));
+    // B holds a registrants-only reservation: C may write too.
+    good(pr_out(&lu, &b, RESERVE, 5, 0xB, 0));
+    // PREEMPT (without abort) keeps nothing for the executor.
+    good(pr_out(&lu, &c, PREEMPT, 5, 0xC, 0xA));
+    assert!(lu.take_preempted(&c).is_empty(), "PREEMPT aborts nothing");
+    assert_eq!(check(exec(&lu, &a, &[0; 6])), Sense::UA_REGISTRATIONS_PREEMPTED);
+    good(pr_out(&lu, &a, REGISTER, 0, 0, 0xA));
+    // A preempts B's key: B alone is named, once.
+    good(pr_out(&lu, &a, PREEMPT_AND_ABORT, 5, 0xA, 0xB));
+    assert!(lu.take_preempted(&b).is_empty(), "only the sender's command is kept");
+    assert_eq!(lu.take_preempted(&a), vec![b.id()]);
+    assert!(lu.take_preempted(&a).is_empty(), "taken once");
+    assert!(b.is(&b.id()) && !c.is(&b.id()));
+    // A conflicting PREEMPT AND ABORT (a key nobody holds) names nobody.
+    conflict(pr_out(&lu, &a, PREEMPT_AND_ABORT, 5, 0xA, 0x77));
+    assert!(lu.take_preempted(&a).is_empty());
+}
+
+#[test]
 fn preempt_of_unknown_key_conflicts_and_zero_key_without_reservation_is_invalid() {
     let lu = ram_lu();
     let a = nexus(1);

@@ -39,8 +39,14 @@ impl Nexus {
         }
     }
 
-    pub(crate) fn id(&self) -> NexusId {
+    /// The nexus as reservations know it.
+    pub fn id(&self) -> NexusId {
         NexusId { initiator: self.initiator.clone(), target_port: self.target_port.clone() }
+    }
+
+    /// Whether `id` names this nexus.
+    pub fn is(&self, id: &NexusId) -> bool {
+        self.initiator == id.initiator && self.target_port == id.target_port
     }
 }
 
@@ -417,6 +423,14 @@ impl<D: BlockDevice> LogicalUnit<D> {
             }
         }
         self.sync(&st);
+    }
+
+    /// The I_T nexuses whose registrations the PREEMPT AND ABORT that
+    /// `by` just completed (GOOD) removed: the executor aborts their tasks
+    /// (SPC-4 5.12.11.2.6), and no other nexus's. Empty for any other
+    /// command, and once taken.
+    pub fn take_preempted(&self, by: &Nexus) -> Vec<NexusId> {
+        pr::take_preempted(&mut self.lock(), &by.id())
     }
 
     /// The target's LUN inventory changed: queues REPORTED LUNS DATA HAS
