@@ -253,3 +253,54 @@ fn a_preemptors_own_read_waiting_for_budget_survives_its_fences() {
         assert_eq!(got, want, "A's own read was ended (0x40: TASK ABORTED)");
     }));
 }
+
+/// Another session's PREEMPT AND ABORT ends the preempted session's read
+/// waiting for read budget (TASK ABORTED, never read), and only that one:
+/// a registrant it did not preempt keeps its waiting read, which runs.
+#[test]
+fn preempt_and_abort_ends_only_the_preempted_sessions_read_waiting_for_budget() {
+    let d = small_budget_iscsi("read-budget-preempt", false);
+    block_on(bounded(30, async {
+        let login = |name: String| Session::connect(d.addr, LoginOptions::new(&name, Some(IQN)));
+        let mut a = login(format!("{HOST_IQN}-a")).await.expect("login A");
+        let mut b = login(format!("{HOST_IQN}-b")).await.expect("login B");
+        let mut c = login(format!("{HOST_IQN}-c")).await.expect("login C");
+        for (s, key) in [(&mut a, 0xA), (&mut b, 0xB), (&mut c, 0xC)] {
+            s.clear_unit_attentions(0).await.expect("ready");
+            assert!(s.scsi(0, &prout(0), pr_params(0, key), 0).await.expect("register").is_good());
+        }
+        // WRITE EXCLUSIVE - REGISTRANTS ONLY, held by B.
+        let mut reserve = prout(1);
+        reserve[2] = 5;
+        assert!(b.scsi(0, &reserve, pr_params(0xB, 0), 0).await.expect("reserve B").is_good());
+        // A and B each: a read on the device that fills the budget, and one
+        // waiting for room.
+        let blocks = (64u32 << 10) / 512;
+        let mut reads = Vec::new();
+        for s in [&mut a, &mut b] {
+            let first = s.submit(0, &cdb::read16(0, blocks), Vec::new(), 64 << 10).expect("submit");
+            let second = s.submit(0, &cdb::read16(blocks.into(), blocks), Vec::new(), 64 << 10).expect("submit");
+            s.flush().await.expect("send");
+            reads.push((first, second));
+        }
+        reactor::sleep(Duration::from_millis(100)).await;
+        let mut preempt = prout(5);
+        preempt[2] = 5;
+        let r = c.scsi(0, &preempt, pr_params(0xC, 0xB), 0).await.expect("PREEMPT AND ABORT");
+        assert!(r.is_good(), "{r:?}");
+        for (s, (first, second), want, who) in [
+            (&mut a, reads[0], 0x00, "not preempted: its read runs"),
+            (&mut b, reads[1], 0x40, "preempted: TASK ABORTED"),
+        ] {
+            let mut got = Vec::new();
+            for _ in 0..2 {
+                let (itt, r) = s.next_completion().await.expect("the reads are answered");
+                got.push((itt, r.status));
+            }
+            got.sort_unstable();
+            let mut expected = vec![(first, 0x00), (second, want)];
+            expected.sort_unstable();
+            assert_eq!(got, expected, "{who}");
+        }
+    }));
+}
