@@ -117,9 +117,19 @@ impl Daemon {
 
     /// The daemon's resident memory (VmRSS), KiB.
     pub fn rss_kib(&self) -> u64 {
+        self.status_kib("VmRSS:")
+    }
+
+    /// The daemon's writable private address space (VmData) in KiB:
+    /// the heap as far as it is usable, touched or not.
+    pub fn data_kib(&self) -> u64 {
+        self.status_kib("VmData:")
+    }
+
+    fn status_kib(&self, field: &str) -> u64 {
         let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid())).expect("status");
-        let line = status.lines().find(|l| l.starts_with("VmRSS:")).expect("VmRSS");
-        line.split_whitespace().nth(1).and_then(|v| v.parse().ok()).expect("VmRSS value")
+        let line = status.lines().find(|l| l.starts_with(field)).unwrap_or_else(|| panic!("{field}"));
+        line.split_whitespace().nth(1).and_then(|v| v.parse().ok()).unwrap_or_else(|| panic!("{field} value"))
     }
 
     /// Whether the process is still running.
