@@ -164,7 +164,7 @@ pub(crate) fn mode_select<B: DataOut, D: BlockDevice>(
     let d = Bytes(all.get(..all.len().min(len as usize)).unwrap_or_default());
     let (header_len, bd_len) = if ten { (8usize, usize::from(d.be16(6))) } else { (4, usize::from(d.u8(3))) };
     if d.len() < header_len {
-        return Outcome::Check(Sense::PARAMETER_LIST_LENGTH_ERROR);
+        return Outcome::Check(Sense::short_parameter_list(d.len(), len as usize));
     }
     let geo = lu.device.geometry();
     let long = ten && d.bit(4, 0);
@@ -173,7 +173,7 @@ pub(crate) fn mode_select<B: DataOut, D: BlockDevice>(
         (0, _) => {}
         (8, false) | (16, true) => {
             if d.len() < bd_at.saturating_add(bd_len) {
-                return Outcome::Check(Sense::PARAMETER_LIST_LENGTH_ERROR);
+                return Outcome::Check(Sense::short_parameter_list(d.len(), len as usize));
             }
             let (blocks, bs) = if long {
                 (d.be64(bd_at), d.be32(bd_at.saturating_add(12)))
@@ -214,7 +214,7 @@ pub(crate) fn mode_select<B: DataOut, D: BlockDevice>(
         }
         let end = at.saturating_add(page_len);
         let Some(new) = d.0.get(at..end) else {
-            return Outcome::Check(Sense::PARAMETER_LIST_LENGTH_ERROR);
+            return Outcome::Check(Sense::short_parameter_list(d.len(), len as usize));
         };
         // Byte 0 holds PS (ignored on MODE SELECT) and the page code.
         for (i, ((n, cur), m)) in new.iter().zip(&current).zip(&mask).enumerate().skip(2) {

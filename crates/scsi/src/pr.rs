@@ -263,7 +263,9 @@ pub(crate) fn persistent_reserve_out<B: DataOut, D: BlockDevice>(
     };
     let p = Bytes(data.as_ref());
     if p.len() < 24 {
-        return Outcome::Check(Sense::PARAMETER_LIST_LENGTH_ERROR);
+        // The CDB announced 24 bytes (checked above): the transport's
+        // expected length cut them.
+        return Outcome::Check(Sense::short_parameter_list(p.len(), 24));
     }
     let key = p.be64(0);
     let sa_key = p.be64(8);

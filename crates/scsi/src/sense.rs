@@ -127,6 +127,18 @@ impl Sense {
     /// transport's expected data length does not fit the command (SPC-4
     /// 4.5.6, FCP-4 9.4.2 b).
     pub const INVALID_FIELD_IN_COMMAND_IU: Sense = Sense::new(key::ILLEGAL_REQUEST, 0x0E, 0x03);
+    /// What a parameter list of `got` bytes too short to parse gets, for a
+    /// CDB that announced `announced` bytes: cut by the transport's
+    /// expected length (`got < announced`), INVALID FIELD IN COMMAND
+    /// INFORMATION UNIT (FCP-4 9.4.2 b); else the CDB's own length was
+    /// short, PARAMETER LIST LENGTH ERROR.
+    pub fn short_parameter_list(got: usize, announced: usize) -> Sense {
+        if got < announced {
+            Sense::INVALID_FIELD_IN_COMMAND_IU
+        } else {
+            Sense::PARAMETER_LIST_LENGTH_ERROR
+        }
+    }
     /// ILLEGAL REQUEST / LOGICAL UNIT NOT SUPPORTED.
     pub const LUN_NOT_SUPPORTED: Sense = Sense::new(key::ILLEGAL_REQUEST, 0x25, 0x00);
     /// ILLEGAL REQUEST / INVALID FIELD IN PARAMETER LIST (no field pointer).

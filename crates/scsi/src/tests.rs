@@ -809,6 +809,29 @@ fn mode_select_rejects_unchangeable_fields_and_sp() {
 }
 
 #[test]
+fn a_parameter_list_cut_by_the_transport_is_not_a_parameter_list_length_error() {
+    let lu = ram_lu();
+    let mut list = vec![0u8, 0, 0, 0];
+    list.extend(caching_page(true));
+    let cdb = [op::MODE_SELECT_6, 0x10, 0, 0, list.len() as u8, 0];
+    // The expected length cut the list (inside the header, inside the
+    // page): INVALID FIELD IN COMMAND IU, nothing applied.
+    for cut in [2, 6] {
+        let s = check(lu.execute(&nexus(1), &cdb, Some(list[..cut].to_vec())));
+        assert_eq!(asc(s), (5, 0x0E, 0x03), "MODE SELECT cut at {cut}");
+    }
+    assert!(!lu.write_cache_enabled(), "nothing applied");
+    // The CDB's own length ends inside the page: PARAMETER LIST LENGTH ERROR.
+    let short = [op::MODE_SELECT_6, 0x10, 0, 0, 6, 0];
+    assert_eq!(asc(check(lu.execute(&nexus(1), &short, Some(list[..6].to_vec())))), (5, 0x1A, 0));
+    // PERSISTENT RESERVE OUT's 24 bytes cut by the expected length.
+    let p = prout_parameters(0, 0xA);
+    let s = check(lu.execute(&nexus(1), &prout(REGISTER, 0), Some(p[..16].to_vec())));
+    assert_eq!(asc(s), (5, 0x0E, 0x03), "PR OUT cut");
+    assert_eq!(pr_in(&lu, &nexus(1), 0)[..8], [0, 0, 0, 0, 0, 0, 0, 0], "nothing registered");
+}
+
+#[test]
 fn mode_select10_accepts_matching_block_descriptor() {
     let lu = ram_lu();
     let mut list = vec![0u8, 0, 0, 0, 0, 0, 0, 8];
