@@ -468,6 +468,9 @@ impl Control {
     /// Returns how many connections it closed: those of hosts the change
     /// no longer lets in ([`crate::runtime::enforce_access`]).
     fn change(&self, f: impl Fn(&Config) -> Result<Config>) -> Result<usize> {
+        // rbd devices opened out of turn, kept across attempts: a change
+        // that starts again finds them open and goes on in its turn.
+        let mut preopened = crate::runtime::Preopened::new();
         for _ in 0..3 {
             let mut turn = Some(self.quiesce());
             refuse_while_stopping()?;
@@ -475,11 +478,14 @@ impl Control {
                 let st = self.lock();
                 (st.config.clone(), self.checked(&st.config, &f)?)
             };
-            if new.device.iter().any(|d| d.kind == "rbd" && !base.device.contains(d)) {
+            let unopened = |d: &crate::config::DeviceConfig| {
+                d.kind == "rbd" && !base.device.contains(d) && preopened.get(&d.name).map(|(c, _)| c) != Some(d)
+            };
+            if new.device.iter().any(unopened) {
                 turn = None;
+                // Every device the change opens is one checked above.
+                preopened = crate::runtime::preopen(&base, &new, blockdev::Symlinks::Refuse)?;
             }
-            // Every file or block device the change opens is one checked above.
-            let preopened = crate::runtime::preopen(&base, &new, blockdev::Symlinks::Refuse)?;
             let _turn = match turn {
                 Some(turn) => turn,
                 None => {

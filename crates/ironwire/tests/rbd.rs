@@ -388,6 +388,21 @@ fn ctl_adds_an_rbd_device_at_run_time_and_refuses_an_unreachable_cluster() {
     assert!(started.elapsed() < Duration::from_secs(10), "ctl show waited for the add's connect_timeout");
     assert!(!slow.is_finished(), "the add of an unreachable cluster ended early");
     assert!(slow.join().expect("add thread").is_err(), "adding a device on an unreachable cluster must fail");
+    // Five rbd devices added at once: each opens its image out of turn,
+    // and one that finds another change landed meanwhile starts again
+    // with its image still open. None runs out of attempts.
+    let adds: Vec<_> = (0..5)
+        .map(|i| {
+            let (sock, image, ceph_conf) = (d.dir.join("ctl.sock"), image.clone(), ceph_conf.clone());
+            std::thread::spawn(move || {
+                let name = format!("name=many{i}");
+                common::ctl(&sock, &["add", "device", &name, "kind=rbd", "pool=rbd", &image, &ceph_conf])
+            })
+        })
+        .collect();
+    for (i, a) in adds.into_iter().enumerate() {
+        a.join().expect("add thread").unwrap_or_else(|e| panic!("rbd device many{i} added with four others: {e}"));
+    }
 
     let data = pattern(64 << 10, 7);
     block_on(bounded(60, async {
