@@ -54,7 +54,8 @@ pub struct Shell {
     /// Bytes of read buffers held by this connection's running reads.
     read_held: Cell<usize>,
     /// Reads waiting for read budget ([`hold_read`]), by ticket in arrival
-    /// order, each with its task's waker while it sleeps. Only the head of
+    /// order (tickets only grow), each with its task's waker while it
+    /// sleeps. Only the head of
     /// the line can go, so only it is woken (by the writer's progress, a
     /// read's end, the head before it leaving), and a peer's thousand
     /// waiting reads cost one wake-up per event, not a thousand; closing
@@ -181,13 +182,13 @@ impl Shell {
                 return Poll::Ready(());
             }
             let mut line = self.read_line.borrow_mut();
-            // The head, or one that just joined at the back: found at once.
-            let place = match line.front_mut() {
-                Some(front) if front.0 == ticket => Some(front),
-                _ => line.iter_mut().rev().find(|(t, _)| *t == ticket),
-            };
-            if let Some((_, waker)) = place {
-                *waker = Some(cx.waker().clone());
+            // Tickets grow along the line: a binary search finds its place
+            // (a thousand waiting reads re-polled by their fence watches
+            // would make a scan quadratic).
+            if let Ok(i) = line.binary_search_by_key(&ticket, |&(t, _)| t) {
+                if let Some((_, waker)) = line.get_mut(i) {
+                    *waker = Some(cx.waker().clone());
+                }
             }
             Poll::Pending
         })
@@ -212,7 +213,7 @@ struct InLine<'a> {
 impl Drop for InLine<'_> {
     fn drop(&mut self) {
         let mut line = self.shell.read_line.borrow_mut();
-        if let Some(i) = line.iter().position(|&(t, _)| t == self.ticket) {
+        if let Ok(i) = line.binary_search_by_key(&self.ticket, |&(t, _)| t) {
             line.remove(i);
         }
         drop(line);
