@@ -308,6 +308,20 @@ fn commands_arriving_while_a_reset_waits_get_busy() {
     }));
 }
 
+/// PERSISTENT RESERVE OUT, service action `sa`, type `rtype`, 24 bytes of
+/// parameters.
+fn prout(sa: u8, rtype: u8) -> [u8; 10] {
+    [0x5F, sa, rtype, 0, 0, 0, 0, 0, 24, 0]
+}
+
+/// PR OUT parameters: reservation key, service action reservation key.
+fn params(key: u64, sa_key: u64) -> Vec<u8> {
+    let mut p = vec![0u8; 24];
+    p[..8].copy_from_slice(&key.to_be_bytes());
+    p[8..16].copy_from_slice(&sa_key.to_be_bytes());
+    p
+}
+
 /// PREEMPT AND ABORT (SPC-4 5.9.11.5) ends the preempted nexus's tasks
 /// before GOOD: its write running on the device has ended, so nothing of
 /// it lands afterwards (what fencing a cluster node relies on).
@@ -315,13 +329,6 @@ fn commands_arriving_while_a_reset_waits_get_busy() {
 fn preempt_and_abort_is_good_only_after_the_preempted_write_ended() {
     let d = start("preempt-abort");
     block_on(bounded(30, async {
-        let prout = |sa: u8, rtype: u8| [0x5F, sa, rtype, 0, 0, 0, 0, 0, 24, 0];
-        let params = |key: u64, sa_key: u64| {
-            let mut p = vec![0u8; 24];
-            p[..8].copy_from_slice(&key.to_be_bytes());
-            p[8..16].copy_from_slice(&sa_key.to_be_bytes());
-            p
-        };
         let mut a = session(&d).await;
         let mut b = session(&d).await;
         a.write16(1, 0, BLOCK, vec![0; BLOCK as usize]).await.expect("zero");
@@ -352,13 +359,6 @@ fn preempt_and_abort_is_good_only_after_the_preempted_write_ended() {
 fn preempt_and_abort_spares_the_tasks_of_nexuses_it_did_not_preempt() {
     let d = start("preempt-others");
     block_on(bounded(40, async {
-        let prout = |sa: u8, rtype: u8| [0x5F, sa, rtype, 0, 0, 0, 0, 0, 24, 0];
-        let params = |key: u64, sa_key: u64| {
-            let mut p = vec![0u8; 24];
-            p[..8].copy_from_slice(&key.to_be_bytes());
-            p[8..16].copy_from_slice(&sa_key.to_be_bytes());
-            p
-        };
         let (mut a, mut b, mut c) = (session(&d).await, session(&d).await, session(&d).await);
         for (s, key) in [(&mut a, 0xA), (&mut b, 0xB), (&mut c, 0xC)] {
             assert!(s.scsi(1, &prout(0, 0), params(0, key), 0).await.expect("register").is_good());
