@@ -75,10 +75,12 @@ struct Gate {
     retired: bool,
 }
 
-/// Nexuses a unit keeps PREEMPT AND ABORT fences for; a preemption that
-/// would keep more fences the whole unit, as a LUN reset does (other
-/// sessions' commands that arrived before it end in TASK ABORTED too,
-/// which initiators retry).
+/// Nexuses a unit keeps PREEMPT AND ABORT fences for, since the daemon
+/// started (an entry cannot be dropped while a command it dooms may still
+/// come to run, which nothing tracks); a preemption that would keep more
+/// fences the whole unit, as a LUN reset does (other sessions' commands
+/// that arrived before it end in TASK ABORTED too, which initiators
+/// retry).
 const PREEMPTED_MAX: usize = 256;
 
 /// A session's handle on a unit ([`Session::units`]). The `Rc` is the
@@ -1127,16 +1129,20 @@ async fn drained(conn: &Conn, fences: &[Fence], deadline: std::time::Instant) ->
 /// scope) and are restamped, unless an earlier fence doomed them already.
 fn fence(conn: &Conn, s: &Session, units: &[&UnitHandle]) -> Vec<Fence> {
     let epoch = s.target.table.epoch.fetch_add(1, Ordering::AcqRel).wrapping_add(1);
-    let (fences, before): (Vec<Fence>, Vec<(u64, u64)>) = units
+    let (fences, before): (Vec<Fence>, Vec<(u64, u64, &UnitHandle)>) = units
         .iter()
         .map(|u| {
             let (f, before) = Unit::fence(u, epoch);
             conn.note_own_fence(u, epoch, before);
-            (f, (u.lu.lun, before))
+            (f, (u.lu.lun, before, *u))
         })
         .unzip();
+    // Nor one that another session's PREEMPT AND ABORT doomed (a fence of
+    // this session's nexus): restamped, it would escape it.
     conn.iscsi.borrow_mut().restamp(epoch, |lun, stamp| match scsi::decode_lun(lun.to_be_bytes()) {
-        Some(scsi::Lun::Unit(n)) => before.iter().any(|&(l, b)| l == n && stamp >= b),
+        Some(scsi::Lun::Unit(n)) => {
+            before.iter().any(|&(l, b, u)| l == n && stamp >= b && !u.preempted_since(&s.nexus, stamp))
+        }
         _ => false,
     });
     fences

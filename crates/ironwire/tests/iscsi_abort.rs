@@ -474,3 +474,63 @@ fn target_cold_reset_closes_every_session_after_its_answer() {
         assert!(c.scsi(1, &cdb::test_unit_ready(), Vec::new(), 0).await.expect("TEST UNIT READY").is_good());
     }));
 }
+
+/// A write of a session that another's PREEMPT AND ABORT preempted (a
+/// fence of its nexus) stays aborted when that session, registered again,
+/// sends a PREEMPT AND ABORT of its own that fences the whole unit (past
+/// the unit's 256 preempted nexuses), which restamps the session's own
+/// commands but must not rescue that one (found by review).
+#[test]
+fn a_preempted_write_stays_aborted_past_its_sessions_own_whole_unit_preemption() {
+    let d = start("preempt-fallback");
+    block_on(bounded(120, async {
+        let mut a = session(&d).await;
+        // V's write moves a burst of 512 bytes per R2T, one R2T at a time:
+        // its data is still coming in while V sends its other commands.
+        let mut opts = LoginOptions::new(HOST, Some(TARGET));
+        opts.params.initial_r2t = true;
+        opts.params.immediate_data = false;
+        opts.params.max_burst_length = 512;
+        opts.params.first_burst_length = 512;
+        opts.params.max_outstanding_r2t = 1;
+        let mut v = Session::connect(d.addr, opts).await.expect("login V");
+        v.clear_unit_attentions(1).await.expect("LUN 1 ready");
+        assert!(a.scsi(1, &prout(0, 0), params(0, 0xA), 0).await.expect("register A").is_good());
+        assert!(v.scsi(1, &prout(0, 0), params(0, 0xB), 0).await.expect("register V").is_good());
+        // 257 other nexuses registered with key 0xC, their sessions gone.
+        for i in 0..257 {
+            let mut s = session(&d).await;
+            assert!(s.scsi(1, &prout(0, 0), params(0, 0xC), 0).await.expect("register").is_good(), "{i}");
+            s.logout().await.expect("logout");
+        }
+        // V starts a 2 MiB write whose data trickles in.
+        let big = (0..2 * 1024 * 1024).map(|i| (i % 251) as u8 ^ 0x33).collect::<Vec<u8>>();
+        let w = v.submit(1, &cdb::write16(4096, 4096), big, 0).expect("submit V");
+        v.flush().await.expect("send V");
+        reactor::sleep(SETTLE).await;
+        // A preempts V alone: a fence of V's nexus; GOOD.
+        let r = a.scsi(1, &prout(5, 5), params(0xA, 0xB), 0).await.expect("PREEMPT AND ABORT by A");
+        assert!(r.is_good(), "{r:?}");
+        // V registers again and preempts the 257: past the unit's 256
+        // nexuses, a whole-unit fence, which restamps V's own commands.
+        v.set_timeout(HOLD * 20);
+        let mut tries = 0;
+        loop {
+            let r = v.scsi(1, &prout(0, 0), params(0, 0xD), 0).await.expect("register V again");
+            if r.is_good() {
+                break;
+            }
+            tries += 1;
+            assert!(tries < 5, "{r:?}");
+        }
+        let r = v.scsi(1, &prout(5, 5), params(0xD, 0xC), 0).await.expect("PREEMPT AND ABORT by V");
+        assert!(r.is_good(), "{r:?}");
+        let (itt, r) = v.next_completion().await.expect("V's write is answered");
+        assert_eq!(
+            (itt, r.status),
+            (w, scsi::status::TASK_ABORTED),
+            "V's write, in the scope of A's PREEMPT AND ABORT"
+        );
+        assert_eq!(read(&mut a, 1, 4096).await, vec![0; BLOCK as usize], "the preempted write reached the device");
+    }));
+}

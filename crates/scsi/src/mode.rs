@@ -164,7 +164,7 @@ pub(crate) fn mode_select<B: DataOut, D: BlockDevice>(
     let d = Bytes(all.get(..all.len().min(len as usize)).unwrap_or_default());
     let (header_len, bd_len) = if ten { (8usize, usize::from(d.be16(6))) } else { (4, usize::from(d.u8(3))) };
     if d.len() < header_len {
-        return Outcome::Check(Sense::short_parameter_list(d.len(), len as usize));
+        return Outcome::Check(Sense::short_parameter_list(header_len, len as usize));
     }
     let geo = lu.device.geometry();
     let long = ten && d.bit(4, 0);
@@ -173,7 +173,7 @@ pub(crate) fn mode_select<B: DataOut, D: BlockDevice>(
         (0, _) => {}
         (8, false) | (16, true) => {
             if d.len() < bd_at.saturating_add(bd_len) {
-                return Outcome::Check(Sense::short_parameter_list(d.len(), len as usize));
+                return Outcome::Check(Sense::short_parameter_list(bd_at.saturating_add(bd_len), len as usize));
             }
             let (blocks, bs) = if long {
                 (d.be64(bd_at), d.be32(bd_at.saturating_add(12)))
@@ -199,6 +199,9 @@ pub(crate) fn mode_select<B: DataOut, D: BlockDevice>(
     let mut swp = st.swp;
     let mut at = bd_at.saturating_add(bd_len);
     while at < d.len() {
+        if d.len() < at.saturating_add(2) {
+            return Outcome::Check(Sense::short_parameter_list(at.saturating_add(2), len as usize));
+        }
         let code = d.u8(at) & 0x3F;
         if d.bit(at, 6) {
             // SPF: subpage format; this target has no subpages.
@@ -214,7 +217,7 @@ pub(crate) fn mode_select<B: DataOut, D: BlockDevice>(
         }
         let end = at.saturating_add(page_len);
         let Some(new) = d.0.get(at..end) else {
-            return Outcome::Check(Sense::short_parameter_list(d.len(), len as usize));
+            return Outcome::Check(Sense::short_parameter_list(end, len as usize));
         };
         // Byte 0 holds PS (ignored on MODE SELECT) and the page code.
         for (i, ((n, cur), m)) in new.iter().zip(&current).zip(&mask).enumerate().skip(2) {

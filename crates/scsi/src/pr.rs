@@ -265,7 +265,7 @@ pub(crate) fn persistent_reserve_out<B: DataOut, D: BlockDevice>(
     if p.len() < 24 {
         // The CDB announced 24 bytes (checked above): the transport's
         // expected length cut them.
-        return Outcome::Check(Sense::short_parameter_list(p.len(), 24));
+        return Outcome::Check(Sense::short_parameter_list(24, len as usize));
     }
     let key = p.be64(0);
     let sa_key = p.be64(8);

@@ -127,16 +127,16 @@ impl Sense {
     /// transport's expected data length does not fit the command (SPC-4
     /// 4.5.6, FCP-4 9.4.2 b).
     pub const INVALID_FIELD_IN_COMMAND_IU: Sense = Sense::new(key::ILLEGAL_REQUEST, 0x0E, 0x03);
-    /// What a parameter list of `got` bytes too short to parse gets, for a
-    /// CDB that announced `announced` bytes: cut by the transport's
-    /// expected length (`got < announced`), INVALID FIELD IN COMMAND
-    /// INFORMATION UNIT (FCP-4 9.4.2 b); else the CDB's own length was
-    /// short, PARAMETER LIST LENGTH ERROR.
-    pub fn short_parameter_list(got: usize, announced: usize) -> Sense {
-        if got < announced {
-            Sense::INVALID_FIELD_IN_COMMAND_IU
-        } else {
+    /// What a parameter list too short to parse gets, when the part being
+    /// parsed needs `needed` bytes and the CDB announced `announced`: the
+    /// CDB's own length is short (`needed > announced`), PARAMETER LIST
+    /// LENGTH ERROR; else the transport's expected length cut the list,
+    /// INVALID FIELD IN COMMAND INFORMATION UNIT (FCP-4 9.4.2 b).
+    pub fn short_parameter_list(needed: usize, announced: usize) -> Sense {
+        if needed > announced {
             Sense::PARAMETER_LIST_LENGTH_ERROR
+        } else {
+            Sense::INVALID_FIELD_IN_COMMAND_IU
         }
     }
     /// ILLEGAL REQUEST / LOGICAL UNIT NOT SUPPORTED.

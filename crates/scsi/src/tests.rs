@@ -821,9 +821,12 @@ fn a_parameter_list_cut_by_the_transport_is_not_a_parameter_list_length_error() 
         assert_eq!(asc(s), (5, 0x0E, 0x03), "MODE SELECT cut at {cut}");
     }
     assert!(!lu.write_cache_enabled(), "nothing applied");
-    // The CDB's own length ends inside the page: PARAMETER LIST LENGTH ERROR.
+    // The CDB's own length ends inside the page: PARAMETER LIST LENGTH
+    // ERROR; cut further inside the page's own 2-byte header, the page's
+    // length cannot be read: INVALID FIELD IN COMMAND IU.
     let short = [op::MODE_SELECT_6, 0x10, 0, 0, 6, 0];
     assert_eq!(asc(check(lu.execute(&nexus(1), &short, Some(list[..6].to_vec())))), (5, 0x1A, 0));
+    assert_eq!(asc(check(lu.execute(&nexus(1), &short, Some(list[..5].to_vec())))), (5, 0x0E, 0x03));
     // PERSISTENT RESERVE OUT's 24 bytes cut by the expected length.
     let p = prout_parameters(0, 0xA);
     let s = check(lu.execute(&nexus(1), &prout(REGISTER, 0), Some(p[..16].to_vec())));
