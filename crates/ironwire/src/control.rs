@@ -407,6 +407,14 @@ impl Control {
         self.changes.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// A change's or reload's turn ([`Control::quiesce`]); refused once
+    /// the daemon stops.
+    fn take_turn(&self) -> Result<std::sync::MutexGuard<'_, ()>> {
+        let turn = self.quiesce();
+        refuse_while_stopping()?;
+        Ok(turn)
+    }
+
     /// Runs one command line and returns its output.
     pub fn handle(&self, line: &str) -> Result<String> {
         let words: Vec<&str> = line.split_whitespace().collect();
@@ -472,8 +480,7 @@ impl Control {
         // that starts again finds them open and goes on in its turn.
         let mut preopened = crate::runtime::Preopened::new();
         for _ in 0..3 {
-            let mut turn = Some(self.quiesce());
-            refuse_while_stopping()?;
+            let mut turn = Some(self.take_turn()?);
             let (base, new) = {
                 let st = self.lock();
                 (st.config.clone(), self.checked(&st.config, &f)?)
@@ -488,11 +495,7 @@ impl Control {
             }
             let _turn = match turn {
                 Some(turn) => turn,
-                None => {
-                    let turn = self.quiesce();
-                    refuse_while_stopping()?;
-                    turn
-                }
+                None => self.take_turn()?,
             };
             let mut live = {
                 let st = self.lock();
@@ -570,8 +573,7 @@ impl Control {
         // In its turn, without the state lock, as a change; the file is
         // read in it, after the change before it (which `--persist` may
         // have written there).
-        let _turn = self.quiesce();
-        refuse_while_stopping()?;
+        let _turn = self.take_turn()?;
         let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
         let mut new = Config::parse(&text).with_context(|| format!("in {}", path.display()))?;
         if !self.cores.is_empty() {
