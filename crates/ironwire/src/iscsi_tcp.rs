@@ -1409,10 +1409,22 @@ async fn run_io(
         log::warn!("{}: {} on {} failed: {e}", conn.shell.peer, if write { "write" } else { "read" }, device.name());
         scsi::io_error_sense(&e, write)
     };
+    // A command that has not reached the device, aborted by this session
+    // or fenced by another's task management, never does: ended here
+    // (TASK ABORTED when fenced: TAS is 1; no answer when aborted).
+    let unstarted = |fenced: bool| {
+        if !conn.finished(itt) && fenced && !conn.shell.is_closing() {
+            log::debug!("{}: ITT {:#x} was fenced before its I/O started", conn.shell.peer, itt.itt);
+            conn.status(itt, status::TASK_ABORTED);
+        }
+    };
+    // Both can happen between its dispatch and this first run: a task
+    // management request in the same input as the command.
+    if conn.is_aborted(itt) || conn.fenced_by_another(unit, epoch) {
+        return unstarted(!conn.is_aborted(itt));
+    }
     // A read's buffer counts against the connection's read budget until
     // its Data-In is queued; on a closing connection the read is dropped.
-    // One that waits for room has not reached the device: aborted by this
-    // session, or fenced by another's task management, it never reads.
     let _held = match op {
         BlockOp::Read { blocks, .. } | BlockOp::Verify { blocks, .. } => {
             let len = blocks as usize * bs;
@@ -1431,13 +1443,7 @@ async fn run_io(
             };
             match held {
                 Ok(held) => Some(held),
-                Err(fenced) => {
-                    if !conn.finished(itt) && fenced && !conn.shell.is_closing() {
-                        log::debug!("{}: ITT {:#x} waited for read budget past a fence", conn.shell.peer, itt.itt);
-                        conn.status(itt, status::TASK_ABORTED);
-                    }
-                    return;
-                }
+                Err(fenced) => return unstarted(fenced),
             }
         }
         _ => None,

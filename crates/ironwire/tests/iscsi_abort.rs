@@ -159,6 +159,24 @@ fn target_reset_is_answered_only_after_its_writes_can_no_longer_land() {
     block_on(bounded(30, aborted_writes_never_land_after_the_answer(TARGET_WARM_RESET)));
 }
 
+/// A write and the ABORT TASK naming it arrive together: the abort is
+/// handled before the write's I/O task first runs, and the write never
+/// reaches the device (before, it ran to the end and the abort waited for
+/// it).
+#[test]
+fn a_write_aborted_before_its_io_starts_never_reaches_the_device() {
+    let d = start("abort-unstarted");
+    block_on(bounded(30, async {
+        let mut s = session(&d).await;
+        s.write16(1, 0, BLOCK, vec![0; BLOCK as usize]).await.expect("zero");
+        // Queued, not sent: the abort's wait sends both in one segment.
+        let itt = s.submit(1, &cdb::write16(0, 1), pattern(0x42), 0).expect("submit");
+        assert_eq!(s.task_mgmt(ABORT_TASK, 1, itt).await.expect("answered"), 0, "function complete");
+        reactor::sleep(HOLD * 2).await;
+        assert_eq!(read(&mut s, 1, 0).await, vec![0; BLOCK as usize], "the aborted write landed");
+        assert_eq!(s.outstanding(), 0);
+    }));
+}
 /// LUN 1 as the wire carries it (peripheral addressing), for task
 /// management requests sent without waiting for their answer.
 const LUN1_WIRE: u64 = 0x0001_0000_0000_0000;
