@@ -803,6 +803,9 @@ impl Config {
             }
         }
         let mut nqns = HashSet::new();
+        // Configured namespace identifiers, across subsystems: a host that
+        // sees one twice refuses the second namespace.
+        let mut ids = HashSet::new();
         for (i, s) in self.subsystem.iter().enumerate() {
             let f = |field: &str| format!("subsystem[{i}] ({}).{field}", s.nqn);
             if !valid_nqn(&s.nqn) {
@@ -843,11 +846,27 @@ impl Config {
                 if !names.contains(ns.device.as_str()) {
                     bail!("{}: no device named {:?}", f(&format!("namespace[{j}].device")), ns.device);
                 }
-                if let Some(Err(e)) = ns.uuid_bytes() {
-                    bail!("{}: {e}", f(&format!("namespace[{j}].uuid")));
+                match ns.uuid_bytes() {
+                    Some(Err(e)) => bail!("{}: {e}", f(&format!("namespace[{j}].uuid"))),
+                    Some(Ok(id)) if !ids.insert(("uuid", id)) => {
+                        bail!(
+                            "{}: {} is used by another namespace",
+                            f(&format!("namespace[{j}].uuid")),
+                            ns.uuid.as_deref().unwrap_or_default()
+                        )
+                    }
+                    _ => {}
                 }
-                if let Some(Err(e)) = ns.nguid_bytes() {
-                    bail!("{}: {e}", f(&format!("namespace[{j}].nguid")));
+                match ns.nguid_bytes() {
+                    Some(Err(e)) => bail!("{}: {e}", f(&format!("namespace[{j}].nguid"))),
+                    Some(Ok(id)) if !ids.insert(("nguid", id)) => {
+                        bail!(
+                            "{}: {} is used by another namespace",
+                            f(&format!("namespace[{j}].nguid")),
+                            ns.nguid.as_deref().unwrap_or_default()
+                        )
+                    }
+                    _ => {}
                 }
                 if let Err(e) = ns.ana() {
                     bail!("{}: {e}", f(&format!("namespace[{j}].ana_state")));

@@ -332,7 +332,7 @@ fn apply_nvme(live: &Live, devices: &HashMap<String, Arc<Device>>, old: &Config,
                 target.add_subsystem(crate::serve::subsystem(s)).map_err(anyhow::Error::msg)?
             }
         };
-        live_s.set_access(s.allow_any_host, s.hosts.clone());
+        target.set_access(&live_s, s.allow_any_host, s.hosts.clone());
         for ns in live_s.namespaces() {
             let wanted = s.namespace.iter().find(|n| n.nsid == Some(ns.nsid));
             let was = before.and_then(|b| b.namespace.iter().find(|n| n.nsid == Some(ns.nsid)));

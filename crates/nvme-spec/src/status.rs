@@ -73,6 +73,8 @@ impl Status {
     pub const CONNECT_INVALID_PARAMETERS: Status = Status(0x182);
     /// Fabrics Connect: invalid host.
     pub const CONNECT_INVALID_HOST: Status = Status(0x184);
+    /// Fabrics Disconnect: invalid queue type (sent on the admin queue).
+    pub const DISCONNECT_INVALID_QUEUE_TYPE: Status = Status(0x185);
     /// NVM command set specific: attempted write to a read-only range.
     pub const WRITE_TO_READ_ONLY: Status = Status(0x182);
     /// NVM command set specific: the command exceeds a size limit of the
@@ -164,6 +166,7 @@ impl Status {
             (1, 0x82) => "Connect Invalid Parameters / Attempted Write to Read Only Range",
             (1, 0x83) => "Connect Restart Discovery / Command Size Limit Exceeded",
             (1, 0x84) => "Connect Invalid Host",
+            (1, 0x85) => "Invalid Queue Type",
             (2, 0x80) => "Write Fault",
             (2, 0x81) => "Unrecovered Read Error",
             (2, 0x85) => "Compare Failure",
@@ -228,6 +231,7 @@ mod tests {
             Status::CONNECT_CONTROLLER_BUSY,
             Status::CONNECT_INVALID_PARAMETERS,
             Status::CONNECT_INVALID_HOST,
+            Status::DISCONNECT_INVALID_QUEUE_TYPE,
             Status::WRITE_TO_READ_ONLY,
             Status::WRITE_FAULT,
             Status::UNRECOVERED_READ,

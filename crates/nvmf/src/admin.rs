@@ -29,7 +29,12 @@ impl<D: BlockDevice> Queue<D> {
             Admin::IDENTIFY => {
                 let cns = Cns((sqe.cdw10.get() & 0xff) as u8);
                 let csi = (sqe.cdw11.get() >> 24) as u8;
-                let page = if discovery && cns != Cns::CONTROLLER {
+                let page = if data_len as usize != nvme_spec::identify::LEN {
+                    // Identify returns 4 KiB; SGLS bit 16 is clear, so an
+                    // SGL of any other length is refused (NVMe base 2.0
+                    // 4.1.2), as nvmet does.
+                    Err(Status::SGL_DATA_LENGTH_INVALID.dnr())
+                } else if discovery && cns != Cns::CONTROLLER {
                     Err(Status::INVALID_FIELD.dnr())
                 } else {
                     identify::build(&self.target, &self.transport, &subsys, ctrl, cns, sqe.nsid.get(), csi)
@@ -44,7 +49,15 @@ impl<D: BlockDevice> Queue<D> {
             }
             Admin::GET_LOG_PAGE => {
                 let glp = GetLogPage::from_sqe(sqe);
-                let page = if discovery && glp.lid != LogId::DISCOVERY.0 {
+                let page = if u64::from(data_len) != glp.len_bytes {
+                    // NUMD says how much to return; the SGL must describe
+                    // exactly that (as for Identify).
+                    Err(Status::SGL_DATA_LENGTH_INVALID.dnr())
+                } else if glp.lid == LogId::SMART.0 && !matches!(sqe.nsid.get(), 0 | u32::MAX) {
+                    // LPA bit 0 is clear: the SMART / Health log is the
+                    // controller's only (NVMe base 2.0 5.16.1.3).
+                    Err(Status::INVALID_FIELD.dnr())
+                } else if discovery && glp.lid != LogId::DISCOVERY.0 {
                     Err(Status::INVALID_LOG_PAGE.dnr())
                 } else {
                     logpage::build(&self.target, &subsys, ctrl, glp, self.local)

@@ -288,18 +288,18 @@ impl<D: BlockDevice> Queue<D> {
                 BlockOp::WriteZeroes { lba: sqe.slba(), blocks, deallocate, fua }
             }
             Io::DATASET_MANAGEMENT => {
-                // NR is 0-based. Hosts may describe more data than the
-                // ranges need (Linux sends the ranges it built; nvmet also
-                // accepts a shorter payload); take the ranges both cover.
+                // NR is 0-based. The data must hold every range; it may
+                // be longer (as nvmet, which refuses only a shorter one:
+                // a range missing from it was never described).
                 let ranges = (sqe.cdw10.get() & 0xff) + 1;
-                if !(16..=4096).contains(&sgl_len) || !sgl_len.is_multiple_of(16) {
+                if !(ranges * 16..=4096).contains(&sgl_len) || !sgl_len.is_multiple_of(16) {
                     log::debug!("{}: DSM nr {ranges} with {sgl_len} data bytes", self.peer);
                     return self.reject(cid, sqe, Status::SGL_DATA_LENGTH_INVALID.dnr());
                 }
                 let Some(data) = data else {
                     return Outcome::NeedData { len: sgl_len, discard: false };
                 };
-                let ranges = ranges.min(sgl_len / 16) as usize;
+                let ranges = ranges as usize;
                 // Only the Attribute Deallocate hint does anything here.
                 if sqe.cdw11.get() & (1 << 2) == 0 {
                     return Outcome::status(cid, Status::SUCCESS);

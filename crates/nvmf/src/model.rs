@@ -194,7 +194,8 @@ pub struct Subsystem<D> {
     next_cntlid: AtomicU16,
 }
 
-#[derive(Debug, Default)]
+/// Who may connect to a subsystem.
+#[derive(Debug, Default, PartialEq, Eq)]
 struct Access {
     allow_any_host: bool,
     hosts: Vec<String>,
@@ -270,10 +271,14 @@ impl<D: BlockDevice> Subsystem<D> {
         a.allow_any_host || a.hosts.iter().any(|h| h == hostnqn)
     }
 
-    /// Replaces the access list.
-    pub fn set_access(&self, allow_any_host: bool, hosts: Vec<String>) {
+    /// Replaces the access list ([`Target::set_access`]); whether it
+    /// changed.
+    fn replace_access(&self, allow_any_host: bool, hosts: Vec<String>) -> bool {
         let mut a = self.access.write().unwrap_or_else(|e| e.into_inner());
-        *a = Access { allow_any_host, hosts };
+        let new = Access { allow_any_host, hosts };
+        let changed = *a != new;
+        *a = new;
+        changed
     }
 
     /// The namespace with `nsid`.
@@ -308,6 +313,17 @@ impl<D: BlockDevice> Subsystem<D> {
             let mut map = self.namespaces.write().unwrap_or_else(|e| e.into_inner());
             if map.contains_key(&nsid) {
                 return Err(format!("nsid {nsid} already exists in {}", self.nqn));
+            }
+            // Each identifier names one namespace (NVMe base 2.0 4.5.2):
+            // hosts refuse a second one with the same (Linux: "duplicate
+            // IDs"). Derived ones collide when one rbd image is exported
+            // twice.
+            if let Some(other) = map.values().find(|o| o.nguid == ns.nguid || o.uuid == ns.uuid || o.eui64 == ns.eui64)
+            {
+                return Err(format!(
+                    "nsid {nsid} of {} would have the NGUID, UUID or EUI-64 of nsid {} (the same storage exported twice, or a configured identifier used twice)",
+                    self.nqn, other.nsid
+                ));
             }
             map.insert(nsid, Arc::new(ns));
         }
@@ -521,6 +537,16 @@ impl<D: BlockDevice> Target<D> {
     /// Listening ports.
     pub fn ports(&self) -> Vec<Port> {
         self.ports.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Replaces the access list of `subsystem`. A change moves the
+    /// discovery log's generation counter: which subsystems a host's log
+    /// lists depends on it (NVMe-oF 1.1 5.3: GENCTR changes whenever the
+    /// log does).
+    pub fn set_access(&self, subsystem: &Subsystem<D>, allow_any_host: bool, hosts: Vec<String>) {
+        if subsystem.replace_access(allow_any_host, hosts) {
+            self.genctr.fetch_add(1, Ordering::Relaxed);
+        }
     }
 
     /// Discovery log generation counter.

@@ -16,6 +16,10 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use zerocopy::FromBytes;
 
+/// The fewest entries an admin queue may have whatever the I/O queues'
+/// limit (`Settings::queue_entries`): the 32 Linux's host asks for.
+const ADMIN_QUEUE_ENTRIES_MIN: u16 = 32;
+
 /// What a queue is after Connect.
 #[derive(Debug)]
 pub enum QueueKind<D> {
@@ -302,6 +306,18 @@ impl<D: BlockDevice> Queue<D> {
         };
         ctrl.keep_alive(now_ms);
         match fctype {
+            // Property Get and Set act on the controller: admin queue
+            // only (on an I/O queue one could reset the whole controller);
+            // Disconnect deletes an I/O queue, and on the admin queue is
+            // Invalid Queue Type (NVMe-oF 1.1 3.5).
+            FabricsType::PROPERTY_GET | FabricsType::PROPERTY_SET if !matches!(self.kind, QueueKind::Admin(_)) => {
+                log::warn!("{}: Property Get/Set (fctype {:#04x}) on an I/O queue", self.peer, fctype.0);
+                Outcome::status(cid, Status::INVALID_OPCODE.dnr())
+            }
+            FabricsType::DISCONNECT if matches!(self.kind, QueueKind::Admin(_)) => {
+                log::warn!("{}: Disconnect on the admin queue", self.peer);
+                Outcome::status(cid, Status::DISCONNECT_INVALID_QUEUE_TYPE.dnr())
+            }
             FabricsType::PROPERTY_GET => {
                 let p = PropertyCmd::from_sqe(sqe);
                 let value = {
@@ -422,7 +438,12 @@ impl<D: BlockDevice> Queue<D> {
                 data: Vec::new(),
             };
         }
-        let max_sqsize = self.target.settings.queue_entries.saturating_sub(1);
+        // CAP.MQES limits I/O queues only (NVMe base 2.0 3.1.4.1: for
+        // fabrics it "applies to only the I/O Submission Queues"); an
+        // admin queue may have the 32 entries hosts ask for (Linux's
+        // NVME_AQ_DEPTH) whatever the I/O queues' limit is.
+        let entries = self.target.settings.queue_entries;
+        let max_sqsize = if cmd.qid == 0 { entries.max(ADMIN_QUEUE_ENTRIES_MIN) } else { entries }.saturating_sub(1);
         if cmd.sqsize == 0 || cmd.sqsize > max_sqsize {
             log::warn!("{}: Connect sqsize {} (expected 1..={max_sqsize})", self.peer, cmd.sqsize);
             return invalid(false, ConnectCmd::SQSIZE_OFFSET);

@@ -1258,3 +1258,145 @@ fn a_removed_namespace_is_held_until_every_queue_and_request_lets_go() {
     assert_eq!(ns.holders(), 0);
     assert_eq!(Arc::strong_count(&ns), 1, "only the test holds it now");
 }
+
+/// NVMe-oF 1.1 / Base 2.0 Discovery Log Page: GENCTR is incremented each
+/// time the log changes. Adding a host to a subsystem's list adds that
+/// subsystem to the host's discovery log, so GENCTR must move.
+#[test]
+fn discovery_genctr_changes_when_a_hosts_access_changes() {
+    let t = target();
+    let mut d = discovery_admin(&t, HOST);
+    let (_, before) = get_log(&mut d, 0x70, 8192, 0);
+    assert!(!discovery_nqns(&before).contains(&SECRET.to_string()));
+    let sub = t.subsystem(SECRET).expect("sub2");
+    t.set_access(&sub, false, vec![OTHER.to_string(), HOST.to_string()]);
+    let (_, after) = get_log(&mut d, 0x70, 8192, 0);
+    assert!(discovery_nqns(&after).contains(&SECRET.to_string()), "the log changed for this host");
+    assert_ne!(before[0..8], after[0..8], "GENCTR must change when the log's contents change");
+}
+
+/// Property Get/Set are admin-queue fabrics commands (nvmet answers them
+/// on an I/O queue with Invalid Opcode, nvmet_parse_fabrics_io_cmd); here
+/// an I/O queue could otherwise clear CC.EN and take the whole
+/// controller down.
+#[test]
+fn property_set_on_an_io_queue_is_refused() {
+    let t = target();
+    let (mut a, cntlid) = admin(&t);
+    let mut io = io_queue(&t, cntlid, 1);
+    let st = prop_set_cc(&mut io, 0);
+    let (_, csts) = prop_get(&mut a, 0x1c, false);
+    assert_eq!(csts & 1, 1, "CSTS.RDY cleared by a Property Set sent on I/O queue 1");
+    assert_eq!(st, Status::INVALID_OPCODE.dnr());
+}
+
+/// Base 2.0 Get Log Page: NUMD is the number of dwords to return; an SGL
+/// that does not describe that length is Data SGL Length Invalid (SGLS
+/// bit 16 is clear), as is an Identify whose SGL is not 4 KiB.
+#[test]
+fn get_log_page_and_identify_transfer_exactly_what_they_name() {
+    let t = target();
+    let (mut a, _) = admin(&t);
+    let smart = |cid: u16, numd: u32, sgl: u32| {
+        let mut s = sqe(0x02, cid);
+        s.cdw10 = (0x02 | (numd << 16)).into();
+        s.dptr = Sgl::transport(sgl);
+        s
+    };
+    // NUMD 0 (4 bytes) in a 512-byte SGL; NUMD 127 (512 bytes) in 64.
+    for (cid, numd, sgl) in [(7, 0, 512), (8, 127, 64)] {
+        let (cqe, data) = cqe_of(run(&mut a, &smart(cid, numd, sgl), None));
+        assert_eq!(cqe.status(), Status::SGL_DATA_LENGTH_INVALID.dnr(), "NUMD {numd}, SGL {sgl}");
+        assert!(data.is_empty());
+    }
+    let (cqe, data) = cqe_of(run(&mut a, &smart(9, 127, 512), None));
+    assert_eq!((cqe.status(), data.len()), (Status::SUCCESS, 512));
+    let mut id = sqe(0x06, 10);
+    id.cdw10 = 1.into();
+    id.dptr = Sgl::transport(512);
+    let (cqe, _) = cqe_of(run(&mut a, &id, None));
+    assert_eq!(cqe.status(), Status::SGL_DATA_LENGTH_INVALID.dnr(), "Identify into 512 bytes");
+}
+
+#[test]
+fn dataset_management_with_fewer_bytes_than_ranges_is_refused() {
+    let t = target();
+    let (_a, cntlid) = admin(&t);
+    let mut io = io_queue(&t, cntlid, 1);
+    let (mut d, data) = dsm_sqe(5, &[(8, 16)]);
+    d.cdw10 = 3.into(); // NR: four ranges, 64 bytes
+    let out = run(&mut io, &d, Some(data));
+    if let Outcome::Io(req) = &out {
+        panic!("ran {:?} with 3 of the 4 ranges missing", req.op);
+    }
+    assert_eq!(status(&out), Status::SGL_DATA_LENGTH_INVALID.dnr());
+}
+
+/// Base 2.0 5.16.1.3: when LPA bit 0 (SMART per namespace) is clear, a
+/// SMART / Health log request naming an NSID other than 0h or FFFFFFFFh is
+/// aborted with Invalid Field in Command.
+#[test]
+fn smart_log_for_one_namespace_is_refused_without_lpa_bit_0() {
+    let t = target();
+    let (mut a, _) = admin(&t);
+    let (_, ctrl) = identify(&mut a, 1, 0);
+    assert_eq!(ctrl[261] & 1, 0, "LPA: SMART per namespace not supported");
+    let mut s = sqe(0x02, 7);
+    s.nsid = 1.into();
+    s.cdw10 = (0x02 | (127 << 16)).into();
+    s.dptr = Sgl::transport(512);
+    let (cqe, _) = cqe_of(run(&mut a, &s, None));
+    assert_eq!(cqe.status(), Status::INVALID_FIELD.dnr());
+}
+
+/// NVMe-oF Disconnect deletes the I/O queue it is sent on; on the admin
+/// queue it is "Invalid Queue Type: the command was sent on the wrong
+/// queue type" (SCT 1h, SC 85h), and the admin queue stays.
+#[test]
+fn disconnect_on_the_admin_queue_is_invalid_queue_type() {
+    let t = target();
+    let (mut a, _) = admin(&t);
+    let out = run(&mut a, &fabrics(0x08, 3), None);
+    assert!(!matches!(out, Outcome::CompleteAndClose { .. }), "Disconnect closed the admin queue: {out:?}");
+    assert_eq!(status(&out), Status(0x185).dnr());
+}
+
+/// Base 2.0: an NGUID / EUI-64 / UUID identifies one namespace. Two NSIDs
+/// of one subsystem backed by the same rbd image get the same three
+/// identifiers, and add_namespace takes both (Linux then refuses the second
+/// with "duplicate IDs"); nothing in config validation catches configured
+/// duplicates either (crates/ironwire/src/config.rs:834-855).
+#[test]
+fn two_namespaces_never_share_identifiers() {
+    let t = target();
+    let sub = t.subsystem(SUB).expect("sub");
+    let img = || {
+        Arc::new(Described {
+            shared_identity: Some("ceph:0b1d2c3e-0000-4000-8000-00000000abcd:10a2b3c4d5e6".to_string()),
+            ..Described::new("rbd0", 512, 2048)
+        })
+    };
+    sub.add_namespace(Namespace::new(SUB, 2, img())).expect("ns 2");
+    let dup = sub.add_namespace(Namespace::new(SUB, 3, img()));
+    let ids: Vec<_> = sub.namespaces().iter().map(|n| (n.nguid, n.uuid)).collect();
+    let mut unique = ids.clone();
+    unique.sort();
+    unique.dedup();
+    assert!(dup.is_err() || unique.len() == ids.len(), "namespaces 2 and 3 report the same NGUID and UUID");
+}
+
+/// Base 2.0 CAP.MQES: "For NVMe over Fabrics implementations, this value
+/// applies to only the I/O Submission Queues". The config accepts
+/// queue_entries from 2 (crates/ironwire/src/config.rs:976); below 32 an
+/// admin Connect with Linux's SQSIZE 31 (NVME_AQ_DEPTH 32) is refused.
+#[test]
+fn mqes_does_not_limit_the_admin_queue() {
+    let t = Target::new(Settings { queue_entries: 16, ..Default::default() });
+    t.add_subsystem(Subsystem::new(SUB, "SN1", true, Vec::new())).expect("sub");
+    t.add_port(addr(), TCP, false);
+    let t = Arc::new(t);
+    let mut q = Queue::new(t.clone(), TCP, addr(), addr());
+    let data = ConnectData::new([1; 16], 0xffff, SUB, HOST).as_bytes().to_vec();
+    let out = run(&mut q, &connect_sqe(0, 31, 5000), Some(data));
+    assert_eq!(status(&out), Status::SUCCESS, "admin queue of 32 entries refused because MQES is 15");
+}
