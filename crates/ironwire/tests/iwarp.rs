@@ -365,3 +365,54 @@ fn fpdus_fit_the_tcp_segment_size() {
     assert!(lens.iter().all(|&l| l <= mss), "every FPDU fits a {mss}-byte segment: {lens:?}");
     d.assert_alive();
 }
+
+/// A second command with the CID of one still running is answered
+/// Command ID Conflict and must neither take nor invalidate the first
+/// one's key, whatever it is: here its SGL is refused (a keyed block longer
+/// than MDTS). Before, such a command went up as a plain one, and its
+/// answer took the running command's key and invalidated its STag: the
+/// running read then failed (or, had a third command taken the CID, its
+/// data would have gone into that command's buffer).
+#[test]
+fn a_duplicate_cid_with_a_refused_sgl_leaves_the_running_commands_key_alone() {
+    use nvme_spec::Status;
+    let mut d = Daemon::start_with("iwarp-dup-cid", |_, port| {
+        format!(
+            "[[device]]\nname = \"r\"\nkind = \"ram\"\nsize = \"16MiB\"\nblock_size = 512\nread_latency_us = 300000\n\n[[subsystem]]\nnqn = \"{NQN}\"\nallow_any_host = true\n[[subsystem.namespace]]\ndevice = \"r\"\n\n[[port]]\ntransport = \"rdma\"\naddress = \"127.0.0.1:{port}\"\n\n[reactor]\ncores = [0]\n"
+        )
+    });
+    let mut admin = Host::connect(d.addr, false, 0);
+    let (cqe, _, _) = admin.fabrics_connect(0, 0xffff);
+    assert!(cqe.status().is_success(), "{cqe:?}");
+    let cntlid = cqe.dw0.get() as u16;
+    let mut cc = capsule(0x7f, 0, 8, 0, &[]);
+    cc.nsid = 0.into(); // fctype Property Set
+    cc.cdw11 = 0x14.into();
+    cc.cdw12 = 0x0046_0001.into();
+    assert_eq!(admin.run(&[(cc, &[])]), [Status::SUCCESS], "CC.EN = 1");
+    let mut io = Host::connect(d.addr, false, 1);
+    let (cqe, _, _) = io.fabrics_connect(1, cntlid);
+    assert!(cqe.status().is_success(), "{cqe:?}");
+    // A: a 4 KiB read into the host's buffer, its key to be invalidated
+    // with A's completion; it runs 300 ms.
+    let addr = 0x1000_0000u64;
+    let stag = io.conn.register(vec![0u8; 4096], addr, Access::RemoteWrite);
+    let mut a = Sqe { opcode: 0x02, flags: 0x40, ..Default::default() };
+    a.cid = 9.into();
+    a.nsid = 1.into();
+    a.cdw12 = 7.into(); // 8 blocks
+    a.dptr = keyed_sgl(addr, 4096, stag, true);
+    // B: the same CID while A runs, with a keyed SGL past MDTS.
+    let mut b = a;
+    b.dptr = keyed_sgl(0x2000_0000, 0x00ff_ffff, 0x1234_5600, false);
+    io.conn.send(a.as_bytes(), &[], None);
+    io.conn.send(b.as_bytes(), &[], None);
+    io.flush();
+    let (first, m1) = io.completion();
+    let (second, m2) = io.completion();
+    assert_eq!(first.status(), Status::CID_CONFLICT.dnr(), "B answered first");
+    assert_eq!(m1.invalidated, None, "the answer to B invalidated A's STag {stag:#x}");
+    assert!(second.status().is_success(), "A failed: {:?}", second.status());
+    assert_eq!(m2.invalidated, Some(stag), "A's answer invalidates its own STag");
+    d.assert_alive();
+}

@@ -609,10 +609,10 @@ mod tests {
         let mut wire = Vec::new();
         h.conn.take_transmit(&mut wire);
         t.handle_input(&wire).unwrap();
-        assert!(matches!(t.poll_event(), Some(TEvent::Command { data: Some(_), .. })));
-        // nvmf::Queue::execute answers it Command ID Conflict (cid 5 waits
-        // for its data), and the driver sends that with send_response.
-        t.send_response(Cqe::new(5, Status::CID_CONFLICT.dnr(), 0));
+        // The queue answers it Command ID Conflict itself (cid 5 is in
+        // flight): it never reaches the core.
+        assert!(matches!(t.poll_event(), Some(TEvent::CidConflict { cid: 5 })));
+        assert!(t.poll_event().is_none());
         // One round each way: the host serves cid 1's read (and takes the
         // conflict's answer for its cid 5), and cid 1's data arriving makes
         // room for the first cid 5's read, which goes out with its own key.

@@ -128,8 +128,9 @@ pub struct TargetQueue<B> {
     cfg: TargetConfig,
     conn: Connection<B>,
     events: VecDeque<Event<B>>,
-    /// The keyed SGL of each command in flight that has one.
-    keyed: FxHashMap<u16, Keyed>,
+    /// Each command in flight (received, not yet answered) by CID, with
+    /// its keyed SGL when it has one.
+    in_flight: FxHashMap<u16, Option<Keyed>>,
     /// The queue ID and entries from the CM request.
     cm_qid: u16,
     sqhd: u16,
@@ -159,7 +160,7 @@ impl<B: DataBuffer> TargetQueue<B> {
             cfg,
             conn: Connection::responder(icfg),
             events: VecDeque::new(),
-            keyed: FxHashMap::default(),
+            in_flight: FxHashMap::default(),
             cm_qid: 0,
             sqhd: 0,
             sq_entries: cm::ADMIN_QUEUE_ENTRIES,
@@ -283,9 +284,9 @@ impl<B: DataBuffer> TargetQueue<B> {
                 let reply = CmReply { recfmt: 0.into(), crqsize: entries.into(), rsvd: [0; 28] };
                 self.conn.accept(reply.as_bytes())?;
                 self.conn.post_receives(u32::from(entries));
-                // Room for a keyed SGL per queue entry: the map never grows
+                // Room for every queue entry: the map never grows
                 // (allocates) in the middle of the I/O.
-                self.keyed.reserve(usize::from(entries));
+                self.in_flight.reserve(usize::from(entries));
                 self.reads_waiting.reserve(usize::from(entries));
                 self.events.push_back(Event::Accepted {
                     qid: self.cm_qid,
@@ -320,19 +321,22 @@ impl<B: DataBuffer> TargetQueue<B> {
             (None, Some(r)) => r.end.saturating_sub(r.start) as usize,
             (None, None) => 0,
         };
-        if let Ok(DataPtr::Keyed(k)) = sgl::parse(sqe, in_capsule, self.cfg.max_transfer) {
-            let cid = sqe.cid.get();
-            match self.keyed.entry(cid) {
-                Entry::Vacant(v) => {
-                    v.insert(k);
-                }
-                Entry::Occupied(_) => {
-                    // The key in the map is the first command's: it must
-                    // not be overwritten, nor invalidated by this answer.
-                    self.complete(Cqe::new(cid, Status::CID_CONFLICT.dnr(), 0), None);
-                    self.events.push_back(Event::CidConflict { cid });
-                    return Ok(());
-                }
+        let cid = sqe.cid.get();
+        match self.in_flight.entry(cid) {
+            Entry::Vacant(v) => {
+                let key = match sgl::parse(sqe, in_capsule, self.cfg.max_transfer) {
+                    Ok(DataPtr::Keyed(k)) => Some(k),
+                    _ => None,
+                };
+                v.insert(key);
+            }
+            Entry::Occupied(_) => {
+                // Whatever this command is (its SGL refused or not), the
+                // entry is the first command's: its key must not be
+                // overwritten, nor taken or invalidated by this answer.
+                self.complete(Cqe::new(cid, Status::CID_CONFLICT.dnr(), 0), None);
+                self.events.push_back(Event::CidConflict { cid });
+                return Ok(());
             }
         }
         let sqe = *sqe;
@@ -357,7 +361,7 @@ impl<B: DataBuffer> TargetQueue<B> {
     /// the negotiated ORD or [`TargetConfig::read_buffer`] wait in order,
     /// their buffer not yet taken.
     pub fn request_data(&mut self, cid: u16, len: u32) {
-        if let Some(k) = self.keyed.get(&cid) {
+        if let Some(k) = self.key(cid) {
             self.reads_waiting.push_back((cid, len.min(k.len)));
             self.issue_reads();
         }
@@ -373,7 +377,7 @@ impl<B: DataBuffer> TargetQueue<B> {
                 break;
             }
             self.reads_waiting.pop_front();
-            if let Some(k) = self.keyed.get(&cid) {
+            if let Some(k) = self.key(cid) {
                 self.read_bytes = self.read_bytes.saturating_add(u64::from(len));
                 self.conn.read(u64::from(cid), B::alloc(len as usize), k.key, k.addr);
             }
@@ -421,7 +425,7 @@ impl<B: DataBuffer> TargetQueue<B> {
     /// Sends read data for `cid` into the host's keyed buffer, then the
     /// completion.
     pub fn send_data(&mut self, cid: u16, data: &[u8], cqe: Cqe) {
-        match self.keyed.get(&cid) {
+        match self.key(cid) {
             Some(k) => {
                 let n = data.len().min(k.len as usize);
                 self.conn.write(k.key, k.addr, data.get(..n).unwrap_or_default());
@@ -444,7 +448,7 @@ impl<B: DataBuffer> TargetQueue<B> {
     /// Below [`SEND_FROM_BUFFER_MIN`] bytes the data is copied as by
     /// `send_data`.
     pub fn send_data_from(&mut self, cid: u16, data: B, cqe: Cqe) {
-        match self.keyed.get(&cid).copied() {
+        match self.key(cid) {
             Some(k) => {
                 let n = data.as_ref().len().min(k.len as usize);
                 if n < SEND_FROM_BUFFER_MIN {
@@ -466,7 +470,7 @@ impl<B: DataBuffer> TargetQueue<B> {
     /// keyed buffer of the host that holds `len` bytes (or `len` is 0); the
     /// caller then answers another way.
     pub fn send_zeros(&mut self, cid: u16, len: usize, cqe: Cqe) -> bool {
-        let Some(k) = self.keyed.get(&cid).copied() else { return false };
+        let Some(k) = self.key(cid) else { return false };
         if len == 0 || len > k.len as usize || !self.conn.write_zeros(k.key, k.addr, len) {
             return false;
         }
@@ -486,7 +490,7 @@ impl<B: DataBuffer> TargetQueue<B> {
         cqe: Cqe,
         fill: impl FnOnce(&mut Appender<'_>) -> bool,
     ) -> bool {
-        let Some(k) = self.keyed.get(&cid).copied() else { return false };
+        let Some(k) = self.key(cid) else { return false };
         if len == 0 || len > self.cfg.max_segment || len > k.len as usize {
             return false;
         }
@@ -496,6 +500,11 @@ impl<B: DataBuffer> TargetQueue<B> {
         }
         self.send_response(cqe);
         true
+    }
+
+    /// The keyed SGL of the command `cid` in flight, if it has one.
+    fn key(&self, cid: u16) -> Option<Keyed> {
+        self.in_flight.get(&cid).copied().flatten()
     }
 
     /// Sends a completion: one Send of the 16-byte CQE, with Invalidate of
@@ -511,7 +520,7 @@ impl<B: DataBuffer> TargetQueue<B> {
             self.complete(cqe, None);
             return;
         }
-        let invalidate = self.keyed.remove(&cqe.cid.get()).filter(|k| k.invalidate).map(|k| k.key);
+        let invalidate = self.in_flight.remove(&cqe.cid.get()).flatten().filter(|k| k.invalidate).map(|k| k.key);
         self.complete(cqe, invalidate);
     }
 
