@@ -223,3 +223,48 @@ fn writes_announcing_16_mib_without_data_do_not_make_the_daemon_hold_it() {
     }));
     d.assert_alive();
 }
+
+/// `[limits] iscsi_write_budget` bounds every write buffer a connection
+/// holds, also those of writes that bring their data unasked. 120 writes
+/// of 256 KiB, each with 252 KiB of immediate data and F clear (4 KiB of
+/// unsolicited Data-Out announced, never sent), against a 64 KiB budget:
+/// the first is let through (one write always is), the others end in
+/// TASK SET FULL with their data dropped, and a write sent meanwhile is
+/// refused the same way. Before, each held its buffer outside the budget
+/// (about 30 MiB here, bounded only by the CmdSN window).
+#[test]
+fn unsolicited_writes_that_never_finish_are_held_to_the_write_budget() {
+    const WRITES: u32 = 120;
+    const LEN: u32 = 256 << 10;
+    const IMMEDIATE: usize = (256 - 4) << 10;
+    let mut d = start("unsolicited-budget", "[limits]\niscsi_write_budget = \"64KiB\"\n");
+    block_on(bounded(60, async {
+        let mut s = session(&d).await;
+        assert!(s.params().immediate_data && !s.params().initial_r2t, "{:?}", s.params());
+        assert!(s.params().first_burst_length >= LEN, "{:?}", s.params());
+        let before = d.rss_kib();
+        let data = vec![0x5au8; IMMEDIATE];
+        for i in 0..WRITES {
+            let (cmd_sn, exp_stat_sn, _, _) = s.connection().sequence();
+            let mut c = Bhs::new(Opcode::SCSI_CMD);
+            // F clear: unsolicited Data-Out is to follow (it never does).
+            c.set_flags(flags::WRITE)
+                .set_itt(0x4000 + i)
+                .set_expected_data_transfer_length(LEN)
+                .set_cmd_sn(cmd_sn.wrapping_add(i))
+                .set_exp_stat_sn(exp_stat_sn)
+                .set_cdb(&cdb::write16(u64::from(i) * u64::from(LEN / 512), LEN / 512));
+            s.send_raw(&c, &[], &data).await.expect("send");
+        }
+        s.connection_mut().skip_cmd_sn(WRITES);
+        // The first write holds the budget (its data never completes): a
+        // write of one block with its data immediate is refused too.
+        let r = s.scsi(0, &cdb::write16(0, 1), vec![0xa5; 512], 0).await.expect("answered");
+        assert_eq!(r.status, 0x28, "TASK SET FULL while the budget is held: {r:?}");
+        let grown_mib: u64 = d.rss_kib().saturating_sub(before) / 1024;
+        eprintln!("daemon RSS grew {grown_mib} MiB with a 64 KiB write budget");
+        // 30 MiB announced; 17 MiB of it was held before.
+        assert!(grown_mib < 12, "daemon RSS grew {grown_mib} MiB for writes held against a 64 KiB write budget");
+    }));
+    d.assert_alive();
+}

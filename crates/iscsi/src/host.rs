@@ -308,6 +308,13 @@ impl HostConnection {
         pdu::encode(&mut self.tx, bhs, ahs, data, self.tx_framing);
     }
 
+    /// Counts `n` numbered commands sent with [`send_raw`](Self::send_raw)
+    /// (CmdSN from [`sequence`](Self::sequence) on), so that the next
+    /// command takes the CmdSN after them.
+    pub fn skip_cmd_sn(&mut self, n: u32) {
+        self.cmd_sn = self.cmd_sn.wrapping_add(n);
+    }
+
     /// The framing this side sends with.
     pub fn tx_framing(&self) -> Framing {
         self.tx_framing

@@ -198,14 +198,13 @@ pub struct TargetConfig {
     /// Largest Expected Data Transfer Length buffered for a write.
     pub max_write_len: u32,
     /// Bytes of write buffers the connection holds for data it has yet to
-    /// solicit or receive. A write whose data does not all arrive unasked
-    /// (immediate and unsolicited data, at most FirstBurstLength) gets its
-    /// whole buffer, and its R2Ts, only while this leaves room; until then
-    /// it keeps only the data that did arrive. One write is always let
+    /// solicit or receive: every write buffer counts. A write that brings
+    /// no data unasked waits for room before it gets its buffer and R2Ts;
+    /// one that brings some (immediate data, or unsolicited Data-Out to
+    /// follow) takes its whole buffer at once, or, with no room, ends in
+    /// TASK SET FULL with that data dropped (an immediate one is
+    /// rejected: "immediate command reject"). One write is always let
     /// through, so a write up to `max_write_len` never waits for ever.
-    /// An immediate write whose data arrives unasked, which the CmdSN
-    /// window does not bound, takes its whole buffer from the budget at
-    /// once or is rejected ("immediate command reject").
     pub write_budget: u64,
     /// CHAP algorithms accepted.
     pub chap_algorithms: Vec<ChapAlgorithm>,
@@ -459,11 +458,10 @@ struct R2tState {
 }
 
 struct WriteState<B> {
-    /// The whole data buffer (`expected_len` bytes), once allocated.
+    /// The whole data buffer (`expected_len` bytes), once allocated: at
+    /// once for a write bringing data unasked, else when the budget has
+    /// room for it.
     buf: Option<B>,
-    /// Data that arrived unasked before `buf` could be allocated: the
-    /// immediate data and unsolicited Data-Out, at most FirstBurstLength.
-    staged: Option<B>,
     /// `buf` counts against the connection's write budget.
     budgeted: bool,
     /// Waits in `write_waiting` for room in the budget.
@@ -476,17 +474,6 @@ struct WriteState<B> {
     next_r2t: u32,
     r2ts: Vec<R2tState>,
     digest_failed: bool,
-}
-
-impl<B: DataBuffer> WriteState<B> {
-    /// Where received data goes: the whole buffer, else the staging one
-    /// (which holds offsets up to the end of the unsolicited data).
-    fn landing(&mut self) -> Option<&mut B> {
-        match self.buf {
-            Some(ref mut b) => Some(b),
-            None => self.staged.as_mut(),
-        }
-    }
 }
 
 /// How many aborted tasks' ITTs are remembered to drop their Data-Out.
@@ -1508,26 +1495,24 @@ impl<B: DataBuffer> TargetConnection<B> {
             return Err(e);
         }
         if self.open_count() >= self.cfg.max_tasks as usize {
-            return self.refuse_task(bhs, write && f & flags::FINAL == 0);
+            let why = format!("{} tasks open, the session's limit", self.cfg.max_tasks);
+            return self.refuse_task(bhs, write && f & flags::FINAL == 0, &why);
         }
-        if bhs.immediate() && write && edtl > 0 && (!data.is_empty() || f & flags::FINAL == 0) {
-            // The CmdSN window does not bound immediate commands: a write
-            // whose data arrives unasked takes its whole buffer from the
-            // budget now, or is refused as one past the task limit is.
-            if !self.budget_allows(edtl) {
-                if f & flags::FINAL == 0 {
-                    self.forget_itt(itt);
-                }
-                return Err(Self::field_err(
-                    RejectReason::IMMEDIATE_COMMAND_REJECT,
-                    "Immediate",
-                    format!(
-                        "immediate write of {edtl} bytes with {} of the write budget's {} bytes held",
-                        self.write_held, self.cfg.write_budget
-                    ),
-                    bhs,
-                ));
-            }
+        let unsolicited = f & flags::FINAL == 0;
+        let received = u32::try_from(data.len()).unwrap_or(0);
+        if write && edtl > 0 && (received > 0 || unsolicited) && !self.budget_allows(edtl) {
+            // Data comes unasked (immediate, or unsolicited Data-Out to
+            // follow) and the write budget has no room for the buffer it
+            // needs: refused as a command past the task limit is, its
+            // unsolicited data dropped (an immediate command, which the
+            // CmdSN window does not bound either, is rejected). The budget
+            // bounds every write buffer a connection holds, whatever a
+            // peer announces.
+            let why = format!(
+                "write of {edtl} bytes bringing data unasked with {} of the write budget's {} bytes held",
+                self.write_held, self.cfg.write_budget
+            );
+            return self.refuse_task(bhs, unsolicited, &why);
         }
         let read_expected = match (read, write) {
             (true, true) => bidi_read_len.unwrap_or(0),
@@ -1573,24 +1558,17 @@ impl<B: DataBuffer> TargetConnection<B> {
             self.events.push_back(Event::Command(cmd));
             return Ok(());
         }
-        let received = u32::try_from(data.len()).unwrap_or(0);
-        let unsolicited = f & flags::FINAL == 0;
-        // What arrives without being asked for: the immediate data and,
-        // with the F bit clear, unsolicited Data-Out up to the first burst.
-        let unasked = if unsolicited { self.params.first_burst_length.min(edtl).max(received) } else { received };
-        let (buf, staged, budgeted) = if unasked >= edtl && !bhs.immediate() {
-            (Some(B::alloc(edtl as usize)), None, false)
-        } else if self.budget_allows(edtl) {
+        // A write bringing data unasked has room in the budget (checked
+        // above); one that does not waits for room before its R2Ts
+        // (`advance_write`).
+        let (buf, budgeted) = if self.budget_allows(edtl) {
             self.write_held = self.write_held.saturating_add(u64::from(edtl));
-            (Some(B::alloc(edtl as usize)), None, true)
+            (Some(B::alloc(edtl as usize)), true)
         } else {
-            // No room for the whole buffer: keep only what arrives unasked
-            // until the budget has room (see `advance_write`).
-            (None, (unasked > 0).then(|| B::alloc(unasked as usize)), false)
+            (None, false)
         };
         task.write = Some(WriteState {
             buf,
-            staged,
             budgeted,
             waiting: false,
             received,
@@ -1603,7 +1581,7 @@ impl<B: DataBuffer> TargetConnection<B> {
             digest_failed: !digest_ok && !data.is_empty(),
         });
         if let Some(w) = task.write.as_mut() {
-            if let Some(dst) = w.landing().and_then(|b| b.as_mut().get_mut(..data.len())) {
+            if let Some(dst) = w.buf.as_mut().and_then(|b| b.as_mut().get_mut(..data.len())) {
                 dst.copy_from_slice(data);
             }
         }
@@ -1641,14 +1619,7 @@ impl<B: DataBuffer> TargetConnection<B> {
                 }
                 return;
             }
-            let mut buf = B::alloc(edtl as usize);
-            if let Some(staged) = w.staged.take() {
-                let have = staged.as_ref();
-                if let Some(dst) = buf.as_mut().get_mut(..have.len()) {
-                    dst.copy_from_slice(have);
-                }
-            }
-            w.buf = Some(buf);
+            w.buf = Some(B::alloc(edtl as usize));
             w.budgeted = true;
             w.waiting = false;
             self.write_held = self.write_held.saturating_add(u64::from(edtl));
@@ -1745,13 +1716,13 @@ impl<B: DataBuffer> TargetConnection<B> {
         self.tasks.len().saturating_add(self.tmf_pending.len())
     }
 
-    /// Answers a SCSI command that would pass `max_tasks`: an immediate
-    /// one is rejected (RFC 7143 section 3.2.2.1 lets a target refuse
-    /// immediate commands it cannot take), a numbered one, which used its
-    /// place in the window, ends with TASK SET FULL. Data-Out that follows
-    /// for it is dropped.
-    fn refuse_task(&mut self, bhs: &Bhs, data_follows: bool) -> Result<(), PduError> {
-        let limit = self.cfg.max_tasks;
+    /// Answers a SCSI command the session cannot take now (`why`: past
+    /// `max_tasks`, or no write budget for the data it brings): an
+    /// immediate one is rejected (RFC 7143 section 3.2.2.1 lets a target
+    /// refuse immediate commands it cannot take), a numbered one, which
+    /// used its place in the window, ends with TASK SET FULL. Data-Out that
+    /// follows for it is dropped.
+    fn refuse_task(&mut self, bhs: &Bhs, data_follows: bool, why: &str) -> Result<(), PduError> {
         if data_follows {
             self.forget_itt(bhs.itt());
         }
@@ -1759,11 +1730,11 @@ impl<B: DataBuffer> TargetConnection<B> {
             return Err(Self::field_err(
                 RejectReason::IMMEDIATE_COMMAND_REJECT,
                 "Immediate",
-                format!("immediate command with {limit} tasks open, the session's limit"),
+                format!("immediate command refused: {why}"),
                 bhs,
             ));
         }
-        log::warn!("iscsi: ITT {:#x} answered TASK SET FULL: {limit} tasks open, the session's limit", bhs.itt());
+        log::warn!("iscsi: ITT {:#x} answered TASK SET FULL: {why}", bhs.itt());
         let mut r = Bhs::new(Opcode::SCSI_RESP);
         r.set_flags(flags::FINAL).set_byte3(scsi_status::TASK_SET_FULL).set_itt(bhs.itt());
         self.retire(false);
@@ -1857,7 +1828,7 @@ impl<B: DataBuffer> TargetConnection<B> {
         }
         let Some(task) = self.tasks.get_mut(&itt) else { return Ok(()) };
         let Some(w) = task.write.as_mut() else { return Ok(()) };
-        if let Some(dst) = w.landing().and_then(|b| b.as_mut().get_mut(offset as usize..end as usize)) {
+        if let Some(dst) = w.buf.as_mut().and_then(|b| b.as_mut().get_mut(offset as usize..end as usize)) {
             dst.copy_from_slice(data);
         }
         w.received = w.received.saturating_add(len);
