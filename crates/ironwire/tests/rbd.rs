@@ -297,16 +297,22 @@ fn serve_fails_naming_the_monitors_when_the_cluster_is_unreachable() {
         ),
     )
     .expect("config");
+    let err = serve_fails(&cfg);
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(err.contains("127.0.0.1:9") && err.contains("gone"), "the error names the device and monitors:\n{err}");
+}
+
+/// Runs `ironwire serve --config cfg`, which must fail on its own (the
+/// bound, 60 s, only keeps a hang from stalling the suite): its stderr.
+fn serve_fails(cfg: &Path) -> String {
     let mut child = Command::new(env!("CARGO_BIN_EXE_ironwire"))
         .args(["serve", "--config"])
-        .arg(&cfg)
+        .arg(cfg)
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
         .expect("spawn ironwire");
-    // Bounded: the daemon must give up on its own (connect_timeout = 2 s);
-    // the bound only keeps a hang from stalling the suite.
     let mut status = None;
     for _ in 0..600 {
         if let Some(s) = child.try_wait().expect("wait") {
@@ -318,13 +324,39 @@ fn serve_fails_naming_the_monitors_when_the_cluster_is_unreachable() {
     if status.is_none() {
         let _ = child.kill();
         let _ = child.wait();
-        panic!("serve did not give up on an unreachable cluster");
+        panic!("serve did not give up");
     }
     let mut err = String::new();
     std::io::Read::read_to_string(&mut child.stderr.take().expect("stderr"), &mut err).expect("stderr");
-    let _ = std::fs::remove_dir_all(&dir);
     assert!(!status.expect("exited").success(), "serve must fail; stderr:\n{err}");
-    assert!(err.contains("127.0.0.1:9") && err.contains("gone"), "the error names the device and monitors:\n{err}");
+    err
+}
+
+/// Pool or image configuration (`rbd config image set`) overrides the
+/// gateway's `rbd_cache = false`: with librbd's cache on, writes would be
+/// acknowledged before the OSDs have them and other gateways would not see
+/// them. Such an image is refused, naming the setting and how to remove
+/// it.
+#[test]
+fn an_image_whose_configuration_turns_the_librbd_cache_on_is_refused() {
+    let Some(conf) = ceph_cluster() else { return };
+    let img = TestImage::new(&conf, "cache-on");
+    let spec = format!("rbd/{}", img.name);
+    rbd_cli(&conf, &["config", "image", "set", &spec, "rbd_cache", "true"]);
+    let dir = std::env::temp_dir().join(format!("ironwire-rbd-cache-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let cfg = dir.join("ironwire.toml");
+    std::fs::write(&cfg, format!("{}\n[[port]]\naddress = \"127.0.0.1:0\"\n", img.device(512))).expect("config");
+    let err = serve_fails(&cfg);
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(
+        err.contains("rbd_cache = true") && err.contains(&format!("rbd config image rm {spec} rbd_cache")),
+        "the error names the setting and its removal:\n{err}"
+    );
+    // Without it the image is served.
+    rbd_cli(&conf, &["config", "image", "rm", &spec, "rbd_cache"]);
+    let mut d = nvme_daemon("cache-off", &img, 512);
+    d.assert_alive();
 }
 
 /// `ironwire ctl --socket SOCKET WORDS...`, bounded: its success and what

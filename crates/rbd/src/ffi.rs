@@ -14,6 +14,15 @@ pub type RbdImage = *mut c_void;
 pub type Completion = *mut c_void;
 pub type Callback = unsafe extern "C" fn(Completion, *mut c_void);
 
+/// `rbd_config_option_t`: one option of an open image's configuration.
+#[repr(C)]
+pub struct ConfigOption {
+    pub name: *mut c_char,
+    pub value: *mut c_char,
+    /// `RBD_CONFIG_SOURCE_CONFIG` (0), `_POOL` (1) or `_IMAGE` (2).
+    pub source: c_int,
+}
+
 /// The resolved entry points. Both libraries stay loaded for the life of
 /// the process.
 pub struct Lib {
@@ -30,6 +39,8 @@ pub struct Lib {
     pub rbd_close: unsafe extern "C" fn(RbdImage) -> c_int,
     pub rbd_get_size: unsafe extern "C" fn(RbdImage, *mut u64) -> c_int,
     pub rbd_get_id: unsafe extern "C" fn(RbdImage, *mut c_char, usize) -> c_int,
+    pub rbd_config_image_list: unsafe extern "C" fn(RbdImage, *mut ConfigOption, *mut c_int) -> c_int,
+    pub rbd_config_image_list_cleanup: unsafe extern "C" fn(*mut ConfigOption, c_int),
     pub rbd_aio_create_completion: unsafe extern "C" fn(*mut c_void, Callback, *mut Completion) -> c_int,
     pub rbd_aio_get_return_value: unsafe extern "C" fn(Completion) -> isize,
     pub rbd_aio_release: unsafe extern "C" fn(Completion),
@@ -121,6 +132,8 @@ fn load() -> Result<Lib, String> {
             rbd_close: sym(rbd, rb, c"rbd_close")?,
             rbd_get_size: sym(rbd, rb, c"rbd_get_size")?,
             rbd_get_id: sym(rbd, rb, c"rbd_get_id")?,
+            rbd_config_image_list: sym(rbd, rb, c"rbd_config_image_list")?,
+            rbd_config_image_list_cleanup: sym(rbd, rb, c"rbd_config_image_list_cleanup")?,
             rbd_aio_create_completion: sym(rbd, rb, c"rbd_aio_create_completion")?,
             rbd_aio_get_return_value: sym(rbd, rb, c"rbd_aio_get_return_value")?,
             rbd_aio_release: sym(rbd, rb, c"rbd_aio_release")?,

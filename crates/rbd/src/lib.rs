@@ -55,6 +55,14 @@ pub enum Error {
     /// The image does not exist or cannot be opened.
     #[error("image {pool}/{image}: {source}")]
     Image { pool: String, image: String, source: io::Error },
+    /// The image's or its pool's configuration turns librbd's cache on,
+    /// over the client's `rbd_cache = false`.
+    #[error(
+        "image {spec}: its {level} configuration sets rbd_cache = true, which overrides this gateway's \
+         rbd_cache = false: with librbd's cache writes would be acknowledged before the OSDs have them, and \
+         other gateways exporting the image would not see them; remove it (rbd config {fix} rbd_cache)"
+    )]
+    Cache { spec: String, level: &'static str, fix: String },
 }
 
 /// Where an image is and how to reach its cluster.
@@ -231,7 +239,59 @@ impl Image {
         }
         img.fsid = fsid.map_err(|rc| image_err(rc.into()))?;
         img.id = id.map_err(|rc| image_err(rc.into()))?;
-        Ok(img)
+        // Pool and image configuration (`rbd config pool|image set`)
+        // override what the client set: read back what this open uses.
+        match img.config("rbd_cache").map_err(|rc| image_err(rc.into()))? {
+            Some((value, source)) if value == "true" => {
+                let (level, fix) = match source {
+                    2 => ("image", format!("image rm {}/{}", o.pool, o.image)),
+                    1 => ("pool", format!("pool rm {}", o.pool)),
+                    _ => (
+                        "client",
+                        format!("global rm client rbd_cache (or the [client] section of {})", o.ceph_conf.display()),
+                    ),
+                };
+                Err(Error::Cache { spec: img.spec.clone(), level, fix })
+            }
+            _ => Ok(img),
+        }
+    }
+
+    /// The value of configuration option `name` this open image uses, and
+    /// where it comes from (`RBD_CONFIG_SOURCE_*`: 0 the client, 1 the
+    /// pool, 2 the image); `None` when librbd lists no such option.
+    fn config(&self, name: &str) -> Result<Option<(String, std::ffi::c_int)>, std::ffi::c_int> {
+        let lib = ffi::loaded();
+        let mut options: Vec<ffi::ConfigOption> = Vec::new();
+        let mut n: std::ffi::c_int = 128;
+        loop {
+            let cap = usize::try_from(n).unwrap_or(0);
+            options.clear();
+            options.resize_with(cap, || ffi::ConfigOption {
+                name: std::ptr::null_mut(),
+                value: std::ptr::null_mut(),
+                source: 0,
+            });
+            // SAFETY: an open image; `options` has room for `n` entries,
+            // and librbd sets `n` to how many it filled (or needs).
+            let rc = unsafe { (lib.rbd_config_image_list)(self.image, options.as_mut_ptr(), &mut n) };
+            if rc == -libc::ERANGE && usize::try_from(n).unwrap_or(0) > cap {
+                continue;
+            }
+            if rc < 0 {
+                return Err(rc);
+            }
+            break;
+        }
+        let filled = options.get(..usize::try_from(n).unwrap_or(0)).unwrap_or_default();
+        let found = filled.iter().find_map(|o| {
+            // SAFETY: librbd filled the entry with NUL-terminated strings.
+            let (k, v) = unsafe { (CStr::from_ptr(o.name), CStr::from_ptr(o.value)) };
+            (k.to_bytes() == name.as_bytes()).then(|| (v.to_string_lossy().into_owned(), o.source))
+        });
+        // SAFETY: the entries librbd filled, released once.
+        unsafe { (lib.rbd_config_image_list_cleanup)(options.as_mut_ptr(), n) };
+        Ok(found)
     }
 
     /// The image's size in bytes when it was opened.
