@@ -205,10 +205,17 @@ unsafe impl<B: IoBufMut> IoBufMut for SliceMut<B> {
     }
 
     unsafe fn set_init(&mut self, n: usize) {
-        // SAFETY: bytes `begin..begin + n` were written; those before
-        // `begin` were initialized when the inner buffer says so (a Vec
-        // read into its spare capacity at its length, which is how the
-        // callers use it).
+        // A view that starts past the inner buffer's initialized bytes
+        // (a Vec sliced beyond its length): the gap is zeroed first, so
+        // that recording `begin + n` never claims bytes nobody wrote.
+        let init = self.buf.bytes_init();
+        if init < self.begin {
+            // SAFETY: `init..begin` lies within the inner buffer's
+            // writable bytes (`begin <= end <= bytes_total`).
+            unsafe { self.buf.write_ptr().add(init).write_bytes(0, self.begin - init) };
+        }
+        // SAFETY: bytes `begin..begin + n` were written (the caller's
+        // promise) and those before `begin` are initialized (above).
         unsafe { self.buf.set_init(self.begin + n) }
     }
 }

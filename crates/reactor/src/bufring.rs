@@ -241,10 +241,24 @@ pub(crate) fn recycle_in(core: &Core, bid: u16) {
     }
 }
 
-/// Received bytes, valid until dropped.
+/// Received bytes, valid until dropped. Dropping gives the buffer back
+/// to this thread's ring, so it never leaves the thread:
+///
+/// ```
+/// fn here<T>() {}
+/// here::<reactor::RecvBuf<'static>>();
+/// ```
+///
+/// ```compile_fail
+/// fn elsewhere<T: Send>() {}
+/// elsewhere::<reactor::RecvBuf<'static>>();
+/// ```
 pub struct RecvBuf<'a> {
     bytes: &'a [u8],
     bid: Option<u16>,
+    /// Given back to this thread's ring when dropped: never moved to
+    /// another thread.
+    _ring: crate::ThreadBound,
 }
 
 impl std::ops::Deref for RecvBuf<'_> {
@@ -388,7 +402,7 @@ impl Receiver {
         let (n, buf) = self.read_into(buf).await;
         self.own = buf;
         n?;
-        Ok(RecvBuf { bytes: &self.own, bid: None })
+        Ok(RecvBuf { bytes: &self.own, bid: None, _ring: crate::ThreadBound::default() })
     }
 }
 
@@ -407,13 +421,13 @@ fn multishot_result<'a>(res: i32, flags: u32) -> io::Result<Option<RecvBuf<'a>>>
         // ours until given back (when the RecvBuf drops); the mapping
         // outlives the reactor's tasks.
         let bytes = unsafe { std::slice::from_raw_parts(ptr, res as usize) };
-        return Ok(Some(RecvBuf { bytes, bid: Some(bid) }));
+        return Ok(Some(RecvBuf { bytes, bid: Some(bid), _ring: crate::ThreadBound::default() }));
     }
     if let Some(b) = bid {
         try_with_core(|c| recycle_in(c, b));
     }
     match res {
-        0 => Ok(Some(RecvBuf { bytes: &[], bid: None })),
+        0 => Ok(Some(RecvBuf { bytes: &[], bid: None, _ring: crate::ThreadBound::default() })),
         r if r == -libc::ENOBUFS || r == -libc::EINTR || r == -libc::ECANCELED => Ok(None),
         r => Err(io::Error::from_raw_os_error(-r)),
     }

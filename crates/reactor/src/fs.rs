@@ -146,6 +146,24 @@ pub fn is_fixed(ptr: *const u8, len: usize) -> bool {
 /// future must be awaited or dropped, never leaked (`mem::forget`): a
 /// leaked one's queued entry would outlive the borrow. The same holds for
 /// every function here that takes a borrowed descriptor.
+///
+/// The future holds a slot of this thread's ring, and the kernel writes
+/// into `buf` until its completion: it cannot move to another thread,
+/// where dropping it would free `buf` under the kernel.
+///
+/// ```no_run
+/// use std::os::fd::AsFd;
+/// fn here<T>(_: T) {}
+/// let file = std::fs::File::open("/dev/zero").unwrap();
+/// here(reactor::fs::read_at(file.as_fd(), vec![0u8; 8], 0));
+/// ```
+///
+/// ```compile_fail
+/// use std::os::fd::AsFd;
+/// fn elsewhere<T: Send>(_: T) {}
+/// let file = std::fs::File::open("/dev/zero").unwrap();
+/// elsewhere(reactor::fs::read_at(file.as_fd(), vec![0u8; 8], 0));
+/// ```
 pub async fn read_at<'a, B: IoBufMut>(file: impl Into<FileRef<'a>>, mut buf: B, pos: u64) -> (io::Result<usize>, B) {
     let (ptr, len) = (buf.write_ptr(), buf.bytes_total());
     let (fd, flags) = file.into().target();

@@ -17,6 +17,8 @@ pub mod gather;
 pub mod net;
 mod op;
 mod rt;
+#[cfg(test)]
+mod thread_bound;
 
 pub use bufring::{register_receive_buffers, Receiver, RecvBuf, DEFAULT_BUFFERS, DEFAULT_BUFFER_SIZE};
 pub use doorbell::{doorbell, Doorbell, Ringer};
@@ -31,6 +33,13 @@ use std::net::SocketAddr;
 use std::sync::OnceLock;
 use std::task::{Poll, Waker};
 use std::time::Instant;
+
+/// A marker that keeps a type on the thread that made it (neither `Send`
+/// nor `Sync`): ring operations, receive buffers and timers name slots of
+/// that thread's reactor, and acting on them from another thread would
+/// free memory the kernel still writes or touch another reactor's state.
+#[derive(Default)]
+pub(crate) struct ThreadBound(std::marker::PhantomData<*const ()>);
 
 /// One reactor's identity, handed to the code it runs.
 #[derive(Clone, Copy, Debug)]

@@ -212,7 +212,18 @@ pub struct TcpStream {
 impl TcpStream {
     /// Connects to `addr`.
     pub async fn connect(addr: SocketAddr) -> io::Result<TcpStream> {
+        TcpStream::connect_from(addr, None).await
+    }
+
+    /// Connects to `addr` from the local address `source` (any port), or
+    /// from the one the kernel picks when `None`.
+    pub async fn connect_from(addr: SocketAddr, source: Option<std::net::IpAddr>) -> io::Result<TcpStream> {
         let fd = Rc::new(new_socket(&addr)?);
+        if let Some(ip) = source {
+            let (ss, len) = sockaddr(SocketAddr::new(ip, 0));
+            // SAFETY: a live socket and a sockaddr of the length given.
+            cvt(unsafe { libc::bind(fd.as_raw_fd(), (ss.as_ref() as *const libc::sockaddr_storage).cast(), len) })?;
+        }
         let (ss, len) = sockaddr(addr);
         let entry =
             opcode::Connect::new(types::Fd(fd.as_raw_fd()), (ss.as_ref() as *const libc::sockaddr_storage).cast(), len)

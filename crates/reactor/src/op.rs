@@ -18,6 +18,10 @@ pub(crate) struct Op<T: 'static> {
     done: bool,
     /// The entry names a descriptor the caller only borrowed.
     borrowed_fd: bool,
+    /// Neither `Send` nor `Sync`: `idx` is a slot of the submitting
+    /// thread's ring, and only that thread may cancel it or free `data`
+    /// (dropped elsewhere, the kernel would write into freed memory).
+    _ring: crate::ThreadBound,
 }
 
 /// A finished operation: the kernel's result, the CQE flags, and what the
@@ -32,7 +36,7 @@ impl<T: 'static> Op<T> {
     /// does not move with it).
     pub(crate) fn submit(entry: squeue::Entry, data: T) -> Op<T> {
         let idx = with_core(|c| c.push(entry, OpState::Waiting(None)));
-        Op { idx, data: Some(data), done: false, borrowed_fd: false }
+        Op { idx, data: Some(data), done: false, borrowed_fd: false, _ring: crate::ThreadBound::default() }
     }
 
     /// As [`Op::submit`], for an entry naming a descriptor that the

@@ -25,7 +25,7 @@ use std::future::Future;
 use std::io;
 use std::pin::Pin;
 use std::rc::Rc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use rustc_hash::FxHashMap;
@@ -212,6 +212,9 @@ impl Timers {
 }
 
 pub(crate) struct Core {
+    /// This runtime's number among those the process made (wrapping):
+    /// its task wakers carry it.
+    id: u16,
     ring: RefCell<IoUring>,
     features: Features,
     poll: Duration,
@@ -402,7 +405,9 @@ impl Runtime {
                 files.cap = cap;
             }
         }
+        static NEXT_ID: AtomicU16 = AtomicU16::new(0);
         let core = Rc::new(Core {
+            id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
             ring: RefCell::new(ring),
             features,
             poll: config.poll,
@@ -437,7 +442,7 @@ impl Runtime {
     /// the runtime is dropped.
     pub fn block_on<F: Future>(&mut self, fut: F) -> F::Output {
         let mut fut = std::pin::pin!(fut);
-        let main_woken = Rc::new(Cell::new(true));
+        let main_woken = Arc::new(AtomicBool::new(true));
         let waker = main_waker(main_woken.clone());
         let mut cx = Context::from_waker(&waker);
         let core = self.core.clone();
@@ -445,13 +450,16 @@ impl Runtime {
         // When the turns that found nothing began, while spinning.
         let mut spin_from: Option<Instant> = None;
         loop {
-            if main_woken.replace(false) {
+            // A load and a store (one writer clears it): a wake between them
+            // is seen by the poll that follows.
+            if main_woken.load(Ordering::Acquire) {
+                main_woken.store(false, Ordering::Relaxed);
                 if let Poll::Ready(v) = fut.as_mut().poll(&mut cx) {
                     return v;
                 }
             }
             let ran = core.run_ready();
-            if main_woken.get() {
+            if main_woken.load(Ordering::Acquire) {
                 continue;
             }
             let now = Instant::now();
@@ -618,35 +626,28 @@ impl Drop for Runtime {
     }
 }
 
-fn main_waker(flag: Rc<Cell<bool>>) -> Waker {
-    // The block_on future's waker: a flag on this thread. It is built from
-    // the same thread-affine vtable idea as task wakers, with an Rc.
-    fn clone(p: *const ()) -> RawWaker {
-        // SAFETY: `p` came from Rc::into_raw of an Rc<Cell<bool>>.
-        unsafe { Rc::increment_strong_count(p as *const Cell<bool>) };
-        RawWaker::new(p, &MAIN_VTABLE)
+fn main_waker(flag: Arc<AtomicBool>) -> Waker {
+    // The block_on future's waker: a flag the loop checks each turn. Any
+    // thread may wake it (an atomic store); the loop on its own thread is
+    // the only one to clear it.
+    struct Flag(Arc<AtomicBool>);
+    impl std::task::Wake for Flag {
+        fn wake(self: Arc<Self>) {
+            self.0.store(true, Ordering::Release);
+        }
+        fn wake_by_ref(self: &Arc<Self>) {
+            self.0.store(true, Ordering::Release);
+        }
     }
-    fn wake(p: *const ()) {
-        wake_by_ref(p);
-        drop_waker(p);
-    }
-    fn wake_by_ref(p: *const ()) {
-        // SAFETY: as in clone; the Rc is alive while this waker exists.
-        unsafe { (*(p as *const Cell<bool>)).set(true) };
-    }
-    fn drop_waker(p: *const ()) {
-        // SAFETY: as in clone; releases this waker's count.
-        unsafe { drop(Rc::from_raw(p as *const Cell<bool>)) };
-    }
-    static MAIN_VTABLE: RawWakerVTable = RawWakerVTable::new(clone, wake, wake_by_ref, drop_waker);
-    let p = Rc::into_raw(flag) as *const ();
-    // SAFETY: the vtable functions uphold the RawWaker contract on the
-    // thread that made it; the executor never sends it elsewhere.
-    unsafe { Waker::from_raw(RawWaker::new(p, &MAIN_VTABLE)) }
+    Waker::from(Arc::new(Flag(flag)))
 }
 
-// Task wakers carry (generation << 32 | index) and reach the task through
-// this thread's core: no allocation, no reference count.
+// Task wakers carry (generation << 48 | reactor << 32 | index) and reach
+// the task through this thread's core: no allocation, no reference count.
+// A task waker belongs to its reactor's thread: woken on another (which
+// nothing in this workspace does; cross-thread wake-ups go through a
+// `Doorbell`), it is refused with an error line instead of scheduling
+// whatever task the other reactor has at that index.
 static TASK_VTABLE: RawWakerVTable = RawWakerVTable::new(task_clone, task_wake, task_wake, task_drop);
 
 fn task_clone(p: *const ()) -> RawWaker {
@@ -655,26 +656,31 @@ fn task_clone(p: *const ()) -> RawWaker {
 
 fn task_wake(p: *const ()) {
     let v = p as usize as u64;
-    let (idx, gen) = ((v & 0xffff_ffff) as u32, (v >> 32) as u32);
-    if try_with_core(|core| core.schedule(idx, gen)).is_none() {
-        log::error!("reactor: a task waker was used on a thread without its reactor");
+    let (idx, reactor, gen) = ((v & 0xffff_ffff) as u32, (v >> 32) as u16, (v >> 48) as u16);
+    match try_with_core(|core| (core.id == reactor).then(|| core.schedule(idx, gen))) {
+        Some(Some(())) => {}
+        Some(None) => log::error!("reactor: a task waker of reactor {reactor} was used on another reactor's thread"),
+        None => log::error!("reactor: a task waker was used on a thread without its reactor"),
     }
 }
 
 fn task_drop(_: *const ()) {}
 
-fn task_waker(idx: u32, gen: u32) -> Waker {
-    let v = (u64::from(gen) << 32 | u64::from(idx)) as usize;
+/// A waker for task `idx` of generation `gen` (its low 16 bits: a stale
+/// waker that matches a later generation polls that task once more, which
+/// futures allow) on the reactor `reactor`.
+fn task_waker(reactor: u16, idx: u32, gen: u32) -> Waker {
+    let v = (u64::from(gen as u16) << 48 | u64::from(reactor) << 32 | u64::from(idx)) as usize;
     // SAFETY: the vtable's functions touch no memory through the pointer;
     // it is only an encoded number.
     unsafe { Waker::from_raw(RawWaker::new(v as *const (), &TASK_VTABLE)) }
 }
 
 impl Core {
-    fn schedule(&self, idx: u32, gen: u32) {
+    fn schedule(&self, idx: u32, gen: u16) {
         let mut tasks = self.tasks.borrow_mut();
         if let Some(t) = tasks.get_mut(idx as usize) {
-            if t.live && t.gen == gen && !t.queued {
+            if t.live && t.gen as u16 == gen && !t.queued {
                 t.queued = true;
                 self.ready.borrow_mut().push_back(idx);
             }
@@ -749,7 +755,7 @@ impl Core {
                 }
             };
             let mut fut = fut;
-            let waker = task_waker(idx, gen);
+            let waker = task_waker(self.id, idx, gen);
             let mut cx = Context::from_waker(&waker);
             let done = fut.as_mut().poll_task(&mut cx).is_ready();
             ran += 1;
@@ -1265,13 +1271,15 @@ pub fn spawn_detached<F: Future<Output = ()> + 'static>(fut: F) {
 
 /// Completes after `d` (on the reactor's timers, no ring entry).
 pub fn sleep(d: Duration) -> Sleep {
-    Sleep { when: Instant::now() + d, slot: None }
+    Sleep { when: Instant::now() + d, slot: None, _reactor: crate::ThreadBound::default() }
 }
 
 /// The future of [`sleep`].
 pub struct Sleep {
     when: Instant,
     slot: Option<(u32, u32)>,
+    /// `slot` is a timer of this thread's reactor.
+    _reactor: crate::ThreadBound,
 }
 
 impl Future for Sleep {
