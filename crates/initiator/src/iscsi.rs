@@ -214,6 +214,8 @@ pub struct LoginOptions {
     /// ISID; [`LoginOptions::new`] draws a random-format one, so several
     /// sessions of one initiator name never reinstate each other.
     pub isid: [u8; 6],
+    /// The local address to connect from (`None`: the kernel's choice).
+    pub source: Option<std::net::IpAddr>,
 }
 
 impl LoginOptions {
@@ -238,6 +240,7 @@ impl LoginOptions {
             params: defaults.params,
             chap_algorithms: ChapAlgorithm::ALL.to_vec(),
             isid,
+            source: None,
         }
     }
 
@@ -412,7 +415,7 @@ impl Session {
     /// [`Error::LoginRefused`] with the target's status.
     pub async fn connect(addr: SocketAddr, opts: LoginOptions) -> Result<Session> {
         let cfg = opts.host_config()?;
-        let stream = reactor::timeout(opts.timeout, TcpStream::connect(addr))
+        let stream = reactor::timeout(opts.timeout, TcpStream::connect_from(addr, opts.source))
             .await
             .map_err(|_| Error::Timeout { what: "TCP connect", after: opts.timeout })??;
         stream.set_nodelay(true)?;

@@ -92,9 +92,17 @@ pub struct LimitsConfig {
     /// Live NVMe controllers per subsystem (each takes a CNTLID).
     #[serde(default = "default_controllers_per_subsystem")]
     pub controllers_per_subsystem: u32,
+    /// Live NVMe controllers of one subsystem created from one peer IP
+    /// address (a share of `controllers_per_subsystem`).
+    #[serde(default = "default_controllers_per_host")]
+    pub controllers_per_host: u32,
     /// Live iSCSI sessions per target.
     #[serde(default = "default_sessions_per_target")]
     pub sessions_per_target: u32,
+    /// Live iSCSI sessions of one target from one peer IP address (a share
+    /// of `sessions_per_target`).
+    #[serde(default = "default_sessions_per_host")]
+    pub sessions_per_host: u32,
     /// iSCSI tasks (commands not yet answered) per session.
     #[serde(default = "default_tasks_per_session")]
     pub tasks_per_session: u32,
@@ -126,6 +134,12 @@ fn default_controllers_per_subsystem() -> u32 {
 fn default_sessions_per_target() -> u32 {
     2048
 }
+fn default_controllers_per_host() -> u32 {
+    128
+}
+fn default_sessions_per_host() -> u32 {
+    128
+}
 fn default_tasks_per_session() -> u32 {
     1024
 }
@@ -146,6 +160,8 @@ impl Default for LimitsConfig {
             connections_per_host: default_connections_per_host(),
             controllers_per_subsystem: default_controllers_per_subsystem(),
             sessions_per_target: default_sessions_per_target(),
+            controllers_per_host: default_controllers_per_host(),
+            sessions_per_host: default_sessions_per_host(),
             tasks_per_session: default_tasks_per_session(),
             send_high_water: default_send_high_water(),
             iscsi_write_budget: default_iscsi_write_budget(),
@@ -1008,6 +1024,8 @@ impl Config {
             ("connections_per_host", l.connections_per_host),
             ("controllers_per_subsystem", l.controllers_per_subsystem),
             ("sessions_per_target", l.sessions_per_target),
+            ("controllers_per_host", l.controllers_per_host),
+            ("sessions_per_host", l.sessions_per_host),
             ("tasks_per_session", l.tasks_per_session),
         ] {
             if v == 0 {

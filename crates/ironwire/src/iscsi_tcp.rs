@@ -30,7 +30,7 @@ use std::cell::RefCell;
 use std::collections::BTreeMap;
 use std::os::fd::{AsRawFd, RawFd};
 use std::rc::Rc;
-use std::sync::atomic::{AtomicU16, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU16, AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
@@ -297,7 +297,7 @@ pub struct IscsiTarget {
     pub units: BTreeMap<u64, Arc<Unit>>,
     /// Live sessions (normal logins that completed), on every reactor;
     /// shared with the target's next version when ctl changes it.
-    sessions: Arc<AtomicU32>,
+    sessions: Arc<std::sync::Mutex<SessionCount>>,
     /// What the sessions see; shared with the next version like `sessions`.
     table: Arc<LunTable>,
     /// The sessions by initiator name and ISID, for reinstatement; shared
@@ -384,7 +384,7 @@ impl IscsiTarget {
 
     /// Live sessions of this target.
     pub fn session_count(&self) -> u32 {
-        self.sessions.load(Ordering::Acquire)
+        self.sessions.lock().unwrap_or_else(|e| e.into_inner()).total
     }
 
     fn allows(&self, initiator: &str) -> bool {
@@ -425,8 +425,29 @@ pub struct IscsiModel {
     next_tsih: AtomicU16,
     /// `[limits] sessions_per_target`.
     sessions_per_target: u32,
+    /// `[limits] sessions_per_host`.
+    sessions_per_host: u32,
     /// `[timeouts] handshake_ms`: from accept to the end of the login.
     handshake: Duration,
+}
+
+/// A target's live sessions, in all and by initiator address.
+#[derive(Default)]
+struct SessionCount {
+    total: u32,
+    by_host: std::collections::HashMap<std::net::IpAddr, u32>,
+}
+
+impl SessionCount {
+    fn release(&mut self, peer: std::net::IpAddr) {
+        self.total = self.total.saturating_sub(1);
+        if let std::collections::hash_map::Entry::Occupied(mut e) = self.by_host.entry(peer) {
+            *e.get_mut() -= 1;
+            if *e.get() == 0 {
+                e.remove();
+            }
+        }
+    }
 }
 
 /// The target portal group every portal belongs to.
@@ -441,22 +462,24 @@ impl IscsiModel {
             discovery_chap: RwLock::new(discovery_chap),
             next_tsih: AtomicU16::new(1),
             sessions_per_target: u32::MAX,
+            sessions_per_host: u32::MAX,
             handshake: Duration::from_secs(15),
         }
     }
 
-    /// Sets how many sessions each target holds and how long a login may
-    /// take.
-    pub fn with_limits(mut self, sessions_per_target: u32, handshake: Duration) -> Self {
-        self.sessions_per_target = sessions_per_target;
+    /// Sets how many sessions each target holds, in all and from one
+    /// peer address, and how long a login may take.
+    pub fn with_limits(mut self, (per_target, per_host): (u32, u32), handshake: Duration) -> Self {
+        self.sessions_per_target = per_target;
+        self.sessions_per_host = per_host;
         self.handshake = handshake;
         self
     }
 
     /// Gives back a session place taken by `reserve_session`.
-    fn release_session(&self, target: &str) {
+    fn release_session(&self, target: &str, peer: std::net::IpAddr) {
         if let Some(t) = self.find(target) {
-            let _ = t.sessions.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1));
+            t.sessions.lock().unwrap_or_else(|e| e.into_inner()).release(peer);
         }
     }
 
@@ -525,13 +548,23 @@ impl Policy for IscsiModel {
         t.mutual_for(initiator).cloned().map(|(u, s)| (u, Secret(s)))
     }
 
-    fn reserve_session(&self, target: &str) -> Result<(), String> {
+    fn reserve_session(&self, target: &str, peer: Option<std::net::IpAddr>) -> Result<(), String> {
         let Some(t) = self.find(target) else { return Err(format!("target {target} not found")) };
-        let limit = self.sessions_per_target;
-        t.sessions
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| (n < limit).then_some(n + 1))
-            .map(|_| ())
-            .map_err(|_| format!("target {} already has {limit} sessions ([limits] sessions_per_target)", t.iqn))
+        let Some(peer) = peer else { return Err("no peer address".into()) };
+        let mut n = t.sessions.lock().unwrap_or_else(|e| e.into_inner());
+        let (all, from) = (self.sessions_per_target, self.sessions_per_host);
+        if n.total >= all {
+            return Err(format!("target {} already has {all} sessions ([limits] sessions_per_target)", t.iqn));
+        }
+        if n.by_host.get(&peer).is_some_and(|&k| k >= from) {
+            return Err(format!(
+                "target {} already has {from} sessions from {peer} ([limits] sessions_per_host)",
+                t.iqn
+            ));
+        }
+        n.total += 1;
+        *n.by_host.entry(peer).or_default() += 1;
+        Ok(())
     }
 
     fn admits_sessions(&self) -> bool {
@@ -863,7 +896,7 @@ pub async fn serve(stream: TcpStream, model: Arc<IscsiModel>, cfg: TargetConfig,
     let Ok(peer) = stream.peer_addr() else { return };
     let seed = seed(&model);
     let conn = Rc::new(Conn {
-        iscsi: RefCell::new(TargetConnection::new(cfg, model.clone(), seed)),
+        iscsi: RefCell::new(TargetConnection::new(cfg, model.clone(), seed).with_peer(peer.ip())),
         session: RefCell::new(None),
         shell: Shell::new(peer),
         running: RefCell::new(Vec::new()),
@@ -922,7 +955,7 @@ pub async fn serve(stream: TcpStream, model: Arc<IscsiModel>, cfg: TargetConfig,
     }
     let held = conn.iscsi.borrow().session_target().map(str::to_owned);
     if let Some(t) = held {
-        model.release_session(&t);
+        model.release_session(&t, peer.ip());
     }
     let _ = writer.await;
     drop(ticker);

@@ -63,6 +63,7 @@ pub fn build_target(config: &Config, devices: &HashMap<String, Arc<Device>>) -> 
         max_io_queues: t.max_io_queues,
         queue_entries: t.queue_entries,
         max_controllers: config.limits.controllers_per_subsystem,
+        max_controllers_per_host: config.limits.controllers_per_host,
     });
     for s in &config.subsystem {
         let subsys = target.add_subsystem(subsystem(s)).map_err(anyhow::Error::msg)?;
@@ -109,7 +110,10 @@ fn build_iscsi(config: &Config, devices: &HashMap<String, Arc<Device>>) -> Resul
     let disc = config.iscsi.discovery_chap.as_ref().map(|c| (c.user.clone(), c.secret.as_bytes().to_vec()));
     let handshake = std::time::Duration::from_millis(u64::from(config.timeouts.handshake_ms));
     let portals = crate::runtime::portals(config);
-    Ok(Arc::new(IscsiModel::new(targets, portals, disc).with_limits(config.limits.sessions_per_target, handshake)))
+    Ok(Arc::new(
+        IscsiModel::new(targets, portals, disc)
+            .with_limits((config.limits.sessions_per_target, config.limits.sessions_per_host), handshake),
+    ))
 }
 
 /// Where `serve` came from: the `--config` file (what `ctl reload` and

@@ -98,6 +98,32 @@ fn connections_that_never_finish_their_login_are_closed_after_handshake_ms() {
     d.assert_alive();
 }
 
+/// `[limits] sessions_per_host`: one peer address holds at most that many
+/// sessions of a target, below `sessions_per_target`; another address
+/// (127.0.0.2, also this machine) still gets in.
+#[test]
+fn login_past_sessions_per_host_is_refused_and_other_hosts_get_in() {
+    let mut d = start("sessions-host", "[limits]\nsessions_per_host = 2\nsessions_per_target = 10\n");
+    block_on(bounded(30, async {
+        let _a = session(&d).await;
+        let _b = session(&d).await;
+        let mut opts = LoginOptions::new(HOST, Some(TARGET));
+        opts.isid = [0x80, 0, 0, 0, 0, 9];
+        match Session::connect(d.addr, opts.clone()).await {
+            Err(e) => {
+                let st = e.login_status().unwrap_or_else(|| panic!("not a login refusal: {e}"));
+                assert_eq!((st.class(), st.detail()), (3, 2), "Out of resources");
+            }
+            Ok(_) => panic!("a third session from 127.0.0.1 was let in"),
+        }
+        assert!(d.log().contains("2 sessions from 127.0.0.1 ([limits] sessions_per_host)"), "{}", d.log());
+        opts.source = Some("127.0.0.2".parse().expect("address"));
+        let mut c = Session::connect(d.addr, opts).await.expect("a session from 127.0.0.2");
+        c.read16(0, 0, 1, 512).await.expect("it reads");
+    }));
+    d.assert_alive();
+}
+
 #[test]
 fn login_past_sessions_per_target_is_refused_out_of_resources() {
     let mut d = start("sessions", "[limits]\nsessions_per_target = 2\n");

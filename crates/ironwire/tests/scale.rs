@@ -41,7 +41,7 @@ fn a_thousand_controllers_and_a_thousand_sessions_leave_a_fresh_host_served() {
     raise_own_open_files();
     let mut d = Daemon::start_with("scale", |_, port| {
         format!(
-            "[[device]]\nname = \"r\"\nkind = \"ram\"\nsize = \"16MiB\"\n\n[[subsystem]]\nnqn = \"{NQN}\"\nallow_any_host = true\n[[subsystem.namespace]]\ndevice = \"r\"\n\n[[iscsi_target]]\niqn = \"{IQN}\"\nallow_any_initiator = true\n[[iscsi_target.lun]]\ndevice = \"r\"\n\n[[port]]\naddress = \"127.0.0.1:{port}\"\n[[port]]\ntransport = \"iscsi\"\naddress = \"127.0.0.1:{}\"\n\n[reactor]\ncores = [0]\n\n[limits]\nconnections_per_host = 4096\n",
+            "[[device]]\nname = \"r\"\nkind = \"ram\"\nsize = \"16MiB\"\n\n[[subsystem]]\nnqn = \"{NQN}\"\nallow_any_host = true\n[[subsystem.namespace]]\ndevice = \"r\"\n\n[[iscsi_target]]\niqn = \"{IQN}\"\nallow_any_initiator = true\n[[iscsi_target.lun]]\ndevice = \"r\"\n\n[[port]]\naddress = \"127.0.0.1:{port}\"\n[[port]]\ntransport = \"iscsi\"\naddress = \"127.0.0.1:{}\"\n\n[reactor]\ncores = [0]\n\n[limits]\nconnections_per_host = 4096\ncontrollers_per_host = 2048\nsessions_per_host = 2048\n",
             port + 1
         )
     });

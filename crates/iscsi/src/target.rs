@@ -162,12 +162,13 @@ pub trait Policy {
     fn chap_secret(&self, target: Option<&str>, initiator: &str, user: &str) -> Option<Secret>;
     /// The target's own CHAP name and secret for mutual CHAP.
     fn target_credentials(&self, target: Option<&str>, initiator: &str) -> Option<(String, Secret)>;
-    /// Takes a place for one more session to `target` as its login
-    /// completes, or says (for the log) which limit it would pass; the
-    /// login is then refused "out of resources" (RFC 7143 section
+    /// Takes a place for one more session to `target` from `peer` (the
+    /// connection's address, [`TargetConnection::with_peer`]) as its
+    /// login completes, or says (for the log) which limit it would pass;
+    /// the login is then refused "out of resources" (RFC 7143 section
     /// 11.13.5). The caller gives the place back when the connection of
     /// [`TargetConnection::session_target`] ends.
-    fn reserve_session(&self, _target: &str) -> Result<(), String> {
+    fn reserve_session(&self, _target: &str, _peer: Option<std::net::IpAddr>) -> Result<(), String> {
         Ok(())
     }
     /// Whether the caller admits each new normal session itself. When it
@@ -557,6 +558,8 @@ pub struct TargetConnection<B> {
     rx_activity: bool,
     /// The login took a session place with [`Policy::reserve_session`].
     session_reserved: bool,
+    /// The initiator's address, for the policy's per-host limits.
+    peer: Option<std::net::IpAddr>,
     /// The final Login Response (header and text) of a normal session,
     /// held until [`TargetConnection::admit_session`].
     pending_login: Option<(Bhs, Vec<u8>)>,
@@ -616,6 +619,7 @@ impl<B: DataBuffer> TargetConnection<B> {
             idle_since_ms: None,
             rx_activity: false,
             session_reserved: false,
+            peer: None,
             pending_login: None,
         }
     }
@@ -628,6 +632,14 @@ impl<B: DataBuffer> TargetConnection<B> {
     /// The negotiated parameters (RFC defaults until login completes).
     pub fn params(&self) -> &Params {
         &self.params
+    }
+
+    /// Tells the policy the initiator's address at login
+    /// ([`Policy::reserve_session`]).
+    #[must_use]
+    pub fn with_peer(mut self, peer: std::net::IpAddr) -> Self {
+        self.peer = Some(peer);
+        self
     }
 
     /// The target whose session place ([`Policy::reserve_session`]) this
@@ -988,7 +1000,9 @@ impl<B: DataBuffer> TargetConnection<B> {
     /// with text `resp` and enters full feature phase.
     fn finish_login(&mut self, mut r: Bhs, resp: &[u8]) -> Result<(), (u16, String)> {
         if let Some(info) = &self.login.target {
-            self.policy.reserve_session(&info.name).map_err(|why| login_fail(login_status::OUT_OF_RESOURCES, why))?;
+            self.policy
+                .reserve_session(&info.name, self.peer)
+                .map_err(|why| login_fail(login_status::OUT_OF_RESOURCES, why))?;
             self.session_reserved = true;
         }
         r.set_tsih(self.seed.tsih);

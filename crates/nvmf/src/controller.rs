@@ -44,6 +44,8 @@ pub struct Controller<D> {
     pub hostnqn: String,
     /// Host identifier from the Connect data.
     pub hostid: [u8; 16],
+    /// The IP address the admin queue's connection came from.
+    pub(crate) peer_ip: std::net::IpAddr,
     pub(crate) subsystem: Weak<Subsystem<D>>,
     pub(crate) state: Mutex<CtrlState>,
     /// Aborts between the admin queue and the I/O queues.
@@ -67,7 +69,7 @@ impl<D: BlockDevice> Controller<D> {
         cntlid: u16,
         subsystem: &Arc<Subsystem<D>>,
         hostnqn: &str,
-        hostid: [u8; 16],
+        (hostid, peer_ip): ([u8; 16], std::net::IpAddr),
         kato_ms: u32,
         now_ms: u64,
     ) -> Self {
@@ -76,6 +78,7 @@ impl<D: BlockDevice> Controller<D> {
             cntlid,
             hostnqn: hostnqn.to_string(),
             hostid,
+            peer_ip,
             subsystem: Arc::downgrade(subsystem),
             state: Mutex::new(CtrlState {
                 kato_ms,

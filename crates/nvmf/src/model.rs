@@ -30,11 +30,20 @@ pub struct Settings {
     /// Most live controllers per subsystem; a Connect past it is answered
     /// Controller Busy.
     pub max_controllers: u32,
+    /// Most live controllers per subsystem created from one peer IP
+    /// address, so that one host cannot take all of `max_controllers`.
+    pub max_controllers_per_host: u32,
 }
 
 impl Default for Settings {
     fn default() -> Self {
-        Settings { max_transfer: 1024 * 1024, max_io_queues: 128, queue_entries: 1024, max_controllers: 1024 }
+        Settings {
+            max_transfer: 1024 * 1024,
+            max_io_queues: 128,
+            queue_entries: 1024,
+            max_controllers: 1024,
+            max_controllers_per_host: 128,
+        }
     }
 }
 

@@ -496,12 +496,23 @@ impl<D: BlockDevice> Queue<D> {
                 );
                 return busy;
             }
+            let ip = self.peer.ip();
+            let per_host = self.target.settings.max_controllers_per_host;
+            if live.values().filter(|c| c.peer_ip == ip).count() >= per_host as usize {
+                log::warn!(
+                    "{}: host {hostnqn} refused: {ip} has {per_host} controllers of {} ([limits] controllers_per_host)",
+                    self.peer,
+                    subsys.nqn
+                );
+                return busy;
+            }
             let Some(cntlid) = subsys.alloc_cntlid(|id| !live.contains_key(&id)) else {
                 log::warn!("{}: host {hostnqn} refused: no free controller ID in {}", self.peer, subsys.nqn);
                 return busy;
             };
             // Discovery controllers may be given no KATO; nvmet then uses none.
-            let ctrl = Arc::new(Controller::new(cntlid, subsys, hostnqn, cd.hostid, cmd.kato_ms, now_ms));
+            let ctrl =
+                Arc::new(Controller::new(cntlid, subsys, hostnqn, (cd.hostid, self.peer.ip()), cmd.kato_ms, now_ms));
             ctrl.lock().io_queues_granted = self.target.settings.max_io_queues;
             live.insert(cntlid, ctrl.clone());
             ctrl

@@ -1003,6 +1003,32 @@ fn controllers_per_subsystem_are_limited_and_busy_is_not_final() {
     assert!(status(&connect(&mut d, 0, 0xffff, SUB, HOST)).is_success(), "room again after a controller closed");
 }
 
+/// `max_controllers_per_host`: one peer address holds at most that many
+/// controllers of a subsystem, so it cannot take all of `max_controllers`;
+/// another address still gets one.
+#[test]
+fn controllers_per_host_are_limited_and_other_hosts_get_in() {
+    let t = Target::new(Settings { max_controllers: 10, max_controllers_per_host: 2, ..Default::default() });
+    t.add_subsystem(Subsystem::new(SUB, "SN1", true, Vec::new())).expect("sub");
+    let t = Arc::new(t);
+    let from = |ip: [u8; 4]| SocketAddr::from((ip, 40000));
+    let mut a = Queue::new(t.clone(), TCP, addr(), from([10, 0, 0, 1]));
+    let mut b = Queue::new(t.clone(), TCP, addr(), from([10, 0, 0, 1]));
+    let mut c = Queue::new(t.clone(), TCP, addr(), from([10, 0, 0, 1]));
+    let mut d = Queue::new(t.clone(), TCP, addr(), from([10, 0, 0, 2]));
+    assert!(status(&connect(&mut a, 0, 0xffff, SUB, HOST)).is_success());
+    assert!(status(&connect(&mut b, 0, 0xffff, SUB, OTHER)).is_success());
+    assert_eq!(
+        status(&connect(&mut c, 0, 0xffff, SUB, HOST)),
+        Status::CONNECT_CONTROLLER_BUSY,
+        "a third from one host"
+    );
+    assert!(status(&connect(&mut d, 0, 0xffff, SUB, HOST)).is_success(), "another host gets in");
+    a.close();
+    let mut e = Queue::new(t.clone(), TCP, addr(), from([10, 0, 0, 1]));
+    assert!(status(&connect(&mut e, 0, 0xffff, SUB, HOST)).is_success(), "room again after one closed");
+}
+
 #[test]
 fn cntlid_never_wraps_onto_a_live_controller() {
     let t = Target::new(Settings { max_controllers: u32::MAX, ..Default::default() });
