@@ -5,7 +5,7 @@
 use anyhow::{anyhow, bail, Context, Result};
 use nvme_spec::log::AnaState;
 use serde::{Deserialize, Serialize};
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
@@ -392,8 +392,16 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
         "TB" => 1_000_000_000_000,
         u => return Err(format!("size {s:?} has unknown unit {u:?} (use KiB, MiB, GiB, TiB)")),
     };
-    n.checked_mul(mult).ok_or_else(|| format!("size {s:?} overflows"))
+    // TOML integers are i64: a larger size could not be saved.
+    n.checked_mul(mult)
+        .filter(|&b| i64::try_from(b).is_ok())
+        .ok_or_else(|| format!("size {s:?} is more than {} bytes", i64::MAX))
 }
+
+/// A namespace's NSID with the NGUID, UUID and EUI-64 it will have, as far
+/// as the configuration tells (an rbd image's derived ones are not known
+/// before it is opened).
+type Identity = (u32, Option<[u8; 16]>, Option<[u8; 16]>, Option<[u8; 8]>);
 
 /// A byte count that must fit 32 bits, written as bytes or with a unit.
 fn size_u32<'de, D: serde::Deserializer<'de>>(d: D) -> Result<u32, D::Error> {
@@ -851,7 +859,25 @@ impl Config {
                 }
             }
             let mut nsids = HashSet::new();
+            // An rbd image's namespace identifiers come from the image
+            // alone: two namespaces of it in one subsystem would share them.
+            let mut images = HashMap::new();
+            let mut identities: Vec<Identity> = Vec::new();
             for (j, ns) in s.namespace.iter().enumerate() {
+                let image = self.device.iter().find(|d| d.name == ns.device && d.kind == "rbd");
+                if let Some(d) = image {
+                    let key = (&d.ceph_conf, &d.pool, &d.image);
+                    if let Some(k) = images.insert(key, j) {
+                        bail!(
+                            "{}: device {:?} is rbd image {}/{}, which namespace[{k}] exports already: \
+                             its namespaces would have the same identifiers, which hosts refuse",
+                            f(&format!("namespace[{j}].device")),
+                            ns.device,
+                            d.pool.as_deref().unwrap_or_default(),
+                            d.image.as_deref().unwrap_or_default()
+                        );
+                    }
+                }
                 let nsid = ns.nsid.unwrap_or(u32::try_from(j).unwrap_or(u32::MAX).saturating_add(1));
                 if nsid == 0 || nsid > 1024 {
                     bail!("{}: {nsid} outside 1..=1024", f(&format!("namespace[{j}].nsid")));
@@ -887,6 +913,27 @@ impl Config {
                 if let Err(e) = ns.ana() {
                     bail!("{}: {e}", f(&format!("namespace[{j}].ana_state")));
                 }
+                // The identifiers hosts will see, as `Namespace::new`
+                // derives them (an rbd image's come from the image, known
+                // once it is opened: `serve` and ctl check those).
+                let derived =
+                    (image.is_none()).then(|| nvmf::derived_identifiers(&format!("{}/{nsid}/{}", s.nqn, ns.device)));
+                let nguid = ns.nguid_bytes().and_then(Result::ok).or(derived.map(|d| d.0));
+                let uuid = ns.uuid_bytes().and_then(Result::ok).or(derived.map(|d| d.1));
+                let eui64 = derived.map(|d| d.2);
+                let clash = |k: &Identity| {
+                    (nguid.is_some() && k.1 == nguid)
+                        || (uuid.is_some() && k.2 == uuid)
+                        || (eui64.is_some() && k.3 == eui64)
+                };
+                if let Some(k) = identities.iter().find(|k| clash(k)) {
+                    bail!(
+                        "{}: namespace {nsid} would have the NGUID, UUID or EUI-64 of namespace {}; hosts refuse the second",
+                        f(&format!("namespace[{j}]")),
+                        k.0
+                    );
+                }
+                identities.push((nsid, nguid, uuid, eui64));
             }
         }
         if self.port.is_empty() {

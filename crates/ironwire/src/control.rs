@@ -157,6 +157,14 @@ fn prepare_dir(dir: &Path, gid: Option<u32>) -> Result<()> {
             m.mode() & 0o7777
         );
     }
+    // A directory made before (systemd's RuntimeDirectory=, 0700) must let
+    // the group through to the socket too.
+    if let Some(g) = gid.filter(|&g| m.gid() != g || m.mode() & 0o050 != 0o050) {
+        std::os::unix::fs::chown(dir, None, Some(g))
+            .with_context(|| format!("giving {} to group {g}", dir.display()))?;
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode((m.mode() & 0o7777) | 0o050))?;
+        log::info!("control socket directory {}: given to group {g}, mode 0750", dir.display());
+    }
     Ok(())
 }
 
@@ -320,7 +328,16 @@ fn admit(stream: &UnixStream, gid: Option<u32>) -> Result<(), String> {
     Err(format!("uid {} (pid {}) may not use the control socket: only uid 0, uid {me}{group} may", cred.uid, cred.pid))
 }
 
+/// How long a control client may stay silent before its connection is
+/// closed: clients take one of a few places ([`MAX_CLIENTS`]), and idle
+/// ones must not keep everyone else out.
+const CLIENT_IDLE: std::time::Duration = std::time::Duration::from_secs(60);
+
 fn serve_client(ctl: &Control, stream: UnixStream) {
+    if let Err(e) = stream.set_read_timeout(Some(CLIENT_IDLE)) {
+        log::warn!("control: cannot bound a client's idle time ({e}); closing it");
+        return;
+    }
     let Ok(mut out) = stream.try_clone() else { return };
     let mut reader = BufReader::new(stream);
     let mut line = Vec::new();
@@ -778,7 +795,16 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     let name = path.file_name().ok_or_else(|| anyhow!("{} names no file", path.display()))?;
     let tmp = dir.join(format!(".{}.tmp-{}", name.to_string_lossy(), std::process::id()));
     let written = (|| -> std::io::Result<()> {
-        let mut f = std::fs::File::create(&tmp)?;
+        use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
+        // The file may hold CHAP secrets: the replacement keeps the mode
+        // and owner of the file it replaces, and a new file is private.
+        let was = std::fs::metadata(path).ok();
+        let mode = was.as_ref().map_or(0o600, |m| m.mode() & 0o7777);
+        let mut f = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(&tmp)?;
+        if let Some(m) = &was {
+            std::os::unix::fs::fchown(&f, Some(m.uid()), Some(m.gid()))?;
+        }
+        f.set_permissions(std::fs::Permissions::from_mode(mode))?;
         f.write_all(bytes)?;
         f.sync_all()?;
         std::fs::rename(&tmp, path)?;

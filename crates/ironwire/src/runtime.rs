@@ -201,6 +201,13 @@ pub fn apply(live: &mut Live, old: &Config, new: &Config, symlinks: Symlinks, pr
         };
         opened.insert(d.name.clone(), dev);
     }
+    let mut devices = live.devices.clone();
+    devices.retain(|name, _| new.device.iter().any(|d| &d.name == name));
+    devices.extend(opened);
+    // What adding a namespace would refuse, checked before anything is
+    // changed: identifiers derived from the opened devices (an rbd image
+    // exported twice) or configured.
+    check_identifiers(new, &devices)?;
     // Growing is all-or-nothing: every file is extended before any device
     // takes its new size (an extended file alone changes nothing), so a
     // failure here, or at the ports below, leaves every capacity as the
@@ -229,9 +236,6 @@ pub fn apply(live: &mut Live, old: &Config, new: &Config, symlinks: Symlinks, pr
         });
     }
 
-    let mut devices = live.devices.clone();
-    devices.retain(|name, _| new.device.iter().any(|d| &d.name == name));
-    devices.extend(opened);
     // The objects' own checks ran above; should one still refuse (a host
     // connected meanwhile), the ports go back too.
     if let Err(e) = apply_nvme(live, &devices, old, new).and_then(|()| apply_iscsi(live, &devices, new)) {
@@ -254,6 +258,31 @@ pub fn apply(live: &mut Live, old: &Config, new: &Config, symlinks: Symlinks, pr
         }
     }
     add_ports(live, &old.port, &new.port)
+}
+
+/// Refuses a configuration in which two namespaces of one subsystem would
+/// have the same NGUID, UUID or EUI-64 (`Subsystem::add_namespace` refuses
+/// the second), naming both.
+pub fn check_identifiers(config: &Config, devices: &HashMap<String, Arc<Device>>) -> Result<()> {
+    for s in &config.subsystem {
+        let mut seen: Vec<(u32, nvmf::NamespaceIds)> = Vec::new();
+        for (j, ns) in s.namespace.iter().enumerate() {
+            let nsid = ns.nsid.unwrap_or(u32::try_from(j).unwrap_or(u32::MAX).saturating_add(1));
+            let Some(dev) = devices.get(&ns.device) else { continue };
+            let live = crate::serve::namespace(&s.nqn, nsid, ns, dev)?;
+            if let Some(&(other, _)) =
+                seen.iter().find(|(_, (g, u, e))| *g == live.nguid || *u == live.uuid || *e == live.eui64)
+            {
+                bail!(
+                    "subsystem {}: namespaces {other} and {nsid} would have the same NGUID, UUID or EUI-64 \
+                     (one rbd image exported twice, or a configured identifier used twice); hosts refuse the second",
+                    s.nqn
+                );
+            }
+            seen.push((nsid, (live.nguid, live.uuid, live.eui64)));
+        }
+    }
+    Ok(())
 }
 
 /// Closes the connections of hosts the live access lists no longer let

@@ -57,6 +57,7 @@ pub fn open_devices(config: &Config) -> Result<HashMap<String, Arc<Device>>> {
 
 /// Builds the target from `config`.
 pub fn build_target(config: &Config, devices: &HashMap<String, Arc<Device>>) -> Result<Arc<Target>> {
+    crate::runtime::check_identifiers(config, devices)?;
     let t = &config.nvme_tcp;
     let target = Target::new(Settings {
         max_transfer: t.max_transfer,

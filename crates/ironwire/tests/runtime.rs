@@ -393,9 +393,10 @@ fn a_reload_that_cannot_grow_every_device_grows_none() {
     const MIB: u64 = 1 << 20;
     block_on(bounded(30, async {
         let mut c = Controller::connect(d.addr, NQN, HOST, Options::default()).await.expect("connect");
-        // f can grow; h's new size is past what a file can be (off_t), so
-        // extending its file fails after f's was extended.
-        std::fs::write(&file, two_files(&d.dir, d.addr.port(), "2MiB", "9000000TiB")).expect("write config");
+        // f can grow; h's new size (about 1 EiB, below what TOML and off_t
+        // hold) is past what ext4, the test directory's file system, lets
+        // a file be (16 TiB): extending its file fails after f's was.
+        std::fs::write(&file, two_files(&d.dir, d.addr.port(), "2MiB", "1000000TiB")).expect("write config");
         let e = refused(&d, "reload");
         assert!(e.contains("device h: growing to"), "{e}");
         assert_eq!(c.identify_namespace(1).await.expect("identify").size_bytes(), MIB, "f took its new size");

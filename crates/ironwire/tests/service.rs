@@ -13,7 +13,7 @@
 //! Then: a device, an NVMe namespace and an iSCSI LUN added at run time
 //! with `ctl`; I/O through both with our initiator; the hosts in `ctl
 //! hosts --json`, the I/O in `ctl stats --json` and in a Prometheus scrape;
-//! a reload through ExecReload (SIGHUP) that keeps the connections; SIGTERM
+//! a reload through ExecReload (`ctl reload`) that keeps the connections; SIGTERM
 //! with NVMe writes in flight (every acknowledged write on the file); a
 //! start again from the same (persisted) file giving the same `ctl show
 //! --json` and the data.
@@ -126,12 +126,19 @@ impl Service {
         serde_json::from_str(&self.ctl(words)).expect("JSON")
     }
 
-    /// Runs the unit's ExecReload line with $MAINPID set.
+    /// Runs the unit's ExecReload line (`ironwire ctl reload`, which waits
+    /// for the reload and fails when it is refused), with the test's
+    /// binary and control socket.
     fn reload(&self) {
         let words = unit_line("ExecReload");
-        let pid = self.child.id().to_string();
-        let words: Vec<String> = words.iter().map(|w| w.replace("$MAINPID", &pid)).collect();
-        let status = Command::new(&words[0]).args(&words[1..]).status().expect("run ExecReload");
+        assert_eq!(words[0], UNIT_BINARY, "ExecReload runs the installed binary");
+        assert_eq!(&words[1..], ["ctl", "reload"], "ExecReload waits for the reload's outcome");
+        let status = Command::new(binary())
+            .args(["ctl", "--socket"])
+            .arg(self.dir.join("ctl.sock"))
+            .arg("reload")
+            .status()
+            .expect("run ExecReload");
         assert!(status.success(), "ExecReload {words:?}");
     }
 

@@ -27,6 +27,8 @@ mod queue;
 pub use abort::{AbortRequest, Doorbell};
 pub use controller::Controller;
 pub use io::{io_error_status, BlockOp, BlockRequest, DeviceRef, InFlight};
-pub use model::{Namespace, Port, Settings, Subsystem, Target, Transport, CNTLID_MAX, CNTLID_MIN};
+pub use model::{
+    derived_identifiers, Namespace, NamespaceIds, Port, Settings, Subsystem, Target, Transport, CNTLID_MAX, CNTLID_MIN,
+};
 pub use nvme_spec::Status;
 pub use queue::{Outcome, Queue, QueueKind};

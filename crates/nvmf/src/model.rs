@@ -100,22 +100,10 @@ impl<D: BlockDevice> Namespace<D> {
     /// with several paths; others derive them from `subnqn`, `nsid` and the
     /// device name. The ANA state starts optimized.
     pub fn new(subnqn: &str, nsid: u32, device: Arc<D>) -> Self {
-        let seed = match device.shared_identity() {
-            Some(shared) => shared.to_string(),
-            None => format!("{subnqn}/{nsid}/{}", device.name()),
+        let (nguid, uuid, eui64) = match device.shared_identity() {
+            Some(shared) => derived_identifiers(shared),
+            None => derived_identifiers(&format!("{subnqn}/{nsid}/{}", device.name())),
         };
-        let nguid = hash128(seed.as_bytes());
-        let mut uuid = hash128(format!("uuid:{seed}").as_bytes());
-        if let Some(b) = uuid.get_mut(6) {
-            *b = (*b & 0x0f) | 0x40;
-        }
-        if let Some(b) = uuid.get_mut(8) {
-            *b = (*b & 0x3f) | 0x80;
-        }
-        let mut eui64 = [0u8; 8];
-        for (d, s) in eui64.iter_mut().zip(hash128(format!("eui64:{seed}").as_bytes())) {
-            *d = s;
-        }
         Namespace {
             nsid,
             device,
@@ -160,6 +148,28 @@ impl<D: BlockDevice> Namespace<D> {
     pub fn ana_state(&self) -> AnaState {
         AnaState(self.ana_state.load(Ordering::Acquire))
     }
+}
+
+/// A namespace's NGUID, UUID and EUI-64.
+pub type NamespaceIds = ([u8; 16], [u8; 16], [u8; 8]);
+
+/// The NGUID, UUID and EUI-64 a namespace derives from `seed`: a
+/// device's shared identity, else "SUBNQN/NSID/DEVICE" (what
+/// [`Namespace::new`] uses; configuration checks compute the same).
+pub fn derived_identifiers(seed: &str) -> NamespaceIds {
+    let nguid = hash128(seed.as_bytes());
+    let mut uuid = hash128(format!("uuid:{seed}").as_bytes());
+    if let Some(b) = uuid.get_mut(6) {
+        *b = (*b & 0x0f) | 0x40;
+    }
+    if let Some(b) = uuid.get_mut(8) {
+        *b = (*b & 0x3f) | 0x80;
+    }
+    let mut eui64 = [0u8; 8];
+    for (d, s) in eui64.iter_mut().zip(hash128(format!("eui64:{seed}").as_bytes())) {
+        *d = s;
+    }
+    (nguid, uuid, eui64)
 }
 
 /// FNV-1a based 128-bit digest: identifiers only, not security.
