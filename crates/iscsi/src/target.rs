@@ -551,6 +551,9 @@ pub struct TargetConnection<B> {
     next_ttt: u32,
     text_pending: Option<TextPending>,
     text_partial: Vec<u8>,
+    /// The ITT and TTT of a Text Request sent in parts (C bit) whose next
+    /// part is awaited.
+    text_continue: Option<(u32, u32)>,
     tmf_pending: HashMap<u32, PendingTmf>,
     ping: Option<Ping>,
     logout_pending: Option<Bhs>,
@@ -613,6 +616,7 @@ impl<B: DataBuffer> TargetConnection<B> {
             next_ttt: 1,
             text_pending: None,
             text_partial: Vec::new(),
+            text_continue: None,
             tmf_pending: HashMap::new(),
             ping: None,
             logout_pending: None,
@@ -1159,7 +1163,10 @@ impl<B: DataBuffer> TargetConnection<B> {
             self.login.declared = true;
         }
         if negotiated.first_burst_length > negotiated.max_burst_length {
+            // RFC 7143 13.14: FirstBurstLength MUST NOT exceed
+            // MaxBurstLength; the answer says the value used.
             negotiated.first_burst_length = negotiated.max_burst_length;
+            text::replace(&mut resp, "FirstBurstLength", &negotiated.first_burst_length.to_string());
         }
         self.params = negotiated;
         let go = transit && self.login.auth == Auth::Done;
@@ -2223,7 +2230,12 @@ impl<B: DataBuffer> TargetConnection<B> {
         }
         let itt = bhs.itt();
         let immediate = bhs.immediate();
-        if bhs.ttt() != RESERVED_TAG {
+        let continued = self.text_continue.take().is_some_and(|c| c == (itt, bhs.ttt()));
+        if bhs.ttt() == RESERVED_TAG {
+            // RFC 7143 11.11.4: the reserved TTT starts a new exchange;
+            // what an earlier one left unfinished is dropped.
+            self.text_partial.clear();
+        } else if !continued {
             // The initiator asks for the next part of a long response.
             let Some(p) = self.text_pending.take().filter(|p| p.ttt == bhs.ttt() && p.itt == itt) else {
                 self.retire(immediate);
@@ -2249,8 +2261,13 @@ impl<B: DataBuffer> TargetConnection<B> {
         }
         self.text_partial.extend_from_slice(data);
         if bhs.flags() & flags::CONTINUE != 0 {
+            // An empty answer with F=0 and a TTT of ours, which the next
+            // part of the request echoes (RFC 7143 11.11.1: never the
+            // reserved TTT with F=0).
+            let ttt = self.alloc_ttt();
+            self.text_continue = Some((itt, ttt));
             let mut b = Bhs::new(Opcode::TEXT_RESP);
-            b.set_itt(itt).set_ttt(RESERVED_TAG);
+            b.set_itt(itt).set_ttt(ttt);
             self.retire(immediate);
             self.stamp(&mut b, true);
             self.send(&b, &[], &[]);

@@ -91,6 +91,22 @@ pub fn push(out: &mut Vec<u8>, key: &str, value: &str) {
     out.push(0);
 }
 
+/// Sets the value of `key` in `out` (pairs as [`push`] writes them) to
+/// `value`, where it is there.
+pub fn replace(out: &mut Vec<u8>, key: &str, value: &str) {
+    let mut rebuilt = Vec::with_capacity(out.len());
+    for pair in out.split(|&b| b == 0).filter(|p| !p.is_empty()) {
+        match pair.strip_prefix(key.as_bytes()).and_then(|rest| rest.strip_prefix(b"=")) {
+            Some(_) => push(&mut rebuilt, key, value),
+            None => {
+                rebuilt.extend_from_slice(pair);
+                rebuilt.push(0);
+            }
+        }
+    }
+    *out = rebuilt;
+}
+
 /// Encodes pairs as `key=value\0...`.
 pub fn encode<K: AsRef<str>, V: AsRef<str>>(pairs: &[(K, V)]) -> Vec<u8> {
     let mut out = Vec::new();

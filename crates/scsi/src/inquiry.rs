@@ -143,8 +143,9 @@ pub(crate) fn device_identification<D: BlockDevice>(lu: &LogicalUnit<D>, nexus: 
 /// Extended INQUIRY Data (0x86).
 fn extended_inquiry<D: BlockDevice>(lu: &LogicalUnit<D>) -> Vec<u8> {
     let mut p = vec![0u8; 0x3C];
-    // HEADSUP, ORDSUP, SIMPSUP.
-    set(&mut p, 1, 0x07);
+    // SIMPSUP only: every command runs as SIMPLE, in no order but its
+    // own (HEAD OF QUEUE and ORDERED, not enforced, are not claimed).
+    set(&mut p, 1, 0x01);
     // V_SUP: a volatile cache exists.
     set(&mut p, 2, u8::from(lu.device.volatile_write_cache()));
     // LUICLR: unit attentions are cleared per I_T nexus.

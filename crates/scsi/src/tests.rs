@@ -153,6 +153,16 @@ fn vpd_supported_pages_lists_every_page() {
     }
 }
 
+/// Extended INQUIRY claims SIMPLE only: HEAD OF QUEUE and ORDERED are
+/// not enforced (an ORDERED read ran ahead of an older write while
+/// ORDSUP said it would wait for it).
+#[test]
+fn extended_inquiry_claims_only_the_simple_task_attribute() {
+    let lu = ram_lu();
+    let p = good(exec(&lu, &nexus(1), &inquiry(true, 0x86, 255)));
+    assert_eq!(p[4] & 0x07, 0x01, "HEADSUP and ORDSUP clear, SIMPSUP set");
+}
+
 #[test]
 fn vpd_unit_serial_number_matches_serial() {
     let lu = ram_lu();

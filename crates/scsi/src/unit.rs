@@ -100,6 +100,10 @@ pub(crate) struct LuState {
     pub swp: bool,
     /// Known I_T nexuses with their pending unit attentions, oldest first.
     pub nexuses: HashMap<NexusId, VecDeque<Sense>>,
+    /// Nexuses lost (session ended) with unit attentions not yet
+    /// reported, oldest first: kept for the session that reinstates them
+    /// ([`LOST_KEPT`] at most).
+    pub lost: VecDeque<NexusId>,
     /// SPC-2 RESERVE(6) holder.
     pub spc2_holder: Option<NexusId>,
     /// Persistent reservations.
@@ -107,7 +111,8 @@ pub(crate) struct LuState {
 }
 
 impl LuState {
-    /// Queues `ua` for every known nexus except `except`.
+    /// Queues `ua` for every known nexus except `except` (lost ones that
+    /// still wait to be told something included).
     pub fn unit_attention_all(&mut self, ua: Sense, except: Option<&NexusId>) {
         for (id, q) in self.nexuses.iter_mut() {
             if Some(id) != except {
@@ -199,6 +204,10 @@ fn fnv1a(seed: u64, parts: &[&[u8]]) -> u64 {
 /// IEEE company ID placed in NAA designators. ironwire owns no OUI; zero
 /// keeps the designator well-formed and unique through the vendor fields.
 const NAA_COMPANY_ID: u32 = 0x00_0000;
+
+/// Lost I_T nexuses that keep unit attentions they were not yet told
+/// ([`LogicalUnit::nexus_lost`]).
+const LOST_KEPT: usize = 256;
 
 impl<D: BlockDevice> LogicalUnit<D> {
     /// A logical unit for `device` at `lun` of `target_name`, with serial
@@ -369,21 +378,36 @@ impl<D: BlockDevice> LogicalUnit<D> {
     /// like LIO, a fresh session starts clean (libiscsi's two-initiator
     /// tests expect the second session's first command to run).
     pub fn nexus_created(&self, nexus: &Nexus) {
+        let id = nexus.id();
         let mut st = self.lock();
-        st.nexuses.entry(nexus.id()).or_default();
+        st.lost.retain(|l| *l != id);
+        st.nexuses.entry(id).or_default();
         self.sync(&st);
     }
 
     /// I_T nexus loss (session closed or dropped): releases an SPC-2
-    /// reservation it held and forgets its unit attentions. Persistent
-    /// reservations and registrations survive (SPC-4 5.9.1).
+    /// reservation it held. Persistent reservations and registrations
+    /// survive (SPC-4 5.9.1), and so do unit attentions it has not yet
+    /// been told (SAM-5 5.14: until reported): the same initiator port
+    /// logging in again (iSCSI session reinstatement, same name and ISID)
+    /// is the same nexus and meets them at its first command. At most
+    /// [`LOST_KEPT`] lost nexuses keep theirs; past that the oldest go.
     pub fn nexus_lost(&self, nexus: &Nexus) {
         let id = nexus.id();
         let mut st = self.lock();
         if st.spc2_holder.as_ref() == Some(&id) {
             st.spc2_holder = None;
         }
-        st.nexuses.remove(&id);
+        if st.nexuses.get(&id).is_none_or(VecDeque::is_empty) {
+            st.nexuses.remove(&id);
+        } else if !st.lost.contains(&id) {
+            st.lost.push_back(id);
+            while st.lost.len() > LOST_KEPT {
+                if let Some(old) = st.lost.pop_front() {
+                    st.nexuses.remove(&old);
+                }
+            }
+        }
         self.sync(&st);
     }
 
