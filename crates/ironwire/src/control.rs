@@ -802,7 +802,21 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
         let mode = was.as_ref().map_or(0o600, |m| m.mode() & 0o7777);
         let mut f = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(&tmp)?;
         if let Some(m) = &was {
-            std::os::unix::fs::fchown(&f, Some(m.uid()), Some(m.gid()))?;
+            let new = f.metadata()?;
+            if (new.uid(), new.gid()) != (m.uid(), m.gid()) {
+                // Only root may give a file away; a daemon that may not
+                // keeps the mode (the secrets stay as private) and says so.
+                if let Err(e) = std::os::unix::fs::fchown(&f, Some(m.uid()), Some(m.gid())) {
+                    log::warn!(
+                        "{}: cannot keep its owner {}:{} ({e}); the new file is {}:{}",
+                        path.display(),
+                        m.uid(),
+                        m.gid(),
+                        new.uid(),
+                        new.gid()
+                    );
+                }
+            }
         }
         f.set_permissions(std::fs::Permissions::from_mode(mode))?;
         f.write_all(bytes)?;

@@ -386,7 +386,10 @@ fn head_checked(
             format!("flags {:#04x}: DDGSTF disagrees with the negotiated data digest ({})", ch.flags, framing.ddgst),
         ));
     }
-    let data_start = if has_data {
+    // A terminate PDU (no digests) carries the offending header right
+    // after its own: hosts leave PDO 0 there (SPDK's does, and SPDK's and
+    // Linux's targets read the data at HLEN), so PDO is not checked.
+    let data_start = if has_data && digests {
         let pdo = u32::from(ch.pdo);
         if pdo < header_end || pdo.checked_rem(framing.data_align) != Some(0) || pdo.saturating_add(dd) > plen {
             return Err(invalid(

@@ -149,9 +149,23 @@ pub(crate) fn spc2<B, D: BlockDevice>(lu: &LogicalUnit<D>, nexus: &Nexus, c: Byt
     }
     let id = nexus.id();
     let mut st = lu.lock();
-    // SPC-4 5.9.3: with any registration, RESERVE(6)/RELEASE(6) conflict.
+    // SPC-4 5.9.3: with any registration, RESERVE(6)/RELEASE(6) conflict,
+    // except (CRH, which REPORT CAPABILITIES claims) from the persistent
+    // reservation's holder, or from a registrant under a registrants-only
+    // or all-registrants reservation: those complete with GOOD and change
+    // nothing.
     if !st.pr.is_empty() {
-        return conflict();
+        let registrant_type = st.pr.res.as_ref().is_some_and(|r| {
+            matches!(
+                r.rtype,
+                WRITE_EXCLUSIVE_REGISTRANTS_ONLY
+                    | EXCLUSIVE_ACCESS_REGISTRANTS_ONLY
+                    | WRITE_EXCLUSIVE_ALL_REGISTRANTS
+                    | EXCLUSIVE_ACCESS_ALL_REGISTRANTS
+            )
+        });
+        let exempt = st.pr.is_holder(&id) || (registrant_type && st.pr.key_of(&id).is_some());
+        return if exempt { good() } else { conflict() };
     }
     let out = if c.u8(0) == op::RESERVE_6 {
         match &st.spc2_holder {
@@ -273,10 +287,14 @@ pub(crate) fn persistent_reserve_out<B: DataOut, D: BlockDevice>(
     if flags & 0x08 != 0 {
         return Outcome::Check(Sense::invalid_param_field(20, Some(3)));
     }
-    if flags & 0x04 != 0 {
+    // ALL_TG_PT and APTPL (neither supported: PTPL_C and ATP are 0) mean
+    // something to REGISTER and REGISTER AND IGNORE EXISTING KEY only;
+    // other service actions ignore them (SPC-4 6.16.3).
+    let registering = matches!(sa, 0x00 | 0x06);
+    if registering && flags & 0x04 != 0 {
         return Outcome::Check(Sense::invalid_param_field(20, Some(2)));
     }
-    if flags & 0x01 != 0 {
+    if registering && flags & 0x01 != 0 {
         return Outcome::Check(Sense::invalid_param_field(20, Some(0)));
     }
     let id = nexus.id();
@@ -444,15 +462,27 @@ fn preempt<B>(st: &mut LuState, id: &NexusId, rtype: u8, sa_key: u64, abort: boo
             if removed.is_empty() {
                 return conflict();
             }
+            // SPC-4 5.9.11.5: naming its own key is no error; the
+            // caller's registration goes too (without a unit attention).
+            if removed.contains(id) {
+                pr.regs.retain(|r| &r.nexus != id);
+            }
             (removed.into_iter().filter(|n| n != id).collect(), None)
         }
     };
     pr.regs.retain(|r| !removed.contains(&r.nexus));
+    let old_type = pr.res.as_ref().map(|r| r.rtype);
+    let mut released = Vec::new();
     if let Some(res) = new_res {
         pr.res = res;
+        // The reservation's type changed: the registrants left, but for
+        // the caller, learn that the old one is gone (SPC-4 5.9.11.4).
+        if old_type.is_some_and(|t| t != rtype) {
+            released = pr.regs.iter().filter(|r| &r.nexus != id).map(|r| r.nexus.clone()).collect();
+        }
     } else if let Some(r) = &pr.res {
         // A removed nexus may have been an all-registrants holder.
-        if removed.contains(&r.holder) {
+        if removed.contains(&r.holder) || !pr.regs.iter().any(|x| x.nexus == r.holder) {
             let next = pr.regs.first().map(|r| r.nexus.clone());
             match next {
                 Some(n) => {
@@ -473,6 +503,9 @@ fn preempt<B>(st: &mut LuState, id: &NexusId, rtype: u8, sa_key: u64, abort: boo
     }
     for o in removed {
         st.unit_attention(&o, Sense::UA_REGISTRATIONS_PREEMPTED);
+    }
+    for o in released {
+        st.unit_attention(&o, Sense::UA_RESERVATIONS_RELEASED);
     }
     good()
 }

@@ -266,7 +266,10 @@ impl Sense {
             b.extend_from_slice(&info.to_be_bytes());
         }
         if let Some(sks) = self.sense_key_specific() {
-            b.extend_from_slice(&[0x02, 0x06, 0x00]);
+            // Type 02h, additional length 06h, two reserved bytes, SKSV
+            // and the field (bytes 4-6), one reserved byte (SPC-4
+            // 4.5.2.4.1).
+            b.extend_from_slice(&[0x02, 0x06, 0x00, 0x00]);
             b.extend_from_slice(&sks);
             b.extend_from_slice(&[0x00]);
         }

@@ -160,7 +160,7 @@ fn vpd_supported_pages_lists_every_page() {
 fn extended_inquiry_claims_only_the_simple_task_attribute() {
     let lu = ram_lu();
     let p = good(exec(&lu, &nexus(1), &inquiry(true, 0x86, 255)));
-    assert_eq!(p[4] & 0x07, 0x01, "HEADSUP and ORDSUP clear, SIMPSUP set");
+    assert_eq!(p[5] & 0x07, 0x01, "HEADSUP and ORDSUP clear, SIMPSUP set");
 }
 
 #[test]
@@ -1394,4 +1394,103 @@ fn software_write_protect_refuses_writes_until_cleared() {
     set_swp(&lu, &a, false);
     assert_eq!(check(exec(&lu, &b, &[0; 6])), Sense::UA_MODE_PARAMETERS_CHANGED);
     assert!(matches!(block_op(exec_out(&lu, &b, &w, vec![0; BS as usize])), BlockOp::Write { .. }));
+}
+
+// ---- Persistent reservations (SPC-4 5.9, 6.16) and sense data ----
+
+/// REPORT CAPABILITIES sets CRH, which promises the SPC-4 5.9.3 (SPC-5
+/// 5.13.3) exceptions: RESERVE(6)/RELEASE(6) from the persistent
+/// reservation holder, or from a registrant while a registrants-only or
+/// all-registrants reservation is present, complete with GOOD status and
+/// change nothing (LIO: target_check_scsi2_reservation_conflict).
+#[test]
+fn crh_reserve6_release6_from_pr_holder_or_registrant_complete_good() {
+    let reserve6 = [op::RESERVE_6, 0, 0, 0, 0, 0];
+    let release6 = [op::RELEASE_6, 0, 0, 0, 0, 0];
+    let lu = ram_lu();
+    let (a, b) = (nexus(1), nexus(2));
+    assert_eq!(pr_in(&lu, &a, 2)[2] & 0x10, 0x10, "CRH is claimed");
+    good(pr_out(&lu, &a, REGISTER, 0, 0, 0xA));
+    good(pr_out(&lu, &a, RESERVE, 1, 0xA, 0));
+    // a) the persistent reservation holder.
+    good(exec(&lu, &a, &reserve6));
+    good(exec(&lu, &a, &release6));
+    // The persistent reservation is unchanged and no SPC-2 one exists.
+    assert_eq!(pr_in(&lu, &a, 1)[21], 1, "still WRITE EXCLUSIVE");
+    assert!(matches!(exec(&lu, &b, &read10(0, 1, 0)), Outcome::Io(_)), "another nexus still reads");
+    // b) a registrant while a registrants-only reservation is present.
+    let lu = ram_lu();
+    good(pr_out(&lu, &a, REGISTER, 0, 0, 0xA));
+    good(pr_out(&lu, &b, REGISTER, 0, 0, 0xB));
+    good(pr_out(&lu, &a, RESERVE, 5, 0xA, 0));
+    good(exec(&lu, &b, &reserve6));
+    good(exec(&lu, &b, &release6));
+}
+
+/// SPC-4 6.16.3: "The ALL_TG_PT bit is valid only for the REGISTER service
+/// action and the REGISTER AND IGNORE EXISTING KEY service action, and
+/// shall be ignored for all other service actions"; likewise "The APTPL
+/// bit shall be valid only for the REGISTER service action and the
+/// REGISTER AND IGNORE EXISTING KEY service action. In all other cases,
+/// the APTPL bit shall be ignored." (LIO passes them to REGISTER only.)
+#[test]
+fn aptpl_and_all_tg_pt_are_ignored_outside_register() {
+    let lu = ram_lu();
+    let a = nexus(1);
+    good(pr_out(&lu, &a, REGISTER, 0, 0, 0xA));
+    let mut p = prout_parameters(0xA, 0);
+    p[20] = 0x01; // APTPL
+    good(exec_out(&lu, &a, &prout(RESERVE, 1), p.to_vec()));
+    let mut p = prout_parameters(0xA, 0);
+    p[20] = 0x04; // ALL_TG_PT
+    good(exec_out(&lu, &a, &prout(RELEASE, 1), p.to_vec()));
+}
+
+/// SPC-4 5.9.11.4 (SPC-5 5.13.11.2.4.3) f): "if the type or scope has
+/// changed, then for every I_T nexus whose reservation key was not removed,
+/// except for the I_T nexus on which the PERSISTENT RESERVE OUT command was
+/// received, the device server shall establish a unit attention condition
+/// ... with the additional sense code set to RESERVATIONS RELEASED."
+#[test]
+fn preempt_that_changes_the_type_tells_remaining_registrants_reservations_released() {
+    let lu = ram_lu();
+    let (a, b, c) = (nexus(1), nexus(2), nexus(3));
+    good(pr_out(&lu, &a, REGISTER, 0, 0, 0xA));
+    good(pr_out(&lu, &b, REGISTER, 0, 0, 0xB));
+    good(pr_out(&lu, &c, REGISTER, 0, 0, 0xC));
+    good(pr_out(&lu, &a, RESERVE, 1, 0xA, 0));
+    // b preempts a's WRITE EXCLUSIVE with an EXCLUSIVE ACCESS reservation.
+    good(pr_out(&lu, &b, PREEMPT, 3, 0xB, 0xA));
+    assert_eq!(check(exec(&lu, &a, &[0; 6])), Sense::UA_REGISTRATIONS_PREEMPTED);
+    assert_eq!(check(exec(&lu, &c, &[0; 6])), Sense::UA_RESERVATIONS_RELEASED, "c kept its key; type changed");
+}
+
+/// SPC-4 5.9.11.5 (SPC-5 5.13.11.2.5): "It is not an error for a PERSISTENT
+/// RESERVE OUT with a PREEMPT service action ... to set the RESERVATION KEY
+/// and the SERVICE ACTION RESERVATION KEY to the same value, however, no
+/// unit attention condition is established for the I_T nexus on which the
+/// PERSISTENT RESERVE OUT command was received. The registration is
+/// removed." (LIO frees the calling nexus's registration too.)
+#[test]
+fn preempt_naming_the_callers_own_non_holder_key_removes_its_registration() {
+    let lu = ram_lu();
+    let (a, b) = (nexus(1), nexus(2));
+    good(pr_out(&lu, &a, REGISTER, 0, 0, 0xA));
+    good(pr_out(&lu, &b, REGISTER, 0, 0, 0xB));
+    good(pr_out(&lu, &b, RESERVE, 1, 0xB, 0));
+    good(pr_out(&lu, &a, PREEMPT, 1, 0xA, 0xA));
+    let keys = pr_in(&lu, &a, 0);
+    assert_eq!(u32::from_be_bytes(keys[4..8].try_into().unwrap()), 8, "only b's key is left: {keys:?}");
+    assert_eq!(keys[8..16], 0xBu64.to_be_bytes());
+}
+
+/// SPC-4 4.5.2.4.1 (sense key specific sense data descriptor): DESCRIPTOR
+/// TYPE 02h, ADDITIONAL LENGTH 06h, bytes 2-3 reserved, SKSV and the sense
+/// key specific field in bytes 4-6, byte 7 reserved: 8 bytes (Linux's
+/// scsi_set_sense_field_pointer writes ucp[4] = 0x80 | ...).
+#[test]
+fn descriptor_sense_key_specific_descriptor_is_eight_bytes_with_sksv_at_byte_4() {
+    let b = Sense::invalid_cdb_field(1, Some(5)).to_descriptor_bytes();
+    assert_eq!(b[..8], [0x72, 0x05, 0x24, 0x00, 0, 0, 0, 8]);
+    assert_eq!(b[8..], [0x02, 0x06, 0x00, 0x00, 0xCD, 0x00, 0x01, 0x00]);
 }
