@@ -124,7 +124,7 @@ impl Drop for Socket {
 /// Creates the socket's directory if it is missing (0700, or 0750 owned by
 /// `gid`) and refuses one that another user owns or others may write: there
 /// anyone could replace the socket with their own.
-fn prepare_dir(dir: &Path, gid: Option<u32>) -> Result<()> {
+fn prepare_dir(dir: &Path, socket: &std::ffi::OsStr, gid: Option<u32>) -> Result<()> {
     if !dir.exists() {
         std::fs::DirBuilder::new()
             .recursive(true)
@@ -157,9 +157,20 @@ fn prepare_dir(dir: &Path, gid: Option<u32>) -> Result<()> {
             m.mode() & 0o7777
         );
     }
-    // A directory made before (systemd's RuntimeDirectory=, 0700) must let
-    // the group through to the socket too.
+    // A directory made for the socket before (systemd's RuntimeDirectory=,
+    // 0700) must let the group through to it too. Only one that holds
+    // nothing else: a directory with other files (a home directory) is
+    // not opened to the group.
+    let only_the_socket =
+        || std::fs::read_dir(dir).is_ok_and(|mut entries| entries.all(|e| e.is_ok_and(|e| e.file_name() == socket)));
     if let Some(g) = gid.filter(|&g| m.gid() != g || m.mode() & 0o050 != 0o050) {
+        if !only_the_socket() {
+            log::warn!(
+                "control socket directory {} holds other files: not given to group {g}; members may not reach the socket",
+                dir.display()
+            );
+            return Ok(());
+        }
         std::os::unix::fs::chown(dir, None, Some(g))
             .with_context(|| format!("giving {} to group {g}", dir.display()))?;
         std::fs::set_permissions(dir, std::fs::Permissions::from_mode((m.mode() & 0o7777) | 0o050))?;
@@ -176,7 +187,7 @@ pub fn spawn(ctl: Arc<Control>, path: &Path, group: Option<&str>) -> Result<Sock
         Some(d) if !d.as_os_str().is_empty() => d,
         _ => Path::new("."),
     };
-    prepare_dir(dir, gid)?;
+    prepare_dir(dir, path.file_name().unwrap_or_default(), gid)?;
     match std::fs::symlink_metadata(path) {
         Ok(m) if m.file_type().is_socket() => {
             // A live daemon answers; a stale socket file is replaced.
@@ -908,5 +919,47 @@ mod tests {
         assert!(m("/srv/img", "/srv/img"));
         assert!(!m("/srv/img", "/srv/img2"));
         assert!(m("/srv/*.img", "/srv/a.img") && !m("/srv/*.img", "/srv/a/b.img"));
+    }
+
+    /// write_atomic keeps the old file's owner where it may: a daemon that
+    /// is not root, writing a file it owns whose group it is not a member
+    /// of (installed `-o ironwire -g root`), may not give the replacement
+    /// that group, and must still write it (keeping the mode). Run as
+    /// root: sets up the case and runs the inner test as uid/gid 65534
+    /// with no supplementary groups.
+    #[test]
+    fn write_atomic_works_for_a_non_root_owner() {
+        use std::os::unix::fs::PermissionsExt;
+        if unsafe { libc::geteuid() } != 0 {
+            eprintln!("skipping: needs root to set up");
+            return;
+        }
+        let dir = std::env::temp_dir().join(format!("ironwire-test-wa-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir(&dir).expect("mkdir");
+        std::os::unix::fs::chown(&dir, Some(65534), Some(65534)).expect("chown dir");
+        let file = dir.join("ironwire.toml");
+        std::fs::write(&file, "old\n").expect("write");
+        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+        // Owned by the daemon's uid, group root (not one of its groups).
+        std::os::unix::fs::chown(&file, Some(65534), Some(0)).expect("chown file");
+        let out = std::process::Command::new("setpriv")
+            .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
+            .arg(std::env::current_exe().expect("exe"))
+            .args(["--exact", "control::tests::write_atomic_as_the_owner", "--ignored", "--nocapture"])
+            .env("IRONWIRE_TEST_WA_FILE", &file)
+            .output()
+            .expect("setpriv");
+        let text = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+        let _ = std::fs::remove_dir_all(&dir);
+        assert!(out.status.success(), "write_atomic as the file's non-root owner failed:\n{text}");
+    }
+
+    /// The other half of the test above, run under `setpriv` by it.
+    #[test]
+    #[ignore = "run by write_atomic_works_for_a_non_root_owner as another user"]
+    fn write_atomic_as_the_owner() {
+        let file = std::env::var_os("IRONWIRE_TEST_WA_FILE").expect("IRONWIRE_TEST_WA_FILE");
+        super::write_atomic(std::path::Path::new(&file), b"new\n").expect("write_atomic");
     }
 }

@@ -529,7 +529,12 @@ fn man_pages_and_completions_cover_every_subcommand() {
 #[test]
 fn the_unit_file_passes_systemd_analyze_verify() {
     let unit = std::fs::read_to_string(repo().join("packaging/ironwire.service")).expect("unit file");
-    for key in ["Type=notify", "ExecReload=/usr/local/bin/ironwire ctl reload", "LimitMEMLOCK=infinity", "ProtectSystem=strict"] {
+    for key in [
+        "Type=notify",
+        "ExecReload=/usr/local/bin/ironwire ctl reload",
+        "LimitMEMLOCK=infinity",
+        "ProtectSystem=strict",
+    ] {
         assert!(unit.lines().any(|l| l == key), "the unit has no {key}");
     }
     if Command::new("systemd-analyze").arg("--version").output().is_err() {

@@ -255,8 +255,9 @@ fn writes_announcing_16_mib_without_data_do_not_make_the_daemon_hold_it() {
 /// of 256 KiB, each with 252 KiB of immediate data and F clear (4 KiB of
 /// unsolicited Data-Out announced, never sent), against a 64 KiB budget:
 /// the first is let through (one write always is), the others end in
-/// TASK SET FULL with their data dropped, and a write sent meanwhile is
-/// refused the same way. Before, each held its buffer outside the budget
+/// TASK SET FULL with their data dropped, and so does a write sent
+/// meanwhile that brings part of its data unasked; one whose data all
+/// came with its command holds nothing and runs. Before, each held its buffer outside the budget
 /// (about 30 MiB here, bounded only by the CmdSN window).
 #[test]
 fn unsolicited_writes_that_never_finish_are_held_to_the_write_budget() {
@@ -284,9 +285,12 @@ fn unsolicited_writes_that_never_finish_are_held_to_the_write_budget() {
         }
         s.connection_mut().skip_cmd_sn(WRITES);
         // The first write holds the budget (its data never completes): a
-        // write of one block with its data immediate is refused too.
-        let r = s.scsi(0, &cdb::write16(0, 1), vec![0xa5; 512], 0).await.expect("answered");
+        // 1 MiB write bringing its first burst unasked is refused too, and
+        // one whose data all came with it (nothing held) is not.
+        let r = s.scsi(0, &cdb::write16(0, 2048), vec![0xa5; 1 << 20], 0).await.expect("answered");
         assert_eq!(r.status, 0x28, "TASK SET FULL while the budget is held: {r:?}");
+        let r = s.scsi(0, &cdb::write16(0, 1), vec![0xa5; 512], 0).await.expect("answered");
+        assert!(r.is_good(), "a write with all its data immediate: {r:?}");
         let grown_mib: u64 = d.rss_kib().saturating_sub(before) / 1024;
         eprintln!("daemon RSS grew {grown_mib} MiB with a 64 KiB write budget");
         // 30 MiB announced; 17 MiB of it was held before.

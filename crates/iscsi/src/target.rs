@@ -199,13 +199,16 @@ pub struct TargetConfig {
     /// Largest Expected Data Transfer Length buffered for a write.
     pub max_write_len: u32,
     /// Bytes of write buffers the connection holds for data it has yet to
-    /// solicit or receive: every write buffer counts. A write that brings
-    /// no data unasked waits for room before it gets its buffer and R2Ts;
-    /// one that brings some (immediate data, or unsolicited Data-Out to
-    /// follow) takes its whole buffer at once, or, with no room, ends in
-    /// TASK SET FULL with that data dropped (an immediate one is
-    /// rejected: "immediate command reject"). One write is always let
-    /// through, so a write up to `max_write_len` never waits for ever.
+    /// solicit or receive: every write buffer held for data still to come
+    /// counts (a write whose data all came with its command is passed on
+    /// at once and holds nothing). A write that brings no data unasked
+    /// waits for room before it gets its buffer and R2Ts; one that brings
+    /// some and expects more (immediate data short of the whole, or
+    /// unsolicited Data-Out to follow) takes its whole buffer at once, or,
+    /// with no room, ends in TASK SET FULL with that data dropped (an
+    /// immediate one is rejected: "immediate command reject"). One write
+    /// is always let through, so a write up to `max_write_len` never waits
+    /// for ever.
     pub write_budget: u64,
     /// CHAP algorithms accepted.
     pub chap_algorithms: Vec<ChapAlgorithm>,
@@ -1521,7 +1524,10 @@ impl<B: DataBuffer> TargetConnection<B> {
         }
         let unsolicited = f & flags::FINAL == 0;
         let received = u32::try_from(data.len()).unwrap_or(0);
-        if write && edtl > 0 && (received > 0 || unsolicited) && !self.budget_allows(edtl) {
+        // All of its data in this PDU: handed to the SCSI layer in this
+        // call, so its buffer is never held waiting and takes no budget.
+        let complete = received >= edtl && !unsolicited;
+        if write && edtl > 0 && !complete && (received > 0 || unsolicited) && !self.budget_allows(edtl) {
             // Data comes unasked (immediate, or unsolicited Data-Out to
             // follow) and the write budget has no room for the buffer it
             // needs: refused as a command past the task limit is, its
@@ -1582,7 +1588,9 @@ impl<B: DataBuffer> TargetConnection<B> {
         // A write bringing data unasked has room in the budget (checked
         // above); one that does not waits for room before its R2Ts
         // (`advance_write`).
-        let (buf, budgeted) = if self.budget_allows(edtl) {
+        let (buf, budgeted) = if complete {
+            (Some(B::alloc(edtl as usize)), false)
+        } else if self.budget_allows(edtl) {
             self.write_held = self.write_held.saturating_add(u64::from(edtl));
             (Some(B::alloc(edtl as usize)), true)
         } else {

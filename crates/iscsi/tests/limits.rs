@@ -341,3 +341,25 @@ fn task_management_with_the_reserved_itt_is_rejected() {
     feed(&mut t, &tmf(8, cmd_sn, TmfFunction::ABORT_TASK_SET, 0), &[]);
     assert!(matches!(t.poll_event(), Some(Event::TaskMgmt { itt: 8, .. })));
 }
+
+/// A write whose whole data came in its command PDU (immediate data, F
+/// set) needs no buffer kept for data yet to come: it is handed on in the
+/// same call, and is never refused for the write budget, even while
+/// another write holds all of it.
+#[test]
+fn a_write_with_all_its_data_immediate_is_not_refused_for_budget() {
+    const BIG: u32 = 1 << 20;
+    let (mut t, cmd_sn, _) = logged_in_with(TargetConfig { write_budget: u64::from(BIG), ..config() }, false);
+    assert!(t.params().immediate_data);
+    // A: 1 MiB, no immediate data, waits for its R2Ts' data (holds the budget).
+    feed(&mut t, &write_cmd(1, cmd_sn, BIG), &[]);
+    output(&mut t);
+    // B: 4 KiB, all of it immediate, F set: nothing more to come.
+    feed(&mut t, &write_cmd(2, cmd_sn.wrapping_add(1), 4096), &[0x11; 4096]);
+    let out = output(&mut t);
+    let tsf = out
+        .iter()
+        .any(|(b, _)| b.opcode() == Opcode::SCSI_RESP && b.itt() == 2 && b.byte3() == scsi_status::TASK_SET_FULL);
+    assert!(!tsf, "a write with all its data already received was refused TASK SET FULL");
+    assert_eq!(commands(&mut t).len(), 1, "B delivered");
+}

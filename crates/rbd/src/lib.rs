@@ -63,6 +63,13 @@ pub enum Error {
          other gateways exporting the image would not see them; remove it (rbd config {fix} rbd_cache)"
     )]
     Cache { spec: String, level: &'static str, fix: String },
+    /// The image's, its pool's or the client's configuration loads
+    /// librbd's persistent write-log cache.
+    #[error(
+        "image {spec}: its {level} configuration sets rbd_plugins = {value:?}: the pwl_cache plugin acknowledges \
+         writes from a local log before the OSDs have them, which a gateway must not do; remove it"
+    )]
+    Plugin { spec: String, level: &'static str, value: String },
 }
 
 /// Where an image is and how to reach its cluster.
@@ -241,6 +248,17 @@ impl Image {
         img.id = id.map_err(|rc| image_err(rc.into()))?;
         // Pool and image configuration (`rbd config pool|image set`)
         // override what the client set: read back what this open uses.
+        // librbd's persistent write-log cache (`rbd_plugins = pwl_cache`)
+        // acknowledges writes from a local log just the same.
+        let plugins = img.config("rbd_plugins").map_err(|rc| image_err(rc.into()))?;
+        if let Some((value, source)) = plugins.filter(|(v, _)| v.split(',').any(|p| p.trim() == "pwl_cache")) {
+            let level = match source {
+                2 => "image",
+                1 => "pool",
+                _ => "client",
+            };
+            return Err(Error::Plugin { spec: img.spec.clone(), level, value });
+        }
         match img.config("rbd_cache").map_err(|rc| image_err(rc.into()))? {
             Some((value, source)) if value == "true" => {
                 let (level, fix) = match source {

@@ -628,8 +628,10 @@ impl Drop for Runtime {
 
 fn main_waker(flag: Arc<AtomicBool>) -> Waker {
     // The block_on future's waker: a flag the loop checks each turn. Any
-    // thread may wake it (an atomic store); the loop on its own thread is
-    // the only one to clear it.
+    // thread may set it soundly (an atomic store), but a loop asleep in
+    // the kernel sees it only at its next turn (a completion or a timer):
+    // a wake from another thread that must not wait goes through a
+    // `Doorbell`. The loop on its own thread is the only one to clear it.
     struct Flag(Arc<AtomicBool>);
     impl std::task::Wake for Flag {
         fn wake(self: Arc<Self>) {

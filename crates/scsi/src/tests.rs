@@ -1494,3 +1494,24 @@ fn descriptor_sense_key_specific_descriptor_is_eight_bytes_with_sksv_at_byte_4()
     assert_eq!(b[..8], [0x72, 0x05, 0x24, 0x00, 0, 0, 0, 8]);
     assert_eq!(b[8..], [0x02, 0x06, 0x00, 0x00, 0xCD, 0x00, 0x01, 0x00]);
 }
+
+/// A nexus lost with a unit attention it was not told keeps it for the
+/// session that reinstates it, apart from the live ones: the other
+/// sessions' commands stay on the fast path meanwhile (a lost nexus's
+/// queue among the live ones kept every command on the slow path), and
+/// the reinstated nexus meets the attention at its first command.
+#[test]
+fn a_lost_nexus_keeps_its_unit_attention_off_the_fast_path() {
+    let lu = ram_lu();
+    let (a, b) = (nexus(1), nexus(2));
+    lu.nexus_created(&a);
+    lu.nexus_created(&b);
+    lu.capacity_changed();
+    assert!(!lu.is_quiet());
+    assert_eq!(check(exec(&lu, &a, &[0; 6])), Sense::UA_CAPACITY_CHANGED);
+    lu.nexus_lost(&b);
+    assert!(lu.is_quiet(), "B's pending attention keeps A's commands off the fast path");
+    lu.nexus_created(&b);
+    assert_eq!(check(exec(&lu, &b, &[0; 6])), Sense::UA_CAPACITY_CHANGED, "B is told at its first command");
+    assert!(lu.is_quiet());
+}

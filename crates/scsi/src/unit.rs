@@ -100,10 +100,11 @@ pub(crate) struct LuState {
     pub swp: bool,
     /// Known I_T nexuses with their pending unit attentions, oldest first.
     pub nexuses: HashMap<NexusId, VecDeque<Sense>>,
-    /// Nexuses lost (session ended) with unit attentions not yet
-    /// reported, oldest first: kept for the session that reinstates them
-    /// ([`LOST_KEPT`] at most).
-    pub lost: VecDeque<NexusId>,
+    /// Nexuses lost (session ended) with the unit attentions they were
+    /// not yet told, oldest first, kept for the session that reinstates
+    /// them ([`LOST_KEPT`] at most). Apart from `nexuses`: no command
+    /// comes from them, so they keep no command off the fast path.
+    pub lost: VecDeque<(NexusId, VecDeque<Sense>)>,
     /// SPC-2 RESERVE(6) holder.
     pub spc2_holder: Option<NexusId>,
     /// Persistent reservations.
@@ -114,7 +115,7 @@ impl LuState {
     /// Queues `ua` for every known nexus except `except` (lost ones that
     /// still wait to be told something included).
     pub fn unit_attention_all(&mut self, ua: Sense, except: Option<&NexusId>) {
-        for (id, q) in self.nexuses.iter_mut() {
+        for (id, q) in self.nexuses.iter_mut().chain(self.lost.iter_mut().map(|(id, q)| (&*id, q))) {
             if Some(id) != except {
                 push_ua(q, ua);
             }
@@ -254,6 +255,13 @@ impl<D: BlockDevice> LogicalUnit<D> {
     }
 
     /// Re-derives the lock-free mirrors after a state change.
+    /// Whether commands take the fast path (no reservation, no unit
+    /// attention pending for a live nexus).
+    #[cfg(test)]
+    pub(crate) fn is_quiet(&self) -> bool {
+        self.quiet.load(Ordering::Acquire)
+    }
+
     pub(crate) fn sync(&self, st: &LuState) {
         self.quiet.store(st.quiet(), Ordering::Release);
         self.wce.store(st.wce, Ordering::Release);
@@ -380,8 +388,13 @@ impl<D: BlockDevice> LogicalUnit<D> {
     pub fn nexus_created(&self, nexus: &Nexus) {
         let id = nexus.id();
         let mut st = self.lock();
-        st.lost.retain(|l| *l != id);
-        st.nexuses.entry(id).or_default();
+        let kept = st.lost.iter().position(|(l, _)| *l == id).and_then(|at| st.lost.remove(at));
+        let q = st.nexuses.entry(id).or_default();
+        if let Some((_, pending)) = kept {
+            for ua in pending {
+                push_ua(q, ua);
+            }
+        }
         self.sync(&st);
     }
 
@@ -398,14 +411,11 @@ impl<D: BlockDevice> LogicalUnit<D> {
         if st.spc2_holder.as_ref() == Some(&id) {
             st.spc2_holder = None;
         }
-        if st.nexuses.get(&id).is_none_or(VecDeque::is_empty) {
-            st.nexuses.remove(&id);
-        } else if !st.lost.contains(&id) {
-            st.lost.push_back(id);
-            while st.lost.len() > LOST_KEPT {
-                if let Some(old) = st.lost.pop_front() {
-                    st.nexuses.remove(&old);
-                }
+        if let Some(q) = st.nexuses.remove(&id).filter(|q| !q.is_empty()) {
+            st.lost.retain(|(l, _)| *l != id);
+            st.lost.push_back((id, q));
+            if st.lost.len() > LOST_KEPT {
+                st.lost.pop_front();
             }
         }
         self.sync(&st);
