@@ -504,7 +504,13 @@ fn begin(out: &mut Vec<u8>, header: &[u8], data_len: usize, framing: Framing) ->
     let hd = digests && framing.hdgst;
     let dd = digests && framing.ddgst && data_len > 0;
     let header_end = header.len().saturating_add(if hd { digest::LEN } else { 0 });
-    let pdo = if data_len == 0 { 0 } else { header_end.next_multiple_of(framing.data_align as usize) };
+    // Terminate PDUs (no digests) carry their data right after the header,
+    // where a receiver reads it (no PDA padding: PLEN stays within 152).
+    let pdo = match (data_len, digests) {
+        (0, _) => 0,
+        (_, false) => header_end,
+        (_, true) => header_end.next_multiple_of(framing.data_align as usize),
+    };
     let data_start = if data_len == 0 { header_end } else { pdo };
     let plen = data_start.saturating_add(data_len).saturating_add(if dd { digest::LEN } else { 0 });
     let start = out.len();
