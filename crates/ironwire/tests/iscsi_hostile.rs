@@ -98,6 +98,17 @@ fn connections_that_never_finish_their_login_are_closed_after_handshake_ms() {
     d.assert_alive();
 }
 
+/// Logs in with `opts`, which must be refused Out of resources (0x0302).
+async fn refused_out_of_resources(d: &Daemon, opts: LoginOptions, what: &str) {
+    match Session::connect(d.addr, opts).await {
+        Err(e) => {
+            let st = e.login_status().unwrap_or_else(|| panic!("not a login refusal: {e}"));
+            assert_eq!((st.class(), st.detail()), (3, 2), "Out of resources");
+        }
+        Ok(_) => panic!("{what} was let in"),
+    }
+}
+
 /// `[limits] sessions_per_host`: one peer address holds at most that many
 /// sessions of a target, below `sessions_per_target`; another address
 /// (127.0.0.2, also this machine) still gets in.
@@ -109,13 +120,7 @@ fn login_past_sessions_per_host_is_refused_and_other_hosts_get_in() {
         let _b = session(&d).await;
         let mut opts = LoginOptions::new(HOST, Some(TARGET));
         opts.isid = [0x80, 0, 0, 0, 0, 9];
-        match Session::connect(d.addr, opts.clone()).await {
-            Err(e) => {
-                let st = e.login_status().unwrap_or_else(|| panic!("not a login refusal: {e}"));
-                assert_eq!((st.class(), st.detail()), (3, 2), "Out of resources");
-            }
-            Ok(_) => panic!("a third session from 127.0.0.1 was let in"),
-        }
+        refused_out_of_resources(&d, opts.clone(), "a third session from 127.0.0.1").await;
         assert!(d.log().contains("2 sessions from 127.0.0.1 ([limits] sessions_per_host)"), "{}", d.log());
         opts.source = Some("127.0.0.2".parse().expect("address"));
         let mut c = Session::connect(d.addr, opts).await.expect("a session from 127.0.0.2");
@@ -132,13 +137,7 @@ fn login_past_sessions_per_target_is_refused_out_of_resources() {
         let mut b = session(&d).await;
         let mut opts = LoginOptions::new(HOST, Some(TARGET));
         opts.isid = [0x80, 0, 0, 0, 0, 9];
-        match Session::connect(d.addr, opts.clone()).await {
-            Err(e) => {
-                let st = e.login_status().unwrap_or_else(|| panic!("not a login refusal: {e}"));
-                assert_eq!((st.class(), st.detail()), (3, 2), "Out of resources");
-            }
-            Ok(_) => panic!("a third session was let in"),
-        }
+        refused_out_of_resources(&d, opts.clone(), "a third session").await;
         assert!(d.log().contains("already has 2 sessions ([limits] sessions_per_target)"), "{}", d.log());
         // The sessions that are in keep working.
         a.read16(0, 0, 1, 512).await.expect("first session reads");

@@ -112,28 +112,9 @@ fn check_config_refuses_what_serve_refuses() {
     let cfg = dir.join("c.toml");
     std::fs::write(&cfg, two_subsystems(port, "", &colliding_b())).expect("write");
     let check = Command::new(exe()).arg("check-config").arg(&cfg).output().expect("check-config");
-    let mut serve = Command::new(exe())
-        .args(["serve", "--config"])
-        .arg(&cfg)
-        .arg("--ctl-socket")
-        .arg(dir.join("ctl.sock"))
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("serve");
-    let mut status = None;
-    for _ in 0..200 {
-        if let Some(s) = serve.try_wait().expect("wait") {
-            status = Some(s);
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    let _ = serve.kill();
-    let _ = serve.wait();
-    let mut err = String::new();
-    let _ = serve.stderr.take().expect("stderr").read_to_string(&mut err);
+    let sock = dir.join("ctl.sock");
+    let (status, err) =
+        common::serve_until_exit(&["--config".as_ref(), cfg.as_os_str(), "--ctl-socket".as_ref(), sock.as_os_str()]);
     let _ = std::fs::remove_dir_all(&dir);
     let serve_failed = status.is_some_and(|s| !s.success());
     assert!(serve_failed, "serve was expected to refuse the file");

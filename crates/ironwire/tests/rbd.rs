@@ -302,32 +302,11 @@ fn serve_fails_naming_the_monitors_when_the_cluster_is_unreachable() {
     assert!(err.contains("127.0.0.1:9") && err.contains("gone"), "the error names the device and monitors:\n{err}");
 }
 
-/// Runs `ironwire serve --config cfg`, which must fail on its own (the
-/// bound, 60 s, only keeps a hang from stalling the suite): its stderr.
+/// Runs `ironwire serve --config cfg`, which must fail on its own: its
+/// stderr.
 fn serve_fails(cfg: &Path) -> String {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_ironwire"))
-        .args(["serve", "--config"])
-        .arg(cfg)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn ironwire");
-    let mut status = None;
-    for _ in 0..600 {
-        if let Some(s) = child.try_wait().expect("wait") {
-            status = Some(s);
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    if status.is_none() {
-        let _ = child.kill();
-        let _ = child.wait();
-        panic!("serve did not give up");
-    }
-    let mut err = String::new();
-    std::io::Read::read_to_string(&mut child.stderr.take().expect("stderr"), &mut err).expect("stderr");
+    let (status, err) = common::serve_until_exit(&["--config".as_ref(), cfg.as_os_str()]);
+    assert!(status.is_some(), "serve did not give up");
     assert!(!status.expect("exited").success(), "serve must fail; stderr:\n{err}");
     err
 }

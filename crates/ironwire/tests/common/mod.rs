@@ -326,3 +326,33 @@ pub mod toml {
         format!("[[port]]\ntransport = \"iscsi\"\naddress = \"127.0.0.1:{port}\"\n\n")
     }
 }
+
+/// Runs `ironwire serve` with `args`, which is expected to exit on its own
+/// (the bound, 60 s, only keeps a hang from stalling the suite; a daemon
+/// still running then is killed): how it exited, if it did, and its
+/// stderr.
+pub fn serve_until_exit(args: &[&std::ffi::OsStr]) -> (Option<std::process::ExitStatus>, String) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_ironwire"))
+        .arg("serve")
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn ironwire");
+    let mut status = None;
+    for _ in 0..600 {
+        if let Some(s) = child.try_wait().expect("wait") {
+            status = Some(s);
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    if status.is_none() {
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+    let mut err = String::new();
+    let _ = std::io::Read::read_to_string(&mut child.stderr.take().expect("stderr"), &mut err);
+    (status, err)
+}
