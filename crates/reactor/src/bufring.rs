@@ -180,10 +180,27 @@ impl BufRing {
     }
 }
 
+impl BufRing {
+    /// Buffers the kernel filled and a [`RecvBuf`] still holds.
+    fn lent(&self) -> u16 {
+        let free = u16::try_from(self.free.len()).unwrap_or(u16::MAX);
+        self.entries.saturating_sub(self.offered).saturating_sub(free)
+    }
+}
+
 impl Drop for BufRing {
     fn drop(&mut self) {
-        // SAFETY: the mapping was created by mmap with this length and the
-        // ring was unregistered (or never registered) before the drop.
+        // A `RecvBuf` may outlive its runtime on this thread (dropped
+        // after it): its bytes must stay readable, so a ring with buffers
+        // still lent is left mapped (leaked) rather than unmapped under
+        // them. Only a runtime torn down mid-receive pays this.
+        if self.lent() > 0 {
+            log::debug!("reactor: {} receive buffers still held at shutdown; their ring stays mapped", self.lent());
+            return;
+        }
+        // SAFETY: the mapping was created by mmap with this length, the
+        // ring was unregistered (or never registered) before the drop, and
+        // no `RecvBuf` points into it (none lent).
         unsafe { libc::munmap(self.map.cast(), self.map_len) };
     }
 }

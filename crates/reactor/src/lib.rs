@@ -585,6 +585,30 @@ mod tests {
     }
 
     #[test]
+    fn received_bytes_held_past_their_runtime_stay_readable() {
+        // A RecvBuf borrowing a leaked Receiver may be kept after the
+        // runtime that filled it is dropped on the same thread; its ring
+        // was unmapped under it (a read here faulted) before the ring
+        // stayed mapped while buffers are lent.
+        let sent: Vec<u8> = (0..3000u32).map(|i| (i % 251) as u8).collect();
+        let (held, _peer) = run(async {
+            register_receive_buffers(16, 4096).expect("buffer ring");
+            let l = listen("127.0.0.1:0".parse().expect("addr")).expect("listen");
+            let addr = l.local_addr().expect("addr");
+            let c = net::TcpStream::connect(addr).await.expect("connect");
+            let (s, _) = l.accept().await.expect("accept");
+            let (r, _) = c.write_all(sent.clone()).await;
+            r.expect("write");
+            let rx: &'static mut bufring::Receiver = Box::leak(Box::new(s.receiver()));
+            let got = rx.recv().await.expect("recv");
+            (got, c)
+        });
+        assert!(!held.is_empty());
+        assert_eq!(&held[..], &sent[..held.len()], "the bytes received, read after the runtime is gone");
+        drop(held);
+    }
+
+    #[test]
     fn a_dropped_receive_is_cancelled_and_the_runtime_ends() {
         run(async {
             let l = listen("127.0.0.1:0".parse().expect("addr")).expect("listen");
