@@ -536,6 +536,7 @@ impl Control {
             // Access lists may have changed even if a later step failed.
             let closed = crate::runtime::enforce_access(&live).len();
             applied?;
+            crate::runtime::forget_removed(&new);
             let mut st = self.lock();
             st.live = live;
             st.config = new;
@@ -615,6 +616,7 @@ impl Control {
         let applied = crate::runtime::apply(&mut live, &old, &new, blockdev::Symlinks::Follow, &Default::default());
         crate::runtime::enforce_access(&live);
         applied.with_context(|| format!("reloading {}", path.display()))?;
+        crate::runtime::forget_removed(&new);
         let mut st = self.lock();
         st.live = live;
         st.config = new;

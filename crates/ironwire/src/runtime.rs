@@ -260,6 +260,25 @@ pub fn apply(live: &mut Live, old: &Config, new: &Config, symlinks: Symlinks, pr
     add_ports(live, &old.port, &new.port)
 }
 
+/// Drops the counters of namespaces, LUNs and ports `config` (in force
+/// now, normalized) no longer has, so that `ctl stats` and the metrics
+/// endpoint stop reporting them ([`crate::stats::forget`]).
+pub fn forget_removed(config: &Config) {
+    use crate::stats::Scope;
+    crate::stats::forget(
+        |s| match s {
+            Scope::Namespace { subsystem, nsid } => config
+                .subsystem
+                .iter()
+                .any(|c| &c.nqn == subsystem && c.namespace.iter().any(|n| n.nsid == Some(*nsid))),
+            Scope::Lun { target, lun } => {
+                config.iscsi_target.iter().any(|t| &t.iqn == target && t.lun.iter().any(|l| l.lun == Some(*lun)))
+            }
+        },
+        |a| config.port.iter().any(|p| p.address.parse::<SocketAddr>().ok() == Some(*a)),
+    );
+}
+
 /// Refuses a configuration in which two namespaces of one subsystem would
 /// have the same NGUID, UUID or EUI-64 (`Subsystem::add_namespace` refuses
 /// the second), naming both.

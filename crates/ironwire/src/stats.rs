@@ -162,6 +162,9 @@ pub struct IoCounters {
     read_latency: Histogram,
     write_latency: Histogram,
     other_latency: Histogram,
+    /// Its namespace or LUN left the configuration ([`forget`]):
+    /// connections that cached these counters look their scope up again.
+    retired: std::sync::atomic::AtomicBool,
 }
 
 impl IoCounters {
@@ -284,6 +287,26 @@ impl ReactorStats {
     }
 }
 
+/// Drops the series of what left the configuration: every reactor's
+/// counters of a namespace or LUN `keep_scope` refuses (a connection that
+/// cached them counts into fresh ones if the same NSID or LUN comes back),
+/// and of a port `keep_port` refuses once no connection of that reactor
+/// is open on it. Without this, `ctl stats` and the metrics endpoint kept
+/// a series for every object ever removed.
+pub fn forget(keep_scope: impl Fn(&Scope) -> bool, keep_port: impl Fn(&SocketAddr) -> bool) {
+    let reactors: Vec<Arc<ReactorStats>> = lock(&REACTORS).clone();
+    for r in &reactors {
+        lock(&r.scopes).retain(|(s, c)| {
+            let keep = keep_scope(s);
+            if !keep {
+                c.retired.store(true, Ordering::Relaxed);
+            }
+            keep
+        });
+        lock(&r.ports).retain(|(a, c)| keep_port(a) || c.open.get() != 0);
+    }
+}
+
 /// One connection's view of the counters: its reactor, its port, the
 /// namespaces or LUNs it used, and its line in the host table. Dropping it
 /// ends the connection's count and removes its line.
@@ -349,10 +372,15 @@ impl Connection {
         f(&self.port.io);
         let cache = self.cache.borrow();
         if let Some((_, c)) = cache.iter().find(|(i, _)| *i == id) {
-            f(c);
-            return;
+            if !c.retired.load(Ordering::Relaxed) {
+                f(c);
+                return;
+            }
+            drop(cache);
+            self.cache.borrow_mut().retain(|(i, _)| *i != id);
+        } else {
+            drop(cache);
         }
-        drop(cache);
         if let Some(s) = scope() {
             let c = self.reactor.scope(s);
             f(&c);

@@ -393,3 +393,55 @@ fn ctl_disconnect_closes_only_the_connections_named_and_remove_host_revokes_at_o
         assert!(s.scsi(1, &cdb::read16(0, 1), Vec::new(), 4096).await.is_err(), "the session was closed");
     }));
 }
+
+#[test]
+fn removed_namespaces_and_luns_leave_the_metrics_and_come_back_counted_afresh() {
+    let d = start("forget");
+    let sock = d.dir.join("ctl.sock");
+    block_on(bounded(60, async {
+        let mut c = Controller::connect(d.addr, NQN, HOST, Options { io_queues: 1, ..Options::default() })
+            .await
+            .expect("connect");
+        let mut s = Session::connect(iscsi_portal(&d), LoginOptions::new(INITIATOR, Some(IQN))).await.expect("login");
+        s.clear_unit_attentions(1).await.expect("clear unit attentions");
+        c.read(0, 1, 0, 1).await.expect("read nsid 1");
+        s.read16(1, 0, 1, 4096).await.expect("read lun 1");
+        for i in 0..4u64 {
+            c.read(0, 2, i, 1).await.expect("read nsid 2");
+            s.read16(2, i, 1, 4096).await.expect("read lun 2");
+        }
+        let first = scrape(&d);
+        let reads =
+            |text: &str, object: &str, labels: &str| value(text, &format!("ironwire_{object}_reads_total{{{labels}}}"));
+        assert_eq!(reads(&first, "namespace", &ns(2)), 4.0);
+        assert_eq!(reads(&first, "lun", &lun(2)), 4.0);
+
+        ctl(&sock, &["remove", "namespace", &format!("nqn={NQN}"), "nsid=2"]);
+        ctl(&sock, &["remove", "lun", &format!("iqn={IQN}"), "lun=2"]);
+        let gone = scrape(&d);
+        for (object, labels) in [("namespace", ns(2)), ("lun", lun(2))] {
+            let prefix = format!("{{{labels}");
+            assert!(
+                !gone.lines().any(|l| l.starts_with(&format!("ironwire_{object}_")) && l.contains(&prefix)),
+                "{object} {labels} is still reported after its removal:\n{gone}"
+            );
+        }
+        assert!(gone.contains(&format!("ironwire_namespace_reads_total{{{}}}", ns(1))), "{gone}");
+        assert!(gone.contains(&format!("ironwire_lun_reads_total{{{}}}", lun(1))), "{gone}");
+        let stats = ctl(&sock, &["stats", "--json"]);
+        assert!(!stats.contains("\"nsid\": 2") && !stats.contains("\"nsid\":2"), "{stats}");
+
+        // Back under the same NSID and LUN: the live controller and session
+        // (which cached the old counters) count into fresh ones.
+        ctl(&sock, &["add", "namespace", &format!("nqn={NQN}"), "nsid=2", "device=f"]);
+        ctl(&sock, &["add", "lun", &format!("iqn={IQN}"), "lun=2", "device=f"]);
+        s.clear_unit_attentions(2).await.expect("clear unit attentions");
+        for i in 0..3u64 {
+            c.read(0, 2, i, 1).await.expect("read nsid 2 again");
+            s.read16(2, i, 1, 4096).await.expect("read lun 2 again");
+        }
+        let back = scrape(&d);
+        assert_eq!(reads(&back, "namespace", &ns(2)), 3.0, "{back}");
+        assert_eq!(reads(&back, "lun", &lun(2)), 3.0, "{back}");
+    }));
+}
