@@ -97,6 +97,28 @@ impl Host {
         }
     }
 
+    /// A write of `data` at `lba` without FUA: the failure a host sees
+    /// (NVMe: the whole status field, DNR included).
+    async fn try_write(&mut self, lba: u64, data: Vec<u8>) -> Result<(), String> {
+        let blocks = (data.len() / BS) as u32;
+        match self {
+            Host::Nvme(c) => {
+                let q = c.io_queue(0).expect("queue");
+                q.execute(cmd::write(1, lba, blocks), data, 0).await.map(drop).map_err(|e| match e.status() {
+                    Some(s) => format!("NVMe status {:#06x}", s.0),
+                    None => panic!("write failed without a status: {e}"),
+                })
+            }
+            Host::Iscsi(s) => {
+                let r = s.scsi(0, &cdb::write16(lba, blocks), data, 0).await.expect("WRITE(16) delivered");
+                match r.sense_code() {
+                    Some(sense) => Err(format!("sense {:#04x}/{:#04x}/{:#04x}", sense.key, sense.asc, sense.ascq)),
+                    None => r.check().map(drop).map_err(|e| e.to_string()),
+                }
+            }
+        }
+    }
+
     async fn flush(&mut self) {
         self.try_flush().await.expect("flush");
     }
@@ -415,6 +437,50 @@ fn two_flushes_in_flight_when_writeback_fails_both_fail() {
         }
     }));
     d.assert_alive();
+}
+
+/// A write into a sparse device file on a file system that has run out
+/// of space fails, and says so: NVMe Capacity Exceeded with DNR (what
+/// nvmet answers to ENOSPC; a Linux host reports ENOSPC rather than
+/// retrying a Write Fault and then calling it a medium error), SCSI DATA
+/// PROTECT / SPACE ALLOCATION FAILED WRITE PROTECT.
+fn a_write_into_a_full_file_system_is_reported_as_out_of_space(proto: Proto, tag: &str) {
+    let scratch = Scratch::new(tag);
+    let fs = match Tmpfs::mount(&scratch.0.join("tmpfs"), 1 << 20) {
+        Ok(fs) => fs,
+        Err(e) => {
+            eprintln!("skipping: cannot mount a small tmpfs ({e})");
+            return;
+        }
+    };
+    // A 4 MiB device whose file sits on a 1 MiB file system.
+    let mut d = start(tag, proto, "file", &fs.0.join("dev.img"));
+    let img = image();
+    block_on(bounded(60, async {
+        let mut h = Host::connect(proto, d.addr).await;
+        for lba in (0..BLOCKS).step_by(128) {
+            let at = lba as usize * BS;
+            let Err(failed) = h.try_write(lba, img[at..at + 128 * BS].to_vec()).await else { continue };
+            let expected = match proto {
+                Proto::Nvme => "NVMe status 0x4081",
+                Proto::Iscsi => "sense 0x07/0x27/0x07",
+            };
+            assert_eq!(failed, expected, "the write at lba {lba} into the full file system");
+            return;
+        }
+        panic!("{SIZE} bytes written into a 1 MiB file system");
+    }));
+    d.assert_alive();
+}
+
+#[test]
+fn nvme_write_into_a_full_file_system_is_capacity_exceeded_without_retry() {
+    a_write_into_a_full_file_system_is_reported_as_out_of_space(Proto::Nvme, "nvme-enospc");
+}
+
+#[test]
+fn iscsi_write_into_a_full_file_system_is_space_allocation_failed() {
+    a_write_into_a_full_file_system_is_reported_as_out_of_space(Proto::Iscsi, "iscsi-enospc");
 }
 
 /// A normal shutdown (CC.SHN, what `nvme disconnect` sends) flushes the

@@ -158,6 +158,13 @@ pub fn io_error_status(err: &block::Error, write: bool) -> Status {
         // down): nothing is wrong with the data, so Namespace Not Ready
         // without DNR tells the host to retry (NVMe base 2.0 4.2.3.1).
         block::Error::Io(e) if e.kind() == std::io::ErrorKind::TimedOut => Status::NAMESPACE_NOT_READY,
+        // The backing is out of space (a sparse file on a full file
+        // system): Capacity Exceeded (81h, the NVM Command Set's generic
+        // status), which hosts report as ENOSPC (Linux: BLK_STS_NOSPC);
+        // with DNR, as nvmet answers ENOSPC, they do not retry into the
+        // same full backing. Write Fault would be retried, then reported
+        // as a medium error. SCSI says SPACE ALLOCATION FAILED.
+        block::Error::Io(e) if write && e.kind() == std::io::ErrorKind::StorageFull => Status::CAPACITY_EXCEEDED.dnr(),
         _ if write => Status::WRITE_FAULT,
         _ => Status::UNRECOVERED_READ,
     }

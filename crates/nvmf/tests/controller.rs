@@ -1104,6 +1104,13 @@ fn device_timeout_is_namespace_not_ready_without_dnr() {
     assert_eq!(nvmf::io_error_status(&eio, true), Status::WRITE_FAULT);
 }
 
+#[test]
+fn out_of_space_is_capacity_exceeded_with_dnr_on_writes_only() {
+    let full = block::Error::Io(std::io::Error::from(std::io::ErrorKind::StorageFull));
+    assert_eq!(nvmf::io_error_status(&full, true), Status::CAPACITY_EXCEEDED.dnr(), "hosts report ENOSPC");
+    assert_eq!(nvmf::io_error_status(&full, false), Status::UNRECOVERED_READ, "a read allocates nothing");
+}
+
 /// A Compare (FUSE 01b) or Write (FUSE 10b) of one block at `lba`, its
 /// data in the capsule.
 fn fused_sqe(opcode: u8, fuse: u8, cid: u16, lba: u64) -> Sqe {
