@@ -655,8 +655,9 @@ pub struct Measured {
 
 impl Measure<'_> {
     /// Runs `engine` over the load threads and measures CPU over the window
-    /// after the ramp. `exclude` is an in-process thread whose CPU is the
-    /// target's rather than the load's (the ceiling peer).
+    /// after the ramp, up to the end of the I/O (a logout or disconnect
+    /// after it is not the workload's). `exclude` is an in-process thread
+    /// whose CPU is the target's rather than the load's (the ceiling peer).
     fn run(&self, base: BenchOptions, engine: Engine, exclude: Option<String>) -> Result<Measured> {
         let shares = split_jobs(base.jobs, self.cpus.len());
         let mut threads = Vec::new();
@@ -680,6 +681,8 @@ impl Measure<'_> {
         let sampler = Sampler { target, exclude };
         let tty = std::io::stderr().is_terminal();
         let (mut t0, mut window_start): (Option<Instant>, Option<CpuSample>) = (None, None);
+        let mut window_end: Option<CpuSample> = None;
+        let io_over = || progress.iter().zip(&shares).all(|(p, &jobs)| p.finished() >= u64::from(jobs));
         let (mut last_ios, mut last_bytes, mut next_tick) = (0u64, 0u64, Instant::now());
         while threads.iter().any(|t| !t.is_finished()) {
             std::thread::sleep(Duration::from_millis(5));
@@ -691,6 +694,9 @@ impl Measure<'_> {
             let Some(start) = t0 else { continue };
             if window_start.is_none() && now >= start + base.ramp {
                 window_start = Some(sampler.sample());
+            }
+            if window_start.is_some() && window_end.is_none() && io_over() {
+                window_end = Some(sampler.sample());
             }
             if self.progress && now >= next_tick {
                 let (ios, bytes) = progress.iter().fold((0, 0), |(i, b), p| (i + p.ios(), b + p.bytes()));
@@ -712,7 +718,7 @@ impl Measure<'_> {
                 next_tick += Duration::from_secs(1);
             }
         }
-        let end = sampler.sample();
+        let end = window_end.unwrap_or_else(|| sampler.sample());
         if self.progress && tty && t0.is_some() {
             eprintln!();
         }
@@ -903,6 +909,47 @@ mod tests {
         let peer_only = cpu_use(&s(0, 0, 0, None), &s(1000, 800, 300, None));
         assert!((peer_only.load_percent - 50.0).abs() < 1e-9);
         assert!((peer_only.target_percent.unwrap_or_default() - 30.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn cpu_window_ends_with_the_last_io_not_after_the_teardown() {
+        use std::io::{BufRead, BufReader};
+        use std::os::unix::net::UnixListener;
+        use std::sync::atomic::AtomicU64;
+        // A stand-in for a daemon's control socket: `stats` answers the
+        // target's CPU time, which the load's teardown below raises.
+        let sock = std::env::temp_dir().join(format!("ironwire-bench-cpu-window-{}.sock", std::process::id()));
+        let _ = std::fs::remove_file(&sock);
+        let listener = UnixListener::bind(&sock).expect("bind");
+        let (served, cpu_us) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+        let (s, c) = (served.clone(), cpu_us.clone());
+        std::thread::spawn(move || {
+            for mut conn in listener.incoming().flatten() {
+                let mut line = String::new();
+                let _ = BufReader::new(&conn).read_line(&mut line);
+                let _ = write!(conn, "cpu user_us={} system_us=0\nok\n", c.load(Ordering::SeqCst));
+                s.fetch_add(1, Ordering::SeqCst);
+            }
+        });
+        let local = local_engine(Arc::new(Device::ram("bench", 1 << 20, 512).expect("ram")), 0);
+        let engine: Engine = Arc::new(move |o| {
+            let r = local(o);
+            // The teardown (a disconnect, a logout) costs the target CPU
+            // once the window's end was sampled (the wait is bounded: a
+            // window that ends only when the engine returns never comes).
+            let t = Instant::now();
+            while served.load(Ordering::SeqCst) < 2 && t.elapsed() < Duration::from_secs(5) {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            cpu_us.store(1_000_000_000, Ordering::SeqCst);
+            r
+        });
+        let how = Measure { cpus: &[], target: TargetCpu::Ctl(sock.clone()), progress: false };
+        let base = BenchOptions { block_size: 4096, qd: 1, runtime: Duration::from_millis(50), ..Default::default() };
+        let m = how.run(base, engine, None).expect("run");
+        let _ = std::fs::remove_file(&sock);
+        assert!(m.report.ios > 0);
+        assert_eq!(m.cpu.target_percent, Some(0.0), "the teardown's CPU counted in the window");
     }
 
     #[test]

@@ -40,6 +40,8 @@ struct Pending {
     write_data: Vec<u8>,
     read_data: Vec<u8>,
     read_len: usize,
+    /// A C2HData PDU of this command failed its data digest.
+    digest_failed: bool,
 }
 
 /// Largest C2HData PDU the host accepts; a command's own length bounds it
@@ -129,11 +131,13 @@ impl HostConnection {
         if in_capsule {
             pdu::encode(&mut self.tx, cmd.as_bytes(), &write, self.tx_framing);
             self.recycle(write);
-            self.pending.insert(cid, Pending { write_data: Vec::new(), read_data: Vec::new(), read_len: 0 });
+            let p = Pending { write_data: Vec::new(), read_data: Vec::new(), read_len: 0, digest_failed: false };
+            self.pending.insert(cid, p);
         } else {
             pdu::encode(&mut self.tx, cmd.as_bytes(), &[], self.tx_framing);
             let read_data = if read_len > 0 { self.buffer(read_len as usize) } else { Vec::new() };
-            self.pending.insert(cid, Pending { write_data: write, read_data, read_len: read_len as usize });
+            let p = Pending { write_data: write, read_data, read_len: read_len as usize, digest_failed: false };
+            self.pending.insert(cid, p);
         }
     }
 
@@ -284,11 +288,17 @@ impl HostConnection {
         Ok(())
     }
 
-    fn complete(&mut self, cqe: Cqe) {
+    fn complete(&mut self, mut cqe: Cqe) {
         let cid = cqe.cid.get();
         let data = match self.pending.remove(&cid) {
             Some(p) => {
                 self.recycle(p.write_data);
+                // Data that failed its digest is not the command's data,
+                // whatever status the controller gives.
+                if p.digest_failed && cqe.status().is_success() {
+                    let phase = cqe.status.get() & 1;
+                    cqe.status = ((Status::TRANSIENT_TRANSPORT_ERROR.0 << 1) | phase).into();
+                }
                 p.read_data
             }
             None => Vec::new(),
@@ -318,12 +328,10 @@ impl HostConnection {
             ));
         }
         p.read_data.extend_from_slice(data);
+        // Remembered until the completion, which it fails.
+        p.digest_failed |= !data_ok;
         if ch_flags & flags::SUCCESS != 0 {
-            let status = if data_ok { Status::SUCCESS } else { Status::TRANSIENT_TRANSPORT_ERROR };
-            self.complete(Cqe::new(cid, status, 0));
-        } else if !data_ok {
-            // Remember the digest failure by failing the completion later.
-            p.read_data.clear();
+            self.complete(Cqe::new(cid, Status::SUCCESS, 0));
         }
         Ok(())
     }
@@ -399,6 +407,42 @@ mod tests {
 
     fn data(cid: u16, len: usize) -> Vec<u8> {
         (0..len).map(|i| (i as u16).wrapping_mul(31).wrapping_add(cid) as u8).collect()
+    }
+
+    #[test]
+    fn a_read_whose_data_digest_failed_never_completes_with_success() {
+        let mut h = HostConnection::new(HostConfig { header_digest: false, data_digest: true, max_in_capsule: 8192 });
+        let mut t = TargetConnection::<Vec<u8>>::new(TargetConfig::default());
+        let mut wire = Vec::new();
+        h.take_transmit(&mut wire);
+        t.handle_input(&wire).expect("ICReq");
+        wire.clear();
+        t.take_transmit(&mut wire);
+        h.handle_input(&wire).expect("ICResp");
+        // SQ flow control on: the data's C2HData carries no SUCCESS flag,
+        // a response capsule with SUCCESS follows it.
+        t.set_queue(1, 63, false);
+        let mut sqe = Sqe { opcode: 0x02, ..Default::default() };
+        sqe.cid = 7.into();
+        sqe.nsid = 1.into();
+        h.submit(sqe, Vec::new(), 4096);
+        wire.clear();
+        h.take_transmit(&mut wire);
+        t.handle_input(&wire).expect("capsule");
+        while t.poll_event().is_some() {}
+        let sent = data(7, 4096);
+        t.send_data(7, &sent, Cqe::new(7, Status::SUCCESS, 0));
+        wire.clear();
+        t.take_transmit(&mut wire);
+        // One bit of the data flipped on the way: the digest no longer
+        // matches.
+        let head = sent.get(..64).expect("64 bytes");
+        let at = wire.windows(64).position(|w| w == head).expect("data on the wire") + 100;
+        *wire.get_mut(at).expect("a data byte") ^= 1;
+        h.handle_input(&wire).expect("the framing stays good");
+        let c = h.poll_completion().expect("completion");
+        assert_eq!(c.cqe.cid.get(), 7);
+        assert_eq!(c.cqe.status(), Status::TRANSIENT_TRANSPORT_ERROR, "{} bytes of data", c.data.len());
     }
 
     #[test]

@@ -256,6 +256,7 @@ async fn connection(s: TcpStream, w: Workload, qd: usize) -> Result<Tally> {
         return Err(Error::Closed);
     }
     let finished = c.w.tally.finished;
+    c.w.finish(finished);
     Ok(std::mem::replace(&mut c.w.tally, Tally::new(finished)))
 }
 

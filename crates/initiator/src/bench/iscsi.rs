@@ -141,7 +141,7 @@ impl SessionJob {
             }
             self.w.complete(&f.io, f.submitted, now, &r.data);
         }
-        self.w.tally.finished = now;
+        self.w.finish(now);
         if let Err(e) = self.s.logout().await {
             log::debug!("bench: iSCSI logout: {e}");
         }

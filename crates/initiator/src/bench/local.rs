@@ -37,7 +37,10 @@ pub async fn run_local(device: Arc<Device>, opts: &BenchOptions) -> Result<Repor
         for t in tasks {
             t.await?;
         }
-        let tally = std::mem::replace(&mut w.borrow_mut().tally, Tally::new(start));
+        let mut job = w.borrow_mut();
+        let last = job.tally.finished;
+        job.finish(last);
+        let tally = std::mem::replace(&mut job.tally, Tally::new(start));
         results.push(tally);
     }
     Ok(merge(opts, &results, start))

@@ -94,12 +94,14 @@ impl fmt::Display for Pattern {
 }
 
 /// Live counters a run bumps on every completion (ramp included), for a
-/// progress line read from another thread.
+/// progress line read from another thread, and the jobs whose I/O is over
+/// (before any logout or disconnect), where the CPU window ends.
 #[derive(Debug, Default)]
 pub struct Progress {
     ios: AtomicU64,
     bytes: AtomicU64,
     started: AtomicU64,
+    finished: AtomicU64,
 }
 
 impl Progress {
@@ -116,6 +118,11 @@ impl Progress {
     /// Whether the load has started (connections made, ramp begun).
     pub fn started(&self) -> bool {
         self.started.load(Ordering::Relaxed) > 0
+    }
+
+    /// Jobs whose last I/O has completed.
+    pub fn finished(&self) -> u64 {
+        self.finished.load(Ordering::Relaxed)
     }
 
     fn record(&self, bytes: u64) {
@@ -703,6 +710,14 @@ struct Workload {
 }
 
 impl Workload {
+    /// The job's last I/O completed at `now`: its window ends there.
+    fn finish(&mut self, now: Instant) {
+        self.tally.finished = now;
+        if let Some(p) = &self.progress {
+            p.finished.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
     fn io_bytes(&self) -> u32 {
         self.lbs * self.blocks_per_io
     }
@@ -804,7 +819,11 @@ impl Workload {
                 }
             }
         }
-        if submitted >= self.measure_from {
+        // As fio after its ramp_time: every I/O that completes in the
+        // measured window counts, whenever it was submitted. Counting by
+        // submission would drop the I/Os in flight as the window opens while
+        // their completions' time stays in the window.
+        if now >= self.measure_from {
             let t = &mut self.tally;
             let lat = now.saturating_duration_since(submitted).as_nanos() as u64;
             if io.write {
@@ -946,10 +965,18 @@ impl QueueJob {
             if !status.is_success() {
                 return Err(Error::Status(status));
             }
+            // A read that brought less than its length did not read it
+            // (and verify would check only what came).
+            if !f.io.write && c.data.len() != io_bytes as usize {
+                return Err(Error::Protocol(format!(
+                    "Read of {io_bytes} bytes completed with {} bytes of data",
+                    c.data.len()
+                )));
+            }
             self.w.complete(&f.io, f.submitted, now, &c.data);
             self.q.recycle(c.data);
         }
-        self.w.tally.finished = now;
+        self.w.finish(now);
         Ok(self.w.tally)
     }
 }
@@ -1047,6 +1074,93 @@ mod tests {
         assert!(near(l.p999, 999.0), "{:?}", l.p999);
         assert!(near(l.avg, 500.5), "{:?}", l.avg);
         assert_eq!(Latency::from_histogram(&new_histogram()), Latency::default());
+    }
+
+    #[test]
+    fn ios_in_flight_as_the_ramp_ends_count_when_they_complete_in_the_window() {
+        // A closed loop at QD 8 with a fixed 100 ms latency: 80 IOPS. The
+        // ramp ends with 8 I/Os in flight; the window is 1 s plus the drain.
+        let opts = BenchOptions {
+            pattern: Pattern::RandRead,
+            block_size: 4096,
+            qd: 8,
+            ramp: Duration::from_millis(500),
+            runtime: Duration::from_secs(1),
+            ..Default::default()
+        };
+        let mut w = plan(&opts, 1, 512, 1 << 30).expect("plan").pop().expect("job");
+        let start = w.tally.finished;
+        let lat = Duration::from_millis(100);
+        let mut in_flight: Vec<(Instant, Io)> = (0..8u32).map(|i| (start + lat / 8 * i, w.pick())).collect();
+        while let Some(k) = (0..in_flight.len()).min_by_key(|&k| in_flight[k].0) {
+            let (submitted, io) = in_flight.swap_remove(k);
+            let done = submitted + lat;
+            w.complete(&io, submitted, done, &[]);
+            w.tally.finished = done;
+            if done < w.end {
+                in_flight.push((done, w.pick()));
+            }
+        }
+        let r = merge(&opts, &[w.tally], start);
+        assert!((r.iops() - 80.0).abs() < 80.0 * 0.03, "{r}");
+        assert_eq!(r.histogram.len(), r.ios);
+    }
+
+    /// A controller on a loopback socket that answers every read with half
+    /// of its data and SUCCESS.
+    fn short_read_controller() -> SocketAddr {
+        use nvmf_tcp::target::{Event, TargetConfig, TargetConnection};
+        use std::io::{Read, Write};
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        std::thread::spawn(move || {
+            let Ok((mut s, _)) = listener.accept() else { return };
+            let mut t = TargetConnection::<Vec<u8>>::new(TargetConfig::default());
+            let (mut buf, mut out) = (vec![0u8; 64 << 10], Vec::new());
+            while let Ok(n @ 1..) = s.read(&mut buf) {
+                if t.handle_input(&buf[..n]).is_err() {
+                    return;
+                }
+                while let Some(ev) = t.poll_event() {
+                    if let Event::Command { sqe, .. } = ev {
+                        let len = sqe.blocks() as usize * 512 / 2;
+                        t.send_data(
+                            sqe.cid.get(),
+                            &vec![0; len],
+                            nvme_spec::Cqe::new(sqe.cid.get(), nvme_spec::Status::SUCCESS, 0),
+                        );
+                    }
+                }
+                out.clear();
+                t.take_transmit(&mut out);
+                if s.write_all(&out).is_err() {
+                    return;
+                }
+            }
+        });
+        addr
+    }
+
+    #[test]
+    fn a_read_completing_with_less_data_than_asked_fails_the_run() {
+        let addr = short_read_controller();
+        let opts = BenchOptions {
+            pattern: Pattern::RandRead,
+            qd: 4,
+            runtime: Duration::from_millis(50),
+            ..Default::default()
+        };
+        let r = reactor::Runtime::new(reactor::Config::default()).expect("runtime").block_on(async move {
+            let mut q = Queue::connect(addr, crate::queue::QueueOptions::default()).await?;
+            q.set_depth(4);
+            let ns = NamespaceInfo { nsid: 1, blocks: 1 << 20, capacity: 1 << 20, block_size: 512, raw: Vec::new() };
+            run_on_queues(vec![q], &ns, &opts).await
+        });
+        assert!(
+            r.is_err(),
+            "4 KiB reads that brought 2 KiB each counted: {}",
+            r.map(|r| r.to_string()).unwrap_or_default()
+        );
     }
 
     fn report(ios: u64, bytes: u64, secs: u64) -> Report {

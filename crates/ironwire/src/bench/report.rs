@@ -193,7 +193,7 @@ struct Cell {
     max: f64,
     load_cpu: f64,
     target_cpu: Option<f64>,
-    /// The load used 90 % or more of its CPUs: the figure is a floor for
+    /// The load's threads were 90 % or more busy: the figure is a floor for
     /// the target, not its limit.
     load_bound: bool,
     command: String,
@@ -236,7 +236,9 @@ impl Cell {
             max,
             load_cpu: m.cpu.load_percent,
             target_cpu: m.cpu.target_percent,
-            load_bound: false,
+            // Of the threads the load ran on (one per job at most, one
+            // without --cpus), not of the CPUs it was allowed.
+            load_bound: m.cpu.load_percent >= 90.0 * m.threads.max(1) as f64,
             command,
         }
     }
@@ -289,8 +291,6 @@ struct Plan<'a> {
     cells: Vec<Cell>,
     started: Instant,
     total: usize,
-    /// CPUs the load may use (its pinned list, or all of them).
-    load_cpus: usize,
 }
 
 impl Plan<'_> {
@@ -377,8 +377,7 @@ impl Plan<'_> {
             }
         }
         let m = best.context("no run")?;
-        let mut c = Cell::from(section, kind, &o, &m, command);
-        c.load_bound = c.load_cpu >= 90.0 * self.load_cpus as f64;
+        let c = Cell::from(section, kind, &o, &m, command);
         eprintln!(
             "[{:>3}/{} {:>4} s] {:<13} {:<11} {:<9} {:>5} qd {:>2} x{}: {:>9.0} IOPS {:>7.3} Gbit/s avg {:>8.1} us{}",
             self.cells.len() + 1,
@@ -448,7 +447,6 @@ pub fn main(a: ReportArgs) -> Result<()> {
         cells: Vec::new(),
         started: Instant::now(),
         total,
-        load_cpus: if a.cpus.0.is_empty() { machine().cpus } else { a.cpus.0.len() },
     };
     for rw in RW {
         for &bs in &a.sizes {
@@ -777,7 +775,7 @@ impl Doc<'_, '_> {
              QD {} per job, {} job(s). *Ceiling* is the bare TCP request/response loop over the same \
              path with the same message sizes, queue depth and connections (best of {} runs); *of \
              ceiling* is the target's bandwidth as a fraction of it. † marks a figure where the load \
-             generator used 90 % or more of its CPUs: there the load, not the target, was the limit.\n",
+             generator's threads were 90 % or more busy: there the load, not the target, was the limit.\n",
             a.qd, a.jobs, a.ceiling_runs
         );
         for rw in RW {
@@ -1121,6 +1119,22 @@ mod tests {
         assert_eq!(civil_from_days(19_723), (2024, 1, 1));
         assert_eq!(civil_from_days(20_414), (2025, 11, 22));
         assert_eq!(civil_from_days(11_016), (2000, 2, 29));
+    }
+
+    #[test]
+    fn a_figure_is_load_bound_when_the_threads_it_ran_on_were_busy() {
+        let o = BenchOptions { qd: 1, jobs: 1, ..BenchOptions::default() };
+        let bound = |load_percent, threads| {
+            let cpu = super::super::CpuUse { load_percent, ..Default::default() };
+            let m = Measured { report: initiator::bench::Report::empty(&o), cpu, threads };
+            Cell::from(Section::Latency, Kind::Remote, &o, &m, String::new()).load_bound
+        };
+        // One job is one load thread, unpinned or with `--cpus 1,2,3,4`:
+        // a busy thread is the limit whatever the machine's CPU count.
+        assert!(bound(97.0, 1));
+        assert!(!bound(60.0, 1));
+        assert!(bound(185.0, 2));
+        assert!(!bound(120.0, 2));
     }
 
     #[test]
