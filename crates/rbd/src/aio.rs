@@ -19,7 +19,7 @@
 
 use crate::ffi::{self, Completion};
 use std::any::Any;
-use std::cell::{RefCell, UnsafeCell};
+use std::cell::{Cell, RefCell, UnsafeCell};
 use std::collections::VecDeque;
 use std::ffi::{c_int, c_void};
 use std::future::poll_fn;
@@ -94,6 +94,9 @@ unsafe extern "C" fn on_complete(c: Completion, arg: *mut c_void) {
 struct Local {
     shared: Arc<Shared>,
     state: RefCell<State>,
+    /// Whether the task that reads the eventfd still runs: it ends with
+    /// its reactor, and a later reactor on the same thread needs its own.
+    draining: Cell<bool>,
 }
 
 struct State {
@@ -132,7 +135,7 @@ thread_local! {
 }
 
 fn local() -> io::Result<Rc<Local>> {
-    if let Some(l) = LOCAL.with(|l| l.borrow().clone()) {
+    if let Some(l) = LOCAL.with(|l| l.borrow().clone()).filter(|l| l.draining.get()) {
         return Ok(l);
     }
     // SAFETY: eventfd has no memory preconditions.
@@ -165,14 +168,28 @@ fn local() -> io::Result<Rc<Local>> {
             parked: (0..SLOTS).map(|_| None).collect(),
             slot_waiters: Vec::new(),
         }),
+        draining: Cell::new(true),
     });
     reactor::spawn(drain(local.clone()));
     LOCAL.with(|l| *l.borrow_mut() = Some(local.clone()));
     Ok(local)
 }
 
+/// Marks its table as no longer drained when the drain task ends or is
+/// dropped with its reactor; the table itself lives on while librbd holds
+/// slots of it ([`Local`]'s drop).
+struct Draining(Rc<Local>);
+
+impl Drop for Draining {
+    fn drop(&mut self) {
+        self.0.draining.set(false);
+    }
+}
+
 /// The reactor task that turns eventfd wake-ups into future wake-ups.
 async fn drain(local: Rc<Local>) {
+    let local = Draining(local);
+    let local = &local.0;
     let mut counter = vec![0u8; 8];
     let mut batch: VecDeque<u32> = VecDeque::with_capacity(SLOTS);
     loop {

@@ -457,11 +457,33 @@ impl Image {
         .await;
         let res = match done.ret {
             r if r == -i64::from(libc::EILSEQ) => {
-                Err(CompareError::Miscompare { offset: done.mismatch.saturating_sub(offset) })
+                let reported = done.mismatch.wrapping_sub(offset);
+                let reported = if reported < bufs.0.bytes_init() as u64 { reported } else { 0 };
+                Err(CompareError::Miscompare {
+                    offset: self.first_difference(offset, &bufs.0).await.unwrap_or(reported),
+                })
             }
             r => status(r).map_err(CompareError::Io),
         };
         (res, bufs)
+    }
+
+    /// The index of the first byte at `offset` that differs from
+    /// `expected`, read back after a miscompare: librbd's own answer
+    /// depends on its version. Ceph 16 reports the image offset of the
+    /// object's start plus the index (its ObjectCompareAndWriteRequest
+    /// takes the index for an offset in the object), so a range that does
+    /// not start an object would be told a wrong offset, mostly 0. `None`
+    /// when the read fails or finds no difference (another client wrote
+    /// meanwhile); librbd's answer is used then, if it lies in the range.
+    async fn first_difference<C: IoBuf>(&self, offset: u64, expected: &C) -> Option<u64> {
+        let len = expected.bytes_init();
+        // SAFETY: an IoBuf's first bytes_init bytes are initialized and
+        // stay put while it is borrowed.
+        let expected = unsafe { std::slice::from_raw_parts(expected.read_ptr(), len) };
+        let (res, now) = self.read(offset, Vec::with_capacity(len)).await;
+        res.ok()?;
+        expected.iter().zip(&now).position(|(a, b)| a != b).map(|i| i as u64)
     }
 }
 

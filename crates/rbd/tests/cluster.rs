@@ -4,7 +4,9 @@
 
 use rbd::{CompareError, Error, Image, Options};
 use reactor::{Config, Runtime};
+use std::future::Future;
 use std::path::PathBuf;
+use std::task::Poll;
 use std::time::{Duration, Instant};
 
 /// The test cluster's configuration file, or `None` (with a message) when
@@ -141,6 +143,56 @@ fn write_zeroes_and_discard_and_compare_and_write() {
         assert!(got[..512] == new[..], "a miscompare writes nothing");
         assert!(got[512..].iter().all(|&b| b == 0), "nothing past the sector changed");
     });
+}
+
+#[test]
+fn a_miscompare_names_the_differing_byte_of_a_range_that_does_not_start_an_object() {
+    let Some(conf) = cluster() else { return };
+    let img = Image::open(&options(conf, "test")).expect("open");
+    run(async {
+        // The fourth sector of object 34 (4 MiB objects), as a 512-byte
+        // LBA device's COMPARE AND WRITE of LBA 278534 sends it.
+        let sector = (136u64 << 20) + 3 * 512;
+        let cur = pattern(512, 21);
+        img.write(sector, cur.clone()).await.0.expect("write");
+        let mut wrong = cur.clone();
+        wrong[100] ^= 0xff;
+        let (r, _) = img.compare_and_write(sector, wrong, pattern(512, 22)).await;
+        match r {
+            Err(CompareError::Miscompare { offset }) => assert_eq!(offset, 100, "the first differing byte"),
+            other => panic!("expected a miscompare at byte 100, got {other:?}"),
+        }
+        let (r, got) = img.read(sector, Vec::with_capacity(512)).await;
+        r.expect("read");
+        assert!(got == cur, "a miscompare writes nothing");
+    });
+}
+
+#[test]
+fn a_second_reactor_on_the_same_thread_gets_its_completions() {
+    let Some(conf) = cluster() else { return };
+    let img = Image::open(&options(conf, "test")).expect("open");
+    let off = 140u64 << 20;
+    run(async { img.write(off, pattern(4096, 31)).await.0.expect("write on the first reactor") });
+    // Runtime::new allows a thread one reactor at a time, so another may
+    // follow the first on the same thread (a tool, a test).
+    // Without a bound the write below would hang for ever; the bound is
+    // far past the 10 s operation timeout, after which librbd fails it.
+    let mut rt = Runtime::new(Config::default()).expect("a second runtime");
+    let done = rt.block_on(async {
+        let mut write = std::pin::pin!(img.write(off, pattern(4096, 32)));
+        let mut limit = std::pin::pin!(reactor::sleep(Duration::from_secs(60)));
+        std::future::poll_fn(|cx| match write.as_mut().poll(cx) {
+            Poll::Ready((r, _)) => Poll::Ready(Some(r)),
+            Poll::Pending => limit.as_mut().poll(cx).map(|()| None),
+        })
+        .await
+    });
+    let r = done.expect("the write on the second reactor completes");
+    r.expect("write on the second reactor");
+    let got = rt.block_on(async { img.read(off, Vec::with_capacity(4096)).await });
+    got.0.expect("read");
+    assert!(got.1 == pattern(4096, 32), "the second write landed");
 }
 
 #[test]
