@@ -184,6 +184,8 @@ struct Region<B> {
     access: Access,
     valid: bool,
     buf: B,
+    /// Payload bytes RDMA Writes placed in it.
+    written: usize,
 }
 
 /// One of our RDMA Reads, in flight or waiting for ORD room.
@@ -1127,6 +1129,7 @@ impl<B: DataBuffer> Connection<B> {
                 if let Some(r) = self.regions.get_mut(*index).and_then(Option::as_mut) {
                     if let Some(dst) = r.buf.as_mut().get_mut(*offset..offset.saturating_add(n)) {
                         copy(&mut crc, dst);
+                        r.written = r.written.saturating_add(n);
                     }
                 }
                 *offset = offset.saturating_add(n);
@@ -1513,9 +1516,17 @@ impl<B: DataBuffer> Connection<B> {
         self.next_key = self.next_key.wrapping_add(1);
         let stag = ((index as u32 & 0x007f_ffff) << 8) | u32::from(self.next_key);
         if let Some(slot) = self.regions.get_mut(index) {
-            *slot = Some(Region { stag, base, access, valid: true, buf });
+            *slot = Some(Region { stag, base, access, valid: true, buf, written: 0 });
         }
         stag
+    }
+
+    /// How many payload bytes RDMA Writes have placed in `stag`'s region
+    /// since it was registered (a region written twice over counts twice):
+    /// a consumer can tell a buffer its peer never filled from one it did.
+    pub fn written(&self, stag: u32) -> Option<usize> {
+        let index = self.region_index(stag)?;
+        Some(self.regions.get(index)?.as_ref()?.written)
     }
 
     /// Ends a registration and gives the buffer back.

@@ -16,7 +16,7 @@ use crate::cm::{CmReject, CmReply, CmRequest};
 use crate::sgl;
 use iwarp::error::{ErrorCode, Fatal};
 use iwarp::{Access, Connection, Event, Received};
-use nvme_spec::{Cqe, Sgl, Sqe};
+use nvme_spec::{Cqe, Sgl, Sqe, Status};
 use rustc_hash::FxHashMap;
 use std::collections::VecDeque;
 use zerocopy::{FromBytes, IntoBytes};
@@ -288,7 +288,16 @@ impl HostConnection {
                 )));
             }
         }
+        // A read buffer is reused without being cleared: a read the
+        // controller completed without writing all of it would hand back
+        // an earlier command's bytes as this one's.
+        let written = p.stag.and_then(|s| self.conn.written(s)).unwrap_or(0);
         let buf = p.stag.and_then(|s| self.conn.deregister(s));
+        let mut cqe = cqe;
+        if p.reading && buf.as_ref().is_some_and(|b| written < b.len()) && cqe.status().is_success() {
+            let phase = cqe.status.get() & 1;
+            cqe.status = ((Status::DATA_TRANSFER_ERROR.0 << 1) | phase).into();
+        }
         let data = match buf {
             Some(b) if p.reading => b,
             Some(b) => {
@@ -340,7 +349,6 @@ impl Completion {
 mod tests {
     use super::*;
     use crate::target::{Event as TEvent, TargetConfig, TargetQueue};
-    use nvme_spec::Status;
 
     fn pattern(seed: u8, len: usize) -> Vec<u8> {
         (0..len).map(|i| (i as u8).wrapping_mul(7).wrapping_add(seed)).collect()
@@ -445,6 +453,36 @@ mod tests {
             assert!(done[&2].is_empty() && done[&3].is_empty());
             assert_eq!(h.outstanding(), 0);
         }
+    }
+
+    #[test]
+    fn a_read_completed_without_all_its_data_written_is_a_data_transfer_error() {
+        let (mut h, mut t) = pair(true, 1);
+        // A first read fills a buffer that the host keeps for reuse.
+        h.submit(cmd(0x02, 1), Vec::new(), 4096);
+        pump(&mut h, &mut t);
+        while t.poll_event().is_some() {}
+        t.send_data(1, &pattern(1, 4096), Cqe::new(1, Status::SUCCESS, 0));
+        pump(&mut h, &mut t);
+        let (cqe, data) = h.poll_completion().unwrap();
+        assert!(cqe.status().is_success());
+        h.recycle(data);
+        // Then a controller completes a read of the same length having
+        // written only half of it, then one having written nothing: the
+        // reused buffer still holds the first read's bytes.
+        h.submit(cmd(0x02, 2), Vec::new(), 4096);
+        h.submit(cmd(0x02, 3), Vec::new(), 4096);
+        pump(&mut h, &mut t);
+        while t.poll_event().is_some() {}
+        t.send_data(2, &pattern(2, 2048), Cqe::new(2, Status::SUCCESS, 0));
+        t.send_response(Cqe::new(3, Status::SUCCESS, 0));
+        pump(&mut h, &mut t);
+        for cid in [2, 3] {
+            let (cqe, _) = h.poll_completion().unwrap();
+            assert_eq!(cqe.cid.get(), cid);
+            assert_eq!(cqe.status(), Status::DATA_TRANSFER_ERROR, "cid {cid}");
+        }
+        assert_eq!(h.outstanding(), 0);
     }
 
     #[test]
