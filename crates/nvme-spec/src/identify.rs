@@ -112,6 +112,9 @@ pub mod ctrl {
     pub const OAES_NS_ATTR: u32 = 1 << 8;
     /// OAES bit: asymmetric namespace access change notices.
     pub const OAES_ANA_CHANGE: u32 = 1 << 11;
+    /// OAES bit: discovery log page change notices (discovery
+    /// controllers, NVMe-oF 1.1 figure 31).
+    pub const OAES_DISCOVERY_CHANGE: u32 = 1 << 31;
     /// CMIC: the subsystem may have more than one port.
     pub const CMIC_MULTI_PORT: u8 = 1 << 0;
     /// CMIC: the subsystem may have more than one controller.

@@ -117,6 +117,10 @@ pub const AEN_NS_CHANGED: u32 = 0x02 | (0x04 << 16);
 /// (type notice = 2, info 03h, log page 0Ch; NVMe Base 2.0 figure 150).
 pub const AEN_ANA_CHANGE: u32 = 0x02 | (0x03 << 8) | (0x0c << 16);
 
+/// Async event completion DW0 for "discovery log page change" (type
+/// notice = 2, info F0h, log page 70h; NVMe-oF 1.1 figure 31).
+pub const AEN_DISCOVERY_CHANGE: u32 = 0x02 | (0xf0 << 8) | (0x70 << 16);
+
 /// Asymmetric Namespace Access log page (NVMe Base 2.0 section 5.16.1.12):
 /// a header, then one descriptor per ANA group, each followed by its NSIDs.
 pub mod ana {

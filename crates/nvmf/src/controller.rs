@@ -30,9 +30,25 @@ pub(crate) struct CtrlState {
     pub changed_ns: Vec<u32>,
     pub ns_aen_outstanding: bool,
     pub ana_aen_outstanding: bool,
+    pub discovery_aen_outstanding: bool,
     /// Shutdowns begun ([`Controller::set_cc`]): only the flush of the
     /// latest may complete one.
     pub shutdowns: u64,
+}
+
+impl CtrlState {
+    /// The host read the log page of event `dw0` without RAE: the event
+    /// is cleared (NVMe Base 2.0 5.2), reported or still waiting for an
+    /// Asynchronous Event Request, and the next change is a new one.
+    pub(crate) fn clear_event(&mut self, dw0: u32) {
+        self.pending_aens.retain(|&e| e != dw0);
+        match dw0 {
+            nvme_spec::log::AEN_NS_CHANGED => self.ns_aen_outstanding = false,
+            nvme_spec::log::AEN_ANA_CHANGE => self.ana_aen_outstanding = false,
+            nvme_spec::log::AEN_DISCOVERY_CHANGE => self.discovery_aen_outstanding = false,
+            _ => {}
+        }
+    }
 }
 
 /// One NVMe-oF controller.
@@ -215,6 +231,17 @@ impl<D: BlockDevice> Controller<D> {
         if s.aec & (1 << 11) != 0 && !s.ana_aen_outstanding {
             s.ana_aen_outstanding = true;
             s.pending_aens.push_back(nvme_spec::log::AEN_ANA_CHANGE);
+        }
+    }
+
+    /// Queues a discovery log page change event if the host enabled it
+    /// (Asynchronous Event Configuration bit 31) and none is outstanding;
+    /// reading the discovery log without RAE re-arms it.
+    pub(crate) fn discovery_changed(&self) {
+        let mut s = self.lock();
+        if s.aec & (1 << 31) != 0 && !s.discovery_aen_outstanding {
+            s.discovery_aen_outstanding = true;
+            s.pending_aens.push_back(nvme_spec::log::AEN_DISCOVERY_CHANGE);
         }
     }
 }

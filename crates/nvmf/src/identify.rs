@@ -129,6 +129,9 @@ fn controller<D: BlockDevice>(
     if subsys.discovery {
         p.u8(c::CNTRLTYPE, c::TYPE_DISCOVERY);
         p.u16(c::MAXCMD, 32);
+        // A host that keeps the connection (Linux `nvme discover
+        // --persistent`) enables the notice and reconnects on it.
+        p.u32(c::OAES, c::OAES_DISCOVERY_CHANGE);
     } else {
         p.u8(c::CNTRLTYPE, c::TYPE_IO);
         // Several gateways may export the subsystem (ports, controllers),

@@ -37,19 +37,25 @@ pub(crate) fn build<D: BlockDevice>(
             }
             if !glp.rae {
                 s.changed_ns.clear();
-                s.ns_aen_outstanding = false;
+                s.clear_event(log::AEN_NS_CHANGED);
             }
             p.into_vec()
         }
         LogId::COMMANDS_EFFECTS => effects(),
+        // The event is cleared before the page is built: a change after
+        // the build raises a new one.
         LogId::ANA => {
-            let page = ana(subsys, glp.lsp & log::ana::LSP_RGO != 0);
             if !glp.rae {
-                ctrl.lock().ana_aen_outstanding = false;
+                ctrl.lock().clear_event(log::AEN_ANA_CHANGE);
             }
-            page
+            ana(subsys, glp.lsp & log::ana::LSP_RGO != 0)
         }
-        LogId::DISCOVERY if subsys.discovery => discovery(target, &ctrl.hostnqn, local),
+        LogId::DISCOVERY if subsys.discovery => {
+            if !glp.rae {
+                ctrl.lock().clear_event(log::AEN_DISCOVERY_CHANGE);
+            }
+            discovery(target, &ctrl.hostnqn, local)
+        }
         _ => return Err(Status::INVALID_LOG_PAGE.dnr()),
     };
     let Ok(start) = usize::try_from(glp.offset) else {
@@ -121,14 +127,19 @@ fn effects() -> Vec<u8> {
 fn discovery<D: BlockDevice>(target: &Target<D>, hostnqn: &str, local: SocketAddr) -> Vec<u8> {
     let ports = target.ports();
     // A wildcard listen address is advertised as the address the host
-    // reached us on.
+    // reached us on; an IPv4 host on a dual-stack `[::]` listener sees an
+    // IPv4-mapped one, advertised as the IPv4 address it is.
     let refs: Vec<Port> = ports
         .iter()
         .map(|p| Port {
             id: p.id,
             transport: p.transport,
             discovery_only: p.discovery_only,
-            addr: if p.addr.ip().is_unspecified() { SocketAddr::new(local.ip(), p.addr.port()) } else { p.addr },
+            addr: if p.addr.ip().is_unspecified() {
+                SocketAddr::new(local.ip().to_canonical(), p.addr.port())
+            } else {
+                p.addr
+            },
         })
         .collect();
     let mut entries: Vec<(u8, String, &Port)> = Vec::new();

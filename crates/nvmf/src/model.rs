@@ -486,7 +486,8 @@ impl<D: BlockDevice> Target<D> {
         }
         let s = Arc::new(s);
         list.push(s.clone());
-        self.genctr.fetch_add(1, Ordering::Relaxed);
+        drop(list);
+        self.discovery_log_changed();
         Ok(s)
     }
 
@@ -513,7 +514,8 @@ impl<D: BlockDevice> Target<D> {
             return Err(format!("subsystem {nqn} has {live} connected controller(s); disconnect them first"));
         }
         let s = list.remove(at);
-        self.genctr.fetch_add(1, Ordering::Relaxed);
+        drop(list);
+        self.discovery_log_changed();
         Ok(s)
     }
 
@@ -523,7 +525,8 @@ impl<D: BlockDevice> Target<D> {
         let mut ports = self.ports.write().unwrap_or_else(|e| e.into_inner());
         let id = ports.iter().map(|p| p.id).max().unwrap_or(0).saturating_add(1);
         ports.push(Port { id, transport, addr, discovery_only });
-        self.genctr.fetch_add(1, Ordering::Relaxed);
+        drop(ports);
+        self.discovery_log_changed();
         id
     }
 
@@ -534,8 +537,9 @@ impl<D: BlockDevice> Target<D> {
         let before = ports.len();
         ports.retain(|p| !(p.addr == addr && p.transport.trtype == transport.trtype));
         let removed = ports.len() != before;
+        drop(ports);
         if removed {
-            self.genctr.fetch_add(1, Ordering::Relaxed);
+            self.discovery_log_changed();
         }
         removed
     }
@@ -564,7 +568,19 @@ impl<D: BlockDevice> Target<D> {
     /// log does).
     pub fn set_access(&self, subsystem: &Subsystem<D>, allow_any_host: bool, hosts: Vec<String>) {
         if subsystem.replace_access(allow_any_host, hosts) {
-            self.genctr.fetch_add(1, Ordering::Relaxed);
+            self.discovery_log_changed();
+        }
+    }
+
+    /// The discovery log changed: a new generation counter, and the
+    /// discovery controllers that asked for it get the discovery log page
+    /// change event.
+    fn discovery_log_changed(&self) {
+        self.genctr.fetch_add(1, Ordering::Relaxed);
+        let controllers: Vec<Arc<Controller<D>>> =
+            self.discovery.controllers.lock().unwrap_or_else(|e| e.into_inner()).values().cloned().collect();
+        for c in controllers {
+            c.discovery_changed();
         }
     }
 

@@ -856,6 +856,26 @@ fn ana_state_change_raises_an_event_and_shows_in_the_ana_log() {
 }
 
 #[test]
+fn reading_the_log_clears_an_event_not_yet_reported() {
+    // NVMe Base 2.0 5.2: an event is cleared by reading its log page
+    // without RAE, reported or not: a notice still waiting for an AER
+    // after that read names a change the host has already seen.
+    let t = target();
+    let (mut a, _) = admin(&t);
+    set_feature(&mut a, 0x0b, (1 << 8) | (1 << 11));
+    let sub = t.subsystem(SUB).expect("sub");
+    assert!(sub.set_ana_state(1, AnaState::INACCESSIBLE));
+    sub.add_namespace(Namespace::new(SUB, 5, Arc::new(Described::new("n5", 512, 2048)))).expect("add");
+    assert_eq!(get_log(&mut a, 0x0c, 4096, 0).0, Status::SUCCESS);
+    assert_eq!(get_log(&mut a, 0x04, 4096, 0).0, Status::SUCCESS);
+    assert!(matches!(ex(&mut a, 0, &sqe(0x0c, 40)), Outcome::Deferred));
+    assert!(a.poll_event().is_none(), "both events were cleared by reading their logs");
+    // A change after the read is a new event.
+    assert!(sub.set_ana_state(1, AnaState::OPTIMIZED));
+    assert_eq!(a.poll_event().expect("new event").dw0.get(), nvme_spec::log::AEN_ANA_CHANGE);
+}
+
+#[test]
 fn keep_alive_expiry_tears_the_controller_down() {
     let t = target();
     let mut a = Queue::new(t.clone(), TCP, addr(), addr());
@@ -961,6 +981,26 @@ fn discovery_log_entries_carry_each_ports_transport() {
     assert!(seen.contains(&("4420".into(), 3, 2, vec![0, 0, 0])), "{seen:?}");
     assert!(seen.contains(&("4421".into(), 1, 0, vec![1, 5, 1])), "{seen:?}");
     assert!(!seen.iter().any(|(svc, trtype, ..)| svc == "4421" && *trtype == 3), "{seen:?}");
+}
+
+#[test]
+fn a_dual_stack_wildcard_port_is_advertised_to_an_ipv4_host_as_ipv4() {
+    // A host that reached a `[::]` listener over IPv4 is seen at an
+    // IPv4-mapped local address; the log must give it IPv4 and the dotted
+    // address, not ADRFAM IPv6 and "::ffff:a.b.c.d" (which a host without
+    // IPv6, or an RDMA CM that does not map, cannot connect to).
+    let t = Arc::new(Target::new(Settings::default()));
+    t.add_subsystem(Subsystem::new(SUB, "SN1", true, Vec::new())).expect("sub");
+    t.add_port("[::]:4420".parse().expect("addr"), TCP, false);
+    let local: SocketAddr = "[::ffff:192.0.2.10]:4420".parse().expect("addr");
+    let peer: SocketAddr = "[::ffff:192.0.2.99]:50000".parse().expect("addr");
+    let mut d = Queue::new(t.clone(), TCP, local, peer);
+    assert!(status(&connect(&mut d, 0, 0xffff, nvme_spec::DISCOVERY_NQN, HOST)).is_success());
+    prop_set_cc(&mut d, 1);
+    let (_, page) = get_log(&mut d, 0x70, 3072, 0);
+    let e = &page[1024..2048];
+    assert_eq!(&page[2048 + 256..2048 + 256 + 9], b"nqn.2014-", "then the discovery entry");
+    assert_eq!((e[1], &e[512..524], e[524]), (1, &b"192.0.2.10\0\0"[..], 0), "ADRFAM IPv4, dotted TRADDR");
 }
 
 #[test]
@@ -1081,6 +1121,42 @@ fn a_subsystem_with_a_controller_is_not_removed_and_an_idle_one_is() {
     assert!(t.genctr() > gen, "the discovery log changed");
     assert!(t.remove_subsystem(SECRET).is_err(), "already gone");
     drop(q);
+}
+
+/// Discovery Log Page Change notice (NVMe-oF 1.1 5.3): type notice,
+/// information F0h, log page 70h, what Linux's udev rule matches
+/// (`NVME_AEN=0x70f002`) to connect to what a persistent discovery
+/// controller now lists.
+const AEN_DISCOVERY_CHANGE: u32 = 0x70_f0_02;
+
+#[test]
+fn a_persistent_discovery_controller_is_told_of_log_changes_once_until_it_reads_the_log() {
+    let t = target();
+    let mut d = discovery_admin(&t, HOST);
+    let (_, id) = identify(&mut d, 1, 0);
+    assert_ne!(u32_at(&id, 92) & (1 << 31), 0, "OAES: discovery log page change notices");
+    // A discovery controller whose host did not enable the notice gets none.
+    let mut quiet = discovery_admin(&t, OTHER);
+    assert!(matches!(ex(&mut quiet, 0, &sqe(0x0c, 50)), Outcome::Deferred));
+
+    assert_eq!(set_feature(&mut d, 0x0b, 1 << 31).0, Status::SUCCESS);
+    assert!(matches!(ex(&mut d, 0, &sqe(0x0c, 40)), Outcome::Deferred));
+    assert!(d.poll_event().is_none());
+    t.add_subsystem(Subsystem::new("nqn.2026-11.io.ironwire:new", "SN3", true, Vec::new())).expect("sub");
+    let ev = d.poll_event().expect("discovery log change event");
+    assert_eq!((ev.cid.get(), ev.dw0.get()), (40, AEN_DISCOVERY_CHANGE));
+    assert!(quiet.poll_event().is_none(), "masked");
+
+    // No second notice until the host reads the log (without RAE).
+    assert!(matches!(ex(&mut d, 0, &sqe(0x0c, 41)), Outcome::Deferred));
+    t.add_port("127.0.0.1:4430".parse().expect("addr"), TCP, false);
+    assert!(d.poll_event().is_none(), "one notice until the log is read");
+    let (st, _) = get_log(&mut d, 0x70, 4096, 0);
+    assert_eq!(st, Status::SUCCESS);
+    assert!(d.poll_event().is_none(), "reading the log is no change");
+    let sub = t.subsystem(SUB).expect("sub");
+    t.set_access(&sub, false, vec![HOST.to_string()]);
+    assert_eq!(d.poll_event().expect("re-armed").dw0.get(), AEN_DISCOVERY_CHANGE);
 }
 
 #[test]
