@@ -215,8 +215,10 @@ mod fused {
         for (i, v) in x.iter().enumerate() {
             store(i * 64, *v);
         }
-        // The register enters as the first four bytes, added.
-        x[0] = _mm512_xor_si512(x[0], _mm512_castsi128_si512(_mm_cvtsi32_si128(register as i32)));
+        // The register enters as the first four bytes, added; the rest of
+        // the vector it is widened to must be zero, which a cast leaves
+        // indeterminate (std's docs; once all ones).
+        x[0] = _mm512_xor_si512(x[0], _mm512_zextsi128_si512(_mm_cvtsi32_si128(register as i32)));
         let mut at = 256;
         while len - at >= 256 {
             for (i, acc) in x.iter_mut().enumerate() {
@@ -315,8 +317,9 @@ mod fused256 {
         for (i, v) in x.iter().enumerate() {
             store(i * 32, *v);
         }
-        // The register enters as the first four bytes, added.
-        x[0] = _mm256_xor_si256(x[0], _mm256_castsi128_si256(_mm_cvtsi32_si128(register as i32)));
+        // The register enters as the first four bytes, added (the rest
+        // zero, as above).
+        x[0] = _mm256_xor_si256(x[0], _mm256_zextsi128_si256(_mm_cvtsi32_si128(register as i32)));
         let mut at = 128;
         while len - at >= 128 {
             for (i, acc) in x.iter_mut().enumerate() {
@@ -372,12 +375,14 @@ mod tests {
         }
     }
 
-    /// Each fused path, called directly where this CPU has it (the
-    /// dispatch above picks only the widest).
+    /// A fused copy and CRC: (register, dst, src, len) to register.
     #[cfg(target_arch = "x86_64")]
-    #[test]
-    fn each_fused_path_matches_copy_then_crc_at_every_length_alignment_and_register() {
-        type Path = unsafe fn(u32, *mut u8, *const u8, usize) -> u32;
+    type Path = unsafe fn(u32, *mut u8, *const u8, usize) -> u32;
+
+    /// Each fused path this CPU has, to call directly (the dispatch above
+    /// picks only the widest).
+    #[cfg(target_arch = "x86_64")]
+    fn fused_paths() -> Vec<(&'static str, Path)> {
         let mut paths: Vec<(&str, Path)> = Vec::new();
         if fused::available() {
             paths.push(("avx512", fused::copy_crc));
@@ -385,8 +390,14 @@ mod tests {
         if fused256::available() {
             paths.push(("avx2", fused256::copy_crc));
         }
+        paths
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn each_fused_path_matches_copy_then_crc_at_every_length_alignment_and_register() {
         let data = bytes(4_700);
-        for (name, path) in paths {
+        for (name, path) in fused_paths() {
             for len in 256..=4_400usize {
                 for off in [0usize, 1, 7, 64] {
                     for register in [!0u32, 0, 0x1234_5678] {
@@ -401,6 +412,100 @@ mod tests {
                         want.update(src);
                         assert_eq!(r, want.register, "{name} crc, len {len} off {off} register {register:#x}");
                     }
+                }
+            }
+        }
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn each_fused_path_copies_and_crcs_at_every_source_and_destination_offset_pair() {
+        // Source and destination misaligned independently, at lengths
+        // around each loop's stride and the tails after it.
+        let data = bytes(4_300);
+        for (name, path) in fused_paths() {
+            for len in [256usize, 257, 319, 320, 383, 448, 511, 512, 575, 4_096, 4_159] {
+                for from in 0..64 {
+                    for to in 0..64 {
+                        let src = &data[from..from + len];
+                        let mut dst = vec![0xeeu8; len + 128];
+                        // SAFETY: `dst` holds `to + len` bytes and `src`
+                        // `len`; the CPU has the path's features.
+                        let r = unsafe { path(0x1357_9bdf, dst.as_mut_ptr().add(to), src.as_ptr(), len) };
+                        let at = format!("{name}, len {len} from {from} to {to}");
+                        assert_eq!(&dst[to..to + len], src, "bytes, {at}");
+                        assert!(dst[..to].iter().chain(&dst[to + len..]).all(|&b| b == 0xee), "wrote outside, {at}");
+                        assert_eq!(r, crate::tests::reference_register(0x1357_9bdf, src), "crc, {at}");
+                    }
+                }
+            }
+        }
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn each_fused_path_matches_crc_fast_at_64_kib_and_1_mib_plus_odd() {
+        let data = bytes((1 << 20) + 200);
+        for (name, path) in fused_paths() {
+            for len in [65_536usize, 65_537, 65_599, (1 << 20) + 67, (1 << 20) + 131] {
+                for from in [0usize, 3, 61] {
+                    let src = &data[from..from + len];
+                    let mut dst = vec![0u8; len + 6];
+                    // SAFETY: `dst` holds `5 + len` bytes and `src` `len`;
+                    // the CPU has the path's features.
+                    let r = unsafe { path(!0, dst.as_mut_ptr().add(5), src.as_ptr(), len) };
+                    assert_eq!(&dst[5..5 + len], src, "{name} bytes, len {len} from {from}");
+                    assert_eq!(!r, crc32c(src), "{name} crc, len {len} from {from}");
+                }
+            }
+        }
+    }
+
+    /// Lengths around every threshold: the CRC instruction's 8 bytes and
+    /// 256, each vector width and loop stride, a page, 64 KiB.
+    fn threshold_lengths() -> Vec<usize> {
+        let mut lens: Vec<usize> = (0..=600).collect();
+        for b in [1_024usize, 4_096, 8_192, 65_536] {
+            lens.extend([b - 1, b, b + 1, b + 7, b + 63, b + 64, b + 65]);
+        }
+        lens
+    }
+
+    #[test]
+    fn no_entry_point_touches_a_byte_outside_its_pieces() {
+        // Sources and destinations placed against a page that faults on
+        // any access, after the piece and before it.
+        let (mut from, mut to) = (crate::tests::Guarded::new(17), crate::tests::Guarded::new(17));
+        let data = bytes(66_000);
+        for len in threshold_lengths() {
+            for at_end in [true, false] {
+                from.piece(len, at_end).copy_from_slice(&data[..len]);
+                let src: &[u8] = from.piece(len, at_end);
+                let want = crate::tests::reference(src);
+                let at = format!("len {len} against the {} guard", if at_end { "trailing" } else { "leading" });
+                assert_eq!(crc32c(src), want, "crc32c, {at}");
+                let mut crc = Crc32c::new();
+                crc.update(b"hdr");
+                crc.update(src);
+                let mut whole = b"hdr".to_vec();
+                whole.extend_from_slice(src);
+                assert_eq!(crc.value(), crate::tests::reference(&whole), "update, {at}");
+                let dst = to.piece(len, at_end);
+                let mut crc = Crc32c::new();
+                crc.copy_into(dst, src);
+                assert_eq!(crc.value(), want, "copy_into crc, {at}");
+                assert_eq!(dst, src, "copy_into bytes, {at}");
+                let mut out = Vec::new();
+                let mut crc = Crc32c::new();
+                Appender::new(&mut out, Some(&mut crc)).extend_from_slice(src);
+                assert_eq!((crc.value(), &out[..]), (want, src), "appender, {at}");
+                #[cfg(target_arch = "x86_64")]
+                for (name, path) in fused_paths().into_iter().filter(|_| len >= 256) {
+                    let dst = to.piece(len, at_end);
+                    // SAFETY: both pieces hold `len` bytes, at least 256;
+                    // the CPU has the path's features.
+                    let r = unsafe { path(!0, dst.as_mut_ptr(), src.as_ptr(), len) };
+                    assert_eq!((!r, &*dst), (want, src), "{name}, {at}");
                 }
             }
         }

@@ -204,6 +204,18 @@ pub struct Crc32c {
 /// The register before any byte (CRC32C's init).
 const INIT: u32 = !0;
 
+/// The register after `bytes` through `crc-fast`: longer pieces, and every
+/// piece on a CPU without the CRC instruction.
+fn wide_update(register: u32, bytes: &[u8]) -> u32 {
+    if bytes.is_empty() {
+        return register;
+    }
+    let mut d = Digest::new_with_init_state(ALGORITHM, u64::from(register));
+    d.update(bytes);
+    // A 32-bit CRC's register always fits in u32.
+    d.get_state() as u32
+}
+
 impl Crc32c {
     /// An empty running CRC.
     pub fn new() -> Self {
@@ -214,14 +226,10 @@ impl Crc32c {
     /// (an FPDU's header, or its pad, usually empty), longer pieces
     /// through `crc-fast`.
     pub fn update(&mut self, bytes: &[u8]) {
-        if let Some(register) = small::update(self.register, bytes) {
-            self.register = register;
-        } else if !bytes.is_empty() {
-            let mut d = Digest::new_with_init_state(ALGORITHM, u64::from(self.register));
-            d.update(bytes);
-            // A 32-bit CRC's register always fits in u32.
-            self.register = d.get_state() as u32;
-        }
+        self.register = match small::update(self.register, bytes) {
+            Some(register) => register,
+            None => wide_update(self.register, bytes),
+        };
     }
 
     /// Feeds `len` zero bytes (data sent from a shared page of zeros)
@@ -250,19 +258,74 @@ mod tests {
 
     /// Bit-at-a-time CRC32C straight from the definition: the reference
     /// the fast paths are checked against.
-    fn reference(bytes: &[u8]) -> u32 {
-        let mut crc = !0u32;
+    pub(crate) fn reference(bytes: &[u8]) -> u32 {
+        !reference_register(!0, bytes)
+    }
+
+    /// The register after `bytes` from `crc`, a bit at a time.
+    pub(crate) fn reference_register(mut crc: u32, bytes: &[u8]) -> u32 {
         for &b in bytes {
             crc ^= u32::from(b);
             for _ in 0..8 {
                 crc = if crc & 1 != 0 { (crc >> 1) ^ 0x82F6_3B78 } else { crc >> 1 };
             }
         }
-        !crc
+        crc
+    }
+
+    /// Pages of memory between two pages that fault on any access: a read
+    /// or write one byte past a piece placed against either of them
+    /// crashes the test, so a passing run proves there was none (no
+    /// sanitizer needed).
+    pub(crate) struct Guarded {
+        base: *mut u8,
+        page: usize,
+        pages: usize,
+    }
+
+    impl Guarded {
+        pub(crate) fn new(pages: usize) -> Self {
+            // SAFETY: sysconf has no preconditions.
+            let page = usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap();
+            let total = (pages + 2) * page;
+            let flags = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS;
+            // SAFETY: a new anonymous mapping, no address asked for.
+            let base =
+                unsafe { libc::mmap(std::ptr::null_mut(), total, libc::PROT_READ | libc::PROT_WRITE, flags, -1, 0) };
+            assert_ne!(base, libc::MAP_FAILED);
+            let base = base.cast::<u8>();
+            // SAFETY: the first and last pages are inside the mapping just made.
+            unsafe {
+                assert_eq!(libc::mprotect(base.cast(), page, libc::PROT_NONE), 0);
+                assert_eq!(libc::mprotect(base.add((pages + 1) * page).cast(), page, libc::PROT_NONE), 0);
+            }
+            Guarded { base, page, pages }
+        }
+
+        /// The usable bytes between the guards.
+        pub(crate) fn len(&self) -> usize {
+            self.pages * self.page
+        }
+
+        /// `len` bytes right after the leading guard (`at_end` false) or
+        /// right before the trailing one.
+        pub(crate) fn piece(&mut self, len: usize, at_end: bool) -> &mut [u8] {
+            assert!(len <= self.len());
+            let start = if at_end { self.page + self.len() - len } else { self.page };
+            // SAFETY: inside the usable pages, which only this value hands out.
+            unsafe { std::slice::from_raw_parts_mut(self.base.add(start), len) }
+        }
+    }
+
+    impl Drop for Guarded {
+        fn drop(&mut self) {
+            // SAFETY: the mapping `new` made, no longer borrowed.
+            unsafe { libc::munmap(self.base.cast(), (self.pages + 2) * self.page) };
+        }
     }
 
     /// xorshift64*: reproducible bytes without a dependency.
-    fn random_bytes(n: usize, seed: u64) -> Vec<u8> {
+    pub(crate) fn random_bytes(n: usize, seed: u64) -> Vec<u8> {
         let mut x = seed | 1;
         (0..n)
             .map(|_| {
@@ -322,6 +385,76 @@ mod tests {
                 assert_eq!(fast.value(), slow.value(), "{len} zeros after {lead_len} bytes");
             }
             assert_eq!(crc32c_of_zeros(len), reference(&zeros[..len]), "{len} zeros alone");
+        }
+    }
+
+    #[test]
+    fn zeros_shift_any_register_as_zero_bytes_do_at_every_length_to_8192() {
+        // Registers that stepped one zero byte at a time, from the init
+        // and from another value.
+        let (mut from_init, mut from_other) = (INIT, 0x89ab_cdef_u32);
+        for len in 0..=8192 {
+            assert_eq!(crc32c_of_zeros(len), !from_init, "{len} zeros");
+            let mut c = Crc32c { register: 0x89ab_cdef };
+            c.update_zeros(len);
+            assert_eq!(c.register, from_other, "{len} zeros after another register");
+            from_init = reference_register(from_init, &[0]);
+            from_other = reference_register(from_other, &[0]);
+        }
+        // Lengths no buffer has: two shifts make one by their sum.
+        for (a, b) in
+            [(1usize << 40, 12_345), (usize::MAX / 3, usize::MAX / 3), (usize::MAX, 0), (1 << 63, (1 << 63) - 1)]
+        {
+            let mut parts = Crc32c { register: 0xdead_beef };
+            parts.update_zeros(a);
+            parts.update_zeros(b);
+            let mut whole = Crc32c { register: 0xdead_beef };
+            whole.update_zeros(a + b);
+            assert_eq!(parts.register, whole.register, "{a} + {b} zeros");
+        }
+    }
+
+    #[test]
+    fn crc_fast_takes_any_register_at_every_length_the_crc_instruction_takes_here() {
+        // CPUs without SSE4.2 (and other architectures) feed even a header
+        // through `crc-fast`, from whatever register the pieces before left.
+        let buf = random_bytes(600, 3);
+        for len in 0..=600 {
+            for register in [INIT, 0, 0x1234_5678] {
+                let piece = &buf[..len];
+                let want = reference_register(register, piece);
+                assert_eq!(wide_update(register, piece), want, "crc-fast, {len} bytes from {register:#x}");
+                if let Some(r) = small::update(register, piece) {
+                    assert_eq!(r, want, "crc instruction, {len} bytes from {register:#x}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn pieces_of_random_sizes_and_zeros_between_equal_the_crc_of_the_whole() {
+        let buf = random_bytes(200_000, 77);
+        let mut x = 0x1234_5678_9abc_def1_u64;
+        let mut next = |max: usize| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x % max as u64) as usize
+        };
+        for max in [8usize, 64, 300, 5_000, 70_000] {
+            let (mut c, mut whole, mut at) = (Crc32c::new(), Vec::new(), 0);
+            while at < buf.len() {
+                let n = next(max).min(buf.len() - at);
+                c.update(&buf[at..at + n]);
+                whole.extend_from_slice(&buf[at..at + n]);
+                at += n;
+                if next(4) == 0 {
+                    let zeros = next(300);
+                    c.update_zeros(zeros);
+                    whole.resize(whole.len() + zeros, 0);
+                }
+            }
+            assert_eq!(c.value(), reference(&whole), "pieces up to {max} bytes");
         }
     }
 
