@@ -424,7 +424,9 @@ fn nvme_io(addr: SocketAddr, nqn: &str, nsid: u32, rounds: usize) {
 
 /// Sound check: the exposition is well formed and every counter series
 /// only grows across connection churn, a reload that removes and re-adds
-/// a namespace, and more I/O.
+/// a namespace, and more I/O; the removed namespace's series goes with it
+/// and comes back counting afresh (a counter reset, as Prometheus reads
+/// one), not with counts from before.
 #[test]
 fn metrics_are_well_formed_and_counters_never_go_back() {
     let metrics_port = std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("p").port();
@@ -443,6 +445,12 @@ fn metrics_are_well_formed_and_counters_never_go_back() {
     assert_ne!(without, text);
     std::fs::write(&cfg, &without).expect("write");
     ok(&d, "reload");
+    let removed = check_exposition(&scrape(m));
+    let is_b1 = |labels: &BTreeMap<String, String>| {
+        labels.get("subsystem").map(String::as_str) == Some(NQN_B)
+            && labels.get("nsid").map(String::as_str) == Some("1")
+    };
+    assert!(!removed.iter().any(|(_, s)| is_b1(&s.labels)), "the removed namespace's series stayed");
     std::fs::write(&cfg, &text).expect("write");
     ok(&d, "reload");
     for _ in 0..5 {
@@ -450,8 +458,10 @@ fn metrics_are_well_formed_and_counters_never_go_back() {
     }
     nvme_io(d.addr, NQN_B, 1, 1);
     let second = check_exposition(&scrape(m));
+    let b1_reads = second.iter().find(|(_, t)| t.name == "ironwire_namespace_reads_total" && is_b1(&t.labels));
+    assert_eq!(b1_reads.map(|(_, t)| t.value), Some(1.0), "the re-added namespace counts its one read afresh");
     for (kind, s) in &first {
-        if kind != "counter" && kind != "histogram" {
+        if kind != "counter" && kind != "histogram" || is_b1(&s.labels) {
             continue;
         }
         if s.name.ends_with("_sum") || kind == "counter" || s.name.ends_with("_count") || s.name.ends_with("_bucket") {
