@@ -799,7 +799,8 @@ fn glob(pattern: &[u8], name: &[u8]) -> bool {
 
 /// Writes `bytes` to `path` so that a crash leaves either the old file or
 /// the new one: a temporary file beside it, fsync, rename, fsync of the
-/// directory.
+/// directory. A temporary file a crash left behind is replaced by the
+/// next write from a process with the same PID.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     let dir = match path.parent() {
         Some(d) if !d.as_os_str().is_empty() => d,
@@ -813,6 +814,13 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
         // and owner of the file it replaces, and a new file is private.
         let was = std::fs::metadata(path).ok();
         let mode = was.as_ref().map_or(0o600, |m| m.mode() & 0o7777);
+        // A file of this name was left by a process with this PID killed
+        // before its rename (a container's daemon is PID 1 at every
+        // start); nothing else writes it now.
+        match std::fs::remove_file(&tmp) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
+            _ => {}
+        }
         let mut f = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(&tmp)?;
         if let Some(m) = &was {
             let new = f.metadata()?;

@@ -2,7 +2,8 @@
 //! taken finish and are answered, iSCSI initiators are asked to log out),
 //! flushes the devices and exits 0, even while a reload waits; a second
 //! signal exits at once; a restart right after binds the same ports; a
-//! service manager hears READY=1 and STOPPING=1.
+//! service manager hears READY=1 and STOPPING=1; `--persist` saves over
+//! the temporary file a killed daemon with the same PID left.
 
 mod common;
 
@@ -236,6 +237,26 @@ fn a_restart_right_after_a_stop_binds_the_same_port() {
             assert_eq!(c.read(0, 1, 0, 1).await.expect("read after restart"), block(round));
         }));
     }
+}
+
+/// `--persist` writes the configuration beside it under a name made of the
+/// daemon's PID, then renames it. One killed between the two leaves that
+/// file behind; a later daemon with the same PID (in a container the
+/// daemon is PID 1 at every start) must still save its changes.
+#[test]
+fn persist_saves_changes_over_a_temporary_file_a_killed_daemon_left() {
+    let mut d = Daemon::start_args("lifecycle-persist", &["--persist"], |dir, port| config(dir, port, false, 0, 10));
+    let path = d.dir.join("ironwire.toml");
+    let leftover = d.dir.join(format!(".ironwire.toml.tmp-{}", d.pid()));
+    std::fs::write(&leftover, "half a configuration from before the crash").expect("leftover");
+    if let Err(e) = d.ctl("add device name=extra kind=ram size=1MiB") {
+        panic!("the change was not saved: {e}");
+    }
+    assert!(std::fs::read_to_string(&path).expect("config").contains("extra"), "the file does not have the change");
+    assert!(!leftover.exists(), "the leftover is still there");
+    d.kill();
+    d.restart();
+    assert!(d.ctl("show").expect("show").contains("extra"), "the restarted daemon lost the change");
 }
 
 /// A datagram socket standing in for systemd's notification socket.
