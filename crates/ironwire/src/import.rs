@@ -31,15 +31,20 @@ pub enum Format {
 /// Reads `path` as `format`.
 pub fn import(format: Format, path: &Path) -> Result<Imported> {
     let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    convert(format, path, &text)
+}
+
+/// Converts `text`, read from `path`, as `format`.
+fn convert(format: Format, path: &Path, text: &str) -> Result<Imported> {
     let mut out = Builder::default();
     match format {
         Format::Nvmetcli => {
-            let f: nvmet::File = serde_json::from_str(&text)
+            let f: nvmet::File = serde_json::from_str(text)
                 .with_context(|| format!("{} is not an nvmetcli configuration", path.display()))?;
             out.nvmet(&f)?;
         }
         Format::Targetcli => {
-            let f: lio::File = serde_json::from_str(&text)
+            let f: lio::File = serde_json::from_str(text)
                 .with_context(|| format!("{} is not a targetcli saveconfig.json", path.display()))?;
             out.lio(&f)?;
         }
@@ -102,10 +107,18 @@ mod nvmet {
         pub param: BTreeMap<String, String>,
         #[serde(default)]
         pub referrals: Vec<serde_json::Value>,
+        /// Empty where the kernel has no ANA.
         #[serde(default)]
-        pub ana_groups: Vec<serde_json::Value>,
+        pub ana_groups: Vec<AnaGroup>,
         #[serde(default)]
         pub subsystems: Vec<String>,
+    }
+
+    #[derive(Deserialize)]
+    pub struct AnaGroup {
+        pub grpid: u32,
+        #[serde(default)]
+        pub ana: BTreeMap<String, String>,
     }
 
     #[derive(Deserialize)]
@@ -391,9 +404,6 @@ impl Builder {
             if !p.referrals.is_empty() {
                 self.note(format!("{what}: {} referral(s) have no equivalent; left out", p.referrals.len()));
             }
-            if p.ana_groups.len() > 1 {
-                self.note(format!("{what}: ANA groups have no equivalent; every namespace is reported optimized"));
-            }
             // A port linked to no subsystem serves only discovery in nvmet.
             let discovery_only = p.subsystems.is_empty();
             let exported = |s: &&nvmet::Subsystem| {
@@ -476,14 +486,16 @@ impl Builder {
                         _ => self.note(format!("{nwhat}: device.{k} has no equivalent; left out")),
                     }
                 }
-                if ns.ana_grpid.is_some_and(|g| g != 1) {
-                    self.note(format!("{nwhat}: ana_grpid has no equivalent; left out"));
-                }
                 let base = Path::new(path).file_name().map(|n| n.to_string_lossy().to_string()).unwrap_or_default();
                 let hint = if path.starts_with("/dev/") { "block" } else { "file" };
                 let dev = self.path_device(&nwhat, &base, path, hint, None);
+                self.nvmet_file_block_size(&dev, path);
                 let mut entry = vec![("nsid", Value::Integer(i64::from(ns.nsid))), ("device", s(&dev))];
                 entry.extend(ids);
+                let state = self.nvmet_ana_state(&nwhat, f, &sub.nqn, ns.ana_grpid.unwrap_or(1));
+                if state != "optimized" {
+                    entry.push(("ana_state", s(state)));
+                }
                 namespaces.push(table(entry));
             }
             t.push(("allow_any_host", Value::Boolean(any)));
@@ -494,6 +506,55 @@ impl Builder {
             self.subsystems.push(table(t));
         }
         Ok(())
+    }
+
+    /// The block size nvmet gives a file-backed namespace: the file
+    /// system's, at most 4096 (4096 for a file not on this machine).
+    fn nvmet_file_block_size(&mut self, dev: &str, path: &str) {
+        let bs = std::fs::metadata(path).map_or(4096, |m| std::os::unix::fs::MetadataExt::blksize(&m).clamp(512, 4096));
+        if let Some(Value::Table(d)) =
+            self.devices.iter_mut().find(|d| d.get("name").and_then(Value::as_str) == Some(dev))
+        {
+            if d.get("kind").and_then(Value::as_str) == Some("file") && !d.contains_key("block_size") {
+                d.insert("block_size".into(), Value::Integer(i64::try_from(bs).unwrap_or(4096)));
+            }
+        }
+    }
+
+    /// The ANA state of group `grpid` on the imported ports linking
+    /// subsystem `nqn` (every imported port when none links it): nvmet's
+    /// state where the ports agree, else the least accessible, named.
+    fn nvmet_ana_state(&mut self, what: &str, f: &nvmet::File, nqn: &str, grpid: u32) -> &'static str {
+        const ORDER: [&str; 5] = ["optimized", "non-optimized", "change", "inaccessible", "persistent-loss"];
+        let served = |p: &&nvmet::Port| {
+            matches!(p.addr.get("trtype").map(String::as_str), Some("tcp" | "rdma")) && !p.ana_groups.is_empty()
+        };
+        let linked: Vec<&nvmet::Port> =
+            f.ports.iter().filter(served).filter(|p| p.subsystems.iter().any(|s| s == nqn)).collect();
+        let ports = if linked.is_empty() { f.ports.iter().filter(served).collect() } else { linked };
+        let mut states = Vec::new();
+        for p in ports {
+            // nvmet starts group 1 optimized and any other inaccessible.
+            let state = match p.ana_groups.iter().find(|g| g.grpid == grpid) {
+                Some(g) => g.ana.get("state").map_or("optimized", String::as_str),
+                None if grpid == 1 => "optimized",
+                None => "inaccessible",
+            };
+            let rank = ORDER.iter().position(|s| *s == state).unwrap_or_else(|| {
+                self.note(format!("{what}: ANA state {state:?} is unknown; imported as inaccessible"));
+                3
+            });
+            states.push(rank);
+        }
+        let worst = states.iter().copied().max().unwrap_or(0);
+        if states.iter().any(|r| *r != worst) {
+            self.note(format!(
+                "{what}: ANA group {grpid} differs between ports; ironwire has one state per namespace; imported \
+                 as {}",
+                ORDER[worst]
+            ));
+        }
+        ORDER[worst]
     }
 
     fn lio(&mut self, f: &lio::File) -> Result<()> {
@@ -610,8 +671,19 @@ impl Builder {
     fn lio_target(&mut self, t: &lio::Target, tpg: &lio::Tpg, objects: &BTreeMap<String, String>) -> Option<Value> {
         let what = format!("targets[{}]", t.wwn);
         let attr = |k: &str| tpg.attributes.get(k).and_then(|v| v.as_u64().or_else(|| v.as_str()?.parse().ok()));
-        let demo = attr("generate_node_acls") == Some(1);
+        let mut demo = attr("generate_node_acls") == Some(1);
         let authentication = attr("authentication") == Some(1);
+        // LIO's defaults: demo-mode initiators get read-only LUNs, ACL ones
+        // read-write.
+        if demo && attr("demo_mode_write_protect") != Some(0) {
+            self.note(format!(
+                "{what}: demo_mode_write_protect (initiators without an ACL see read-only LUNs) has no equivalent; \
+                 LUNs are read-write"
+            ));
+        }
+        if !tpg.node_acls.is_empty() && attr("prod_mode_write_protect") == Some(1) {
+            self.note(format!("{what}: prod_mode_write_protect has no equivalent; LUNs are read-write"));
+        }
         for p in &tpg.portals {
             if p.iser {
                 self.note(format!(
@@ -646,7 +718,9 @@ impl Builder {
                 self.note(format!("{awhat}: left out, so this initiator cannot log in"));
                 continue;
             };
-            if authentication && auth.is_empty() && tpg.auth.userid.is_none() {
+            // LIO checks an ACL's initiator against the ACL's credentials
+            // only (the TPG's are for demo mode).
+            if authentication && auth.is_empty() {
                 self.note(format!(
                     "{awhat}: authentication is on but this ACL has no credentials; it cannot log in; left out"
                 ));
@@ -656,16 +730,27 @@ impl Builder {
             entry.extend(auth);
             acls.push(table(entry));
         }
-        let mut target = vec![("iqn", s(&t.wwn)), ("allow_any_initiator", Value::Boolean(demo))];
-        if authentication {
+        // Demo-mode initiators log in with the TPG's credentials, ironwire's
+        // target ones.
+        let mut chap = Vec::new();
+        if authentication && demo {
             match self.auth(&what, &tpg.auth) {
-                Ok(a) => target.extend(a),
+                Ok(a) if a.is_empty() => {
+                    self.note(format!(
+                        "{what}: generate_node_acls with authentication on and no TPG credentials: only ACL \
+                         initiators can log in; allow_any_initiator left off"
+                    ));
+                    demo = false;
+                }
+                Ok(a) => chap = a,
                 Err(()) => {
                     self.note(format!("{what}: left out, since its TPG credentials cannot carry over"));
                     return None;
                 }
             }
         }
+        let mut target = vec![("iqn", s(&t.wwn)), ("allow_any_initiator", Value::Boolean(demo))];
+        target.extend(chap);
         if !demo && acls.is_empty() {
             self.note(format!(
                 "{what}: no initiator may log in (no usable node_acls, generate_node_acls off); left out"
@@ -688,6 +773,123 @@ mod tests {
     fn ipv6_addresses_get_brackets() {
         assert_eq!(socket_address("::1", "4420"), "[::1]:4420");
         assert_eq!(socket_address("10.0.0.1", "3260"), "10.0.0.1:3260");
+    }
+
+    /// The configuration and the notes `json` converts into.
+    fn convert_json(format: Format, json: &str) -> (Table, String) {
+        let out = convert(format, Path::new("test.json"), json).expect("converts");
+        (out.toml.parse().expect("TOML"), out.notes.join("\n"))
+    }
+
+    fn targets(t: &Table) -> Vec<&Value> {
+        t.get("iscsi_target").and_then(Value::as_array).into_iter().flatten().collect()
+    }
+
+    /// One iSCSI target with one TPG holding `tpg` (JSON members).
+    fn lio_target(tpg: &str) -> String {
+        format!(
+            r#"{{"storage_objects": [{{"name": "r", "plugin": "ramdisk", "size": 1048576}}],
+            "targets": [{{"fabric": "iscsi", "wwn": "iqn.2003-01.org.example:t", "tpgs": [{{"tag": 1, "enable": true,
+            "luns": [{{"index": 0, "storage_object": "/backstores/ramdisk/r"}}],
+            "portals": [{{"ip_address": "0.0.0.0", "port": 3260}}], {tpg}}}]}}]}}"#
+        )
+    }
+
+    #[test]
+    fn lio_demo_mode_needing_chap_without_tpg_credentials_admits_no_one() {
+        // LIO authenticates a demo-mode initiator with the TPG's own
+        // credentials; with none set, no such initiator can log in.
+        let json = lio_target(r#""attributes": {"authentication": 1, "generate_node_acls": 1}, "node_acls": []"#);
+        let (t, notes) = convert_json(Format::Targetcli, &json);
+        assert!(
+            targets(&t).iter().all(|t| t.get("allow_any_initiator").and_then(Value::as_bool) != Some(true)),
+            "an open target: {t}"
+        );
+        assert!(notes.contains("no TPG credentials"), "{notes}");
+    }
+
+    #[test]
+    fn lio_acl_without_credentials_does_not_inherit_the_tpg_ones() {
+        // LIO checks an explicit ACL's initiator against that ACL's
+        // credentials only; the TPG's are for demo-mode initiators.
+        let json = lio_target(
+            r#""attributes": {"authentication": 1, "generate_node_acls": 0},
+            "chap_userid": "demo", "chap_password": "demo-secret-123",
+            "node_acls": [{"node_wwn": "iqn.1994-05.com.example:bare", "mapped_luns": [{"index": 0, "tpg_lun": 0}]},
+                {"node_wwn": "iqn.1994-05.com.example:own", "chap_userid": "own", "chap_password": "own-secret-1234",
+                 "mapped_luns": [{"index": 0, "tpg_lun": 0}]}]"#,
+        );
+        let (t, notes) = convert_json(Format::Targetcli, &json);
+        let target = targets(&t).first().copied().expect("the target");
+        let acls: Vec<&str> = target["acl"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|a| a.get("initiator").and_then(Value::as_str))
+            .collect();
+        assert_eq!(acls, ["iqn.1994-05.com.example:own"], "{t}");
+        assert!(notes.contains("example:bare]: authentication is on but this ACL has no credentials"), "{notes}");
+    }
+
+    #[test]
+    fn lio_write_protect_attributes_are_named() {
+        // demo_mode_write_protect is 1 unless set otherwise: demo-mode
+        // initiators get read-only LUNs.
+        let json = lio_target(r#""attributes": {"generate_node_acls": 1, "demo_mode_write_protect": 1}"#);
+        let (_, notes) = convert_json(Format::Targetcli, &json);
+        assert!(notes.contains("demo_mode_write_protect"), "{notes}");
+        let json = lio_target(
+            r#""attributes": {"prod_mode_write_protect": 1},
+            "node_acls": [{"node_wwn": "iqn.1994-05.com.example:a", "mapped_luns": [{"index": 0, "tpg_lun": 0}]}]"#,
+        );
+        let (_, notes) = convert_json(Format::Targetcli, &json);
+        assert!(notes.contains("prod_mode_write_protect"), "{notes}");
+    }
+
+    /// One subsystem open to any host with namespaces `namespaces` on one
+    /// TCP port with ANA groups `ana_groups` (JSON arrays).
+    fn nvmet_file(namespaces: &str, ana_groups: &str) -> String {
+        format!(
+            r#"{{"hosts": [], "ports": [{{"addr": {{"adrfam": "ipv4", "traddr": "10.0.0.1", "treq": "not specified",
+            "trsvcid": "4420", "trtype": "tcp"}}, "ana_groups": {ana_groups}, "param": {{}}, "portid": 1,
+            "referrals": [], "subsystems": ["nqn.2026-11.com.example:s"]}}],
+            "subsystems": [{{"allowed_hosts": [], "attr": {{"allow_any_host": "1"}},
+            "namespaces": {namespaces}, "nqn": "nqn.2026-11.com.example:s"}}]}}"#
+        )
+    }
+
+    fn namespaces(t: &Table) -> Vec<&Value> {
+        t["subsystem"][0]["namespace"].as_array().into_iter().flatten().collect()
+    }
+
+    #[test]
+    fn nvmet_ana_states_carry_over() {
+        let ns = r#"[{"device": {"path": "/dev/nvme0n1"}, "enable": 1, "nsid": 1, "ana_grpid": 1},
+            {"device": {"path": "/dev/nvme1n1"}, "enable": 1, "nsid": 2, "ana_grpid": 2},
+            {"device": {"path": "/dev/nvme2n1"}, "enable": 1, "nsid": 3, "ana_grpid": 3}]"#;
+        let groups = r#"[{"ana": {"state": "inaccessible"}, "grpid": 1},
+            {"ana": {"state": "non-optimized"}, "grpid": 2}]"#;
+        let (t, _) = convert_json(Format::Nvmetcli, &nvmet_file(ns, groups));
+        let states: Vec<Option<&str>> =
+            namespaces(&t).iter().map(|n| n.get("ana_state").and_then(Value::as_str)).collect();
+        // Group 3 is not on the port: nvmet reports it inaccessible there.
+        assert_eq!(states, [Some("inaccessible"), Some("non-optimized"), Some("inaccessible")], "{t}");
+        // A port without ANA groups (a kernel without ANA): optimized.
+        let (t, _) = convert_json(Format::Nvmetcli, &nvmet_file(ns, "[]"));
+        assert!(namespaces(&t).iter().all(|n| n.get("ana_state").is_none()), "{t}");
+    }
+
+    #[test]
+    fn nvmet_file_namespaces_keep_their_block_size() {
+        // nvmet gives a file-backed namespace the file system's block size
+        // (capped at 4096), not 512.
+        let ns = r#"[{"device": {"path": "/nonexistent/ironwire-import/a.img"}, "enable": 1, "nsid": 1}]"#;
+        let (t, _) = convert_json(Format::Nvmetcli, &nvmet_file(ns, "[]"));
+        let dev = &t["device"][0];
+        assert_eq!(
+            (dev["kind"].as_str(), dev.get("block_size").and_then(Value::as_integer)),
+            (Some("file"), Some(4096))
+        );
     }
 
     #[test]
