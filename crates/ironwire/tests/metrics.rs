@@ -120,15 +120,21 @@ fn assert_moved(
     assert_eq!(inf, reads as f64, "{object} {labels}: the +Inf bucket counts every read");
 }
 
+/// An NVMe/TCP controller with one I/O queue and an iSCSI session (LUN 1's
+/// power-on unit attention cleared).
+async fn connect_both(d: &Daemon) -> (Controller, Session) {
+    let c =
+        Controller::connect(d.addr, NQN, HOST, Options { io_queues: 1, ..Options::default() }).await.expect("connect");
+    let mut s = Session::connect(iscsi_portal(d), LoginOptions::new(INITIATOR, Some(IQN))).await.expect("login");
+    s.clear_unit_attentions(1).await.expect("clear unit attentions");
+    (c, s)
+}
+
 #[test]
 fn scraped_counters_move_by_exactly_the_io_done_over_nvme_tcp_and_iscsi() {
     let d = start("exact");
     block_on(bounded(60, async {
-        let mut c = Controller::connect(d.addr, NQN, HOST, Options { io_queues: 1, ..Options::default() })
-            .await
-            .expect("connect");
-        let mut s = Session::connect(iscsi_portal(&d), LoginOptions::new(INITIATOR, Some(IQN))).await.expect("login");
-        s.clear_unit_attentions(1).await.expect("clear unit attentions");
+        let (mut c, mut s) = connect_both(&d).await;
         // Identify (the initiator's block size lookups) before the first
         // scrape, so that only the I/O below happens between the two.
         c.read(0, 1, 0, 1).await.expect("warm-up read nsid 1");
@@ -399,11 +405,7 @@ fn removed_namespaces_and_luns_leave_the_metrics_and_come_back_counted_afresh() 
     let d = start("forget");
     let sock = d.dir.join("ctl.sock");
     block_on(bounded(60, async {
-        let mut c = Controller::connect(d.addr, NQN, HOST, Options { io_queues: 1, ..Options::default() })
-            .await
-            .expect("connect");
-        let mut s = Session::connect(iscsi_portal(&d), LoginOptions::new(INITIATOR, Some(IQN))).await.expect("login");
-        s.clear_unit_attentions(1).await.expect("clear unit attentions");
+        let (mut c, mut s) = connect_both(&d).await;
         c.read(0, 1, 0, 1).await.expect("read nsid 1");
         s.read16(1, 0, 1, 4096).await.expect("read lun 1");
         for i in 0..4u64 {

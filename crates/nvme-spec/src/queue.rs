@@ -213,6 +213,11 @@ impl Cqe {
         crate::Status(self.status.get() >> 1)
     }
 
+    /// Replaces the status field, keeping the phase tag.
+    pub fn set_status(&mut self, status: crate::Status) {
+        self.status = ((status.0 << 1) | (self.status.get() & 1)).into();
+    }
+
     /// The 64-bit result (Property Get returns 8-byte values in DW1:DW0).
     pub fn result_u64(&self) -> u64 {
         (u64::from(self.dw1.get()) << 32) | u64::from(self.dw0.get())

@@ -295,8 +295,7 @@ impl HostConnection {
         let buf = p.stag.and_then(|s| self.conn.deregister(s));
         let mut cqe = cqe;
         if p.reading && buf.as_ref().is_some_and(|b| written < b.len()) && cqe.status().is_success() {
-            let phase = cqe.status.get() & 1;
-            cqe.status = ((Status::DATA_TRANSFER_ERROR.0 << 1) | phase).into();
+            cqe.set_status(Status::DATA_TRANSFER_ERROR);
         }
         let data = match buf {
             Some(b) if p.reading => b,

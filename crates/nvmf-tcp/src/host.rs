@@ -296,8 +296,7 @@ impl HostConnection {
                 // Data that failed its digest is not the command's data,
                 // whatever status the controller gives.
                 if p.digest_failed && cqe.status().is_success() {
-                    let phase = cqe.status.get() & 1;
-                    cqe.status = ((Status::TRANSIENT_TRANSPORT_ERROR.0 << 1) | phase).into();
+                    cqe.set_status(Status::TRANSIENT_TRANSPORT_ERROR);
                 }
                 p.read_data
             }
@@ -409,8 +408,8 @@ mod tests {
         (0..len).map(|i| (i as u16).wrapping_mul(31).wrapping_add(cid) as u8).collect()
     }
 
-    #[test]
-    fn a_read_whose_data_digest_failed_never_completes_with_success() {
+    /// A host and a target with data digests on, past ICReq/ICResp.
+    fn data_digest_pair() -> (HostConnection, TargetConnection<Vec<u8>>) {
         let mut h = HostConnection::new(HostConfig { header_digest: false, data_digest: true, max_in_capsule: 8192 });
         let mut t = TargetConnection::<Vec<u8>>::new(TargetConfig::default());
         let mut wire = Vec::new();
@@ -419,6 +418,13 @@ mod tests {
         wire.clear();
         t.take_transmit(&mut wire);
         h.handle_input(&wire).expect("ICResp");
+        (h, t)
+    }
+
+    #[test]
+    fn a_read_whose_data_digest_failed_never_completes_with_success() {
+        let (mut h, mut t) = data_digest_pair();
+        let mut wire = Vec::new();
         // SQ flow control on: the data's C2HData carries no SUCCESS flag,
         // a response capsule with SUCCESS follows it.
         t.set_queue(1, 63, false);
@@ -447,14 +453,8 @@ mod tests {
 
     #[test]
     fn a_stream_of_large_reads_keeps_the_receive_buffer_bounded_and_reuses_read_buffers() {
-        let mut h = HostConnection::new(HostConfig { header_digest: false, data_digest: true, max_in_capsule: 8192 });
-        let mut t = TargetConnection::<Vec<u8>>::new(TargetConfig::default());
+        let (mut h, mut t) = data_digest_pair();
         let mut wire = Vec::new();
-        h.take_transmit(&mut wire);
-        t.handle_input(&wire).expect("ICReq");
-        wire.clear();
-        t.take_transmit(&mut wire);
-        h.handle_input(&wire).expect("ICResp");
         assert!(h.is_ready());
         t.set_queue(1, 63, false);
         const LEN: usize = 64 << 10;
