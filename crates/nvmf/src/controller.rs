@@ -27,6 +27,8 @@ pub(crate) struct CtrlState {
     pub write_atomicity: u32,
     pub vwc_enabled: bool,
     pub pending_aens: VecDeque<u32>,
+    /// Namespaces changed since the host last read the Changed Namespace
+    /// List, ascending, at most one past what the page holds.
     pub changed_ns: Vec<u32>,
     pub ns_aen_outstanding: bool,
     pub ana_aen_outstanding: bool,
@@ -214,8 +216,13 @@ impl<D: BlockDevice> Controller<D> {
     /// (Asynchronous Event Configuration bit 8) and none is outstanding.
     pub(crate) fn namespace_changed(&self, nsid: u32) {
         let mut s = self.lock();
-        if !s.changed_ns.contains(&nsid) {
-            s.changed_ns.push(nsid);
+        // Kept in increasing order (the log page lists them so) and no
+        // longer than one past what the page holds: past that the page
+        // reads FFFFFFFFh alone, whichever namespaces changed.
+        if s.changed_ns.len() <= nvme_spec::log::CHANGED_NS_LEN / 4 {
+            if let Err(at) = s.changed_ns.binary_search(&nsid) {
+                s.changed_ns.insert(at, nsid);
+            }
         }
         if s.aec & (1 << 8) != 0 && !s.ns_aen_outstanding {
             s.ns_aen_outstanding = true;

@@ -769,6 +769,36 @@ fn namespace_added_at_runtime_raises_an_async_event() {
     assert_eq!(status(&ex(&mut a, 0, &sqe(0x0c, 45))), Status::ASYNC_EVENT_LIMIT.dnr());
 }
 
+/// NVMe base 2.0 5.16.1.5: the Changed Namespace List holds the NSIDs in
+/// increasing order, and more than 1,024 of them read as FFFFFFFFh alone;
+/// what the controller remembers for it stays that small however many
+/// namespaces change before the host reads it.
+#[test]
+fn changed_namespace_list_is_ascending_and_overflows_past_1024() {
+    let t = target();
+    let (mut a, _) = admin(&t);
+    let sub = t.subsystem(SUB).expect("sub");
+    for nsid in [9, 3, 7] {
+        sub.add_namespace(Namespace::new(SUB, nsid, Arc::new(Described::new(&format!("n{nsid}"), 512, 64))))
+            .expect("add");
+    }
+    sub.remove_namespace(3);
+    let (_, changed) = get_log(&mut a, 0x04, 4096, 0);
+    let listed: Vec<u32> = (0..5).map(|i| u32_at(&changed, i * 4)).collect();
+    assert_eq!(listed, [3, 7, 9, 0, 0], "ascending, each once");
+    for nsid in 100..1200 {
+        sub.add_namespace(Namespace::new(SUB, nsid, Arc::new(Described::new(&format!("n{nsid}"), 512, 8))))
+            .expect("add");
+        sub.remove_namespace(nsid);
+    }
+    let (_, changed) = get_log(&mut a, 0x04, 4096, 0);
+    assert_eq!(u32_at(&changed, 0), 0xffff_ffff, "more than 1,024 changed");
+    assert!(changed[4..].iter().all(|&b| b == 0), "and nothing else");
+    sub.add_namespace(Namespace::new(SUB, 2, Arc::new(Described::new("n2", 512, 64)))).expect("add");
+    let (_, changed) = get_log(&mut a, 0x04, 4096, 0);
+    assert_eq!((u32_at(&changed, 0), u32_at(&changed, 4)), (2, 0), "reading it began a new list");
+}
+
 fn u32_at(b: &[u8], at: usize) -> u32 {
     u32::from_le_bytes(b[at..at + 4].try_into().expect("4"))
 }
