@@ -578,7 +578,12 @@ fn handles_of(units: &BTreeMap<u64, Arc<Unit>>) -> BTreeMap<u64, UnitHandle> {
 }
 
 struct Session {
-    target: Arc<IscsiTarget>,
+    /// The target's name.
+    iqn: String,
+    /// The target's LUNs, shared by all its versions. Not the version
+    /// logged in to: that holds the units of its day, and with them the
+    /// devices of LUNs removed since.
+    table: Arc<LunTable>,
     nexus: Nexus,
     /// The target's LUNs as this session last saw them (their generation
     /// in the target's [`LunTable`] below), each behind this session's own
@@ -593,23 +598,33 @@ struct Session {
 }
 
 impl Session {
-    fn new(target: Arc<IscsiTarget>, nexus: Nexus) -> Session {
+    fn new(target: &IscsiTarget, nexus: Nexus) -> Session {
         let (generation, units) = target.table.snapshot();
         for u in units.values() {
             u.lu.nexus_created(&nexus);
         }
         let luns = units.keys().copied().collect();
-        Session { target, nexus, units: handles_of(&units), generation, luns, luns_changed: false }
+        Session {
+            iqn: target.iqn.clone(),
+            table: target.table.clone(),
+            nexus,
+            units: handles_of(&units),
+            generation,
+            luns,
+            luns_changed: false,
+        }
     }
 
-    /// Catches up with a LUN change made since the last command: new units
-    /// learn the nexus, removed ones forget it, and the unit attention is
-    /// queued. One atomic load when nothing changed.
+    /// Catches up with a LUN change made since: new units learn the nexus,
+    /// removed ones forget it (and this session lets go of them), and the
+    /// unit attention is queued. Before each command, and on the
+    /// connection's tick so that an idle session does not keep a removed
+    /// LUN's device open. One atomic load when nothing changed.
     fn refresh(&mut self) {
-        if self.target.table.generation.load(Ordering::Acquire) == self.generation {
+        if self.table.generation.load(Ordering::Acquire) == self.generation {
             return;
         }
-        let (generation, units) = self.target.table.snapshot();
+        let (generation, units) = self.table.snapshot();
         for (n, u) in units.iter() {
             if !self.units.get(n).is_some_and(|o| Arc::ptr_eq(&**o, u)) {
                 u.lu.nexus_created(&self.nexus);
@@ -696,7 +711,7 @@ impl Conn {
         let failure = sense.map(Failure::sense);
         let latency = reactor::now_us().saturating_sub(t0);
         let scope = || {
-            let target = self.session.borrow().as_ref()?.target.iqn.clone();
+            let target = self.session.borrow().as_ref()?.iqn.clone();
             Some(stats::Scope::Lun { target, lun })
         };
         self.stats.with(lun, scope, |c| c.record(op, bytes, latency, failure));
@@ -914,7 +929,7 @@ pub async fn serve(stream: TcpStream, model: Arc<IscsiModel>, cfg: TargetConfig,
     while !conn.shell.is_closing() {
         let r = match rx.recv().await {
             Ok(bytes) if !bytes.is_empty() => {
-                let epoch = conn.session.borrow().as_ref().map_or(0, |s| s.target.table.epoch.load(Ordering::Acquire));
+                let epoch = conn.session.borrow().as_ref().map_or(0, |s| s.table.epoch.load(Ordering::Acquire));
                 let mut c = conn.iscsi.borrow_mut();
                 c.set_epoch(epoch);
                 c.handle_input(&bytes)
@@ -951,7 +966,7 @@ pub async fn serve(stream: TcpStream, model: Arc<IscsiModel>, cfg: TargetConfig,
         for u in s.units.values() {
             u.lu.nexus_lost(&s.nexus);
         }
-        log::info!("{peer}: session {} to {} ended", s.nexus.initiator, s.target.iqn);
+        log::info!("{peer}: session {} to {} ended", s.nexus.initiator, s.iqn);
     }
     let held = conn.iscsi.borrow().session_target().map(str::to_owned);
     if let Some(t) = held {
@@ -1006,7 +1021,7 @@ fn dispatch_events(conn: &Rc<Conn>, model: &Arc<IscsiModel>) -> bool {
                             tpgt: TPGT,
                         };
                         log::info!("{}: {initiator} logged in to {} (tsih {tsih})", conn.shell.peer, t.iqn);
-                        *conn.session.borrow_mut() = Some(Session::new(t, nexus));
+                        *conn.session.borrow_mut() = Some(Session::new(&t, nexus));
                     }
                     _ => log::info!("{}: {initiator} opened a discovery session", conn.shell.peer),
                 }
@@ -1133,7 +1148,7 @@ async fn answer_tmf_when_done(
 /// TARGET COLD RESET is over: closes the connections of every session of
 /// this connection's target, this one after what it queued is sent.
 fn drop_target_connections(conn: &Conn) {
-    let iqn = conn.session.borrow().as_ref().map(|s| s.target.iqn.clone());
+    let iqn = conn.session.borrow().as_ref().map(|s| s.iqn.clone());
     let Some(iqn) = iqn else { return };
     let me = conn.shell.peer;
     let others = crate::stats::disconnect(|h| {
@@ -1161,7 +1176,7 @@ async fn drained(conn: &Conn, fences: &[Fence], deadline: std::time::Instant) ->
 /// left on those units arrived after it (the function ended those in its
 /// scope) and are restamped, unless an earlier fence doomed them already.
 fn fence(conn: &Conn, s: &Session, units: &[&UnitHandle]) -> Vec<Fence> {
-    let epoch = s.target.table.epoch.fetch_add(1, Ordering::AcqRel).wrapping_add(1);
+    let epoch = s.table.epoch.fetch_add(1, Ordering::AcqRel).wrapping_add(1);
     let (fences, before): (Vec<Fence>, Vec<(u64, u64, &UnitHandle)>) = units
         .iter()
         .map(|u| {
@@ -1205,14 +1220,14 @@ fn task_mgmt(conn: &Conn, function: TmfFunction, lun: u64) -> (u8, Vec<Fence>) {
         },
         TmfFunction::LOGICAL_UNIT_RESET => match unit {
             Some(u) => {
-                log::info!("{}: LUN reset of {} LUN {}", conn.shell.peer, s.target.iqn, u.lu.lun);
+                log::info!("{}: LUN reset of {} LUN {}", conn.shell.peer, s.iqn, u.lu.lun);
                 u.lu.lun_reset(&s.nexus);
                 (tmf_response::COMPLETE, fence(conn, s, &[&u]))
             }
             None => (tmf_response::LUN_DOES_NOT_EXIST, Vec::new()),
         },
         TmfFunction::TARGET_WARM_RESET | TmfFunction::TARGET_COLD_RESET => {
-            log::info!("{}: target reset of {}", conn.shell.peer, s.target.iqn);
+            log::info!("{}: target reset of {}", conn.shell.peer, s.iqn);
             for u in s.units.values() {
                 u.lu.target_reset();
             }
@@ -1294,7 +1309,7 @@ fn command(conn: &Rc<Conn>, cmd: iscsi::target::Command<Buf>) {
             // SPC-4 5.12.11.2.6: the preempted nexuses' tasks are aborted
             // before GOOD, and only theirs; running ones cannot be
             // recalled, so wait.
-            let epoch = s.target.table.epoch.fetch_add(1, Ordering::AcqRel).wrapping_add(1);
+            let epoch = s.table.epoch.fetch_add(1, Ordering::AcqRel).wrapping_add(1);
             let fences = match Unit::fence_nexuses(&b.0, epoch, &preempted) {
                 Some(f) => vec![f],
                 None => fence(conn, s, &[&b.0]),
@@ -1667,6 +1682,9 @@ async fn tick_loop(conn: Rc<Conn>, model: Arc<IscsiModel>, rd: TcpStream) {
             );
             conn.shell.close();
             break;
+        }
+        if let Some(s) = conn.session.borrow_mut().as_mut() {
+            s.refresh();
         }
         conn.iscsi.borrow_mut().on_tick(now_ms());
         dispatch_events(&conn, &model);

@@ -253,6 +253,8 @@ pub fn run(mut config: Config, ctl_socket: &std::path::Path, origin: Origin) -> 
     }
     let iscsi_ports: Vec<&str> =
         config.port.iter().filter(|p| p.transport == "iscsi").map(|p| p.address.as_str()).collect();
+    // Dropped once printed: a target's version holds its units, and with
+    // them the devices of LUNs that may be removed later.
     let iscsi_targets = iscsi.targets();
     for t in &iscsi_targets {
         for a in &iscsi_ports {
@@ -271,6 +273,7 @@ pub fn run(mut config: Config, ctl_socket: &std::path::Path, origin: Origin) -> 
         ready.push(format!("iscsiadm -m discovery -t st -p {a}"));
         ready.push(format!("iscsiadm -m node -T {} -p {a} --login", t.iqn));
     }
+    drop(iscsi_targets);
     // One command per line, so that each can be copied whole. A reader
     // that went away (`serve | head -1`) must not stop the target: write
     // errors are ignored.

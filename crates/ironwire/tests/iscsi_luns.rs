@@ -137,3 +137,47 @@ fn luns_change_under_logged_in_sessions_with_one_unit_attention_per_nexus() {
     assert_eq!(luns, [0, 2], "ctl show");
     assert!(d.log().contains(&format!("iSCSI target {IQN}: LUN 1 removed")), "log:\n{}", d.log());
 }
+
+/// A LUN removed, then its device: logged-in sessions that stay idle let
+/// go of the device within their next tick, so its file closes (and an rbd
+/// image's watch goes, which `rbd rm` waits for) while they stay logged in;
+/// their next command still gets the unit attention.
+#[test]
+fn idle_sessions_let_go_of_a_removed_luns_device() {
+    let d = Daemon::start_with("iscsi-luns-release", config);
+    let file = d.dir.join("slow.img");
+    let pid = d.pid();
+    let open_fds = || -> usize {
+        std::fs::read_dir(format!("/proc/{pid}/fd"))
+            .expect("fd dir")
+            .filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
+            .filter(|p| p == &file)
+            .count()
+    };
+    let addr = d.addr;
+    block_on(bounded(60, async {
+        let mut a = login(addr, "iqn.2026-11.io.test:a").await;
+        let mut b = login(addr, "iqn.2026-11.io.test:b").await;
+        a.write16(1, 5, BS, block(4)).await.expect("write LUN 1");
+        assert_eq!(b.read16(1, 5, 1, BS).await.expect("read LUN 1"), block(4));
+        assert!(open_fds() > 0, "the file device is open while exported");
+        d.ctl(&format!("remove lun iqn={IQN} lun=1")).expect("ctl remove lun");
+        d.ctl("remove device name=slow").expect("ctl remove device");
+        let mut open = open_fds();
+        for _ in 0..300 {
+            if open == 0 {
+                break;
+            }
+            reactor::sleep(std::time::Duration::from_millis(10)).await;
+            open = open_fds();
+        }
+        assert_eq!(open, 0, "the removed LUN's device is still open under idle sessions");
+        for (name, s) in [("a", &mut a), ("b", &mut b)] {
+            let r = read(s, 0, 3).await;
+            assert_eq!(sense(&r), Some(REPORTED_LUNS_CHANGED), "{name}: first command after the removal");
+            assert!(read(s, 0, 3).await.is_good(), "{name}: LUN 0 serves on");
+        }
+        a.logout().await.expect("logout a");
+        b.logout().await.expect("logout b");
+    }));
+}
