@@ -6,7 +6,8 @@
 //! cluster that cannot be
 //! reached fails `serve` and `ctl add device` with a message naming the
 //! monitors; and the faults: an OSD stopped during I/O (a cluster of the
-//! test's own), `rbd resize` while exported, a blocklisted client.
+//! test's own), `rbd resize` while exported, a blocklisted client, a
+//! removed image closed off the reactors while its OSD is stopped.
 //! Each test makes its own small image; every wait is bounded.
 
 mod common;
@@ -714,5 +715,71 @@ fn removed_image_gets_errors_and_the_daemon_keeps_serving() {
     assert!(ok, "ctl remove device: {out}");
     let (ok, shown) = ctl(&d, &["save"]);
     assert!(ok && !shown.contains("kind = \"rbd\""), "{shown}");
+    d.assert_alive();
+}
+
+/// The threads of process `pid` named `name`.
+fn threads_named(pid: u32, name: &str) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .expect("task dir")
+        .filter_map(|e| std::fs::read_to_string(e.ok()?.path().join("comm")).ok())
+        .filter(|comm| comm.trim_end() == name)
+        .count()
+}
+
+/// A removed LUN's image is closed off the reactors: an idle session lets
+/// go of the device on its reactor, and `rbd_close`, which waits for an OSD
+/// to answer (here a stopped one), runs on a thread of its own while the
+/// reactor goes on serving a RAM namespace.
+#[test]
+fn a_removed_image_is_closed_off_the_reactor_while_its_osd_is_stopped() {
+    if ceph_cluster().is_none() {
+        return;
+    }
+    let own = OwnCluster::start("close");
+    let img = TestImage::new(&own.conf, "close");
+    let rbd = img.device(512);
+    let iscsi_port = std::net::TcpListener::bind("127.0.0.1:0").expect("probe").local_addr().expect("addr").port();
+    let mut d = Daemon::start_with("rbd-close", move |_, port| {
+        format!(
+            "{rbd}\n[[device]]\nname = \"mem\"\nkind = \"ram\"\nsize = \"1MiB\"\n\n\
+             [[subsystem]]\nnqn = \"{NQN}\"\nallow_any_host = true\n[[subsystem.namespace]]\nnsid = 1\ndevice = \"mem\"\n\n\
+             [[iscsi_target]]\niqn = \"{IQN}\"\nallow_any_initiator = true\n[[iscsi_target.lun]]\nlun = 0\n\
+             device = \"ceph\"\n\n[[port]]\naddress = \"127.0.0.1:{port}\"\n\n\
+             [[port]]\ntransport = \"iscsi\"\naddress = \"127.0.0.1:{iscsi_port}\"\n\n[reactor]\ncores = [0]\n"
+        )
+    });
+    let (addr, pid) = (d.addr, d.pid());
+    let iscsi_addr = std::net::SocketAddr::from(([127, 0, 0, 1], iscsi_port));
+    block_on(bounded(120, async {
+        let mut s = Session::connect(iscsi_addr, LoginOptions::new(INITIATOR, Some(IQN))).await.expect("login");
+        let r = s.scsi(0, &cdb::write16(16, 1), pattern(512, 3), 0).await.expect("write16 answered");
+        assert!(r.is_good(), "a write to the image: {:?}", r.sense_code());
+        own.signal_osd(libc::SIGSTOP);
+        d.ctl(&format!("remove lun iqn={IQN} lun=0")).expect("ctl remove lun");
+        d.ctl("remove device name=ceph").expect("ctl remove device");
+        // The session, idle, lets go of the device on its next tick.
+        let mut tries = 0;
+        while threads_named(pid, "rbd-close") == 0 {
+            tries += 1;
+            assert!(tries < 1000, "no thread closes the removed image");
+            reactor::sleep(Duration::from_millis(10)).await;
+        }
+        // The reactor that let go of the image serves on meanwhile.
+        let mut c = Controller::connect(addr, NQN, HOST, opts()).await.expect("connect");
+        for i in 0..20u8 {
+            c.write(0, 1, 0, pattern(4096, i)).await.expect("ram write while the image closes");
+            assert!(c.read(0, 1, 0, 8).await.expect("ram read") == pattern(4096, i), "ram read back");
+        }
+        assert_eq!(threads_named(pid, "rbd-close"), 1, "the close waits for the stopped OSD");
+        own.signal_osd(libc::SIGCONT);
+        let mut tries = 0;
+        while threads_named(pid, "rbd-close") > 0 {
+            tries += 1;
+            assert!(tries < 6000, "the close did not end once the OSD answered");
+            reactor::sleep(Duration::from_millis(10)).await;
+        }
+        s.logout().await.expect("logout");
+    }));
     d.assert_alive();
 }

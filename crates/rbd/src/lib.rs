@@ -519,6 +519,37 @@ pub enum CompareError {
 }
 
 impl Drop for Image {
+    /// Closes the image. `rbd_close` unregisters the image's watch on an
+    /// OSD and waits for the answer: milliseconds, or as long as an OSD
+    /// that does not answer takes. A reactor thread (where the last
+    /// holder of a removed device may let go of it) must not wait for
+    /// that, so there the close runs on a thread of its own.
+    fn drop(&mut self) {
+        let closing = Closing { cluster: self.cluster, ioctx: self.ioctx, image: self.image, spec: self.spec.clone() };
+        if reactor::on_reactor_thread() {
+            let spawned = std::thread::Builder::new().name("rbd-close".into()).spawn(move || drop(closing));
+            if let Err(e) = spawned {
+                // The closure, and `closing` with it, was dropped: the
+                // image closed on this thread.
+                log::warn!("rbd: no thread to close an image on ({e}); closed on a reactor");
+            }
+        }
+    }
+}
+
+/// The handles of an image being closed; closing them is its drop.
+struct Closing {
+    cluster: ffi::Rados,
+    ioctx: ffi::Ioctx,
+    image: ffi::RbdImage,
+    spec: String,
+}
+
+// SAFETY: as for `Image`: librados and librbd handles may be closed from
+// any thread, and no I/O is submitted on them any more.
+unsafe impl Send for Closing {}
+
+impl Drop for Closing {
     fn drop(&mut self) {
         let lib = ffi::loaded();
         // SAFETY: handles from Image::open, each closed once, image first.
@@ -527,5 +558,6 @@ impl Drop for Image {
             (lib.rados_ioctx_destroy)(self.ioctx);
             (lib.rados_shutdown)(self.cluster);
         }
+        log::debug!("rbd: {} closed", self.spec);
     }
 }

@@ -23,8 +23,8 @@ mod thread_bound;
 pub use bufring::{register_receive_buffers, Receiver, RecvBuf, DEFAULT_BUFFERS, DEFAULT_BUFFER_SIZE};
 pub use doorbell::{doorbell, Doorbell, Ringer};
 pub use rt::{
-    idle_poll_counter, race, sleep, spawn, spawn_detached, timeout, yield_now, Config, Elapsed, Features, JoinHandle,
-    Runtime, Sleep, DEFAULT_POLL,
+    idle_poll_counter, on_reactor_thread, race, sleep, spawn, spawn_detached, timeout, yield_now, Config, Elapsed,
+    Features, JoinHandle, Runtime, Sleep, DEFAULT_POLL,
 };
 
 use std::cell::{Cell, RefCell};

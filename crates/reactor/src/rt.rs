@@ -311,6 +311,12 @@ pub fn idle_poll_counter() -> Option<Arc<AtomicU64>> {
     try_with_core(|c| c.idle_poll.clone())
 }
 
+/// Whether this thread has a reactor (a [`Runtime`] made here and not yet
+/// dropped): where nothing may block.
+pub fn on_reactor_thread() -> bool {
+    try_with_core(|_| ()).is_some()
+}
+
 /// Runs `f` with this thread's reactor core, if there is one.
 pub(crate) fn try_with_core<R>(f: impl FnOnce(&Rc<Core>) -> R) -> Option<R> {
     CURRENT.try_with(|c| c.borrow().as_ref().map(f)).ok().flatten()
