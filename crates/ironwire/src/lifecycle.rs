@@ -73,8 +73,22 @@ fn lock_listeners() -> std::sync::MutexGuard<'static, Vec<RawFd>> {
 /// Registers a reactor's listening socket `fd` so that a stop can shut it
 /// down. Drop the guard before the socket closes.
 pub fn listening(fd: RawFd) -> Listening {
-    lock_listeners().push(fd);
+    register(&mut lock_listeners(), fd, draining());
     Listening(fd)
+}
+
+/// Adds `fd` to `listeners`; when the stop already walked them (a port
+/// change applied on a reactor as the stop began), shuts it down at once,
+/// so that its accept ends and the stop does not wait out its drain and
+/// grace for it. [`drain`] sets `DRAINING` before it takes the lock to
+/// walk the list, so under the lock one side sees the other.
+fn register(listeners: &mut Vec<RawFd>, fd: RawFd, draining: bool) {
+    listeners.push(fd);
+    if draining {
+        // SAFETY: the caller's listener is open (registered before it
+        // closes); shutdown has no other effect on memory.
+        unsafe { libc::shutdown(fd, libc::SHUT_RDWR) };
+    }
 }
 
 /// Sends `state` (e.g. `READY=1`) to the service manager when
@@ -217,5 +231,32 @@ pub fn drain(stop: Stop, drain: Duration, open: impl Fn() -> usize) -> usize {
             return open();
         }
         std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::fd::AsRawFd;
+
+    /// A nonblocking accept on `l` with nobody connecting: EAGAIN while it
+    /// listens, EINVAL once shut down.
+    fn accept_errno(l: &std::net::TcpListener) -> i32 {
+        l.set_nonblocking(true).expect("nonblocking");
+        l.accept().expect_err("nobody connects").raw_os_error().unwrap_or(0)
+    }
+
+    #[test]
+    fn a_listener_registered_once_the_stop_walked_the_list_is_shut_down_at_once() {
+        let (before, after) = (
+            std::net::TcpListener::bind("127.0.0.1:0").expect("bind"),
+            std::net::TcpListener::bind("127.0.0.1:0").expect("bind"),
+        );
+        let mut listeners = Vec::new();
+        register(&mut listeners, before.as_raw_fd(), false);
+        register(&mut listeners, after.as_raw_fd(), true);
+        assert_eq!(listeners, [before.as_raw_fd(), after.as_raw_fd()]);
+        assert_eq!(accept_errno(&before), libc::EAGAIN, "registered before the stop: listening");
+        assert_eq!(accept_errno(&after), libc::EINVAL, "registered after the stop's walk: shut down");
     }
 }
