@@ -140,6 +140,14 @@ pub trait BlockDevice: Send + Sync + std::fmt::Debug + 'static {
         false
     }
 
+    /// Whether the device is exported read-only: the cores refuse every
+    /// command that would write it (NVMe Namespace Is Write Protected,
+    /// SCSI DATA PROTECT / WRITE PROTECTED) and tell hosts so (NVMe
+    /// NSATTR, SCSI MODE SENSE WP).
+    fn read_only(&self) -> bool {
+        false
+    }
+
     /// [`Geometry::check_range`] on this device.
     fn check_range(&self, lba: u64, blocks: u64) -> Result<(), Error> {
         self.geometry().check_range(lba, blocks)
@@ -162,6 +170,8 @@ pub struct Described {
     pub deallocate_reads_zeroes: bool,
     /// [`BlockDevice::shared_identity`].
     pub shared_identity: Option<String>,
+    /// [`BlockDevice::read_only`].
+    pub read_only: bool,
 }
 
 impl Described {
@@ -175,6 +185,7 @@ impl Described {
             volatile_write_cache: false,
             deallocate_reads_zeroes: true,
             shared_identity: None,
+            read_only: false,
         }
     }
 }
@@ -202,6 +213,10 @@ impl BlockDevice for Described {
 
     fn shared_identity(&self) -> Option<&str> {
         self.shared_identity.as_deref()
+    }
+
+    fn read_only(&self) -> bool {
+        self.read_only
     }
 
     /// A described `null` device discards writes, as the real one does.

@@ -112,6 +112,10 @@ impl BlockDevice for Device {
     fn discards_writes(&self) -> bool {
         matches!(self.backend, Backend::Null)
     }
+
+    fn read_only(&self) -> bool {
+        self.read_only
+    }
 }
 
 enum Backend {
@@ -150,6 +154,9 @@ pub struct Device {
     shared: Option<String>,
     /// The LBA range lock every write passes (docs/architecture.md).
     gate: WriteGate,
+    /// [`BlockDevice::read_only`]: the protocols refuse writes; a file or
+    /// block device's descriptors are opened read-only.
+    read_only: bool,
 }
 
 /// How often a successful flush looks again whether the flushes started
@@ -289,6 +296,7 @@ impl Device {
             flushes: Flushes::default(),
             shared: None,
             gate: WriteGate::new(),
+            read_only: false,
         })
     }
 
@@ -316,6 +324,7 @@ impl Device {
             flushes: Flushes::default(),
             shared: None,
             gate: WriteGate::new(),
+            read_only: false,
         })
     }
 
@@ -324,25 +333,32 @@ impl Device {
     /// `size_bytes`); without it the file's length is the size. Symlinks
     /// on `path` are followed ([`Device::file_with`] can refuse them).
     pub fn file(name: &str, path: &Path, size_bytes: Option<u64>, block_size: u32) -> Result<Device, Error> {
-        Device::file_with(name, path, size_bytes, block_size, Symlinks::Follow)
+        Device::file_with(name, path, size_bytes, block_size, Symlinks::Follow, false)
     }
 
     /// [`Device::file`], resolving `path` once as `symlinks` says: every
     /// descriptor of the device is a reopen of that one object, whatever
-    /// the path names later.
+    /// the path names later. `read_only`: every descriptor is opened
+    /// read-only, and the file must exist and give the size (no
+    /// `size_bytes`).
     pub fn file_with(
         name: &str,
         path: &Path,
         size_bytes: Option<u64>,
         block_size: u32,
         symlinks: Symlinks,
+        read_only: bool,
     ) -> Result<Device, Error> {
         check_block_size(block_size)?;
         if let Some(size) = size_bytes {
+            if read_only {
+                return Err(Error::Unsupported("a size for a read-only file device (its file's length is its size)"));
+            }
             exact_geometry(size, block_size)?;
         }
         let resolved = match size_bytes {
             Some(_) => Resolved::create(path, symlinks),
+            None if read_only => Resolved::existing(path, symlinks).map(Resolved::read_only),
             None => Resolved::existing(path, symlinks),
         }
         .map_err(open_err(path))?;
@@ -369,6 +385,7 @@ impl Device {
             flushes: Flushes::default(),
             shared: None,
             gate: WriteGate::new(),
+            read_only,
         })
     }
 
@@ -377,14 +394,21 @@ impl Device {
     /// The device is opened `O_EXCL`, so a mounted one is refused. Symlinks
     /// on `path` are followed ([`Device::block_with`] can refuse them).
     pub fn block(name: &str, path: &Path, block_size: Option<u32>) -> Result<Device, Error> {
-        Device::block_with(name, path, block_size, Symlinks::Follow)
+        Device::block_with(name, path, block_size, Symlinks::Follow, false)
     }
 
     /// [`Device::block`], resolving `path` once as `symlinks` says, as
-    /// [`Device::file_with`] does.
-    pub fn block_with(name: &str, path: &Path, block_size: Option<u32>, symlinks: Symlinks) -> Result<Device, Error> {
+    /// [`Device::file_with`] does; `read_only` opens it read-only.
+    pub fn block_with(
+        name: &str,
+        path: &Path,
+        block_size: Option<u32>,
+        symlinks: Symlinks,
+        read_only: bool,
+    ) -> Result<Device, Error> {
         use std::os::unix::fs::FileTypeExt;
         let resolved = Resolved::existing(path, symlinks).map_err(open_err(path))?;
+        let resolved = if read_only { resolved.read_only() } else { resolved };
         let meta = resolved.file().metadata().map_err(open_err(path))?;
         if !meta.file_type().is_block_device() {
             return Err(Error::NotBlockDevice(path.to_path_buf()));
@@ -415,6 +439,7 @@ impl Device {
             flushes: Flushes::default(),
             shared: None,
             gate: WriteGate::new(),
+            read_only,
         })
     }
 
@@ -444,6 +469,7 @@ impl Device {
             flush_failed: OnceLock::new(),
             flushes: Flushes::default(),
             gate: WriteGate::new(),
+            read_only: false,
         })
     }
 
@@ -558,6 +584,14 @@ impl Device {
     /// them.
     pub fn reads_from_memory(&self) -> bool {
         matches!(self.backend, Backend::Null | Backend::Ram(_)) && self.latency.read.is_zero()
+    }
+
+    /// This device, exported read-only (null, RAM and rbd devices: the
+    /// protocols refuse writes; file and block devices take `read_only`
+    /// when opened, so that their descriptors are read-only too).
+    pub fn with_read_only(mut self) -> Self {
+        self.read_only = true;
+        self
     }
 
     /// The same device with `latency` added to every read and write.

@@ -33,7 +33,14 @@ pub enum Symlinks {
 }
 
 /// The object a device path named when it was resolved.
-pub(crate) struct Resolved(File);
+pub(crate) struct Resolved(File, Access);
+
+/// How [`Resolved::reopen`] opens the object.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Access {
+    ReadWrite,
+    ReadOnly,
+}
 
 fn c_path(path: &Path) -> io::Result<CString> {
     CString::new(path.as_os_str().as_bytes())
@@ -95,7 +102,12 @@ impl Resolved {
     /// Resolves `path`, which must exist, to an `O_PATH` descriptor
     /// (opening nothing: a FIFO does not block, a device is not claimed).
     pub(crate) fn existing(path: &Path, symlinks: Symlinks) -> io::Result<Resolved> {
-        open_at(libc::AT_FDCWD, path, libc::O_PATH, 0, symlinks).map(Resolved)
+        open_at(libc::AT_FDCWD, path, libc::O_PATH, 0, symlinks).map(|f| Resolved(f, Access::ReadWrite))
+    }
+
+    /// This object, reopened read-only from now on.
+    pub(crate) fn read_only(self) -> Resolved {
+        Resolved(self.0, Access::ReadOnly)
     }
 
     /// Opens `path` read-write, creating a regular file if it is missing.
@@ -115,7 +127,7 @@ impl Resolved {
         let flags = libc::O_RDWR | libc::O_CREAT | nofollow;
         open_at(dir.as_raw_fd(), Path::new(name), flags, 0o666, Symlinks::Follow)
             .map_err(|e| explain(e, symlinks))
-            .map(Resolved)
+            .map(|f| Resolved(f, Access::ReadWrite))
     }
 
     /// The resolved object's descriptor (`O_PATH` from [`Resolved::existing`]).
@@ -123,13 +135,15 @@ impl Resolved {
         &self.0
     }
 
-    /// Opens the resolved object again, read-write with `flags`, through
-    /// `/proc/self/fd/N`: the same inode whatever the path names now.
+    /// Opens the resolved object again, read-write (read-only after
+    /// [`Resolved::read_only`]) with `flags`, through `/proc/self/fd/N`:
+    /// the same inode whatever the path names now.
     pub(crate) fn reopen(&self, flags: libc::c_int) -> io::Result<File> {
         #[cfg(test)]
         hook::run_before_reopen();
         let proc = format!("/proc/self/fd/{}", self.0.as_raw_fd());
-        OpenOptions::new().read(true).write(true).custom_flags(flags | libc::O_CLOEXEC).open(&proc).map_err(|e| {
+        let write = self.1 == Access::ReadWrite;
+        OpenOptions::new().read(true).write(write).custom_flags(flags | libc::O_CLOEXEC).open(&proc).map_err(|e| {
             if e.kind() == io::ErrorKind::NotFound {
                 io::Error::new(e.kind(), format!("{proc}: {e} (is /proc mounted?)"))
             } else {
@@ -213,7 +227,7 @@ mod tests {
         symlink(d.join("outside/existing.img"), d.join("allowed/link.img")).expect("symlink");
         symlink(d.join("outside/dangling.img"), d.join("allowed/dangling.img")).expect("symlink");
         let refuse = Symlinks::Refuse;
-        let file = |p: &str, size: Option<u64>| Device::file_with("f", &d.join(p), size, 512, refuse);
+        let file = |p: &str, size: Option<u64>| Device::file_with("f", &d.join(p), size, 512, refuse, false);
 
         refused_for_a_symlink(file("allowed/sub/existing.img", None), "existing file, symlinked directory");
         refused_for_a_symlink(file("allowed/sub/new.img", Some(MIB)), "new file, symlinked directory");
@@ -221,7 +235,7 @@ mod tests {
         refused_for_a_symlink(file("allowed/link.img", Some(MIB)), "sized file, symlinked last component");
         refused_for_a_symlink(file("allowed/dangling.img", Some(MIB)), "new file, dangling symlink");
         refused_for_a_symlink(
-            Device::block_with("b", &d.join("allowed/link.img"), None, refuse),
+            Device::block_with("b", &d.join("allowed/link.img"), None, refuse, false),
             "block device, symlinked last component",
         );
         assert!(!d.join("outside/new.img").exists(), "created through a symlinked directory");
@@ -233,10 +247,10 @@ mod tests {
         file("allowed/new.img", Some(MIB)).expect("new plain path");
         assert_eq!(std::fs::metadata(d.join("allowed/new.img")).expect("created").len(), MIB);
         // The configuration file's devices still follow symlinks.
-        Device::file_with("f", &d.join("allowed/sub/existing.img"), None, 512, Symlinks::Follow)
+        Device::file_with("f", &d.join("allowed/sub/existing.img"), None, 512, Symlinks::Follow, false)
             .expect("followed symlink");
         assert!(matches!(
-            Device::block_with("b", &d.join("allowed/link.img"), None, Symlinks::Follow),
+            Device::block_with("b", &d.join("allowed/link.img"), None, Symlinks::Follow, false),
             Err(Error::NotBlockDevice(_))
         ));
     }
@@ -260,7 +274,7 @@ mod tests {
                     symlink(swap.join("other"), swap.join("dev")).expect("symlink");
                 });
                 let path = d.join("dev/disk.img");
-                let dev = Device::file_with("f", &path, size, 512, symlinks).expect("device");
+                let dev = Device::file_with("f", &path, size, 512, symlinks, false).expect("device");
                 let first_ino = std::fs::metadata(d.join("dev.orig/disk.img")).expect("original").ino();
                 assert!(std::fs::symlink_metadata(d.join("dev")).expect("swapped").is_symlink(), "not swapped");
                 let crate::Backend::File(backend) = &dev.backend else { panic!("not a file backend") };

@@ -263,6 +263,62 @@ fn file_device_with_4096_byte_blocks_meets_contract() {
     run(full_contract(&dev, true));
 }
 
+/// The access mode (`O_ACCMODE` of `flags` in `/proc/self/fdinfo`) of each
+/// descriptor this process holds on `path`.
+fn access_modes(path: &std::path::Path) -> Vec<u32> {
+    let mut modes = Vec::new();
+    for e in std::fs::read_dir("/proc/self/fd").expect("fd dir").flatten() {
+        if std::fs::read_link(e.path()).ok().as_deref() != Some(path) {
+            continue;
+        }
+        let info = std::fs::read_to_string(format!("/proc/self/fdinfo/{}", e.file_name().to_string_lossy()));
+        let flags = info.ok().and_then(|i| {
+            i.lines().find_map(|l| l.strip_prefix("flags:").and_then(|f| u32::from_str_radix(f.trim(), 8).ok()))
+        });
+        modes.push(flags.expect("flags in fdinfo") & libc::O_ACCMODE as u32);
+    }
+    modes
+}
+
+/// A read-only file or block device: every descriptor on the backing is
+/// read-only, the device says so, reads work and writes fail; a read-only
+/// file device does not take a size.
+#[test]
+fn read_only_file_and_block_devices_open_every_descriptor_read_only() {
+    let dir = TempDir::new("ro");
+    let path = dir.join("golden.img");
+    let data: Vec<u8> = (0..MIB as usize).map(|i| (i % 251) as u8).collect();
+    std::fs::write(&path, &data).expect("write the file");
+    let dev = Device::file_with("ro", &path, None, 512, blockdev::Symlinks::Follow, true).expect("read-only file");
+    assert!(dev.read_only());
+    let modes = access_modes(&path);
+    assert!(modes.len() >= 2, "the device's descriptors: {modes:?}");
+    assert!(modes.iter().all(|&m| m == libc::O_RDONLY as u32), "every descriptor read-only: {modes:?}");
+    run(async {
+        assert!(read(&dev, 3, 4096).await[..] == data[3 * 512..3 * 512 + 4096], "reads the file");
+        let (res, _) = dev.write(0, IoBuf::with_len(512), false).await;
+        assert!(res.is_err(), "a write through a read-only descriptor fails: {res:?}");
+    });
+    assert!(std::fs::read(&path).expect("read the file") == data, "the file is unchanged");
+    let writable = Device::file("rw", &path, None, 512).expect("writable file");
+    assert!(!writable.read_only());
+    assert!(access_modes(&path).contains(&(libc::O_RDWR as u32)), "a writable device opens read-write");
+    drop((dev, writable));
+    let sized = Device::file_with("ro", &path, Some(MIB), 512, blockdev::Symlinks::Follow, true);
+    assert!(matches!(sized, Err(Error::Unsupported(_))), "{sized:?}");
+    let Some(lo) = LoopDev::attach(4 * MIB, 512) else {
+        eprintln!("skipping the block device: no loop device");
+        return;
+    };
+    let dev = Device::block_with("rob", &lo.dev, None, blockdev::Symlinks::Follow, true).expect("read-only block");
+    let modes = access_modes(&lo.dev);
+    assert!(!modes.is_empty() && modes.iter().all(|&m| m == libc::O_RDONLY as u32), "{modes:?}");
+    run(async {
+        let (res, _) = dev.write(0, IoBuf::with_len(512), false).await;
+        assert!(res.is_err(), "a write to a read-only block device fails: {res:?}");
+    });
+}
+
 #[test]
 fn file_device_on_ext4_uses_direct_io() {
     let dir = TempDir::new("direct");

@@ -322,6 +322,10 @@ pub struct DeviceConfig {
     /// ram: transparent huge pages (default true); false keeps 4 KiB
     /// pages, committed and given back by deallocate one at a time.
     pub huge_pages: Option<bool>,
+    /// Exported read-only (default false): hosts are told (NVMe NSATTR,
+    /// SCSI MODE SENSE WP) and every write is refused; file and block
+    /// devices are opened read-only.
+    pub read_only: Option<bool>,
     /// Latency added to every read, in microseconds (testing; default 0).
     pub read_latency_us: Option<u64>,
     /// Latency added to every write, in microseconds (testing; default 0).
@@ -809,6 +813,9 @@ impl Config {
             }
             if d.huge_pages.is_some() && d.kind != "ram" {
                 bail!("{}: only for ram devices", f("huge_pages"));
+            }
+            if d.read_only == Some(true) && d.kind == "file" && d.size.is_some() {
+                bail!("{}: a read-only file device takes its file's length; leave size out", f("read_only"));
             }
             for (key, v) in [("read_latency_us", d.read_latency_us), ("write_latency_us", d.write_latency_us)] {
                 if v.is_some_and(|us| us > MAX_INJECTED_LATENCY_US) {
@@ -1383,6 +1390,10 @@ mod tests {
             "{base}[[device]]\nname = \"a\"\nkind = \"ram\"\nsize = \"1MiB\"\nhuge_pages = false\n"
         ));
         assert_eq!(ok.expect("huge_pages on a ram device").device[0].huge_pages, Some(false));
+        let e = err_of(&format!(
+            "{base}[[device]]\nname = \"a\"\nkind = \"file\"\npath = \"/tmp/a.img\"\nsize = \"1MiB\"\nread_only = true\n"
+        ));
+        assert!(e.contains("device[0] (a).read_only") && e.contains("leave size out"), "{e}");
         let e = err_of(&format!("{base}[[device]]\nname = \"a\"\nkind = \"tape\"\n"));
         assert!(e.contains("device[0] (a).kind") && e.contains("tape"), "{e}");
         let e = err_of(&format!("{base}[[subsystem]]\nnqn = \"nqn.2026-11.x:y\"\nallow_any_host = true\n[[subsystem.namespace]]\ndevice = \"missing\"\n"));

@@ -633,7 +633,8 @@ impl Control {
         for n in names {
             if let Some(d) = devices.get(n) {
                 let g = d.geometry();
-                out.push_str(&format!("device {n} {} blocks={} block_size={}\n", d.kind(), g.blocks, g.block_size));
+                let ro = if d.read_only() { " read-only" } else { "" };
+                out.push_str(&format!("device {n} {} blocks={} block_size={}{ro}\n", d.kind(), g.blocks, g.block_size));
             }
         }
         for p in self.target.ports() {
@@ -674,7 +675,8 @@ impl Control {
             .filter_map(|n| st.live.devices.get(n).map(|d| (n, d)))
             .map(|(n, d)| {
                 let g = d.geometry();
-                serde_json::json!({"name": n, "kind": d.kind().to_string(), "blocks": g.blocks, "block_size": g.block_size})
+                serde_json::json!({"name": n, "kind": d.kind().to_string(), "blocks": g.blocks, "block_size": g.block_size,
+                    "read_only": d.read_only()})
             })
             .collect();
         let ports: Vec<serde_json::Value> = self

@@ -23,7 +23,8 @@ const NUMBER_KEYS: &[&str] = &[
     "max_cntlid",
 ];
 /// Keys whose values are `true` or `false`.
-const BOOL_KEYS: &[&str] = &["allow_any_host", "allow_any_initiator", "discovery_only", "crc", "huge_pages"];
+const BOOL_KEYS: &[&str] =
+    &["allow_any_host", "allow_any_initiator", "discovery_only", "crc", "huge_pages", "read_only"];
 
 /// The nouns and the keys that name one of them.
 pub const NOUNS: &str = "device name= | subsystem nqn= | namespace nqn= nsid= | host nqn= host= | \

@@ -590,7 +590,15 @@ impl Builder {
                 }
             }
             if so.readonly {
-                self.note(format!("{what}: readonly has no equivalent; exported read-write"));
+                if let Some(Value::Table(d)) =
+                    self.devices.iter_mut().find(|d| d.get("name").and_then(Value::as_str) == Some(&name))
+                {
+                    d.insert("read_only".into(), Value::Boolean(true));
+                    // A read-only file device takes its file's length.
+                    if d.get("kind").and_then(Value::as_str) == Some("file") && d.remove("size").is_some() {
+                        self.note(format!("{what}: read-only, so its size is the file's length"));
+                    }
+                }
             }
             objects.insert(key, name);
         }

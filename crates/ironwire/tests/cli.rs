@@ -263,6 +263,8 @@ fn import_targetcli_maps_backstores_targets_portals_acls_and_chap() {
     assert_eq!(find(devices, "name", "rd1")["kind"].as_str(), Some("ram"));
     assert_eq!(find(devices, "name", "null1")["kind"].as_str(), Some("null"));
     assert_eq!(find(devices, "name", "blk1")["block_size"].as_integer(), Some(4096));
+    assert_eq!(find(devices, "name", "blk1")["read_only"].as_bool(), Some(true), "LIO readonly");
+    assert_eq!(disk.get("read_only"), None, "a writable backstore");
     assert!(devices.iter().all(|d| d["name"].as_str() != Some("tape0")), "pscsi has no equivalent");
     let ports = array(&t, "port");
     assert_eq!(ports.len(), 2, "one port per distinct portal: {ports:?}");
@@ -282,7 +284,6 @@ fn import_targetcli_maps_backstores_targets_portals_acls_and_chap() {
     assert_eq!(t["iscsi"]["discovery_chap"]["user"].as_str(), Some("discoverer"));
     for note in [
         "plugin \"pscsi\" has no equivalent",
-        "readonly has no equivalent",
         "host2]: write_protect has no equivalent",
         "host3]: CHAP secret is 5 bytes",
         "TPG 2 left out",

@@ -197,6 +197,10 @@ pub mod ns {
     pub const NPDG: usize = 68;
     /// ANA group identifier (u32).
     pub const ANAGRPID: usize = 92;
+    /// Namespace attributes (u8).
+    pub const NSATTR: usize = 99;
+    /// NSATTR bit 0: the namespace is write protected.
+    pub const NSATTR_WRITE_PROTECTED: u8 = 1 << 0;
     /// Namespace globally unique identifier (16 bytes).
     pub const NGUID: usize = 104;
     /// IEEE extended unique identifier (8 bytes).

@@ -43,6 +43,9 @@ impl Status {
     pub const KEEP_ALIVE_INVALID: Status = Status(0x01a);
     /// Transient transport error (a data digest mismatch, NVMe/TCP 7.4.6.1).
     pub const TRANSIENT_TRANSPORT_ERROR: Status = Status(0x022);
+    /// Namespace is write protected (generic, 20h): the namespace refuses
+    /// every command that would write it (NSATTR bit 0).
+    pub const NS_WRITE_PROTECTED: Status = Status(0x020);
     /// LBA out of range.
     pub const LBA_OUT_OF_RANGE: Status = Status(0x080);
     /// Capacity exceeded.
@@ -150,6 +153,7 @@ impl Status {
             (0, 0x18) => "Host Identifier Inconsistent Format",
             (0, 0x19) => "Keep Alive Timer Expired",
             (0, 0x1a) => "Keep Alive Timeout Invalid",
+            (0, 0x20) => "Namespace is Write Protected",
             (0, 0x22) => "Transient Transport Error",
             (0, 0x80) => "LBA Out of Range",
             (0, 0x81) => "Capacity Exceeded",
@@ -233,6 +237,7 @@ mod tests {
             Status::CONNECT_INVALID_HOST,
             Status::DISCONNECT_INVALID_QUEUE_TYPE,
             Status::WRITE_TO_READ_ONLY,
+            Status::NS_WRITE_PROTECTED,
             Status::WRITE_FAULT,
             Status::UNRECOVERED_READ,
             Status::COMPARE_FAILURE,

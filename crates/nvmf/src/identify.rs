@@ -168,6 +168,9 @@ fn namespace<D: BlockDevice>(ns: &Namespace<D>) -> Vec<u8> {
     p.u8(n::NSFEAT, n::NSFEAT_OPTPERF);
     p.u8(n::NLBAF, 0).u8(n::FLBAS, 0).u8(n::NMIC, n::NMIC_SHARED);
     p.u32(n::ANAGRPID, ns.nsid);
+    if ns.device.read_only() {
+        p.u8(n::NSATTR, n::NSATTR_WRITE_PROTECTED);
+    }
     // Deallocated blocks read as zeros only where the device promises it:
     // on block and rbd devices a deallocate is a discard hint that may be
     // skipped or only partly done (Write Zeroes always zeroes).

@@ -243,6 +243,9 @@ impl<D: BlockDevice> Queue<D> {
         if let Some(status) = ana {
             return self.reject(cid, sqe, status);
         }
+        if device.read_only() && writes(sqe) {
+            return self.reject(cid, sqe, Status::NS_WRITE_PROTECTED.dnr());
+        }
         let geo = device.geometry();
         let max_transfer = self.target.settings.max_transfer;
         // Read, Write and Compare move (NLB+1) blocks; the SGL must say so.
@@ -353,5 +356,15 @@ impl<D: BlockDevice> Queue<D> {
             sqe.cdw12.get() & 0xffff
         );
         Outcome::status(cid, status)
+    }
+}
+
+/// Whether `sqe` would write its namespace: Write, Write Zeroes, and
+/// Dataset Management with the Attribute Deallocate hint.
+fn writes(sqe: &Sqe) -> bool {
+    match Io(sqe.opcode) {
+        Io::WRITE | Io::WRITE_ZEROES => true,
+        Io::DATASET_MANAGEMENT => sqe.cdw11.get() & (1 << 2) != 0,
+        _ => false,
     }
 }

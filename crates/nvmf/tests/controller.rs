@@ -1264,6 +1264,53 @@ fn fused_compare_and_write_becomes_one_block_request_once_both_halves_are_in() {
     assert_eq!(io.awaiting_data(), 0);
 }
 
+/// A read-only device: Identify Namespace says so (NSATTR bit 0), every
+/// command that would write it ends in Namespace Is Write Protected with
+/// DNR (a fused Compare and Write too: its Compare is aborted as failed),
+/// and reads, Compare, Flush and a DSM without the deallocate hint run.
+#[test]
+fn a_read_only_namespace_refuses_every_write_and_says_so() {
+    let t = target();
+    let ro = Arc::new(Described { read_only: true, ..Described::new("ro", 512, 2048) });
+    t.subsystem(SUB).expect("sub").add_namespace(Namespace::new(SUB, 3, ro)).expect("add");
+    let (mut a, cntlid) = admin(&t);
+    assert_eq!(identify(&mut a, 0, 3).1[99], 0x01, "NSATTR: write protected");
+    assert_eq!(identify(&mut a, 0, 1).1[99], 0x00, "a writable namespace");
+    let mut io = io_queue(&t, cntlid, 1);
+    let on3 = |mut s: Sqe| {
+        s.nsid = 3.into();
+        s
+    };
+    let protected = Status::NS_WRITE_PROTECTED.dnr();
+    let mut w = on3(read_sqe(1, 3, 4, 1, 512));
+    w.opcode = 0x01;
+    assert_eq!(status(&ex(&mut io, 0, &w)), protected, "Write, before any data is asked for");
+    assert_eq!(status(&in_capsule(&mut io, &w, 1)), protected, "Write with in-capsule data");
+    let mut wz = on3(read_sqe(2, 3, 4, 1, 512));
+    wz.opcode = 0x08;
+    wz.dptr = Sgl::default();
+    assert_eq!(status(&ex(&mut io, 0, &wz)), protected, "Write Zeroes");
+    let (dsm, ranges) = dsm_sqe(3, &[(0, 8)]);
+    assert_eq!(status(&io.execute(0, &on3(dsm), 16, Some(ranges.clone()))), protected, "DSM deallocate");
+    let (mut hint, _) = dsm_sqe(4, &[(0, 8)]);
+    hint.cdw11 = 0.into();
+    assert_eq!(status(&io.execute(0, &on3(hint), 16, Some(ranges))), Status::SUCCESS, "DSM without AD");
+    assert!(matches!(ex(&mut io, 0, &on3(read_sqe(5, 3, 0, 1, 512))), Outcome::Io(_)), "Read");
+    let mut flush = sqe(0x00, 6);
+    flush.nsid = 3.into();
+    assert!(matches!(ex(&mut io, 0, &flush), Outcome::Io(_)), "Flush");
+    assert!(matches!(in_capsule(&mut io, &on3(fused_sqe(0x05, 0, 7, 0)), 0), Outcome::Io(_)), "Compare");
+    // Fused Compare and Write: the Write is refused, the Compare aborted.
+    assert!(matches!(in_capsule(&mut io, &on3(fused_sqe(0x05, 1, 8, 0)), 0), Outcome::Deferred));
+    assert_eq!(status(&in_capsule(&mut io, &on3(fused_sqe(0x01, 2, 9, 0)), 0)), protected);
+    let cqe = io.poll_completion().expect("the Compare's completion");
+    assert_eq!((cqe.cid.get(), cqe.status()), (8, Status::ABORTED_FAILED_FUSED));
+    // Namespace 1, on a writable device, still takes writes.
+    let mut w1 = read_sqe(10, 1, 4, 1, 512);
+    w1.opcode = 0x01;
+    assert!(matches!(ex(&mut io, 0, &w1), Outcome::NeedData { .. }));
+}
+
 #[test]
 fn lone_or_mismatched_fused_halves_are_aborted_as_missing_their_partner() {
     let t = target();

@@ -121,8 +121,8 @@ pub(crate) fn mode_sense<B, D: BlockDevice>(lu: &LogicalUnit<D>, c: Bytes<'_>) -
         }
     }
     // Device-specific parameter: WP (set while software write protect is
-    // on), DPOFUA 1.
-    let dsp = if swp && pc == PC_CURRENT { 0x90 } else { 0x10 };
+    // on, and always for a read-only device), DPOFUA 1.
+    let dsp = if (swp && pc == PC_CURRENT) || lu.device.read_only() { 0x90 } else { 0x10 };
     let mut d = if ten {
         let mut h = vec![0u8; 8];
         put(&mut h, 2, &[0, dsp, u8::from(llbaa)]);

@@ -1396,6 +1396,36 @@ fn software_write_protect_refuses_writes_until_cleared() {
     assert!(matches!(block_op(exec_out(&lu, &b, &w, vec![0; BS as usize])), BlockOp::Write { .. }));
 }
 
+/// A read-only device: MODE SENSE reports WP whatever page control asks
+/// for, every command that writes the medium gets DATA PROTECT / WRITE
+/// PROTECTED, and reads and SYNCHRONIZE CACHE run.
+#[test]
+fn a_read_only_device_refuses_writes_and_reports_write_protect() {
+    let dev = Described { read_only: true, ..Described::new("ro", BS, BLOCKS) };
+    let lu = LogicalUnit::new(TARGET, 0, Arc::new(dev));
+    let n = nexus(1);
+    good(exec(&lu, &n, &[0; 6]));
+    for pc in [0, 2] {
+        let d = good(exec(&lu, &n, &mode_sense6(0x3F, pc, true, 255)));
+        assert_eq!(d[2] & 0x80, 0x80, "WP with page control {pc}");
+    }
+    let block = || vec![0u8; BS as usize];
+    assert_eq!(check(exec_out(&lu, &n, &rw16(op::WRITE_16, 0, 1, 0), block())), Sense::WRITE_PROTECTED);
+    let mut write10 = read10(0, 1, 0);
+    write10[0] = op::WRITE_10;
+    assert_eq!(check(exec_out(&lu, &n, &write10, block())), Sense::WRITE_PROTECTED);
+    assert_eq!(check(exec_out(&lu, &n, &rw16(op::WRITE_SAME_16, 0, 8, 0), block())), Sense::WRITE_PROTECTED);
+    assert_eq!(check(exec(&lu, &n, &rw16(op::WRITE_SAME_16, 0, 16, 0x09))), Sense::WRITE_PROTECTED);
+    let p = unmap_list(&[(0, 8)]);
+    assert_eq!(check(exec_out(&lu, &n, &unmap_cdb(p.len()), p)), Sense::WRITE_PROTECTED);
+    assert!(matches!(block_op(exec(&lu, &n, &rw16(op::READ_16, 0, 1, 0))), BlockOp::Read { .. }));
+    let sync = [op::SYNCHRONIZE_CACHE_10, 0, 0, 0, 0, 0, 0, 0, 0, 0];
+    assert!(!matches!(exec(&lu, &n, &sync), Outcome::Check(_)), "SYNCHRONIZE CACHE");
+    // A writable unit's MODE SENSE has no WP.
+    let d = good(exec(&ram_lu(), &n, &mode_sense6(0x3F, 0, true, 255)));
+    assert_eq!(d[2] & 0x80, 0, "no WP on a writable device");
+}
+
 // ---- Persistent reservations (SPC-4 5.9, 6.16) and sense data ----
 
 /// REPORT CAPABILITIES sets CRH, which promises the SPC-4 5.9.3 (SPC-5

@@ -330,9 +330,15 @@ impl<D: BlockDevice> LogicalUnit<D> {
                 return Outcome::Status(status::RESERVATION_CONFLICT);
             }
         }
-        if self.swp.load(Ordering::Acquire) && opcodes::writes_medium(opcode) {
-            log::debug!("{}: write {opcode:#04x} refused: software write protect", self.device.name());
-            return Outcome::Check(Sense::WRITE_PROTECTED);
+        if opcodes::writes_medium(opcode) {
+            if self.device.read_only() {
+                log::debug!("{}: write {opcode:#04x} refused: the device is read-only", self.device.name());
+                return Outcome::Check(Sense::WRITE_PROTECTED);
+            }
+            if self.swp.load(Ordering::Acquire) {
+                log::debug!("{}: write {opcode:#04x} refused: software write protect", self.device.name());
+                return Outcome::Check(Sense::WRITE_PROTECTED);
+            }
         }
         run()
     }
