@@ -487,7 +487,7 @@ impl<D: BlockDevice> Target<D> {
         let s = Arc::new(s);
         list.push(s.clone());
         drop(list);
-        self.discovery_log_changed();
+        self.discovery_log_changed(|host| s.allows(host));
         Ok(s)
     }
 
@@ -515,7 +515,7 @@ impl<D: BlockDevice> Target<D> {
         }
         let s = list.remove(at);
         drop(list);
-        self.discovery_log_changed();
+        self.discovery_log_changed(|host| s.allows(host));
         Ok(s)
     }
 
@@ -526,7 +526,8 @@ impl<D: BlockDevice> Target<D> {
         let id = ports.iter().map(|p| p.id).max().unwrap_or(0).saturating_add(1);
         ports.push(Port { id, transport, addr, discovery_only });
         drop(ports);
-        self.discovery_log_changed();
+        // Every host's log has the port's discovery entry.
+        self.discovery_log_changed(|_| true);
         id
     }
 
@@ -539,7 +540,7 @@ impl<D: BlockDevice> Target<D> {
         let removed = ports.len() != before;
         drop(ports);
         if removed {
-            self.discovery_log_changed();
+            self.discovery_log_changed(|_| true);
         }
         removed
     }
@@ -567,20 +568,33 @@ impl<D: BlockDevice> Target<D> {
     /// lists depends on it (NVMe-oF 1.1 5.3: GENCTR changes whenever the
     /// log does).
     pub fn set_access(&self, subsystem: &Subsystem<D>, allow_any_host: bool, hosts: Vec<String>) {
+        // The hosts of connected discovery controllers that could reach the
+        // subsystem before: a host's log changed when that changed.
+        let before: Vec<String> = self
+            .discovery_controllers()
+            .iter()
+            .filter(|c| subsystem.allows(&c.hostnqn))
+            .map(|c| c.hostnqn.clone())
+            .collect();
         if subsystem.replace_access(allow_any_host, hosts) {
-            self.discovery_log_changed();
+            self.discovery_log_changed(|host| before.iter().any(|b| b == host) != subsystem.allows(host));
         }
+    }
+
+    fn discovery_controllers(&self) -> Vec<Arc<Controller<D>>> {
+        self.discovery.controllers.lock().unwrap_or_else(|e| e.into_inner()).values().cloned().collect()
     }
 
     /// The discovery log changed: a new generation counter, and the
     /// discovery controllers that asked for it get the discovery log page
-    /// change event.
-    fn discovery_log_changed(&self) {
+    /// change event, those of hosts whose log changed (`changed_for`)
+    /// only, as Linux's nvmet tells only the hosts a subsystem allows.
+    fn discovery_log_changed(&self, changed_for: impl Fn(&str) -> bool) {
         self.genctr.fetch_add(1, Ordering::Relaxed);
-        let controllers: Vec<Arc<Controller<D>>> =
-            self.discovery.controllers.lock().unwrap_or_else(|e| e.into_inner()).values().cloned().collect();
-        for c in controllers {
-            c.discovery_changed();
+        for c in self.discovery_controllers() {
+            if changed_for(&c.hostnqn) {
+                c.discovery_changed();
+            }
         }
     }
 

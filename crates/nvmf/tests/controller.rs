@@ -1185,8 +1185,52 @@ fn a_persistent_discovery_controller_is_told_of_log_changes_once_until_it_reads_
     assert_eq!(st, Status::SUCCESS);
     assert!(d.poll_event().is_none(), "reading the log is no change");
     let sub = t.subsystem(SUB).expect("sub");
-    t.set_access(&sub, false, vec![HOST.to_string()]);
+    t.set_access(&sub, false, vec![OTHER.to_string()]);
     assert_eq!(d.poll_event().expect("re-armed").dw0.get(), AEN_DISCOVERY_CHANGE);
+}
+
+/// The notice goes only to the discovery controllers whose host's log
+/// changed (as Linux's nvmet does): a subsystem added, removed or opened
+/// for another host is no change to this host's log; a port is a change
+/// to every host's (its discovery entry).
+#[test]
+fn a_discovery_log_change_is_told_only_to_the_hosts_whose_log_changed() {
+    let t = target();
+    let armed = |host: &str, cid: u16| {
+        let mut d = discovery_admin(&t, host);
+        assert_eq!(set_feature(&mut d, 0x0b, 1 << 31).0, Status::SUCCESS);
+        assert!(matches!(ex(&mut d, 0, &sqe(0x0c, cid)), Outcome::Deferred));
+        d
+    };
+    let (mut a, mut b) = (armed(HOST, 40), armed(OTHER, 50));
+    let told = |q: &mut Queue| q.poll_event().map(|e| e.dw0.get());
+    let reread = |q: &mut Queue, cid: u16| {
+        assert_eq!(get_log(q, 0x70, 4096, 0).0, Status::SUCCESS);
+        assert!(matches!(ex(q, 0, &sqe(0x0c, cid)), Outcome::Deferred));
+    };
+    // A subsystem only OTHER may reach.
+    let only_b = t
+        .add_subsystem(Subsystem::new("nqn.2026-11.io.ironwire:b-only", "SN4", false, vec![OTHER.to_string()]))
+        .expect("sub");
+    assert_eq!(told(&mut b), Some(AEN_DISCOVERY_CHANGE), "OTHER's log lists it");
+    assert_eq!(told(&mut a), None, "HOST's log is the same");
+    reread(&mut b, 51);
+    // Opened to HOST too: HOST's log changed, and OTHER's did not.
+    t.set_access(&only_b, false, vec![OTHER.to_string(), HOST.to_string()]);
+    assert_eq!(told(&mut a), Some(AEN_DISCOVERY_CHANGE), "HOST now sees it");
+    assert_eq!(told(&mut b), None, "OTHER saw it before");
+    reread(&mut a, 41);
+    // Closed to both: both logs change.
+    t.set_access(&only_b, false, Vec::new());
+    assert_eq!((told(&mut a), told(&mut b)), (Some(AEN_DISCOVERY_CHANGE), Some(AEN_DISCOVERY_CHANGE)));
+    reread(&mut a, 42);
+    reread(&mut b, 52);
+    // Removed while nobody may reach it: no host's log changes.
+    t.remove_subsystem("nqn.2026-11.io.ironwire:b-only").expect("remove");
+    assert_eq!((told(&mut a), told(&mut b)), (None, None));
+    // A port: every host's log has the discovery entry of it.
+    t.add_port("127.0.0.1:4431".parse().expect("addr"), TCP, false);
+    assert_eq!((told(&mut a), told(&mut b)), (Some(AEN_DISCOVERY_CHANGE), Some(AEN_DISCOVERY_CHANGE)));
 }
 
 #[test]
