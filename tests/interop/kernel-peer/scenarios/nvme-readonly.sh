@@ -1,0 +1,44 @@
+#!/bin/sh
+# A read-only namespace: the kernel must mark the disk read-only (the
+# target sets NSATTR bit 0), read what the target's file holds, refuse a
+# write through the block layer, and get an error for a write sent past it
+# (nvme write, a passthrough command the target must refuse itself).
+# Args: PORT NQN
+# Env:  NVME_TRANSPORT (tcp|rdma), NVME_ADDR, GOLDEN_MIB, GOLDEN_SHA256
+#       (the namespace's first GOLDEN_MIB MiB)
+. /kp/lib.sh
+TR=${NVME_TRANSPORT:-tcp}
+A=${NVME_ADDR:-$KP_HOST} P=${1:-${NVME_PORT:-4420}} NQN=${2:-${NVME_NQN:-}}
+[ -n "$NQN" ] && [ -n "${GOLDEN_SHA256:-}" ] || kp_die "usage: GOLDEN_MIB=N GOLDEN_SHA256=X nvme-readonly PORT NQN"
+kp_nvme_setup "$TR" || kp_die "module setup failed"
+kp_nvme_connect "$TR" "$A" "$P" "$NQN"
+NS=$KP_NS
+
+kp_step "the namespace is read-only"
+kp_must nvme id-ns "$NS" > /tmp/kp-idns.txt
+grep -E '^nsattr' /tmp/kp-idns.txt
+RO=$(cat /sys/block/"${NS#/dev/}"/ro)
+[ "$RO" = 1 ] || kp_die "the kernel did not mark $NS read-only (ro=$RO)"
+kp_log "$NS is read-only (ro=1)"
+
+kp_step "read the golden image"
+SUM=$(dd if="$NS" bs=1M count="${GOLDEN_MIB:-16}" iflag=direct 2>/dev/null | sha256sum | cut -d' ' -f1)
+[ "$SUM" = "$GOLDEN_SHA256" ] || kp_die "read $SUM, expected $GOLDEN_SHA256"
+kp_log "sha256 of the first ${GOLDEN_MIB:-16} MiB matches"
+
+kp_step "writes are refused"
+if dd if=/dev/zero of="$NS" bs=4096 count=1 oflag=direct 2>/tmp/kp-dd.txt; then
+	kp_die "a block-layer write to $NS succeeded"
+fi
+cat /tmp/kp-dd.txt
+head -c 512 /dev/zero > /tmp/kp-zero512
+echo "+ nvme write $NS -s 0 -c 0 -z 512 -d /tmp/kp-zero512"
+if nvme write "$NS" -s 0 -c 0 -z 512 -d /tmp/kp-zero512 > /tmp/kp-nvmew.txt 2>&1; then
+	cat /tmp/kp-nvmew.txt
+	kp_die "a passthrough write to $NS succeeded"
+fi
+cat /tmp/kp-nvmew.txt
+SUM=$(dd if="$NS" bs=1M count="${GOLDEN_MIB:-16}" iflag=direct 2>/dev/null | sha256sum | cut -d' ' -f1)
+[ "$SUM" = "$GOLDEN_SHA256" ] || kp_die "the image changed: $SUM"
+kp_nvme_disconnect "$NQN" "$KP_CTRL"
+kp_log "nvme-readonly PASSED ($A:$P $NQN)"
