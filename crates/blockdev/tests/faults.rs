@@ -139,3 +139,55 @@ fn file_device_buffered_and_direct_paths_stay_coherent() {
         assert!(got[..] == pattern(512, 512, 8)[..], "a buffered read returned a stale cached page");
     });
 }
+
+/// A squashfs image of `dir` mounted read-only on a fresh directory,
+/// unmounted on drop; `None` (with a message) without mksquashfs or mount.
+struct Squashfs(TempDir);
+
+impl Squashfs {
+    fn mount(src: &std::path::Path) -> Option<Squashfs> {
+        let img = TempDir::new("sqimg");
+        let image = img.join("ro.sqfs");
+        let made = Command::new("mksquashfs").arg(src).arg(&image).args(["-noappend", "-quiet"]).output();
+        if !made.as_ref().is_ok_and(|o| o.status.success()) {
+            eprintln!("skipping: cannot make a squashfs image (mksquashfs): {made:?}");
+            return None;
+        }
+        let dir = TempDir::new("sqmnt");
+        let st = Command::new("mount").args(["-t", "squashfs", "-o", "loop,ro"]).arg(&image).arg(dir.path()).status();
+        match st {
+            // The image may go once mounted (the loop device holds it).
+            Ok(s) if s.success() => Some(Squashfs(dir)),
+            _ => {
+                eprintln!("skipping: cannot mount a squashfs image");
+                None
+            }
+        }
+    }
+}
+
+impl Drop for Squashfs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(self.0.path()).status();
+    }
+}
+
+/// A read-only file device on a read-only file system whose files have no
+/// `fsync` (squashfs, erofs, iso9660: `fdatasync` is EINVAL there): it was
+/// written by nobody, so a flush (an NVMe Flush, SYNCHRONIZE CACHE, the
+/// stop's flush) has nothing to do and succeeds, and does not latch a
+/// failure that fails every later flush.
+#[test]
+fn a_read_only_file_device_on_a_file_system_without_fsync_flushes() {
+    let src = TempDir::new("sqsrc");
+    let data: Vec<u8> = (0..MIB as usize).map(|i| (i % 249) as u8).collect();
+    std::fs::write(src.join("golden.img"), &data).expect("write the file");
+    let Some(fs) = Squashfs::mount(src.path()) else { return };
+    let path = fs.0.join("golden.img");
+    let dev = Device::file_with("ro", &path, None, 512, blockdev::Symlinks::Follow, true).expect("read-only file");
+    run(async {
+        assert!(read(&dev, 0, 4096).await[..] == data[..4096], "reads the file");
+        dev.flush().await.expect("a flush of a read-only device");
+        dev.flush().await.expect("and the next one");
+    });
+}

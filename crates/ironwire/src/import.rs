@@ -589,16 +589,28 @@ impl Builder {
                     d.insert("block_size".into(), Value::Integer(i64::try_from(bs).unwrap_or(0)));
                 }
             }
-            if so.readonly {
-                if let Some(Value::Table(d)) =
-                    self.devices.iter_mut().find(|d| d.get("name").and_then(Value::as_str) == Some(&name))
-                {
+            // Backstores on one path share one device, and its read_only.
+            let shared = objects.values().any(|n| n == &name);
+            let mut notes = Vec::new();
+            if let Some(Value::Table(d)) =
+                self.devices.iter_mut().find(|d| d.get("name").and_then(Value::as_str) == Some(&name))
+            {
+                let was_read_only = d.get("read_only").and_then(Value::as_bool) == Some(true);
+                if so.readonly {
                     d.insert("read_only".into(), Value::Boolean(true));
                     // A read-only file device takes its file's length.
                     if d.get("kind").and_then(Value::as_str) == Some("file") && d.remove("size").is_some() {
-                        self.note(format!("{what}: read-only, so its size is the file's length"));
+                        notes.push(format!("{what}: read-only, so its size is the file's length"));
                     }
+                    if shared && !was_read_only {
+                        notes.push(format!("{what}: read-only; the backstores sharing its path become read-only too"));
+                    }
+                } else if shared && was_read_only {
+                    notes.push(format!("{what}: shares its path with a read-only backstore; exported read-only"));
                 }
+            }
+            for n in notes {
+                self.note(n);
             }
             objects.insert(key, name);
         }
@@ -837,6 +849,21 @@ mod tests {
             .collect();
         assert_eq!(acls, ["iqn.1994-05.com.example:own"], "{t}");
         assert!(notes.contains("example:bare]: authentication is on but this ACL has no credentials"), "{notes}");
+    }
+
+    #[test]
+    fn lio_readonly_marks_the_device_and_backstores_sharing_its_path_are_named() {
+        let json = r#"{"storage_objects": [
+            {"name": "ro", "plugin": "fileio", "dev": "/nonexistent/golden.img", "size": 1048576, "readonly": true},
+            {"name": "rw", "plugin": "fileio", "dev": "/nonexistent/golden.img", "size": 1048576}],
+            "targets": []}"#;
+        let (t, notes) = convert_json(Format::Targetcli, json);
+        let out = toml::to_string(&t).expect("TOML");
+        let devices = t["device"].as_array().expect("devices");
+        assert_eq!(devices.len(), 1, "one device per path: {out}");
+        assert_eq!(devices[0]["read_only"].as_bool(), Some(true), "{out}");
+        assert!(devices[0].get("size").is_none(), "a read-only file device takes its file's length: {out}");
+        assert!(notes.contains("shares its path with a read-only backstore"), "{notes}");
     }
 
     #[test]

@@ -220,6 +220,12 @@ struct Access {
     hosts: Vec<String>,
 }
 
+impl Access {
+    fn allows(&self, hostnqn: &str) -> bool {
+        self.allow_any_host || self.hosts.iter().any(|h| h == hostnqn)
+    }
+}
+
 impl<D: BlockDevice> Subsystem<D> {
     /// A subsystem with no namespaces.
     pub fn new(nqn: &str, serial: &str, allow_any_host: bool, hosts: Vec<String>) -> Self {
@@ -286,18 +292,18 @@ impl<D: BlockDevice> Subsystem<D> {
 
     /// Whether `hostnqn` may connect.
     pub fn allows(&self, hostnqn: &str) -> bool {
-        let a = self.access.read().unwrap_or_else(|e| e.into_inner());
-        a.allow_any_host || a.hosts.iter().any(|h| h == hostnqn)
+        self.access.read().unwrap_or_else(|e| e.into_inner()).allows(hostnqn)
     }
 
-    /// Replaces the access list ([`Target::set_access`]); whether it
-    /// changed.
-    fn replace_access(&self, allow_any_host: bool, hosts: Vec<String>) -> bool {
+    /// Replaces the access list ([`Target::set_access`]); the one it
+    /// replaced, when it changed.
+    fn replace_access(&self, allow_any_host: bool, hosts: Vec<String>) -> Option<Access> {
         let mut a = self.access.write().unwrap_or_else(|e| e.into_inner());
         let new = Access { allow_any_host, hosts };
-        let changed = *a != new;
-        *a = new;
-        changed
+        if *a == new {
+            return None;
+        }
+        Some(std::mem::replace(&mut *a, new))
     }
 
     /// The namespace with `nsid`.
@@ -568,16 +574,11 @@ impl<D: BlockDevice> Target<D> {
     /// lists depends on it (NVMe-oF 1.1 5.3: GENCTR changes whenever the
     /// log does).
     pub fn set_access(&self, subsystem: &Subsystem<D>, allow_any_host: bool, hosts: Vec<String>) {
-        // The hosts of connected discovery controllers that could reach the
-        // subsystem before: a host's log changed when that changed.
-        let before: Vec<String> = self
-            .discovery_controllers()
-            .iter()
-            .filter(|c| subsystem.allows(&c.hostnqn))
-            .map(|c| c.hostnqn.clone())
-            .collect();
-        if subsystem.replace_access(allow_any_host, hosts) {
-            self.discovery_log_changed(|host| before.iter().any(|b| b == host) != subsystem.allows(host));
+        // A host's log changed when whether it may reach the subsystem did:
+        // judged by the list replaced, so that a discovery controller that
+        // connects meanwhile is judged too.
+        if let Some(before) = subsystem.replace_access(allow_any_host, hosts) {
+            self.discovery_log_changed(|host| before.allows(host) != subsystem.allows(host));
         }
     }
 

@@ -38,6 +38,10 @@ if nvme write "$NS" -s 0 -c 0 -z 512 -d /tmp/kp-zero512 > /tmp/kp-nvmew.txt 2>&1
 	kp_die "a passthrough write to $NS succeeded"
 fi
 cat /tmp/kp-nvmew.txt
+# The target's own answer, not a refusal on the host's side (an open or
+# permission error would fail the command just the same).
+grep -qi 'write protected' /tmp/kp-nvmew.txt ||
+	kp_die "nvme write failed, but not with Namespace is Write Protected"
 SUM=$(dd if="$NS" bs=1M count="${GOLDEN_MIB:-16}" iflag=direct 2>/dev/null | sha256sum | cut -d' ' -f1)
 [ "$SUM" = "$GOLDEN_SHA256" ] || kp_die "the image changed: $SUM"
 kp_nvme_disconnect "$NQN" "$KP_CTRL"
