@@ -469,7 +469,7 @@ impl Device {
             flush_failed: OnceLock::new(),
             flushes: Flushes::default(),
             gate: WriteGate::new(),
-            read_only: false,
+            read_only: options.read_only,
         })
     }
 
@@ -586,9 +586,9 @@ impl Device {
         matches!(self.backend, Backend::Null | Backend::Ram(_)) && self.latency.read.is_zero()
     }
 
-    /// This device, exported read-only (null, RAM and rbd devices: the
-    /// protocols refuse writes; file and block devices take `read_only`
-    /// when opened, so that their descriptors are read-only too).
+    /// This device, exported read-only (null and RAM devices: the
+    /// protocols refuse writes; file, block and rbd devices take
+    /// `read_only` when opened, so that their backing refuses writes too).
     pub fn with_read_only(mut self) -> Self {
         self.read_only = true;
         self

@@ -20,14 +20,15 @@ pub fn open_device(d: &DeviceConfig, symlinks: Symlinks) -> Result<Device> {
     let size = d.size.map(|s| s.0);
     let path = || d.path.as_deref().with_context(|| format!("device {:?}: path is required for {}", d.name, d.kind));
     let ro = d.read_only.unwrap_or(false);
-    // File and block devices open read-only; the others are marked so.
+    // File, block and rbd devices open read-only; null and RAM ones are
+    // marked so.
     let marked = |dev: Device| if ro { dev.with_read_only() } else { dev };
     let dev = match d.kind.as_str() {
         "null" => Device::null(&d.name, size.unwrap_or(0), bs).map(marked),
         "ram" => Device::ram_with(&d.name, size.unwrap_or(0), bs, d.huge_pages.unwrap_or(true)).map(marked),
         "file" => Device::file_with(&d.name, path()?, size, bs, symlinks, ro),
         "block" => Device::block_with(&d.name, path()?, d.block_size, symlinks, ro),
-        "rbd" => Device::rbd(&d.name, &rbd_options(d), bs).map(marked),
+        "rbd" => Device::rbd(&d.name, &rbd_options(d), bs),
         k => anyhow::bail!("device {:?}: kind {k:?} is not one of null, ram, file, block, rbd", d.name),
     };
     let latency = Latency {
@@ -45,6 +46,7 @@ fn rbd_options(d: &DeviceConfig) -> RbdOptions {
         pool: d.pool.clone().unwrap_or_default(),
         image: d.image.clone().unwrap_or_default(),
         timeout: d.connect_timeout.map_or(rbd::DEFAULT_TIMEOUT, Duration::from_secs),
+        read_only: d.read_only.unwrap_or(false),
     }
 }
 

@@ -89,6 +89,9 @@ pub struct Options {
     /// before it fails (`client_mount_timeout`, `rados_mon_op_timeout`,
     /// `rados_osd_op_timeout`); whole seconds, at least one.
     pub timeout: Duration,
+    /// Opens the image read-only (`rbd_open_read_only`): librbd refuses
+    /// writes itself, takes no exclusive lock and needs only read caps.
+    pub read_only: bool,
 }
 
 /// The default `ceph_conf`.
@@ -213,8 +216,9 @@ impl Image {
         let name = cstring("image", &o.image)?;
         let mut image: ffi::RbdImage = std::ptr::null_mut();
         let image_err = |rc: i64| Error::Image { pool: o.pool.clone(), image: o.image.clone(), source: errno(rc) };
+        let open = if o.read_only { lib.rbd_open_read_only } else { lib.rbd_open };
         // SAFETY: a live ioctx; `image` receives the handle; no snapshot.
-        let rc = unsafe { (lib.rbd_open)(ioctx, name.as_ptr(), &mut image, std::ptr::null()) };
+        let rc = unsafe { open(ioctx, name.as_ptr(), &mut image, std::ptr::null()) };
         if rc < 0 {
             // SAFETY: the context created above, destroyed once.
             unsafe { (lib.rados_ioctx_destroy)(ioctx) };

@@ -32,6 +32,7 @@ fn options(conf: PathBuf, image: &str) -> Options {
         pool: "rbd".into(),
         image: image.into(),
         timeout: Duration::from_secs(10),
+        read_only: false,
     }
 }
 
@@ -61,6 +62,30 @@ fn opens_the_image_with_its_size_and_reads_back_what_it_wrote() {
             r.unwrap_or_else(|e| panic!("read {len} at {off}: {e}"));
             assert!(got == pattern(len, seed), "data at {off} differs from what was written");
         }
+    });
+}
+
+/// An image opened read-only reads what a writable open wrote, and librbd
+/// itself refuses its writes (EROFS), before the protocols' own refusal.
+#[test]
+fn an_image_opened_read_only_reads_and_refuses_writes_itself() {
+    let Some(conf) = cluster() else { return };
+    let rw = Image::open(&options(conf.clone(), "test")).expect("open rbd/test");
+    let ro = Image::open(&Options { read_only: true, ..options(conf, "test") }).expect("open rbd/test read-only");
+    assert_eq!(ro.size(), rw.size());
+    run(async {
+        let off = 12 << 20;
+        let (r, _) = rw.write(off, pattern(8192, 9)).await;
+        r.expect("write through the writable open");
+        let (r, got) = ro.read(off, Vec::with_capacity(8192)).await;
+        r.expect("read through the read-only open");
+        assert!(got == pattern(8192, 9), "the read-only open reads what was written");
+        let (r, _) = ro.write(off, pattern(4096, 10)).await;
+        let e = r.expect_err("a write through a read-only open");
+        assert_eq!(e.raw_os_error(), Some(libc::EROFS), "{e}");
+        let (r, got) = rw.read(off, Vec::with_capacity(8192)).await;
+        r.expect("read back");
+        assert!(got == pattern(8192, 9), "the refused write changed nothing");
     });
 }
 
