@@ -84,6 +84,23 @@ kp_pattern_check() {
 	return 1
 }
 
+# kp_golden_read_only DEV : DEV is marked read-only, its first GOLDEN_MIB
+# MiB hash to GOLDEN_SHA256, and a write through the block layer fails.
+kp_golden_read_only() {
+	_ro=$(cat /sys/block/"${1#/dev/}"/ro)
+	[ "$_ro" = 1 ] || kp_die "the kernel did not mark $1 read-only (ro=$_ro)"
+	kp_log "$1 is read-only (ro=1)"
+	kp_step "read the golden image"
+	_sum=$(dd if="$1" bs=1M count="${GOLDEN_MIB:-16}" iflag=direct 2>/dev/null | sha256sum | cut -d' ' -f1)
+	[ "$_sum" = "$GOLDEN_SHA256" ] || kp_die "read $_sum, expected $GOLDEN_SHA256"
+	kp_log "sha256 of the first ${GOLDEN_MIB:-16} MiB matches"
+	kp_step "a block-layer write is refused"
+	if dd if=/dev/zero of="$1" bs=4096 count=1 oflag=direct 2>/tmp/kp-dd.txt; then
+		kp_die "a block-layer write to $1 succeeded"
+	fi
+	cat /tmp/kp-dd.txt
+}
+
 # kp_zero_check DEV OFFSET_BYTES LEN_BYTES : the range reads back as zeroes.
 # (O_DIRECT reads in units of the device's logical block size.)
 kp_zero_check() {

@@ -20,20 +20,7 @@ kp_wait 10 test -b "$SD" || kp_die "$SD is not a block device"
 kp_step "the disk is read-only"
 dmesg | grep -i "${SD#/dev/}.*write protect" || true
 dmesg | grep -qi "${SD#/dev/}.*Write Protect is on" || kp_die "sd did not see WP for $SD"
-RO=$(cat /sys/block/"${SD#/dev/}"/ro)
-[ "$RO" = 1 ] || kp_die "the kernel did not mark $SD read-only (ro=$RO)"
-kp_log "$SD is read-only (ro=1)"
-
-kp_step "read the golden image"
-SUM=$(dd if="$SD" bs=1M count="${GOLDEN_MIB:-16}" iflag=direct 2>/dev/null | sha256sum | cut -d' ' -f1)
-[ "$SUM" = "$GOLDEN_SHA256" ] || kp_die "read $SUM, expected $GOLDEN_SHA256"
-kp_log "sha256 of the first ${GOLDEN_MIB:-16} MiB matches"
-
-kp_step "a write is refused"
-if dd if=/dev/zero of="$SD" bs=4096 count=1 oflag=direct 2>/tmp/kp-dd.txt; then
-	kp_die "a write to $SD succeeded"
-fi
-cat /tmp/kp-dd.txt
+kp_golden_read_only "$SD"
 
 kp_step "logout"
 kp_must iscsiadm -m node -T "$IQN" -p "$PORTAL" --logout
