@@ -393,3 +393,23 @@ check_initiator_nvmet() {
 	record "$name" "$rc" "$(since "$t0")"
 	say "$name: $( ((rc == 0)) && echo PASS || echo "FAIL (rc=$rc, bench output: $WORK/$name.*.err, target console: $tlog)")"
 }
+
+# The `read-only` check of the kernel-host runners: a golden image of
+# GOLDEN_MIB MiB of random data (make_golden, in $WORK/img), exported as the
+# read-only file device "golden" (golden_device_toml, for the runner's
+# generated configuration).
+GOLDEN_MIB=16
+make_golden() { head -c "${GOLDEN_MIB}M" /dev/urandom >"$WORK/img/golden.img"; }
+golden_device_toml() {
+	printf '[[device]]\nname = "golden"\nkind = "file"\npath = "%s"\nread_only = true\n' "$WORK/img/golden.img"
+}
+
+# check_read_only SCENARIO ARGS... : runs the runner's `check read-only` with
+# the golden image's checksum, then checks that the target's file is unchanged.
+check_read_only() {
+	selected read-only || return 0
+	local golden; golden=$(sha256sum <"$WORK/img/golden.img" | cut -d' ' -f1)
+	check read-only 150 -e GOLDEN_MIB="$GOLDEN_MIB" -e GOLDEN_SHA256="$golden" "$@"
+	[[ $(sha256sum <"$WORK/img/golden.img" | cut -d' ' -f1) == "$golden" ]] ||
+		{ say "read-only: the golden image changed on the target's side"; record read-only-file 1 0; }
+}

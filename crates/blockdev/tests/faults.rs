@@ -12,27 +12,43 @@ use common::{pattern, read, run, write, LoopDev, TempDir};
 
 const MIB: u64 = 1 << 20;
 
-/// A tmpfs of `bytes` mounted on a fresh directory, unmounted on drop.
-struct Tmpfs(TempDir);
+/// A file system mounted on a fresh directory, unmounted on drop.
+struct Mounted(TempDir);
 
-impl Tmpfs {
-    fn mount(tag: &str, bytes: u64) -> Option<Tmpfs> {
+impl Mounted {
+    /// `mount ARGS SOURCE DIR` on a fresh directory named after `tag`;
+    /// `None` (with a message naming `what`) when that fails.
+    fn mount(tag: &str, what: &str, args: &[&str], source: &std::ffi::OsStr) -> Option<Mounted> {
         let dir = TempDir::new(tag);
-        let st = Command::new("mount")
-            .args(["-t", "tmpfs", "-o", &format!("size={bytes}"), "tmpfs"])
-            .arg(dir.path())
-            .status();
-        match st {
-            Ok(s) if s.success() => Some(Tmpfs(dir)),
+        match Command::new("mount").args(args).arg(source).arg(dir.path()).status() {
+            Ok(s) if s.success() => Some(Mounted(dir)),
             _ => {
-                eprintln!("skipping: cannot mount a small tmpfs");
+                eprintln!("skipping: cannot mount {what}");
                 None
             }
         }
     }
+
+    /// A tmpfs of `bytes`.
+    fn tmpfs(tag: &str, bytes: u64) -> Option<Mounted> {
+        Mounted::mount(tag, "a small tmpfs", &["-t", "tmpfs", "-o", &format!("size={bytes}")], "tmpfs".as_ref())
+    }
+
+    /// A squashfs image of `src`, mounted read-only (the loop device holds
+    /// the image once mounted); `None` without mksquashfs too.
+    fn squashfs(src: &std::path::Path) -> Option<Mounted> {
+        let img = TempDir::new("sqimg");
+        let image = img.join("ro.sqfs");
+        let made = Command::new("mksquashfs").arg(src).arg(&image).args(["-noappend", "-quiet"]).output();
+        if !made.as_ref().is_ok_and(|o| o.status.success()) {
+            eprintln!("skipping: cannot make a squashfs image (mksquashfs): {made:?}");
+            return None;
+        }
+        Mounted::mount("sqmnt", "a squashfs image", &["-t", "squashfs", "-o", "loop,ro"], image.as_os_str())
+    }
 }
 
-impl Drop for Tmpfs {
+impl Drop for Mounted {
     fn drop(&mut self) {
         let _ = Command::new("umount").arg("-l").arg(self.0.path()).status();
     }
@@ -44,7 +60,7 @@ impl Drop for Tmpfs {
 /// reads zeros.
 #[test]
 fn file_device_out_of_space_write_and_zeroing_fail_and_are_never_acknowledged() {
-    let Some(fs) = Tmpfs::mount("enospc", 256 << 10) else { return };
+    let Some(fs) = Mounted::tmpfs("enospc", 256 << 10) else { return };
     let path = fs.0.join("dev.img");
     let dev = Device::file("enospc", &path, Some(4 * MIB), 512).expect("file device");
     run(async {
@@ -140,38 +156,6 @@ fn file_device_buffered_and_direct_paths_stay_coherent() {
     });
 }
 
-/// A squashfs image of `dir` mounted read-only on a fresh directory,
-/// unmounted on drop; `None` (with a message) without mksquashfs or mount.
-struct Squashfs(TempDir);
-
-impl Squashfs {
-    fn mount(src: &std::path::Path) -> Option<Squashfs> {
-        let img = TempDir::new("sqimg");
-        let image = img.join("ro.sqfs");
-        let made = Command::new("mksquashfs").arg(src).arg(&image).args(["-noappend", "-quiet"]).output();
-        if !made.as_ref().is_ok_and(|o| o.status.success()) {
-            eprintln!("skipping: cannot make a squashfs image (mksquashfs): {made:?}");
-            return None;
-        }
-        let dir = TempDir::new("sqmnt");
-        let st = Command::new("mount").args(["-t", "squashfs", "-o", "loop,ro"]).arg(&image).arg(dir.path()).status();
-        match st {
-            // The image may go once mounted (the loop device holds it).
-            Ok(s) if s.success() => Some(Squashfs(dir)),
-            _ => {
-                eprintln!("skipping: cannot mount a squashfs image");
-                None
-            }
-        }
-    }
-}
-
-impl Drop for Squashfs {
-    fn drop(&mut self) {
-        let _ = Command::new("umount").arg("-l").arg(self.0.path()).status();
-    }
-}
-
 /// A read-only file device on a read-only file system whose files have no
 /// `fsync` (squashfs, erofs, iso9660: `fdatasync` is EINVAL there): it was
 /// written by nobody, so a flush (an NVMe Flush, SYNCHRONIZE CACHE, the
@@ -182,7 +166,7 @@ fn a_read_only_file_device_on_a_file_system_without_fsync_flushes() {
     let src = TempDir::new("sqsrc");
     let data: Vec<u8> = (0..MIB as usize).map(|i| (i % 249) as u8).collect();
     std::fs::write(src.join("golden.img"), &data).expect("write the file");
-    let Some(fs) = Squashfs::mount(src.path()) else { return };
+    let Some(fs) = Mounted::squashfs(src.path()) else { return };
     let path = fs.0.join("golden.img");
     let dev = Device::file_with("ro", &path, None, 512, blockdev::Symlinks::Follow, true).expect("read-only file");
     run(async {

@@ -508,13 +508,19 @@ impl Builder {
         Ok(())
     }
 
+    /// The device table named `name`, among those made so far.
+    fn device_mut(&mut self, name: &str) -> Option<&mut toml::Table> {
+        self.devices.iter_mut().find_map(|d| match d {
+            Value::Table(t) if t.get("name").and_then(Value::as_str) == Some(name) => Some(t),
+            _ => None,
+        })
+    }
+
     /// The block size nvmet gives a file-backed namespace: the file
     /// system's, at most 4096 (4096 for a file not on this machine).
     fn nvmet_file_block_size(&mut self, dev: &str, path: &str) {
         let bs = std::fs::metadata(path).map_or(4096, |m| std::os::unix::fs::MetadataExt::blksize(&m).clamp(512, 4096));
-        if let Some(Value::Table(d)) =
-            self.devices.iter_mut().find(|d| d.get("name").and_then(Value::as_str) == Some(dev))
-        {
+        if let Some(d) = self.device_mut(dev) {
             if d.get("kind").and_then(Value::as_str) == Some("file") && !d.contains_key("block_size") {
                 d.insert("block_size".into(), Value::Integer(i64::try_from(bs).unwrap_or(4096)));
             }
@@ -583,18 +589,14 @@ impl Builder {
                 }
             };
             if let Some(bs) = block_size {
-                if let Some(Value::Table(d)) =
-                    self.devices.iter_mut().find(|d| d.get("name").and_then(Value::as_str) == Some(&name))
-                {
+                if let Some(d) = self.device_mut(&name) {
                     d.insert("block_size".into(), Value::Integer(i64::try_from(bs).unwrap_or(0)));
                 }
             }
             // Backstores on one path share one device, and its read_only.
             let shared = objects.values().any(|n| n == &name);
             let mut notes = Vec::new();
-            if let Some(Value::Table(d)) =
-                self.devices.iter_mut().find(|d| d.get("name").and_then(Value::as_str) == Some(&name))
-            {
+            if let Some(d) = self.device_mut(&name) {
                 let was_read_only = d.get("read_only").and_then(Value::as_bool) == Some(true);
                 if so.readonly {
                     d.insert("read_only".into(), Value::Boolean(true));

@@ -147,13 +147,7 @@ fn idle_sessions_let_go_of_a_removed_luns_device() {
     let d = Daemon::start_with("iscsi-luns-release", config);
     let file = d.dir.join("slow.img");
     let pid = d.pid();
-    let open_fds = || -> usize {
-        std::fs::read_dir(format!("/proc/{pid}/fd"))
-            .expect("fd dir")
-            .filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
-            .filter(|p| p == &file)
-            .count()
-    };
+    let open_fds = || common::open_fds(pid, &file);
     let addr = d.addr;
     block_on(bounded(60, async {
         let mut a = login(addr, "iqn.2026-11.io.test:a").await;

@@ -492,13 +492,7 @@ fn removing_a_namespace_waits_for_its_writes_and_idle_queues_let_go_of_it() {
         )
     });
     let file = d.dir.join("slow.img");
-    let open_fds = |pid: u32| -> usize {
-        std::fs::read_dir(format!("/proc/{pid}/fd"))
-            .expect("fd dir")
-            .filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
-            .filter(|p| p == &file)
-            .count()
-    };
+    let open_fds = |pid: u32| common::open_fds(pid, &file);
     let pid = d.pid();
     let addr = d.addr;
     let sock = d.dir.join("ctl.sock");

@@ -285,6 +285,15 @@ pub fn ctl(socket: &Path, args: &[&str]) -> Result<String, String> {
     }
 }
 
+/// How many descriptors process `pid` holds on `path`.
+pub fn open_fds(pid: u32, path: &Path) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .expect("fd dir")
+        .filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
+        .filter(|p| p == path)
+        .count()
+}
+
 /// Runs `f` on a reactor (io_uring) runtime.
 pub fn block_on<F: Future>(f: F) -> F::Output {
     reactor::Runtime::new(reactor::Config::default()).expect("io_uring runtime").block_on(f)
