@@ -202,23 +202,10 @@ impl Listeners {
 
     /// Waits (at most `limit`) until `reactors` reactors applied generation
     /// `generation`; the error names every address a reactor could not
-    /// bind, or the reactors that did not answer.
+    /// bind, or the reactors that did not answer, or says that the daemon
+    /// began to stop (reactors apply no change then).
     pub fn wait(&self, generation: u64, reactors: usize, limit: Duration) -> Result<(), String> {
-        let deadline = Instant::now() + limit;
-        let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        loop {
-            let done: Vec<&Vec<String>> =
-                st.acks.values().filter(|(g, _)| *g >= generation).map(|(_, errors)| errors).collect();
-            if done.len() >= reactors {
-                let errors: Vec<String> = done.into_iter().flatten().cloned().collect();
-                return if errors.is_empty() { Ok(()) } else { Err(errors.join("; ")) };
-            }
-            let now = Instant::now();
-            if now >= deadline {
-                return Err(format!("only {} of {reactors} reactors applied the port change in time", done.len()));
-            }
-            st = self.acked.wait_timeout(st, deadline - now).unwrap_or_else(|e| e.into_inner()).0;
-        }
+        wait_for_acks(&self.state, &self.acked, generation, reactors, limit, crate::lifecycle::draining)
     }
 
     /// Runs on reactor `index` for as long as it lives: keeps its
@@ -292,6 +279,41 @@ impl Listeners {
     }
 }
 
+/// How often a wait for reactors looks whether the daemon began to stop.
+const STOP_CHECK: Duration = Duration::from_millis(20);
+
+/// [`Listeners::wait`], with the daemon's stop as `stopping`.
+fn wait_for_acks(
+    state: &Mutex<State>,
+    acked: &Condvar,
+    generation: u64,
+    reactors: usize,
+    limit: Duration,
+    stopping: impl Fn() -> bool,
+) -> Result<(), String> {
+    let deadline = Instant::now() + limit;
+    let mut st = state.lock().unwrap_or_else(|e| e.into_inner());
+    loop {
+        let done: Vec<&Vec<String>> =
+            st.acks.values().filter(|(g, _)| *g >= generation).map(|(_, errors)| errors).collect();
+        if done.len() >= reactors {
+            let errors: Vec<String> = done.into_iter().flatten().cloned().collect();
+            return if errors.is_empty() { Ok(()) } else { Err(errors.join("; ")) };
+        }
+        if stopping() {
+            return Err(format!(
+                "the daemon is stopping: {} of {reactors} reactors applied the port change, the others apply none now",
+                done.len()
+            ));
+        }
+        let now = Instant::now();
+        if now >= deadline {
+            return Err(format!("only {} of {reactors} reactors applied the port change in time", done.len()));
+        }
+        st = acked.wait_timeout(st, (deadline - now).min(STOP_CHECK)).unwrap_or_else(|e| e.into_inner()).0;
+    }
+}
+
 async fn accept_loop(
     l: reactor::net::TcpListener,
     port: SocketAddr,
@@ -351,4 +373,39 @@ async fn accept_loop(
 async fn holding(slot: crate::admit::Slot, conn: impl std::future::Future<Output = ()>) {
     conn.await;
     drop(slot);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_wait_for_reactors_ends_when_the_daemon_begins_to_stop() {
+        // Reactor 0 applied generation 1; reactor 1 never answers, as a
+        // reactor does not once the daemon stops.
+        let state = Mutex::new(State::default());
+        state.lock().expect("state").acks.insert(0, (1, Vec::new()));
+        let checks = Cell::new(0);
+        let stopping = || {
+            checks.set(checks.get() + 1);
+            checks.get() > 3
+        };
+        let e = wait_for_acks(&state, &Condvar::new(), 1, 2, Duration::from_secs(3600), stopping)
+            .expect_err("one reactor never applied it");
+        assert!(e.contains("the daemon is stopping: 1 of 2 reactors applied"), "{e}");
+    }
+
+    #[test]
+    fn a_wait_for_reactors_names_the_addresses_they_could_not_bind() {
+        let state = Mutex::new(State::default());
+        {
+            let mut st = state.lock().expect("state");
+            st.acks.insert(0, (2, Vec::new()));
+            st.acks.insert(1, (2, vec!["reactor 1: listen 127.0.0.1:1: in use".to_string()]));
+            st.acks.insert(2, (1, Vec::new()));
+        }
+        let wait = |reactors| wait_for_acks(&state, &Condvar::new(), 2, reactors, Duration::ZERO, || false);
+        assert_eq!(wait(2), Err("reactor 1: listen 127.0.0.1:1: in use".to_string()));
+        assert_eq!(wait(3), Err("only 2 of 3 reactors applied the port change in time".to_string()));
+    }
 }

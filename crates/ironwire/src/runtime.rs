@@ -230,18 +230,19 @@ pub fn apply(live: &mut Live, old: &Config, new: &Config, symlinks: Symlinks, pr
     // Then every reactor binds them (an address can still be taken after
     // the check); if one cannot, the ports go back to what they were.
     if let Err(failed) = publish(live, &new.port) {
-        return Err(match publish(live, &old.port) {
-            Ok(()) => anyhow!("cannot listen on the new ports ({failed}); nothing changed"),
-            Err(back) => back_failed(anyhow!("cannot listen on the new ports ({failed})"), back),
+        return Err(match ports_back(live, &old.port) {
+            Some(Ok(())) => anyhow!("cannot listen on the new ports ({failed}); nothing changed"),
+            Some(Err(back)) => back_failed(anyhow!("cannot listen on the new ports ({failed})"), back),
+            None => anyhow!("cannot listen on the new ports ({failed})"),
         });
     }
 
     // The objects' own checks ran above; should one still refuse (a host
     // connected meanwhile), the ports go back too.
     if let Err(e) = apply_nvme(live, &devices, old, new).and_then(|()| apply_iscsi(live, &devices, new)) {
-        return Err(match publish(live, &old.port) {
-            Ok(()) => e,
-            Err(back) => back_failed(e, back),
+        return Err(match ports_back(live, &old.port) {
+            Some(Ok(())) | None => e,
+            Some(Err(back)) => back_failed(e, back),
         });
     }
 
@@ -525,6 +526,12 @@ pub fn portals(config: &Config) -> Vec<String> {
 fn publish(live: &Live, ports: &[crate::config::PortConfig]) -> Result<(), String> {
     let generation = live.listeners.set(ports).map_err(|e| e.to_string())?;
     live.listeners.wait(generation, live.reactors, PORT_CHANGE_LIMIT)
+}
+
+/// Listens on the ports in force again after a change failed; `None` once
+/// the daemon stops, whose listeners all close and take no change.
+fn ports_back(live: &Live, old: &[crate::config::PortConfig]) -> Option<Result<(), String>> {
+    (!crate::lifecycle::draining()).then(|| publish(live, old))
 }
 
 /// `e`, when going back to the ports in force failed too (`back`): logged,
