@@ -47,6 +47,9 @@ impl Default for Settings {
     }
 }
 
+/// [`Namespace::id`]s handed out so far.
+static NEXT_NAMESPACE_ID: AtomicU64 = AtomicU64::new(1);
+
 /// A namespace: a device exported under an NSID.
 #[derive(Debug)]
 pub struct Namespace<D> {
@@ -69,6 +72,10 @@ pub struct Namespace<D> {
     /// removal waits out. Written once per queue and cache refill, never
     /// per I/O.
     holders: AtomicU64,
+    /// Unique in the process: a namespace added under the NSID of a
+    /// removed one is told apart from it (a command waiting for its data
+    /// must not run on the namespace that took its NSID meanwhile).
+    pub(crate) id: u64,
 }
 
 /// A queue's hold on a namespace, counted in [`Namespace::holders`] until
@@ -112,6 +119,7 @@ impl<D: BlockDevice> Namespace<D> {
             uuid,
             ana_state: AtomicU8::new(AnaState::OPTIMIZED.0),
             holders: AtomicU64::new(0),
+            id: NEXT_NAMESPACE_ID.fetch_add(1, Ordering::Relaxed),
         }
     }
 

@@ -121,6 +121,10 @@ pub(crate) struct Pending {
     /// Solicited as data the device never reads (the transport may not
     /// have kept it).
     discard: bool,
+    /// The id of the namespace the command was checked against, when it
+    /// addressed one: its data must not reach another that took the NSID
+    /// meanwhile.
+    ns: Option<u64>,
 }
 
 /// A queue of a connection.
@@ -207,7 +211,11 @@ impl<D: BlockDevice> Queue<D> {
         let cid = sqe.cid.get();
         let out = self.dispatch(now_ms, sqe, data_len, data);
         if let Outcome::NeedData { discard, .. } = out {
-            self.pending.insert(cid, Pending { sqe: *sqe, data_len, discard });
+            let ns = match self.kind {
+                QueueKind::Io(..) if sqe.opcode != Admin::FABRICS.0 => self.cached_namespace_id(sqe.nsid.get()),
+                _ => None,
+            };
+            self.pending.insert(cid, Pending { sqe: *sqe, data_len, discard, ns });
         }
         out
     }
@@ -237,6 +245,13 @@ impl<D: BlockDevice> Queue<D> {
                         log::warn!("{}: cid {cid}: its namespace changed device while its data came", self.peer);
                         Outcome::status(cid, Status::NAMESPACE_NOT_READY)
                     }
+                    // The namespace it addressed was removed while its data
+                    // came, and another took its NSID: the command must not
+                    // run there (as a fused pair would not).
+                    Outcome::Io(ref req) if p.ns != Some(req.busy.namespace().id) => {
+                        log::warn!("{}: cid {cid}: its namespace was replaced while its data came", self.peer);
+                        Outcome::status(cid, Status::INVALID_NAMESPACE.dnr())
+                    }
                     out => out,
                 }
             }
@@ -252,6 +267,11 @@ impl<D: BlockDevice> Queue<D> {
     pub fn data_failed(&mut self, cid: u16) {
         self.pending.remove(&cid);
         self.fused_half_failed(cid);
+    }
+
+    /// The id of namespace `nsid` in this queue's cache.
+    fn cached_namespace_id(&self, nsid: u32) -> Option<u64> {
+        self.ns_cache.get(nsid as usize)?.as_ref().map(|(ns, _)| ns.id)
     }
 
     /// Commands waiting for their host data.

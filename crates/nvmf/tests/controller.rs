@@ -397,6 +397,34 @@ fn discarded_data_never_lands_on_a_device_that_replaced_the_null_one_meanwhile()
 }
 
 #[test]
+fn data_solicited_for_a_removed_namespace_never_lands_on_the_one_that_took_its_nsid() {
+    let t = target();
+    let sub = t.subsystem(SUB).expect("subsystem");
+    let (_a, cntlid) = admin(&t);
+    let mut io = io_queue(&t, cntlid, 1);
+    let mut w = read_sqe(7, 1, 0, 1, 512);
+    w.opcode = 0x01;
+    assert!(matches!(ex(&mut io, 0, &w), Outcome::NeedData { len: 512, discard: false }));
+    let (d, ranges) = dsm_sqe(8, &[(0, 16)]);
+    assert!(matches!(ex(&mut io, 0, &d), Outcome::NeedData { len: 16, .. }));
+    // Namespace 1 is replaced by one on another device (a reload that
+    // changes its device: removed, its holders waited out, added again)
+    // while the host's data for both commands is on its way.
+    sub.remove_namespace(1).expect("removed");
+    sub.add_namespace(Namespace::new(SUB, 1, Arc::new(Described::new("other", 512, 2048)))).expect("ns 1 again");
+    for (cid, data) in [(7, vec![0x5a; 512]), (8, ranges)] {
+        match io.data_arrived(0, cid, data) {
+            Outcome::Io(req) => panic!("cid {cid}, addressed to the removed namespace, ran on {}", req.device.name),
+            out => assert_eq!(status(&out), Status::INVALID_NAMESPACE.dnr(), "cid {cid}"),
+        }
+    }
+    // A write solicited for the new namespace lands as usual.
+    w.cid = 9.into();
+    assert!(matches!(ex(&mut io, 0, &w), Outcome::NeedData { len: 512, .. }));
+    assert!(matches!(io.data_arrived(0, 9, vec![1u8; 512]), Outcome::Io(_)));
+}
+
+#[test]
 fn dataset_management_deallocates_the_listed_ranges() {
     let t = target();
     let (_a, cntlid) = admin(&t);
