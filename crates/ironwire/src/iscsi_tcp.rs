@@ -64,6 +64,13 @@ pub struct Unit {
     preempted_before: AtomicU64,
     /// Who holds `busy` closed; taken only to close or open it.
     gate: std::sync::Mutex<Gate>,
+    /// The epoch of the target's [`LunTable`] at which a run-time change
+    /// put the unit under its LUN (0 for the units a target starts with):
+    /// a command stamped earlier was sent to the unit before it, and is
+    /// answered with REPORTED LUNS DATA HAS CHANGED instead of running
+    /// here (a write whose data was still coming when its LUN's device
+    /// was replaced must not land on the new device).
+    since: AtomicU64,
 }
 
 /// Why a unit's drain is closed.
@@ -155,6 +162,7 @@ impl Unit {
             preempted: Default::default(),
             preempted_before: AtomicU64::new(0),
             gate: Default::default(),
+            since: AtomicU64::new(0),
         }
     }
 
@@ -377,6 +385,14 @@ impl IscsiTarget {
             .filter(|(n, u)| !self.units.get(n).is_some_and(|k| Arc::ptr_eq(k, u)))
             .map(|(_, u)| u.clone());
         let gone = gone.collect();
+        // Commands arriving from now on are stamped with this epoch or a
+        // later one: those stamped earlier were sent to the units before.
+        let epoch = self.table.epoch.fetch_add(1, Ordering::AcqRel).wrapping_add(1);
+        for (n, u) in &self.units {
+            if !current.get(n).is_some_and(|c| Arc::ptr_eq(c, u)) {
+                u.since.store(epoch, Ordering::Release);
+            }
+        }
         *current = Arc::new(self.units.clone());
         self.table.generation.fetch_add(1, Ordering::AcqRel);
         gone
@@ -645,14 +661,18 @@ impl Session {
     /// INQUIRY, REPORT LUNS and REQUEST SENSE never report it (SAM-5 5.14);
     /// a REPORT LUNS that succeeds clears it (SPC-4 6.33).
     fn luns_changed_attention(&mut self, opcode: Option<u8>) -> Option<Sense> {
-        if !self.luns_changed
-            || matches!(opcode, Some(scsi::op::INQUIRY | scsi::op::REPORT_LUNS | scsi::op::REQUEST_SENSE))
-        {
+        if !self.luns_changed || !reports_attentions(opcode) {
             return None;
         }
         self.luns_changed = false;
         Some(Sense::UA_REPORTED_LUNS_CHANGED)
     }
+}
+
+/// Whether a command of `opcode` may be answered with a unit attention:
+/// INQUIRY, REPORT LUNS and REQUEST SENSE never are (SAM-5 5.14).
+fn reports_attentions(opcode: Option<u8>) -> bool {
+    !matches!(opcode, Some(scsi::op::INQUIRY | scsi::op::REPORT_LUNS | scsi::op::REQUEST_SENSE))
 }
 
 struct Conn {
@@ -1271,8 +1291,14 @@ fn command(conn: &Rc<Conn>, cmd: iscsi::target::Command<Buf>) {
         }
         Some(Entry::Gone) | None => None,
     };
-    if let Some(ua) = s.luns_changed_attention(cdb.first().copied()) {
-        drop(session);
+    // Sent before its unit took the LUN (the device behind it was
+    // replaced while the command's data came): it was meant for the unit
+    // before, and gets the unit attention of the change itself.
+    let sent_before = busy.as_ref().is_some_and(|b| cmd_epoch < b.0.since.load(Ordering::Acquire))
+        && reports_attentions(cdb.first().copied());
+    let attention = s.luns_changed_attention(cdb.first().copied());
+    if let Some(ua) = attention.or_else(|| sent_before.then_some(Sense::UA_REPORTED_LUNS_CHANGED)) {
+        drop((busy, session));
         log::debug!("{}: unit attention REPORTED LUNS DATA HAS CHANGED", conn.shell.peer);
         conn.check(itt, &ua);
         return;

@@ -9,6 +9,7 @@
 
 mod common;
 
+use common::iscsi_raw::Raw;
 use common::{block_on, bounded, Daemon};
 use initiator::iscsi::{cdb, LoginOptions, ScsiResult, SenseCode, Session};
 use std::net::SocketAddr;
@@ -173,5 +174,38 @@ fn idle_sessions_let_go_of_a_removed_luns_device() {
         }
         a.logout().await.expect("logout a");
         b.logout().await.expect("logout b");
+    }));
+}
+
+/// Writes whose data is still on its way when their LUN's device is
+/// replaced (`ctl set lun ... device=`) were meant for the old device:
+/// each is answered with REPORTED LUNS DATA HAS CHANGED, not only the
+/// session's first command after the change, and none lands on the new
+/// device. A write sent after the change runs there.
+#[test]
+fn writes_whose_data_came_after_their_luns_device_changed_never_land_on_the_new_one() {
+    let d = Daemon::start_with("iscsi-luns-replaced", config);
+    let mut raw = Raw::login(&d, "iqn.2026-11.io.test:raw", IQN);
+    let (cmd_sn, exp_stat_sn, _, _) = raw.host.sequence();
+    for i in 0..2u32 {
+        raw.announce_write(0x100 + i, 0, &cdb::write16(u64::from(i), 1), BS, cmd_sn.wrapping_add(i), exp_stat_sn);
+    }
+    let r2ts = raw.r2ts_until_ping(cmd_sn.wrapping_add(2), exp_stat_sn);
+    assert_eq!(r2ts.iter().map(|r| r.0).collect::<Vec<_>>(), [0x100, 0x101], "both writes solicited");
+    d.ctl(&format!("set lun iqn={IQN} lun=0 device=r2")).expect("ctl: LUN 0 on r2");
+    for (i, &r2t) in r2ts.iter().enumerate() {
+        raw.data_out(r2t, &block(7 + i as u8), exp_stat_sn);
+    }
+    for itt in [0x100, 0x101] {
+        let (status, sense) = raw.response(itt);
+        let code = SenseCode::parse(&sense);
+        assert_eq!((status, code), (scsi::status::CHECK_CONDITION, Some(REPORTED_LUNS_CHANGED)), "ITT {itt:#x}");
+    }
+    block_on(bounded(30, async {
+        let mut s = login(d.addr, "iqn.2026-11.io.test:check").await;
+        assert_eq!(s.read16(0, 0, 2, BS).await.expect("read r2"), vec![0; 2 * BS as usize], "r2 was written");
+        s.write16(0, 1, BS, block(9)).await.expect("a write sent after the change");
+        assert_eq!(s.read16(0, 1, 1, BS).await.expect("read it back"), block(9));
+        s.logout().await.expect("logout");
     }));
 }

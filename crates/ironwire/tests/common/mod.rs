@@ -305,6 +305,8 @@ pub async fn bounded<F: Future>(secs: u64, f: F) -> F::Output {
 }
 
 /// Configuration snippets the daemon tests put together.
+pub mod iscsi_raw;
+
 pub mod toml {
     /// A 4 MiB RAM device named `name` that holds each read and each write
     /// for the given microseconds (0: not held).
