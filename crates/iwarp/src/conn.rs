@@ -309,6 +309,9 @@ pub struct Connection<B> {
     reads: VecDeque<Read<B>>,
     reads_waiting: VecDeque<Read<B>>,
     next_read_stag: u32,
+    /// The peer's RDMA Reads answered in the transmit bytes and not yet
+    /// taken for sending: at most the IRD.
+    reads_served: usize,
     // transmit
     tx_msn: [u32; 2],
     // registered memory
@@ -369,6 +372,7 @@ impl<B: DataBuffer> Connection<B> {
             reads: VecDeque::new(),
             reads_waiting: VecDeque::new(),
             next_read_stag: READ_STAG_BASE,
+            reads_served: 0,
             tx_msn: [0, 0],
             regions: Vec::new(),
             free_regions: Vec::new(),
@@ -440,6 +444,7 @@ impl<B: DataBuffer> Connection<B> {
     /// [`take_transmit_parts`](Self::take_transmit_parts) to send it from
     /// its own buffer).
     pub fn take_transmit(&mut self, out: &mut Vec<u8>) {
+        self.reads_served = 0;
         if self.tx_splices.is_empty() && out.is_empty() {
             std::mem::swap(out, &mut self.tx);
             return;
@@ -467,6 +472,7 @@ impl<B: DataBuffer> Connection<B> {
     /// each piece given to `splice` with its position in `head` and its
     /// buffer's index in `bufs`; nothing is copied.
     pub fn take_transmit_parts(&mut self, head: &mut Vec<u8>, bufs: &mut Vec<B>, mut splice: impl FnMut(Splice)) {
+        self.reads_served = 0;
         let (at, buf) = (head.len(), bufs.len());
         for s in self.tx_splices.drain(..) {
             let index = if s.buf == ZEROS { ZEROS } else { s.buf.saturating_add(buf) };
@@ -1054,6 +1060,14 @@ impl<B: DataBuffer> Connection<B> {
                         "RDMA Read Request, but this end's IRD is 0".into(),
                     ));
                 }
+                if self.reads_served >= usize::from(self.ird) {
+                    // Each answer waits in the transmit bytes until taken:
+                    // a peer past its ORD would have them grow unbounded.
+                    return Err(self.segment_error(
+                        ErrorCode::RDMAP_CATASTROPHIC_STREAM,
+                        format!("RDMA Read Request beyond this end's IRD {} (none of them answered yet)", self.ird),
+                    ));
+                }
                 self.dest = Dest::Nothing;
                 Ok(())
             }
@@ -1328,6 +1342,7 @@ impl<B: DataBuffer> Connection<B> {
             },
         );
         debug_assert!(sent, "a Read Response inside its region was not framed");
+        self.reads_served = self.reads_served.saturating_add(1);
         Ok(())
     }
 

@@ -845,3 +845,52 @@ fn an_event_with_a_buffer_of_32_bytes_fits_128_bytes() {
     assert!(std::mem::size_of::<Event<Buf32>>() <= 128, "{}", std::mem::size_of::<Event<Buf32>>());
     assert!(std::mem::size_of::<Event<Vec<u8>>>() <= 128);
 }
+
+#[test]
+fn read_requests_beyond_the_ird_are_refused_not_served() {
+    // The host serves at most 2 reads at once (its IRD, the target's ORD).
+    // A target that sends a third before the host's answers left gets a
+    // Terminate, not a third Read Response: each 48-byte request could
+    // otherwise queue a whole region's worth of bytes to send.
+    let (mut h, mut t) = connected(Config { ird: 2, ..host_cfg(false) }, target_cfg(false));
+    assert_eq!(h.ird(), 2);
+    let stag = h.register(Buf(vec![5; 65536]), 0, Access::RemoteRead);
+    t.read(1, Buf(vec![0; 65536]), stag, 0);
+    let mut one = Vec::new();
+    t.take_transmit(&mut one);
+    assert_eq!(one.len(), 48 + 4);
+    let mut wire = Vec::new();
+    for msn in 1..=3u32 {
+        let mut rr = one.clone();
+        rr[12..16].copy_from_slice(&msn.to_be_bytes());
+        wire.extend_from_slice(&rr);
+    }
+    let e = h.handle_input(&wire).unwrap_err();
+    assert_eq!(e.code, ErrorCode::RDMAP_CATASTROPHIC_STREAM);
+    assert!(e.reason.contains("IRD"), "{e}");
+    assert!(h.transmit_len() < 3 * 65536, "{} bytes queued", h.transmit_len());
+}
+
+#[test]
+fn read_requests_within_the_ird_are_served_once_the_answers_left() {
+    let (mut h, mut t) = connected(Config { ird: 2, ..host_cfg(false) }, target_cfg(false));
+    let stag = h.register(Buf(vec![5; 4096]), 0, Access::RemoteRead);
+    t.read(1, Buf(vec![0; 4096]), stag, 0);
+    let mut one = Vec::new();
+    t.take_transmit(&mut one);
+    // Two at once, then (their answers taken) two more: never more than
+    // the IRD unanswered.
+    for msns in [[1u32, 2], [3, 4]] {
+        let mut wire = Vec::new();
+        for msn in msns {
+            let mut rr = one.clone();
+            rr[12..16].copy_from_slice(&msn.to_be_bytes());
+            wire.extend_from_slice(&rr);
+        }
+        h.handle_input(&wire).unwrap();
+        let mut out = Vec::new();
+        h.take_transmit(&mut out);
+        assert!(out.len() > 2 * 4096, "both answered: {} bytes", out.len());
+        assert_eq!(h.state(), State::Rdma);
+    }
+}

@@ -718,6 +718,29 @@ mod tests {
     }
 
     #[test]
+    fn a_command_that_came_with_the_connection_request_is_taken() {
+        // The first Send of a queue (MSN 1), as a connected host sends it.
+        let (mut h0, _) = pair(false, 1);
+        h0.submit(cmd(0x02, 4), Vec::new(), 4096);
+        let mut send = Vec::new();
+        h0.take_transmit(&mut send);
+        // A host that sends it right behind its MPA request, in one input:
+        // the queue's receives must be posted before it is processed.
+        let mut h = HostConnection::new(HostConfig { crc: false, qid: 1, entries: 16, ..HostConfig::default() });
+        let mut wire = Vec::new();
+        h.take_transmit(&mut wire);
+        wire.extend_from_slice(&send);
+        let mut t = TargetQueue::<Vec<u8>>::new(TargetConfig { crc: false, ..TargetConfig::default() });
+        t.handle_input(&wire).unwrap();
+        assert!(matches!(t.poll_event(), Some(TEvent::Accepted { entries: 16, .. })));
+        match t.poll_event() {
+            Some(TEvent::Command { sqe, data: None }) => assert_eq!(sqe.cid.get(), 4),
+            other => panic!("{other:?}"),
+        }
+        assert!(!t.is_closed());
+    }
+
+    #[test]
     fn a_rejected_request_reports_the_cm_status() {
         // 2000 entries on an I/O queue where the target allows 1024.
         let mut h = HostConnection::new(HostConfig { qid: 1, entries: 2000, ..HostConfig::default() });

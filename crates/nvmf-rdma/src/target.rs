@@ -282,8 +282,10 @@ impl<B: DataBuffer> TargetQueue<B> {
                 self.cm_qid = req.qid.get();
                 self.sq_entries = entries;
                 let reply = CmReply { recfmt: 0.into(), crqsize: entries.into(), rsvd: [0; 28] };
-                self.conn.accept(reply.as_bytes())?;
+                // Posted first: `accept` goes on to what the host sent
+                // behind its request.
                 self.conn.post_receives(u32::from(entries));
+                self.conn.accept(reply.as_bytes())?;
                 // Room for every queue entry: the map never grows
                 // (allocates) in the middle of the I/O.
                 self.in_flight.reserve(usize::from(entries));
