@@ -884,7 +884,9 @@ impl Device {
     /// when written, `Some(offset)` of the first differing byte when not.
     /// [`Error::Unsupported`] where
     /// [`atomic_compare_and_write`](Self::atomic_compare_and_write) is
-    /// false.
+    /// false. A write as any other here: it waits for range locks over its
+    /// blocks, so that a longer compare-and-write done under one stays
+    /// atomic against it.
     pub async fn compare_and_write(&self, lba: u64, expected: IoBuf, data: IoBuf) -> Result<Option<u64>, Error> {
         let offset = self.io_offset(lba, data.len())?;
         if expected.len() != data.len() || !self.atomic_compare_and_write(lba, data.len()) {
@@ -893,6 +895,7 @@ impl Device {
         let Backend::Rbd(image) = &self.backend else {
             return Err(Error::Unsupported("atomic compare-and-write of this range"));
         };
+        let _token = self.gate.write(self.block_range(lba, data.len())).await?;
         match image.compare_and_write(offset, expected, data).await.0 {
             Ok(()) => Ok(None),
             Err(rbd::CompareError::Miscompare { offset }) => Ok(Some(offset)),
