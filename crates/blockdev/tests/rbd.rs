@@ -6,23 +6,7 @@
 //! lock) stays atomic against it.
 
 use blockdev::{Device, IoBuf};
-use std::path::PathBuf;
 use std::time::Duration;
-
-/// The test cluster's configuration file, or `None` (with a message) when
-/// there is none outside CI. Under CI the rbd tests must run.
-fn cluster() -> Option<PathBuf> {
-    match std::env::var_os("IRONWIRE_CEPH_CONF") {
-        Some(p) => Some(PathBuf::from(p)),
-        None if std::env::var("CI").is_ok_and(|v| v == "true") => {
-            panic!("CI=true but IRONWIRE_CEPH_CONF is not set: scripts/test starts the Ceph cluster these tests need")
-        }
-        None => {
-            eprintln!("skipped: no Ceph cluster (set IRONWIRE_CEPH_CONF, as scripts/test does with ceph-peer)");
-            None
-        }
-    }
-}
 
 fn run<F: std::future::Future>(f: F) -> F::Output {
     reactor::Runtime::new(reactor::Config::default()).expect("io_uring runtime").block_on(f)
@@ -30,7 +14,7 @@ fn run<F: std::future::Future>(f: F) -> F::Output {
 
 #[test]
 fn a_one_sector_compare_and_write_waits_for_a_range_lock_over_it() {
-    let Some(conf) = cluster() else { return };
+    let Some(conf) = rbd::test_cluster() else { return };
     let options = rbd::Options {
         ceph_conf: conf,
         client: "admin".into(),

@@ -12,7 +12,7 @@
 
 mod common;
 
-use common::{block_on, bounded, ceph_cluster, Daemon};
+use common::{block_on, bounded, Daemon};
 use initiator::iscsi::{LoginOptions, Session};
 use initiator::{cmd, Controller, Options, Status};
 use nvme_spec::opcode::{Cns, FeatureId};
@@ -191,7 +191,7 @@ fn image(conf: &Path, tag: &str) -> String {
 
 #[test]
 fn two_gateways_on_one_rbd_image_show_one_namespace_whatever_they_call_it() {
-    let Some(conf) = ceph_cluster() else { return };
+    let Some(conf) = rbd::test_cluster() else { return };
     let name = image(&conf, "");
     // The gateways give the device different names: the identifiers come
     // from the cluster fsid and the image id alone.
@@ -262,7 +262,7 @@ fn iscsi_view(tag: &str, conf: &Path, image: &str, dev: &str, iqn: &str, lun: u6
 
 #[test]
 fn two_iscsi_gateways_on_one_rbd_image_report_the_same_device_identification() {
-    let Some(conf) = ceph_cluster() else { return };
+    let Some(conf) = rbd::test_cluster() else { return };
     let name = image(&conf, "-iscsi");
     // Other target names, LUNs and device names on each gateway: dm-multipath
     // groups paths by VPD 0x83, which must come from the image alone.

@@ -12,7 +12,7 @@
 
 mod common;
 
-use common::{block_on, bounded, ceph_cluster, Daemon};
+use common::{block_on, bounded, Daemon};
 use initiator::iscsi::{cdb, LoginOptions, Session};
 use initiator::{Controller, Options, Status};
 use std::path::{Path, PathBuf};
@@ -101,7 +101,7 @@ fn code(e: &initiator::Error) -> u16 {
 
 #[test]
 fn nvme_tcp_writes_land_in_the_rbd_image() {
-    let Some(conf) = ceph_cluster() else { return };
+    let Some(conf) = rbd::test_cluster() else { return };
     let img = TestImage::new(&conf, "nvme");
     let mut d = nvme_daemon("nvme", &img, 512);
     // (LBA, bytes): in-capsule and R2T sizes, one crossing a 4 MiB object.
@@ -132,7 +132,7 @@ fn nvme_tcp_writes_land_in_the_rbd_image() {
 
 #[test]
 fn nvme_tcp_write_zeroes_deallocate_and_compare_on_rbd() {
-    let Some(conf) = ceph_cluster() else { return };
+    let Some(conf) = rbd::test_cluster() else { return };
     let img = TestImage::new(&conf, "cmds");
     let mut d = nvme_daemon("cmds", &img, 4096);
     block_on(bounded(60, async {
@@ -182,7 +182,7 @@ async fn fused_compare_and_write(c: &mut Controller, lba: u64, expected: Vec<u8>
 /// `rbd_aio_compare_and_write`, atomic on the OSD.
 #[test]
 fn nvme_fused_compare_and_write_on_rbd_writes_only_on_a_match() {
-    let Some(conf) = ceph_cluster() else { return };
+    let Some(conf) = rbd::test_cluster() else { return };
     let img = TestImage::new(&conf, "fused");
     let mut d = nvme_daemon("fused", &img, 512);
     let (old, new, other) = (pattern(512, 1), pattern(512, 2), pattern(512, 3));
@@ -222,7 +222,7 @@ fn compare_and_write16(lba: u64) -> [u8; 16] {
 
 #[test]
 fn iscsi_compare_and_write_on_rbd_writes_only_on_a_match() {
-    let Some(conf) = ceph_cluster() else { return };
+    let Some(conf) = rbd::test_cluster() else { return };
     let img = TestImage::new(&conf, "caw");
     let mut d = iscsi_daemon("caw", &img, 512);
     let (old, new, other) = (pattern(512, 1), pattern(512, 2), pattern(512, 3));
@@ -245,7 +245,7 @@ fn iscsi_compare_and_write_on_rbd_writes_only_on_a_match() {
 
 #[test]
 fn iscsi_writes_land_in_the_rbd_image() {
-    let Some(conf) = ceph_cluster() else { return };
+    let Some(conf) = rbd::test_cluster() else { return };
     let img = TestImage::new(&conf, "iscsi");
     let mut d = iscsi_daemon("iscsi", &img, 4096);
     let writes = [(0u64, 4096usize), (3, 256 << 10), (1023, 8192)];
@@ -281,7 +281,7 @@ fn iscsi_writes_land_in_the_rbd_image() {
 #[test]
 fn serve_fails_naming_the_monitors_when_the_cluster_is_unreachable() {
     // Needs librbd only: nothing listens on the monitor address.
-    if ceph_cluster().is_none() && !Path::new("/usr/lib/x86_64-linux-gnu/librbd.so.1").exists() {
+    if rbd::test_cluster().is_none() && !Path::new("/usr/lib/x86_64-linux-gnu/librbd.so.1").exists() {
         return;
     }
     let dir = std::env::temp_dir().join(format!("ironwire-rbd-unreachable-{}", std::process::id()));
@@ -319,7 +319,7 @@ fn serve_fails(cfg: &Path) -> String {
 /// it.
 #[test]
 fn an_image_whose_configuration_turns_the_librbd_cache_on_is_refused() {
-    let Some(conf) = ceph_cluster() else { return };
+    let Some(conf) = rbd::test_cluster() else { return };
     let img = TestImage::new(&conf, "cache-on");
     let spec = format!("rbd/{}", img.name);
     rbd_cli(&conf, &["config", "image", "set", &spec, "rbd_cache", "true"]);
@@ -350,7 +350,7 @@ fn ctl(d: &Daemon, words: &[&str]) -> (bool, String) {
 
 #[test]
 fn ctl_adds_an_rbd_device_at_run_time_and_refuses_an_unreachable_cluster() {
-    let Some(conf) = ceph_cluster() else { return };
+    let Some(conf) = rbd::test_cluster() else { return };
     let img = TestImage::new(&conf, "ctl");
     // The cluster's ceph.conf and the test's own are outside /etc/ceph/.
     let cluster_dir = conf.parent().expect("cluster dir").to_path_buf();
@@ -482,7 +482,7 @@ impl Drop for OwnCluster {
 
 #[test]
 fn stopped_osd_fails_io_retryably_spares_other_devices_and_recovers() {
-    if ceph_cluster().is_none() {
+    if rbd::test_cluster().is_none() {
         return;
     }
     let own = OwnCluster::start("osd");
@@ -558,7 +558,7 @@ fn stopped_osd_fails_io_retryably_spares_other_devices_and_recovers() {
 
 #[test]
 fn rbd_resize_while_exported_reaches_nvme_and_iscsi_hosts() {
-    let Some(conf) = ceph_cluster() else { return };
+    let Some(conf) = rbd::test_cluster() else { return };
     let img = TestImage::new(&conf, "resize");
     let rbd = img.device(512);
     let iscsi_port = std::sync::Arc::new(std::sync::atomic::AtomicU16::new(0));
@@ -633,7 +633,7 @@ fn watcher(conf: &Path, img: &TestImage) -> String {
 
 #[test]
 fn blocklisted_client_gets_errors_and_the_daemon_keeps_serving() {
-    let Some(conf) = ceph_cluster() else { return };
+    let Some(conf) = rbd::test_cluster() else { return };
     let img = TestImage::new(&conf, "blocklist");
     let mut d = ceph_and_ram_daemon("blocklist", &img);
     let client = watcher(&conf, &img);
@@ -666,7 +666,7 @@ fn blocklisted_client_gets_errors_and_the_daemon_keeps_serving() {
 /// the dead device without hanging.
 #[test]
 fn removed_image_gets_errors_and_the_daemon_keeps_serving() {
-    let Some(conf) = ceph_cluster() else { return };
+    let Some(conf) = rbd::test_cluster() else { return };
     let img = TestImage::new(&conf, "removed");
     let mut d = ceph_and_ram_daemon("removed", &img);
     let spec = format!("rbd/{}", img.name);
@@ -733,7 +733,7 @@ fn threads_named(pid: u32, name: &str) -> usize {
 /// reactor goes on serving a RAM namespace.
 #[test]
 fn a_removed_image_is_closed_off_the_reactor_while_its_osd_is_stopped() {
-    if ceph_cluster().is_none() {
+    if rbd::test_cluster().is_none() {
         return;
     }
     let own = OwnCluster::start("close");

@@ -25,6 +25,24 @@ use reactor::buf::{IoBuf, IoBufMut};
 
 pub use aio::SLOTS;
 
+/// The configuration file of the Ceph cluster the test suites run against
+/// (`scripts/test` starts one with ceph-peer and names it in
+/// `IRONWIRE_CEPH_CONF`), for the tests of this crate and of the crates
+/// built on it: `None`, with a line on stderr, when there is none outside
+/// CI; under CI (`CI=true`) a missing cluster is a failure.
+pub fn test_cluster() -> Option<PathBuf> {
+    match std::env::var_os("IRONWIRE_CEPH_CONF") {
+        Some(p) => Some(PathBuf::from(p)),
+        None if std::env::var("CI").is_ok_and(|v| v == "true") => {
+            panic!("CI=true but IRONWIRE_CEPH_CONF is not set: scripts/test starts the Ceph cluster these tests need")
+        }
+        None => {
+            eprintln!("skipped: no Ceph cluster (set IRONWIRE_CEPH_CONF, as scripts/test does with ceph-peer)");
+            None
+        }
+    }
+}
+
 /// Everything opening an image can fail with; each message names what was
 /// being done and with which value.
 #[derive(thiserror::Error, Debug)]

@@ -9,21 +9,6 @@ use std::path::PathBuf;
 use std::task::Poll;
 use std::time::{Duration, Instant};
 
-/// The test cluster's configuration file, or `None` (with a message) when
-/// there is none outside CI. Under CI the rbd tests must run.
-fn cluster() -> Option<PathBuf> {
-    match std::env::var_os("IRONWIRE_CEPH_CONF") {
-        Some(p) => Some(PathBuf::from(p)),
-        None if std::env::var("CI").is_ok_and(|v| v == "true") => {
-            panic!("CI=true but IRONWIRE_CEPH_CONF is not set: scripts/test starts the Ceph cluster these tests need")
-        }
-        None => {
-            eprintln!("skipped: no Ceph cluster (set IRONWIRE_CEPH_CONF, as scripts/test does with ceph-peer)");
-            None
-        }
-    }
-}
-
 fn options(conf: PathBuf, image: &str) -> Options {
     Options {
         ceph_conf: conf,
@@ -46,7 +31,7 @@ fn pattern(len: usize, seed: u8) -> Vec<u8> {
 
 #[test]
 fn opens_the_image_with_its_size_and_reads_back_what_it_wrote() {
-    let Some(conf) = cluster() else { return };
+    let Some(conf) = rbd::test_cluster() else { return };
     let img = Image::open(&options(conf, "test")).expect("open rbd/test");
     assert_eq!(img.size(), 1 << 30, "ceph-peer's image is 1 GiB");
     run(async {
@@ -69,7 +54,7 @@ fn opens_the_image_with_its_size_and_reads_back_what_it_wrote() {
 /// itself refuses its writes (EROFS), before the protocols' own refusal.
 #[test]
 fn an_image_opened_read_only_reads_and_refuses_writes_itself() {
-    let Some(conf) = cluster() else { return };
+    let Some(conf) = rbd::test_cluster() else { return };
     let rw = Image::open(&options(conf.clone(), "test")).expect("open rbd/test");
     let ro = Image::open(&Options { read_only: true, ..options(conf, "test") }).expect("open rbd/test read-only");
     assert_eq!(ro.size(), rw.size());
@@ -91,7 +76,7 @@ fn an_image_opened_read_only_reads_and_refuses_writes_itself() {
 
 #[test]
 fn every_client_sees_the_same_cluster_fsid_and_image_id() {
-    let Some(conf) = cluster() else { return };
+    let Some(conf) = rbd::test_cluster() else { return };
     let a = Image::open(&options(conf.clone(), "test")).expect("open rbd/test");
     let b = Image::open(&options(conf, "test")).expect("open rbd/test again");
     assert_eq!(a.fsid().len(), 36, "an fsid is a UUID in text: {:?}", a.fsid());
@@ -101,7 +86,7 @@ fn every_client_sees_the_same_cluster_fsid_and_image_id() {
 
 #[test]
 fn many_concurrent_ios_complete_on_the_submitting_reactor() {
-    let Some(conf) = cluster() else { return };
+    let Some(conf) = rbd::test_cluster() else { return };
     let img = std::rc::Rc::new(Image::open(&options(conf, "test")).expect("open"));
     run(async {
         // More I/Os than completion slots: the rest wait for a free one.
@@ -130,7 +115,7 @@ fn many_concurrent_ios_complete_on_the_submitting_reactor() {
 
 #[test]
 fn write_zeroes_and_discard_and_compare_and_write() {
-    let Some(conf) = cluster() else { return };
+    let Some(conf) = rbd::test_cluster() else { return };
     let img = Image::open(&options(conf, "test")).expect("open");
     run(async {
         let off = 128u64 << 20;
@@ -172,7 +157,7 @@ fn write_zeroes_and_discard_and_compare_and_write() {
 
 #[test]
 fn a_miscompare_names_the_differing_byte_of_a_range_that_does_not_start_an_object() {
-    let Some(conf) = cluster() else { return };
+    let Some(conf) = rbd::test_cluster() else { return };
     let img = Image::open(&options(conf, "test")).expect("open");
     run(async {
         // The fourth sector of object 34 (4 MiB objects), as a 512-byte
@@ -195,7 +180,7 @@ fn a_miscompare_names_the_differing_byte_of_a_range_that_does_not_start_an_objec
 
 #[test]
 fn a_second_reactor_on_the_same_thread_gets_its_completions() {
-    let Some(conf) = cluster() else { return };
+    let Some(conf) = rbd::test_cluster() else { return };
     let img = Image::open(&options(conf, "test")).expect("open");
     let off = 140u64 << 20;
     run(async { img.write(off, pattern(4096, 31)).await.0.expect("write on the first reactor") });
@@ -222,7 +207,7 @@ fn a_second_reactor_on_the_same_thread_gets_its_completions() {
 
 #[test]
 fn missing_image_and_pool_are_named() {
-    let Some(conf) = cluster() else { return };
+    let Some(conf) = rbd::test_cluster() else { return };
     let e = Image::open(&options(conf.clone(), "no-such-image")).expect_err("missing image");
     assert!(matches!(e, Error::Image { .. }) && e.to_string().contains("rbd/no-such-image"), "{e}");
     let mut o = options(conf, "test");

@@ -250,21 +250,6 @@ impl Launch {
     }
 }
 
-/// The test cluster's configuration file, or `None` (with a message) when
-/// there is none outside CI. Under CI the rbd tests must run.
-pub fn ceph_cluster() -> Option<PathBuf> {
-    match std::env::var_os("IRONWIRE_CEPH_CONF") {
-        Some(p) => Some(PathBuf::from(p)),
-        None if std::env::var("CI").is_ok_and(|v| v == "true") => {
-            panic!("CI=true but IRONWIRE_CEPH_CONF is not set: scripts/test starts the Ceph cluster these tests need")
-        }
-        None => {
-            eprintln!("skipped: no Ceph cluster (set IRONWIRE_CEPH_CONF, as scripts/test does with ceph-peer)");
-            None
-        }
-    }
-}
-
 /// `ironwire ctl --socket SOCKET ARGS...`, the real client, bounded to 60 s:
 /// its stdout, or its stderr when it failed.
 pub fn ctl(socket: &Path, args: &[&str]) -> Result<String, String> {
