@@ -154,11 +154,14 @@ impl<D: BlockDevice> Queue<D> {
         let cid = sqe.cid.get();
         let fid = FeatureId((sqe.cdw10.get() & 0xff) as u8);
         let sel = (sqe.cdw10.get() >> 8) & 0x7;
-        if sel == 3 {
-            // Supported capabilities: nothing is saveable or per-namespace,
-            // everything listed is changeable.
-            return Outcome::Complete { cqe: Cqe::new(cid, Status::SUCCESS, 0b100), data: Vec::new() };
+        if sel > 3 {
+            // SEL 100b..111b are reserved.
+            return Outcome::status(cid, Status::INVALID_FIELD.dnr());
         }
+        // Supported capabilities (SEL 011b), of a feature this controller
+        // has (checked below): nothing is saveable or per-namespace,
+        // everything listed is changeable.
+        let capabilities = || Outcome::Complete { cqe: Cqe::new(cid, Status::SUCCESS, 0b100), data: Vec::new() };
         let s = ctrl.lock();
         let dw0 = match fid {
             FeatureId::KEEP_ALIVE_TIMER => s.kato_ms,
@@ -178,6 +181,7 @@ impl<D: BlockDevice> Queue<D> {
             FeatureId::ERROR_RECOVERY => s.error_recovery,
             FeatureId::INTERRUPT_COALESCING => s.irq_coalescing,
             FeatureId::WRITE_ATOMICITY => s.write_atomicity,
+            FeatureId::HOST_IDENTIFIER if sel == 3 => return capabilities(),
             FeatureId::HOST_IDENTIFIER => {
                 if sqe.cdw11.get() & 1 == 0 {
                     return Outcome::status(cid, Status::INVALID_FIELD.dnr());
@@ -187,6 +191,9 @@ impl<D: BlockDevice> Queue<D> {
             }
             _ => return Outcome::status(cid, Status::INVALID_FIELD.dnr()),
         };
+        if sel == 3 {
+            return capabilities();
+        }
         Outcome::Complete { cqe: Cqe::new(cid, Status::SUCCESS, dw0), data: Vec::new() }
     }
 }

@@ -162,8 +162,10 @@ impl<D: BlockDevice> Controller<D> {
         self.lock().kato_ms
     }
 
-    /// Whether the keep-alive timer expired at `now_ms`. Like nvmet, allow
-    /// the host one KATO of grace on top of its own interval.
+    /// Whether the keep-alive timer expired at `now_ms`: more than KATO
+    /// since the host's last keep-alive or command, as nvmet judges it
+    /// (a host sends them more often than the KATO it asked for: Linux
+    /// every half of it).
     pub fn keep_alive_expired(&self, now_ms: u64) -> bool {
         let kato = u64::from(self.kato_ms());
         kato != 0 && now_ms.saturating_sub(self.last_keep_alive_ms.load(Ordering::Relaxed)) > kato

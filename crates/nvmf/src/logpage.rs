@@ -17,7 +17,31 @@ pub(crate) fn build<D: BlockDevice>(
     glp: GetLogPage,
     local: SocketAddr,
 ) -> Result<Vec<u8>, Status> {
-    let page = match LogId(glp.lid) {
+    // A Get Log Page that fails changes nothing: the window is checked on
+    // a page built without clearing its event, and only then is a log
+    // that clears (without RAE) built again, clearing it.
+    let page = content(target, subsys, ctrl, GetLogPage { rae: true, ..glp }, local)?;
+    let Ok(start) = usize::try_from(glp.offset) else {
+        return Err(Status::INVALID_FIELD.dnr());
+    };
+    if start > page.len() || !glp.offset.is_multiple_of(4) {
+        return Err(Status::INVALID_FIELD.dnr());
+    }
+    let clears = matches!(LogId(glp.lid), LogId::CHANGED_NAMESPACES | LogId::ANA | LogId::DISCOVERY);
+    let page = if !glp.rae && clears { content(target, subsys, ctrl, glp, local)? } else { page };
+    // The caller pads or cuts the window to the length the SGL describes.
+    Ok(page.get(start..).unwrap_or_default().to_vec())
+}
+
+/// The whole log page `glp` names; read without RAE, its event is cleared.
+fn content<D: BlockDevice>(
+    target: &Target<D>,
+    subsys: &Subsystem<D>,
+    ctrl: &Controller<D>,
+    glp: GetLogPage,
+    local: SocketAddr,
+) -> Result<Vec<u8>, Status> {
+    Ok(match LogId(glp.lid) {
         LogId::ERROR => vec![0; log::ERROR_ENTRY_LEN],
         LogId::SMART => smart(),
         LogId::FIRMWARE_SLOT => {
@@ -57,15 +81,7 @@ pub(crate) fn build<D: BlockDevice>(
             discovery(target, &ctrl.hostnqn, local)
         }
         _ => return Err(Status::INVALID_LOG_PAGE.dnr()),
-    };
-    let Ok(start) = usize::try_from(glp.offset) else {
-        return Err(Status::INVALID_FIELD.dnr());
-    };
-    if start > page.len() || !glp.offset.is_multiple_of(4) {
-        return Err(Status::INVALID_FIELD.dnr());
-    }
-    // The caller pads or cuts the window to the length the SGL describes.
-    Ok(page.get(start..).unwrap_or_default().to_vec())
+    })
 }
 
 fn smart() -> Vec<u8> {

@@ -674,6 +674,28 @@ fn features_are_stored_and_number_of_queues_is_granted() {
     assert_eq!(status(&run(&mut a, &saved, None)), Status::FEATURE_NOT_SAVEABLE.dnr());
 }
 
+/// Get Features with SEL 011b (supported capabilities) answers only for a
+/// feature the controller has (NVMe base 2.0 5.27: an unsupported FID is
+/// Invalid Field, whatever SEL), and the reserved SEL values are refused.
+#[test]
+fn get_features_capabilities_only_of_features_that_exist() {
+    let t = target();
+    let (mut a, _) = admin(&t);
+    let get = |q: &mut Queue, fid: u8, sel: u32| {
+        let mut s = sqe(0x0a, 8);
+        s.cdw10 = (u32::from(fid) | (sel << 8)).into();
+        let (cqe, _) = cqe_of(run(q, &s, None));
+        (cqe.status(), cqe.dw0.get())
+    };
+    assert_eq!(get(&mut a, 0x0b, 3), (Status::SUCCESS, 0b100), "AEC: changeable");
+    assert_eq!(get(&mut a, 0x55, 3).0, Status::INVALID_FIELD.dnr(), "no such feature");
+    assert_eq!(get(&mut a, 0x06, 3).0, Status::INVALID_FIELD.dnr(), "no volatile write cache");
+    assert_eq!(get(&mut a, 0x0b, 4).0, Status::INVALID_FIELD.dnr(), "SEL 100b is reserved");
+    let mut d = discovery_admin(&t, HOST);
+    assert_eq!(get(&mut d, 0x07, 3).0, Status::INVALID_FIELD.dnr(), "no queues on a discovery controller");
+    assert_eq!(get(&mut d, 0x0f, 3).0, Status::SUCCESS);
+}
+
 /// A device with a volatile write cache, as file and block devices have.
 fn cached(name: &str) -> Arc<Described> {
     Arc::new(Described { backend: "file", volatile_write_cache: true, ..Described::new(name, 512, 2048) })
@@ -825,6 +847,27 @@ fn changed_namespace_list_is_ascending_and_overflows_past_1024() {
     sub.add_namespace(Namespace::new(SUB, 2, Arc::new(Described::new("n2", 512, 64)))).expect("add");
     let (_, changed) = get_log(&mut a, 0x04, 4096, 0);
     assert_eq!((u32_at(&changed, 0), u32_at(&changed, 4)), (2, 0), "reading it began a new list");
+}
+
+/// A Get Log Page that fails (an offset past the page) has no effect: the
+/// Changed Namespace List and its event are cleared only by a read that
+/// returns them (NVMe base 2.0 5.16: a failed command changes nothing).
+#[test]
+fn a_failed_get_log_page_clears_neither_the_log_nor_its_event() {
+    let t = target();
+    let (mut a, _) = admin(&t);
+    set_feature(&mut a, 0x0b, (1 << 8) | (1 << 11));
+    let sub = t.subsystem(SUB).expect("sub");
+    sub.add_namespace(Namespace::new(SUB, 5, Arc::new(Described::new("n5", 512, 2048)))).expect("add");
+    assert!(sub.set_ana_state(1, AnaState::INACCESSIBLE));
+    assert_eq!(get_log(&mut a, 0x04, 4096, 8192).0, Status::INVALID_FIELD.dnr(), "offset past the page");
+    assert_eq!(get_log(&mut a, 0x0c, 4096, 1 << 20).0, Status::INVALID_FIELD.dnr(), "offset past the page");
+    assert!(matches!(ex(&mut a, 0, &sqe(0x0c, 40)), Outcome::Deferred));
+    assert!(matches!(ex(&mut a, 0, &sqe(0x0c, 41)), Outcome::Deferred));
+    let events: Vec<u32> = std::iter::from_fn(|| a.poll_event()).map(|c| c.dw0.get()).collect();
+    assert_eq!(events, [nvme_spec::log::AEN_NS_CHANGED, nvme_spec::log::AEN_ANA_CHANGE], "both still to tell");
+    let (st, changed) = get_log(&mut a, 0x04, 4096, 0);
+    assert_eq!((st, u32_at(&changed, 0)), (Status::SUCCESS, 5), "the list is still there");
 }
 
 fn u32_at(b: &[u8], at: usize) -> u32 {
