@@ -184,8 +184,42 @@ struct Region<B> {
     access: Access,
     valid: bool,
     buf: B,
-    /// Payload bytes RDMA Writes placed in it.
-    written: usize,
+    /// Which of its bytes RDMA Writes placed.
+    written: Coverage,
+}
+
+/// The bytes of a region RDMA Writes placed: the run from its start, and
+/// up to [`COVERAGE_RUNS`] runs past a gap (a peer writing out of order;
+/// runs past those are not tracked, so the region reads as not covered).
+/// Nothing is allocated while the writes come in order.
+#[derive(Default)]
+struct Coverage {
+    front: usize,
+    runs: Vec<(usize, usize)>,
+}
+
+/// Runs past a gap a region tracks ([`Coverage`]).
+const COVERAGE_RUNS: usize = 16;
+
+impl Coverage {
+    /// Bytes `start..end` were placed.
+    fn add(&mut self, start: usize, end: usize) {
+        if start > self.front {
+            // A segment's pieces continue a run (placed as they arrive).
+            let room = self.runs.len() < COVERAGE_RUNS;
+            match self.runs.iter_mut().find(|(s, e)| start <= *e && end >= *s) {
+                Some(run) => *run = (run.0.min(start), run.1.max(end)),
+                None if room => self.runs.push((start, end)),
+                None => {}
+            }
+            return;
+        }
+        self.front = self.front.max(end);
+        while let Some(i) = self.runs.iter().position(|&(s, _)| s <= self.front) {
+            let (_, e) = self.runs.swap_remove(i);
+            self.front = self.front.max(e);
+        }
+    }
 }
 
 /// One of our RDMA Reads, in flight or waiting for ORD room.
@@ -1143,7 +1177,7 @@ impl<B: DataBuffer> Connection<B> {
                 if let Some(r) = self.regions.get_mut(*index).and_then(Option::as_mut) {
                     if let Some(dst) = r.buf.as_mut().get_mut(*offset..offset.saturating_add(n)) {
                         copy(&mut crc, dst);
-                        r.written = r.written.saturating_add(n);
+                        r.written.add(*offset, offset.saturating_add(n));
                     }
                 }
                 *offset = offset.saturating_add(n);
@@ -1531,17 +1565,18 @@ impl<B: DataBuffer> Connection<B> {
         self.next_key = self.next_key.wrapping_add(1);
         let stag = ((index as u32 & 0x007f_ffff) << 8) | u32::from(self.next_key);
         if let Some(slot) = self.regions.get_mut(index) {
-            *slot = Some(Region { stag, base, access, valid: true, buf, written: 0 });
+            *slot = Some(Region { stag, base, access, valid: true, buf, written: Coverage::default() });
         }
         stag
     }
 
-    /// How many payload bytes RDMA Writes have placed in `stag`'s region
-    /// since it was registered (a region written twice over counts twice):
-    /// a consumer can tell a buffer its peer never filled from one it did.
-    pub fn written(&self, stag: u32) -> Option<usize> {
+    /// How many bytes from the start of `stag`'s region RDMA Writes have
+    /// placed since it was registered, without a gap (bytes written twice
+    /// count once): a consumer can tell a buffer its peer filled from one
+    /// it left partly unwritten, which still holds older bytes.
+    pub fn covered(&self, stag: u32) -> Option<usize> {
         let index = self.region_index(stag)?;
-        Some(self.regions.get(index)?.as_ref()?.written)
+        Some(self.regions.get(index)?.as_ref()?.written.front)
     }
 
     /// Ends a registration and gives the buffer back.

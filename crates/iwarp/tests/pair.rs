@@ -894,3 +894,24 @@ fn read_requests_within_the_ird_are_served_once_the_answers_left() {
         assert_eq!(h.state(), State::Rdma);
     }
 }
+
+#[test]
+fn a_region_counts_the_bytes_covered_from_its_start_not_the_bytes_placed() {
+    let (mut h, mut t) = connected(host_cfg(true), target_cfg(true));
+    // The first half written twice: 4096 bytes placed, 2048 covered (the
+    // second half still holds what the buffer held before).
+    let twice = h.register(Buf(vec![0; 4096]), 0x1000, Access::RemoteWrite);
+    t.write(twice, 0x1000, &[5; 2048]);
+    t.write(twice, 0x1000, &[6; 2048]);
+    // Written out of order, in three pieces, the last closing the gap.
+    let shuffled = h.register(Buf(vec![0; 4096]), 0x8000, Access::RemoteWrite);
+    t.write(shuffled, 0x8000 + 3072, &[7; 1024]);
+    t.write(shuffled, 0x8000 + 1024, &[8; 2048]);
+    assert_eq!(h.covered(shuffled), Some(0), "nothing from the start yet");
+    pump(&mut t, &mut h, 100).unwrap();
+    assert_eq!(h.covered(twice), Some(2048));
+    assert_eq!(h.covered(shuffled), Some(0), "a gap at the start");
+    t.write(shuffled, 0x8000, &[9; 1024]);
+    pump(&mut t, &mut h, 100).unwrap();
+    assert_eq!(h.covered(shuffled), Some(4096));
+}

@@ -291,10 +291,10 @@ impl HostConnection {
         // A read buffer is reused without being cleared: a read the
         // controller completed without writing all of it would hand back
         // an earlier command's bytes as this one's.
-        let written = p.stag.and_then(|s| self.conn.written(s)).unwrap_or(0);
+        let covered = p.stag.and_then(|s| self.conn.covered(s)).unwrap_or(0);
         let buf = p.stag.and_then(|s| self.conn.deregister(s));
         let mut cqe = cqe;
-        if p.reading && buf.as_ref().is_some_and(|b| written < b.len()) && cqe.status().is_success() {
+        if p.reading && buf.as_ref().is_some_and(|b| covered < b.len()) && cqe.status().is_success() {
             cqe.set_status(Status::DATA_TRANSFER_ERROR);
         }
         let data = match buf {
