@@ -766,10 +766,12 @@ impl Conn {
     }
 
     /// GOOD status: read data (residual counted by the connection), or a
-    /// response with the write residual `residual`.
+    /// response with the write residual `residual`. Data of a command sent
+    /// without the R bit goes through the connection too, which sends none
+    /// of it and reports it all as overflow (RFC 7143 11.4.5.1).
     fn good(&self, task: TaskRef, read: bool, data: &[u8], residual: Option<Residual>) {
         let mut c = self.iscsi.borrow_mut();
-        if read {
+        if read || (!data.is_empty() && residual.is_none()) {
             c.send_data_in(task, data, Some(status::GOOD));
         } else {
             c.send_response(task, status::GOOD, None, residual);

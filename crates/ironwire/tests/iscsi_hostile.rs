@@ -297,3 +297,31 @@ fn unsolicited_writes_that_never_finish_are_held_to_the_write_budget() {
     }));
     d.assert_alive();
 }
+
+/// A command that returns data (INQUIRY) sent without the R bit and with
+/// Expected Data Transfer Length 0: none of its data can go, and the
+/// response says so as a residual overflow of all of it (RFC 7143
+/// 11.4.5.1), as it does for a READ sent the same way.
+#[test]
+fn data_in_an_initiator_did_not_ask_for_is_reported_as_overflow() {
+    let d = start("overflow", "");
+    let mut raw = common::iscsi_raw::Raw::login(&d, HOST, TARGET);
+    let (cmd_sn, exp_stat_sn, _, _) = raw.host.sequence();
+    let mut c = Bhs::new(Opcode::SCSI_CMD);
+    c.set_flags(flags::FINAL)
+        .set_itt(0x10)
+        .set_expected_data_transfer_length(0)
+        .set_cmd_sn(cmd_sn)
+        .set_exp_stat_sn(exp_stat_sn)
+        .set_cdb(&[0x12, 0, 0, 0, 36, 0]);
+    raw.send(&c, &[]);
+    let b = loop {
+        let (b, _) = raw.next();
+        if b.opcode() == Opcode::SCSI_RESP && b.itt() == 0x10 {
+            break b;
+        }
+        assert_ne!(b.opcode(), Opcode::DATA_IN, "Data-In for a command that expects none");
+    };
+    assert_eq!(b.byte3(), 0, "GOOD");
+    assert_eq!((b.flags() & flags::OVERFLOW, b.residual_count()), (flags::OVERFLOW, 36), "flags {:#04x}", b.flags());
+}

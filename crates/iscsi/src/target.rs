@@ -1354,11 +1354,19 @@ impl<B: DataBuffer> TargetConnection<B> {
         if !self.accept_cmd_sn(bhs) {
             return Ok(());
         }
+        // RFC 7143 11.18.5: the reflected data is limited to the
+        // initiator's MaxRecvDataSegmentLength, which may be smaller than
+        // ours (what the ping could carry).
+        let max = self.params.peer_max_recv_data_segment_length.max(512) as usize;
+        if data.len() > max {
+            log::debug!("iscsi: NOP-Out ping data of {} bytes echoed as its first {max}", data.len());
+        }
+        let echo = data.get(..data.len().min(max)).unwrap_or_default();
         let mut r = Bhs::new(Opcode::NOP_IN);
         r.set_flags(flags::FINAL).set_lun(bhs.lun()).set_itt(bhs.itt()).set_ttt(RESERVED_TAG);
         self.retire(bhs.immediate());
         self.stamp(&mut r, true);
-        self.send(&r, &[], data);
+        self.send(&r, &[], echo);
         Ok(())
     }
 
@@ -2216,6 +2224,9 @@ impl<B: DataBuffer> TargetConnection<B> {
                     self.finish_task(t.itt);
                     self.forget_itt(t.itt);
                 }
+            } else if self.tmf_pending.values().any(|p| p.scope.contains(&t)) {
+                // Another pending request still has it in its scope: it
+                // stays held back until that one is answered.
             } else if let Some(task) = self.task_mut(t) {
                 task.aborting = false;
                 let itt = t.itt;

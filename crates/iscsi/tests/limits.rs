@@ -88,11 +88,18 @@ fn logged_in(tc: TargetConfig) -> (Target, u32, u32) {
 /// As [`logged_in`], with InitialR2T and ImmediateData the opposite of
 /// each other as `r2t_only` says.
 fn logged_in_with(tc: TargetConfig, r2t_only: bool) -> (Target, u32, u32) {
+    logged_in_host(tc, |hc| {
+        hc.params.initial_r2t = r2t_only;
+        hc.params.immediate_data = !r2t_only;
+    })
+}
+
+/// As [`logged_in`], with the host's parameters as `host` sets them.
+fn logged_in_host(tc: TargetConfig, host: impl FnOnce(&mut HostConfig)) -> (Target, u32, u32) {
     let mut hc = HostConfig::new(INITIATOR, Some(TARGET));
     hc.params.header_digest = false;
     hc.params.data_digest = false;
-    hc.params.initial_r2t = r2t_only;
-    hc.params.immediate_data = !r2t_only;
+    host(&mut hc);
     let mut h = HostConnection::new(hc);
     let seed = Seed { tsih: 1, stat_sn: 10, chap_id: 1, chap_challenge: [7; 32] };
     let mut t = Target::new(tc, Arc::new(Open), seed);
@@ -362,4 +369,58 @@ fn a_write_with_all_its_data_immediate_is_not_refused_for_budget() {
         .any(|(b, _)| b.opcode() == Opcode::SCSI_RESP && b.itt() == 2 && b.byte3() == scsi_status::TASK_SET_FULL);
     assert!(!tsf, "a write with all its data already received was refused TASK SET FULL");
     assert_eq!(commands(&mut t).len(), 1, "B delivered");
+}
+
+/// A NOP-Out's ping data comes back in the NOP-In, which the initiator
+/// takes only up to the MaxRecvDataSegmentLength it declared (RFC 7143
+/// 11.18.5: "the length of the reflected data is limited to
+/// MaxRecvDataSegmentLength"): ping data longer than that (within what
+/// the target declared) is never echoed whole.
+#[test]
+fn nop_in_echo_never_passes_the_initiators_max_recv_data_segment_length() {
+    let (mut t, cmd_sn, _) = logged_in_host(config(), |hc| hc.params.max_recv_data_segment_length = 8192);
+    assert_eq!(t.params().peer_max_recv_data_segment_length, 8192);
+    assert!(t.params().max_recv_data_segment_length > 16384);
+    let mut nop = Bhs::new(Opcode::NOP_OUT);
+    nop.set_immediate(true).set_flags(flags::FINAL).set_itt(3).set_ttt(0xffff_ffff).set_cmd_sn(cmd_sn);
+    feed(&mut t, &nop, &[0x42; 16384]);
+    let mut bytes = Vec::new();
+    t.take_transmit(&mut bytes);
+    let b = Bhs::from_slice(&bytes).expect("an answer");
+    assert!(
+        b.data_segment_length() <= 8192,
+        "{:?} of {} bytes to an initiator that takes 8192",
+        b.opcode(),
+        b.data_segment_length()
+    );
+    assert_eq!(t.state(), State::FullFeature);
+}
+
+/// A write still collecting its data stays out of reach of the upper layer
+/// while any task management request whose scope holds it is pending:
+/// another request over the same task that is answered otherwise than
+/// "function complete" (here I_T NEXUS RESET, which the daemon does not
+/// support) does not let it run under the first one, whose "function
+/// complete" would then end a write that reached the device.
+#[test]
+fn a_refused_task_management_request_does_not_release_a_write_another_one_is_aborting() {
+    let (mut t, cmd_sn, _) = logged_in(config());
+    feed(&mut t, &write_cmd(5, cmd_sn, 4096), &[]);
+    let r2t = output(&mut t).into_iter().map(|p| p.0).find(|b| b.opcode() == Opcode::R2T).expect("an R2T");
+    // ABORT TASK SET over the write, left pending (the daemon waits for
+    // the LUN's running commands before it answers).
+    feed(&mut t, &tmf(7, cmd_sn.wrapping_add(1), TmfFunction::ABORT_TASK_SET, 0), &[]);
+    assert!(matches!(t.poll_event(), Some(Event::TaskMgmt { itt: 7, .. })));
+    // I_T NEXUS RESET over every task, refused.
+    feed(&mut t, &tmf(8, cmd_sn.wrapping_add(1), TmfFunction::I_T_NEXUS_RESET, 0), &[]);
+    assert!(matches!(t.poll_event(), Some(Event::TaskMgmt { itt: 8, .. })));
+    assert!(t.send_tmf_response(8, tmf_response::NOT_SUPPORTED));
+    output(&mut t);
+    // The write's data comes (the initiator sends what it was asked for).
+    let mut d = Bhs::new(Opcode::DATA_OUT);
+    d.set_flags(flags::FINAL).set_itt(5).set_ttt(r2t.ttt()).set_data_sn(0).set_buffer_offset(0);
+    feed(&mut t, &d, &[0x5a; 4096]);
+    assert!(commands(&mut t).is_empty(), "a write in a pending ABORT TASK SET's scope was handed on");
+    assert!(t.send_tmf_response(7, tmf_response::COMPLETE));
+    assert_eq!(t.open_tasks(), 0);
 }
