@@ -826,10 +826,12 @@ impl Config {
                 if !bs.is_power_of_two() || !(512..=65536).contains(&bs) {
                     bail!("{}: {bs} is not a power of two between 512 and 65536", f("block_size"));
                 }
-                if let Some(Size(sz)) = d.size {
-                    if sz == 0 || sz % u64::from(bs) != 0 {
-                        bail!("{}: {sz} bytes is not a non-zero multiple of block_size {bs}", f("size"));
-                    }
+            }
+            // Without `block_size` the device has 512-byte blocks (a block
+            // device's own, whose `size` is ignored).
+            if let (Some(bs), Some(Size(sz))) = (d.block_size.or((d.kind != "block").then_some(512)), d.size) {
+                if sz == 0 || sz % u64::from(bs) != 0 {
+                    bail!("{}: {sz} bytes is not a non-zero multiple of block_size {bs}", f("size"));
                 }
             }
         }
@@ -1375,6 +1377,32 @@ mod tests {
 
     fn err_of(text: &str) -> String {
         format!("{:#}", Config::parse(text).expect_err("should fail"))
+    }
+
+    /// Without `block_size`, a device has 512-byte blocks (`serve`'s
+    /// default), so `check-config` must refuse a `size` that `serve` then
+    /// cannot open: not a whole number of them, or 0.
+    #[test]
+    fn a_size_is_checked_against_the_default_block_size_too() {
+        let base = "[[port]]\naddress = \"127.0.0.1:4420\"\n";
+        for (kind, size) in [("null", "1000"), ("ram", "0"), ("ram", "1536000001")] {
+            let e = err_of(&format!("{base}[[device]]\nname = \"a\"\nkind = \"{kind}\"\nsize = {size}\n"));
+            assert!(e.contains("device[0] (a).size") && e.contains("block_size 512"), "{kind} {size}: {e}");
+            let d = DeviceConfig {
+                name: "a".into(),
+                kind: kind.into(),
+                size: Some(Size(size.parse().expect("bytes"))),
+                ..DeviceConfig::default()
+            };
+            assert!(crate::serve::open_device(&d, blockdev::Symlinks::Refuse).is_err(), "serve opens {kind} {size}");
+        }
+        let e =
+            err_of(&format!("{base}[[device]]\nname = \"a\"\nkind = \"file\"\npath = \"/tmp/a.img\"\nsize = 1000\n"));
+        assert!(e.contains("device[0] (a).size"), "{e}");
+        // A block device's size is its own: `size` is ignored there.
+        let ok = format!("{base}[[device]]\nname = \"a\"\nkind = \"block\"\npath = \"/dev/null\"\nsize = 1000\n");
+        assert!(Config::parse(&ok).is_ok());
+        Config::parse(&format!("{base}[[device]]\nname = \"a\"\nkind = \"null\"\nsize = 1024\n")).expect("2 blocks");
     }
 
     #[test]

@@ -564,9 +564,14 @@ impl Control {
             if before == Some(d) {
                 continue;
             }
-            // A new size alone opens nothing (a device in use grows in
-            // place): its path stays as it is.
+            // A new size alone extends the file (in place while a device
+            // uses it, or by opening it again): its path must be allowed as
+            // for adding it, but stays as it is, so the change remains a
+            // growth.
             if before.is_some_and(|b| b.same_but_size(d)) {
+                if let (Some(path), "file" | "block") = (&d.path, d.kind.as_str()) {
+                    self.allowed_path(path)?;
+                }
                 continue;
             }
             match d.kind.as_str() {

@@ -207,6 +207,10 @@ struct PortCounters {
     io: IoCounters,
     open: Counter,
     accepted: Counter,
+    /// Its address left the configuration ([`forget`]) while connections
+    /// it accepted were still open: the last of them to close on this
+    /// reactor takes it out of the table.
+    retired: std::sync::atomic::AtomicBool,
 }
 
 /// What a set of counters belongs to.
@@ -303,7 +307,11 @@ pub fn forget(keep_scope: impl Fn(&Scope) -> bool, keep_port: impl Fn(&SocketAdd
             }
             keep
         });
-        lock(&r.ports).retain(|(a, c)| keep_port(a) || c.open.get() != 0);
+        lock(&r.ports).retain(|(a, c)| {
+            let keep = keep_port(a);
+            c.retired.store(!keep, Ordering::Relaxed);
+            keep || c.open.get() != 0
+        });
     }
 }
 
@@ -401,6 +409,14 @@ impl Drop for Connection {
     fn drop(&mut self) {
         self.reactor.connections.set(self.reactor.connections.get().wrapping_sub(1));
         self.port.open.set(self.port.open.get().wrapping_sub(1));
+        // Under the table's lock, which `forget` holds while it retires:
+        // one of the two sees the other's change. Only this thread opens
+        // connections on these counters, so none comes in between.
+        let mut ports = lock(&self.reactor.ports);
+        if self.port.retired.load(Ordering::Relaxed) && self.port.open.get() == 0 {
+            ports.retain(|(_, c)| !Arc::ptr_eq(c, &self.port));
+        }
+        drop(ports);
         lock(&HOSTS).remove(&self.id);
     }
 }

@@ -340,6 +340,40 @@ fn device_add_opens_only_paths_allow_paths_allows_even_through_dot_dot_and_symli
     }
 }
 
+/// Growing a file device (`set device name= size=`) extends its file, so
+/// its path must be in `[control] allow_paths` as for adding one
+/// (docs/ctl.md): a file the configuration file put elsewhere is not
+/// extended through ctl, whether a namespace uses it (grown in place) or
+/// not (opened again).
+#[test]
+fn growing_a_file_device_needs_its_path_in_allow_paths() {
+    let d = Daemon::start_with("ctl-grow-allow", |dir, port| {
+        for sub in ["allowed", "outside"] {
+            std::fs::create_dir_all(dir.join(sub)).expect("dir");
+        }
+        let devices = format!(
+            "[[device]]\nname = \"used\"\nkind = \"file\"\npath = \"{0}/outside/used.img\"\nsize = \"1MiB\"\n\n\
+             [[device]]\nname = \"idle\"\nkind = \"file\"\npath = \"{0}/outside/idle.img\"\nsize = \"1MiB\"\n\n",
+            dir.display()
+        );
+        let base = config(port, &format!("allow_paths = [\"{}/allowed/\"]", dir.display()));
+        let base = base.replace("device = \"r\"\n", "device = \"r\"\n[[subsystem.namespace]]\ndevice = \"used\"\n");
+        format!("{devices}{base}")
+    });
+    let (dir, sock) = (d.dir.clone(), d.dir.join("ctl.sock"));
+    for name in ["used", "idle"] {
+        let e = ctl(&sock, &format!("set device name={name} size=2MiB")).expect_err("outside allow_paths");
+        assert!(e.contains("outside [control] allow_paths"), "{name}: {e}");
+        let len = std::fs::metadata(dir.join(format!("outside/{name}.img"))).map(|m| m.len()).ok();
+        assert_eq!(len, Some(1 << 20), "{name}: the file outside allow_paths was extended");
+    }
+    let shown = ctl(&sock, "show").expect("show");
+    assert!(
+        shown.contains("device used file blocks=2048") && shown.contains("device idle file blocks=2048"),
+        "{shown}"
+    );
+}
+
 #[test]
 fn device_add_refuses_a_symlinked_directory_and_opens_allowed_paths_as_resolved() {
     let mut d = Daemon::start_with("ctl-nosym", |dir, port| {

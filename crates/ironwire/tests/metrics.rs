@@ -447,3 +447,47 @@ fn removed_namespaces_and_luns_leave_the_metrics_and_come_back_counted_afresh() 
         assert_eq!(reads(&back, "lun", &lun(2)), 3.0, "{back}");
     }));
 }
+
+/// A port removed while a connection it accepted is still open keeps its
+/// series until that connection closes, and then leaves them
+/// (docs/observability.md), without waiting for another change.
+#[test]
+fn a_removed_port_leaves_the_metrics_once_its_last_connection_closes() {
+    let d = start("port-forget");
+    let sock = d.dir.join("ctl.sock");
+    let free = std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("a free port");
+    let extra = SocketAddr::from(([127, 0, 0, 1], free.port()));
+    ctl(&sock, &["add", "port", &format!("address={extra}")]);
+    let series = format!("ironwire_port_connections{{port=\"{extra}\"}}");
+    let open = |want: f64| {
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            let text = scrape(&d);
+            let now = text.lines().find(|l| l.starts_with(&series)).map(|_| value(&text, &series));
+            if now == Some(want) || std::time::Instant::now() > deadline {
+                return (now, text);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    };
+    let conn = TcpStream::connect(extra).expect("connect to the added port");
+    assert_eq!(open(1.0).0, Some(1.0), "the connection is counted");
+    ctl(&sock, &["remove", "port", &format!("address={extra}")]);
+    let (still, text) = open(1.0);
+    assert_eq!(still, Some(1.0), "removed, but its connection is open: still reported\n{text}");
+    drop(conn);
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let text = scrape(&d);
+        if !text.contains(&format!("port=\"{extra}\"")) {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the removed port is still reported after its last connection closed:\n{text}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let stats = ctl(&sock, &["stats", "--json"]);
+    assert!(!stats.contains(&extra.to_string()), "{stats}");
+}
