@@ -118,6 +118,12 @@ fn load(path: &std::path::Path) -> Result<config::Config> {
     config::Config::parse(&text).with_context(|| format!("in {}", path.display()))
 }
 
+/// The configuration file `serve` reads: `--config`'s, else `default`
+/// when it exists, else none (the embedded default).
+fn config_file(given: Option<PathBuf>, default: &std::path::Path) -> Option<PathBuf> {
+    given.or_else(|| default.exists().then(|| default.to_path_buf()))
+}
+
 #[global_allocator]
 static ALLOCATOR: alloc::Counting = alloc::Counting;
 
@@ -146,11 +152,15 @@ fn real_main() -> Result<()> {
         }
         Command::Bench { command } => bench::main(command),
         Command::Serve { config, cores, ctl_socket, persist } => {
+            // The file read is the one `ctl reload` and SIGHUP read again.
+            let given = config.is_some();
+            let config = config_file(config, std::path::Path::new(DEFAULT_CONFIG));
             let mut cfg = match &config {
-                Some(p) => load(p)?,
-                None if std::path::Path::new(DEFAULT_CONFIG).exists() => {
-                    eprintln!("ironwire: no --config: using {DEFAULT_CONFIG}");
-                    load(std::path::Path::new(DEFAULT_CONFIG))?
+                Some(p) => {
+                    if !given {
+                        eprintln!("ironwire: no --config: using {}", p.display());
+                    }
+                    load(p)?
                 }
                 None => {
                     eprintln!("ironwire: no --config and no {DEFAULT_CONFIG}: using the embedded default");
@@ -202,5 +212,25 @@ fn real_main() -> Result<()> {
             );
             Ok(())
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Without `--config`, the default file `serve` reads is also the one
+    /// reloads read again (it was "started without --config" to them).
+    #[test]
+    fn serve_without_config_reads_and_reloads_the_default_file_when_there_is_one() {
+        let dir = std::env::temp_dir().join(format!("ironwire-default-config-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let default = dir.join("ironwire.toml");
+        assert_eq!(config_file(None, &default), None, "no file: the embedded default");
+        std::fs::write(&default, "").expect("write");
+        assert_eq!(config_file(None, &default), Some(default.clone()));
+        let given = dir.join("other.toml");
+        assert_eq!(config_file(Some(given.clone()), &default), Some(given));
+        std::fs::remove_dir_all(&dir).expect("clean up");
     }
 }
