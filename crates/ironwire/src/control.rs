@@ -809,6 +809,16 @@ fn glob(pattern: &[u8], name: &[u8]) -> bool {
 /// directory. A temporary file a crash left behind is replaced by the
 /// next write from a process with the same PID.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
+    // A symlink is written through: the file it names is replaced and the
+    // link stays (a configuration kept elsewhere and linked into /etc).
+    let resolved;
+    let path = if std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_symlink()) {
+        resolved =
+            std::fs::canonicalize(path).with_context(|| format!("{}: the file its symlink names", path.display()))?;
+        resolved.as_path()
+    } else {
+        path
+    };
     let dir = match path.parent() {
         Some(d) if !d.as_os_str().is_empty() => d,
         _ => Path::new("."),
@@ -936,6 +946,22 @@ mod tests {
         assert!(m("/srv/img", "/srv/img"));
         assert!(!m("/srv/img", "/srv/img2"));
         assert!(m("/srv/*.img", "/srv/a.img") && !m("/srv/*.img", "/srv/a/b.img"));
+    }
+
+    /// A configuration file linked in from elsewhere stays linked: the
+    /// file the link names gets the new bytes.
+    #[test]
+    fn write_atomic_writes_through_a_symlink() {
+        let dir = std::env::temp_dir().join(format!("ironwire-test-wa-link-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(dir.join("kept")).expect("mkdir");
+        let (file, link) = (dir.join("kept/ironwire.toml"), dir.join("ironwire.toml"));
+        std::fs::write(&file, "old\n").expect("write");
+        std::os::unix::fs::symlink(&file, &link).expect("symlink");
+        super::write_atomic(&link, b"new\n").expect("write through the link");
+        assert!(std::fs::symlink_metadata(&link).expect("link").file_type().is_symlink(), "the link was replaced");
+        assert_eq!(std::fs::read_to_string(&file).expect("read"), "new\n");
+        std::fs::remove_dir_all(&dir).expect("clean up");
     }
 
     /// write_atomic keeps the old file's owner where it may: a daemon that
