@@ -1069,7 +1069,18 @@ impl Config {
         }
         self.validate_limits()?;
         self.control.validate()?;
-        self.metrics.addr()?;
+        if let Some(m) = self.metrics.addr()? {
+            // Both would bind it: `serve` would fail at start, or a reactor
+            // at the port change.
+            let clash = |a: SocketAddr| {
+                a.port() == m.port()
+                    && a.is_ipv4() == m.is_ipv4()
+                    && (a.ip() == m.ip() || a.ip().is_unspecified() || m.ip().is_unspecified())
+            };
+            if let Some(i) = self.port.iter().position(|p| p.address.parse().is_ok_and(clash)) {
+                bail!("metrics.listen: {m} is taken by port[{i}] ({})", self.port[i].address);
+            }
+        }
         check_cores(&self.reactor.cores)
     }
 
@@ -1323,6 +1334,11 @@ mod tests {
         assert_eq!(Config::parse(base).expect("config").metrics.addr().expect("addr"), None);
         let on = Config::parse(&format!("{base}[metrics]\nlisten = \"127.0.0.1:9466\"\n")).expect("config");
         assert_eq!(on.metrics.addr().expect("addr"), Some("127.0.0.1:9466".parse().expect("addr")));
+        let e = err_of(&format!("{base}[metrics]\nlisten = \"127.0.0.1:4420\"\n"));
+        assert!(e.contains("metrics.listen: 127.0.0.1:4420 is taken by port[0]"), "{e}");
+        let e = err_of(&format!("{base}[metrics]\nlisten = \"0.0.0.0:4420\"\n"));
+        assert!(e.contains("is taken by port[0]"), "{e}");
+        Config::parse(&format!("{base}[metrics]\nlisten = \"127.0.0.2:4420\"\n")).expect("another address");
         let e = err_of(&format!("{base}[metrics]\nlisten = \"localhost\"\n"));
         assert!(e.contains("metrics.listen: \"localhost\" is not an IP:PORT address"), "{e}");
         let e = err_of(&format!("{base}[metrics]\nport = 9466\n"));
