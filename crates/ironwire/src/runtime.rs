@@ -360,21 +360,25 @@ pub fn capacity_changed(live: &Live, dev: &Arc<Device>) {
 
 fn apply_nvme(live: &Live, devices: &HashMap<String, Arc<Device>>, old: &Config, new: &Config) -> Result<()> {
     let target = &live.target;
-    for s in old.subsystem.iter().filter(|s| !new.subsystem.iter().any(|n| n.nqn == s.nqn)) {
-        let gone = target.remove_subsystem(&s.nqn).map_err(anyhow::Error::msg)?;
+    // The subsystems removed or made anew go first, all at once: one that a
+    // host connected to since the checks makes the change fail here,
+    // before anything else has changed (and every step after this one
+    // cannot fail).
+    let doomed: Vec<&str> = old
+        .subsystem
+        .iter()
+        .filter(|o| new.subsystem.iter().find(|n| n.nqn == o.nqn).is_none_or(|n| recreated(o, n)))
+        .map(|o| o.nqn.as_str())
+        .collect();
+    for gone in target.remove_subsystems(&doomed).map_err(anyhow::Error::msg)? {
         wait_for_namespaces(&gone);
-        log::info!("removed subsystem {}", s.nqn);
+        if !new.subsystem.iter().any(|n| n.nqn == gone.nqn) {
+            log::info!("removed subsystem {}", gone.nqn);
+        }
     }
     for s in &new.subsystem {
         let before = old.subsystem.iter().find(|o| o.nqn == s.nqn);
-        let mut live_s = target.subsystem(&s.nqn);
-        if before.is_some_and(|b| recreated(b, s)) {
-            // Checked above: no controller is connected.
-            let gone = target.remove_subsystem(&s.nqn).map_err(anyhow::Error::msg)?;
-            wait_for_namespaces(&gone);
-            live_s = None;
-        }
-        let live_s = match live_s {
+        let live_s = match target.subsystem(&s.nqn) {
             Some(l) => l,
             None => {
                 log::info!("added subsystem {}", s.nqn);

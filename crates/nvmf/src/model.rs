@@ -518,19 +518,25 @@ impl<D: BlockDevice> Target<D> {
         self.subsystems.read().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
-    /// Removes a subsystem that no controller is connected to; the error
-    /// says why it stays.
-    pub fn remove_subsystem(&self, nqn: &str) -> Result<Arc<Subsystem<D>>, String> {
+    /// Removes the subsystems `nqns` all at once, or none of them: the error
+    /// names the first one a controller is connected to (or that does not
+    /// exist).
+    pub fn remove_subsystems(&self, nqns: &[&str]) -> Result<Vec<Arc<Subsystem<D>>>, String> {
         let mut list = self.subsystems.write().unwrap_or_else(|e| e.into_inner());
-        let at = list.iter().position(|s| s.nqn == nqn).ok_or_else(|| format!("no subsystem {nqn}"))?;
-        let live = list.get(at).map_or(0, |s| s.controller_count());
-        if live > 0 {
-            return Err(format!("subsystem {nqn} has {live} connected controller(s); disconnect them first"));
+        for nqn in nqns {
+            let s = list.iter().find(|s| s.nqn == *nqn).ok_or_else(|| format!("no subsystem {nqn}"))?;
+            let live = s.controller_count();
+            if live > 0 {
+                return Err(format!("subsystem {nqn} has {live} connected controller(s); disconnect them first"));
+            }
         }
-        let s = list.remove(at);
+        let (gone, kept): (Vec<_>, Vec<_>) = list.drain(..).partition(|s| nqns.contains(&s.nqn.as_str()));
+        *list = kept;
         drop(list);
-        self.discovery_log_changed(|host| s.allows(host));
-        Ok(s)
+        for s in &gone {
+            self.discovery_log_changed(|host| s.allows(host));
+        }
+        Ok(gone)
     }
 
     /// Registers a listening port for the discovery log. Port IDs are

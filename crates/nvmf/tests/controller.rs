@@ -1214,13 +1214,17 @@ fn a_subsystem_with_a_controller_is_not_removed_and_an_idle_one_is() {
     let t = target();
     let gen = t.genctr();
     let (q, _) = admin(&t);
-    let e = t.remove_subsystem(SUB).expect_err("a controller is connected");
-    assert!(e.contains("1 connected controller"), "{e}");
-    assert!(t.subsystem(SUB).is_some());
-    t.remove_subsystem(SECRET).expect("no controller on it");
+    // All or nothing: the idle one stays too when the other has a
+    // controller (a change that removes both changes nothing).
+    let e = t.remove_subsystems(&[SECRET, SUB]).expect_err("a controller is connected");
+    assert!(e.contains(&format!("subsystem {SUB} has 1 connected controller")), "{e}");
+    assert!(t.subsystem(SUB).is_some() && t.subsystem(SECRET).is_some(), "removed in part");
+    assert_eq!(t.genctr(), gen, "the discovery log changed for nothing");
+    let gone = t.remove_subsystems(&[SECRET]).expect("no controller on it");
+    assert_eq!(gone.iter().map(|s| s.nqn.as_str()).collect::<Vec<_>>(), [SECRET]);
     assert!(t.subsystem(SECRET).is_none());
     assert!(t.genctr() > gen, "the discovery log changed");
-    assert!(t.remove_subsystem(SECRET).is_err(), "already gone");
+    assert!(t.remove_subsystems(&[SECRET]).is_err(), "already gone");
     drop(q);
 }
 
@@ -1297,7 +1301,7 @@ fn a_discovery_log_change_is_told_only_to_the_hosts_whose_log_changed() {
     reread(&mut a, 42);
     reread(&mut b, 52);
     // Removed while nobody may reach it: no host's log changes.
-    t.remove_subsystem("nqn.2026-11.io.ironwire:b-only").expect("remove");
+    t.remove_subsystems(&["nqn.2026-11.io.ironwire:b-only"]).expect("remove");
     assert_eq!((told(&mut a), told(&mut b)), (None, None));
     // A port: every host's log has the discovery entry of it.
     t.add_port("127.0.0.1:4431".parse().expect("addr"), TCP, false);
