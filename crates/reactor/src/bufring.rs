@@ -272,7 +272,10 @@ pub(crate) fn recycle_in(core: &Core, bid: u16) {
 /// ```
 pub struct RecvBuf<'a> {
     bytes: &'a [u8],
-    bid: Option<u16>,
+    /// The buffer, and the runtime whose ring it is
+    /// ([`crate::rt::Core::serial`]): dropped under a later runtime of
+    /// the thread, it belongs to no ring there.
+    bid: Option<(u16, u64)>,
     /// Given back to this thread's ring when dropped: never moved to
     /// another thread.
     _ring: crate::ThreadBound,
@@ -288,8 +291,12 @@ impl std::ops::Deref for RecvBuf<'_> {
 
 impl Drop for RecvBuf<'_> {
     fn drop(&mut self) {
-        if let Some(bid) = self.bid {
-            try_with_core(|c| recycle_in(c, bid));
+        if let Some((bid, ring)) = self.bid {
+            try_with_core(|c| {
+                if c.serial() == ring {
+                    recycle_in(c, bid);
+                }
+            });
         }
     }
 }
@@ -298,14 +305,30 @@ impl Drop for RecvBuf<'_> {
 /// buffer ring, or one-shot into its own buffer.
 pub struct Receiver {
     fd: Rc<Socket>,
-    /// The armed multishot receive.
+    /// The armed multishot receive: its slot, valid only under the
+    /// runtime whose serial is `multi_ring` (a receiver kept past its
+    /// runtime must not take the next runtime's slot of that number).
     multi: Option<u32>,
+    multi_ring: u64,
     own: Vec<u8>,
 }
 
 impl Receiver {
     pub(crate) fn new(stream: &TcpStream) -> Receiver {
-        Receiver { fd: stream.socket().clone(), multi: None, own: Vec::new() }
+        Receiver { fd: stream.socket().clone(), multi: None, multi_ring: 0, own: Vec::new() }
+    }
+
+    /// The armed multishot receive's slot, if it is this thread's current
+    /// runtime's (one armed under a runtime that is gone is forgotten: that
+    /// runtime cancelled it when it ended).
+    fn armed(&mut self) -> Option<u32> {
+        let idx = self.multi?;
+        if try_with_core(|c| c.serial()) == Some(self.multi_ring) {
+            Some(idx)
+        } else {
+            self.multi = None;
+            None
+        }
     }
 
     fn ring_ready() -> bool {
@@ -318,13 +341,14 @@ impl Receiver {
             return self.recv_oneshot().await;
         }
         loop {
-            let idx = match self.multi {
+            let idx = match self.armed() {
                 Some(i) => i,
                 None => {
                     let (fd, flags) = self.fd.target();
                     let entry = opcode::RecvMulti::new(fd, GROUP).build().flags(flags);
-                    let i = with_core(|c| c.push(entry, c.new_multi()));
+                    let (i, ring) = with_core(|c| (c.push(entry, c.new_multi()), c.serial()));
                     self.multi = Some(i);
+                    self.multi_ring = ring;
                     i
                 }
             };
@@ -361,7 +385,7 @@ impl Receiver {
     /// buffer, with `TcpStream::read`) without reordering them.
     pub async fn recv_stopped(&mut self) -> io::Result<Option<RecvBuf<'_>>> {
         loop {
-            let Some(idx) = self.multi else { return Ok(None) };
+            let Some(idx) = self.armed() else { return Ok(None) };
             match std::future::poll_fn(|cx| with_core(|c| c.poll_multi(idx, cx))).await {
                 None => {
                     self.multi = None;
@@ -382,7 +406,7 @@ impl Receiver {
     /// multishot receive still armed the bytes could come out of order, so
     /// that is refused.
     pub async fn read_into<B: IoBufMut>(&mut self, mut buf: B) -> (io::Result<usize>, B) {
-        if self.multi.is_some() {
+        if self.armed().is_some() {
             return (Err(io::Error::other("read_into while a multishot receive is armed")), buf);
         }
         let len = buf.bytes_total();
@@ -405,7 +429,7 @@ impl Receiver {
     /// so that its peer cannot fill the buffers every connection on the
     /// reactor receives into. One-shot receives hold nothing: no-op.
     pub fn pause(&mut self) {
-        if let Some(idx) = self.multi {
+        if let Some(idx) = self.armed() {
             try_with_core(|c| c.cancel(idx));
         }
     }
@@ -432,13 +456,13 @@ fn multishot_result<'a>(res: i32, flags: u32) -> io::Result<Option<RecvBuf<'a>>>
         let Some(bid) = bid else {
             return Err(io::Error::other("multishot receive completed without a buffer"));
         };
-        let ptr = with_core(|c| c.bufring.borrow().as_ref().map(|r| r.buf_ptr(bid)));
-        let Some(ptr) = ptr else { return Err(io::Error::other("receive buffer ring vanished")) };
+        let ptr = with_core(|c| c.bufring.borrow().as_ref().map(|r| (r.buf_ptr(bid), c.serial())));
+        let Some((ptr, ring)) = ptr else { return Err(io::Error::other("receive buffer ring vanished")) };
         // SAFETY: the kernel wrote `res` bytes into buffer `bid`, which is
         // ours until given back (when the RecvBuf drops); the mapping
         // outlives the reactor's tasks.
         let bytes = unsafe { std::slice::from_raw_parts(ptr, res as usize) };
-        return Ok(Some(RecvBuf { bytes, bid: Some(bid), _ring: crate::ThreadBound::default() }));
+        return Ok(Some(RecvBuf { bytes, bid: Some((bid, ring)), _ring: crate::ThreadBound::default() }));
     }
     if let Some(b) = bid {
         try_with_core(|c| recycle_in(c, b));
@@ -452,9 +476,9 @@ fn multishot_result<'a>(res: i32, flags: u32) -> io::Result<Option<RecvBuf<'a>>>
 
 impl Drop for Receiver {
     fn drop(&mut self) {
-        if let Some(idx) = self.multi.take() {
+        if let Some(idx) = self.armed() {
             let fd = self.fd.clone();
-            try_with_core(|c| c.abandon(idx, Some(Box::new(fd))));
+            try_with_core(|c| c.abandon(idx, Some(Box::new(crate::rt::Plain(fd)))));
         }
     }
 }

@@ -4,9 +4,11 @@
 //! read completes add up into one wake-up. An idle reactor sleeps in the
 //! kernel until then: nothing polls.
 
+use crate::op::Op;
+use io_uring::{opcode, types};
 use std::cell::RefCell;
 use std::io;
-use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::Arc;
 
 /// The reactor's side: waits for rings. Not `Send`; make it on the
@@ -37,10 +39,24 @@ impl Doorbell {
     /// Waits until the doorbell was rung (at once if it was rung since the
     /// last wait). Not for two waiters at a time.
     pub async fn wait(&self) -> io::Result<()> {
-        let counter = self.counter.borrow_mut().take().unwrap_or_else(|| vec![0; 8]);
-        let (res, counter) = crate::fs::read_at(self.fd.as_fd(), counter, 0).await;
-        *self.counter.borrow_mut() = Some(counter);
-        res.map(drop)
+        let mut counter = self.counter.borrow_mut().take().unwrap_or_default();
+        counter.clear();
+        counter.reserve(8);
+        let entry = opcode::Read::new(types::Fd(self.fd.as_raw_fd()), counter.as_mut_ptr(), 8).build();
+        // The read owns the descriptor's `Arc` (it stays open until the
+        // kernel is done, whenever the Doorbell drops). A wait dropped
+        // after its read took the count (a `timeout` or `race` that ended
+        // the same turn) rings again, so the next wait sees the ring.
+        let done = Op::submit(entry, (counter, self.fd.clone())).on_lost(ring_again).await;
+        *self.counter.borrow_mut() = Some(done.data.0);
+        crate::op::result(done.res).map(drop)
+    }
+}
+
+/// The result of a doorbell read nobody took: the count it read, put back.
+fn ring_again(data: &(Vec<u8>, Arc<OwnedFd>), res: i32) {
+    if res > 0 {
+        Ringer(data.1.clone()).ring();
     }
 }
 

@@ -18,6 +18,8 @@ pub mod net;
 mod op;
 mod rt;
 #[cfg(test)]
+mod safety_tests;
+#[cfg(test)]
 mod thread_bound;
 
 pub use bufring::{register_receive_buffers, Receiver, RecvBuf, DEFAULT_BUFFERS, DEFAULT_BUFFER_SIZE};

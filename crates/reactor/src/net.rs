@@ -109,13 +109,16 @@ fn with_std<R>(fd: RawFd, f: impl FnOnce(&std::net::TcpStream) -> R) -> R {
 /// socket closes as a plain descriptor would.
 pub(crate) struct Socket {
     fd: OwnedFd,
-    slot: Option<u32>,
+    /// The slot, and the runtime ([`crate::rt::Core::serial`]) whose ring
+    /// holds it: under a later runtime of the thread (a socket kept from
+    /// one `block_on` to the next) that number is another socket's.
+    slot: Option<(u32, u64)>,
 }
 
 impl Socket {
     /// Adopts `fd`, registering it with this thread's ring if it can.
     fn new(fd: OwnedFd) -> Socket {
-        let slot = crate::rt::try_with_core(|c| c.register_file(fd.as_raw_fd())).flatten();
+        let slot = crate::rt::try_with_core(|c| c.register_file(fd.as_raw_fd()).map(|s| (s, c.serial()))).flatten();
         Socket { fd, slot }
     }
 
@@ -124,8 +127,10 @@ impl Socket {
     pub(crate) fn target(&self) -> (types::Fd, squeue::Flags) {
         match self.slot {
             // A slot is below the table's size, which fits an i32.
-            Some(slot) => (types::Fd(slot as i32), squeue::Flags::FIXED_FILE),
-            None => (types::Fd(self.fd.as_raw_fd()), squeue::Flags::empty()),
+            Some((slot, ring)) if crate::rt::try_with_core(|c| c.serial()) == Some(ring) => {
+                (types::Fd(slot as i32), squeue::Flags::FIXED_FILE)
+            }
+            _ => (types::Fd(self.fd.as_raw_fd()), squeue::Flags::empty()),
         }
     }
 }
@@ -138,8 +143,14 @@ impl AsRawFd for Socket {
 
 impl Drop for Socket {
     fn drop(&mut self) {
-        if let Some(slot) = self.slot {
-            crate::rt::try_with_core(|c| c.unregister_file(slot));
+        if let Some((slot, ring)) = self.slot {
+            // Only in the ring that holds it (a ring that is gone let go of
+            // its table when it closed).
+            crate::rt::try_with_core(|c| {
+                if c.serial() == ring {
+                    c.unregister_file(slot);
+                }
+            });
         }
     }
 }
@@ -183,7 +194,9 @@ impl TcpListener {
         let entry = opcode::Accept::new(types::Fd(self.fd.as_raw_fd()), std::ptr::null_mut(), std::ptr::null_mut())
             .flags(libc::SOCK_CLOEXEC)
             .build();
-        let done = Op::submit(entry, self.fd.clone()).await;
+        // Dropped after the kernel accepted (a timeout or race that ended
+        // the same turn), the new connection is closed, not leaked.
+        let done = Op::submit(entry, self.fd.clone()).on_lost(close_accepted).await;
         let fd = result(done.res)?;
         // SAFETY: accept returned a fresh descriptor we now own.
         let fd = unsafe { OwnedFd::from_raw_fd(fd as RawFd) };
@@ -191,6 +204,15 @@ impl TcpListener {
         let peer = stream.peer_addr()?;
         stream.zc_min = zero_copy_min(stream.local_addr(), Ok(peer));
         Ok((stream, peer))
+    }
+}
+
+/// The result of an accept nobody took: the descriptor it made, closed.
+fn close_accepted(_: &Rc<OwnedFd>, res: i32) {
+    if res >= 0 {
+        // SAFETY: the kernel made this descriptor for the dropped accept;
+        // nothing else knows it.
+        drop(unsafe { OwnedFd::from_raw_fd(res) });
     }
 }
 
@@ -256,7 +278,7 @@ impl TcpStream {
     /// Whether operations name the socket by its slot in the ring's table
     /// of registered files ([`crate::Features::fixed_files`]).
     pub fn is_registered(&self) -> bool {
-        self.fd.slot.is_some()
+        self.fd.target().1.contains(squeue::Flags::FIXED_FILE)
     }
 
     /// Sets TCP_NODELAY.

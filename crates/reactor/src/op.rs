@@ -6,7 +6,7 @@
 //! submitted, so dropped before that, the operation submits first, while
 //! the borrow still keeps the number open.
 
-use crate::rt::{with_core, OpState};
+use crate::rt::{with_core, Kept, OnLost, OpState, Plain};
 use io_uring::squeue;
 use std::future::Future;
 use std::pin::Pin;
@@ -14,10 +14,17 @@ use std::task::{Context, Poll};
 
 pub(crate) struct Op<T: 'static> {
     idx: u32,
+    /// The runtime whose slot `idx` is ([`crate::rt::Core::serial`]): a
+    /// future kept past it must not act on the next runtime's slot of
+    /// that number.
+    ring: u64,
     data: Option<T>,
     done: bool,
     /// The entry names a descriptor the caller only borrowed.
     borrowed_fd: bool,
+    /// What to do with a result that comes (or came) after the future was
+    /// dropped: undo it (close the descriptor an accept made).
+    on_lost: Option<fn(&T, i32)>,
     /// Neither `Send` nor `Sync`: `idx` is a slot of the submitting
     /// thread's ring, and only that thread may cancel it or free `data`
     /// (dropped elsewhere, the kernel would write into freed memory).
@@ -35,8 +42,16 @@ impl<T: 'static> Op<T> {
     /// Queues `entry`, whose pointers point into `data` (heap memory that
     /// does not move with it).
     pub(crate) fn submit(entry: squeue::Entry, data: T) -> Op<T> {
-        let idx = with_core(|c| c.push(entry, OpState::Waiting(None)));
-        Op { idx, data: Some(data), done: false, borrowed_fd: false, _ring: crate::ThreadBound::default() }
+        let (idx, ring) = with_core(|c| (c.push(entry, OpState::Waiting(None)), c.serial()));
+        Op {
+            idx,
+            ring,
+            data: Some(data),
+            done: false,
+            borrowed_fd: false,
+            on_lost: None,
+            _ring: crate::ThreadBound::default(),
+        }
     }
 
     /// As [`Op::submit`], for an entry naming a descriptor that the
@@ -49,6 +64,15 @@ impl<T: 'static> Op<T> {
         op.borrowed_fd = true;
         op
     }
+
+    /// Calls `f` with the data and the result when the operation
+    /// completes but its future was dropped first: a result that made
+    /// something (an accepted descriptor) or took something (a doorbell's
+    /// ring) is undone rather than lost.
+    pub(crate) fn on_lost(mut self, f: fn(&T, i32)) -> Op<T> {
+        self.on_lost = Some(f);
+        self
+    }
 }
 
 // Nothing in an Op is pinned in place: the kernel sees only heap memory
@@ -59,8 +83,12 @@ impl<T: 'static> Future for Op<T> {
     type Output = Completed<T>;
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Completed<T>> {
-        let idx = self.idx;
-        match with_core(|c| c.poll_op(idx, cx)) {
+        let (idx, ring) = (self.idx, self.ring);
+        let polled = with_core(|c| {
+            assert!(c.serial() == ring, "ironwire reactor: an operation polled under a runtime other than its own");
+            c.poll_op(idx, cx)
+        });
+        match polled {
             Poll::Ready((res, _flags)) => {
                 self.done = true;
                 let data = self.data.take().expect("operation polled after completion");
@@ -76,15 +104,26 @@ impl<T: 'static> Drop for Op<T> {
         if self.done {
             return;
         }
-        let keep = self.data.take().map(|d| Box::new(d) as Box<dyn std::any::Any>);
-        let idx = self.idx;
-        let borrowed_fd = self.borrowed_fd;
-        crate::rt::try_with_core(|c| {
-            if borrowed_fd {
-                c.submit_queued();
-            }
-            c.abandon(idx, keep)
+        let keep = self.data.take().map(|d| match self.on_lost {
+            Some(f) => Box::new(OnLost(d, f)) as Box<dyn Kept>,
+            None => Box::new(Plain(d)) as Box<dyn Kept>,
         });
+        let (idx, ring) = (self.idx, self.ring);
+        let borrowed_fd = self.borrowed_fd;
+        let mut keep = keep;
+        crate::rt::try_with_core(|c| {
+            if c.serial() == ring {
+                if borrowed_fd {
+                    c.submit_queued();
+                }
+                c.abandon(idx, keep.take());
+            }
+        });
+        // Its runtime is gone (the future outlived it): that runtime
+        // waited for its operations at the end, but gave up on those the
+        // kernel kept; whether this was one is not known here, so what it
+        // owned is leaked rather than freed under the kernel.
+        std::mem::forget(keep);
     }
 }
 

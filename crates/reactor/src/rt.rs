@@ -125,7 +125,32 @@ const MULTI_RESULTS: usize = 16;
 struct OpSlot {
     state: OpState,
     /// What an abandoned operation's kernel side may still touch.
-    keep: Option<Box<dyn Any>>,
+    keep: Option<Box<dyn Kept>>,
+}
+
+/// What an operation whose future was dropped owned, kept until the
+/// kernel is done with it; told the result nobody else will see.
+pub(crate) trait Kept {
+    /// The operation ended with `res` after its future was gone (or just
+    /// before, unseen): undo what that result did (close a descriptor it
+    /// made, ring again a doorbell it took), then let go.
+    fn lost(self: Box<Self>, res: i32);
+}
+
+/// Owned data with nothing to undo.
+pub(crate) struct Plain<T>(pub T);
+
+impl<T> Kept for Plain<T> {
+    fn lost(self: Box<Self>, _res: i32) {}
+}
+
+/// Owned data and what to do with a result nobody saw.
+pub(crate) struct OnLost<T>(pub T, pub fn(&T, i32));
+
+impl<T> Kept for OnLost<T> {
+    fn lost(self: Box<Self>, res: i32) {
+        (self.1)(&self.0, res)
+    }
 }
 
 struct TaskSlot {
@@ -215,6 +240,10 @@ pub(crate) struct Core {
     /// This runtime's number among those the process made (wrapping):
     /// its task wakers carry it.
     id: u16,
+    /// This runtime's number, never reused: what a socket's file slot, an
+    /// operation's slot or a lent receive buffer belongs to, so that one
+    /// kept past its runtime is never taken for the next runtime's.
+    serial: u64,
     ring: RefCell<IoUring>,
     features: Features,
     poll: Duration,
@@ -412,8 +441,10 @@ impl Runtime {
             }
         }
         static NEXT_ID: AtomicU16 = AtomicU16::new(0);
+        static NEXT_SERIAL: AtomicU64 = AtomicU64::new(1);
         let core = Rc::new(Core {
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
+            serial: NEXT_SERIAL.fetch_add(1, Ordering::Relaxed),
             ring: RefCell::new(ring),
             features,
             poll: config.poll,
@@ -465,14 +496,15 @@ impl Runtime {
                 }
             }
             let ran = core.run_ready();
-            if main_woken.load(Ordering::Acquire) {
-                continue;
-            }
+            // A woken main future runs again at the next turn, not before
+            // this one's timers and ring: one that keeps waking itself
+            // (a `yield_now` loop waiting for a task) must not starve them.
+            let main_again = main_woken.load(Ordering::Acquire);
             let now = Instant::now();
             crate::set_loop_time(now);
             core.empty_dropped_files();
             let fired = core.fire_timers(now);
-            let busy = ran > 0 || fired || !core.ready.borrow().is_empty();
+            let busy = main_again || ran > 0 || fired || !core.ready.borrow().is_empty();
             let reaped = if busy || core.sq_pending() || core.kernel_has_work() {
                 core.enter(0, None);
                 core.reap()
@@ -833,7 +865,9 @@ impl Core {
     /// Turns completions into wake-ups; returns how many there were.
     fn reap(&self) -> usize {
         let mut wake = std::mem::take(&mut *self.woken.borrow_mut());
-        let mut dead: Vec<Box<dyn Any>> = Vec::new();
+        // Kept data to let go of, with the result nobody saw (none for a
+        // zero-copy send's notification: its result came before).
+        let mut dead: Vec<(Box<dyn Kept>, Option<i32>)> = Vec::new();
         let mut n = 0;
         {
             let mut ring = self.ring.borrow_mut();
@@ -862,7 +896,7 @@ impl Core {
                             wake.extend(w);
                         }
                         OpState::Abandoned => {
-                            dead.extend(slot.keep.take());
+                            dead.extend(slot.keep.take().map(|k| (k, None)));
                             slot.state = OpState::Vacant;
                             free.push(ud as u32);
                             self.in_flight.set(self.in_flight.get().saturating_sub(1));
@@ -897,7 +931,7 @@ impl Core {
                             crate::bufring::recycle_in(self, b);
                         }
                         if !more {
-                            dead.extend(slot.keep.take());
+                            dead.extend(slot.keep.take().map(|k| (k, Some(res))));
                             slot.state = OpState::Vacant;
                             free.push(ud as u32);
                             self.in_flight.set(self.in_flight.get().saturating_sub(1));
@@ -907,7 +941,12 @@ impl Core {
                 }
             }
         }
-        drop(dead);
+        for (kept, res) in dead {
+            match res {
+                Some(res) => kept.lost(res),
+                None => drop(kept),
+            }
+        }
         for w in wake.drain(..) {
             w.wake();
         }
@@ -1113,18 +1152,23 @@ impl Core {
 
     /// The future of operation `idx` was dropped: keep `keep` alive until
     /// the kernel is done and ask it to stop early.
-    pub(crate) fn abandon(&self, idx: u32, keep: Option<Box<dyn Any>>) {
+    pub(crate) fn abandon(&self, idx: u32, keep: Option<Box<dyn Kept>>) {
         let mut ops = self.ops.borrow_mut();
         let slot = &mut ops[idx as usize];
-        let finished = match &slot.state {
+        let (finished, unseen) = match &slot.state {
             OpState::Vacant => return,
-            OpState::Done(..) | OpState::Multi { ended: true, .. } => true,
-            _ => false,
+            // Completed, but its future never took the result.
+            OpState::Done(res, _) => (true, Some(*res)),
+            OpState::Multi { ended: true, .. } => (true, None),
+            _ => (false, None),
         };
         let old = std::mem::replace(&mut slot.state, if finished { OpState::Vacant } else { OpState::Abandoned });
         let keep = if finished { keep } else { std::mem::replace(&mut slot.keep, keep) };
         drop(ops);
-        drop(keep);
+        match (keep, unseen) {
+            (Some(k), Some(res)) => k.lost(res),
+            (keep, _) => drop(keep),
+        }
         // Buffers a multishot receive filled that nobody took go back.
         if let OpState::Multi { mut results, .. } = old {
             for (_, flags) in results.drain(..) {
@@ -1143,6 +1187,11 @@ impl Core {
 
     pub(crate) fn features(&self) -> Features {
         self.features
+    }
+
+    /// This runtime's number, never reused ([`Core::serial`]).
+    pub(crate) fn serial(&self) -> u64 {
+        self.serial
     }
 
     pub(crate) fn ring(&self) -> std::cell::Ref<'_, IoUring> {
