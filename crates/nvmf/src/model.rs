@@ -210,7 +210,8 @@ pub struct Subsystem<D> {
     namespaces: RwLock<BTreeMap<u32, Arc<Namespace<D>>>>,
     ns_gen: AtomicU64,
     /// ANA change count (the ANA log page's CHGCNT): bumped by every
-    /// state change, never 0 once one happened.
+    /// state change, and by a namespace added or removed while controllers
+    /// are connected; never 0 once one happened.
     ana_changes: AtomicU64,
     pub(crate) controllers: Mutex<HashMap<u16, Arc<Controller<D>>>>,
     /// Controller IDs this subsystem hands out (SPDK's `min_cntlid` and
@@ -361,6 +362,7 @@ impl<D: BlockDevice> Subsystem<D> {
             map.insert(nsid, Arc::new(ns));
         }
         self.notify_ns_changed(nsid);
+        self.notify_ana_log_changed();
         Ok(())
     }
 
@@ -383,6 +385,7 @@ impl<D: BlockDevice> Subsystem<D> {
         let removed = self.namespaces.write().unwrap_or_else(|e| e.into_inner()).remove(&nsid);
         if removed.is_some() {
             self.notify_ns_changed(nsid);
+            self.notify_ana_log_changed();
             let controllers: Vec<Arc<Controller<D>>> =
                 self.controllers.lock().unwrap_or_else(|e| e.into_inner()).values().cloned().collect();
             for c in controllers {
@@ -402,6 +405,22 @@ impl<D: BlockDevice> Subsystem<D> {
         self.ns_gen.fetch_add(1, Ordering::AcqRel);
         for c in self.controllers.lock().unwrap_or_else(|e| e.into_inner()).values() {
             c.namespace_changed(nsid);
+        }
+    }
+
+    /// A namespace came or went, and with it its ANA group (ID = NSID):
+    /// the ANA log page of every connected controller changed. A host that
+    /// keeps a copy of the log (Linux) looks a namespace's group up there
+    /// when the namespace appears, so a namespace added again under an NSID
+    /// it knew, in another state, would keep the old state until told.
+    fn notify_ana_log_changed(&self) {
+        let controllers = self.controllers.lock().unwrap_or_else(|e| e.into_inner());
+        if controllers.is_empty() {
+            return;
+        }
+        self.ana_changes.fetch_add(1, Ordering::AcqRel);
+        for c in controllers.values() {
+            c.ana_changed();
         }
     }
 

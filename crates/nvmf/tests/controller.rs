@@ -956,6 +956,33 @@ fn ana_state_change_raises_an_event_and_shows_in_the_ana_log() {
     assert!(a.poll_event().is_none(), "one event for several changes before the log was read");
 }
 
+/// A namespace replaced under its NSID (another device or identifiers:
+/// removed and added again) may come back in another ANA state. Its group
+/// ID is its NSID, the group a host already holds in its copy of the ANA
+/// log (Linux looks a namespace's group up there when it appears and reads
+/// the log again only for a group it does not know): the host must be
+/// told the log changed, or it keeps the state the old namespace had.
+#[test]
+fn a_namespace_added_again_in_another_ana_state_raises_an_ana_change() {
+    let t = target();
+    let (mut a, _) = admin(&t);
+    set_feature(&mut a, 0x0b, (1 << 8) | (1 << 11));
+    let sub = t.subsystem(SUB).expect("sub");
+    let (_, log) = get_log(&mut a, 0x0c, 4096, 0);
+    let before = u64::from_le_bytes(log[0..8].try_into().expect("8"));
+    assert_eq!((u32_at(&log, 16), log[32]), (1, 1), "group 1 optimized, as the host now knows");
+    sub.remove_namespace(1);
+    let again = Namespace::new(SUB, 1, Arc::new(Described::new("r1", 512, 2048)));
+    sub.add_namespace(again.with_ana_state(AnaState::INACCESSIBLE)).expect("add");
+    assert!(matches!(ex(&mut a, 0, &sqe(0x0c, 40)), Outcome::Deferred));
+    assert!(matches!(ex(&mut a, 0, &sqe(0x0c, 41)), Outcome::Deferred));
+    let events: Vec<u32> = std::iter::from_fn(|| a.poll_event()).map(|c| c.dw0.get()).collect();
+    assert!(events.contains(&nvme_spec::log::AEN_ANA_CHANGE), "no ANA change notice: {events:x?}");
+    let (_, log) = get_log(&mut a, 0x0c, 4096, 0);
+    assert!(u64::from_le_bytes(log[0..8].try_into().expect("8")) > before, "CHGCNT did not move");
+    assert_eq!((u32_at(&log, 16), log[32]), (1, 3), "group 1 inaccessible");
+}
+
 #[test]
 fn reading_the_log_clears_an_event_not_yet_reported() {
     // NVMe Base 2.0 5.2: an event is cleared by reading its log page

@@ -553,6 +553,7 @@ fn plan(opts: &BenchOptions, jobs: usize, lbs: u32, ns_bytes: u64) -> Result<Vec
     let start = Instant::now();
     let measure_from = start + opts.ramp;
     let end = measure_from + opts.runtime;
+    let first_gen = first_generation();
     let mut out = Vec::with_capacity(jobs);
     for j in 0..jobs as u64 {
         let g = u64::from(opts.job_base) + j;
@@ -573,7 +574,7 @@ fn plan(opts: &BenchOptions, jobs: usize, lbs: u32, ns_bytes: u64) -> Result<Vec
             base,
             slots,
             next_seq: seq_start,
-            verify: opts.verify.then(|| Verify { slots: vec![0; slots as usize], next_gen: 1 }),
+            verify: opts.verify.then(|| Verify { slots: vec![0; slots as usize], next_gen: first_gen }),
             rng: SmallRng::seed_from_u64(opts.seed.wrapping_add(g.wrapping_mul(0x9e37_79b9))),
             measure_from,
             end,
@@ -680,6 +681,18 @@ struct Verify {
 }
 
 const BUSY: u32 = 1 << 31;
+
+/// Where a run's verify generations start: another place for every run, of
+/// this process or another, so that a block an earlier run of the same
+/// workload (same seed, same range, hence the same picks) wrote never
+/// passes for the one this run wrote there and lost.
+fn first_generation() -> u32 {
+    static RUNS: AtomicU64 = AtomicU64::new(0);
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64);
+    let run = RUNS.fetch_add(1, Ordering::Relaxed) ^ (u64::from(std::process::id()) << 32);
+    let x = (nanos ^ run.wrapping_mul(0x9e37_79b9_7f4a_7c15)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    ((x >> 33) as u32 & !BUSY).max(1)
+}
 
 /// One I/O picked by a [`Workload`].
 #[derive(Clone, Copy, Debug)]
@@ -985,6 +998,21 @@ impl QueueJob {
 mod tests {
     use super::*;
 
+    impl Workload {
+        /// Picks until the workload picks a write.
+        fn pick_write(&mut self) -> Io {
+            loop {
+                let io = self.pick();
+                if io.write {
+                    return io;
+                }
+                if let Some(s) = self.verify.as_mut().and_then(|v| v.slots.get_mut(io.slot as usize)) {
+                    *s &= !BUSY;
+                }
+            }
+        }
+    }
+
     #[test]
     fn parses_fio_pattern_names() {
         assert_eq!("randread".parse(), Ok(Pattern::RandRead));
@@ -1055,6 +1083,27 @@ mod tests {
         w.complete(&read, t, t, &data);
         assert_eq!(w.tally.verify_errors, 1);
         assert_eq!(w.tally.first_verify_error.as_ref().map(|e| e.lba), Some(0));
+    }
+
+    #[test]
+    fn verify_catches_a_lost_write_whose_block_holds_an_earlier_run_of_the_same_workload() {
+        // Two runs of one command line (same seed, same range): the second
+        // run's write is lost, so the block still holds what the first run
+        // wrote there. The read must not take that for the second run's.
+        let opts =
+            BenchOptions { pattern: Pattern::RandRw, verify: true, block_size: 512, qd: 1, ..Default::default() };
+        let t = Instant::now();
+        let mut first = plan(&opts, 1, 512, 512).expect("plan").pop().expect("job");
+        let io = first.pick_write();
+        let mut on_disk = vec![0u8; 512];
+        first.fill(&io, &mut on_disk);
+        first.complete(&io, t, t, &[]);
+        let mut second = plan(&opts, 1, 512, 512).expect("plan").pop().expect("job");
+        let lost = second.pick_write();
+        second.complete(&lost, t, t, &[]);
+        let read = Io { write: false, slot: lost.slot, lba: lost.lba, gen: 0 };
+        second.complete(&read, t, t, &on_disk);
+        assert_eq!(second.tally.verify_errors, 1, "a block of the previous run passed for this run's write");
     }
 
     #[test]
