@@ -1072,11 +1072,10 @@ impl Config {
         if let Some(m) = self.metrics.addr()? {
             // Both would bind it: `serve` would fail at start, or a reactor
             // at the port change.
-            let clash = |a: SocketAddr| {
-                a.port() == m.port()
-                    && a.is_ipv4() == m.is_ipv4()
-                    && (a.ip() == m.ip() || a.ip().is_unspecified() || m.ip().is_unspecified())
-            };
+            // An unspecified address takes its port on every address of
+            // its family, `[::]` on IPv4 ones too (dual-stack).
+            let covers = |x: SocketAddr, y: SocketAddr| x.ip().is_unspecified() && (x.is_ipv6() || y.is_ipv4());
+            let clash = |a: SocketAddr| a.port() == m.port() && (a.ip() == m.ip() || covers(a, m) || covers(m, a));
             if let Some(i) = self.port.iter().position(|p| p.address.parse().is_ok_and(clash)) {
                 bail!("metrics.listen: {m} is taken by port[{i}] ({})", self.port[i].address);
             }
@@ -1339,6 +1338,9 @@ mod tests {
         let e = err_of(&format!("{base}[metrics]\nlisten = \"0.0.0.0:4420\"\n"));
         assert!(e.contains("is taken by port[0]"), "{e}");
         Config::parse(&format!("{base}[metrics]\nlisten = \"127.0.0.2:4420\"\n")).expect("another address");
+        let e = err_of(&format!("{base}[metrics]\nlisten = \"[::]:4420\"\n"));
+        assert!(e.contains("is taken by port[0]"), "dual-stack: {e}");
+        Config::parse(&format!("{base}[metrics]\nlisten = \"[::1]:4420\"\n")).expect("IPv6 loopback");
         let e = err_of(&format!("{base}[metrics]\nlisten = \"localhost\"\n"));
         assert!(e.contains("metrics.listen: \"localhost\" is not an IP:PORT address"), "{e}");
         let e = err_of(&format!("{base}[metrics]\nport = 9466\n"));

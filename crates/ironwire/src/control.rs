@@ -804,6 +804,23 @@ fn glob(pattern: &[u8], name: &[u8]) -> bool {
     }
 }
 
+/// The file `path` names once its symlinks are followed, relative ones
+/// from the directory of the link: the file need not exist (a link made
+/// before the file it names is written through as a shell's `>` would).
+fn through_links(path: &Path) -> Result<std::path::PathBuf> {
+    let mut p = path.to_path_buf();
+    // As the kernel's limit of links followed in one lookup.
+    for _ in 0..40 {
+        if !std::fs::symlink_metadata(&p).is_ok_and(|m| m.file_type().is_symlink()) {
+            return Ok(p);
+        }
+        let target = std::fs::read_link(&p).with_context(|| format!("{}: reading the symlink", p.display()))?;
+        // An absolute target replaces the directory.
+        p = p.parent().map_or_else(|| target.clone(), |d| d.join(&target));
+    }
+    bail!("{}: too many levels of symlinks", path.display())
+}
+
 /// Writes `bytes` to `path` so that a crash leaves either the old file or
 /// the new one: a temporary file beside it, fsync, rename, fsync of the
 /// directory. A temporary file a crash left behind is replaced by the
@@ -811,14 +828,8 @@ fn glob(pattern: &[u8], name: &[u8]) -> bool {
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     // A symlink is written through: the file it names is replaced and the
     // link stays (a configuration kept elsewhere and linked into /etc).
-    let resolved;
-    let path = if std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_symlink()) {
-        resolved =
-            std::fs::canonicalize(path).with_context(|| format!("{}: the file its symlink names", path.display()))?;
-        resolved.as_path()
-    } else {
-        path
-    };
+    let resolved = through_links(path)?;
+    let path = resolved.as_path();
     let dir = match path.parent() {
         Some(d) if !d.as_os_str().is_empty() => d,
         _ => Path::new("."),
@@ -961,6 +972,30 @@ mod tests {
         super::write_atomic(&link, b"new\n").expect("write through the link");
         assert!(std::fs::symlink_metadata(&link).expect("link").file_type().is_symlink(), "the link was replaced");
         assert_eq!(std::fs::read_to_string(&file).expect("read"), "new\n");
+        std::fs::remove_dir_all(&dir).expect("clean up");
+    }
+
+    /// A link whose file is not there yet (the configuration to be kept
+    /// elsewhere, saved for the first time), or a relative one: the file
+    /// it names is written, as a shell's `>` writes through it.
+    #[test]
+    fn write_atomic_writes_through_a_dangling_or_relative_symlink() {
+        let dir = std::env::temp_dir().join(format!("ironwire-test-wa-dangling-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(dir.join("kept")).expect("mkdir");
+        let (file, link) = (dir.join("kept/ironwire.toml"), dir.join("ironwire.toml"));
+        std::os::unix::fs::symlink("kept/ironwire.toml", &link).expect("symlink");
+        super::write_atomic(&link, b"first\n").expect("write through the dangling link");
+        assert!(std::fs::symlink_metadata(&link).expect("link").file_type().is_symlink(), "the link was replaced");
+        assert_eq!(std::fs::read_to_string(&file).expect("read"), "first\n");
+        super::write_atomic(&link, b"second\n").expect("write through the relative link");
+        assert_eq!(std::fs::read_to_string(&file).expect("read"), "second\n");
+        // A link to a link: the last one's file.
+        let outer = dir.join("outer.toml");
+        std::os::unix::fs::symlink(&link, &outer).expect("symlink");
+        super::write_atomic(&outer, b"third\n").expect("write through two links");
+        assert!(std::fs::symlink_metadata(&link).expect("link").file_type().is_symlink());
+        assert_eq!(std::fs::read_to_string(&file).expect("read"), "third\n");
         std::fs::remove_dir_all(&dir).expect("clean up");
     }
 

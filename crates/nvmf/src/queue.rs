@@ -230,7 +230,15 @@ impl<D: BlockDevice> Queue<D> {
                     // Its partner failed while this data was on its way.
                     return Outcome::status(cid, Status::ABORTED_FAILED_FUSED);
                 }
-                let out = self.dispatch(now_ms, &p.sqe, p.data_len, Some(data));
+                let out = match self.dispatch(now_ms, &p.sqe, p.data_len, Some(data)) {
+                    // Sent to a namespace replaced under its NSID since: the
+                    // half fails, and its partner with it.
+                    Outcome::Io(ref req) if p.ns != Some(req.busy.namespace().id) => {
+                        log::warn!("{}: cid {cid}: its namespace was replaced while its data came", self.peer);
+                        Outcome::status(cid, Status::INVALID_NAMESPACE.dnr())
+                    }
+                    out => out,
+                };
                 self.fused_half(cid, out)
             }
             Some(p) => {

@@ -1532,6 +1532,38 @@ fn a_fused_pair_does_not_run_on_a_namespace_removed_under_it() {
     assert!(io.poll_completion().is_none());
 }
 
+/// The same for a pair whose data was solicited: sent to namespace 1
+/// before it was replaced under its NSID, its halves' data arriving after
+/// must not run the pair on the namespace that took the NSID.
+#[test]
+fn a_fused_pair_whose_data_came_after_its_namespace_was_replaced_does_not_run() {
+    let t = target();
+    let (_a, cntlid) = admin(&t);
+    let mut io = io_queue(&t, cntlid, 1);
+    let sub = t.subsystem(SUB).expect("subsystem");
+    assert!(matches!(ex(&mut io, 0, &fused_sqe(0x05, 1, 1, 3)), Outcome::NeedData { len: 512, .. }));
+    assert!(matches!(ex(&mut io, 0, &fused_sqe(0x01, 2, 2, 3)), Outcome::NeedData { len: 512, .. }));
+    sub.remove_namespace(1).expect("removed");
+    sub.add_namespace(Namespace::new(SUB, 1, Arc::new(Described::new("new1", 512, 2048)))).expect("re-added");
+    let outs = [io.data_arrived(0, 1, vec![0; 512]), io.data_arrived(0, 2, vec![1; 512])];
+    for out in &outs {
+        if let Outcome::Io(req) = out {
+            panic!("the pair sent to the removed namespace ran on {}", req.device.name);
+        }
+    }
+    let mut statuses: Vec<(u16, Status)> = std::iter::from_fn(|| io.poll_completion())
+        .map(|c| (c.cid.get(), c.status()))
+        .chain(outs.iter().filter_map(|o| match o {
+            Outcome::Complete { cqe, .. } => Some((cqe.cid.get(), cqe.status())),
+            _ => None,
+        }))
+        .collect();
+    statuses.sort_by_key(|&(cid, _)| cid);
+    assert_eq!(statuses.len(), 2, "both halves complete: {statuses:?}");
+    assert!(statuses.iter().all(|(_, s)| !s.is_success()), "{statuses:?}");
+    assert_eq!(io.awaiting_data(), 0);
+}
+
 #[test]
 fn fused_write_that_fails_its_checks_aborts_the_compare_as_failed_fused() {
     let t = target();
