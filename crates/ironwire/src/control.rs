@@ -959,18 +959,30 @@ mod tests {
         assert!(m("/srv/*.img", "/srv/a.img") && !m("/srv/*.img", "/srv/a/b.img"));
     }
 
+    /// A fresh directory with `kept/` in it, and the paths of
+    /// `kept/ironwire.toml` and of `ironwire.toml` beside `kept/` (the
+    /// link to make).
+    fn link_dir(tag: &str) -> (std::path::PathBuf, std::path::PathBuf, std::path::PathBuf) {
+        let dir = std::env::temp_dir().join(format!("ironwire-test-wa-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(dir.join("kept")).expect("mkdir");
+        let (file, link) = (dir.join("kept/ironwire.toml"), dir.join("ironwire.toml"));
+        (dir, file, link)
+    }
+
+    fn is_link(p: &std::path::Path) -> bool {
+        std::fs::symlink_metadata(p).expect("link").file_type().is_symlink()
+    }
+
     /// A configuration file linked in from elsewhere stays linked: the
     /// file the link names gets the new bytes.
     #[test]
     fn write_atomic_writes_through_a_symlink() {
-        let dir = std::env::temp_dir().join(format!("ironwire-test-wa-link-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(dir.join("kept")).expect("mkdir");
-        let (file, link) = (dir.join("kept/ironwire.toml"), dir.join("ironwire.toml"));
+        let (dir, file, link) = link_dir("link");
         std::fs::write(&file, "old\n").expect("write");
         std::os::unix::fs::symlink(&file, &link).expect("symlink");
         super::write_atomic(&link, b"new\n").expect("write through the link");
-        assert!(std::fs::symlink_metadata(&link).expect("link").file_type().is_symlink(), "the link was replaced");
+        assert!(is_link(&link), "the link was replaced");
         assert_eq!(std::fs::read_to_string(&file).expect("read"), "new\n");
         std::fs::remove_dir_all(&dir).expect("clean up");
     }
@@ -980,13 +992,10 @@ mod tests {
     /// it names is written, as a shell's `>` writes through it.
     #[test]
     fn write_atomic_writes_through_a_dangling_or_relative_symlink() {
-        let dir = std::env::temp_dir().join(format!("ironwire-test-wa-dangling-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(dir.join("kept")).expect("mkdir");
-        let (file, link) = (dir.join("kept/ironwire.toml"), dir.join("ironwire.toml"));
+        let (dir, file, link) = link_dir("dangling");
         std::os::unix::fs::symlink("kept/ironwire.toml", &link).expect("symlink");
         super::write_atomic(&link, b"first\n").expect("write through the dangling link");
-        assert!(std::fs::symlink_metadata(&link).expect("link").file_type().is_symlink(), "the link was replaced");
+        assert!(is_link(&link), "the link was replaced");
         assert_eq!(std::fs::read_to_string(&file).expect("read"), "first\n");
         super::write_atomic(&link, b"second\n").expect("write through the relative link");
         assert_eq!(std::fs::read_to_string(&file).expect("read"), "second\n");
@@ -994,7 +1003,7 @@ mod tests {
         let outer = dir.join("outer.toml");
         std::os::unix::fs::symlink(&link, &outer).expect("symlink");
         super::write_atomic(&outer, b"third\n").expect("write through two links");
-        assert!(std::fs::symlink_metadata(&link).expect("link").file_type().is_symlink());
+        assert!(is_link(&link));
         assert_eq!(std::fs::read_to_string(&file).expect("read"), "third\n");
         std::fs::remove_dir_all(&dir).expect("clean up");
     }

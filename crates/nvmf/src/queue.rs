@@ -230,15 +230,10 @@ impl<D: BlockDevice> Queue<D> {
                     // Its partner failed while this data was on its way.
                     return Outcome::status(cid, Status::ABORTED_FAILED_FUSED);
                 }
-                let out = match self.dispatch(now_ms, &p.sqe, p.data_len, Some(data)) {
-                    // Sent to a namespace replaced under its NSID since: the
-                    // half fails, and its partner with it.
-                    Outcome::Io(ref req) if p.ns != Some(req.busy.namespace().id) => {
-                        log::warn!("{}: cid {cid}: its namespace was replaced while its data came", self.peer);
-                        Outcome::status(cid, Status::INVALID_NAMESPACE.dnr())
-                    }
-                    out => out,
-                };
+                // Failed (its namespace replaced), the half takes its
+                // partner with it.
+                let out = self.dispatch(now_ms, &p.sqe, p.data_len, Some(data));
+                let out = self.same_namespace(cid, &p, out);
                 self.fused_half(cid, out)
             }
             Some(p) => {
@@ -253,20 +248,27 @@ impl<D: BlockDevice> Queue<D> {
                         log::warn!("{}: cid {cid}: its namespace changed device while its data came", self.peer);
                         Outcome::status(cid, Status::NAMESPACE_NOT_READY)
                     }
-                    // The namespace it addressed was removed while its data
-                    // came, and another took its NSID: the command must not
-                    // run there (as a fused pair would not).
-                    Outcome::Io(ref req) if p.ns != Some(req.busy.namespace().id) => {
-                        log::warn!("{}: cid {cid}: its namespace was replaced while its data came", self.peer);
-                        Outcome::status(cid, Status::INVALID_NAMESPACE.dnr())
-                    }
-                    out => out,
+                    out => self.same_namespace(cid, &p, out),
                 }
             }
             None => {
                 log::warn!("{}: data for cid {cid}, which is not waiting for any", self.peer);
                 Outcome::status(cid, Status::COMMAND_SEQUENCE_ERROR.dnr())
             }
+        }
+    }
+
+    /// `out`, the command `p` waited for its data as, unless it would run
+    /// on another namespace than the one it was checked against: the one
+    /// it addressed was removed while its data came, and another took its
+    /// NSID. Then Invalid Namespace: it must not run there.
+    fn same_namespace<B>(&self, cid: u16, p: &Pending, out: Outcome<B, D>) -> Outcome<B, D> {
+        match out {
+            Outcome::Io(ref req) if p.ns != Some(req.busy.namespace().id) => {
+                log::warn!("{}: cid {cid}: its namespace was replaced while its data came", self.peer);
+                Outcome::status(cid, Status::INVALID_NAMESPACE.dnr())
+            }
+            out => out,
         }
     }
 
