@@ -451,6 +451,37 @@ struct Login {
     partial: Vec<u8>,
     declared: bool,
     tpgt_sent: bool,
+    /// FirstBurstLength was answered with a value: it is fixed for the
+    /// rest of the login (RFC 7143 section 6.2).
+    first_burst_agreed: bool,
+    /// The part of an answer still to send, when it was longer than one
+    /// Login Response may carry.
+    rest: Option<LoginRest>,
+}
+
+/// The rest of a Login Response text sent in parts (RFC 7143 sections 6.1
+/// and 11.13.2: every part but the last has C=1 and T=0; the initiator
+/// asks for each next part with an empty Login Request).
+struct LoginRest {
+    text: Vec<u8>,
+    /// The answer, once whole, lets the login move on to `nsg`.
+    go: bool,
+    nsg: Stage,
+}
+
+/// Most text one Login Response carries: during login both sides hold to
+/// the default MaxRecvDataSegmentLength (RFC 7143 section 13.12).
+const LOGIN_MAX_DATA_SEGMENT: usize = 8192;
+
+/// Where to cut `text` (pairs as [`text::push`] writes them) so that the
+/// first part holds at most `max` bytes: after the last whole pair that
+/// fits, or at `max` when none does (a pair may span PDUs, RFC 7143
+/// section 6.1).
+fn text_cut(text: &[u8], max: usize) -> usize {
+    if text.len() <= max {
+        return text.len();
+    }
+    text.get(..max).and_then(|h| h.iter().rposition(|&c| c == 0)).map_or(max, |p| p.saturating_add(1))
 }
 
 struct R2tState {
@@ -512,6 +543,8 @@ struct TextPending {
     itt: u32,
     ttt: u32,
     rest: Vec<u8>,
+    /// The request had F=0: the last part keeps F=0 too.
+    more: bool,
 }
 
 struct Ping {
@@ -597,6 +630,8 @@ impl<B: DataBuffer> TargetConnection<B> {
                 partial: Vec::new(),
                 declared: false,
                 tpgt_sent: false,
+                first_burst_agreed: false,
+                rest: None,
             },
             params: Params::default(),
             rx_framing: Framing::default(),
@@ -1057,6 +1092,19 @@ impl<B: DataBuffer> TargetConnection<B> {
         if transit && (nsg <= csg || nsg == Stage(2)) {
             return Err(login_fail(ls::INITIATOR_ERROR, format!("NSG {} after CSG {}", nsg.0, csg.0)));
         }
+        if let Some(rest) = self.login.rest.take() {
+            // RFC 7143 section 6.3: the initiator answers a Login Response
+            // with C=1 with an empty Login Request, which gets the next
+            // part. The last part moves on only if this request asks to.
+            if cont || !data.is_empty() {
+                return Err(login_fail(
+                    ls::INITIATOR_ERROR,
+                    format!("Login Request with {} bytes of text while the answer continues", data.len()),
+                ));
+            }
+            let go = rest.go && transit && nsg == rest.nsg;
+            return self.answer_login(bhs.itt(), csg, go, rest.nsg, rest.text);
+        }
         if self.login.partial.len().saturating_add(data.len()) > self.cfg.max_text_len {
             return Err(login_fail(ls::INITIATOR_ERROR, "login text too long"));
         }
@@ -1126,6 +1174,7 @@ impl<B: DataBuffer> TargetConnection<B> {
         }
         let mut negotiated = self.params;
         let mut auth_keys = Vec::new();
+        let mut first_burst_answered = false;
         for (k, v) in &pairs {
             match k.as_str() {
                 "AuthMethod" | "CHAP_A" | "CHAP_I" | "CHAP_C" | "CHAP_N" | "CHAP_R" => {
@@ -1141,6 +1190,7 @@ impl<B: DataBuffer> TargetConnection<B> {
                 }
                 _ => {
                     let a = text::negotiate(k, v, &self.cfg.params, &mut negotiated, self.login.session_type);
+                    first_burst_answered |= k == "FirstBurstLength" && matches!(a, text::Answer::Value(_));
                     if let Some(t) = a.text() {
                         text::push(&mut resp, k, t);
                     }
@@ -1165,16 +1215,66 @@ impl<B: DataBuffer> TargetConnection<B> {
             );
             self.login.declared = true;
         }
+        let go = transit && self.login.auth == Auth::Done;
         if negotiated.first_burst_length > negotiated.max_burst_length {
             // RFC 7143 13.14: FirstBurstLength MUST NOT exceed
-            // MaxBurstLength; the answer says the value used.
-            negotiated.first_burst_length = negotiated.max_burst_length;
-            text::replace(&mut resp, "FirstBurstLength", &negotiated.first_burst_length.to_string());
+            // MaxBurstLength. Answered in this response, it is lowered
+            // there (still a valid minimum of the offer). Answered in an
+            // earlier one it can no longer change (section 6.2): the
+            // initiator offered a MaxBurstLength below the
+            // FirstBurstLength it asked for, and lowering it unsaid would
+            // leave the two sides with different values. Left at its
+            // default, a later request may still offer it; if none has by
+            // the end of the login, the default stands against a smaller
+            // MaxBurstLength. Either is refused only while it matters: with
+            // InitialR2T=Yes and ImmediateData=No no data comes unasked and
+            // FirstBurstLength is irrelevant (section 13.14).
+            let unasked_data = !negotiated.initial_r2t || negotiated.immediate_data;
+            let stuck = if first_burst_answered {
+                negotiated.first_burst_length = negotiated.max_burst_length;
+                text::replace(&mut resp, "FirstBurstLength", &negotiated.first_burst_length.to_string());
+                false
+            } else {
+                unasked_data && (self.login.first_burst_agreed || (go && nsg == Stage::FULL_FEATURE))
+            };
+            if stuck {
+                return Err(login_fail(
+                    ls::INITIATOR_ERROR,
+                    format!(
+                        "MaxBurstLength {} below FirstBurstLength {} already in force",
+                        negotiated.max_burst_length, negotiated.first_burst_length
+                    ),
+                ));
+            }
         }
+        self.login.first_burst_agreed |= first_burst_answered;
         self.params = negotiated;
-        let go = transit && self.login.auth == Auth::Done;
+        self.answer_login(bhs.itt(), csg, go, nsg, resp)
+    }
+
+    /// Sends the answer `resp` to the Login Request `itt`; `go` when it
+    /// moves the login on to `nsg`. An answer longer than one Login
+    /// Response may carry goes in parts, and only its last part moves on.
+    fn answer_login(
+        &mut self,
+        itt: u32,
+        csg: Stage,
+        go: bool,
+        nsg: Stage,
+        mut resp: Vec<u8>,
+    ) -> Result<(), (u16, String)> {
         let mut r = Bhs::new(Opcode::LOGIN_RESP);
-        r.set_login_flags(go, false, csg, if go { nsg } else { Stage(0) }).set_isid(self.login.isid).set_itt(bhs.itt());
+        r.set_isid(self.login.isid).set_itt(itt);
+        let cut = text_cut(&resp, LOGIN_MAX_DATA_SEGMENT);
+        if cut < resp.len() {
+            let text = resp.split_off(cut);
+            self.login.rest = Some(LoginRest { text, go, nsg });
+            r.set_login_flags(false, true, csg, Stage(0));
+            self.stamp(&mut r, true);
+            self.send(&r, &[], &resp);
+            return Ok(());
+        }
+        r.set_login_flags(go, false, csg, if go { nsg } else { Stage(0) });
         if go && nsg == Stage::FULL_FEATURE {
             if let (Some(info), true) = (&self.login.target, self.policy.admits_sessions()) {
                 self.events.push_back(Event::SessionPending {
@@ -2265,7 +2365,7 @@ impl<B: DataBuffer> TargetConnection<B> {
                     bhs,
                 ));
             };
-            self.send_text_part(itt, immediate, p.rest);
+            self.send_text_part(itt, immediate, p.rest, p.more);
             return Ok(());
         }
         if self.text_partial.len().saturating_add(data.len()) > self.cfg.max_text_len {
@@ -2317,7 +2417,9 @@ impl<B: DataBuffer> TargetConnection<B> {
                 _ => text::push(&mut resp, k, "NotUnderstood"),
             }
         }
-        self.send_text_part(itt, immediate, resp);
+        // RFC 7143 11.11.1: a request with F=0 (the initiator has more to
+        // say) is never answered with F=1.
+        self.send_text_part(itt, immediate, resp, !bhs.final_bit());
         Ok(())
     }
 
@@ -2341,21 +2443,28 @@ impl<B: DataBuffer> TargetConnection<B> {
         }
     }
 
-    fn send_text_part(&mut self, itt: u32, immediate: bool, text: Vec<u8>) {
+    /// Sends `text` (or its first part) in a Text Response to `itt`;
+    /// `more` when the request had F=0, so the answer keeps F=0 and a TTT
+    /// the initiator's next request of the exchange echoes.
+    fn send_text_part(&mut self, itt: u32, immediate: bool, text: Vec<u8>, more: bool) {
         let max = self.params.peer_max_recv_data_segment_length.max(512) as usize;
         let mut b = Bhs::new(Opcode::TEXT_RESP);
         b.set_itt(itt);
         if text.len() > max {
-            // Split at a key boundary when one fits, else anywhere.
-            let cut =
-                text.get(..max).and_then(|h| h.iter().rposition(|&c| c == 0)).map_or(max, |p| p.saturating_add(1));
-            let (head, rest) = text.split_at(cut.min(text.len()));
+            let (head, rest) = text.split_at(text_cut(&text, max));
             let ttt = self.alloc_ttt();
             b.set_flags(flags::CONTINUE).set_ttt(ttt);
-            self.text_pending = Some(TextPending { itt, ttt, rest: rest.to_vec() });
+            self.text_pending = Some(TextPending { itt, ttt, rest: rest.to_vec(), more });
             self.retire(immediate);
             self.stamp(&mut b, true);
             self.send(&b, &[], head);
+        } else if more {
+            let ttt = self.alloc_ttt();
+            self.text_continue = Some((itt, ttt));
+            b.set_ttt(ttt);
+            self.retire(immediate);
+            self.stamp(&mut b, true);
+            self.send(&b, &[], &text);
         } else {
             b.set_flags(flags::FINAL).set_ttt(RESERVED_TAG);
             self.retire(immediate);

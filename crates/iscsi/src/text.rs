@@ -351,7 +351,11 @@ pub fn negotiate(key: &str, value: &str, ours: &Params, result: &mut Params, ses
                     result.max_burst_length
                 }
                 "FirstBurstLength" => {
-                    result.first_burst_length = pick(ours.first_burst_length);
+                    // RFC 7143 13.14: FirstBurstLength MUST NOT exceed
+                    // MaxBurstLength, and an answer cannot be taken back
+                    // (section 6.2), so never agree to more than the
+                    // largest MaxBurstLength this side would accept.
+                    result.first_burst_length = pick(ours.first_burst_length.min(ours.max_burst_length));
                     result.first_burst_length
                 }
                 "DefaultTime2Retain" => {
