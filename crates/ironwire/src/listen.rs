@@ -104,7 +104,9 @@ impl Listeners {
         let t = &config.nvme_tcp;
         let tcp = nvmf_tcp::target::TargetConfig {
             max_h2c_data: t.max_h2c_data,
-            max_in_capsule: t.in_capsule_data.max(8192),
+            // I/O queues take what IOCCSZ advertises; the admin queue its
+            // fixed 8 KiB (nvmf_tcp::target::ADMIN_IN_CAPSULE).
+            max_in_capsule: t.in_capsule_data,
             max_transfer: t.max_transfer,
             cpda: 0,
             c2h_success_always: t.c2h_success == crate::config::C2hSuccess::Always,

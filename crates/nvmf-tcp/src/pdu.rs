@@ -49,6 +49,19 @@ impl PduType {
         })
     }
 
+    /// The longest PLEN a PDU of this type may have whatever was
+    /// negotiated: ICReq and ICResp are their header alone, a terminate
+    /// request its header and at most 128 bytes of the header it refuses
+    /// (NVMe-oF 1.1 section 7.4.7). `None` when the limit is the
+    /// connection's.
+    pub fn max_plen(self) -> Option<u32> {
+        Some(match self {
+            Self::IC_REQ | Self::IC_RESP => 128,
+            Self::H2C_TERM_REQ | Self::C2H_TERM_REQ => TERM_REQ_MAX_PLEN,
+            _ => return None,
+        })
+    }
+
     /// Whether PDUs of this type carry digests when they are enabled
     /// (everything but the initialization and terminate PDUs).
     pub fn carries_digests(self) -> bool {
@@ -246,6 +259,9 @@ const _: () = assert!(core::mem::size_of::<TermReq>() == 24);
 /// Largest header echoed in a terminate request (plen 152 at most).
 pub const TERM_REQ_MAX_DATA: usize = 128;
 
+/// Longest terminate request: its 24-byte header and the echoed header.
+pub const TERM_REQ_MAX_PLEN: u32 = 24 + TERM_REQ_MAX_DATA as u32;
+
 /// The data alignment in bytes a PDA field asks for: (PDA+1)*4, PDA 0..=31.
 pub fn pda_bytes(pda: u8) -> u32 {
     (u32::from(pda) & 31).saturating_add(1).saturating_mul(4)
@@ -377,6 +393,15 @@ fn head_checked(
     if plen < header_end {
         return Err(invalid(offset::PLEN, ch_bytes, format!("plen {plen} shorter than header {header_end}")));
     }
+    // A PDU whose length the spec fixes has an invalid PLEN beyond it: no
+    // data transfer limit is involved.
+    if let Some(max) = pdu_type.max_plen().filter(|&max| plen > max) {
+        return Err(invalid(
+            offset::PLEN,
+            ch_bytes,
+            format!("plen {plen} for PDU type {:#04x} (at most {max})", ch.pdu_type),
+        ));
+    }
     let has_data = plen > header_end;
     let dd = if has_data && digests && framing.ddgst { digest::LEN as u32 } else { 0 };
     if digests && has_data && ((ch.flags & flags::DDGSTF != 0) != framing.ddgst) {
@@ -406,7 +431,8 @@ fn head_checked(
     if data_len > max_data {
         return Err(Fatal {
             fes: Fes::DATA_LIMIT_EXCEEDED,
-            fei: offset::PLEN,
+            // Reserved for this FES; the reason names PLEN.
+            fei: 0,
             reason: format!(
                 "plen {plen} carries {data_len} data bytes (limit {max_data} for PDU type {:#04x})",
                 ch.pdu_type
@@ -429,7 +455,8 @@ fn head_checked(
         if got != want {
             return Err(Fatal {
                 fes: Fes::HEADER_DIGEST_ERROR,
-                fei: 0,
+                // For this FES, FEI carries the HDGST received.
+                fei: got.try_into().map_or(0, u32::from_le_bytes),
                 reason: format!("header digest {:02x?} (expected {:02x?}) on PDU type {:#04x}", got, want, ch.pdu_type),
                 header: header.to_vec(),
             });
@@ -652,6 +679,15 @@ mod tests {
         assert_eq!(e.fei, offset::PLEN);
         let e = deframe(&out, PLAIN, |_| Some(2)).expect("decided").expect_err("limit");
         assert_eq!(e.fes, Fes::DATA_LIMIT_EXCEEDED);
+    }
+
+    #[test]
+    fn a_fixed_length_pdu_beyond_its_length_has_an_invalid_plen() {
+        let term = TermReq { ch: common_header(PduType::C2H_TERM_REQ, 0), fes: 1.into(), fei: 0.into(), rsvd: [0; 10] };
+        let mut out = Vec::new();
+        encode(&mut out, term.as_bytes(), &[0; 129], PLAIN);
+        let e = deframe(&out, PLAIN, any).expect("decided").expect_err("plen 153");
+        assert_eq!((e.fes, e.fei), (Fes::INVALID_HEADER_FIELD, offset::PLEN));
     }
 
     #[test]

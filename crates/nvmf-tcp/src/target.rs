@@ -12,7 +12,8 @@
 
 use crate::error::{Fatal, Fes};
 use crate::pdu::{
-    self, dgst, flags, offset, CapsuleCmd, CapsuleResp, DataHeader, Framing, IcReq, IcResp, PduType, R2t, TermReq,
+    self, dgst, flags, offset, CapsuleCmd, CapsuleResp, CommonHeader, DataHeader, Framing, IcReq, IcResp, PduType, R2t,
+    TermReq,
 };
 use block::DataBuffer;
 use checksum::Appender;
@@ -25,7 +26,10 @@ use zerocopy::{FromBytes, IntoBytes};
 pub struct TargetConfig {
     /// MAXH2CDATA: most data bytes in one H2CData PDU (at least 4096).
     pub max_h2c_data: u32,
-    /// Most in-capsule data bytes accepted on any queue of this connection.
+    /// Most in-capsule data bytes accepted on an I/O queue: what IOCCSZ
+    /// advertises (less the 64-byte SQE). The admin queue, and a queue
+    /// whose Connect has not completed yet, take [`ADMIN_IN_CAPSULE`]
+    /// whatever this says.
     pub max_in_capsule: u32,
     /// Most bytes one command may transfer (MDTS in bytes).
     pub max_transfer: u32,
@@ -40,6 +44,12 @@ pub struct TargetConfig {
     /// single transfer larger than this still proceeds when it is alone.
     pub r2t_buffer: u32,
 }
+
+/// In-capsule data bytes of an admin queue command capsule: the NVMe/TCP
+/// admin queue's capsule size is fixed at 8 KiB of data (no Identify field
+/// advertises it). A Connect of an I/O queue (1 KiB of data) arrives
+/// before the queue is known, under this limit too.
+pub const ADMIN_IN_CAPSULE: u32 = 8192;
 
 impl Default for TargetConfig {
     fn default() -> Self {
@@ -339,6 +349,10 @@ impl<B: DataBuffer> TargetConnection<B> {
         if have < 8 {
             return Ok(Need::More(8usize.saturating_sub(have)));
         }
+        if malformed_term_req(buf).is_some() {
+            // Handled at its common header: nothing more is waited for.
+            return Ok(Need::Whole);
+        }
         match pdu::deframe_head(buf, self.rx_framing, self.max_data()) {
             // (An 8-byte common header always reads; never zero bytes.)
             None => Ok(Need::More(8usize.saturating_sub(have).max(1))),
@@ -350,13 +364,15 @@ impl<B: DataBuffer> TargetConnection<B> {
         }
     }
 
-    /// The most data bytes a PDU of each type may carry now.
+    /// The most data bytes a PDU of each type may carry now: a command
+    /// capsule's in-capsule data is bounded by its queue's capsule size.
     fn max_data(&self) -> impl Fn(PduType) -> Option<u32> {
         let (cfg, state) = (self.cfg, self.state);
+        let in_capsule = if self.sqid == 0 { ADMIN_IN_CAPSULE } else { cfg.max_in_capsule };
         move |t: PduType| -> Option<u32> {
             match (state, t) {
                 (State::AwaitIcReq, PduType::IC_REQ) => Some(0),
-                (State::Ready, PduType::CAPSULE_CMD) => Some(cfg.max_in_capsule),
+                (State::Ready, PduType::CAPSULE_CMD) => Some(in_capsule),
                 (State::Ready, PduType::H2C_DATA) => Some(cfg.max_h2c_data),
                 (_, PduType::H2C_TERM_REQ) => Some(pdu::TERM_REQ_MAX_DATA as u32),
                 _ => None,
@@ -364,11 +380,19 @@ impl<B: DataBuffer> TargetConnection<B> {
         }
     }
 
-    /// Anything but an ICReq first is a PDU sequence error.
+    /// A PDU type the host sends, out of its place, is a PDU sequence
+    /// error: anything but an ICReq first, an ICReq after the first. Other
+    /// types stay invalid PDU types.
     fn sequence_error(&self, mut e: Fatal) -> Fatal {
-        if self.state == State::AwaitIcReq && e.fes == Fes::INVALID_HEADER_FIELD && e.fei == offset::PDU_TYPE {
+        if e.fes != Fes::INVALID_HEADER_FIELD || e.fei != offset::PDU_TYPE {
+            return e;
+        }
+        if self.state == State::AwaitIcReq {
             e.fes = Fes::PDU_SEQUENCE_ERROR;
             e.reason = format!("{} before ICReq", e.reason);
+        } else if e.header.first() == Some(&PduType::IC_REQ.0) {
+            e.fes = Fes::PDU_SEQUENCE_ERROR;
+            e.reason = "ICReq (PDU type 0x00) after the connection was initialized".into();
         }
         e
     }
@@ -380,6 +404,10 @@ impl<B: DataBuffer> TargetConnection<B> {
         let mut used = 0usize;
         while self.state != State::Terminated {
             let rest = buf.get(used..).unwrap_or_default();
+            if let Some(fes) = malformed_term_req(rest) {
+                self.host_terminated(fes);
+                break;
+            }
             let frame = match pdu::deframe(rest, self.rx_framing, self.max_data()) {
                 None => break,
                 Some(Err(e)) => return Err(self.sequence_error(e)),
@@ -394,9 +422,7 @@ impl<B: DataBuffer> TargetConnection<B> {
                 PduType::CAPSULE_CMD => self.on_capsule(header, frame.data, lent_at, frame.data_digest_ok)?,
                 PduType::H2C_DATA => self.on_h2c_data(header, frame.data, frame.data_digest_ok)?,
                 PduType::H2C_TERM_REQ => {
-                    let fes = TermReq::read_from_bytes(header).map(|t| t.fes.get()).unwrap_or(0);
-                    self.events.push_back(Event::HostTerminated { fes });
-                    self.state = State::Terminated;
+                    self.host_terminated(TermReq::read_from_bytes(header).map(|t| t.fes.get()).unwrap_or(0));
                 }
                 _ => {}
             }
@@ -404,20 +430,31 @@ impl<B: DataBuffer> TargetConnection<B> {
         Ok(used)
     }
 
+    /// The host terminated the connection: it ends here, and no C2HTermReq
+    /// answers (NVMe-oF 1.1 section 7.4.7).
+    fn host_terminated(&mut self, fes: u16) {
+        self.events.push_back(Event::HostTerminated { fes });
+        self.state = State::Terminated;
+    }
+
     fn on_ic_req(&mut self, header: &[u8]) -> Result<(), Fatal> {
         let Ok(req) = IcReq::read_from_bytes(header) else {
             return Err(Fatal::new(Fes::INVALID_HEADER_FIELD, offset::HLEN, "ICReq header truncated"));
         };
-        let unsupported =
-            |fei: u32, reason: String| Fatal { fes: Fes::UNSUPPORTED_PARAMETER, fei, reason, header: header.to_vec() };
+        let fatal = |fes: Fes, fei: u32, reason: String| Fatal { fes, fei, reason, header: header.to_vec() };
+        // A format version we do not speak is an unsupported parameter; a
+        // value the spec reserves is an invalid field.
         if req.pfv.get() != 0 {
-            return Err(unsupported(offset::PFV, format!("ICReq pfv {} unsupported (expected 0)", req.pfv.get())));
+            let reason = format!("ICReq pfv {} unsupported (expected 0)", req.pfv.get());
+            return Err(fatal(Fes::UNSUPPORTED_PARAMETER, offset::PFV, reason));
         }
         if req.hpda > 31 {
-            return Err(unsupported(offset::HPDA, format!("ICReq hpda {} out of range (0..=31)", req.hpda)));
+            let reason = format!("ICReq hpda {} out of range (0..=31)", req.hpda);
+            return Err(fatal(Fes::INVALID_HEADER_FIELD, offset::HPDA, reason));
         }
         if req.dgst & !(dgst::HEADER | dgst::DATA) != 0 {
-            return Err(unsupported(offset::DGST, format!("ICReq dgst {:#04x} has reserved bits", req.dgst)));
+            let reason = format!("ICReq dgst {:#04x} has reserved bits", req.dgst);
+            return Err(fatal(Fes::INVALID_HEADER_FIELD, offset::DGST, reason));
         }
         let resp = IcResp {
             ch: pdu::common_header(PduType::IC_RESP, 0),
@@ -507,10 +544,12 @@ impl<B: DataBuffer> TargetConnection<B> {
             ));
         }
         let (datao, datal) = (h.datao.get(), h.datal.get());
+        // FEI is reserved for Data Transfer Out of Range: the reason names
+        // the field.
         if datao != t.received {
             return Err(fatal(
                 Fes::DATA_OUT_OF_RANGE,
-                offset::DATAO,
+                0,
                 format!("H2CData datao {datao} (expected {} for cid {})", t.received, t.cid),
             ));
         }
@@ -518,7 +557,7 @@ impl<B: DataBuffer> TargetConnection<B> {
         if end.is_none_or(|end| end > t.len) {
             return Err(fatal(
                 Fes::DATA_OUT_OF_RANGE,
-                offset::DATAL,
+                0,
                 format!("H2CData datao {datao} datal {datal} outside the R2T of {} bytes", t.len),
             ));
         }
@@ -980,6 +1019,22 @@ impl<B: DataBuffer> TargetConnection<B> {
             _ => Err(Status::SGL_DESCRIPTOR_TYPE_INVALID.dnr()),
         }
     }
+}
+
+/// The FES of the H2CTermReq at the front of `buf` (0 when that field has
+/// not arrived) when its HLEN or PLEN is invalid. Such a request ends the
+/// connection at once with nothing reported (NVMe-oF 1.1 section 7.4.7),
+/// and a controller never answers an H2CTermReq with a C2HTermReq: the
+/// bytes its PLEN announces are not waited for.
+fn malformed_term_req(buf: &[u8]) -> Option<u16> {
+    let ch = CommonHeader::read_from_bytes(buf.get(..8)?).ok()?;
+    let t = PduType::H2C_TERM_REQ;
+    let plen = ch.plen.get();
+    let valid = Some(ch.hlen) == t.hlen() && plen >= u32::from(ch.hlen) && t.max_plen().is_some_and(|max| plen <= max);
+    if ch.pdu_type != t.0 || valid {
+        return None;
+    }
+    Some(buf.get(8..10).and_then(|f| f.try_into().ok()).map_or(0, u16::from_le_bytes))
 }
 
 /// The header of a C2HData PDU carrying `len` bytes at `offset` of `cid`'s

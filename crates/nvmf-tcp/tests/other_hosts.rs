@@ -49,3 +49,53 @@ fn h2c_term_req_with_pdo_zero_ends_the_connection_quietly() {
     assert!(out.is_empty(), "a C2HTermReq answered the host's H2CTermReq: {out:02x?}");
     assert!(matches!(t.poll_event(), Some(Event::HostTerminated { fes: 1 })));
 }
+
+/// An H2CTermReq header with `hlen` and `plen` and FES 1, and nothing after.
+fn term_req_header(hlen: u8, plen: u32) -> Vec<u8> {
+    let mut term = TermReq { ch: common_header(PduType::H2C_TERM_REQ, 0), fes: 1.into(), fei: 4.into(), rsvd: [0; 10] };
+    term.ch.hlen = hlen;
+    term.ch.plen = plen.into();
+    term.as_bytes().to_vec()
+}
+
+/// NVMe/TCP 7.4.7: a terminate request with an invalid length ends the
+/// connection at once, with nothing reported; and a controller never
+/// answers an H2CTermReq with a C2HTermReq. The target waits for none of
+/// the bytes such a PLEN announces.
+#[test]
+fn a_malformed_h2c_term_req_is_never_answered_and_nothing_waits_for_it() {
+    for (hlen, plen) in [(24u8, 153u32), (24, 1 << 30), (24, u32::MAX), (24, 20), (8, 24), (128, 152)] {
+        for before_icreq in [false, true] {
+            let mut t = if before_icreq { Target::new(TargetConfig::default()) } else { ready() };
+            let r = t.handle_input(&term_req_header(hlen, plen));
+            let mut out = Vec::new();
+            t.take_transmit(&mut out);
+            let case = format!("hlen {hlen} plen {plen}, before ICReq {before_icreq}");
+            assert!(out.is_empty(), "{case}: a C2HTermReq answered the host's H2CTermReq: {out:02x?}");
+            assert!(r.is_ok(), "{case}: the host's termination is no fatal error of ours: {r:?}");
+            assert_eq!(t.state(), State::Terminated, "{case}: the connection ends at once");
+            assert!(matches!(t.poll_event(), Some(Event::HostTerminated { fes: 1 })), "{case}");
+        }
+    }
+}
+
+/// A valid H2CTermReq cut anywhere ends the connection once it is whole,
+/// whatever the state, and is never answered.
+#[test]
+fn a_valid_h2c_term_req_cut_anywhere_ends_the_connection_quietly() {
+    let mut bytes = term_req_header(24, 24 + 72);
+    bytes.extend_from_slice(&[0x04; 72]); // the host's echo of our header
+    for cut in [1, 7, 8, 23, 24, 95] {
+        for before_icreq in [false, true] {
+            let mut t = if before_icreq { Target::new(TargetConfig::default()) } else { ready() };
+            for piece in bytes.chunks(cut) {
+                t.handle_input(piece).expect("not an error");
+            }
+            let mut out = Vec::new();
+            t.take_transmit(&mut out);
+            assert!(out.is_empty(), "cut {cut}: answered");
+            assert_eq!(t.state(), State::Terminated, "cut {cut}");
+            assert!(matches!(t.poll_event(), Some(Event::HostTerminated { fes: 1 })), "cut {cut}");
+        }
+    }
+}

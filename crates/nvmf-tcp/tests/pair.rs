@@ -166,6 +166,16 @@ fn term_after(t: &mut Target, bytes: &[u8]) -> TermReq {
     term
 }
 
+/// As [`term_after`], with the error's log line.
+fn term_and_log(t: &mut Target, bytes: &[u8]) -> (TermReq, String) {
+    let log = t.handle_input(bytes).expect_err("fatal").to_string();
+    let mut out = Vec::new();
+    t.take_transmit(&mut out);
+    let term = TermReq::read_from_bytes(out.get(..24).expect("term header")).expect("term");
+    assert_eq!(term.ch.pdu_type, PduType::C2H_TERM_REQ.0);
+    (term, log)
+}
+
 fn capsule(framing: Framing, data: &[u8], sgl_len: u32) -> Vec<u8> {
     let mut sqe = rw_sqe(0x01, 4);
     sqe.dptr = nvme_spec::Sgl::in_capsule(sgl_len);
@@ -235,7 +245,90 @@ fn rejects_plen_beyond_the_in_capsule_limit() {
     let (_h, mut t, _b) = pair(false, false);
     let big = vec![0u8; 8192 + 16];
     let term = term_after(&mut t, &capsule(PLAIN, &big, big.len() as u32));
-    assert_eq!(term.fes.get(), Fes::DATA_LIMIT_EXCEEDED.0);
+    // FEI is reserved for this FES: 0.
+    assert_eq!((term.fes.get(), term.fei.get()), (Fes::DATA_LIMIT_EXCEEDED.0, 0));
+}
+
+/// A target of `cfg` that took a plain ICReq.
+fn ready(cfg: TargetConfig) -> Target {
+    let mut t = Target::new(cfg);
+    t.handle_input(&icreq(|_| {})).expect("icreq");
+    t.take_transmit(&mut Vec::new());
+    assert_eq!(t.state(), State::Ready);
+    t
+}
+
+/// A plain ICReq as `edit` leaves it (PLEN is set before `edit` runs).
+fn icreq(edit: impl FnOnce(&mut Vec<u8>)) -> Vec<u8> {
+    let req = IcReq {
+        ch: common_header(PduType::IC_REQ, 0),
+        pfv: 0.into(),
+        hpda: 0,
+        dgst: 0,
+        maxr2t: 0.into(),
+        rsvd: [0; 112],
+    };
+    let mut bytes = Vec::new();
+    pdu::encode(&mut bytes, req.as_bytes(), &[], PLAIN);
+    edit(&mut bytes);
+    bytes
+}
+
+/// The admin queue (and a queue not yet connected, whose Connect may carry
+/// 1 KiB) takes 8 KiB of in-capsule data (TP 8000: the admin queue's fixed
+/// capsule size); an I/O queue takes what IOCCSZ advertises, and no more.
+#[test]
+fn the_admin_queue_takes_8_kib_in_capsule_and_io_queues_their_configured_size() {
+    let cfg = TargetConfig { max_in_capsule: 4096, ..Default::default() };
+    let mut t = ready(cfg);
+    t.set_queue(0, 31, false);
+    t.handle_input(&capsule(PLAIN, &[5; 8192], 8192)).expect("8 KiB on the admin queue");
+    assert!(matches!(t.poll_event(), Some(Event::Command { data: Some(d), .. }) if d.len() == 8192));
+
+    let mut t = ready(cfg);
+    t.set_queue(1, 127, false);
+    t.handle_input(&capsule(PLAIN, &[5; 4096], 4096)).expect("IOCCSZ's worth on an I/O queue");
+    assert!(matches!(t.poll_event(), Some(Event::Command { data: Some(d), .. }) if d.len() == 4096));
+    let term = term_after(&mut t, &capsule(PLAIN, &[5; 4112], 4112));
+    assert_eq!((term.fes.get(), term.fei.get()), (Fes::DATA_LIMIT_EXCEEDED.0, 0));
+
+    // I/O queues sized beyond 8 KiB do not make the admin queue take more.
+    let cfg = TargetConfig { max_in_capsule: 16384, ..Default::default() };
+    let mut t = ready(cfg);
+    let err = t.handle_input(&capsule(PLAIN, &[5; 8192 + 16], 8192 + 16)).expect_err("beyond 8 KiB before Connect");
+    assert_eq!(err.fes, Fes::DATA_LIMIT_EXCEEDED);
+    assert!(err.reason.contains("plen"), "the log names the field: {}", err.reason);
+    let mut t = ready(cfg);
+    t.set_queue(2, 127, false);
+    t.handle_input(&capsule(PLAIN, &[5; 16384], 16384)).expect("16 KiB on an I/O queue");
+}
+
+#[test]
+fn an_icreq_whose_plen_is_not_128_is_an_invalid_plen() {
+    for plen in [127u32, 132, 4096, u32::MAX] {
+        let mut t = Target::new(TargetConfig::default());
+        let bytes = icreq(|b| {
+            b[4..8].copy_from_slice(&plen.to_le_bytes());
+            b.resize(b.len() + 4, 0);
+        });
+        let term = term_after(&mut t, &bytes);
+        assert_eq!((term.fes.get(), term.fei.get()), (Fes::INVALID_HEADER_FIELD.0, 4), "plen {plen}");
+    }
+}
+
+/// HPDA above 31 and DGST bits other than HDGST_ENABLE/DDGST_ENABLE are
+/// reserved values: invalid header fields, not unsupported parameters.
+#[test]
+fn an_icreq_with_reserved_hpda_or_dgst_values_is_an_invalid_header_field() {
+    for (at, value) in [(10usize, 32u8), (10, 0xff), (11, 0x04), (11, 0x83)] {
+        let mut t = Target::new(TargetConfig::default());
+        let term = term_after(&mut t, &icreq(|b| b[at] = value));
+        assert_eq!(
+            (term.fes.get(), term.fei.get()),
+            (Fes::INVALID_HEADER_FIELD.0, at as u32),
+            "byte {at} = {value:#x}"
+        );
+    }
 }
 
 #[test]
@@ -244,7 +337,9 @@ fn rejects_header_digest_mismatch() {
     let mut bytes = capsule(Framing { hdgst: true, ..PLAIN }, &[], 0);
     bytes[72] ^= 0x55; // first byte of the header digest
     let term = term_after(&mut t, &bytes);
-    assert_eq!(term.fes.get(), Fes::HEADER_DIGEST_ERROR.0);
+    // FEI of a Header Digest Error is the HDGST received, not an offset.
+    let received = u32::from_le_bytes(bytes[72..76].try_into().expect("4 bytes"));
+    assert_eq!((term.fes.get(), term.fei.get()), (Fes::HEADER_DIGEST_ERROR.0, received));
 }
 
 #[test]
@@ -311,8 +406,10 @@ fn rejects_h2c_data_beyond_r2t_length() {
     t.request_data(7, 4096);
     let mut sink = Vec::new();
     t.take_transmit(&mut sink);
-    let term = term_after(&mut t, &h2c(7, 0, 0, &[0; 8192], true));
-    assert_eq!((term.fes.get(), term.fei.get()), (Fes::DATA_OUT_OF_RANGE.0, 16));
+    let err = term_and_log(&mut t, &h2c(7, 0, 0, &[0; 8192], true));
+    // FEI is reserved for Data Transfer Out of Range (0); the log names DATAL.
+    assert_eq!((err.0.fes.get(), err.0.fei.get()), (Fes::DATA_OUT_OF_RANGE.0, 0));
+    assert!(err.1.contains("datal"), "{}", err.1);
 }
 
 #[test]
@@ -320,8 +417,9 @@ fn rejects_h2c_data_at_an_unexpected_offset() {
     let (_h, mut t, _b) = pair(false, false);
     t.request_data(7, 8192);
     t.take_transmit(&mut Vec::new());
-    let term = term_after(&mut t, &h2c(7, 0, 4096, &[0; 4096], true));
-    assert_eq!((term.fes.get(), term.fei.get()), (Fes::DATA_OUT_OF_RANGE.0, 12));
+    let err = term_and_log(&mut t, &h2c(7, 0, 4096, &[0; 4096], true));
+    assert_eq!((err.0.fes.get(), err.0.fei.get()), (Fes::DATA_OUT_OF_RANGE.0, 0));
+    assert!(err.1.contains("datao"), "{}", err.1);
 }
 
 #[test]
@@ -337,7 +435,7 @@ fn rejects_h2c_data_beyond_maxh2cdata() {
     t.request_data(7, 65536);
     t.take_transmit(&mut Vec::new());
     let term = term_after(&mut t, &h2c(7, 0, 0, &[0; 32768], true));
-    assert_eq!(term.fes.get(), Fes::DATA_LIMIT_EXCEEDED.0);
+    assert_eq!((term.fes.get(), term.fei.get()), (Fes::DATA_LIMIT_EXCEEDED.0, 0));
 }
 
 #[test]
@@ -365,20 +463,13 @@ fn rejects_icreq_with_unsupported_pfv() {
 }
 
 #[test]
-fn a_second_icreq_is_rejected() {
+fn a_second_icreq_is_a_pdu_sequence_error() {
+    // A valid PDU of a type the host sends, out of order (as SPDK's target
+    // answers it; a controller-to-host type stays an invalid PDU type).
     let (_h, mut t, _b) = pair(false, false);
-    let req = IcReq {
-        ch: common_header(PduType::IC_REQ, 0),
-        pfv: 0.into(),
-        hpda: 0,
-        dgst: 0,
-        maxr2t: 0.into(),
-        rsvd: [0; 112],
-    };
-    let mut bytes = Vec::new();
-    pdu::encode(&mut bytes, req.as_bytes(), &[], PLAIN);
-    let term = term_after(&mut t, &bytes);
-    assert_eq!((term.fes.get(), term.fei.get()), (Fes::INVALID_HEADER_FIELD.0, 0));
+    let err = term_and_log(&mut t, &icreq(|_| {}));
+    assert_eq!((err.0.fes.get(), err.0.fei.get()), (Fes::PDU_SEQUENCE_ERROR.0, 0));
+    assert!(err.1.contains("ICReq"), "{}", err.1);
 }
 
 #[test]
@@ -809,7 +900,8 @@ fn a_bad_h2c_header_is_refused_before_its_payload_arrives() {
     let pdu = h2c(7, 0, 4096, &[0; 4096], true); // datao should be 0
     t.handle_input(&pdu[..20]).expect("the header is not whole yet");
     let err = t.handle_input(&pdu[20..40]).expect_err("the header is whole");
-    assert_eq!((err.fes, err.fei), (Fes::DATA_OUT_OF_RANGE, 12));
+    assert_eq!((err.fes, err.fei), (Fes::DATA_OUT_OF_RANGE, 0));
+    assert!(err.reason.contains("datao"), "{}", err.reason);
 }
 
 #[test]
