@@ -12,7 +12,10 @@ use iscsi::host::{HostChap, HostConfig, HostConnection, MutualChap};
 use iscsi::pdu::{self as ipdu, Bhs, Opcode as IOpcode, Stage};
 use iwarp::mpa::{self, Frame, Kind};
 use iwarp::wire::{self, Ctrl, Opcode, ReadRequest, TaggedHeader, UntaggedHeader};
+use nvme_spec::queue::DataDirection;
 use nvme_spec::{Cqe, Sgl, Sqe, Status};
+use nvmf_rdma::host::{HostConfig as RdmaHostConfig, HostConnection as RdmaHost};
+use nvmf_rdma::target::{Event as RdmaEvent, TargetConfig as RdmaTargetConfig, TargetQueue};
 use nvmf_tcp::pdu::{
     self, common_header, flags, CapsuleCmd, CapsuleResp, DataHeader, Framing, IcReq, IcResp, PduType, R2t, TermReq,
 };
@@ -432,6 +435,116 @@ fn iwarp_connection(all: bool) -> Seeds {
     v
 }
 
+/// Records what an NVMe/RDMA host sends (`qid` 1, 8 entries, CRC as
+/// `crc`) while it runs `cmds` (SQE, write data, read length) one after
+/// another against a queue answering as the `rdma_target` harness does
+/// (not late): the host's bytes, and where each of its transmissions
+/// after the first starts (where a chunk must begin so that the queue has
+/// acted on what came before, e.g. issued the RDMA Read a Read Response
+/// answers).
+fn rdma_session(crc: bool, in_capsule: u32, cmds: &[(Sqe, Vec<u8>, u32)]) -> (Vec<u8>, Vec<usize>) {
+    let hc = RdmaHostConfig { crc, qid: 1, entries: 8, max_in_capsule: in_capsule, ..RdmaHostConfig::default() };
+    let mut h = RdmaHost::new(hc);
+    let mut t = TargetQueue::<Vec<u8>>::new(RdmaTargetConfig {
+        crc,
+        ord: 4,
+        max_in_capsule: 8192,
+        max_transfer: 256 * 1024,
+        max_queue_entries: 64,
+        max_segment: 61440,
+        read_buffer: 64 * 1024,
+    });
+    let (mut sent, mut starts) = (Vec::new(), Vec::new());
+    let mut pump = |h: &mut RdmaHost, t: &mut TargetQueue<Vec<u8>>| {
+        for _ in 0..16 {
+            let mut bytes = Vec::new();
+            h.take_transmit(&mut bytes);
+            if bytes.is_empty() {
+                return;
+            }
+            starts.push(sent.len());
+            sent.extend_from_slice(&bytes);
+            t.handle_input(&bytes).expect("the seed host is well-behaved");
+            while let Some(ev) = t.poll_event() {
+                match ev {
+                    RdmaEvent::Command { sqe, data } => {
+                        let cid = sqe.cid.get();
+                        let ok = Cqe::new(cid, Status::SUCCESS, 0);
+                        let len = t.check_sgl(&sqe, data.as_ref().map(Vec::len)).expect("a valid SGL");
+                        match sqe.data_direction() {
+                            DataDirection::HostToController if data.is_none() && len > 0 => t.request_data(cid, len),
+                            DataDirection::ControllerToHost if len > 0 => t.send_data(cid, &pattern(len as usize), ok),
+                            _ => t.send_response(ok),
+                        }
+                    }
+                    RdmaEvent::Data { cid, .. } => t.send_response(Cqe::new(cid, Status::SUCCESS, 0)),
+                    _ => {}
+                }
+            }
+            let mut back = Vec::new();
+            t.take_transmit(&mut back);
+            h.handle_input(&back).expect("the seed queue is well-behaved");
+        }
+    };
+    pump(&mut h, &mut t);
+    assert!(h.is_ready(), "the seed queue refused the connection");
+    for (sqe, write, read_len) in cmds {
+        h.submit(*sqe, write.clone(), *read_len);
+        pump(&mut h, &mut t);
+        let (cqe, _) = h.poll_completion().expect("a completion for every seed command");
+        assert_eq!(cqe.status(), Status::SUCCESS);
+    }
+    starts.remove(0);
+    (sent, starts)
+}
+
+/// The first chunking seed (as the fuzz targets cut their input) that puts
+/// a chunk boundary in each of `ranges` of `stream`.
+fn seed_cutting_all(stream: &[u8], ranges: &[(usize, usize)]) -> u8 {
+    (1..=255u8)
+        .find(|&seed| {
+            let mut ends = Vec::new();
+            let mut at = 0;
+            for c in chunks(stream, seed, 97) {
+                at += c.len();
+                ends.push(at);
+            }
+            ranges.iter().all(|&(lo, hi)| ends.iter().any(|e| (lo..=hi).contains(e)))
+        })
+        .expect("a seed cutting every range")
+}
+
+fn rdma_target(all: bool) -> Seeds {
+    let mut write = sqe(0x01, 1, 1);
+    write.cdw12 = 7.into();
+    let mut read = sqe(0x02, 2, 1);
+    read.cdw12 = 7.into();
+    let flush = sqe(0x00, 3, 1);
+    // No CRC: a write in the capsule, a read, a flush, in one chunk.
+    let (inline, _) =
+        rdma_session(false, 4096, &[(write, pattern(512), 0), (read, Vec::new(), 4096), (flush, Vec::new(), 0)]);
+    let mut v: Seeds = vec![("inline-read-flush", cat(&[0x04, 0], &[inline]))];
+    // CRC: a keyed write whose data the queue reads from the host, cut
+    // so that the Read Response comes after the read was issued.
+    let (keyed, starts) = rdma_session(true, 0, &[(write, pattern(4096), 0)]);
+    let resp = starts.last().copied().unwrap_or_default();
+    let seed = seed_cutting_all(&keyed, &[(resp, resp + wire::TAGGED_LEN - 1)]);
+    v.push(("keyed-write-crc", cat(&[0x05, seed], &[keyed])));
+    if all {
+        // The same, 16 KiB received straight into the command's buffer: a
+        // chunk starts inside the Read Response's payload.
+        let (keyed, starts) = rdma_session(true, 0, &[(write, pattern(16384), 0)]);
+        let resp = starts.last().copied().unwrap_or_default();
+        let body = resp + wire::TAGGED_LEN;
+        let seed = seed_cutting_all(&keyed, &[(resp, body - 1), (body, body + 8192)]);
+        v.push(("keyed-write-direct", cat(&[0x25, seed], &[keyed])));
+        // Late answers, a lent input and a keyed read.
+        let (late, _) = rdma_session(false, 0, &[(read, Vec::new(), 8192), (flush, Vec::new(), 0)]);
+        v.push(("late-lent-read", cat(&[0x50, 0], &[late])));
+    }
+    v
+}
+
 fn spec_decode(_all: bool) -> Seeds {
     let mut s = connect_sqe(0, 1).as_bytes().to_vec();
     s.extend_from_slice(&connect_data(0xffff, SUB));
@@ -677,12 +790,13 @@ fn main() -> std::io::Result<()> {
     let seeds = std::env::args().any(|a| a == "--seeds");
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join(if seeds { "seeds" } else { "corpus" });
     let all = !seeds;
-    let sets: [(&str, Seeds); 10] = [
+    let sets: [(&str, Seeds); 11] = [
         ("pdu_deframe", pdu_deframe(all)),
         ("target_connection", target_connection(all)),
         ("host_connection", host_connection(all)),
         ("nvmf_queue", nvmf_queue(all)),
         ("iwarp_connection", iwarp_connection(all)),
+        ("rdma_target", rdma_target(all)),
         ("spec_decode", spec_decode(all)),
         ("iscsi_pdu", iscsi_pdu(all)),
         ("iscsi_target", iscsi_target(all)),
