@@ -35,7 +35,7 @@ pub(crate) fn inquiry<B, D: BlockDevice>(lu: &LogicalUnit<D>, nexus: &Nexus, c: 
     let alloc_len = u32::from(c.be16(3));
     // CMDDT (obsolete) and reserved bits.
     if c.u8(1) & 0xFE != 0 {
-        return Outcome::Check(Sense::invalid_cdb_field(1, Some(1)));
+        return Outcome::Check(Sense::invalid_cdb_bits(1, c.u8(1) & 0xFE));
     }
     let data = if !evpd {
         if page != 0 {

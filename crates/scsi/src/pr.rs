@@ -143,9 +143,16 @@ fn good<B>() -> Outcome<B> {
 
 /// RESERVE(6) / RELEASE(6) (SPC-2 7.21, 7.16).
 pub(crate) fn spc2<B, D: BlockDevice>(lu: &LogicalUnit<D>, nexus: &Nexus, c: Bytes<'_>) -> Outcome<B> {
-    // Third-party and extent reservations are obsolete and unsupported.
-    if c.u8(1) & 0x1F != 0 {
-        return Outcome::Check(Sense::invalid_cdb_field(1, Some(4)));
+    // Third-party and extent reservations are obsolete and unsupported:
+    // 3RDPTY (bit 4), THIRD-PARTY DEVICE ID (bits 3-1), EXTENT (bit 0).
+    let third_party_extent = c.u8(1) & 0x1F;
+    if third_party_extent != 0 {
+        let bit = match third_party_extent {
+            b if b & 0x10 != 0 => 4,
+            b if b & 0x0E != 0 => 3,
+            _ => 0,
+        };
+        return Outcome::Check(Sense::invalid_cdb_field(1, Some(bit)));
     }
     let id = nexus.id();
     let mut st = lu.lock();

@@ -221,12 +221,14 @@ fn write_same<B: DataOut, D: BlockDevice>(lu: &LogicalUnit<D>, c: Bytes<'_>, dat
     if flags >> 5 != 0 {
         return Outcome::Check(Sense::invalid_cdb_field(1, Some(7)));
     }
-    // ANCHOR (anchored blocks unsupported), and PBDATA/LBDATA on (10).
+    // ANCHOR (anchored blocks unsupported).
     if flags & 0x10 != 0 {
         return Outcome::Check(Sense::invalid_cdb_field(1, Some(4)));
     }
-    if !sixteen && flags & 0x06 != 0 {
-        return Outcome::Check(Sense::invalid_cdb_field(1, Some(2)));
+    // PBDATA and LBDATA, in both sizes: unsupported, and ignoring them
+    // would write other data than asked (SBC-3 5.41-5.42).
+    if flags & 0x06 != 0 {
+        return Outcome::Check(Sense::invalid_cdb_bits(1, flags & 0x06));
     }
     let unmap = flags & 0x08 != 0;
     let ndob = sixteen && flags & 0x01 != 0;

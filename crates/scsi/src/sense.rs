@@ -192,6 +192,18 @@ impl Sense {
         Sense { field: Some(FieldPointer { in_cdb: true, byte, bit }), ..Sense::INVALID_FIELD_IN_CDB }
     }
 
+    /// INVALID FIELD IN CDB for `bits`, the set bits of CDB byte `byte` that
+    /// are one-bit fields or reserved bits the device server refuses: the
+    /// bit pointer names the most significant of them, a bit in error, not
+    /// a neighbouring field (SPC-4 4.5.2.4.2).
+    pub const fn invalid_cdb_bits(byte: u16, bits: u8) -> Sense {
+        let bit = match bits.checked_ilog2() {
+            Some(b) => Some(b as u8),
+            None => None,
+        };
+        Sense::invalid_cdb_field(byte, bit)
+    }
+
     /// INVALID FIELD IN PARAMETER LIST pointing at `byte`/`bit`.
     pub const fn invalid_param_field(byte: u16, bit: Option<u8>) -> Sense {
         Sense { field: Some(FieldPointer { in_cdb: false, byte, bit }), ..Sense::INVALID_FIELD_IN_PARAMETER_LIST }
@@ -369,6 +381,13 @@ mod tests {
         assert_eq!(b, [0x70, 0, 0x05, 0, 0, 0, 0, 0x0A, 0, 0, 0, 0, 0x24, 0x00, 0, 0xCD, 0x00, 0x01]);
         let b = Sense::invalid_param_field(0x102, None).to_fixed_bytes();
         assert_eq!(b.get(15..18), Some(&[0x80, 0x01, 0x02][..]));
+    }
+
+    #[test]
+    fn refused_bits_are_pointed_at_the_most_significant_one_set() {
+        let f = |bits| Sense::invalid_cdb_bits(5, bits).field.and_then(|f| f.bit);
+        assert_eq!((f(0x01), f(0x03), f(0x06), f(0x80)), (Some(0), Some(1), Some(2), Some(7)));
+        assert_eq!(f(0), None);
     }
 
     #[test]

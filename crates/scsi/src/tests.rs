@@ -587,6 +587,24 @@ fn write_same_rejects_zero_blocks_anchor_and_range() {
     assert_eq!(asc(check(exec(&small, &nexus(1), &rw16(op::WRITE_SAME_16, 0, 5, 0)))), INVALID_CDB);
 }
 
+#[test]
+fn write_same_of_either_size_refuses_lbdata_and_pbdata() {
+    // SBC-3 5.41-5.42: LBDATA writes each block's LBA into its first four
+    // bytes, PBDATA its physical sector address into the first eight;
+    // neither is supported, so neither may be taken for a plain WRITE SAME
+    // that writes other data than the initiator asked for.
+    let lu = ram_lu();
+    for (flags, bit) in [(0x02u8, 1u8), (0x04, 2), (0x06, 2)] {
+        let ten = [op::WRITE_SAME_10, flags, 0, 0, 0, 0, 0, 0, 1, 0];
+        let sixteen = rw16(op::WRITE_SAME_16, 0, 1, flags);
+        for cdb in [&ten[..], &sixteen[..]] {
+            let s = check(exec(&lu, &nexus(1), cdb));
+            assert_eq!(asc(s), INVALID_CDB, "{:#04x} flags {flags:#04x}", cdb[0]);
+            assert_eq!(s.field.map(|f| (f.in_cdb, f.byte, f.bit)), Some((true, 1, Some(bit))));
+        }
+    }
+}
+
 fn unmap_list(ranges: &[(u64, u32)]) -> Vec<u8> {
     let bd = ranges.len() * 16;
     let mut p = Vec::new();
@@ -982,6 +1000,188 @@ fn report_supported_opcodes_lists_all_and_one() {
     let d = good(exec(&lu, &nexus(1), &rctd));
     assert_eq!((d.len() - 4) % 20, 0);
     assert_eq!(d[4 + 5] & 0x02, 0x02, "CTDP");
+}
+
+/// Every command REPORT SUPPORTED OPERATION CODES lists: (opcode, service
+/// action when SERVACTV is set, CDB LENGTH).
+fn reported_commands(lu: &LogicalUnit) -> Vec<(u8, Option<u16>, usize)> {
+    let all = [op::MAINTENANCE_IN, 0x0C, 0, 0, 0, 0, 0, 0, 0xFF, 0xFF, 0, 0];
+    let d = good(exec(lu, &nexus(1), &all));
+    d[4..]
+        .chunks(8)
+        .map(|e| {
+            let sa = (e[5] & 0x01 != 0).then(|| u16::from_be_bytes([e[2], e[3]]));
+            (e[0], sa, usize::from(u16::from_be_bytes([e[6], e[7]])))
+        })
+        .collect()
+}
+
+/// The CDB USAGE DATA of one reported command (one_command format).
+fn usage_data(lu: &LogicalUnit, opcode: u8, sa: Option<u16>) -> Vec<u8> {
+    let [sa_hi, sa_lo] = sa.unwrap_or(0).to_be_bytes();
+    let options = if sa.is_some() { 0x02 } else { 0x01 };
+    let one = [op::MAINTENANCE_IN, 0x0C, options, opcode, sa_hi, sa_lo, 0, 0, 0xFF, 0xFF, 0, 0];
+    let d = good(exec(lu, &nexus(1), &one));
+    assert_eq!(d[1] & 0x07, 0x03, "{opcode:#04x}/{sa:?} supported in the standard's way");
+    let len = usize::from(u16::from_be_bytes([d[2], d[3]]));
+    assert_eq!(d.len(), 4 + len, "{opcode:#04x}/{sa:?} CDB SIZE");
+    d[4..].to_vec()
+}
+
+/// A CDB for `opcode`/`sa` that the unit accepts as it stands (GOOD, a
+/// request for data-out, or a block request), from which single bits are
+/// then flipped.
+fn valid_cdb(opcode: u8, sa: Option<u16>, len: usize) -> Vec<u8> {
+    let mut c = vec![0u8; len];
+    c[0] = opcode;
+    if let Some(sa) = sa {
+        c[1] = sa as u8;
+    }
+    match opcode {
+        op::INQUIRY => c[4] = 0xFF,
+        op::MODE_SENSE_6 => c[2..5].copy_from_slice(&[0x3F, 0, 0xFF]),
+        op::MODE_SENSE_10 => c[2..9].copy_from_slice(&[0x3F, 0, 0, 0, 0, 0x01, 0]),
+        op::WRITE_SAME_10 => c[8] = 1,
+        op::WRITE_SAME_16 => c[13] = 1,
+        op::REPORT_LUNS | op::MAINTENANCE_IN => c[8] = 1,
+        op::PERSISTENT_RESERVE_IN => c[8] = 0xFF,
+        op::PERSISTENT_RESERVE_OUT => c[8] = 24,
+        op::SERVICE_ACTION_IN_16 => c[13] = 32,
+        _ => {}
+    }
+    c
+}
+
+/// The most significant bit of the CDB field holding `bit` of `byte`, for
+/// the multi-bit fields the unit refuses when non-zero; a one-bit field is
+/// its own.
+fn field_msb(opcode: u8, byte: usize, bit: u8) -> u8 {
+    let protect = matches!(
+        opcode,
+        op::READ_10
+            | op::READ_12
+            | op::READ_16
+            | op::WRITE_10
+            | op::WRITE_12
+            | op::WRITE_16
+            | op::WRITE_AND_VERIFY_10
+            | op::WRITE_AND_VERIFY_12
+            | op::WRITE_AND_VERIFY_16
+            | op::VERIFY_10
+            | op::VERIFY_12
+            | op::VERIFY_16
+            | op::WRITE_SAME_10
+            | op::WRITE_SAME_16
+            | op::COMPARE_AND_WRITE
+    );
+    match (byte, bit) {
+        // RDPROTECT / WRPROTECT / VRPROTECT.
+        (1, 5..=7) if protect => 7,
+        // THIRD-PARTY DEVICE ID of RESERVE(6) and RELEASE(6) (SPC-2).
+        (1, 1..=3) if matches!(opcode, op::RESERVE_6 | op::RELEASE_6) => 3,
+        _ => bit,
+    }
+}
+
+#[test]
+fn report_supported_opcodes_usage_data_carries_the_service_action() {
+    // SPC-4 6.35.3: the CDB USAGE DATA holds the operation code in byte 0
+    // and the service action where the CDB's SERVICE ACTION field is.
+    let lu = ram_lu();
+    for (opcode, sa, len) in reported_commands(&lu) {
+        let usage = usage_data(&lu, opcode, sa);
+        assert_eq!(usage.len(), len, "{opcode:#04x}/{sa:?}: CDB LENGTH and CDB SIZE agree");
+        assert_eq!(usage[0], opcode);
+        if let Some(sa) = sa {
+            assert_eq!(u16::from(usage[1] & 0x1F), sa, "{opcode:#04x}/{sa:#04x}: usage byte 1 {:#04x}", usage[1]);
+        }
+    }
+}
+
+/// SPC-4 6.35.3: a usage bit of zero marks a CDB bit the device server
+/// ignores or treats as reserved; one marks a bit it evaluates. For every
+/// reported command, each CDB bit marked zero, set alone in an otherwise
+/// valid CDB, either changes nothing or is refused as INVALID FIELD IN CDB
+/// whose field pointer names that byte and that bit (SPC-4 4.5.2.4.2: the
+/// bit in error, or the first bit of the multi-bit field holding it); and
+/// a bit marked one that makes the CDB invalid is refused by a pointer to
+/// a field the usage data marks evaluated.
+#[test]
+fn every_cdb_bit_is_treated_as_its_usage_data_says() {
+    let lu = ram_lu();
+    let n = nexus(1);
+    for (opcode, sa, len) in reported_commands(&lu) {
+        let usage = usage_data(&lu, opcode, sa);
+        let base = valid_cdb(opcode, sa, len);
+        let before = exec(&lu, &n, &base);
+        assert!(
+            matches!(before, Outcome::Good { .. } | Outcome::NeedData { .. } | Outcome::Io(_)),
+            "{opcode:#04x}/{sa:?}: the base CDB {base:02x?} is valid, got {before:?}"
+        );
+        let before = format!("{before:?}");
+        for byte in 1..len {
+            for bit in 0..8u8 {
+                // The service action itself.
+                if sa.is_some() && byte == 1 && bit < 5 {
+                    continue;
+                }
+                let mut c = base.clone();
+                c[byte] ^= 1 << bit;
+                let out = exec(&lu, &n, &c);
+                let what = format!("{opcode:#04x}/{sa:?} byte {byte} bit {bit}: {out:?}");
+                let pointer = match &out {
+                    Outcome::Check(s) if asc(*s) == INVALID_CDB => s.field,
+                    _ => None,
+                };
+                if usage[byte] & (1 << bit) == 0 {
+                    match pointer {
+                        Some(f) => {
+                            assert!(f.in_cdb, "{what}");
+                            assert_eq!(usize::from(f.byte), byte, "{what}");
+                            assert_eq!(f.bit, Some(field_msb(opcode, byte, bit)), "{what}");
+                        }
+                        None => assert_eq!(format!("{out:?}"), before, "{what}: ignored"),
+                    }
+                } else if let Some(f) = pointer {
+                    let marked = usage.get(usize::from(f.byte)).copied().unwrap_or(0);
+                    let evaluated = match f.bit {
+                        Some(b) => marked & (1 << b) != 0,
+                        None => marked != 0,
+                    };
+                    assert!(evaluated, "{what}: the field pointed at is marked unused");
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn report_supported_opcodes_lists_exactly_the_opcodes_executed() {
+    let lu = ram_lu();
+    let reported: Vec<u8> = reported_commands(&lu).iter().map(|&(opcode, _, _)| opcode).collect();
+    for opcode in 0..=255u8 {
+        let mut cdb = [0u8; 16];
+        cdb[0] = opcode;
+        let executed = !matches!(exec(&lu, &nexus(1), &cdb), Outcome::Check(s) if s == Sense::INVALID_OPCODE);
+        assert_eq!(reported.contains(&opcode), executed, "opcode {opcode:#04x}");
+    }
+    // The one_command format agrees with the list, and a truncated list
+    // keeps its full COMMAND DATA LENGTH.
+    let all = [op::MAINTENANCE_IN, 0x0C, 0, 0, 0, 0, 0, 0, 0, 12, 0, 0];
+    let d = good(exec(&lu, &nexus(1), &all));
+    assert_eq!(d.len(), 12);
+    assert_eq!(u32::from_be_bytes(d[..4].try_into().unwrap()) as usize, reported.len() * 8);
+}
+
+#[test]
+fn link_and_flag_bits_are_pointed_at_themselves_not_at_naca() {
+    let lu = ram_lu();
+    for (control, bit) in [(0x01u8, 0u8), (0x02, 1), (0x04, 2)] {
+        let s = check(exec(&lu, &nexus(1), &[op::TEST_UNIT_READY, 0, 0, 0, 0, control]));
+        assert_eq!(asc(s), INVALID_CDB);
+        let f = s.field.unwrap();
+        assert_eq!((f.in_cdb, f.byte, f.bit), (true, 5, Some(bit)), "control byte {control:#04x}");
+    }
 }
 
 // ---- Reservations ----

@@ -295,10 +295,12 @@ impl<D: BlockDevice> LogicalUnit<D> {
         let Some(access) = opcodes::access(opcode, c) else {
             return self.gate_then(nexus, opcode, Access::Always, || Outcome::Check(Sense::INVALID_OPCODE));
         };
-        // NACA, the obsolete FLAG and LINK bits of the CONTROL byte.
+        // NACA, the obsolete FLAG and LINK bits of the CONTROL byte: three
+        // one-bit fields, so the pointer names the one that is set.
         let control = len.saturating_sub(1);
-        if c.u8(control) & 0x07 != 0 {
-            return Outcome::Check(Sense::invalid_cdb_field(control as u16, Some(2)));
+        let naca_flag_link = c.u8(control) & 0x07;
+        if naca_flag_link != 0 {
+            return Outcome::Check(Sense::invalid_cdb_bits(control as u16, naca_flag_link));
         }
         self.gate_then(nexus, opcode, access, || self.dispatch(nexus, c, data_out))
     }
