@@ -29,6 +29,10 @@ thread_local! {
     static ARENA: Cell<Option<Arena>> = const { Cell::new(None) };
 }
 
+/// The most [`register_buffers`] takes: io_uring registers at most 1 GiB
+/// in one buffer.
+pub const MAX_REGISTERED_BYTES: usize = 1 << 30;
+
 /// Registers `bytes` (rounded up to 4 KiB) of I/O buffer memory with the
 /// calling thread's reactor ring. Later `IoBuf`s of this thread come from it
 /// until it is used up, and file and block device I/O on them uses
@@ -37,9 +41,10 @@ pub fn register_buffers(bytes: usize) -> io::Result<()> {
     if ARENA.with(Cell::get).is_some() {
         return Err(io::Error::new(io::ErrorKind::AlreadyExists, "this thread already registered its buffers"));
     }
-    let len = bytes.checked_next_multiple_of(4096).filter(|&l| l > 0 && l <= 1 << 30).ok_or_else(|| {
-        io::Error::new(io::ErrorKind::InvalidInput, format!("{bytes} bytes of registered buffers (1 B..1 GiB)"))
-    })?;
+    let len =
+        bytes.checked_next_multiple_of(4096).filter(|&l| l > 0 && l <= MAX_REGISTERED_BYTES).ok_or_else(|| {
+            io::Error::new(io::ErrorKind::InvalidInput, format!("{bytes} bytes of registered buffers (1 B..1 GiB)"))
+        })?;
     let layout = std::alloc::Layout::from_size_align(len, 4096).map_err(io::Error::other)?;
     // SAFETY: the layout has a non-zero size.
     let base = unsafe { std::alloc::alloc_zeroed(layout) };

@@ -32,7 +32,7 @@ use std::sync::{Mutex, OnceLock, PoisonError};
 use std::time::Duration;
 
 pub use block::{BlockDevice, Error, Geometry, MAX_BLOCK_SIZE, MIN_BLOCK_SIZE};
-pub use fixed::{arena_usage, register_buffers};
+pub use fixed::{arena_usage, register_buffers, MAX_REGISTERED_BYTES};
 pub use iobuf::{IoBuf, IO_BUF_ALIGN};
 pub use range_lock::RangeLock;
 pub use rbd::Options as RbdOptions;

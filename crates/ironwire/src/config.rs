@@ -756,6 +756,12 @@ impl Config {
         if r.poll_us > MAX_POLL_US {
             bail!("reactor.poll_us: {} is more than {MAX_POLL_US}", r.poll_us);
         }
+        if r.registered_buffers.0 > blockdev::MAX_REGISTERED_BYTES as u64 {
+            bail!(
+                "reactor.registered_buffers: {} bytes is more than 1 GiB, the most io_uring registers",
+                r.registered_buffers.0
+            );
+        }
         if r.receive_buffers != 0 && (!r.receive_buffers.is_power_of_two() || r.receive_buffers > 32768) {
             bail!("reactor.receive_buffers: {} is not 0 or a power of two up to 32768", r.receive_buffers);
         }
@@ -849,6 +855,13 @@ impl Config {
             }
             if s.nqn == nvme_spec::DISCOVERY_NQN || !nqns.insert(s.nqn.as_str()) {
                 bail!("{}: duplicate or reserved NQN", f("nqn"));
+            }
+            if let Some(sn) = &s.serial {
+                // Identify Controller SN: 20 bytes, ASCII 0x20..=0x7e (as
+                // nvmet's configfs takes it); a longer one would be cut.
+                if sn.is_empty() || sn.len() > 20 || !sn.bytes().all(|b| (0x20..=0x7e).contains(&b)) {
+                    bail!("{}: {sn:?} is not 1 to 20 printable ASCII characters", f("serial"));
+                }
             }
             if !s.allow_any_host && s.hosts.is_empty() {
                 bail!("{}: empty while allow_any_host is false; no host could connect", f("hosts"));
@@ -1391,6 +1404,34 @@ mod tests {
         assert_eq!(parse_size("512MiB"), Ok(512 << 20));
         assert_eq!(parse_size("4096"), Ok(4096));
         assert!(parse_size("12 parsecs").is_err());
+    }
+
+    /// io_uring registers at most 1 GiB in one buffer: a larger
+    /// `registered_buffers` would leave every reactor without them.
+    #[test]
+    fn registered_buffers_above_1_gib_are_refused() {
+        let base = "[[port]]\naddress = \"127.0.0.1:4420\"\n";
+        let c = Config::parse(&format!("{base}[reactor]\nregistered_buffers = \"1GiB\"\n")).expect("1 GiB");
+        assert_eq!(c.reactor.registered_buffers, Size(1 << 30));
+        let e = err_of(&format!("{base}[reactor]\nregistered_buffers = \"1025MiB\"\n"));
+        assert!(e.contains("reactor.registered_buffers") && e.contains("1 GiB"), "{e}");
+    }
+
+    /// Identify Controller's SN is 20 bytes of printable ASCII; nvmet's
+    /// configfs refuses anything else rather than cut it.
+    #[test]
+    fn a_serial_is_1_to_20_printable_ascii_characters() {
+        let sub = |serial: &str| {
+            format!(
+                "[[port]]\naddress = \"127.0.0.1:4420\"\n[[subsystem]]\nnqn = \"nqn.2026-11.x:y\"\n\
+                 allow_any_host = true\nserial = \"{serial}\"\n"
+            )
+        };
+        Config::parse(&sub("ABCDEFGHIJ 123456789")).expect("20 characters");
+        for bad in ["", "ABCDEFGHIJ0123456789X", "s\u{e9}rie", "a\\tb"] {
+            let e = err_of(&sub(bad));
+            assert!(e.contains("subsystem[0] (nqn.2026-11.x:y).serial") && e.contains("20"), "{bad:?}: {e}");
+        }
     }
 
     fn err_of(text: &str) -> String {

@@ -65,9 +65,10 @@ enum Command {
         persist: bool,
     },
     /// Edit or inspect a running daemon (docs/ctl.md): show [--json] |
-    /// save [FILE] | reload | stats | hosts | disconnect key=value... |
-    /// add|set|remove OBJECT key=value... (OBJECT: device, subsystem,
-    /// namespace, host, port, target, lun, initiator, acl, discovery_chap)
+    /// save [FILE] | reload | stats [--json] | hosts [--json] | sessions
+    /// [--json] | disconnect key=value... | add|set|remove OBJECT
+    /// key=value... (OBJECT: device, subsystem, namespace, host, port,
+    /// target, lun, initiator, acl, discovery_chap)
     Ctl {
         /// Control socket of the daemon (default /run/ironwire/ctl.sock as
         /// root, $XDG_RUNTIME_DIR/ironwire/ctl.sock otherwise).
