@@ -1000,6 +1000,13 @@ impl Config {
             if !valid_iscsi_name(&t.iqn) {
                 bail!("iscsi_target[{i}].iqn: {:?} is not an iSCSI name (iqn.yyyy-mm.reverse.domain[:name] or eui.16hex, lower case, at most 223 bytes)", t.iqn);
             }
+            if let Some(a) = &t.alias {
+                // RFC 7143 6.1: a text value is at most 255 bytes; a NUL
+                // would end the key=value pair it is sent in.
+                if a.is_empty() || a.len() > 255 || a.contains('\0') {
+                    bail!("{}: {} bytes; an alias is 1 to 255 bytes of UTF-8 without NUL", f("alias"), a.len());
+                }
+            }
             if !iqns.insert(t.iqn.as_str()) {
                 bail!("{}: duplicate target name", f("iqn"));
             }
@@ -1431,6 +1438,23 @@ mod tests {
         for bad in ["", "ABCDEFGHIJ0123456789X", "s\u{e9}rie", "a\\tb"] {
             let e = err_of(&sub(bad));
             assert!(e.contains("subsystem[0] (nqn.2026-11.x:y).serial") && e.contains("20"), "{bad:?}: {e}");
+        }
+    }
+
+    /// TargetAlias goes out as a login text value: at most 255 bytes
+    /// (RFC 7143 6.1), no NUL.
+    #[test]
+    fn an_alias_is_1_to_255_bytes_without_nul() {
+        let target = |alias: &str| {
+            format!(
+                "[[port]]\ntransport = \"iscsi\"\naddress = \"127.0.0.1:3260\"\n[[iscsi_target]]\n\
+                 iqn = \"iqn.2026-11.x:y\"\nallow_any_initiator = true\nalias = \"{alias}\"\n"
+            )
+        };
+        Config::parse(&target(&"\u{e9}".repeat(127))).expect("254 bytes");
+        for bad in [String::new(), "a".repeat(256), "a\\u0000b".into()] {
+            let e = err_of(&target(&bad));
+            assert!(e.contains("iscsi_target[0] (iqn.2026-11.x:y).alias") && e.contains("255"), "{bad:?}: {e}");
         }
     }
 
