@@ -248,9 +248,12 @@ impl Binding for nvmf_tcp::target::TargetConnection<Buf> {
             Event::CommandInInput { sqe, data } => BindingEvent::CommandInInput { sqe, data },
             Event::Data { cid, data } => BindingEvent::Data { cid, data },
             Event::DataDigestError { cid, solicited } => BindingEvent::DataDigestError { cid, solicited },
-            Event::HostTerminated { fes } => {
+            Event::HostTerminated { fes, malformed: None } => {
                 BindingEvent::Close { reason: format!("host sent H2CTermReq (fes {fes:#x}); closing") }
             }
+            Event::HostTerminated { fes, malformed: Some(why) } => BindingEvent::Close {
+                reason: format!("host sent a malformed H2CTermReq ({why}, fes {fes:#x}); closing"),
+            },
         })
     }
     fn digests(&self) -> (bool, bool) {

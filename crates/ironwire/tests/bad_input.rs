@@ -349,6 +349,33 @@ fn h2c_data_outside_its_r2t_gets_data_out_of_range() {
     assert!(d.log().contains("outside the R2T"), "{}", d.log());
 }
 
+/// An H2CTermReq whose PLEN is out of bounds ends its connection at once:
+/// no C2HTermReq answers it, none of the bytes it announces is waited for,
+/// the log line names the field, and other connections go on.
+#[test]
+fn a_malformed_h2c_term_req_closes_quietly_with_a_log_line_naming_plen() {
+    let mut d = Daemon::start("term");
+    let (mut bystander, _) = admin(d.addr);
+    let mut victim = Client::connect(d.addr, false);
+    let mut term = [0u8; 24];
+    term[0] = 0x02; // H2CTermReq
+    term[2] = 24; // HLEN
+    term[4..8].copy_from_slice(&(1u32 << 30).to_le_bytes());
+    term[8] = 0x01; // FES
+    victim.send_raw(&term);
+    let mut rest = Vec::new();
+    let _ = victim.sock.set_read_timeout(Some(Duration::from_secs(5)));
+    let closed = victim.sock.read_to_end(&mut rest);
+    assert!(closed.is_ok() && rest.is_empty(), "answered or left open: {closed:?} {rest:02x?}");
+    assert!(property_get_works(&mut bystander));
+    assert!(d.alive());
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while !d.log().contains("malformed H2CTermReq (plen 1073741824") {
+        assert!(Instant::now() < deadline, "log lacks the malformed H2CTermReq:\n{}", d.log());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 #[test]
 fn io_before_connect_and_out_of_range_get_statuses_not_termination() {
     let mut d = Daemon::start("status");

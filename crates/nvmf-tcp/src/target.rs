@@ -115,6 +115,9 @@ pub enum Event<B> {
     HostTerminated {
         /// The host's fatal error status.
         fes: u16,
+        /// What was wrong with the request, when its HLEN or PLEN was out
+        /// of bounds (it ended the connection all the same), for the log.
+        malformed: Option<String>,
     },
 }
 
@@ -404,8 +407,8 @@ impl<B: DataBuffer> TargetConnection<B> {
         let mut used = 0usize;
         while self.state != State::Terminated {
             let rest = buf.get(used..).unwrap_or_default();
-            if let Some(fes) = malformed_term_req(rest) {
-                self.host_terminated(fes);
+            if let Some((fes, why)) = malformed_term_req(rest) {
+                self.host_terminated(fes, Some(why));
                 break;
             }
             let frame = match pdu::deframe(rest, self.rx_framing, self.max_data()) {
@@ -422,7 +425,7 @@ impl<B: DataBuffer> TargetConnection<B> {
                 PduType::CAPSULE_CMD => self.on_capsule(header, frame.data, lent_at, frame.data_digest_ok)?,
                 PduType::H2C_DATA => self.on_h2c_data(header, frame.data, frame.data_digest_ok)?,
                 PduType::H2C_TERM_REQ => {
-                    self.host_terminated(TermReq::read_from_bytes(header).map(|t| t.fes.get()).unwrap_or(0));
+                    self.host_terminated(TermReq::read_from_bytes(header).map(|t| t.fes.get()).unwrap_or(0), None);
                 }
                 _ => {}
             }
@@ -432,8 +435,8 @@ impl<B: DataBuffer> TargetConnection<B> {
 
     /// The host terminated the connection: it ends here, and no C2HTermReq
     /// answers (NVMe-oF 1.1 section 7.4.7).
-    fn host_terminated(&mut self, fes: u16) {
-        self.events.push_back(Event::HostTerminated { fes });
+    fn host_terminated(&mut self, fes: u16, malformed: Option<String>) {
+        self.events.push_back(Event::HostTerminated { fes, malformed });
         self.state = State::Terminated;
     }
 
@@ -1022,19 +1025,27 @@ impl<B: DataBuffer> TargetConnection<B> {
 }
 
 /// The FES of the H2CTermReq at the front of `buf` (0 when that field has
-/// not arrived) when its HLEN or PLEN is invalid. Such a request ends the
-/// connection at once with nothing reported (NVMe-oF 1.1 section 7.4.7),
-/// and a controller never answers an H2CTermReq with a C2HTermReq: the
-/// bytes its PLEN announces are not waited for.
-fn malformed_term_req(buf: &[u8]) -> Option<u16> {
+/// not arrived) and what is wrong with it, when its HLEN or PLEN is
+/// invalid. Such a request ends the connection at once with nothing
+/// reported (NVMe-oF 1.1 section 7.4.7), and a controller never answers an
+/// H2CTermReq with a C2HTermReq: the bytes its PLEN announces are not
+/// waited for.
+fn malformed_term_req(buf: &[u8]) -> Option<(u16, String)> {
     let ch = CommonHeader::read_from_bytes(buf.get(..8)?).ok()?;
     let t = PduType::H2C_TERM_REQ;
-    let plen = ch.plen.get();
-    let valid = Some(ch.hlen) == t.hlen() && plen >= u32::from(ch.hlen) && t.max_plen().is_some_and(|max| plen <= max);
-    if ch.pdu_type != t.0 || valid {
+    if ch.pdu_type != t.0 {
         return None;
     }
-    Some(buf.get(8..10).and_then(|f| f.try_into().ok()).map_or(0, u16::from_le_bytes))
+    let (hlen, plen) = (ch.hlen, ch.plen.get());
+    let max = t.max_plen().unwrap_or(pdu::TERM_REQ_MAX_PLEN);
+    let why = if Some(hlen) != t.hlen() {
+        format!("hlen {hlen} (expected 24)")
+    } else if plen < u32::from(hlen) || plen > max {
+        format!("plen {plen} (expected {hlen}..={max})")
+    } else {
+        return None;
+    };
+    Some((buf.get(8..10).and_then(|f| f.try_into().ok()).map_or(0, u16::from_le_bytes), why))
 }
 
 /// The header of a C2HData PDU carrying `len` bytes at `offset` of `cid`'s

@@ -47,7 +47,7 @@ fn h2c_term_req_with_pdo_zero_ends_the_connection_quietly() {
     t.take_transmit(&mut out);
     assert!(r.is_ok(), "H2CTermReq refused: {r:?}");
     assert!(out.is_empty(), "a C2HTermReq answered the host's H2CTermReq: {out:02x?}");
-    assert!(matches!(t.poll_event(), Some(Event::HostTerminated { fes: 1 })));
+    assert!(matches!(t.poll_event(), Some(Event::HostTerminated { fes: 1, malformed: None })));
 }
 
 /// An H2CTermReq header with `hlen` and `plen` and FES 1, and nothing after.
@@ -74,7 +74,11 @@ fn a_malformed_h2c_term_req_is_never_answered_and_nothing_waits_for_it() {
             assert!(out.is_empty(), "{case}: a C2HTermReq answered the host's H2CTermReq: {out:02x?}");
             assert!(r.is_ok(), "{case}: the host's termination is no fatal error of ours: {r:?}");
             assert_eq!(t.state(), State::Terminated, "{case}: the connection ends at once");
-            assert!(matches!(t.poll_event(), Some(Event::HostTerminated { fes: 1 })), "{case}");
+            let Some(Event::HostTerminated { fes: 1, malformed: Some(why) }) = t.poll_event() else {
+                panic!("{case}: no HostTerminated naming what was wrong");
+            };
+            let field = if hlen == 24 { format!("plen {plen}") } else { format!("hlen {hlen}") };
+            assert!(why.contains(&field), "{case}: {why}");
         }
     }
 }
@@ -95,7 +99,7 @@ fn a_valid_h2c_term_req_cut_anywhere_ends_the_connection_quietly() {
             t.take_transmit(&mut out);
             assert!(out.is_empty(), "cut {cut}: answered");
             assert_eq!(t.state(), State::Terminated, "cut {cut}");
-            assert!(matches!(t.poll_event(), Some(Event::HostTerminated { fes: 1 })), "cut {cut}");
+            assert!(matches!(t.poll_event(), Some(Event::HostTerminated { fes: 1, malformed: None })), "cut {cut}");
         }
     }
 }

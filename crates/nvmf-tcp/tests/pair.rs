@@ -479,7 +479,7 @@ fn host_terminate_request_ends_the_connection_quietly() {
     let mut bytes = Vec::new();
     pdu::encode(&mut bytes, term.as_bytes(), &[], PLAIN);
     t.handle_input(&bytes).expect("not an error");
-    assert!(matches!(t.poll_event(), Some(Event::HostTerminated { fes: 2 })));
+    assert!(matches!(t.poll_event(), Some(Event::HostTerminated { fes: 2, malformed: None })));
     assert_eq!(t.state(), State::Terminated);
     assert!(!t.has_transmit(), "no C2HTermReq answers an H2CTermReq");
 }
