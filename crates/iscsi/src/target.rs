@@ -2349,6 +2349,18 @@ impl<B: DataBuffer> TargetConnection<B> {
         }
         let itt = bhs.itt();
         let immediate = bhs.immediate();
+        if bhs.flags() & (flags::CONTINUE | flags::FINAL) == flags::CONTINUE | flags::FINAL {
+            // RFC 7143 11.10: with C=1, F must be 0.
+            self.text_partial.clear();
+            self.text_continue = None;
+            self.retire(immediate);
+            return Err(Self::field_err(
+                RejectReason::PROTOCOL_ERROR,
+                "Flags",
+                "Text Request with both C and F set".into(),
+                bhs,
+            ));
+        }
         let continued = self.text_continue.take().is_some_and(|c| c == (itt, bhs.ttt()));
         if bhs.ttt() == RESERVED_TAG {
             // RFC 7143 11.11.4: the reserved TTT starts a new exchange;
@@ -2365,6 +2377,18 @@ impl<B: DataBuffer> TargetConnection<B> {
                     bhs,
                 ));
             };
+            if !data.is_empty() {
+                // RFC 7143 11.11: the initiator answers a Text Response
+                // with C=1 with an empty Text Request; the rest of the
+                // answer is dropped with the exchange.
+                self.retire(immediate);
+                return Err(Self::field_err(
+                    RejectReason::PROTOCOL_ERROR,
+                    "DataSegmentLength",
+                    format!("{} bytes of text while the answer continues", data.len()),
+                    bhs,
+                ));
+            }
             self.send_text_part(itt, immediate, p.rest, p.more);
             return Ok(());
         }

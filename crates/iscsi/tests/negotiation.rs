@@ -4,6 +4,7 @@
 use iscsi::chap::Secret;
 use iscsi::pdu::{self, flags, Bhs, Framing, Opcode, RESERVED_TAG};
 use iscsi::target::{login_status, Policy, Seed, State, TargetConfig, TargetConnection, TargetInfo};
+use iscsi::RejectReason;
 use std::sync::Arc;
 
 type Target = TargetConnection<Vec<u8>>;
@@ -359,4 +360,40 @@ fn text_request_without_final_bit_is_answered_without_final_bit() {
     assert_eq!((resp.opcode(), resp.flags() & flags::FINAL), (Opcode::TEXT_RESP, flags::FINAL));
     assert_eq!(resp.ttt(), RESERVED_TAG);
     assert!(data.is_empty());
+}
+
+/// A discovery session's Text Request with F=1 and `text`, ITT 9, TTT
+/// `ttt`; the target's answers.
+fn text_req(t: &mut Target, flags_: u8, ttt: u32, cmd_sn: u32, exp_stat_sn: u32, text: &[u8]) -> Vec<(Bhs, Vec<u8>)> {
+    let mut b = Bhs::new(Opcode::TEXT_REQ);
+    b.set_immediate(true).set_flags(flags_).set_itt(9).set_ttt(ttt).set_cmd_sn(cmd_sn).set_exp_stat_sn(exp_stat_sn);
+    let mut bytes = Vec::new();
+    pdu::encode(&mut bytes, &b, &[], text, Framing::default());
+    t.handle_input(&bytes).expect("a Reject, not the end of the connection");
+    output(t)
+}
+
+/// RFC 7143 11.10: a Text Request with C=1 must have F=0; 11.11: the
+/// initiator answers a Text Response with C=1 with an empty Text Request.
+/// Either broken is a protocol error: a Reject, the session going on.
+#[test]
+fn text_requests_with_c_and_f_or_with_text_while_the_answer_continues_are_rejected() {
+    let mut t = target();
+    let (r, _) = login(&mut t, format!("InitiatorName={INITIATOR}\0SessionType=Discovery\0").as_bytes());
+    assert_eq!(r.login_status(), 0);
+    let sn = r.stat_sn().wrapping_add(1);
+    let out = text_req(&mut t, flags::CONTINUE | flags::FINAL, RESERVED_TAG, 1, sn, b"SendTargets=All\0");
+    let (b, _) = out.first().expect("an answer");
+    assert_eq!((b.opcode(), RejectReason(b.byte2())), (Opcode::REJECT, RejectReason::PROTOCOL_ERROR));
+    assert_eq!(t.state(), State::FullFeature);
+
+    // 400 keys the target does not know: an answer longer than 8 KiB.
+    let keys: String = (0..400).map(|i| format!("X-ironwire-test-{i:04}=1\0")).collect();
+    let out = text_req(&mut t, flags::FINAL, RESERVED_TAG, 1, sn.wrapping_add(1), keys.as_bytes());
+    let (b, _) = out.first().expect("the first part");
+    assert_eq!((b.opcode(), b.flags() & (flags::CONTINUE | flags::FINAL)), (Opcode::TEXT_RESP, flags::CONTINUE));
+    let out = text_req(&mut t, flags::FINAL, b.ttt(), 1, sn.wrapping_add(2), b"SendTargets=All\0");
+    let (b, _) = out.first().expect("an answer");
+    assert_eq!((b.opcode(), RejectReason(b.byte2())), (Opcode::REJECT, RejectReason::PROTOCOL_ERROR));
+    assert_eq!(t.state(), State::FullFeature);
 }
