@@ -20,7 +20,7 @@ use crate::error::{ErrorCode, Fatal};
 use crate::mpa::{self, Frame, Kind};
 use crate::wire::{
     self, hdrct, Ctrl, Opcode, ReadRequest, TaggedHeader, TerminateHeader, UntaggedHeader, CRC_LEN, LEN_FIELD,
-    QN_READ_REQUEST, QN_SEND, QN_TERMINATE, READ_REQUEST_LEN, UNTAGGED_LEN,
+    QN_READ_REQUEST, QN_SEND, QN_TERMINATE, READ_REQUEST_LEN, TAGGED_LEN, UNTAGGED_LEN,
 };
 use block::DataBuffer;
 use checksum::{Appender, Crc32c};
@@ -538,7 +538,9 @@ impl<B: DataBuffer> Connection<B> {
     }
 
     /// Feeds bytes from the socket. An `Err` is fatal: the Terminate (or
-    /// MPA reject) is queued for sending and the connection is closed.
+    /// MPA reject) is queued for sending and the connection is closed (a
+    /// responder that has not replied queues nothing: its peer reads no
+    /// FPDU yet).
     pub fn handle_input(&mut self, input: &[u8]) -> Result<(), Fatal> {
         if self.lent && !input.is_empty() {
             // Bytes of the stream must arrive in order: the ones for the
@@ -770,10 +772,18 @@ impl<B: DataBuffer> Connection<B> {
 
     /// Queues the answer to a fatal error and closes.
     fn fail(&mut self, f: Fatal) -> Fatal {
-        if self.state != State::Closed {
+        // A Terminate is an FPDU: only a peer in full operation reads one.
+        // A responder's peer (the initiator) is there once the reply is
+        // sent (state Rdma); an initiator's peer (the responder) once it
+        // has sent the reply the initiator waits for (AwaitReply: RFC
+        // 6581's errors about a reply are Terminates). A responder that has
+        // not replied closes without a word: an invalid request closes the
+        // connection at once (RFC 5044 section 8, error 4), and its peer
+        // still waits for a reply.
+        if matches!(self.state, State::Rdma | State::AwaitReply) {
             self.put_terminate(&f);
-            self.state = State::Closed;
         }
+        self.state = State::Closed;
         f
     }
 
@@ -781,9 +791,10 @@ impl<B: DataBuffer> Connection<B> {
         let mut bits = 0;
         if !f.header.is_empty() {
             bits |= hdrct::M | hdrct::D;
-            if f.code.layer == 0 {
-                bits |= hdrct::R;
-            }
+        }
+        // Only a Read Request has an RDMAP header past its DDP header.
+        if f.header.len() == READ_REQUEST_LEN {
+            bits |= hdrct::R;
         }
         let t = TerminateHeader {
             ddp: untagged(Opcode::TERMINATE, true, 0, QN_TERMINATE, 1, 0),
@@ -792,8 +803,9 @@ impl<B: DataBuffer> Connection<B> {
             hdrct: bits.into(),
         };
         let echo = f.header.get(..f.header.len().min(READ_REQUEST_LEN)).unwrap_or_default();
-        // Before full operation nothing was negotiated: no CRC.
-        let crc = self.crc && self.state == State::Rdma;
+        // CRC as negotiated: `crc` is set once the reply is (an initiator
+        // refusing a reply's IRD/ORD answers a peer that checks it).
+        let crc = self.crc;
         wire::put_fpdu(&mut self.tx, t.as_bytes(), echo.len(), crc, |d| d.copy_from_slice(echo));
     }
 
@@ -825,10 +837,7 @@ impl<B: DataBuffer> Connection<B> {
                         let Some(len) = ctrl.opcode().header_len() else {
                             // Its header's length is unknown: nothing of
                             // it is echoed (M and D clear).
-                            return Err(Fatal::new(
-                                ErrorCode::RDMAP_OPCODE,
-                                format!("opcode {} unknown (expected 0..=7)", ctrl.opcode().0),
-                            ));
+                            return Err(unknown_opcode(ctrl));
                         };
                         self.rx = Rx::Header { need: len };
                         if len > 4 {
@@ -917,11 +926,25 @@ impl<B: DataBuffer> Connection<B> {
     }
 
     /// A fatal error about the segment whose header is in `hdr`, echoing
-    /// that header (its DDP segment length first).
+    /// what of that header a Terminate carries (RFC 5040 section 4.8): the
+    /// DDP segment length and DDP header (M and D), and for an RDMAP error
+    /// on a Read Request its RDMAP header (R). Nothing after an MPA error
+    /// (the bytes failed their CRC, or the framing is lost) or a DDP
+    /// version not ours (the header's layout is unknown).
     fn segment_error(&self, code: ErrorCode, reason: String) -> Fatal {
+        let ctrl = self.ctrl;
+        let unknown = code == ErrorCode::DDP_TAGGED_VERSION || code == ErrorCode::DDP_UNTAGGED_VERSION;
+        let read_request = !ctrl.tagged() && ctrl.opcode() == Opcode::READ_REQUEST && ctrl.rdmap_version() == 1;
+        let len = match code.layer {
+            ErrorCode::LAYER_MPA => 0,
+            _ if unknown => 0,
+            ErrorCode::LAYER_RDMAP if read_request => READ_REQUEST_LEN,
+            _ if ctrl.tagged() => TAGGED_LEN,
+            _ => UNTAGGED_LEN,
+        };
         // The DDP segment length is the MPA ULPDU length as received
         // (header and payload).
-        let header = self.hdr.get(..self.hdr_len).unwrap_or_default().to_vec();
+        let header = self.hdr.get(..len.min(self.hdr_len)).unwrap_or_default().to_vec();
         Fatal { code, reason, header }
     }
 
@@ -1034,7 +1057,15 @@ impl<B: DataBuffer> Connection<B> {
                 format!("RDMA Write to STag {stag:#x}, which is not registered"),
             ));
         };
-        if !region.valid || region.access != Access::RemoteWrite {
+        if !region.valid {
+            // Invalidated, it is no STag the peer may use (RFC 5040
+            // section 2.1), as one never registered.
+            return Err(self.segment_error(
+                ErrorCode::DDP_TAGGED_INVALID_STAG,
+                format!("RDMA Write to STag {stag:#x}, which was invalidated"),
+            ));
+        }
+        if region.access != Access::RemoteWrite {
             return Err(self.segment_error(
                 ErrorCode::RDMAP_ACCESS_RIGHTS,
                 format!("RDMA Write to STag {stag:#x}, which does not allow remote writes"),
@@ -1310,7 +1341,7 @@ impl<B: DataBuffer> Connection<B> {
             match region {
                 Some(r) if r.valid => r.valid = false,
                 _ => {
-                    return Err(Fatal::new(
+                    return Err(self.segment_error(
                         ErrorCode::RDMAP_CANNOT_INVALIDATE,
                         format!("Send with Invalidate of STag {stag:#x}, which is not a valid registered STag"),
                     ))
@@ -1343,7 +1374,13 @@ impl<B: DataBuffer> Connection<B> {
                 format!("RDMA Read Request from STag {src:#x}, which is not registered"),
             ));
         };
-        if !region.valid || region.access != Access::RemoteRead {
+        if !region.valid {
+            return Err(self.segment_error(
+                ErrorCode::RDMAP_INVALID_STAG,
+                format!("RDMA Read Request from STag {src:#x}, which was invalidated"),
+            ));
+        }
+        if region.access != Access::RemoteRead {
             return Err(self.segment_error(
                 ErrorCode::RDMAP_ACCESS_RIGHTS,
                 format!("RDMA Read Request from STag {src:#x}, which does not allow remote reads"),
@@ -1614,6 +1651,20 @@ fn copy_concat(dst: &mut [u8], off: usize, a: &[u8], b: &[u8]) {
 fn checked_range(base: u64, size: usize, to: u64, len: usize) -> Option<usize> {
     let off = usize::try_from(to.checked_sub(base)?).ok()?;
     (off.checked_add(len)? <= size).then_some(off)
+}
+
+/// The error for a header whose opcode is unknown, in the order the layers
+/// read it: a DDP version not ours (RFC 5041 section 4.2) or an RDMAP
+/// version not ours (RFC 5040 section 4.2) says the opcode means nothing.
+fn unknown_opcode(ctrl: Ctrl) -> Fatal {
+    if ctrl.ddp_version() != 1 {
+        let code = if ctrl.tagged() { ErrorCode::DDP_TAGGED_VERSION } else { ErrorCode::DDP_UNTAGGED_VERSION };
+        return Fatal::new(code, format!("DDP version {} (expected 1)", ctrl.ddp_version()));
+    }
+    if ctrl.rdmap_version() != 1 {
+        return Fatal::new(ErrorCode::RDMAP_VERSION, format!("RDMAP version {} (expected 1)", ctrl.rdmap_version()));
+    }
+    Fatal::new(ErrorCode::RDMAP_OPCODE, format!("opcode {} unknown (expected 0..=7)", ctrl.opcode().0))
 }
 
 /// The fields of a received untagged header, in host order.

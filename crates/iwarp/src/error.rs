@@ -24,6 +24,13 @@ impl ErrorCode {
         ErrorCode { layer, etype, ecode }
     }
 
+    /// Layer 0: RDMAP.
+    pub const LAYER_RDMAP: u8 = RDMAP;
+    /// Layer 1: DDP.
+    pub const LAYER_DDP: u8 = DDP;
+    /// Layer 2: the LLP, MPA.
+    pub const LAYER_MPA: u8 = LLP;
+
     /// RDMAP remote protection: invalid STag.
     pub const RDMAP_INVALID_STAG: Self = Self::new(RDMAP, 1, 0x00);
     /// RDMAP remote protection: base or bounds violation.
@@ -145,8 +152,10 @@ pub struct Fatal {
     pub code: ErrorCode,
     /// For the log.
     pub reason: String,
-    /// The offending segment's DDP (and RDMAP) header, echoed in the
-    /// Terminate when it is known (the DDP segment length first).
+    /// The offending segment's DDP segment length and DDP header, and a
+    /// Read Request's RDMAP header after them for an RDMAP error, echoed
+    /// in the Terminate (RFC 5040 section 4.8); empty when nothing of it
+    /// can be trusted or read.
     pub header: Vec<u8>,
 }
 

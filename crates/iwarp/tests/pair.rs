@@ -174,15 +174,53 @@ fn a_request_for_markers_is_rejected() {
 }
 
 #[test]
-fn a_malformed_request_gets_a_terminate_naming_mpa() {
+fn a_malformed_request_is_answered_by_closing_not_by_an_fpdu() {
+    // The initiator waits for an MPA reply, not FPDUs: an invalid request
+    // closes the connection at once (RFC 5044 section 8, error 4); the
+    // error names MPA for the log.
     let mut t = Conn::responder(target_cfg(true));
     let e = t.handle_input(b"\x00\x00\x00\x80 an NVMe/TCP ICReq is not MPA").unwrap_err();
     assert_eq!(e.code, ErrorCode::MPA_INVALID_FRAME);
-    let (le, ec, _) = terminate_sent(&mut t);
-    assert_eq!((le, ec), (0x20, 0x04), "LLP layer, MPA etype, invalid request");
+    assert_eq!(t.state(), State::Closed);
+    assert_eq!(t.transmit_len(), 0, "no Terminate before the MPA reply");
     // Nothing more is read.
     t.handle_input(b"MPA ID Req Frame").unwrap();
     assert!(events(&mut t).is_empty());
+}
+
+#[test]
+fn too_much_input_before_the_reply_closes_without_an_fpdu() {
+    let mut h = Conn::initiator(host_cfg(false), b"pd");
+    let mut t = Conn::responder(target_cfg(false));
+    pump(&mut h, &mut t, usize::MAX).unwrap();
+    events(&mut t);
+    let e = t.handle_input(&vec![0; 300 * 1024]).unwrap_err();
+    assert_eq!(e.code, ErrorCode::MPA_FPDU);
+    assert_eq!(t.state(), State::Closed);
+    assert_eq!(t.transmit_len(), 0, "the host still waits for the MPA reply");
+}
+
+#[test]
+fn an_initiators_terminate_after_the_reply_carries_the_negotiated_crc() {
+    // The responder entered full operation with CRC on when it replied;
+    // the Terminate refusing its ORD is an FPDU of that stream.
+    let mut h = Conn::initiator(Config { ird: 4, ..host_cfg(true) }, b"pd");
+    let mut ignored = Vec::new();
+    h.take_transmit(&mut ignored);
+    let reply = iwarp::mpa::Frame {
+        kind: iwarp::mpa::Kind::Reply,
+        flags: iwarp::mpa::flags::CRC | iwarp::mpa::flags::ENHANCED,
+        revision: 2,
+        ird_ord: Some((0, 8)),
+        private_data: Vec::new(),
+    };
+    let mut wire = Vec::new();
+    reply.encode(&mut wire);
+    assert_eq!(h.handle_input(&wire).unwrap_err().code, ErrorCode::MPA_INSUFFICIENT_IRD);
+    let mut out = Vec::new();
+    h.take_transmit(&mut out);
+    assert_eq!(out.len(), 24 + 4, "a Terminate with no header echoed");
+    assert_eq!(&out[24..], &checksum::crc32c(&out[..24]).to_le_bytes(), "the CRC field");
 }
 
 #[test]
@@ -697,6 +735,8 @@ fn a_write_into_a_read_only_or_invalidated_region_is_refused() {
     t.take_transmit(&mut out);
     assert_eq!(h.handle_input(&out).unwrap_err().code, ErrorCode::RDMAP_ACCESS_RIGHTS);
 
+    // An invalidated STag is no longer valid (RFC 5040 section 2.1,
+    // "Invalidate STag"): an invalid STag, not an access violation.
     let (mut h, mut t) = connected(host_cfg(false), target_cfg(false));
     let stag = h.register(Buf(vec![0; 64]), 0, Access::RemoteWrite);
     h.post_receives(1);
@@ -704,8 +744,24 @@ fn a_write_into_a_read_only_or_invalidated_region_is_refused() {
     t.write(stag, 0, &[9; 8]);
     let mut out = Vec::new();
     t.take_transmit(&mut out);
-    assert_eq!(h.handle_input(&out).unwrap_err().code, ErrorCode::RDMAP_ACCESS_RIGHTS);
+    let e = h.handle_input(&out).unwrap_err();
+    assert_eq!(e.code, ErrorCode::DDP_TAGGED_INVALID_STAG);
+    assert!(e.reason.contains("invalidated"), "{e}");
     assert!(h.deregister(stag).unwrap().0.iter().all(|&b| b == 0));
+}
+
+#[test]
+fn a_read_request_from_an_invalidated_region_is_an_invalid_stag() {
+    let (mut h, mut t) = connected(host_cfg(false), target_cfg(false));
+    let stag = h.register(Buf(vec![3; 64]), 0, Access::RemoteRead);
+    h.post_receives(1);
+    t.send(&[0; 16], &[], Some(stag));
+    t.read(1, Buf(vec![0; 8]), stag, 0);
+    let mut out = Vec::new();
+    t.take_transmit(&mut out);
+    let e = h.handle_input(&out).unwrap_err();
+    assert_eq!(e.code, ErrorCode::RDMAP_INVALID_STAG);
+    assert!(e.reason.contains("invalidated"), "{e}");
 }
 
 #[test]
@@ -798,6 +854,88 @@ fn unknown_opcode_and_versions_are_named() {
     assert_eq!(e.code, ErrorCode::RDMAP_VERSION);
     let (e, _) = host_rejects(false, |t, _| t.send(&[1; 16], &[], None), |b| b[2] |= 0x80);
     assert_eq!(e.code, ErrorCode::RDMAP_OPCODE, "tagged bit on a Send");
+}
+
+#[test]
+fn versions_are_checked_before_the_opcode() {
+    // RFC 5041 section 4.2 and RFC 5040 section 4.2: the versions say how
+    // the rest of the header reads, so a wrong one is named even when the
+    // opcode is unknown too.
+    let (e, _) = host_rejects(false, |t, _| t.send(&[1; 16], &[], None), |b| b[3] = 0x88);
+    assert_eq!(e.code, ErrorCode::RDMAP_VERSION, "{e}");
+    let (e, _) = host_rejects(false, |t, _| t.send(&[1; 16], &[], None), |b| (b[2], b[3]) = (0x42, 0x48));
+    assert_eq!(e.code, ErrorCode::DDP_UNTAGGED_VERSION, "{e}");
+    let (e, _) = host_rejects(false, |t, _| t.send(&[1; 16], &[], None), |b| (b[2], b[3]) = (0xc2, 0x48));
+    assert_eq!(e.code, ErrorCode::DDP_TAGGED_VERSION, "{e}");
+    assert!(e.header.is_empty());
+}
+
+/// The Terminate `c` queued, whole (CRC field excluded).
+fn terminate_bytes(c: &mut Conn) -> Vec<u8> {
+    let mut out = Vec::new();
+    c.take_transmit(&mut out);
+    let at = out.windows(2).rposition(|w| w == [0x41, 0x47]).expect("a Terminate") - 2;
+    let len = u16::from_be_bytes([out[at], out[at + 1]]) as usize;
+    out[at..at + 2 + len].to_vec()
+}
+
+#[test]
+fn terminate_sets_r_only_when_it_carries_a_read_requests_rdmap_header() {
+    // RFC 5040 section 4.8: M and D for the DDP segment length and DDP
+    // header, R for an RDMAP header, which only a Read Request has.
+    // An RDMAP error on an RDMA Write: its 14-byte DDP header, no R.
+    let (mut h, mut t) = connected(host_cfg(false), target_cfg(false));
+    let stag = h.register(Buf(vec![0; 64]), 0, Access::RemoteRead);
+    t.write(stag, 0, &[9; 8]);
+    let mut out = Vec::new();
+    t.take_transmit(&mut out);
+    let e = h.handle_input(&out).unwrap_err();
+    assert_eq!(e.code, ErrorCode::RDMAP_ACCESS_RIGHTS);
+    let term = terminate_bytes(&mut h);
+    assert_eq!(u16::from_be_bytes([term[22], term[23]]), 0xc000, "M and D, not R");
+    assert_eq!(&term[24..], &out[..16], "the DDP segment length and DDP header");
+
+    // A DDP error on a Read Request: the DDP header alone.
+    let (mut h, mut t) = connected(host_cfg(false), target_cfg(false));
+    let stag = h.register(Buf(vec![0; 64]), 0, Access::RemoteRead);
+    t.read(1, Buf(vec![0; 8]), stag, 0);
+    let mut out = Vec::new();
+    t.take_transmit(&mut out);
+    out[15] = 2; // MSN 2 where 1 is due
+    assert_eq!(h.handle_input(&out).unwrap_err().code, ErrorCode::DDP_UNTAGGED_MSN_RANGE);
+    let term = terminate_bytes(&mut h);
+    assert_eq!(u16::from_be_bytes([term[22], term[23]]), 0xc000, "M and D, not R");
+    assert_eq!(&term[24..], &out[..20]);
+
+    // An RDMAP error on a Read Request: its RDMAP header too, with R.
+    let (mut h, mut t) = connected(host_cfg(false), target_cfg(false));
+    t.read(1, Buf(vec![0; 8]), 0x4200, 0);
+    let mut out = Vec::new();
+    t.take_transmit(&mut out);
+    assert_eq!(h.handle_input(&out).unwrap_err().code, ErrorCode::RDMAP_INVALID_STAG);
+    let term = terminate_bytes(&mut h);
+    assert_eq!(u16::from_be_bytes([term[22], term[23]]), 0xe000, "M, D and R");
+    assert_eq!(&term[24..], &out[..48]);
+}
+
+#[test]
+fn a_header_that_failed_its_crc_or_cannot_be_read_is_not_echoed() {
+    // After a CRC error the bytes of the FPDU are not the peer's, and after
+    // a framing error the stream has no known FPDU boundary: the Terminate
+    // reports the MPA error with nothing copied (M, D and R clear).
+    let (e, mut h) = host_rejects(true, |t, _| t.send(&[1; 16], &[], None), |b| b[25] ^= 1);
+    assert_eq!(e.code, ErrorCode::MPA_CRC);
+    assert!(e.header.is_empty());
+    let term = terminate_bytes(&mut h);
+    assert_eq!((term[20], term[21], u16::from_be_bytes([term[22], term[23]])), (0x20, 0x02, 0));
+    assert_eq!(term.len(), 24, "nothing echoed");
+    let (e, mut h) = host_rejects(false, |t, _| t.send(&[1; 16], &[], None), |b| b[1] = 10);
+    assert_eq!(e.code, ErrorCode::MPA_FPDU);
+    assert_eq!(terminate_bytes(&mut h).len(), 24);
+    // A DDP version not ours: the header's layout is unknown.
+    let (e, mut h) = host_rejects(false, |t, _| t.send(&[1; 16], &[], None), |b| b[2] = 0x42);
+    assert_eq!(e.code, ErrorCode::DDP_UNTAGGED_VERSION);
+    assert_eq!(terminate_bytes(&mut h).len(), 24);
 }
 
 #[test]
