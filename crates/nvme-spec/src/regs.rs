@@ -37,6 +37,16 @@ pub fn cap(mqes: u16, timeout_500ms: u8, io_command_sets: bool) -> u64 {
 pub struct Cc(pub u32);
 
 impl Cc {
+    /// CSS 000b: the NVM command set.
+    pub const CSS_NVM: u8 = 0b000;
+    /// CSS 110b: all I/O command sets CAP.CSS bit 43 (bit 6 of the field)
+    /// says the controller supports.
+    pub const CSS_ALL_IO: u8 = 0b110;
+    /// IOSQES of an NVMe over Fabrics I/O queue: 64-byte SQEs.
+    pub const IOSQES_FABRICS: u8 = 6;
+    /// IOCQES of an NVMe over Fabrics I/O queue: 16-byte CQEs.
+    pub const IOCQES_FABRICS: u8 = 4;
+
     /// Enable.
     pub fn en(self) -> bool {
         self.0 & 1 != 0
@@ -48,6 +58,10 @@ impl Cc {
     /// Memory page size (bits 10:7), 2^(12+MPS).
     pub fn mps(self) -> u8 {
         ((self.0 >> 7) & 0xf) as u8
+    }
+    /// Arbitration mechanism selected (bits 13:11): 000b round robin.
+    pub fn ams(self) -> u8 {
+        ((self.0 >> 11) & 0x7) as u8
     }
     /// Shutdown notification (bits 15:14).
     pub fn shn(self) -> u8 {
@@ -96,5 +110,9 @@ mod tests {
         assert_eq!(cc.iosqes(), 6);
         assert_eq!(cc.iocqes(), 4);
         assert_eq!(cc.shn(), 0);
+        assert_eq!((cc.css(), cc.mps(), cc.ams()), (Cc::CSS_NVM, 0, 0));
+        assert_eq!((cc.iosqes(), cc.iocqes()), (Cc::IOSQES_FABRICS, Cc::IOCQES_FABRICS));
+        let cc = Cc(0x0046_4861);
+        assert_eq!((cc.css(), cc.ams(), cc.shn()), (Cc::CSS_ALL_IO, 1, 1));
     }
 }

@@ -121,11 +121,16 @@ impl<D: BlockDevice> Queue<D> {
                 if !s.io_queues_connected.is_empty() {
                     return Outcome::status(cid, Status::COMMAND_SEQUENCE_ERROR.dnr());
                 }
+                // A fabrics I/O queue is a submission and a completion
+                // queue together (Connect creates both): as many of each
+                // are allocated, the fewer asked for, and Dword 0 says so
+                // (NSQA, NCQA, 0-based), as Get Features does after it.
                 let max = self.target.settings.max_io_queues;
-                let nsq = ((cdw11 & 0xffff) as u16).saturating_add(1).min(max);
-                let ncq = ((cdw11 >> 16) as u16).saturating_add(1).min(max);
-                s.io_queues_granted = nsq.min(ncq);
-                dw0 = u32::from(nsq - 1) | (u32::from(ncq - 1) << 16);
+                let nsq = ((cdw11 & 0xffff) as u16).saturating_add(1);
+                let ncq = ((cdw11 >> 16) as u16).saturating_add(1);
+                s.io_queues_granted = nsq.min(ncq).min(max);
+                let n = u32::from(s.io_queues_granted.saturating_sub(1));
+                dw0 = n | (n << 16);
             }
             // Only a controller with a volatile write cache has this feature.
             FeatureId::VOLATILE_WRITE_CACHE if !ctrl.vwc_present => {
@@ -140,11 +145,17 @@ impl<D: BlockDevice> Queue<D> {
                 }
                 s.power_state = cdw11;
             }
-            FeatureId::TEMPERATURE_THRESHOLD => s.temp_threshold = cdw11,
+            FeatureId::TEMPERATURE_THRESHOLD => match temperature_threshold(cdw11, true) {
+                Some(true) => s.temp_under = cdw11 as u16,
+                Some(false) => s.temp_over = cdw11 as u16,
+                None => return Outcome::status(cid, Status::INVALID_FIELD.dnr()),
+            },
             FeatureId::ERROR_RECOVERY => s.error_recovery = cdw11,
-            FeatureId::INTERRUPT_COALESCING => s.irq_coalescing = cdw11,
             FeatureId::WRITE_ATOMICITY => s.write_atomicity = cdw11,
             FeatureId::HOST_IDENTIFIER => return Outcome::status(cid, Status::COMMAND_SEQUENCE_ERROR.dnr()),
+            // Interrupt Coalescing (08h) and Interrupt Vector Configuration
+            // (09h) are PCIe features, prohibited on a fabrics controller
+            // (NVMe base 2.0 5.27.1): unknown here like any other.
             _ => return Outcome::status(cid, Status::INVALID_FIELD.dnr()),
         }
         Outcome::Complete { cqe: Cqe::new(cid, Status::SUCCESS, dw0), data: Vec::new() }
@@ -177,9 +188,12 @@ impl<D: BlockDevice> Queue<D> {
             FeatureId::VOLATILE_WRITE_CACHE => u32::from(s.vwc_enabled),
             FeatureId::ARBITRATION => s.arbitration,
             FeatureId::POWER_MANAGEMENT => s.power_state,
-            FeatureId::TEMPERATURE_THRESHOLD => s.temp_threshold,
+            FeatureId::TEMPERATURE_THRESHOLD => match temperature_threshold(sqe.cdw11.get(), false) {
+                Some(true) => u32::from(s.temp_under),
+                Some(false) => u32::from(s.temp_over),
+                None => return Outcome::status(cid, Status::INVALID_FIELD.dnr()),
+            },
             FeatureId::ERROR_RECOVERY => s.error_recovery,
-            FeatureId::INTERRUPT_COALESCING => s.irq_coalescing,
             FeatureId::WRITE_ATOMICITY => s.write_atomicity,
             FeatureId::HOST_IDENTIFIER if sel == 3 => return capabilities(),
             FeatureId::HOST_IDENTIFIER => {
@@ -196,4 +210,18 @@ impl<D: BlockDevice> Queue<D> {
         }
         Outcome::Complete { cqe: Cqe::new(cid, Status::SUCCESS, dw0), data: Vec::new() }
     }
+}
+
+/// Which Temperature Threshold CDW11 selects (NVMe base 2.0 5.27.1,
+/// Temperature Threshold): `Some(true)` the under threshold (THSEL 01b),
+/// `Some(false)` the over one (00b), of the composite temperature (TMPSEL
+/// 0h, or 1111b "every sensor" in a Set), the only sensor there is. `None`
+/// for a sensor not implemented or a reserved THSEL: Invalid Field.
+fn temperature_threshold(cdw11: u32, set: bool) -> Option<bool> {
+    let tmpsel = (cdw11 >> 16) & 0xf;
+    let thsel = (cdw11 >> 20) & 0x3;
+    if !(tmpsel == 0 || (set && tmpsel == 0xf)) || thsel > 1 {
+        return None;
+    }
+    Some(thsel == 1)
 }

@@ -21,9 +21,12 @@ pub(crate) struct CtrlState {
     pub aec: u32,
     pub arbitration: u32,
     pub power_state: u32,
-    pub temp_threshold: u32,
+    /// Temperature Threshold of the composite temperature, kelvin: the
+    /// over threshold (THSEL 00b)...
+    pub temp_over: u16,
+    /// ...and the under threshold (THSEL 01b), none (0 K) at first.
+    pub temp_under: u16,
     pub error_recovery: u32,
-    pub irq_coalescing: u32,
     pub write_atomicity: u32,
     pub vwc_enabled: bool,
     pub pending_aens: VecDeque<u32>,
@@ -101,7 +104,7 @@ impl<D: BlockDevice> Controller<D> {
             state: Mutex::new(CtrlState {
                 kato_ms,
                 vwc_enabled: true,
-                temp_threshold: 0x0157, // 343 K
+                temp_over: crate::identify::WCTEMP,
                 ..Default::default()
             }),
             aborts: Mutex::default(),
@@ -182,7 +185,7 @@ impl<D: BlockDevice> Controller<D> {
         let old = Cc(s.cc);
         s.cc = value;
         if new.en() && !old.en() {
-            s.csts = csts::RDY;
+            s.csts = if self.supports(new) { csts::RDY } else { csts::CFS };
         } else if !new.en() && old.en() {
             s.csts = 0;
         }
@@ -195,6 +198,25 @@ impl<D: BlockDevice> Controller<D> {
         }
         self.ready.store(s.csts & csts::RDY != 0, Ordering::Release);
         begins.then_some(s.shutdowns)
+    }
+
+    /// Whether the controller can run as `cc` configures it (NVMe base 2.0
+    /// 3.1.3.5): the NVM command set, or all I/O command sets where CAP.CSS
+    /// bit 43 says so (I/O controllers); 4 KiB pages (CAP.MPSMIN = MPSMAX
+    /// = 0); round robin arbitration (CAP.AMS 0); and on an I/O controller
+    /// the queue entry sizes Identify SQES and CQES allow. A discovery
+    /// controller has no I/O queues: hosts write their entry sizes as 0 or
+    /// as for I/O, both accepted (as nvmet does). Otherwise enabling sets
+    /// CSTS.CFS instead of CSTS.RDY, as nvmet does, and the host resets.
+    fn supports(&self, cc: Cc) -> bool {
+        let discovery = self.subsystem().is_some_and(|s| s.discovery);
+        let css = cc.css() == Cc::CSS_NVM || (cc.css() == Cc::CSS_ALL_IO && !discovery);
+        let entries = discovery || (cc.iosqes() == Cc::IOSQES_FABRICS && cc.iocqes() == Cc::IOCQES_FABRICS);
+        if !(css && entries && cc.mps() == 0 && cc.ams() == 0) {
+            log::warn!("controller {}: enabled with CC {:#010x}, which it cannot run: CSTS.CFS", self.cntlid, cc.0);
+            return false;
+        }
+        true
     }
 
     /// Shutdown number `shutdown` ([`Controller::set_cc`]) is over (what

@@ -15,6 +15,11 @@ pub(crate) const MAX_NSID: u32 = 1024;
 /// a path. A state is set, not transitioned, here; ten seconds as nvmet.
 const ANATT_S: u8 = 10;
 
+/// WCTEMP, kelvin (70 °C): also the over Temperature Threshold a
+/// controller starts with. CCTEMP is 85 °C.
+pub(crate) const WCTEMP: u16 = 0x0157;
+const CCTEMP: u16 = 0x0175;
+
 /// RTD3E: the time a normal shutdown (CC.SHN) may take, µs; it flushes
 /// the namespaces' devices first.
 const SHUTDOWN_US: u32 = 30_000_000;
@@ -71,8 +76,9 @@ pub(crate) fn build<D: BlockDevice>(
                 return Err(Status::INVALID_FIELD.dnr());
             }
             // NVM command set specific fields (protection info, storage tag
-            // formats) are all zero: no end-to-end protection.
-            ns_of(nsid)?.ok_or_else(invalid_ns)?;
+            // formats) are all zero: no end-to-end protection. An inactive
+            // NSID reads as zeros too (NVMe base 2.0 5.17, as CNS 00h).
+            ns_of(nsid)?;
             Ok(vec![0; LEN])
         }
         Cns::CS_CONTROLLER => {
@@ -146,7 +152,7 @@ fn controller<D: BlockDevice>(
         p.u32(c::ANAGRPMAX, MAX_NSID).u32(c::NANAGRPID, MAX_NSID);
         p.u32(c::CTRATT, 1); // 128-bit host identifier
         p.u8(c::FRMW, 0x03); // slot 1 read-only, 1 slot
-        p.u16(c::WCTEMP, 0x0157).u16(c::CCTEMP, 0x0175);
+        p.u16(c::WCTEMP, WCTEMP).u16(c::CCTEMP, CCTEMP);
         p.u8(c::SQES, 0x66).u8(c::CQES, 0x44);
         p.u32(c::NN, MAX_NSID).u32(c::MNAN, MAX_NSID);
         p.u16(c::ONCS, c::ONCS_COMPARE | c::ONCS_DSM | c::ONCS_WRITE_ZEROES);

@@ -385,7 +385,17 @@ impl<D: BlockDevice> Queue<D> {
             FabricsType::PROPERTY_SET => {
                 let p = PropertyCmd::from_sqe(sqe);
                 if p.offset == regs::CC && !p.eight_bytes {
-                    if let Some(shutdown) = ctrl.set_cc(p.value as u32) {
+                    let was_ready = ctrl.enabled();
+                    let shutdown = ctrl.set_cc(p.value as u32);
+                    if was_ready && !ctrl.enabled() && !self.aers.is_empty() {
+                        // A Controller Level Reset (NVMe base 2.0 3.7.2)
+                        // ends every outstanding admin command: the host
+                        // forgets its Asynchronous Event Requests, and they
+                        // no longer count against AERL.
+                        log::debug!("{}: reset drops {} Asynchronous Event Requests", self.peer, self.aers.len());
+                        self.aers.clear();
+                    }
+                    if let Some(shutdown) = shutdown {
                         // NVMe base 2.0 3.6.1: what was written before a
                         // normal shutdown is on non-volatile media by the
                         // time CSTS.SHST says complete.

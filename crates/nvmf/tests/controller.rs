@@ -1012,7 +1012,7 @@ fn keep_alive_expiry_tears_the_controller_down() {
     s.dptr = Sgl::in_capsule(1024);
     let (cqe, _) = cqe_of(run(&mut a, &s, Some(data)));
     let cntlid = cqe.dw0.get() as u16;
-    prop_set_cc(&mut a, 1);
+    prop_set_cc(&mut a, 0x0046_0001);
     let io = io_queue(&t, cntlid, 1);
     assert!(!a.expired(900));
     assert_eq!(status(&ex(&mut a, 900, &sqe(0x18, 9))), Status::SUCCESS);
@@ -1763,4 +1763,196 @@ fn mqes_does_not_limit_the_admin_queue() {
     let data = ConnectData::new([1; 16], 0xffff, SUB, HOST).as_bytes().to_vec();
     let out = run(&mut q, &connect_sqe(0, 31, 5000), Some(data));
     assert_eq!(status(&out), Status::SUCCESS, "admin queue of 32 entries refused because MQES is 15");
+}
+
+/// NVMe base 2.0 5.27.1 (Feature Identifiers): Interrupt Coalescing (08h)
+/// is a feature of PCIe controllers only, prohibited on a fabrics
+/// controller (there are no interrupts to coalesce): Set and Get Features
+/// are Invalid Field, as for any feature the controller lacks, and as
+/// nvmet answers.
+#[test]
+fn interrupt_coalescing_is_not_a_feature_of_a_fabrics_controller() {
+    let t = target();
+    let (mut a, _) = admin(&t);
+    assert_eq!(set_feature(&mut a, 0x08, 0x0000_0a04).0, Status::INVALID_FIELD.dnr());
+    assert_eq!(get_feature(&mut a, 0x08).0, Status::INVALID_FIELD.dnr());
+    let mut caps = sqe(0x0a, 8);
+    caps.cdw10 = (0x08 | (3 << 8)).into();
+    assert_eq!(status(&run(&mut a, &caps, None)), Status::INVALID_FIELD.dnr(), "SEL 011b: no such feature");
+}
+
+/// NVMe base 2.0 5.27.1.5: Dword 0 of the Set Features completion says how
+/// many I/O submission and completion queues were allocated, and Get
+/// Features returns the same. A fabrics I/O queue is one of each, so the
+/// controller allocates the smaller of the two counts to both: a host told
+/// it has four submission queues must be able to connect four I/O queues.
+#[test]
+fn number_of_queues_answers_the_queues_it_allocates() {
+    let t = target();
+    let (mut a, cntlid) = admin(&t);
+    // Four submission queues, two completion queues asked for.
+    assert_eq!(set_feature(&mut a, 0x07, 0x0001_0003), (Status::SUCCESS, 0x0001_0001), "two of each");
+    assert_eq!(get_feature(&mut a, 0x07), (Status::SUCCESS, 0x0001_0001), "Get says what Set did");
+    let _q2 = io_queue(&t, cntlid, 2);
+    let mut q3 = Queue::new(t.clone(), TCP, addr(), addr());
+    assert_eq!(status(&connect(&mut q3, 3, cntlid, SUB, HOST)), Status::CONNECT_INVALID_PARAMETERS.dnr());
+}
+
+/// NVMe base 2.0 5.17 (CNS values): CNS 05h for an inactive NSID returns
+/// a zero filled data structure, as CNS 00h and 08h do; NSID 0 and FFFFFFFFh are
+/// Invalid Namespace or Format.
+#[test]
+fn identify_nvm_namespace_of_an_inactive_nsid_reads_as_zeroes() {
+    let t = target();
+    let (mut a, _) = admin(&t);
+    let (st, page) = identify(&mut a, 0x05, 9);
+    assert_eq!(st, Status::SUCCESS);
+    assert!(page.iter().all(|&b| b == 0));
+    assert_eq!(identify(&mut a, 0x05, 1).0, Status::SUCCESS);
+    assert_eq!(identify(&mut a, 0x05, 0).0, Status::INVALID_NAMESPACE.dnr());
+    assert_eq!(identify(&mut a, 0x05, u32::MAX).0, Status::INVALID_NAMESPACE.dnr());
+    assert_eq!(identify(&mut a, 0x08, 9), (Status::SUCCESS, vec![0; 4096]), "CNS 08h alike");
+}
+
+/// NVMe base 2.0 3.7.2: a Controller Level Reset (CC.EN 1 to 0) stops
+/// processing every outstanding admin command, Asynchronous Event Requests
+/// included; the host forgets them. Kept, they would count against AERL
+/// once it is enabled again, and an event would complete a command ID the
+/// host may have given to another command since.
+#[test]
+fn a_controller_reset_ends_its_outstanding_async_event_requests() {
+    let t = target();
+    let (mut a, _) = admin(&t);
+    set_feature(&mut a, 0x0b, 1 << 8);
+    for cid in 40..44 {
+        assert!(matches!(ex(&mut a, 0, &sqe(0x0c, cid)), Outcome::Deferred));
+    }
+    assert_eq!(prop_set_cc(&mut a, 0x0046_0000), Status::SUCCESS);
+    assert_eq!(prop_get(&mut a, 0x1c, false).1 & 1, 0, "CSTS.RDY clear");
+    assert_eq!(prop_set_cc(&mut a, 0x0046_0001), Status::SUCCESS);
+    set_feature(&mut a, 0x0b, 1 << 8);
+    for cid in 50..54 {
+        assert!(matches!(ex(&mut a, 0, &sqe(0x0c, cid)), Outcome::Deferred), "AER {cid} refused");
+    }
+    let sub = t.subsystem(SUB).expect("sub");
+    sub.add_namespace(Namespace::new(SUB, 5, Arc::new(Described::new("n5", 512, 2048)))).expect("add");
+    assert_eq!(a.poll_event().expect("event").cid.get(), 50, "completes a request made after the reset");
+}
+
+/// NVMe base 2.0 3.1.3.5 (CC) with the CAP and Identify values this
+/// controller reports: an I/O controller's queues take 64-byte SQEs and 16-byte CQEs (IOSQES 6,
+/// IOCQES 4), CAP.MPSMIN = MPSMAX = 0 allows only 4 KiB pages, CAP.AMS
+/// only round robin, and CAP.CSS the NVM command set (000b) or all I/O
+/// command sets (110b). A host enabling the controller with anything else
+/// gets CSTS.CFS, not CSTS.RDY, and its commands are refused, as nvmet
+/// does; a reset (CC.EN 0) clears it.
+#[test]
+fn enabling_with_an_unsupported_configuration_sets_controller_fatal_status() {
+    let t = target();
+    for (cc, what) in [
+        (0x0000_0001, "IOSQES and IOCQES 0"),
+        (0x0047_0001, "IOSQES 7"),
+        (0x0045_0001, "IOSQES 5"),
+        (0x0036_0001, "IOCQES 3"),
+        (0x0046_0081, "MPS 1 (8 KiB)"),
+        (0x0046_0801, "AMS weighted round robin"),
+        (0x0046_0011, "CSS 001b"),
+        (0x0046_0071, "CSS 111b (admin only)"),
+    ] {
+        let mut q = Queue::new(t.clone(), TCP, addr(), addr());
+        assert!(status(&connect(&mut q, 0, 0xffff, SUB, HOST)).is_success());
+        assert_eq!(prop_set_cc(&mut q, cc), Status::SUCCESS, "{what}: the Property Set itself succeeds");
+        assert_eq!(prop_get(&mut q, 0x1c, false).1 & 3, 2, "{what}: CSTS.CFS, not CSTS.RDY");
+        let mut id = sqe(0x06, 4);
+        id.cdw10 = 1.into();
+        id.dptr = Sgl::transport(4096);
+        assert_eq!(status(&run(&mut q, &id, None)), Status::COMMAND_SEQUENCE_ERROR.dnr(), "{what}");
+        assert_eq!(prop_set_cc(&mut q, 0x0046_0000), Status::SUCCESS);
+        assert_eq!(prop_get(&mut q, 0x1c, false).1 & 3, 0, "{what}: a reset clears CSTS.CFS");
+        assert_eq!(prop_set_cc(&mut q, 0x0046_0001), Status::SUCCESS);
+        assert_eq!(prop_get(&mut q, 0x1c, false).1 & 3, 1, "{what}: then a valid CC enables it");
+        q.close();
+    }
+    let mut q = Queue::new(t.clone(), TCP, addr(), addr());
+    assert!(status(&connect(&mut q, 0, 0xffff, SUB, HOST)).is_success());
+    assert_eq!(prop_set_cc(&mut q, 0x0046_0061), Status::SUCCESS);
+    assert_eq!(prop_get(&mut q, 0x1c, false).1 & 3, 1, "CSS 110b (all I/O command sets, CAP.CSS bit 43)");
+    // A discovery controller has no I/O queues: its IOSQES and IOCQES are
+    // not looked at (hosts write 0 or the I/O values), the rest is.
+    let mut d = Queue::new(t.clone(), TCP, addr(), addr());
+    assert!(status(&connect(&mut d, 0, 0xffff, nvme_spec::DISCOVERY_NQN, HOST)).is_success());
+    assert_eq!(prop_set_cc(&mut d, 1), Status::SUCCESS);
+    assert_eq!(prop_get(&mut d, 0x1c, false).1 & 3, 1);
+    let mut d = Queue::new(t.clone(), TCP, addr(), addr());
+    assert!(status(&connect(&mut d, 0, 0xffff, nvme_spec::DISCOVERY_NQN, HOST)).is_success());
+    assert_eq!(prop_set_cc(&mut d, 0x0046_0061), Status::SUCCESS);
+    assert_eq!(prop_get(&mut d, 0x1c, false).1 & 3, 2, "CAP.CSS bit 43 is clear on a discovery controller");
+}
+
+/// NVMe base 2.0 5.27.1, Temperature Threshold (04h): the feature holds an over and an
+/// under threshold per sensor; CDW11 TMPSEL and THSEL select which one a
+/// Set writes and a Get reads (Linux's hwmon reads both as temp1_max and
+/// temp1_min), Dword 0 of a Get carries that threshold. A sensor that is
+/// not implemented (only the composite temperature is) and the reserved
+/// THSEL values are Invalid Field.
+#[test]
+fn temperature_threshold_keeps_over_and_under_apart() {
+    let t = target();
+    let (mut a, _) = admin(&t);
+    let get = |q: &mut Queue, cdw11: u32| {
+        let mut s = sqe(0x0a, 8);
+        s.cdw10 = 0x04.into();
+        s.cdw11 = cdw11.into();
+        let (cqe, _) = cqe_of(run(q, &s, None));
+        (cqe.status(), cqe.dw0.get())
+    };
+    const UNDER: u32 = 1 << 20;
+    assert_eq!(get(&mut a, 0), (Status::SUCCESS, 0x0157), "over: WCTEMP by default");
+    assert_eq!(get(&mut a, UNDER), (Status::SUCCESS, 0), "under: none by default");
+    assert_eq!(set_feature(&mut a, 0x04, UNDER | 273).0, Status::SUCCESS);
+    assert_eq!(get(&mut a, UNDER), (Status::SUCCESS, 273));
+    assert_eq!(get(&mut a, 0), (Status::SUCCESS, 0x0157), "setting under left over alone");
+    assert_eq!(set_feature(&mut a, 0x04, 330).0, Status::SUCCESS);
+    assert_eq!((get(&mut a, 0).1, get(&mut a, UNDER).1), (330, 273));
+    assert_eq!(set_feature(&mut a, 0x04, (0xf << 16) | 340).0, Status::SUCCESS, "TMPSEL 1111b: every sensor");
+    assert_eq!(get(&mut a, 0).1, 340);
+    assert_eq!(set_feature(&mut a, 0x04, (1 << 16) | 300).0, Status::INVALID_FIELD.dnr(), "no sensor 1");
+    assert_eq!(get(&mut a, 1 << 16).0, Status::INVALID_FIELD.dnr(), "no sensor 1");
+    assert_eq!(set_feature(&mut a, 0x04, (2 << 20) | 300).0, Status::INVALID_FIELD.dnr(), "THSEL 10b reserved");
+    assert_eq!(get(&mut a, 0).1, 340, "a refused Set changes nothing");
+}
+
+/// What was checked against NVMe base 2.0 and found right, kept so: the
+/// active NSID list starts after the NSID given and refuses FFFFFFFEh and
+/// FFFFFFFFh (5.17, CNS 02h); a CNS the controller lacks is Invalid Field;
+/// a log page offset that is not dword aligned is Invalid Field (5.16);
+/// RAE keeps the Changed Namespace List and its event; Number of Queues
+/// after an I/O queue exists is Command Sequence Error (5.27.1); a KATO of
+/// 0 never expires.
+#[test]
+fn identify_log_page_and_feature_edges_answer_as_the_spec_says() {
+    let t = target();
+    let (mut a, cntlid) = admin(&t);
+    set_feature(&mut a, 0x0b, 1 << 8);
+    let sub = t.subsystem(SUB).expect("sub");
+    sub.add_namespace(Namespace::new(SUB, 5, Arc::new(Described::new("n5", 512, 64)))).expect("add");
+    let (st, list) = identify(&mut a, 0x02, 1);
+    assert_eq!((st, u32_at(&list, 0), u32_at(&list, 4)), (Status::SUCCESS, 5, 0), "after NSID 1: 5 alone");
+    assert_eq!(identify(&mut a, 0x02, 5).1, vec![0; 4096], "nothing after 5");
+    assert_eq!(identify(&mut a, 0x02, 0xffff_fffe).0, Status::INVALID_NAMESPACE.dnr());
+    assert_eq!(identify(&mut a, 0x02, u32::MAX).0, Status::INVALID_NAMESPACE.dnr());
+    assert_eq!(identify(&mut a, 0x04, 0).0, Status::INVALID_FIELD.dnr(), "no NVM Set List");
+    assert_eq!(get_log(&mut a, 0x02, 256, 2).0, Status::INVALID_FIELD.dnr(), "offset not dword aligned");
+    let mut rae = sqe(0x02, 9);
+    rae.cdw10 = (0x04 | (1 << 15) | ((4096 / 4 - 1) << 16)).into();
+    rae.dptr = Sgl::transport(4096);
+    let (cqe, changed) = cqe_of(run(&mut a, &rae, None));
+    assert_eq!((cqe.status(), u32_at(&changed, 0)), (Status::SUCCESS, 5));
+    assert!(matches!(ex(&mut a, 0, &sqe(0x0c, 40)), Outcome::Deferred));
+    assert_eq!(a.poll_event().expect("RAE kept the event").dw0.get(), nvme_spec::log::AEN_NS_CHANGED);
+    assert_eq!(u32_at(&get_log(&mut a, 0x04, 4096, 0).1, 0), 5, "and the list");
+    let _io = io_queue(&t, cntlid, 1);
+    assert_eq!(set_feature(&mut a, 0x07, 0x0001_0001).0, Status::COMMAND_SEQUENCE_ERROR.dnr());
+    assert_eq!(set_feature(&mut a, 0x0f, 0), (Status::SUCCESS, 0));
+    assert!(!a.expired(u64::MAX), "KATO 0: no keep-alive timer");
 }
