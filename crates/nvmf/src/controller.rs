@@ -10,6 +10,10 @@ use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 
+/// The keep-alive timeout of a discovery controller connected with KATO 0
+/// (nvmet's `NVMET_DISC_KATO_MS`).
+pub(crate) const DISCOVERY_KATO_MS: u32 = 120_000;
+
 /// Mutable controller state.
 #[derive(Debug, Default)]
 pub(crate) struct CtrlState {

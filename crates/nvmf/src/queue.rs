@@ -550,9 +550,14 @@ impl<D: BlockDevice> Queue<D> {
                 log::warn!("{}: host {hostnqn} refused: no free controller ID in {}", self.peer, subsys.nqn);
                 return busy;
             };
-            // Discovery controllers may be given no KATO; nvmet then uses none.
-            let ctrl =
-                Arc::new(Controller::new(cntlid, subsys, hostnqn, (cd.hostid, self.peer.ip()), cmd.kato_ms, now_ms));
+            // A discovery controller may be given no KATO (a host that
+            // reads the log and disconnects); it still gets one, so that
+            // a host gone without closing its connection does not hold
+            // it for ever (nvmet's 120 s). An I/O controller given none
+            // has none, as on nvmet.
+            let kato_ms =
+                if subsys.discovery && cmd.kato_ms == 0 { crate::controller::DISCOVERY_KATO_MS } else { cmd.kato_ms };
+            let ctrl = Arc::new(Controller::new(cntlid, subsys, hostnqn, (cd.hostid, self.peer.ip()), kato_ms, now_ms));
             ctrl.lock().io_queues_granted = self.target.settings.max_io_queues;
             live.insert(cntlid, ctrl.clone());
             ctrl

@@ -1956,3 +1956,20 @@ fn identify_log_page_and_feature_edges_answer_as_the_spec_says() {
     assert_eq!(set_feature(&mut a, 0x0f, 0), (Status::SUCCESS, 0));
     assert!(!a.expired(u64::MAX), "KATO 0: no keep-alive timer");
 }
+
+/// A discovery controller connected with KATO 0 still expires, after
+/// 120 s without a command (nvmet's stale-discovery cleanup): a host gone
+/// without closing its connection does not hold it for ever. An I/O
+/// controller given KATO 0 has no timer, as on nvmet.
+#[test]
+fn a_discovery_controller_without_kato_expires_after_120_s() {
+    let t = target();
+    let data = |sub: &str| ConnectData::new([1; 16], 0xffff, sub, HOST).as_bytes().to_vec();
+    let mut d = Queue::new(t.clone(), TCP, addr(), addr());
+    assert!(status(&run(&mut d, &connect_sqe(0, 31, 0), Some(data(nvme_spec::DISCOVERY_NQN)))).is_success());
+    assert!(!d.expired(120_000), "within 120 s");
+    assert!(d.expired(120_001), "a discovery controller with KATO 0 expires after 120 s");
+    let mut a = Queue::new(t, TCP, addr(), addr());
+    assert!(status(&run(&mut a, &connect_sqe(0, 31, 0), Some(data(SUB)))).is_success());
+    assert!(!a.expired(u64::MAX), "an I/O controller with KATO 0 has no timer");
+}
