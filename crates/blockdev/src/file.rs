@@ -34,10 +34,15 @@
 //!
 //! A third descriptor serves flushes only. The kernel reports a writeback
 //! error once per open file description (`errseq_t`), to whichever
-//! `fsync`-like call comes first on it; an `RWF_DSYNC` (FUA) write on the
-//! buffered descriptor is such a call. Flushing through a descriptor
+//! `fsync`-like call comes first on it; an `RWF_DSYNC` write on the
+//! buffered descriptor would be such a call. Flushing through a descriptor
 //! nothing else syncs means every writeback error since the device opened
 //! reaches a flush, which is what lets [`crate::Device::flush`] latch it.
+//! For the same reason a FUA write carries `RWF_DSYNC` only where it goes
+//! `O_DIRECT` (the error of that I/O is its own); what goes through the
+//! page cache is written plainly and followed by the device's flush, since
+//! of two FUA writes syncing the shared buffered descriptor at once, one
+//! would be told of a writeback error that lost both.
 
 use std::fs::File;
 use std::io;
@@ -293,18 +298,28 @@ impl FileBackend {
         (Ok(()), buf)
     }
 
-    /// Writes all of `buf` at `offset`; with `fua` every write carries
-    /// `RWF_DSYNC`, so the data is durable when this returns.
-    pub(crate) async fn write(&self, offset: u64, mut buf: IoBuf, fua: bool) -> (io::Result<()>, IoBuf) {
+    /// Writes all of `buf` at `offset`. With `fua`, what goes through the
+    /// `O_DIRECT` descriptor carries `RWF_DSYNC` (the kernel returns that
+    /// I/O's own error); `Ok(true)` says some of it went through the page
+    /// cache instead and is durable only after the device's flush. There
+    /// `RWF_DSYNC` is a sync of the shared buffered descriptor, and of
+    /// concurrent syncs on one descriptor the kernel reports a writeback
+    /// error to the first only: another FUA write whose data was lost
+    /// would succeed (see the module documentation).
+    pub(crate) async fn write(&self, offset: u64, mut buf: IoBuf, fua: bool) -> (io::Result<bool>, IoBuf) {
         let len = buf.len();
         let mut done = 0usize;
+        let mut needs_flush = false;
         while done < len {
             let Some(pos) = offset.checked_add(done as u64) else {
                 return (Err(io::Error::other("write offset overflow")), buf);
             };
             let addr = (buf.as_ptr() as usize).wrapping_add(done);
             let file = self.pick(pos, len - done, addr);
-            let (res, slice) = reactor::fs::write_at(file, buf.slice(done..len), pos, fua).await;
+            // `dio_align` is 0 without an O_DIRECT descriptor.
+            let direct = self.direct_fits(pos, len - done, addr);
+            needs_flush |= fua && !direct;
+            let (res, slice) = reactor::fs::write_at(file, buf.slice(done..len), pos, fua && direct).await;
             buf = slice.into_inner();
             match res {
                 Ok(0) => {
@@ -316,7 +331,7 @@ impl FileBackend {
                 Err(e) => return (Err(e), buf),
             }
         }
-        (Ok(()), buf)
+        (Ok(needs_flush), buf)
     }
 
     /// fdatasync through the flush-only descriptor. On a block device it
@@ -498,5 +513,95 @@ mod tests {
             let err = res.expect_err("short file");
             assert_eq!(err.kind(), io::ErrorKind::UnexpectedEof);
         });
+    }
+
+    /// A loop device over a sparse file on a tmpfs of `tmpfs_bytes`: its
+    /// writeback fails (EIO) once the tmpfs is full. Detached and
+    /// unmounted on drop; `None` (with a message) without root.
+    struct FullDisk {
+        dir: std::path::PathBuf,
+        image: std::path::PathBuf,
+        dev: String,
+    }
+
+    impl FullDisk {
+        fn new(tag: &str, tmpfs_bytes: u64, disk_bytes: u64) -> Option<FullDisk> {
+            let sh = |cmd: &str, args: &[&str]| {
+                let out = std::process::Command::new(cmd).args(args).output().ok()?;
+                out.status.success().then(|| String::from_utf8_lossy(&out.stdout).trim().to_owned())
+            };
+            let dir = std::env::temp_dir().join(format!("blockdev-unit-{}-{tag}", std::process::id()));
+            std::fs::create_dir_all(&dir).expect("dir");
+            let d = dir.to_str().expect("path");
+            if sh("mount", &["-t", "tmpfs", "-o", &format!("size={tmpfs_bytes}"), "tmpfs", d]).is_none() {
+                eprintln!("skipping: cannot mount a tmpfs (not root?)");
+                let _ = std::fs::remove_dir(&dir);
+                return None;
+            }
+            let image = dir.join("backing.img");
+            File::create(&image).and_then(|f| f.set_len(disk_bytes)).expect("backing file");
+            let mut disk = FullDisk { dir, image, dev: String::new() };
+            match sh("losetup", &["-f", "--show", disk.image.to_str().expect("path")]) {
+                Some(dev) => disk.dev = dev,
+                None => eprintln!("skipping: cannot attach a loop device"),
+            }
+            (!disk.dev.is_empty()).then_some(disk)
+        }
+    }
+
+    impl Drop for FullDisk {
+        fn drop(&mut self) {
+            if !self.dev.is_empty() {
+                let _ = std::process::Command::new("losetup").args(["-d", &self.dev]).status();
+            }
+            let _ = std::process::Command::new("umount").arg("-l").arg(&self.dir).status();
+            let _ = std::fs::remove_dir(&self.dir);
+        }
+    }
+
+    /// FUA writes that go through the page cache, several at once on a
+    /// disk whose writeback fails: the kernel reports the error to one
+    /// sync of the shared descriptor, so an `RWF_DSYNC` write could be
+    /// acknowledged while its data never reached the disk. Every write
+    /// acknowledged here must be in the disk's backing file.
+    #[test]
+    fn concurrent_fua_writes_through_the_page_cache_are_acknowledged_only_when_on_the_disk() {
+        const LEN: usize = 64 << 10;
+        let Some(disk) = FullDisk::new("fua", 1 << 20, 64 << 20) else { return };
+        let mut dev = crate::Device::block("b", std::path::Path::new(&disk.dev), None).expect("block device");
+        // Every I/O through the buffered descriptor, as an unaligned one
+        // (or any on a file system without O_DIRECT) goes.
+        let crate::Backend::File(backend) = &mut dev.backend else { panic!("not a file backend") };
+        backend.dio_align = 0;
+        let dev = std::rc::Rc::new(dev);
+        let mut acknowledged = Vec::new();
+        run(async {
+            // Four rounds fit in the tmpfs, the rest do not.
+            for round in 0..24u64 {
+                let writes: Vec<_> = (0..4u64)
+                    .map(|k| {
+                        let (dev, offset) = (dev.clone(), (round * 4 + k) * (256 << 10));
+                        let seed = (round * 4 + k) as u8 | 1;
+                        reactor::spawn(async move {
+                            let (res, _) = dev.write(offset / 512, IoBuf::from_slice(&[seed; LEN]), true).await;
+                            (offset, seed, res.is_ok())
+                        })
+                    })
+                    .collect();
+                for w in writes {
+                    let (offset, seed, ok) = w.await;
+                    if ok {
+                        acknowledged.push((offset, seed));
+                    }
+                }
+            }
+        });
+        assert!(!acknowledged.is_empty(), "the writes that fit must succeed");
+        let image = File::open(&disk.image).expect("backing file");
+        for (offset, seed) in acknowledged {
+            let mut on_disk = vec![0u8; LEN];
+            std::os::unix::fs::FileExt::read_exact_at(&image, &mut on_disk, offset).expect("read backing");
+            assert!(on_disk.iter().all(|&b| b == seed), "FUA write at byte {offset} acknowledged but not on the disk");
+        }
     }
 }

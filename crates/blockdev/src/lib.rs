@@ -703,7 +703,9 @@ impl Device {
     }
 
     /// Writes `buf` (a whole number of blocks) starting at `lba`. With `fua`
-    /// the data is durable when this returns. Waits while the blocks
+    /// the data is durable when this returns (on a file or block device,
+    /// what went through the page cache is followed by [`flush`](Self::flush),
+    /// so such a write fails once a flush failed). Waits while the blocks
     /// overlap a [`RangeLock`].
     pub async fn write(&self, lba: u64, buf: IoBuf, fua: bool) -> (Result<(), Error>, IoBuf) {
         if !self.latency.write.is_zero() {
@@ -773,7 +775,15 @@ impl Device {
             }
             Backend::File(file) => {
                 let (res, buf) = file.write(offset, buf, fua).await;
-                (res.map_err(Error::from), buf)
+                let res = match res {
+                    // A FUA write partly through the page cache: durable
+                    // once a flush has reported no writeback error (the
+                    // latch and the overlap of flushes see to every one).
+                    Ok(true) => self.flush().await,
+                    Ok(false) => Ok(()),
+                    Err(e) => Err(Error::from(e)),
+                };
+                (res, buf)
             }
             // With librbd's cache off a completed write is on the OSDs:
             // FUA needs nothing more.
