@@ -114,6 +114,18 @@ fn first_burst_length_answered_is_the_one_used() {
     assert_eq!(fbl, t.params().first_burst_length, "answer and value in use differ");
 }
 
+/// A Text Request (ITT 9, CmdSN 1, immediate) with `flags_`, `ttt` and
+/// `text`; every PDU the target sends back. A Reject is an answer too: the
+/// connection must not end.
+fn text_req(t: &mut Target, flags_: u8, ttt: u32, exp_stat_sn: u32, text: &[u8]) -> Vec<(Bhs, Vec<u8>)> {
+    let mut b = Bhs::new(Opcode::TEXT_REQ);
+    b.set_immediate(true).set_flags(flags_).set_itt(9).set_ttt(ttt).set_cmd_sn(1).set_exp_stat_sn(exp_stat_sn);
+    let mut bytes = Vec::new();
+    pdu::encode(&mut bytes, &b, &[], text, Framing::default());
+    t.handle_input(&bytes).expect("an answer, not the end of the connection");
+    output(t)
+}
+
 /// RFC 7143 11.11.1: "A Text Response with the F bit set to 0 MUST have a
 /// Target Transfer Tag field set to a value other than the reserved value
 /// 0xffffffff"; 11.11.4: the initiator copies that TTT into its next
@@ -129,33 +141,13 @@ fn text_request_with_continue_bit_is_answered_with_a_target_transfer_tag() {
     assert_eq!(r.login_status(), 0);
     assert_eq!(t.state(), State::FullFeature);
     let exp_stat_sn = r.stat_sn().wrapping_add(1);
-    let mut b = Bhs::new(Opcode::TEXT_REQ);
-    b.set_immediate(true)
-        .set_flags(flags::CONTINUE)
-        .set_itt(9)
-        .set_ttt(RESERVED_TAG)
-        .set_cmd_sn(1)
-        .set_exp_stat_sn(exp_stat_sn);
-    let mut bytes = Vec::new();
-    pdu::encode(&mut bytes, &b, &[], b"SendTarg", Framing::default());
-    t.handle_input(&bytes).expect("accepted");
-    let out = output(&mut t);
+    let out = text_req(&mut t, flags::CONTINUE, RESERVED_TAG, exp_stat_sn, b"SendTarg");
     let (resp, data) = out.first().expect("a Text Response");
     assert_eq!(resp.opcode(), Opcode::TEXT_RESP);
     assert!(data.is_empty());
     assert_eq!(resp.flags() & flags::FINAL, 0, "F=1 answering F=0 is a protocol error");
     assert_ne!(resp.ttt(), RESERVED_TAG, "F=0 Text Response with the reserved TTT");
-    let mut b = Bhs::new(Opcode::TEXT_REQ);
-    b.set_immediate(true)
-        .set_flags(flags::FINAL)
-        .set_itt(9)
-        .set_ttt(resp.ttt())
-        .set_cmd_sn(1)
-        .set_exp_stat_sn(exp_stat_sn.wrapping_add(1));
-    let mut bytes = Vec::new();
-    pdu::encode(&mut bytes, &b, &[], b"ets=All\0", Framing::default());
-    t.handle_input(&bytes).expect("accepted");
-    let out = output(&mut t);
+    let out = text_req(&mut t, flags::FINAL, resp.ttt(), exp_stat_sn.wrapping_add(1), b"ets=All\0");
     let (resp, data) = out.first().expect("the answer");
     assert_eq!((resp.opcode(), resp.flags() & flags::FINAL), (Opcode::TEXT_RESP, flags::FINAL));
     assert!(String::from_utf8_lossy(data).contains(&format!("TargetName={TARGET}")), "{data:?}");
@@ -334,43 +326,17 @@ fn text_request_without_final_bit_is_answered_without_final_bit() {
     let (r, _) = login(&mut t, format!("InitiatorName={INITIATOR}\0SessionType=Discovery\0").as_bytes());
     assert_eq!(r.login_status(), 0);
     let exp_stat_sn = r.stat_sn().wrapping_add(1);
-    let mut b = Bhs::new(Opcode::TEXT_REQ);
-    b.set_immediate(true).set_flags(0).set_itt(9).set_ttt(RESERVED_TAG).set_cmd_sn(1).set_exp_stat_sn(exp_stat_sn);
-    let mut bytes = Vec::new();
-    pdu::encode(&mut bytes, &b, &[], b"SendTargets=All\0", Framing::default());
-    t.handle_input(&bytes).expect("accepted");
-    let out = output(&mut t);
+    let out = text_req(&mut t, 0, RESERVED_TAG, exp_stat_sn, b"SendTargets=All\0");
     let (resp, data) = out.first().expect("a Text Response");
     assert_eq!(resp.opcode(), Opcode::TEXT_RESP);
     assert!(String::from_utf8_lossy(data).contains(&format!("TargetName={TARGET}")), "{data:?}");
     assert_eq!(resp.flags() & flags::FINAL, 0, "F=1 answering F=0 is a protocol error");
     assert_ne!(resp.ttt(), RESERVED_TAG, "F=0 Text Response with the reserved TTT");
-    let mut b = Bhs::new(Opcode::TEXT_REQ);
-    b.set_immediate(true)
-        .set_flags(flags::FINAL)
-        .set_itt(9)
-        .set_ttt(resp.ttt())
-        .set_cmd_sn(1)
-        .set_exp_stat_sn(exp_stat_sn.wrapping_add(1));
-    let mut bytes = Vec::new();
-    pdu::encode(&mut bytes, &b, &[], &[], Framing::default());
-    t.handle_input(&bytes).expect("accepted");
-    let out = output(&mut t);
+    let out = text_req(&mut t, flags::FINAL, resp.ttt(), exp_stat_sn.wrapping_add(1), &[]);
     let (resp, data) = out.first().expect("the last answer");
     assert_eq!((resp.opcode(), resp.flags() & flags::FINAL), (Opcode::TEXT_RESP, flags::FINAL));
     assert_eq!(resp.ttt(), RESERVED_TAG);
     assert!(data.is_empty());
-}
-
-/// A discovery session's Text Request with F=1 and `text`, ITT 9, TTT
-/// `ttt`; the target's answers.
-fn text_req(t: &mut Target, flags_: u8, ttt: u32, cmd_sn: u32, exp_stat_sn: u32, text: &[u8]) -> Vec<(Bhs, Vec<u8>)> {
-    let mut b = Bhs::new(Opcode::TEXT_REQ);
-    b.set_immediate(true).set_flags(flags_).set_itt(9).set_ttt(ttt).set_cmd_sn(cmd_sn).set_exp_stat_sn(exp_stat_sn);
-    let mut bytes = Vec::new();
-    pdu::encode(&mut bytes, &b, &[], text, Framing::default());
-    t.handle_input(&bytes).expect("a Reject, not the end of the connection");
-    output(t)
 }
 
 /// RFC 7143 11.10: a Text Request with C=1 must have F=0; 11.11: the
@@ -382,17 +348,17 @@ fn text_requests_with_c_and_f_or_with_text_while_the_answer_continues_are_reject
     let (r, _) = login(&mut t, format!("InitiatorName={INITIATOR}\0SessionType=Discovery\0").as_bytes());
     assert_eq!(r.login_status(), 0);
     let sn = r.stat_sn().wrapping_add(1);
-    let out = text_req(&mut t, flags::CONTINUE | flags::FINAL, RESERVED_TAG, 1, sn, b"SendTargets=All\0");
+    let out = text_req(&mut t, flags::CONTINUE | flags::FINAL, RESERVED_TAG, sn, b"SendTargets=All\0");
     let (b, _) = out.first().expect("an answer");
     assert_eq!((b.opcode(), RejectReason(b.byte2())), (Opcode::REJECT, RejectReason::PROTOCOL_ERROR));
     assert_eq!(t.state(), State::FullFeature);
 
     // 400 keys the target does not know: an answer longer than 8 KiB.
     let keys: String = (0..400).map(|i| format!("X-ironwire-test-{i:04}=1\0")).collect();
-    let out = text_req(&mut t, flags::FINAL, RESERVED_TAG, 1, sn.wrapping_add(1), keys.as_bytes());
+    let out = text_req(&mut t, flags::FINAL, RESERVED_TAG, sn.wrapping_add(1), keys.as_bytes());
     let (b, _) = out.first().expect("the first part");
     assert_eq!((b.opcode(), b.flags() & (flags::CONTINUE | flags::FINAL)), (Opcode::TEXT_RESP, flags::CONTINUE));
-    let out = text_req(&mut t, flags::FINAL, b.ttt(), 1, sn.wrapping_add(2), b"SendTargets=All\0");
+    let out = text_req(&mut t, flags::FINAL, b.ttt(), sn.wrapping_add(2), b"SendTargets=All\0");
     let (b, _) = out.first().expect("an answer");
     assert_eq!((b.opcode(), RejectReason(b.byte2())), (Opcode::REJECT, RejectReason::PROTOCOL_ERROR));
     assert_eq!(t.state(), State::FullFeature);

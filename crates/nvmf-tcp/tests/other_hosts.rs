@@ -1,24 +1,17 @@
 //! What hosts other than Linux's send: wire-level cases the kernel host
 //! never produces.
 
-use nvmf_tcp::pdu::{self, common_header, Framing, IcReq, PduType, TermReq};
+use nvmf_tcp::pdu::{common_header, PduType, TermReq};
 use nvmf_tcp::target::{Event, State, TargetConfig, TargetConnection};
 use zerocopy::IntoBytes;
 
+mod common;
+use common::icreq_bytes;
+
 type Target = TargetConnection<Vec<u8>>;
-const PLAIN: Framing = Framing { hdgst: false, ddgst: false, data_align: 4 };
 
 fn ready() -> Target {
-    let req = IcReq {
-        ch: common_header(PduType::IC_REQ, 0),
-        pfv: 0.into(),
-        hpda: 0,
-        dgst: 0,
-        maxr2t: 0.into(),
-        rsvd: [0; 112],
-    };
-    let mut bytes = Vec::new();
-    pdu::encode(&mut bytes, req.as_bytes(), &[], PLAIN);
+    let bytes = icreq_bytes(|_| {});
     let mut t = Target::new(TargetConfig::default());
     t.handle_input(&bytes).expect("icreq");
     let mut sink = Vec::new();

@@ -3,10 +3,13 @@
 
 use nvme_spec::{Cqe, Sqe, Status};
 use nvmf_tcp::host::{HostConfig, HostConnection};
-use nvmf_tcp::pdu::{self, common_header, flags, CapsuleCmd, DataHeader, Framing, IcReq, PduType, TermReq};
+use nvmf_tcp::pdu::{self, common_header, flags, CapsuleCmd, DataHeader, Framing, PduType, TermReq};
 use nvmf_tcp::target::{Event, State, TargetConfig, TargetConnection};
 use nvmf_tcp::Fes;
 use zerocopy::{FromBytes, IntoBytes};
+
+mod common;
+use common::{icreq_bytes, PLAIN};
 
 type Target = TargetConnection<Vec<u8>>;
 
@@ -185,8 +188,6 @@ fn capsule(framing: Framing, data: &[u8], sgl_len: u32) -> Vec<u8> {
     out
 }
 
-const PLAIN: Framing = Framing { hdgst: false, ddgst: false, data_align: 4 };
-
 #[test]
 fn in_capsule_data_is_for_commands_that_take_host_data() {
     let (_h, t, _b) = pair(false, false);
@@ -258,18 +259,10 @@ fn ready(cfg: TargetConfig) -> Target {
     t
 }
 
-/// A plain ICReq as `edit` leaves it (PLEN is set before `edit` runs).
+/// A plain ICReq as `edit` leaves its bytes (PLEN is set before `edit`
+/// runs).
 fn icreq(edit: impl FnOnce(&mut Vec<u8>)) -> Vec<u8> {
-    let req = IcReq {
-        ch: common_header(PduType::IC_REQ, 0),
-        pfv: 0.into(),
-        hpda: 0,
-        dgst: 0,
-        maxr2t: 0.into(),
-        rsvd: [0; 112],
-    };
-    let mut bytes = Vec::new();
-    pdu::encode(&mut bytes, req.as_bytes(), &[], PLAIN);
+    let mut bytes = icreq_bytes(|_| {});
     edit(&mut bytes);
     bytes
 }
@@ -448,16 +441,7 @@ fn rejects_a_capsule_before_icreq_as_sequence_error() {
 #[test]
 fn rejects_icreq_with_unsupported_pfv() {
     let mut t = Target::new(TargetConfig::default());
-    let req = IcReq {
-        ch: common_header(PduType::IC_REQ, 0),
-        pfv: 1.into(),
-        hpda: 0,
-        dgst: 0,
-        maxr2t: 0.into(),
-        rsvd: [0; 112],
-    };
-    let mut bytes = Vec::new();
-    pdu::encode(&mut bytes, req.as_bytes(), &[], PLAIN);
+    let bytes = icreq_bytes(|r| r.pfv = 1.into());
     let term = term_after(&mut t, &bytes);
     assert_eq!((term.fes.get(), term.fei.get()), (Fes::UNSUPPORTED_PARAMETER.0, 8));
 }
@@ -486,16 +470,7 @@ fn host_terminate_request_ends_the_connection_quietly() {
 
 #[test]
 fn honours_host_pda_for_c2h_data() {
-    let mut h_bytes = Vec::new();
-    let req = IcReq {
-        ch: common_header(PduType::IC_REQ, 0),
-        pfv: 0.into(),
-        hpda: 7,
-        dgst: 0,
-        maxr2t: 0.into(),
-        rsvd: [0; 112],
-    };
-    pdu::encode(&mut h_bytes, req.as_bytes(), &[], PLAIN);
+    let h_bytes = icreq_bytes(|r| r.hpda = 7);
     let mut t = Target::new(TargetConfig::default());
     t.handle_input(&h_bytes).expect("icreq");
     let mut sink = Vec::new();
@@ -531,16 +506,10 @@ fn c2h_term_req_stays_within_152_bytes_whatever_the_host_pda() {
     // Found by the target_connection fuzzer: with HPDA 31 the echoed header
     // was padded to the host's data alignment, giving PLEN 200.
     let mut t = Target::new(TargetConfig::default());
-    let req = IcReq {
-        ch: common_header(PduType::IC_REQ, 0),
-        pfv: 0.into(),
-        hpda: 31,
-        dgst: 1,
-        maxr2t: 0.into(),
-        rsvd: [0; 112],
-    };
-    let mut bytes = Vec::new();
-    pdu::encode(&mut bytes, req.as_bytes(), &[], PLAIN);
+    let bytes = icreq_bytes(|r| {
+        r.hpda = 31;
+        r.dgst = 1
+    });
     t.handle_input(&bytes).expect("icreq");
     t.take_transmit(&mut Vec::new());
     let mut bad = capsule(Framing { hdgst: true, ..PLAIN }, &[], 0);
