@@ -173,7 +173,16 @@ impl<D: BlockDevice> Queue<D> {
         // has (checked below): nothing is saveable or per-namespace,
         // everything listed is changeable.
         let capabilities = || Outcome::Complete { cqe: Cqe::new(cid, Status::SUCCESS, 0b100), data: Vec::new() };
-        let s = ctrl.lock();
+        // SEL 001b asks for the default value, 010b for the saved one;
+        // nothing is saveable, so that is the default too.
+        let current = ctrl.lock();
+        let defaults;
+        let s = if matches!(sel, 1 | 2) {
+            defaults = ctrl.default_state();
+            &defaults
+        } else {
+            &*current
+        };
         let dw0 = match fid {
             FeatureId::KEEP_ALIVE_TIMER => s.kato_ms,
             FeatureId::ASYNC_EVENT_CONFIG => s.aec,
@@ -200,7 +209,7 @@ impl<D: BlockDevice> Queue<D> {
                 if sqe.cdw11.get() & 1 == 0 {
                     return Outcome::status(cid, Status::INVALID_FIELD.dnr());
                 }
-                drop(s);
+                drop(current);
                 return self.host_data(cid, data_len, ctrl.hostid.to_vec());
             }
             _ => return Outcome::status(cid, Status::INVALID_FIELD.dnr()),

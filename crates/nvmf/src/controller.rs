@@ -87,15 +87,41 @@ pub struct Controller<D> {
     /// advertised, or the host disabled it (Set Features 06h). A load per
     /// write, no lock.
     write_through: AtomicBool,
+    /// The KATO Connect gave and the I/O queues granted at first: the
+    /// default values Get Features reports (SEL 001b, and 010b: nothing
+    /// is saveable).
+    connect_kato_ms: u32,
+    io_queues: u16,
+}
+
+impl CtrlState {
+    /// A new controller's state: KATO from Connect, `io_queues` I/O queues
+    /// granted until Set Features Number of Queues, the volatile write
+    /// cache on, the over temperature threshold at WCTEMP; the rest 0.
+    fn initial(kato_ms: u32, io_queues: u16) -> CtrlState {
+        CtrlState {
+            kato_ms,
+            io_queues_granted: io_queues,
+            vwc_enabled: true,
+            temp_over: crate::identify::WCTEMP,
+            ..Default::default()
+        }
+    }
 }
 
 impl<D: BlockDevice> Controller<D> {
+    /// The feature values a new controller starts with (Get Features
+    /// SEL 001b, default, and 010b, saved).
+    pub(crate) fn default_state(&self) -> CtrlState {
+        CtrlState::initial(self.connect_kato_ms, self.io_queues)
+    }
+
     pub(crate) fn new(
         cntlid: u16,
         subsystem: &Arc<Subsystem<D>>,
         hostnqn: &str,
         (hostid, peer_ip): ([u8; 16], std::net::IpAddr),
-        kato_ms: u32,
+        (kato_ms, io_queues): (u32, u16),
         now_ms: u64,
     ) -> Self {
         let vwc_present = subsystem.namespaces().iter().any(|ns| ns.device.volatile_write_cache());
@@ -105,12 +131,9 @@ impl<D: BlockDevice> Controller<D> {
             hostid,
             peer_ip,
             subsystem: Arc::downgrade(subsystem),
-            state: Mutex::new(CtrlState {
-                kato_ms,
-                vwc_enabled: true,
-                temp_over: crate::identify::WCTEMP,
-                ..Default::default()
-            }),
+            state: Mutex::new(CtrlState::initial(kato_ms, io_queues)),
+            connect_kato_ms: kato_ms,
+            io_queues,
             aborts: Mutex::default(),
             last_keep_alive_ms: AtomicU64::new(now_ms),
             dead: AtomicBool::new(false),

@@ -557,8 +557,15 @@ impl<D: BlockDevice> Queue<D> {
             // has none, as on nvmet.
             let kato_ms =
                 if subsys.discovery && cmd.kato_ms == 0 { crate::controller::DISCOVERY_KATO_MS } else { cmd.kato_ms };
-            let ctrl = Arc::new(Controller::new(cntlid, subsys, hostnqn, (cd.hostid, self.peer.ip()), kato_ms, now_ms));
-            ctrl.lock().io_queues_granted = self.target.settings.max_io_queues;
+            let io_queues = self.target.settings.max_io_queues;
+            let ctrl = Arc::new(Controller::new(
+                cntlid,
+                subsys,
+                hostnqn,
+                (cd.hostid, self.peer.ip()),
+                (kato_ms, io_queues),
+                now_ms,
+            ));
             live.insert(cntlid, ctrl.clone());
             ctrl
         };

@@ -677,6 +677,39 @@ fn features_are_stored_and_number_of_queues_is_granted() {
 /// Get Features with SEL 011b (supported capabilities) answers only for a
 /// feature the controller has (NVMe base 2.0 5.27: an unsupported FID is
 /// Invalid Field, whatever SEL), and the reserved SEL values are refused.
+/// Get Features SEL 001b reports a feature's default value, 010b its saved
+/// one (nothing is saveable: the default), 000b the current one (NVMe base
+/// 2.0 5.27.1, Select).
+#[test]
+fn get_features_default_and_saved_values_are_not_the_current_ones() {
+    let t = target();
+    let (mut a, _) = admin(&t);
+    let get = |q: &mut Queue, fid: u8, sel: u32, cdw11: u32| {
+        let mut s = sqe(0x0a, 8);
+        s.cdw10 = (u32::from(fid) | (sel << 8)).into();
+        s.cdw11 = cdw11.into();
+        let (cqe, _) = cqe_of(run(q, &s, None));
+        (cqe.status(), cqe.dw0.get())
+    };
+    let (_, queues) = get(&mut a, 0x07, 0, 0);
+    assert_eq!(set_feature(&mut a, 0x01, 0x0302_0103).0, Status::SUCCESS, "arbitration");
+    assert_eq!(set_feature(&mut a, 0x04, 300).0, Status::SUCCESS, "over temperature threshold");
+    assert_eq!(set_feature(&mut a, 0x0f, 2000).0, Status::SUCCESS, "KATO");
+    assert_eq!(set_feature(&mut a, 0x0b, 0x100).0, Status::SUCCESS, "AEC");
+    assert_eq!(set_feature(&mut a, 0x07, 0).0, Status::SUCCESS, "one I/O queue");
+    let current = [(0x01, 0x0302_0103), (0x04, 300), (0x0f, 2000), (0x0b, 0x100), (0x07, 0)];
+    for (fid, value) in current {
+        assert_eq!(get(&mut a, fid, 0, 0), (Status::SUCCESS, value), "current value of {fid:#04x}");
+    }
+    // The defaults: what the controller started with (KATO from Connect).
+    let defaults = [(0x01, 0), (0x04, 0x0157), (0x0f, 5000), (0x0b, 0), (0x07, queues)];
+    for sel in [1, 2] {
+        for (fid, value) in defaults {
+            assert_eq!(get(&mut a, fid, sel, 0), (Status::SUCCESS, value), "SEL {sel} of {fid:#04x}");
+        }
+    }
+}
+
 #[test]
 fn get_features_capabilities_only_of_features_that_exist() {
     let t = target();
