@@ -11,6 +11,12 @@
 //!
 //! Only fused commands and the command right after a first half come
 //! here: plain commands pay one branch.
+//!
+//! NVMe Base 2.0 section 3.4.2 also says: a second half whose blocks
+//! differ from its first's aborts both with Invalid Field in Command; when
+//! the first half fails, the second is aborted with Failed Fused Command;
+//! a fused combination the controller does not support (anything but
+//! Compare then Write, any fused admin command) is Invalid Field.
 
 use crate::io::{BlockOp, BlockRequest};
 use crate::queue::{Outcome, Queue};
@@ -49,6 +55,9 @@ enum Second {
     /// The next command was not it: the Compare completes with Missing
     /// Fused Command once its data is in (it may still be arriving).
     Missing,
+    /// The next command was a fused Write of other blocks: the Compare
+    /// completes with Invalid Field in Command once its data is in.
+    Mismatched,
     /// The Write came (`data` once it is in).
     Arrived { cid: u16, data: Option<Vec<u8>>, fua: bool },
     /// The Write failed its checks: the Compare completes with Failed
@@ -56,11 +65,16 @@ enum Second {
     Failed,
 }
 
+/// Whether `sqe` is the second half of a fused operation this controller
+/// supports: a Write (NVM Command Set 1.0 section 3.2.3).
+fn fused_write(sqe: &Sqe) -> bool {
+    fuse(sqe) == FUSE_SECOND && Io(sqe.opcode) == Io::WRITE
+}
+
 /// Whether `second` is the Write that completes fused `first`: same
 /// namespace and blocks (NVM Command Set 1.0 section 3.2.3).
 fn partners(first: &Sqe, second: &Sqe) -> bool {
-    fuse(second) == FUSE_SECOND
-        && Io(second.opcode) == Io::WRITE
+    fused_write(second)
         && first.nsid == second.nsid
         && first.slba() == second.slba()
         && first.blocks() == second.blocks()
@@ -71,6 +85,7 @@ impl<D: BlockDevice> Queue<D> {
     /// half waits for the command that follows it.
     pub(crate) fn fused_path(&self, sqe: &Sqe) -> bool {
         (fuse(sqe) != 0 && sqe.opcode != Admin::FABRICS.0)
+            || self.fused_first_failed
             || self.fused.as_ref().is_some_and(|f| matches!(f.second, Second::Awaited))
     }
 
@@ -83,23 +98,43 @@ impl<D: BlockDevice> Queue<D> {
         data: Option<B>,
     ) -> Outcome<B, D> {
         let cid = sqe.cid.get();
-        // A first half waiting for its partner loses it unless this is it.
+        // The command right after a first half that failed: if it is that
+        // half's partner, it is aborted with it.
+        if std::mem::take(&mut self.fused_first_failed) && fuse(sqe) == FUSE_SECOND {
+            log::debug!("{}: cid {cid}: fused second command after a failed first", self.peer);
+            return Outcome::status(cid, Status::ABORTED_FAILED_FUSED);
+        }
+        // A first half waiting for its partner loses it unless this is it;
+        // a fused Write of other blocks makes the pair invalid.
         if let Some(first) = self.fused.as_mut() {
             if matches!(first.second, Second::Awaited) && !partners(&first.sqe, sqe) {
-                log::debug!("{}: fused Compare cid {} not followed by its Write", self.peer, first.cid);
-                first.second = Second::Missing;
+                let mismatched = fused_write(sqe);
+                log::debug!(
+                    "{}: fused Compare cid {} {}",
+                    self.peer,
+                    first.cid,
+                    if mismatched { "and its Write address different blocks" } else { "not followed by its Write" }
+                );
+                first.second = if mismatched { Second::Mismatched } else { Second::Missing };
                 let _: Outcome<B, D> = self.settle_fused();
+                if mismatched {
+                    return Outcome::status(cid, Status::INVALID_FIELD.dnr());
+                }
             }
         }
         match fuse(sqe) {
             0 => self.execute_plain(now_ms, sqe, data_len, data),
             FUSE_FIRST if Io(sqe.opcode) != Io::COMPARE || !self.is_io_queue() => {
                 log::debug!("{}: cid {cid}: opcode {:#04x} as a fused first command", self.peer, sqe.opcode);
+                // (No fused operation is an admin one: a second half there
+                // is refused as such.)
+                self.fused_first_failed = self.is_io_queue();
                 Outcome::status(cid, Status::INVALID_FIELD.dnr())
             }
             FUSE_FIRST if self.fused.is_some() => {
                 // The previous pair still waits for its data: one at a time.
                 log::debug!("{}: cid {cid}: fused Compare while another pair waits for data", self.peer);
+                self.fused_first_failed = true;
                 Outcome::status(cid, Status::COMMAND_SEQUENCE_ERROR.dnr())
             }
             FUSE_FIRST => {
@@ -113,6 +148,10 @@ impl<D: BlockDevice> Queue<D> {
                 }
                 let out = self.execute_plain(now_ms, sqe, data_len, data);
                 self.fused_half(cid, out)
+            }
+            FUSE_SECOND if !fused_write(sqe) || !self.is_io_queue() => {
+                log::debug!("{}: cid {cid}: opcode {:#04x} as a fused second command", self.peer, sqe.opcode);
+                Outcome::status(cid, Status::INVALID_FIELD.dnr())
             }
             FUSE_SECOND => {
                 log::debug!("{}: cid {cid}: fused Write with no Compare before it", self.peer);
@@ -164,6 +203,9 @@ impl<D: BlockDevice> Queue<D> {
     pub(crate) fn fused_half_failed(&mut self, cid: u16) {
         let Some(first) = self.fused.as_mut() else { return };
         if first.cid == cid {
+            // Its Write has not come yet: the next command, if it is that
+            // Write, is aborted as it arrives.
+            self.fused_first_failed = matches!(first.second, Second::Awaited);
             if let Some(First { second: Second::Arrived { cid: partner, data: Some(_), .. }, .. }) = self.fused.take() {
                 self.fused_done.push(Cqe::new(partner, Status::ABORTED_FAILED_FUSED, 0));
             }
@@ -216,6 +258,7 @@ impl<D: BlockDevice> Queue<D> {
         let status = match &mut first.second {
             Second::Awaited | Second::Arrived { data: None, .. } => return Outcome::Deferred,
             Second::Missing => Status::ABORTED_MISSING_FUSED,
+            Second::Mismatched => Status::INVALID_FIELD.dnr(),
             Second::Failed => Status::ABORTED_FAILED_FUSED,
             Second::Arrived { cid, data: Some(_), fua } => {
                 let (write_cid, fua) = (*cid, *fua);

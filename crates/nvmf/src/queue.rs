@@ -141,6 +141,9 @@ pub struct Queue<D> {
     pub(crate) pending: FxHashMap<u16, Pending>,
     /// A fused Compare and Write being assembled (`fused.rs`).
     pub(crate) fused: Option<crate::fused::First<D>>,
+    /// The first half of a fused operation failed before its second came:
+    /// the next command, if it is that second, is aborted (`fused.rs`).
+    pub(crate) fused_first_failed: bool,
     /// Completions of fused halves aborted because of their partner.
     pub(crate) fused_done: Vec<Cqe>,
 }
@@ -161,6 +164,7 @@ impl<D: BlockDevice> Queue<D> {
             ns_subsys: None,
             pending: FxHashMap::default(),
             fused: None,
+            fused_first_failed: false,
             fused_done: Vec::new(),
         }
     }
@@ -696,6 +700,7 @@ impl<D: BlockDevice> Queue<D> {
         self.pending.clear();
         self.close_aborts();
         self.fused = None;
+        self.fused_first_failed = false;
         self.fused_done.clear();
         match std::mem::replace(&mut self.kind, QueueKind::Unconnected) {
             QueueKind::Admin(c) => {

@@ -1491,7 +1491,7 @@ fn a_read_only_namespace_refuses_every_write_and_says_so() {
 }
 
 #[test]
-fn lone_or_mismatched_fused_halves_are_aborted_as_missing_their_partner() {
+fn lone_fused_halves_are_aborted_as_missing_their_partner() {
     let t = target();
     let (_a, cntlid) = admin(&t);
     let mut io = io_queue(&t, cntlid, 1);
@@ -1503,12 +1503,12 @@ fn lone_or_mismatched_fused_halves_are_aborted_as_missing_their_partner() {
     assert!(matches!(ex(&mut io, 0, &read_sqe(3, 1, 0, 1, 512)), Outcome::Io(_)));
     let cqe = io.poll_completion().expect("the Compare's completion");
     assert_eq!((cqe.cid.get(), cqe.status()), (2, Status::ABORTED_MISSING_FUSED));
-    // A Write to other blocks is not the partner: both are aborted, and
-    // nothing is written.
+    // A Write to other blocks is not the partner: both are aborted (as
+    // invalid, a_fused_pair_of_different_blocks_...), and nothing is written.
     assert!(matches!(in_capsule(&mut io, &fused_sqe(0x05, 1, 4, 0), 0), Outcome::Deferred));
-    assert_eq!(status(&in_capsule(&mut io, &fused_sqe(0x01, 2, 5, 1), 0)), Status::ABORTED_MISSING_FUSED);
+    assert_eq!(status(&in_capsule(&mut io, &fused_sqe(0x01, 2, 5, 1), 0)), Status::INVALID_FIELD.dnr());
     let cqe = io.poll_completion().expect("the Compare's completion");
-    assert_eq!((cqe.cid.get(), cqe.status()), (4, Status::ABORTED_MISSING_FUSED));
+    assert_eq!((cqe.cid.get(), cqe.status()), (4, Status::INVALID_FIELD.dnr()));
     assert!(io.poll_completion().is_none());
     // Only Compare may be a first half; 11b is reserved.
     assert_eq!(status(&in_capsule(&mut io, &fused_sqe(0x01, 1, 6, 0), 0)), Status::INVALID_FIELD.dnr());
@@ -2005,4 +2005,153 @@ fn a_discovery_controller_without_kato_expires_after_120_s() {
     let mut a = Queue::new(t, TCP, addr(), addr());
     assert!(status(&run(&mut a, &connect_sqe(0, 31, 0), Some(data(SUB)))).is_success());
     assert!(!a.expired(u64::MAX), "an I/O controller with KATO 0 has no timer");
+}
+
+/// NVMe base 2.0 3.4.2: when the first command of a fused operation
+/// fails, the second is aborted, with Command Aborted due to Failed Fused
+/// Command (its partner was there; it failed): a Compare that fails its
+/// checks, one whose data never came, or a first half that is no Compare.
+#[test]
+fn a_fused_write_after_its_compare_failed_is_aborted_as_failed_fused() {
+    let t = target();
+    let (_a, cntlid) = admin(&t);
+    let mut io = io_queue(&t, cntlid, 1);
+    // The Compare is past the 2048-block namespace.
+    let c = fused_sqe(0x05, 1, 1, 4000);
+    assert_eq!(status(&in_capsule(&mut io, &c, 0)), Status::LBA_OUT_OF_RANGE.dnr());
+    assert_eq!(status(&in_capsule(&mut io, &fused_sqe(0x01, 2, 2, 4000), 0)), Status::ABORTED_FAILED_FUSED);
+    // Its data did not arrive (a digest error): the transport completes it.
+    assert!(matches!(ex(&mut io, 0, &fused_sqe(0x05, 1, 3, 0)), Outcome::NeedData { .. }));
+    io.data_failed(3);
+    assert_eq!(status(&in_capsule(&mut io, &fused_sqe(0x01, 2, 4, 0), 0)), Status::ABORTED_FAILED_FUSED);
+    // A Write as the first half is refused, and takes its second with it.
+    assert_eq!(status(&in_capsule(&mut io, &fused_sqe(0x01, 1, 5, 0), 0)), Status::INVALID_FIELD.dnr());
+    assert_eq!(status(&in_capsule(&mut io, &fused_sqe(0x01, 2, 6, 0), 0)), Status::ABORTED_FAILED_FUSED);
+    assert!(io.poll_completion().is_none());
+    // Only the command right after the failed first: a plain one clears it,
+    // and a second half after that has no first.
+    assert_eq!(status(&in_capsule(&mut io, &fused_sqe(0x05, 1, 7, 4000), 0)), Status::LBA_OUT_OF_RANGE.dnr());
+    assert!(matches!(ex(&mut io, 0, &read_sqe(8, 1, 0, 1, 512)), Outcome::Io(_)));
+    assert_eq!(status(&in_capsule(&mut io, &fused_sqe(0x01, 2, 9, 0), 0)), Status::ABORTED_MISSING_FUSED);
+    // And a good pair still runs.
+    assert!(matches!(in_capsule(&mut io, &fused_sqe(0x05, 1, 10, 0), 0), Outcome::Deferred));
+    assert!(matches!(in_capsule(&mut io, &fused_sqe(0x01, 2, 11, 0), 0), Outcome::Io(_)));
+}
+
+/// NVMe base 2.0 3.4.2: the LBA range of a fused pair is the same for
+/// both commands; if they do not match, both are aborted with Invalid
+/// Field in Command. A fused combination the controller does not support
+/// (a second half that is no Write, or any fused command on the admin
+/// queue) is Invalid Field too.
+#[test]
+fn a_fused_pair_of_different_blocks_or_an_unsupported_second_half_is_invalid_field() {
+    let t = target();
+    let (mut a, cntlid) = admin(&t);
+    let mut io = io_queue(&t, cntlid, 1);
+    let ranges: [(u64, u32, u32); 3] = [(1, 1, 1), (0, 2, 1), (0, 1, 2)];
+    for (i, (lba, blocks, nsid)) in ranges.into_iter().enumerate() {
+        let cid = 10 * i as u16;
+        assert!(matches!(in_capsule(&mut io, &fused_sqe(0x05, 1, cid, 0), 0), Outcome::Deferred));
+        let mut w = fused_sqe(0x01, 2, cid + 1, lba);
+        w.cdw12 = (blocks - 1).into();
+        w.nsid = nsid.into();
+        let data = vec![0; 512 * blocks as usize];
+        let out = io.execute(0, &w, data.len() as u32, Some(data));
+        assert_eq!(status(&out), Status::INVALID_FIELD.dnr(), "Write {lba}+{blocks} nsid {nsid}");
+        let cqe = io.poll_completion().expect("the Compare's completion");
+        assert_eq!((cqe.cid.get(), cqe.status()), (cid, Status::INVALID_FIELD.dnr()));
+    }
+    // The Compare's data still on its way when the mismatched Write came.
+    assert!(matches!(ex(&mut io, 0, &fused_sqe(0x05, 1, 40, 0)), Outcome::NeedData { .. }));
+    assert_eq!(status(&in_capsule(&mut io, &fused_sqe(0x01, 2, 41, 3), 0)), Status::INVALID_FIELD.dnr());
+    assert!(matches!(io.data_arrived(0, 40, vec![0; 512]), Outcome::Deferred));
+    let cqe = io.poll_completion().expect("the Compare's completion");
+    assert_eq!((cqe.cid.get(), cqe.status()), (40, Status::INVALID_FIELD.dnr()));
+    // A Read as the second half: not a fused operation of the NVM command
+    // set; the Compare before it lost its partner.
+    assert!(matches!(in_capsule(&mut io, &fused_sqe(0x05, 1, 50, 0), 0), Outcome::Deferred));
+    let mut r = read_sqe(51, 1, 0, 1, 512);
+    r.flags = 2;
+    assert_eq!(status(&ex(&mut io, 0, &r)), Status::INVALID_FIELD.dnr());
+    let cqe = io.poll_completion().expect("the Compare's completion");
+    assert_eq!((cqe.cid.get(), cqe.status()), (50, Status::ABORTED_MISSING_FUSED));
+    // No admin command fuses.
+    for fuse in 1..=3 {
+        let mut k = sqe(0x18, 60 + u16::from(fuse));
+        k.flags = fuse;
+        assert_eq!(status(&ex(&mut a, 0, &k)), Status::INVALID_FIELD.dnr(), "admin FUSE {fuse:02b}");
+    }
+}
+
+/// The NVM I/O command edges (NVMe base 2.0 7.1, NVM Command Set 1.0
+/// 3.2, 4.1.5): Flush to NSID FFFFFFFFh is Invalid Namespace or Format,
+/// as VWC bits 2:1 = 10b say, and so are NSID 0 and an inactive NSID;
+/// commands ONCS does not list are Invalid Opcode, as are admin opcodes on
+/// an I/O queue and I/O opcodes on the admin queue; the hints no namespace
+/// here acts on (LR, PRINFO without protection information, DSM hints in
+/// CDW13, a Dataset Management without Attribute Deallocate) change
+/// nothing; zero-length deallocate ranges are dropped; Write Zeroes keeps
+/// DEAC, which DLFEAT bit 3 allows.
+#[test]
+fn io_command_edges_answer_as_the_spec_says() {
+    let t = target();
+    let (mut a, cntlid) = admin(&t);
+    let ctrl = identify(&mut a, 1, 0).1;
+    assert_eq!(ctrl[525] & 0x06, 0x04, "VWC: Flush to NSID FFFFFFFFh unsupported");
+    assert_eq!(u16::from_le_bytes([ctrl[520], ctrl[521]]), 0x0d, "ONCS: Compare, DSM, Write Zeroes");
+    assert_eq!(identify(&mut a, 0, 1).1[33] & 0x08, 0x08, "DLFEAT: Write Zeroes may deallocate");
+    let mut io = io_queue(&t, cntlid, 1);
+    for nsid in [u32::MAX, 0, 9] {
+        let mut f = sqe(0x00, 1);
+        f.nsid = nsid.into();
+        assert_eq!(status(&ex(&mut io, 0, &f)), Status::INVALID_NAMESPACE.dnr(), "Flush nsid {nsid:#x}");
+    }
+    let mut f = sqe(0x00, 1);
+    f.nsid = 1.into();
+    assert!(matches!(ex(&mut io, 0, &f), Outcome::Io(req) if matches!(req.op, BlockOp::Flush)));
+    // Write Uncorrectable, Verify, Reservation Register, Copy; Identify and
+    // Keep Alive are admin commands.
+    for opcode in [0x04, 0x0c, 0x0d, 0x19, 0x06, 0x18] {
+        let mut s = read_sqe(2, 1, 0, 1, 512);
+        s.opcode = opcode;
+        s.dptr = Sgl::default();
+        assert_eq!(status(&ex(&mut io, 0, &s)), Status::INVALID_OPCODE.dnr(), "opcode {opcode:#04x}");
+    }
+    // Flush, Write, Compare: Delete and Create I/O queues on the admin queue.
+    for opcode in [0x00, 0x01, 0x05] {
+        let mut s = read_sqe(3, 1, 0, 1, 512);
+        s.opcode = opcode;
+        s.dptr = Sgl::default();
+        assert_eq!(status(&ex(&mut a, 0, &s)), Status::INVALID_OPCODE.dnr(), "opcode {opcode:#04x} on admin");
+    }
+    let mut r = read_sqe(4, 1, 8, 2, 512);
+    r.cdw12 = (1 | (1 << 31) | (0xf << 26)).into(); // LR, PRINFO
+    r.cdw13 = 0x07.into(); // DSM: frequent writes
+    match ex(&mut io, 0, &r) {
+        Outcome::Io(req) => assert!(matches!(req.op, BlockOp::Read { lba: 8, len_bytes: 1024 })),
+        other => panic!("{other:?}"),
+    }
+    let mut wz = sqe(0x08, 5);
+    wz.nsid = 1.into();
+    wz.cdw10 = 16.into();
+    wz.cdw12 = (7 | (1 << 25)).into();
+    match ex(&mut io, 0, &wz) {
+        Outcome::Io(req) => {
+            assert!(matches!(req.op, BlockOp::WriteZeroes { lba: 16, blocks: 8, deallocate: true, fua: false }))
+        }
+        other => panic!("{other:?}"),
+    }
+    let (d, data) = dsm_sqe(6, &[(0, 0), (8, 8), (5000, 0)]);
+    match run(&mut io, &d, Some(data)) {
+        Outcome::Io(req) => match req.op {
+            BlockOp::Deallocate { ranges, .. } => assert_eq!(ranges, vec![(8, 8)]),
+            other => panic!("{other:?}"),
+        },
+        other => panic!("{other:?}"),
+    }
+    // Integral read/write hints only: nothing to do, but the ranges are
+    // received.
+    let (mut hint, data) = dsm_sqe(7, &[(5000, 8)]);
+    hint.cdw11 = 0x3.into();
+    assert_eq!(status(&run(&mut io, &hint, Some(data))), Status::SUCCESS);
 }
