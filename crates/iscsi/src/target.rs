@@ -127,10 +127,11 @@ pub mod scsi_status {
     /// TASK SET FULL: the session holds as many tasks as it may.
     pub const TASK_SET_FULL: u8 = 0x28;
 
-    /// Whether a status may ride in the final Data-In (S bit): only
-    /// non-exception statuses (RFC 7143 section 11.7.4).
+    /// Whether a status may ride in the final Data-In (S bit): GOOD,
+    /// CONDITION MET or INTERMEDIATE-CONDITION MET, as RFC 7143 section
+    /// 11.7.4 lists them (INTERMEDIATE is not among them).
     pub fn may_collapse(s: u8) -> bool {
-        matches!(s, GOOD | CONDITION_MET | INTERMEDIATE | INTERMEDIATE_CONDITION_MET)
+        matches!(s, GOOD | CONDITION_MET | INTERMEDIATE_CONDITION_MET)
     }
 }
 
@@ -532,6 +533,13 @@ struct Task<B> {
     lun: u64,
     expected_len: u32,
     read_expected: u32,
+    /// R and W both set: the read's residual goes in the SCSI Response's
+    /// Bidirectional Read Residual Count, never in a Data-In.
+    bidi: bool,
+    /// Refused with this status while the initiator still sends its
+    /// unsolicited data: answered once that data is in (RFC 7143 section
+    /// 11.4.2), its bytes dropped meanwhile.
+    refused: Option<u8>,
     sn: u32,
     sent_in: u32,
     overflow: u32,
@@ -1440,15 +1448,17 @@ impl<B: DataBuffer> TargetConnection<B> {
     // ---- NOP (RFC 7143 sections 11.18, 11.19) ----
 
     fn on_nop_out(&mut self, bhs: &Bhs, data: &[u8]) -> Result<(), PduError> {
+        // A TTT answers our ping, whatever the ITT: a valid ITT only asks
+        // for a NOP-In besides (RFC 7143 section 11.18).
+        if bhs.ttt() != RESERVED_TAG {
+            if self.ping.as_ref().is_some_and(|p| p.ttt == bhs.ttt()) {
+                self.ping = None;
+            } else {
+                log::debug!("iscsi: NOP-Out for unknown TTT {:#x}", bhs.ttt());
+            }
+        }
         if bhs.itt() == RESERVED_TAG {
             // An answer to our ping, or a ping that wants no answer.
-            if bhs.ttt() != RESERVED_TAG {
-                if self.ping.as_ref().is_some_and(|p| p.ttt == bhs.ttt()) {
-                    self.ping = None;
-                } else {
-                    log::debug!("iscsi: NOP-Out for unknown TTT {:#x}", bhs.ttt());
-                }
-            }
             return Ok(());
         }
         if !self.accept_cmd_sn(bhs) {
@@ -1628,7 +1638,8 @@ impl<B: DataBuffer> TargetConnection<B> {
         }
         if self.open_count() >= self.cfg.max_tasks as usize {
             let why = format!("{} tasks open, the session's limit", self.cfg.max_tasks);
-            return self.refuse_task(bhs, write && f & flags::FINAL == 0, &why);
+            let follows = (write && f & flags::FINAL == 0).then_some(data.len());
+            return self.refuse_task(bhs, follows, &why);
         }
         let unsolicited = f & flags::FINAL == 0;
         let received = u32::try_from(data.len()).unwrap_or(0);
@@ -1647,7 +1658,7 @@ impl<B: DataBuffer> TargetConnection<B> {
                 "write of {edtl} bytes bringing data unasked with {} of the write budget's {} bytes held",
                 self.write_held, self.cfg.write_budget
             );
-            return self.refuse_task(bhs, unsolicited, &why);
+            return self.refuse_task(bhs, unsolicited.then_some(data.len()), &why);
         }
         let read_expected = match (read, write) {
             (true, true) => bidi_read_len.unwrap_or(0),
@@ -1677,6 +1688,8 @@ impl<B: DataBuffer> TargetConnection<B> {
             lun: bhs.lun(),
             expected_len: edtl,
             read_expected,
+            bidi: read && write,
+            refused: None,
             sn: 0,
             sent_in: 0,
             overflow: 0,
@@ -1743,8 +1756,14 @@ impl<B: DataBuffer> TargetConnection<B> {
         let edtl = task.expected_len;
         let lun = task.lun;
         let me = TaskRef { itt, serial: task.serial };
+        let refused = task.refused;
         let Some(w) = task.write.as_mut() else { return };
         if w.unsolicited {
+            return;
+        }
+        if let Some(status) = refused {
+            // Its unsolicited data is all in: the status can go now.
+            self.send_response(me, status, None, None);
             return;
         }
         if w.buf.is_none() {
@@ -1858,12 +1877,14 @@ impl<B: DataBuffer> TargetConnection<B> {
     /// immediate one is rejected (RFC 7143 section 3.2.2.1 lets a target
     /// refuse immediate commands it cannot take), a numbered one, which
     /// used its place in the window, ends with TASK SET FULL. Data-Out that
-    /// follows for it is dropped.
-    fn refuse_task(&mut self, bhs: &Bhs, data_follows: bool, why: &str) -> Result<(), PduError> {
-        if data_follows {
-            self.forget_itt(bhs.itt());
-        }
+    /// follows for it is dropped. `unsolicited` holds the bytes of
+    /// immediate data of a command whose unsolicited Data-Out follows: a
+    /// numbered one is answered only after the last of it.
+    fn refuse_task(&mut self, bhs: &Bhs, unsolicited: Option<usize>, why: &str) -> Result<(), PduError> {
         if bhs.immediate() {
+            if unsolicited.is_some() {
+                self.forget_itt(bhs.itt());
+            }
             return Err(Self::field_err(
                 RejectReason::IMMEDIATE_COMMAND_REJECT,
                 "Immediate",
@@ -1872,12 +1893,59 @@ impl<B: DataBuffer> TargetConnection<B> {
             ));
         }
         log::warn!("iscsi: ITT {:#x} answered TASK SET FULL: {why}", bhs.itt());
+        if let Some(received) = unsolicited {
+            self.hold_refused(bhs, u32::try_from(received).unwrap_or(u32::MAX), scsi_status::TASK_SET_FULL);
+            return Ok(());
+        }
         let mut r = Bhs::new(Opcode::SCSI_RESP);
         r.set_flags(flags::FINAL).set_byte3(scsi_status::TASK_SET_FULL).set_itt(bhs.itt());
         self.retire(false);
         self.stamp(&mut r, true);
         self.send(&r, &[], &[]);
         Ok(())
+    }
+
+    /// Files refused command `bhs`, which brought `received` bytes of
+    /// immediate data and announced unsolicited Data-Out, as a task that
+    /// takes and drops that data and is answered `status` once the
+    /// initiator has sent the last of it: a target that has a status for a
+    /// command while data from the initiator is still expected waits for
+    /// the Data-Out with the F bit (RFC 7143 section 11.4.2). It holds no
+    /// buffer, and its place in the CmdSN window until it is answered.
+    fn hold_refused(&mut self, bhs: &Bhs, received: u32, status: u8) {
+        let itt = bhs.itt();
+        let edtl = bhs.expected_data_transfer_length();
+        let serial = self.next_serial;
+        self.next_serial = serial.wrapping_add(1);
+        self.aborted_itts.retain(|&a| a != itt);
+        let task = Task {
+            serial,
+            aborting: false,
+            immediate: bhs.immediate(),
+            lun: bhs.lun(),
+            expected_len: edtl,
+            read_expected: 0,
+            bidi: false,
+            refused: Some(status),
+            sn: 0,
+            sent_in: 0,
+            overflow: 0,
+            cmd: None,
+            write: Some(WriteState {
+                buf: None,
+                budgeted: false,
+                waiting: false,
+                received,
+                unsolicited: true,
+                unsol_end: self.params.first_burst_length.min(edtl),
+                unsol_next: received,
+                unsol_data_sn: 0,
+                next_r2t: received,
+                r2ts: Vec::new(),
+                digest_failed: false,
+            }),
+        };
+        self.insert_task(itt, task);
     }
 
     /// Remembers that Data-Out for `itt` is to be dropped silently.
@@ -1953,7 +2021,14 @@ impl<B: DataBuffer> TargetConnection<B> {
                 return Err(invalid("DataSN", format!("DataSN {data_sn} (expected {})", r.data_sn)));
             }
             if final_bit != (end == r_end) {
-                return Err(invalid("Flags", format!("F bit {final_bit} at {end} of burst ending {r_end}")));
+                // RFC 7143 section 11.8: a burst ended before what the R2T
+                // asked for is a "Protocol Error".
+                return Err(Self::field_err(
+                    RejectReason::PROTOCOL_ERROR,
+                    "Flags",
+                    format!("F bit {final_bit} at {end} of burst ending {r_end}"),
+                    bhs,
+                ));
             }
             r.next = end;
             r.data_sn = r.data_sn.wrapping_add(1);
@@ -1983,8 +2058,9 @@ impl<B: DataBuffer> TargetConnection<B> {
     /// MaxRecvDataSegmentLength into sequences of at most MaxBurstLength.
     /// Data beyond the expected length is cut and reported as overflow.
     /// With a non-exception `status`, the last Data-In carries it (S bit,
-    /// phase collapse) with the residual; with an exception status a SCSI
-    /// Response follows (use [`Self::send_response`] for sense data).
+    /// phase collapse) with the residual, except for a bidirectional
+    /// command; otherwise a SCSI Response follows (use
+    /// [`Self::send_response`] for sense data).
     /// Returns false when `task` is not open (answered or aborted).
     pub fn send_data_in(&mut self, task: TaskRef, data: &[u8], status: Option<u8>) -> bool {
         let me = task;
@@ -1995,9 +2071,13 @@ impl<B: DataBuffer> TargetConnection<B> {
         let cut = data.len().saturating_sub(send.len());
         task.overflow = task.overflow.saturating_add(u32::try_from(cut).unwrap_or(u32::MAX));
         let lun = task.lun;
+        // A Data-In's Residual Count is the write's for a bidirectional
+        // command (RFC 7143 section 11.7.5): its read residual needs the
+        // SCSI Response.
+        let bidi = task.bidi;
         let max_pdu = (self.params.peer_max_recv_data_segment_length.max(512)) as usize;
         let mbl = (self.params.max_burst_length.max(512)) as usize;
-        let collapse = status.filter(|s| scsi_status::may_collapse(*s) && !send.is_empty());
+        let collapse = status.filter(|s| scsi_status::may_collapse(*s) && !send.is_empty() && !bidi);
         let total = send.len();
         let mut done = 0usize;
         let mut in_burst = 0usize;
@@ -2077,9 +2157,10 @@ impl<B: DataBuffer> TargetConnection<B> {
     fn fits_one_data_in(&mut self, task: TaskRef, len: usize) -> bool {
         let Some(task) = self.task_mut(task) else { return false };
         let room = task.read_expected.saturating_sub(task.sent_in) as usize;
+        let bidi = task.bidi;
         let max_pdu = (self.params.peer_max_recv_data_segment_length.max(512)) as usize;
         let mbl = (self.params.max_burst_length.max(512)) as usize;
-        len != 0 && len <= room && len <= max_pdu && len <= mbl
+        len != 0 && len <= room && len <= max_pdu && len <= mbl && !bidi
     }
 
     /// The header of the one Data-In carrying `len` bytes and GOOD status
@@ -2125,9 +2206,11 @@ impl<B: DataBuffer> TargetConnection<B> {
     /// Sends the SCSI Response for `task` (RFC 7143 section 11.4): status,
     /// optional sense data (sent with its 2-byte SenseLength prefix), and a
     /// residual. `residual: None` reports what the connection counted (read
-    /// data sent against the expected length). Returns false when `task` is
-    /// not open (already answered or aborted, even if a new task now uses
-    /// its ITT).
+    /// data sent against the expected length). For a bidirectional command
+    /// `residual` is the write's (O/U, Residual Count) and the connection
+    /// reports the read's in the Bidirectional Read Residual Count (o/u,
+    /// RFC 7143 section 11.4.5.1). Returns false when `task` is not open
+    /// (already answered or aborted, even if a new task now uses its ITT).
     pub fn send_response(
         &mut self,
         task: TaskRef,
@@ -2137,17 +2220,28 @@ impl<B: DataBuffer> TargetConnection<B> {
     ) -> bool {
         let itt = task.itt;
         let Some(task) = self.task_mut(task) else { return false };
+        let read = residual_of(task.read_expected, task.sent_in, task.overflow);
         let (mut f, count) = match residual {
             Some(Residual::Underflow(n)) => (flags::UNDERFLOW, n),
             Some(Residual::Overflow(n)) => (flags::OVERFLOW, n),
-            None if task.read_expected > 0 || task.overflow > 0 => {
-                residual_of(task.read_expected, task.sent_in, task.overflow)
-            }
+            None if task.bidi => (0, 0),
+            None if task.read_expected > 0 || task.overflow > 0 => read,
             None => (0, 0),
         };
-        f |= flags::FINAL;
+        let (bidi_flags, bidi_count) = match read {
+            (rf, n) if task.bidi && rf == flags::OVERFLOW => (flags::BIDI_OVERFLOW, n),
+            (rf, n) if task.bidi && rf == flags::UNDERFLOW => (flags::BIDI_UNDERFLOW, n),
+            _ => (0, 0),
+        };
+        f |= flags::FINAL | bidi_flags;
         let mut b = Bhs::new(Opcode::SCSI_RESP);
-        b.set_flags(f).set_byte2(0).set_byte3(status).set_itt(itt).set_data_sn(task.sn).set_residual_count(count);
+        b.set_flags(f)
+            .set_byte2(0)
+            .set_byte3(status)
+            .set_itt(itt)
+            .set_data_sn(task.sn)
+            .set_bidi_read_residual_count(bidi_count)
+            .set_residual_count(count);
         let mut data = Vec::new();
         if let Some(s) = sense {
             let n = u16::try_from(s.len()).unwrap_or(u16::MAX);
@@ -2509,7 +2603,18 @@ impl<B: DataBuffer> TargetConnection<B> {
             1 if bhs.cid() == self.login.cid => 0,
             1 => 1, // CID not found
             2 => 2, // connection recovery not supported
-            _ => 3, // cleanup failed
+            _ => {
+                // Reason codes 3..127 are reserved (RFC 7143 section
+                // 11.14.1), and a reserved code value is a protocol error
+                // (section 11), not a logout that failed.
+                self.retire(bhs.immediate());
+                return Err(Self::field_err(
+                    RejectReason::PROTOCOL_ERROR,
+                    "ReasonCode",
+                    format!("Logout reason code {reason} is reserved"),
+                    bhs,
+                ));
+            }
         };
         if response == 0 && !self.tasks.is_empty() {
             // Answer once the commands in flight have completed, so their

@@ -424,3 +424,37 @@ fn a_refused_task_management_request_does_not_release_a_write_another_one_is_abo
     assert!(t.send_tmf_response(7, tmf_response::COMPLETE));
     assert_eq!(t.open_tasks(), 0);
 }
+
+/// RFC 7143 11.4.2: while data from the initiator is still expected (the
+/// command announced unsolicited Data-Out with F=0), the target waits for
+/// the Data-Out with the F bit before it sends the SCSI Response, even
+/// when the command is refused outright (here past the task limit).
+#[test]
+fn task_set_full_for_a_write_announcing_unsolicited_data_waits_for_its_last_data_out() {
+    let (mut t, cmd_sn, _) = logged_in_with(TargetConfig { max_tasks: 1, ..config() }, false);
+    assert!(!t.params().initial_r2t);
+    feed(&mut t, &read_cmd(1, cmd_sn, true), &[]);
+    assert_eq!(commands(&mut t).len(), 1);
+    // Numbered, inside the window, past the task limit; 512 bytes of
+    // immediate data and 512 more to come unsolicited.
+    let mut c = write_cmd(2, cmd_sn, 1024);
+    c.set_flags(flags::WRITE);
+    feed(&mut t, &c, &[0x11; 512]);
+    assert!(
+        output(&mut t).iter().all(|(b, _)| b.opcode() != Opcode::SCSI_RESP),
+        "a SCSI Response before the initiator's unsolicited data was all sent"
+    );
+    let mut d = Bhs::new(Opcode::DATA_OUT);
+    d.set_flags(flags::FINAL).set_itt(2).set_ttt(0xffff_ffff).set_data_sn(0).set_buffer_offset(512);
+    feed(&mut t, &d, &[0x22; 512]);
+    let out = output(&mut t);
+    let resp = out.iter().find(|(b, _)| b.opcode() == Opcode::SCSI_RESP).expect("a SCSI Response");
+    assert_eq!((resp.0.itt(), resp.0.byte3()), (2, scsi_status::TASK_SET_FULL));
+    assert!(out.iter().all(|(b, _)| b.opcode() != Opcode::REJECT), "the Data-Out was expected: {out:?}");
+    assert!(commands(&mut t).is_empty(), "a refused write never reaches the upper layer");
+    assert_eq!(t.open_tasks(), 1);
+    // It used its CmdSN and gave its place in the window back.
+    let (exp, max) = t.cmd_window();
+    assert_eq!(exp, cmd_sn.wrapping_add(1));
+    assert_eq!(max.wrapping_sub(exp).wrapping_add(1), 1);
+}

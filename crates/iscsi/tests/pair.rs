@@ -1414,3 +1414,154 @@ fn commands_carry_the_epoch_they_arrived_in_and_restamp_raises_the_waiting_ones(
     let Some(Event::Command(c)) = t.poll_event() else { panic!("the later read") };
     assert_eq!((c.task.itt, c.epoch), (later, 7));
 }
+
+// ---- full feature phase: RFC 7143 details ----
+
+/// A bidirectional command (R and W, Bidirectional Read Expected Data
+/// Transfer Length AHS) with `write_len` bytes of immediate data and
+/// `read_len` expected back; the command as the upper layer gets it.
+fn bidi_command(h: &mut HostConnection, t: &mut Target, itt: u32, write_len: u32, read_len: u32) -> TaskRef {
+    let (_, exp_stat_sn, _, _) = h.sequence();
+    let cmd_sn = t.cmd_window().0;
+    let mut c = Bhs::new(Opcode::SCSI_CMD);
+    c.set_flags(flags::FINAL | flags::READ | flags::WRITE)
+        .set_itt(itt)
+        .set_expected_data_transfer_length(write_len)
+        .set_cmd_sn(cmd_sn)
+        .set_exp_stat_sn(exp_stat_sn)
+        .set_cdb(&[0x53, 0, 0, 0, 0, 0, 0, 0, 1, 0]);
+    // AHSLength 5, AHSType 2, reserved, then the length.
+    let mut ahs = vec![0, 5, 2, 0];
+    ahs.extend_from_slice(&read_len.to_be_bytes());
+    h.send_raw(&c, &ahs, &pattern(write_len as usize));
+    let mut bytes = Vec::new();
+    h.take_transmit(&mut bytes);
+    t.handle_input(&bytes).expect("valid");
+    match t.poll_event() {
+        Some(Event::Command(c)) => {
+            assert!(c.read && c.write);
+            assert_eq!(c.bidi_read_len, Some(read_len));
+            c.task
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+/// RFC 7143 11.4.5.1 and 11.7.5: for a bidirectional command the Residual
+/// Count (O/U) is the write's; the read's residual goes in the
+/// Bidirectional Read Residual Count (o/u), which only a SCSI Response
+/// has, so the status does not ride in the last Data-In.
+#[test]
+fn bidirectional_read_residual_is_reported_apart_from_the_write_residual() {
+    let (mut h, mut t, _) = session(false);
+    let task = bidi_command(&mut h, &mut t, 0x31, 512, 1024);
+    assert!(t.send_data_in(task, &pattern(512), Some(scsi_status::GOOD)));
+    let out = target_output(&mut t);
+    let ops: Vec<_> = out.iter().map(|(b, _)| b.opcode()).collect();
+    assert_eq!(ops, vec![Opcode::DATA_IN, Opcode::SCSI_RESP], "{out:?}");
+    let data_in = out[0].0;
+    assert_eq!(data_in.flags() & flags::STATUS, 0, "status in the Data-In of a bidirectional command");
+    let resp = out[1].0;
+    assert_eq!(resp.flags() & (flags::OVERFLOW | flags::UNDERFLOW), 0, "the write had no residual");
+    assert_eq!(resp.flags() & flags::BIDI_UNDERFLOW, flags::BIDI_UNDERFLOW);
+    assert_eq!(resp.bidi_read_residual_count(), 512);
+    // An error without data: the whole read is the read residual, the
+    // write residual is the caller's.
+    let task = bidi_command(&mut h, &mut t, 0x32, 512, 1024);
+    let sense = [0x70, 0, 0x05, 0, 0, 0, 0, 10, 0, 0, 0, 0, 0x20, 0, 0, 0, 0, 0];
+    assert!(t.send_response(task, scsi_status::CHECK_CONDITION, Some(&sense), Some(Residual::Underflow(512))));
+    let out = target_output(&mut t);
+    let resp = out[0].0;
+    assert_eq!(resp.flags() & (flags::OVERFLOW | flags::UNDERFLOW), flags::UNDERFLOW);
+    assert_eq!(resp.residual_count(), 512);
+    assert_eq!(resp.flags() & (flags::BIDI_OVERFLOW | flags::BIDI_UNDERFLOW), flags::BIDI_UNDERFLOW);
+    assert_eq!(resp.bidi_read_residual_count(), 1024);
+}
+
+/// RFC 7143 11.7.4: status rides in a Data-In only if it is GOOD,
+/// CONDITION MET or INTERMEDIATE-CONDITION MET.
+#[test]
+fn intermediate_status_is_sent_in_a_scsi_response() {
+    let (mut h, mut t, mut b) = session(false);
+    b.hold = true;
+    h.submit(0, &read10(1), 512, Vec::new());
+    step(&mut h, &mut t, &mut b);
+    assert!(t.send_data_in(b.held[0], &pattern(512), Some(scsi_status::INTERMEDIATE)));
+    let out = target_output(&mut t);
+    let ops: Vec<_> = out.iter().map(|(b, _)| (b.opcode(), b.flags() & flags::STATUS)).collect();
+    assert_eq!(ops, vec![(Opcode::DATA_IN, 0), (Opcode::SCSI_RESP, 0)]);
+    assert_eq!(out[1].0.byte3(), scsi_status::INTERMEDIATE);
+}
+
+/// RFC 7143 11.14.1 and section 11: Logout reason codes 3..127 are
+/// reserved, and a reserved code value is a protocol error (Reject), not a
+/// Logout Response "cleanup failed".
+#[test]
+fn logout_with_a_reserved_reason_code_is_rejected() {
+    let (mut h, mut t, _) = session(false);
+    let (cmd_sn, exp_stat_sn, _, _) = h.sequence();
+    let mut l = Bhs::new(Opcode::LOGOUT_REQ);
+    l.set_immediate(true).set_flags(flags::FINAL | 3).set_itt(0x40).set_cmd_sn(cmd_sn).set_exp_stat_sn(exp_stat_sn);
+    assert!(send(&mut h, &mut t, &l, &[]).is_ok());
+    let out = target_output(&mut t);
+    assert!(out.iter().all(|(b, _)| b.opcode() != Opcode::LOGOUT_RESP), "{out:?}");
+    let (r, echoed) = out.iter().find(|(b, _)| b.opcode() == Opcode::REJECT).expect("a Reject");
+    assert_eq!(RejectReason(r.byte2()), RejectReason::PROTOCOL_ERROR);
+    assert_eq!(Bhs::from_slice(echoed).map(|e| e.itt()), Some(0x40));
+    assert_eq!(t.state(), State::FullFeature);
+    assert_eq!(t.cmd_window().0, cmd_sn);
+}
+
+/// RFC 7143 11.18: the initiator answers a NOP-In ping with a NOP-Out
+/// carrying its TTT; nothing requires that NOP-Out's ITT to be reserved
+/// (a valid one asks for a NOP-In of its own). Either way the ping is
+/// answered.
+#[test]
+fn nop_out_with_a_valid_itt_answers_the_targets_ping() {
+    let (mut h, mut t, _) = session(false);
+    t.on_tick(0);
+    t.on_tick(5000);
+    let ping = target_output(&mut t).into_iter().map(|p| p.0).find(|b| b.opcode() == Opcode::NOP_IN).expect("ping");
+    assert_ne!(ping.ttt(), RESERVED_TAG);
+    let (cmd_sn, exp_stat_sn, _, _) = h.sequence();
+    let mut n = Bhs::new(Opcode::NOP_OUT);
+    n.set_immediate(true)
+        .set_flags(flags::FINAL)
+        .set_itt(0x66)
+        .set_ttt(ping.ttt())
+        .set_lun(ping.lun())
+        .set_cmd_sn(cmd_sn)
+        .set_exp_stat_sn(exp_stat_sn);
+    assert!(send(&mut h, &mut t, &n, b"echo").is_ok());
+    let out = target_output(&mut t);
+    let reply = out.iter().find(|(b, _)| b.opcode() == Opcode::NOP_IN).expect("a NOP-In for the ITT");
+    assert_eq!((reply.0.itt(), reply.0.ttt(), reply.1.as_slice()), (0x66, RESERVED_TAG, &b"echo"[..]));
+    t.on_tick(19_999);
+    t.on_tick(20_000);
+    assert_eq!(t.state(), State::FullFeature, "the answered ping was taken for a dead initiator");
+    assert!(t.poll_event().is_none());
+}
+
+/// RFC 7143 11.8: a Data-Out with the F bit before the end of what its
+/// R2T asked for may be rejected with reason "Protocol Error".
+#[test]
+fn data_out_ending_an_r2t_burst_early_is_a_protocol_error() {
+    let mut hc = HostConfig::new(INITIATOR, Some(TARGET));
+    hc.params.initial_r2t = true;
+    hc.params.immediate_data = false;
+    let (mut h, mut t, _) = logged_in(hc, target_cfg(false));
+    let (cmd_sn, exp_stat_sn, _, _) = h.sequence();
+    let mut c = Bhs::new(Opcode::SCSI_CMD);
+    c.set_flags(flags::FINAL | flags::WRITE)
+        .set_itt(9)
+        .set_expected_data_transfer_length(4096)
+        .set_cmd_sn(cmd_sn)
+        .set_exp_stat_sn(exp_stat_sn)
+        .set_cdb(&write10(8));
+    send(&mut h, &mut t, &c, &[]).expect("valid");
+    let r2t = target_output(&mut t).first().map(|p| p.0).expect("r2t");
+    let mut d = Bhs::new(Opcode::DATA_OUT);
+    d.set_flags(flags::FINAL).set_itt(9).set_ttt(r2t.ttt());
+    assert!(send(&mut h, &mut t, &d, &[0; 512]).is_ok());
+    assert_eq!(reject_of(&mut t).0, RejectReason::PROTOCOL_ERROR);
+}
