@@ -1622,6 +1622,18 @@ impl<B: DataBuffer> TargetConnection<B> {
             Some(bad("DataSegmentLength", format!("{} bytes beyond FirstBurstLength", data.len())))
         } else if f & flags::FINAL == 0 && (!write || self.params.initial_r2t) {
             Some(bad("Flags", "F bit clear but no unsolicited data may follow".into()))
+        } else if f & flags::FINAL == 0 && data.len() as u64 >= u64::from(self.params.first_burst_length.min(edtl)) {
+            // F=0 announces unsolicited Data-Out, but the immediate data
+            // already fills the first burst (or the whole transfer): none
+            // may follow, and the write would wait for ever.
+            Some(bad(
+                "Flags",
+                format!(
+                    "F bit clear but the {} bytes of immediate data end the first burst ({} bytes)",
+                    data.len(),
+                    self.params.first_burst_length.min(edtl)
+                ),
+            ))
         } else if write && edtl > self.cfg.max_write_len {
             Some(Self::field_err(
                 RejectReason::OUT_OF_RESOURCES,

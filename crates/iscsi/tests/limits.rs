@@ -458,3 +458,30 @@ fn task_set_full_for_a_write_announcing_unsolicited_data_waits_for_its_last_data
     assert_eq!(exp, cmd_sn.wrapping_add(1));
     assert_eq!(max.wrapping_sub(exp).wrapping_add(1), 1);
 }
+
+/// A write whose F bit says unsolicited Data-Out follows while its
+/// immediate data already fills the first burst (or the whole transfer)
+/// is rejected (Protocol Error): no Data-Out may come, and it would wait
+/// for ever. Other commands go on.
+#[test]
+fn f_bit_clear_with_the_first_burst_already_immediate_is_rejected() {
+    let mut tc = config();
+    tc.params.first_burst_length = 1024;
+    let (mut t, cmd_sn, _) = logged_in_with(tc, false);
+    assert!(!t.params().initial_r2t && t.params().first_burst_length == 1024);
+    for (itt, len, immediate) in [(1u32, 2048u32, 1024usize), (2, 512, 512)] {
+        let mut c = write_cmd(itt, cmd_sn.wrapping_add(itt - 1), len);
+        c.set_flags(flags::WRITE);
+        feed(&mut t, &c, &vec![0x33; immediate]);
+        let out = output(&mut t);
+        let (b, _) = out.first().expect("an answer");
+        assert_eq!(
+            (b.opcode(), RejectReason(b.byte2())),
+            (Opcode::REJECT, RejectReason::PROTOCOL_ERROR),
+            "ITT {itt}: {out:?}"
+        );
+        assert!(commands(&mut t).is_empty(), "ITT {itt} reached the upper layer");
+    }
+    feed(&mut t, &read_cmd(3, cmd_sn.wrapping_add(2), false), &[]);
+    assert_eq!(commands(&mut t).len(), 1, "the session goes on");
+}
