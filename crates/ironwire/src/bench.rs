@@ -250,9 +250,10 @@ struct RangeArgs {
     /// First byte of the range I/O goes to.
     #[arg(long, default_value = "0", value_parser = parse_bytes)]
     offset: u64,
-    /// Write self-describing blocks and check every read; exits non-zero
-    /// on the first corrupt block's report. With read/randread every block
-    /// read must hold a pattern an earlier verify run wrote.
+    /// Write self-describing blocks and check every read, and after the
+    /// load read back every block written; exits non-zero on the first
+    /// corrupt block's report. With read/randread every block read must
+    /// hold a pattern an earlier verify run wrote.
     #[arg(long)]
     verify: bool,
 }

@@ -112,8 +112,8 @@ impl SessionJob {
         let depth = self.w.depth(self.qd);
         let mut now = Instant::now();
         loop {
-            while self.s.outstanding() < depth && now < self.w.end {
-                let io = self.w.pick();
+            while self.s.outstanding() < depth {
+                let Some(io) = self.w.next(now) else { break };
                 let itt = if io.write {
                     let mut data = vec![0u8; io_bytes as usize];
                     self.w.fill(&io, &mut data);
@@ -125,6 +125,9 @@ impl SessionJob {
                 in_flight.insert(itt, InFlight { submitted: now, io });
             }
             if self.s.outstanding() == 0 {
+                if self.w.drained(now) {
+                    continue;
+                }
                 break;
             }
             let (itt, r) = self.s.next_completion().await.map_err(err)?;
@@ -141,7 +144,6 @@ impl SessionJob {
             }
             self.w.complete(&f.io, f.submitted, now, &r.data);
         }
-        self.w.finish(now);
         if let Err(e) = self.s.logout().await {
             log::debug!("bench: iSCSI logout: {e}");
         }

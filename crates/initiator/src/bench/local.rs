@@ -22,14 +22,14 @@ pub async fn run_local(device: Arc<Device>, opts: &BenchOptions) -> Result<Repor
     let g = device.geometry();
     let work = plan(opts, usize::from(opts.jobs), g.block_size, g.size_bytes())?;
     let start = work.first().map_or_else(Instant::now, |w| w.tally.finished);
+    let depth = |w: &Rc<RefCell<Workload>>| w.borrow().depth(opts.qd as usize);
+    let spawn = |w: &Rc<RefCell<Workload>>| {
+        (0..depth(w)).map(|_| reactor::spawn(worker(device.clone(), w.clone()))).collect::<Vec<_>>()
+    };
     let mut jobs = Vec::new();
     for w in work {
-        let depth = w.depth(opts.qd as usize);
         let w = Rc::new(RefCell::new(w));
-        let mut tasks = Vec::new();
-        for _ in 0..depth {
-            tasks.push(reactor::spawn(worker(device.clone(), w.clone())));
-        }
+        let tasks = spawn(&w);
         jobs.push((w, tasks));
     }
     let mut results = Vec::new();
@@ -37,10 +37,14 @@ pub async fn run_local(device: Arc<Device>, opts: &BenchOptions) -> Result<Repor
         for t in tasks {
             t.await?;
         }
-        let mut job = w.borrow_mut();
-        let last = job.tally.finished;
-        job.finish(last);
-        let tally = std::mem::replace(&mut job.tally, Tally::new(start));
+        let last = w.borrow().tally.finished;
+        // The load is over: verify's read-back, if any, on as many tasks.
+        if w.borrow_mut().drained(last) {
+            for t in spawn(&w) {
+                t.await?;
+            }
+        }
+        let tally = std::mem::replace(&mut w.borrow_mut().tally, Tally::new(start));
         results.push(tally);
     }
     Ok(merge(opts, &results, start))
@@ -54,10 +58,7 @@ async fn worker(device: Arc<Device>, w: Rc<RefCell<Workload>>) -> Result<()> {
         let (io, submitted) = {
             let mut w = w.borrow_mut();
             let now = Instant::now();
-            if now >= w.end {
-                return Ok(());
-            }
-            let io = w.pick();
+            let Some(io) = w.next(now) else { return Ok(()) };
             if io.write {
                 w.fill(&io, &mut buf);
             }
@@ -68,8 +69,10 @@ async fn worker(device: Arc<Device>, w: Rc<RefCell<Workload>>) -> Result<()> {
         res?;
         let now = Instant::now();
         let mut w = w.borrow_mut();
+        if w.read_back.is_none() {
+            w.tally.finished = w.tally.finished.max(now);
+        }
         w.complete(&io, submitted, now, if io.write { &[] } else { &buf[..] });
-        w.tally.finished = w.tally.finished.max(now);
     }
 }
 
@@ -105,6 +108,35 @@ mod tests {
         assert_eq!(r.ios * 4096, r.bytes);
         assert_eq!(r.histogram.len(), r.ios);
         assert_eq!(r.jobs, 2);
+    }
+
+    #[test]
+    fn local_write_verify_fails_against_a_device_that_drops_writes() {
+        // A null device acknowledges every write and keeps nothing: a
+        // writing verify run must read its blocks back and fail, not pass
+        // for never having read.
+        for pattern in [Pattern::Write, Pattern::RandWrite] {
+            let dev = Arc::new(Device::null("n", 1 << 20, 512).expect("null"));
+            let r = block_on(run_local(dev, &opts(pattern))).expect("run");
+            assert!(r.writes > 0, "{r}");
+            assert!(r.verify_errors > 0, "{pattern}: writes to a null device passed verify: {r}");
+            assert!(r.first_verify_error.is_some_and(|e| e.reason.contains("magic")));
+        }
+    }
+
+    #[test]
+    fn local_write_verify_reads_back_every_block_it_wrote_and_counts_only_the_window() {
+        let dev = Arc::new(Device::ram("r", 1 << 20, 512).expect("ram"));
+        // One job: a RAM device completes inline, so on one thread the
+        // first job's first task does all the load.
+        let o = BenchOptions { jobs: 1, size: Some(64 << 10), ..opts(Pattern::Write) };
+        let r = block_on(run_local(dev, &o)).expect("run");
+        assert_eq!(r.verify_errors, 0, "{r}");
+        // 16 I/Os of 8 blocks over the range, all written: every block read
+        // back once, and none of those reads counted as load.
+        assert_eq!(r.verify_checked, 16 * 8, "{r}");
+        assert_eq!(r.reads, 0, "{r}");
+        assert_eq!(r.histogram.len(), r.ios);
     }
 
     #[test]

@@ -167,9 +167,10 @@ pub struct BenchOptions {
     /// Data digests.
     pub data_digest: bool,
     /// Write a self-describing pattern (LBA, generation, CRC32C) and check
-    /// every read; each job then owns its own slice of the range. With a
-    /// read-only pattern every block read must hold a valid pattern (the
-    /// range was written by an earlier verify run).
+    /// every read; each job then owns its own slice of the range, and after
+    /// the load reads back every block it wrote. With a read-only pattern
+    /// every block read must hold a valid pattern (the range was written by
+    /// an earlier verify run).
     pub verify: bool,
     /// Random seed.
     pub seed: u64,
@@ -301,7 +302,8 @@ pub struct Report {
     pub verify_errors: u64,
     /// The first of them.
     pub first_verify_error: Option<VerifyError>,
-    /// Blocks read back and checked in verify mode (whole run).
+    /// Blocks read back and checked in verify mode (whole run, the
+    /// read-back after the load included).
     pub verify_checked: u64,
     /// Of those, blocks never written (all zeros, as a fresh device reads)
     /// where no pattern was expected yet: not corrupt, and not checked.
@@ -578,6 +580,7 @@ fn plan(opts: &BenchOptions, jobs: usize, lbs: u32, ns_bytes: u64) -> Result<Vec
             rng: SmallRng::seed_from_u64(opts.seed.wrapping_add(g.wrapping_mul(0x9e37_79b9))),
             measure_from,
             end,
+            read_back: None,
             progress: opts.progress.clone(),
             tally: Tally::new(start),
         });
@@ -718,6 +721,9 @@ struct Workload {
     rng: SmallRng,
     measure_from: Instant,
     end: Instant,
+    /// Verify's read-back after the load: the next slot to look at
+    /// (`None` while the load runs).
+    read_back: Option<u64>,
     progress: Option<Arc<Progress>>,
     tally: Tally,
 }
@@ -729,6 +735,45 @@ impl Workload {
         if let Some(p) = &self.progress {
             p.finished.fetch_add(1, Ordering::Relaxed);
         }
+    }
+
+    /// The next I/O to submit at `now`: the load's until its end, then,
+    /// once [`drained`](Self::drained) started the read-back, a read of
+    /// each block this job wrote in the run.
+    fn next(&mut self, now: Instant) -> Option<Io> {
+        match self.read_back {
+            None => (now < self.end).then(|| self.pick()),
+            Some(_) => self.pick_read_back(),
+        }
+    }
+
+    /// Nothing is in flight any more at `now`. After the load, that closes
+    /// the job's window (the CPU window too) and, in verify mode with a
+    /// writing pattern, starts the read-back: a block written and never read
+    /// again (all of them, with `write`) would otherwise go unchecked, and a
+    /// target that acknowledges writes and keeps nothing would pass. Returns
+    /// whether there is more to submit.
+    fn drained(&mut self, now: Instant) -> bool {
+        if self.read_back.is_some() {
+            return false;
+        }
+        self.finish(now);
+        let read_back = self.verify.is_some() && !self.pattern.read_only();
+        if read_back {
+            self.read_back = Some(0);
+        }
+        read_back
+    }
+
+    /// A read of the next slot written in this run, in LBA order.
+    fn pick_read_back(&mut self) -> Option<Io> {
+        let v = self.verify.as_mut()?;
+        let from = usize::try_from(self.read_back?).unwrap_or(usize::MAX);
+        let (slot, s) = v.slots.iter_mut().enumerate().skip(from).find(|(_, s)| **s & !BUSY != 0)?;
+        *s |= BUSY;
+        let slot = slot as u64;
+        self.read_back = Some(slot + 1);
+        Some(Io { write: false, slot, lba: self.base + slot * u64::from(self.blocks_per_io), gen: 0 })
     }
 
     fn io_bytes(&self) -> u32 {
@@ -790,10 +835,12 @@ impl Workload {
         }
     }
 
-    /// Accounts a completed I/O; `data` is what a read returned.
+    /// Accounts a completed I/O; `data` is what a read returned. A read of
+    /// the read-back is checked, not counted as load.
     fn complete(&mut self, io: &Io, submitted: Instant, now: Instant, data: &[u8]) {
         let bytes = u64::from(self.io_bytes());
-        if let Some(p) = &self.progress {
+        let load = self.read_back.is_none();
+        if let Some(p) = self.progress.as_ref().filter(|_| load) {
             p.record(bytes);
         }
         if let Some(v) = &mut self.verify {
@@ -836,7 +883,7 @@ impl Workload {
         // measured window counts, whenever it was submitted. Counting by
         // submission would drop the I/Os in flight as the window opens while
         // their completions' time stays in the window.
-        if now >= self.measure_from {
+        if load && now >= self.measure_from {
             let t = &mut self.tally;
             let lat = now.saturating_duration_since(submitted).as_nanos() as u64;
             if io.write {
@@ -953,8 +1000,8 @@ impl QueueJob {
         let depth = self.w.depth(self.qd).min(self.q.depth());
         let mut now = Instant::now();
         loop {
-            while self.q.outstanding() < depth && now < self.w.end {
-                let io = self.w.pick();
+            while self.q.outstanding() < depth {
+                let Some(io) = self.w.next(now) else { break };
                 let blocks = self.w.blocks_per_io;
                 let cid = if io.write {
                     let mut data = self.q.buffer(io_bytes as usize);
@@ -967,6 +1014,9 @@ impl QueueJob {
                 in_flight.insert(cid, InFlight { submitted: now, io });
             }
             if self.q.outstanding() == 0 {
+                if self.w.drained(now) {
+                    continue;
+                }
                 break;
             }
             let c = self.q.next_completion().await?;
@@ -989,7 +1039,6 @@ impl QueueJob {
             self.w.complete(&f.io, f.submitted, now, &c.data);
             self.q.recycle(c.data);
         }
-        self.w.finish(now);
         Ok(self.w.tally)
     }
 }
@@ -1050,6 +1099,28 @@ mod tests {
         let zeros = vec![0u8; 4096];
         assert!(check_block(&zeros, 100, Expect::AnyGeneration).unwrap_err().contains("magic"));
         assert_eq!(check_block(&zeros, 100, Expect::IfPresent), Ok(()));
+    }
+
+    #[test]
+    fn random_picks_are_uniform_aligned_and_reach_the_last_block() {
+        // 16 I/Os of 8 blocks from byte 8192: LBAs 16, 24, .., 136.
+        let opts = BenchOptions { pattern: Pattern::RandRw, read_percent: 70, offset: 8192, ..Default::default() };
+        let mut w = plan(&BenchOptions { size: Some(64 << 10), ..opts }, 1, 512, 1 << 20).expect("plan").remove(0);
+        let (mut hits, mut reads) = ([0u32; 16], 0u32);
+        for _ in 0..32_000 {
+            let io = w.pick();
+            assert!(io.lba >= 16 && (io.lba - 16).is_multiple_of(8) && io.lba <= 136, "LBA {}", io.lba);
+            hits[((io.lba - 16) / 8) as usize] += 1;
+            reads += u32::from(!io.write);
+        }
+        assert!(hits.iter().all(|&n| (1_700..2_300).contains(&n)), "{hits:?}");
+        assert!((21_800..23_000).contains(&reads), "{reads} reads of 32000 at --mix 70");
+        let mut seq =
+            plan(&BenchOptions { pattern: Pattern::Read, size: Some(16 << 10), ..Default::default() }, 1, 512, 1 << 20)
+                .expect("plan")
+                .remove(0);
+        let lbas: Vec<u64> = (0..6).map(|_| seq.pick().lba).collect();
+        assert_eq!(lbas, vec![0, 8, 16, 24, 0, 8], "sequential wraps at the range's end");
     }
 
     #[test]
@@ -1155,9 +1226,10 @@ mod tests {
         assert_eq!(r.histogram.len(), r.ios);
     }
 
-    /// A controller on a loopback socket that answers every read with half
-    /// of its data and SUCCESS.
-    fn short_read_controller() -> SocketAddr {
+    /// A controller on a loopback socket that keeps nothing: every write
+    /// succeeds, every read brings zeros and SUCCESS (with `short`, half of
+    /// the data asked for).
+    fn null_controller(short: bool) -> SocketAddr {
         use nvmf_tcp::target::{Event, TargetConfig, TargetConnection};
         use std::io::{Read, Write};
         let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
@@ -1171,13 +1243,13 @@ mod tests {
                     return;
                 }
                 while let Some(ev) = t.poll_event() {
-                    if let Event::Command { sqe, .. } = ev {
-                        let len = sqe.blocks() as usize * 512 / 2;
-                        t.send_data(
-                            sqe.cid.get(),
-                            &vec![0; len],
-                            nvme_spec::Cqe::new(sqe.cid.get(), nvme_spec::Status::SUCCESS, 0),
-                        );
+                    let Event::Command { sqe, data } = ev else { continue };
+                    let ok = nvme_spec::Cqe::new(sqe.cid.get(), nvme_spec::Status::SUCCESS, 0);
+                    if data.is_some() {
+                        t.send_response(ok);
+                    } else {
+                        let len = sqe.blocks() as usize * 512 / if short { 2 } else { 1 };
+                        t.send_data(sqe.cid.get(), &vec![0; len], ok);
                     }
                 }
                 out.clear();
@@ -1192,24 +1264,48 @@ mod tests {
 
     #[test]
     fn a_read_completing_with_less_data_than_asked_fails_the_run() {
-        let addr = short_read_controller();
         let opts = BenchOptions {
             pattern: Pattern::RandRead,
             qd: 4,
             runtime: Duration::from_millis(50),
             ..Default::default()
         };
-        let r = reactor::Runtime::new(reactor::Config::default()).expect("runtime").block_on(async move {
-            let mut q = Queue::connect(addr, crate::queue::QueueOptions::default()).await?;
-            q.set_depth(4);
-            let ns = NamespaceInfo { nsid: 1, blocks: 1 << 20, capacity: 1 << 20, block_size: 512, raw: Vec::new() };
-            run_on_queues(vec![q], &ns, &opts).await
-        });
+        let r = run_on_null_controller(null_controller(true), &opts);
         assert!(
             r.is_err(),
             "4 KiB reads that brought 2 KiB each counted: {}",
             r.map(|r| r.to_string()).unwrap_or_default()
         );
+    }
+
+    /// Runs `opts` on one queue of a controller from [`null_controller`]
+    /// (a namespace of 2^20 512-byte blocks).
+    fn run_on_null_controller(addr: SocketAddr, opts: &BenchOptions) -> Result<Report> {
+        reactor::Runtime::new(reactor::Config::default()).expect("runtime").block_on(async move {
+            let mut q = Queue::connect(addr, crate::queue::QueueOptions::default()).await?;
+            q.set_depth(opts.qd as usize);
+            let ns = NamespaceInfo { nsid: 1, blocks: 1 << 20, capacity: 1 << 20, block_size: 512, raw: Vec::new() };
+            run_on_queues(vec![q], &ns, opts).await
+        })
+    }
+
+    #[test]
+    fn write_verify_fails_against_a_controller_that_keeps_nothing() {
+        // Every write acknowledged, nothing kept: a write pass with verify
+        // must read its blocks back and fail, not pass for never reading.
+        let opts = BenchOptions {
+            pattern: Pattern::Write,
+            verify: true,
+            qd: 4,
+            size: Some(64 << 10),
+            runtime: Duration::from_millis(50),
+            ..Default::default()
+        };
+        let r = run_on_null_controller(null_controller(false), &opts).expect("run");
+        assert!(r.writes > 0, "{r}");
+        assert_eq!(r.reads, 0, "the read-back is not load: {r}");
+        assert_eq!(r.verify_checked, 16 * 8, "each of the 16 I/Os written read back: {r}");
+        assert_eq!(r.verify_errors, r.verify_checked, "{r}");
     }
 
     fn report(ios: u64, bytes: u64, secs: u64) -> Report {
