@@ -999,8 +999,9 @@ fn rejects_unknown_opcode_with_command_not_supported() {
     assert_eq!(reject_of(&mut t).0, RejectReason::PROTOCOL_ERROR);
 }
 
-#[test]
-fn rejects_data_out_for_unknown_ttt_and_beyond_the_burst() {
+/// Logged in with InitialR2T=Yes and ImmediateData=No, a 4 KiB write
+/// (ITT 9) sent: the target's first answer, its R2T.
+fn write_awaiting_r2t() -> (HostConnection, Target, Bhs) {
     let mut hc = HostConfig::new(INITIATOR, Some(TARGET));
     hc.params.initial_r2t = true;
     hc.params.immediate_data = false;
@@ -1014,9 +1015,14 @@ fn rejects_data_out_for_unknown_ttt_and_beyond_the_burst() {
         .set_exp_stat_sn(exp_stat_sn)
         .set_cdb(&write10(8));
     send(&mut h, &mut t, &c, &[]).expect("valid");
-    let out = target_output(&mut t);
-    let r2t = out.first().map(|p| p.0).expect("r2t");
+    let r2t = target_output(&mut t).first().map(|p| p.0).expect("r2t");
     assert_eq!(r2t.opcode(), Opcode::R2T);
+    (h, t, r2t)
+}
+
+#[test]
+fn rejects_data_out_for_unknown_ttt_and_beyond_the_burst() {
+    let (mut h, mut t, r2t) = write_awaiting_r2t();
     let mut d = Bhs::new(Opcode::DATA_OUT);
     d.set_flags(flags::FINAL).set_itt(9).set_ttt(r2t.ttt().wrapping_add(100));
     assert!(send(&mut h, &mut t, &d, &[0; 512]).is_ok());
@@ -1546,20 +1552,7 @@ fn nop_out_with_a_valid_itt_answers_the_targets_ping() {
 /// R2T asked for may be rejected with reason "Protocol Error".
 #[test]
 fn data_out_ending_an_r2t_burst_early_is_a_protocol_error() {
-    let mut hc = HostConfig::new(INITIATOR, Some(TARGET));
-    hc.params.initial_r2t = true;
-    hc.params.immediate_data = false;
-    let (mut h, mut t, _) = logged_in(hc, target_cfg(false));
-    let (cmd_sn, exp_stat_sn, _, _) = h.sequence();
-    let mut c = Bhs::new(Opcode::SCSI_CMD);
-    c.set_flags(flags::FINAL | flags::WRITE)
-        .set_itt(9)
-        .set_expected_data_transfer_length(4096)
-        .set_cmd_sn(cmd_sn)
-        .set_exp_stat_sn(exp_stat_sn)
-        .set_cdb(&write10(8));
-    send(&mut h, &mut t, &c, &[]).expect("valid");
-    let r2t = target_output(&mut t).first().map(|p| p.0).expect("r2t");
+    let (mut h, mut t, r2t) = write_awaiting_r2t();
     let mut d = Bhs::new(Opcode::DATA_OUT);
     d.set_flags(flags::FINAL).set_itt(9).set_ttt(r2t.ttt());
     assert!(send(&mut h, &mut t, &d, &[0; 512]).is_ok());
