@@ -120,7 +120,7 @@ fuzz_target!(|input: &[u8]| {
                     assert_eq!(data.len(), len as usize, "write data for a fetch of {len}");
                     t.send_response(Cqe::new(cid, Status::SUCCESS, 0));
                 }
-                Event::Refused { reason } => assert!(!reason.is_empty()),
+                Event::Refused { reason } | Event::ConnectMismatch { reason } => assert!(!reason.is_empty()),
                 Event::HostTerminated(_) | Event::CidConflict { .. } => {}
             }
         }

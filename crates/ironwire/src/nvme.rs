@@ -301,6 +301,9 @@ impl Binding for nvmf_rdma::target::TargetQueue<Buf> {
             Event::CidConflict { cid } => BindingEvent::Warn(format!(
                 "cid {cid} reused while a command of that cid is in flight; answered Command ID Conflict"
             )),
+            Event::ConnectMismatch { reason } => {
+                BindingEvent::Warn(format!("{reason}; answered Connect Invalid Parameters"))
+            }
             Event::Accepted { qid, entries, crc, ord } => BindingEvent::Note(format!(
                 "NVMe/RDMA queue {qid} accepted: {entries} entries, CRC {}, ORD {ord}",
                 if crc { "on" } else { "off" }

@@ -89,8 +89,15 @@ pub fn parse_request(private_data: &[u8], max_entries: u16) -> Result<CmRequest,
             format!("HSQSIZE {} for queue {} (at most {} entries)", req.hsqsize.get(), req.qid.get(), max),
         ));
     }
-    if req.hrqsize.get() == 0 {
-        return Err((RejectStatus::INVALID_HRQSIZE, "HRQSIZE 0".into()));
+    // Every command in flight is answered by one Send into a receive the
+    // host posted: fewer receives than submission queue entries let the
+    // host's RNIC end the connection on a completion (NVMe/RDMA transport
+    // 1.0: the host receive queue holds a completion per SQ entry).
+    if u32::from(req.hrqsize.get()) < entries {
+        return Err((
+            RejectStatus::INVALID_HRQSIZE,
+            format!("HRQSIZE {} for {entries} submission queue entries (at least {entries})", req.hrqsize.get()),
+        ));
     }
     Ok(req)
 }
@@ -128,6 +135,22 @@ mod tests {
         b[6] = 199;
         assert_eq!(parse_request(&b, 128).unwrap_err().0, RejectStatus::INVALID_HSQSIZE);
         b[6] = 127;
+        b[4] = 128; // HRQSIZE: a receive per entry, as the Linux host posts
+        assert!(parse_request(&b, 128).is_ok());
+    }
+
+    #[test]
+    fn refuses_a_receive_queue_smaller_than_the_submission_queue() {
+        // 32 commands may be in flight, but the host posted receives for
+        // only 16 completions: the 17th completion's Send would find no
+        // receive and end the connection.
+        let mut b = linux_admin_request();
+        b[4] = 16;
+        assert_eq!(parse_request(&b, 128).unwrap_err().0, RejectStatus::INVALID_HRQSIZE);
+        b[4] = 31;
+        assert_eq!(parse_request(&b, 128).unwrap_err().0, RejectStatus::INVALID_HRQSIZE);
+        // More receives than commands is harmless.
+        b[4] = 64;
         assert!(parse_request(&b, 128).is_ok());
     }
 }

@@ -740,6 +740,105 @@ mod tests {
         assert!(!t.is_closed());
     }
 
+    /// A Fabrics Connect for queue `qid` of `sqsize + 1` entries.
+    fn connect(cid: u16, qid: u16, sqsize: u16) -> Sqe {
+        let mut sqe = cmd(0x7f, cid);
+        sqe.nsid = 0x01.into();
+        sqe.cdw10 = (u32::from(qid) << 16).into();
+        sqe.cdw11 = u32::from(sqsize).into();
+        sqe
+    }
+
+    #[test]
+    fn a_connect_whose_queue_differs_from_the_cm_request_is_refused_here() {
+        // The CM request (pair: 16 entries) sized the receives posted for
+        // this queue; a Connect for another queue or size would have the
+        // controller agree to a queue it does not have.
+        for (qid, sqsize, ipo) in [(1u16, 31u16, 44u16), (1, 7, 44), (2, 15, 42)] {
+            let (mut h, mut t) = pair(false, 1);
+            h.submit(connect(9, qid, sqsize), pattern(1, 1024), 0);
+            pump(&mut h, &mut t);
+            assert!(matches!(t.poll_event(), Some(TEvent::ConnectMismatch { .. })));
+            assert!(t.poll_event().is_none(), "Connect qid {qid} sqsize {sqsize} reached the core");
+            let (cqe, _) = h.poll_completion().expect("the Connect's answer");
+            assert_eq!(cqe.status(), Status::CONNECT_INVALID_PARAMETERS.dnr(), "qid {qid} sqsize {sqsize}");
+            assert_eq!(cqe.dw0.get(), u32::from(ipo) << 16, "IPO of qid {qid} sqsize {sqsize}");
+        }
+        // The Connect that matches goes up, in-capsule data and all.
+        let (mut h, mut t) = pair(false, 1);
+        h.submit(connect(9, 1, 15), pattern(1, 1024), 0);
+        pump(&mut h, &mut t);
+        assert!(matches!(t.poll_event(), Some(TEvent::Command { data: Some(_), .. })));
+    }
+
+    #[test]
+    fn a_send_beyond_the_queue_is_a_ddp_no_buffer_terminate_and_nothing_more_runs() {
+        let (mut h, mut t) = pair(false, 1);
+        // 16 entries: the 17th command in flight has no receive to land in.
+        for cid in 1..=17u16 {
+            h.submit(cmd(0x02, cid), Vec::new(), 512);
+        }
+        let mut wire = Vec::new();
+        h.take_transmit(&mut wire);
+        let e = t.handle_input(&wire).unwrap_err();
+        assert_eq!(e.code, iwarp::error::ErrorCode::DDP_UNTAGGED_NO_BUFFER, "{e}");
+        assert!(t.is_closed());
+        let mut n = 0;
+        while let Some(ev) = t.poll_event() {
+            assert!(matches!(ev, TEvent::Command { .. }), "{ev:?}");
+            n += 1;
+        }
+        assert_eq!(n, 16, "the commands the queue holds, not the one beyond it");
+        let mut back = Vec::new();
+        t.take_transmit(&mut back);
+        match h.handle_input(&back) {
+            Err(HostError::Terminated(code)) => assert_eq!(code, iwarp::error::ErrorCode::DDP_UNTAGGED_NO_BUFFER),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn sqhd_frees_only_the_entries_whose_receives_are_posted_again() {
+        // SQ flow control on: a host may submit while its SQ (16 entries,
+        // so 15 in use at most) is not full by the SQHD of the last
+        // completion. Each entry is a receive of the controller's, posted
+        // again when its command completes: an entry the SQHD frees before
+        // that would let the host send into no receive.
+        let (mut h, mut t) = pair(false, 1);
+        t.set_queue(1, 15, false);
+        let entries = 16u16;
+        let mut tail = 0u16;
+        for cid in 1..=15u16 {
+            h.submit(cmd(0x02, cid), Vec::new(), 512);
+            tail = (tail + 1) % entries;
+        }
+        pump(&mut h, &mut t);
+        while t.poll_event().is_some() {}
+        t.send_data(1, &pattern(1, 512), Cqe::new(1, Status::SUCCESS, 0));
+        pump(&mut h, &mut t);
+        let (cqe, _) = h.poll_completion().unwrap();
+        let sqhd = cqe.sqhd.get();
+        assert_eq!(sqhd, 1, "one command completed, one entry free");
+        // The host fills what the SQHD says is free: every command lands.
+        let used = (tail + entries - sqhd) % entries;
+        for cid in 0..(entries - 1 - used) {
+            h.submit(cmd(0x02, 100 + cid), Vec::new(), 512);
+        }
+        let mut wire = Vec::new();
+        h.take_transmit(&mut wire);
+        t.handle_input(&wire).unwrap();
+        assert!(!t.is_closed());
+        // With SQ flow control off, SQHD is FFFFh.
+        let (mut h, mut t) = pair(false, 1);
+        t.set_queue(1, 15, true);
+        h.submit(cmd(0x02, 1), Vec::new(), 512);
+        pump(&mut h, &mut t);
+        while t.poll_event().is_some() {}
+        t.send_data(1, &pattern(1, 512), Cqe::new(1, Status::SUCCESS, 0));
+        pump(&mut h, &mut t);
+        assert_eq!(h.poll_completion().unwrap().0.sqhd.get(), 0xffff);
+    }
+
     #[test]
     fn a_rejected_request_reports_the_cm_status() {
         // 2000 entries on an I/O queue where the target allows 1024.

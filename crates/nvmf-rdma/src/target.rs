@@ -14,6 +14,8 @@ use block::DataBuffer;
 use checksum::Appender;
 use iwarp::error::{ErrorCode, Fatal};
 use iwarp::{Connection, State};
+use nvme_spec::fabrics::{connect_invalid_param_result, ConnectCmd};
+use nvme_spec::opcode::{Admin, FabricsType};
 use nvme_spec::{Cqe, Sqe, Status};
 use rustc_hash::FxHashMap;
 use std::collections::hash_map::Entry;
@@ -102,6 +104,13 @@ pub enum Event<B> {
         /// The CID reused.
         cid: u16,
     },
+    /// A Connect named another queue or size than the CM request it came
+    /// on: it was answered with Connect Invalid Parameters and never ran.
+    /// For the log.
+    ConnectMismatch {
+        /// What differed.
+        reason: String,
+    },
     /// The connection request was accepted: what was agreed, for the log.
     Accepted {
         /// The queue ID asked for.
@@ -133,6 +142,7 @@ pub struct TargetQueue<B> {
     in_flight: FxHashMap<u16, Option<Keyed>>,
     /// The queue ID and entries from the CM request.
     cm_qid: u16,
+    cm_entries: u16,
     sqhd: u16,
     sq_entries: u16,
     sqid: u16,
@@ -162,6 +172,7 @@ impl<B: DataBuffer> TargetQueue<B> {
             events: VecDeque::new(),
             in_flight: FxHashMap::default(),
             cm_qid: 0,
+            cm_entries: cm::ADMIN_QUEUE_ENTRIES,
             sqhd: 0,
             sq_entries: cm::ADMIN_QUEUE_ENTRIES,
             sqid: 0,
@@ -280,6 +291,7 @@ impl<B: DataBuffer> TargetQueue<B> {
             Ok(req) => {
                 let entries = req.hsqsize.get().saturating_add(1);
                 self.cm_qid = req.qid.get();
+                self.cm_entries = entries;
                 self.sq_entries = entries;
                 let reply = CmReply { recfmt: 0.into(), crqsize: entries.into(), rsvd: [0; 28] };
                 // Posted first: `accept` goes on to what the host sent
@@ -317,7 +329,6 @@ impl<B: DataBuffer> TargetQueue<B> {
                 format!("command capsule of {} bytes (at least {SQE_LEN})", m.head_len),
             )));
         };
-        self.sqhd = self.sqhd.wrapping_add(1).checked_rem(self.sq_entries).unwrap_or(0);
         let in_capsule = match (&m.body, &m.lent) {
             (Some(b), _) => b.as_ref().len(),
             (None, Some(r)) => r.end.saturating_sub(r.start) as usize,
@@ -341,12 +352,44 @@ impl<B: DataBuffer> TargetQueue<B> {
                 return Ok(());
             }
         }
+        if let Some((reason, ipo)) = self.connect_mismatch(sqe) {
+            let result = connect_invalid_param_result(false, ipo);
+            self.send_response(Cqe::new(cid, Status::CONNECT_INVALID_PARAMETERS.dnr(), result));
+            self.events.push_back(Event::ConnectMismatch { reason });
+            return Ok(());
+        }
         let sqe = *sqe;
         match m.lent {
             Some(r) => self.events.push_back(Event::CommandInInput { sqe, data: r.start as usize..r.end as usize }),
             None => self.events.push_back(Event::Command { sqe, data: m.body }),
         }
         Ok(())
+    }
+
+    /// Why a Fabrics Connect does not fit this queue, and the offset of
+    /// the field (IPO): the CM request's QID and HSQSIZE must be the
+    /// Connect's QID and SQSIZE (NVMe/RDMA transport 1.0, CM private data).
+    /// The receives were posted for the CM request's queue; a larger SQSIZE
+    /// would let the host send into none.
+    fn connect_mismatch(&self, sqe: &Sqe) -> Option<(String, u16)> {
+        if sqe.opcode != Admin::FABRICS.0 || FabricsType(sqe.fctype()) != FabricsType::CONNECT {
+            return None;
+        }
+        let cmd = ConnectCmd::from_sqe(sqe);
+        let cm_sqsize = self.cm_entries.saturating_sub(1);
+        if cmd.qid != self.cm_qid {
+            Some((
+                format!("Connect QID {} on a queue the CM request made for QID {}", cmd.qid, self.cm_qid),
+                ConnectCmd::QID_OFFSET,
+            ))
+        } else if cmd.sqsize != cm_sqsize {
+            Some((
+                format!("Connect SQSIZE {} (the CM request's HSQSIZE is {cm_sqsize})", cmd.sqsize),
+                ConnectCmd::SQSIZE_OFFSET,
+            ))
+        } else {
+            None
+        }
     }
 
     /// The SGL check for a command's data: the transfer length in bytes,
@@ -529,6 +572,11 @@ impl<B: DataBuffer> TargetQueue<B> {
     /// Sends `cqe` (with Invalidate of `invalidate`) and posts the
     /// command's receive again.
     fn complete(&mut self, mut cqe: Cqe, invalidate: Option<u32>) {
+        // The entry is freed with its receive, posted again here, not when
+        // its command arrived: a host that fills its SQ by the SQHD must
+        // find a receive for every command (nvmet moves SQHD at completion
+        // too).
+        self.sqhd = self.sqhd.wrapping_add(1).checked_rem(self.sq_entries).unwrap_or(0);
         cqe.sqhd = if self.sq_flow_disabled { 0xffff } else { self.sqhd }.into();
         cqe.sqid = self.sqid.into();
         self.conn.post_receives(1);
