@@ -344,6 +344,29 @@ fn admit(stream: &UnixStream, gid: Option<u32>) -> Result<(), String> {
 /// ones must not keep everyone else out.
 const CLIENT_IDLE: std::time::Duration = std::time::Duration::from_secs(60);
 
+/// `text` with the value of every `secret=` (CHAP secrets, which an error
+/// may quote from the command line) replaced, for the log: the client's
+/// answer may name them, the log may not.
+fn redact_secrets(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(at) = rest.find("secret=") {
+        let (head, tail) = rest.split_at(at + "secret=".len());
+        out.push_str(head);
+        out.push_str("(redacted)");
+        // A quoted value runs to its closing quote (escaped as the
+        // Debug form of a quoted line has it), any other to the next
+        // space or quote.
+        let end = match ["\\\"", "'", "\""].iter().find(|q| tail.starts_with(**q)) {
+            Some(q) => tail.get(q.len()..).and_then(|t| t.find(*q)).map_or(tail.len(), |i| i + 2 * q.len()),
+            None => tail.find(|c: char| c.is_whitespace() || c == '"' || c == '\'' || c == '\\').unwrap_or(tail.len()),
+        };
+        rest = tail.get(end..).unwrap_or_default();
+    }
+    out.push_str(rest);
+    out
+}
+
 fn serve_client(ctl: &Control, stream: UnixStream) {
     if let Err(e) = stream.set_read_timeout(Some(CLIENT_IDLE)) {
         log::warn!("control: cannot bound a client's idle time ({e}); closing it");
@@ -365,12 +388,16 @@ fn serve_client(ctl: &Control, stream: UnixStream) {
             refuse(out, &format!("command line longer than {MAX_LINE} bytes"));
             return;
         }
-        let reply = match std::str::from_utf8(&line) {
-            Err(_) => "error: the command is not UTF-8\n".to_string(),
-            Ok(text) => match ctl.handle(text.trim()) {
-                Ok(text) => format!("{text}ok\n"),
-                Err(e) => format!("error: {e:#}\n"),
-            },
+        let done = match std::str::from_utf8(&line) {
+            Err(_) => Err(anyhow!("the command is not UTF-8")),
+            Ok(text) => ctl.handle(text.trim()),
+        };
+        let reply = match done {
+            Ok(text) => format!("{text}ok\n"),
+            Err(e) => {
+                log::warn!("control: refused a command: {}", redact_secrets(&format!("{e:#}")));
+                format!("error: {e:#}\n")
+            }
         };
         if out.write_all(reply.as_bytes()).is_err() {
             return;
@@ -942,7 +969,19 @@ pub fn client(socket: &Path, command: &[String]) -> Result<()> {
 
 #[cfg(test)]
 mod tests {
-    use super::glob;
+    use super::{glob, redact_secrets};
+
+    #[test]
+    fn secrets_quoted_in_an_error_do_not_reach_the_log() {
+        let e = r#"unknown command "ad acl iqn=x chap.user=u chap.secret=hunter2hunter2 mutual_chap.secret='s p'""#;
+        let r = redact_secrets(e);
+        assert!(!r.contains("hunter2") && !r.contains("'s"), "{r}");
+        assert!(r.contains("chap.user=u chap.secret=(redacted) mutual_chap.secret=(redacted)"), "{r}");
+        assert_eq!(redact_secrets("no secrets here"), "no secrets here");
+        assert_eq!(redact_secrets("secret="), "secret=(redacted)");
+        let debug = format!("{:?}", r#"add acl chap.secret="a b c" x=1"#);
+        assert_eq!(redact_secrets(&debug), r#""add acl chap.secret=(redacted) x=1""#);
+    }
 
     #[test]
     fn glob_stars_and_question_marks_stay_within_one_component() {

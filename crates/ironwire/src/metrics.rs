@@ -4,19 +4,23 @@
 //! It runs on a thread of its own with blocking std I/O, like the control
 //! socket, and never on a reactor: a scrape costs the reactors only the
 //! table locks `stats::snapshot` takes. It is bounded: one client at a
-//! time, a request head of at most 8 KiB, and read and write timeouts, so
-//! a client that stalls holds the endpoint for seconds at most.
+//! time, a request head of at most 8 KiB that must arrive within 5 s, and
+//! an answer the client must take within 5 s, so a client that stalls or
+//! trickles holds the endpoint for seconds at most. Every refusal is
+//! logged with its reason (at most ten lines in ten seconds; the rest are
+//! counted).
 
 use crate::stats::{self, Scope, Snapshot, Totals};
 use anyhow::{Context, Result};
 use std::fmt::Write as _;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// The longest request head (request line and headers) read.
 const MAX_REQUEST: usize = 8192;
-/// How long a client may take to send its request, or to take the answer.
+/// How long a client may take to send its whole request head, and then
+/// to take the whole answer.
 const CLIENT_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Binds `addr` (so that a taken address fails the start) and serves it
@@ -25,9 +29,10 @@ pub fn spawn(addr: SocketAddr) -> Result<SocketAddr> {
     let listener = TcpListener::bind(addr).with_context(|| format!("[metrics] listen {addr}"))?;
     let bound = listener.local_addr()?;
     std::thread::Builder::new().name("metrics".into()).spawn(move || {
+        let mut refusals = Refusals::default();
         for stream in listener.incoming() {
             match stream {
-                Ok(s) => serve_client(s),
+                Ok(s) => serve_client(s, &mut refusals),
                 Err(e) => {
                     log::warn!("metrics: accept failed: {e}");
                     std::thread::sleep(Duration::from_millis(100));
@@ -39,43 +44,147 @@ pub fn spawn(addr: SocketAddr) -> Result<SocketAddr> {
     Ok(bound)
 }
 
-fn serve_client(mut s: TcpStream) {
-    let _ = s.set_read_timeout(Some(CLIENT_TIMEOUT));
-    let _ = s.set_write_timeout(Some(CLIENT_TIMEOUT));
+/// Why a request is not answered with the figures: the status, and the
+/// reason the log gives.
+struct Refusal {
+    status: &'static str,
+    why: String,
+}
+
+/// Reads a request head (through the blank line) that must arrive whole
+/// by `deadline`: a per-read timeout alone would let a client that sends
+/// a byte every few seconds hold the endpoint for hours. `None` when the
+/// client closed or broke the connection before a whole head.
+fn read_head(s: &mut TcpStream, deadline: Instant) -> Option<Result<Vec<u8>, Refusal>> {
     let mut head = Vec::with_capacity(1024);
     let mut buf = [0u8; 1024];
     while !head.windows(4).any(|w| w == b"\r\n\r\n") {
         if head.len() > MAX_REQUEST {
-            respond(&mut s, "431 Request Header Fields Too Large", "text/plain", "request head too large\n");
-            return;
+            let why = format!("request head longer than {MAX_REQUEST} bytes");
+            return Some(Err(Refusal { status: "431 Request Header Fields Too Large", why }));
+        }
+        let timed_out = || {
+            let why = format!("request head not complete within {} s", CLIENT_TIMEOUT.as_secs());
+            Some(Err(Refusal { status: "408 Request Timeout", why }))
+        };
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() || s.set_read_timeout(Some(left)).is_err() {
+            return timed_out();
         }
         match s.read(&mut buf) {
-            Ok(0) | Err(_) => return,
+            Ok(0) => return None,
             Ok(n) => head.extend_from_slice(buf.get(..n).unwrap_or_default()),
+            Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {
+                return timed_out()
+            }
+            Err(_) => return None,
         }
     }
+    Some(Ok(head))
+}
+
+/// Logs refusals, at most [`REFUSALS_LOGGED`] in each
+/// [`REFUSAL_WINDOW`]: an unauthenticated client (a scanner) must not
+/// flood the log. The lines left out are counted and said with the next
+/// one logged.
+#[derive(Default)]
+struct Refusals {
+    window_start: Option<Instant>,
+    logged: u32,
+    left_out: u64,
+}
+
+const REFUSAL_WINDOW: Duration = Duration::from_secs(10);
+const REFUSALS_LOGGED: u32 = 10;
+
+impl Refusals {
+    fn log(&mut self, peer: &str, why: &str) {
+        let now = Instant::now();
+        if self.window_start.is_none_or(|t| now.duration_since(t) >= REFUSAL_WINDOW) {
+            self.window_start = Some(now);
+            self.logged = 0;
+        }
+        if self.logged >= REFUSALS_LOGGED {
+            self.left_out = self.left_out.saturating_add(1);
+            return;
+        }
+        self.logged += 1;
+        match std::mem::take(&mut self.left_out) {
+            0 => log::warn!("metrics: refused {peer}: {why}"),
+            n => log::warn!("metrics: refused {peer}: {why} ({n} more refused before, not logged)"),
+        }
+    }
+}
+
+fn serve_client(mut s: TcpStream, refusals: &mut Refusals) {
+    let peer = s.peer_addr().map_or_else(|_| "a client".to_string(), |a| a.to_string());
+    let head = match read_head(&mut s, Instant::now() + CLIENT_TIMEOUT) {
+        None => return,
+        Some(Ok(head)) => head,
+        Some(Err(r)) => {
+            refusals.log(&peer, &r.why);
+            respond(&mut s, &peer, r.status, "text/plain", &format!("{}\n", r.why), true);
+            return;
+        }
+    };
     let line = head.split(|&b| b == b'\r').next().unwrap_or_default();
     let line = String::from_utf8_lossy(line);
     let mut words = line.split(' ');
     let (method, target) = (words.next().unwrap_or(""), words.next().unwrap_or(""));
     let path = target.split('?').next().unwrap_or("");
+    // HEAD is GET without the body (RFC 9110 section 9.3.2).
+    let body = method == "GET";
     match (method, path) {
-        ("GET", "/metrics") => {
-            let body = render(&stats::snapshot(), &stats::hosts());
-            respond(&mut s, "200 OK", "text/plain; version=0.0.4; charset=utf-8", &body);
+        ("GET" | "HEAD", "/metrics") => {
+            let text = render(&stats::snapshot(), &stats::hosts());
+            respond(&mut s, &peer, "200 OK", "text/plain; version=0.0.4; charset=utf-8", &text, body);
         }
-        ("GET", "/") => respond(&mut s, "200 OK", "text/plain", "ironwire: metrics at /metrics\n"),
-        ("GET", _) => respond(&mut s, "404 Not Found", "text/plain", "not found; try /metrics\n"),
-        _ => respond(&mut s, "405 Method Not Allowed", "text/plain", "only GET\n"),
+        ("GET" | "HEAD", "/") => {
+            respond(&mut s, &peer, "200 OK", "text/plain", "ironwire: metrics at /metrics\n", body)
+        }
+        ("GET" | "HEAD", _) => {
+            refusals.log(&peer, &format!("no page at {path:?}"));
+            respond(&mut s, &peer, "404 Not Found", "text/plain", "not found; try /metrics\n", body);
+        }
+        _ => {
+            refusals.log(&peer, &format!("method {method:?} (only GET and HEAD)"));
+            respond(&mut s, &peer, "405 Method Not Allowed", "text/plain", "only GET and HEAD\n", true);
+        }
     }
 }
 
-fn respond(s: &mut TcpStream, status: &str, content_type: &str, body: &str) {
+/// Sends the answer, which the client must take within [`CLIENT_TIMEOUT`]
+/// as a whole (each write is given what is left of it), and closes.
+fn respond(s: &mut TcpStream, peer: &str, status: &str, content_type: &str, body: &str, with_body: bool) {
+    // A 405 must say which methods are (RFC 9110 section 15.5.6).
+    let allow = if status.starts_with("405 ") { "Allow: GET, HEAD\r\n" } else { "" };
     let head = format!(
-        "HTTP/1.1 {status}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        "HTTP/1.1 {status}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\n{allow}Connection: close\r\n\r\n",
         body.len()
     );
-    let _ = s.write_all(head.as_bytes()).and_then(|()| s.write_all(body.as_bytes()));
+    let deadline = Instant::now() + CLIENT_TIMEOUT;
+    let mut out = head.into_bytes();
+    if with_body {
+        out.extend_from_slice(body.as_bytes());
+    }
+    let mut rest = out.as_slice();
+    while !rest.is_empty() {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let written = if left.is_zero() {
+            Err(std::io::ErrorKind::TimedOut.into())
+        } else {
+            s.set_write_timeout(Some(left)).and_then(|()| s.write(rest))
+        };
+        match written {
+            Ok(0) => return,
+            Ok(n) => rest = rest.get(n..).unwrap_or_default(),
+            Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {
+                log::warn!("metrics: {peer} did not take the answer within {} s; closed", CLIENT_TIMEOUT.as_secs());
+                return;
+            }
+            Err(_) => return,
+        }
+    }
 }
 
 /// A label value with `\`, `"` and newlines escaped.
@@ -202,6 +311,18 @@ pub fn render(snap: &Snapshot, hosts: &[stats::Host]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn refusals_are_logged_ten_in_ten_seconds_and_the_rest_counted() {
+        let mut r = Refusals::default();
+        for _ in 0..12 {
+            r.log("peer", "why");
+        }
+        assert_eq!((r.logged, r.left_out), (10, 2), "a scanner's flood is counted, not logged");
+        r.window_start = r.window_start.and_then(|t| t.checked_sub(REFUSAL_WINDOW));
+        r.log("peer", "why");
+        assert_eq!((r.logged, r.left_out), (1, 0), "a new window logs again and says how many were left out");
+    }
 
     #[test]
     fn the_grafana_dashboard_uses_only_metrics_we_serve() {

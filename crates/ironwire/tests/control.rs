@@ -472,3 +472,72 @@ fn at_most_16_clients_at_once_and_a_freed_place_is_reused() {
     });
     assert!(again.is_some(), "no place freed after a client left");
 }
+
+/// Sends `line` (any bytes, its newline included) on `s` and returns the
+/// reply through its `ok` or `error:` line.
+fn exchange(s: &mut BufReader<UnixStream>, line: &[u8]) -> String {
+    s.get_mut().write_all(line).expect("send");
+    let mut reply = String::new();
+    while !reply.ends_with("ok\n") && !reply.contains("error: ") {
+        assert_ne!(s.read_line(&mut reply).expect("reply"), 0, "closed after {reply:?}");
+    }
+    reply
+}
+
+#[test]
+fn bad_lines_are_refused_naming_the_word_logged_and_the_client_served_on() {
+    let d = Daemon::start_with("ctl-bad", |_, port| config(port, ""));
+    let s = UnixStream::connect(d.dir.join("ctl.sock")).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(10))).expect("timeout");
+    let mut s = BufReader::new(s);
+    assert_eq!(exchange(&mut s, b"\n"), "error: empty command\n");
+    assert_eq!(exchange(&mut s, b" \t \n"), "error: empty command\n");
+    assert_eq!(exchange(&mut s, b"show \xff\xfe\n"), "error: the command is not UTF-8\n");
+    for (line, word) in [
+        ("frobnicate", "frobnicate"),
+        ("add gizmo name=x", "gizmo"),
+        ("set device name=r frobkey=1", "frobkey"),
+        ("save /tmp/ironwire-ctl-never-written", "save"),
+    ] {
+        let reply = exchange(&mut s, format!("{line}\n").as_bytes());
+        assert!(reply.starts_with("error: ") && reply.contains(word), "{line}: {reply:?}");
+    }
+    assert!(!Path::new("/tmp/ironwire-ctl-never-written").exists(), "the daemon wrote a file a client named");
+    // Still served, and the configuration unchanged.
+    assert!(exchange(&mut s, b"show\n").starts_with("device r ram "));
+    let log = d.log();
+    for why in ["empty command", "not UTF-8", "frobnicate", "gizmo", "frobkey"] {
+        assert!(log.lines().any(|l| l.contains("control: refused") && l.contains(why)), "{why} not logged:\n{log}");
+    }
+}
+
+#[test]
+fn changes_from_two_clients_at_once_are_made_one_after_the_other() {
+    let d = Daemon::start_with("ctl-race", |_, port| config(port, ""));
+    let sock = d.dir.join("ctl.sock");
+    let clients: Vec<_> = (0..2)
+        .map(|c| {
+            let sock = sock.clone();
+            std::thread::spawn(move || {
+                for i in 0..5 {
+                    ctl(&sock, &format!("add device name=d{c}{i} kind=ram size=1MiB")).expect("add device");
+                    // No nsid: each takes the lowest free one in its turn.
+                    ctl(&sock, &format!("add namespace nqn=nqn.2026-11.io.ironwire:ctl device=d{c}{i}"))
+                        .expect("add namespace");
+                }
+            })
+        })
+        .collect();
+    for c in clients {
+        c.join().expect("client");
+    }
+    let shown: serde_json::Value = serde_json::from_str(&ctl(&sock, "show --json").expect("show")).expect("json");
+    let mut nsids: Vec<u64> = shown["live"]["subsystems"][0]["namespaces"]
+        .as_array()
+        .expect("namespaces")
+        .iter()
+        .filter_map(|n| n["nsid"].as_u64())
+        .collect();
+    nsids.sort_unstable();
+    assert_eq!(nsids, (1..=11).collect::<Vec<u64>>(), "{shown}");
+}

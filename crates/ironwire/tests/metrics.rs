@@ -225,11 +225,57 @@ fn the_endpoint_answers_only_get_metrics_and_bounds_the_request() {
     let mut reply = String::new();
     let _ = s.read_to_string(&mut reply);
     assert!(reply.starts_with("HTTP/1.1 431 "), "{reply:?}");
+    assert!(d.log().contains("request head longer than 8192 bytes"), "{}", d.log());
     // And it still serves the next client.
     let text = scrape(&d);
     assert!(text.contains("# TYPE ironwire_reactor_cpu_seconds_total counter"));
     assert!(text.contains("# TYPE ironwire_reactor_idle_poll_seconds_total counter"), "{text}");
     assert!(text.contains("ironwire_reactor_idle_poll_seconds_total{reactor=\"0\"} "), "{text}");
+}
+
+#[test]
+fn a_client_trickling_its_request_is_cut_off_and_the_next_scrape_is_answered() {
+    let d = start("slow");
+    let a = metrics_addr(&d);
+    // A byte a second, each within the 5 s read timeout, for 20 s: a head
+    // that never ends while every read succeeds.
+    let mut slow = TcpStream::connect(a).expect("connect");
+    slow.set_read_timeout(Some(Duration::from_secs(25))).expect("timeout");
+    let mut w = slow.try_clone().expect("clone");
+    let trickler = std::thread::spawn(move || {
+        let _ = w.write_all(b"GET /metrics HTTP/1.1\r\nX-Slow: ");
+        for _ in 0..20 {
+            if w.write_all(b"a").is_err() {
+                break;
+            }
+            std::thread::sleep(Duration::from_secs(1));
+        }
+    });
+    std::thread::sleep(Duration::from_millis(500));
+    // Waits behind the trickler (one client at a time) for its 5 s at
+    // most: answered within the 10 s `http` waits.
+    let (status, _, _) = http(a, b"GET /metrics HTTP/1.1\r\n\r\n");
+    assert_eq!(status, "HTTP/1.1 200 OK");
+    let mut reply = String::new();
+    let _ = slow.read_to_string(&mut reply);
+    assert!(reply.starts_with("HTTP/1.1 408 "), "{reply:?}");
+    trickler.join().expect("trickler");
+    assert!(d.log().contains("request head not complete within 5 s"), "{}", d.log());
+}
+
+#[test]
+fn head_is_answered_without_a_body_and_a_405_names_get_and_head() {
+    let d = start("methods");
+    let a = metrics_addr(&d);
+    let (status, headers, body) = http(a, b"HEAD /metrics?x=1 HTTP/1.1\r\nHost: localhost\r\n\r\n");
+    assert_eq!(status, "HTTP/1.1 200 OK", "{headers}");
+    assert!(headers.contains("Content-Type: text/plain; version=0.0.4"), "{headers}");
+    assert!(!headers.contains("Content-Length: 0\r"), "{headers}");
+    assert_eq!(body, "", "HEAD got a body");
+    let (status, headers, _) = http(a, b"DELETE /metrics HTTP/1.1\r\n\r\n");
+    assert_eq!(status, "HTTP/1.1 405 Method Not Allowed");
+    assert!(headers.contains("Allow: GET, HEAD"), "{headers}");
+    assert!(d.log().contains("method \"DELETE\""), "{}", d.log());
 }
 
 /// `ironwire ctl --socket S ARGS...`, the real client: its stdout.
