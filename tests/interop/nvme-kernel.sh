@@ -50,11 +50,12 @@ IW_TARGET_CMD=${IW_TARGET_CMD:-}
 
 MODE=ironwire PORT="" READY_FILE="" ONLY="" SKIP="" SHOW=fail INSTALL=1
 
-CHECKS=(discover-battery digest-battery queues2-smp2 file4k-battery pattern-64m ext4-fs refused-host read-only namespace-aen restart-fio initiator-nvmet)
+CHECKS=(discover-battery digest-battery sqflow-battery queues2-smp2 file4k-battery pattern-64m ext4-fs refused-host read-only namespace-aen restart-fio initiator-nvmet)
 describe() {
 	case $1 in
 	discover-battery) echo "discovery + plain battery on $IW_NQN (ram)" ;;
 	digest-battery) echo "battery with header+data digests" ;;
+	sqflow-battery) echo "battery with SQ flow control disabled (reads: C2HData with SUCCESS, no response capsule)" ;;
 	queues2-smp2) echo "battery with -i 2 on 2 vCPUs (2 I/O queues)" ;;
 	file4k-battery) echo "battery on $IW_RESTRICTED_NQN (file, 4K LBA) as the allowed host" ;;
 	pattern-64m) echo "64 MiB O_DIRECT pattern write / read back" ;;
@@ -236,6 +237,7 @@ run_checks() {
 	[[ $MODE == ironwire ]] && strict=(-e NVME_STRICT_DISCARD=1)
 	check discover-battery 150 "${strict[@]}" -e NVME_REQUIRE_DISCOVERED=1 nvme-tcp "$PORT" "$IW_NQN"
 	check digest-battery 180 "${strict[@]}" -e NVME_DIGEST=1 nvme-tcp "$PORT" "$IW_NQN"
+	check sqflow-battery 180 "${strict[@]}" -e NVME_EXTRA=--disable-sqflow nvme-tcp "$PORT" "$IW_NQN"
 	check queues2-smp2 180 --smp 2 "${strict[@]}" -e NVME_QUEUES=2 nvme-tcp "$PORT" "$IW_NQN"
 	check file4k-battery 150 "${strict[@]}" -e KP_HOSTNQN="$IW_ALLOWED_HOSTNQN" nvme-tcp "$RPORT" "$IW_RESTRICTED_NQN"
 	if selected pattern-64m; then

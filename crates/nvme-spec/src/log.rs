@@ -94,6 +94,9 @@ pub mod discovery {
     pub const SUBTYPE_CURRENT_DISCOVERY: u8 = 3;
     /// TREQ: secure channel not required.
     pub const TREQ_NOT_REQUIRED: u8 = 0x2;
+    /// TREQ bit 2: the controller supports disabling SQ flow control
+    /// (Connect CATTR bit 2); libnvme's connect-all then asks for it.
+    pub const TREQ_DISABLE_SQFLOW: u8 = 0x4;
     /// EFLAGS: duplicate returned information.
     pub const EFLAGS_DUPLICATE: u16 = 1 << 0;
 }

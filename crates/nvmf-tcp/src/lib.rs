@@ -23,13 +23,15 @@ use nvme_spec::log::discovery;
 
 /// What hosts are told about NVMe/TCP ports (the discovery log entry, and
 /// Identify Controller's SGLS/IOCCSZ/ICDOFF): TRTYPE tcp, no secure channel
-/// required, TSAS SECTYPE 0 (no TLS); SGLs with offset descriptors for
-/// in-capsule data at offset 0, up to `in_capsule` bytes of it on I/O queues.
+/// required, SQ flow control may be disabled (as nvmet: a host that does
+/// so is answered C2HData with SUCCESS and no CapsuleResp for its reads),
+/// TSAS SECTYPE 0 (no TLS); SGLs with offset descriptors for in-capsule
+/// data at offset 0, up to `in_capsule` bytes of it on I/O queues.
 pub fn transport(in_capsule: u32) -> nvmf::Transport {
     nvmf::Transport {
         name: "tcp",
         trtype: discovery::TRTYPE_TCP,
-        treq: discovery::TREQ_NOT_REQUIRED,
+        treq: discovery::TREQ_NOT_REQUIRED | discovery::TREQ_DISABLE_SQFLOW,
         tsas: [0; 16],
         sgls: ctrl::SGLS_SUPPORTED | ctrl::SGLS_OFFSET,
         in_capsule,

@@ -936,3 +936,14 @@ fn zeros_taken_in_parts_go_where_the_data_belongs() {
     assert!(stream[5..] == copied[..], "spliced zeros must rebuild the copied stream");
     assert_eq!(t.transmit_len(), 0);
 }
+
+/// NVMe/TCP ports advertise that SQ flow control may be disabled (TREQ
+/// bit 2, as nvmet): libnvme's connect-all then asks for it, and reads
+/// are answered C2HData with SUCCESS and no response capsule
+/// (`completes_read_with_success_flag_when_sq_flow_disabled`).
+#[test]
+fn tcp_ports_advertise_that_sq_flow_control_may_be_disabled() {
+    use nvme_spec::log::discovery;
+    let treq = nvmf_tcp::transport(8192).treq;
+    assert_eq!(treq, discovery::TREQ_NOT_REQUIRED | discovery::TREQ_DISABLE_SQFLOW);
+}
