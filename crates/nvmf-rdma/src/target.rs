@@ -140,10 +140,11 @@ pub struct TargetQueue<B> {
     /// Each command in flight (received, not yet answered) by CID, with
     /// its keyed SGL when it has one.
     in_flight: FxHashMap<u16, Option<Keyed>>,
-    /// The queue ID and entries from the CM request.
+    /// The queue ID from the CM request.
     cm_qid: u16,
-    cm_entries: u16,
     sqhd: u16,
+    /// Submission queue entries: the CM request's, which Connect's SQSIZE
+    /// must match ([`Self::connect_mismatch`]).
     sq_entries: u16,
     sqid: u16,
     sq_flow_disabled: bool,
@@ -172,7 +173,6 @@ impl<B: DataBuffer> TargetQueue<B> {
             events: VecDeque::new(),
             in_flight: FxHashMap::default(),
             cm_qid: 0,
-            cm_entries: cm::ADMIN_QUEUE_ENTRIES,
             sqhd: 0,
             sq_entries: cm::ADMIN_QUEUE_ENTRIES,
             sqid: 0,
@@ -291,7 +291,6 @@ impl<B: DataBuffer> TargetQueue<B> {
             Ok(req) => {
                 let entries = req.hsqsize.get().saturating_add(1);
                 self.cm_qid = req.qid.get();
-                self.cm_entries = entries;
                 self.sq_entries = entries;
                 let reply = CmReply { recfmt: 0.into(), crqsize: entries.into(), rsvd: [0; 28] };
                 // Posted first: `accept` goes on to what the host sent
@@ -376,7 +375,7 @@ impl<B: DataBuffer> TargetQueue<B> {
             return None;
         }
         let cmd = ConnectCmd::from_sqe(sqe);
-        let cm_sqsize = self.cm_entries.saturating_sub(1);
+        let cm_sqsize = self.sq_entries.saturating_sub(1);
         if cmd.qid != self.cm_qid {
             Some((
                 format!("Connect QID {} on a queue the CM request made for QID {}", cmd.qid, self.cm_qid),
