@@ -15,12 +15,13 @@ fn fabrics(fctype: FabricsType) -> Sqe {
 }
 
 /// Fabrics Connect (NVMe-oF 1.1 section 3.3): `sqsize` is 0-based, `kato_ms`
-/// only matters on the admin queue. The 1024-byte Connect data is the
+/// only matters on the admin queue, `cattr` is the Connect Attributes byte
+/// (bit 2: disable SQ flow control). The 1024-byte Connect data is the
 /// command's write data.
-pub fn connect(qid: u16, sqsize: u16, kato_ms: u32) -> Sqe {
+pub fn connect(qid: u16, sqsize: u16, kato_ms: u32, cattr: u8) -> Sqe {
     let mut s = fabrics(FabricsType::CONNECT);
     s.cdw10 = (u32::from(qid) << 16).into();
-    s.cdw11 = u32::from(sqsize).into();
+    s.cdw11 = (u32::from(cattr) << 16 | u32::from(sqsize)).into();
     s.cdw12 = kato_ms.into();
     s
 }
@@ -168,9 +169,11 @@ mod tests {
 
     #[test]
     fn connect_fields_read_back_as_the_target_decodes_them() {
-        let sqe = connect(3, 127, 5000);
+        let sqe = connect(3, 127, 5000, 0);
         assert_eq!(sqe.fctype(), FabricsType::CONNECT.0);
         assert_eq!(ConnectCmd::from_sqe(&sqe), ConnectCmd { recfmt: 0, qid: 3, sqsize: 127, cattr: 0, kato_ms: 5000 });
+        let sqe = connect(1, 31, 0, ConnectCmd::CATTR_DISABLE_SQ_FLOW);
+        assert_eq!(ConnectCmd::from_sqe(&sqe), ConnectCmd { recfmt: 0, qid: 1, sqsize: 31, cattr: 4, kato_ms: 0 });
     }
 
     #[test]

@@ -6,7 +6,7 @@
 use crate::cmd;
 use crate::queue::{Queue, QueueOptions, Transport};
 use crate::{Error, Result};
-use nvme_spec::fabrics::ConnectData;
+use nvme_spec::fabrics::{ConnectCmd, ConnectData};
 use nvme_spec::identify::{ctrl as ic, ns as ins, LEN as IDENTIFY_LEN};
 use nvme_spec::opcode::Cns;
 use nvme_spec::regs::{self, csts};
@@ -39,6 +39,11 @@ pub struct Options {
     /// Host identifier; `None` derives one from the host NQN so every
     /// controller of the same host carries the same ID.
     pub hostid: Option<[u8; 16]>,
+    /// Ask every queue's Connect to disable SQ flow control (nvme-cli's
+    /// `--disable-sqflow`): completions then carry no SQ head, and an
+    /// NVMe/TCP controller may end a read with its last C2HData PDU (SUCCESS
+    /// flag) instead of a response capsule.
+    pub disable_sq_flow: bool,
     /// Bound on every network wait.
     pub timeout: Duration,
 }
@@ -54,6 +59,7 @@ impl Default for Options {
             header_digest: false,
             data_digest: false,
             hostid: None,
+            disable_sq_flow: false,
             timeout: Duration::from_secs(10),
         }
     }
@@ -207,7 +213,8 @@ pub(crate) struct Host<'a> {
 }
 
 /// Connects `queue` to `subnqn` as queue `qid` of controller `cntlid`
-/// (0xffff for a new controller on the admin queue); returns the CNTLID.
+/// (0xffff for a new controller on the admin queue) with Connect
+/// Attributes `cattr`; returns the CNTLID.
 pub(crate) async fn fabrics_connect(
     queue: &mut Queue,
     host: &Host<'_>,
@@ -215,10 +222,11 @@ pub(crate) async fn fabrics_connect(
     queue_size: u16,
     kato_ms: u32,
     cntlid: u16,
+    cattr: u8,
 ) -> Result<u16> {
     let data = ConnectData::new(host.hostid, cntlid, host.subnqn, host.hostnqn);
     let sqsize = queue_size.saturating_sub(1).max(1);
-    let c = queue.execute(cmd::connect(qid, sqsize, kato_ms), data.as_bytes().to_vec(), 0).await?;
+    let c = queue.execute(cmd::connect(qid, sqsize, kato_ms, cattr), data.as_bytes().to_vec(), 0).await?;
     queue.set_depth(usize::from(sqsize));
     Ok(c.cqe.dw0.get() as u16)
 }
@@ -277,8 +285,9 @@ impl Controller {
             timeout: opts.timeout,
         };
         let host = Host { hostid: opts.hostid.unwrap_or_else(|| hostid_for(hostnqn)), subnqn, hostnqn };
+        let cattr = if opts.disable_sq_flow { ConnectCmd::CATTR_DISABLE_SQ_FLOW } else { 0 };
         let mut admin = Queue::connect(addr, qopts).await?;
-        let cntlid = fabrics_connect(&mut admin, &host, 0, opts.admin_queue_size, opts.kato_ms, 0xffff).await?;
+        let cntlid = fabrics_connect(&mut admin, &host, 0, opts.admin_queue_size, opts.kato_ms, 0xffff, cattr).await?;
         let (cap, vs) = enable(&mut admin).await?;
         let raw = admin.execute(cmd::identify(Cns::CONTROLLER, 0), Vec::new(), IDENTIFY_LEN as u32).await?.data;
         let ident = IdentifyController::parse(raw);
@@ -308,7 +317,7 @@ impl Controller {
         let io_opts = QueueOptions { max_in_capsule: ctrl.ident.io_in_capsule(), entries: opts.queue_size, ..qopts };
         for qid in 1..=n as u16 {
             let mut q = Queue::connect(addr, QueueOptions { qid, ..io_opts }).await?;
-            fabrics_connect(&mut q, &host, qid, opts.queue_size, 0, cntlid).await?;
+            fabrics_connect(&mut q, &host, qid, opts.queue_size, 0, cntlid, cattr).await?;
             ctrl.io.push(q);
         }
         Ok(ctrl)

@@ -74,7 +74,7 @@ pub async fn discover(addr: SocketAddr, hostnqn: &str) -> Result<Vec<DiscoveryEn
 pub async fn discover_with(addr: SocketAddr, hostnqn: &str, opts: QueueOptions) -> Result<Vec<DiscoveryEntry>> {
     let mut admin = Queue::connect(addr, opts).await?;
     let host = Host { hostid: hostid_for(hostnqn), subnqn: nvme_spec::DISCOVERY_NQN, hostnqn };
-    fabrics_connect(&mut admin, &host, 0, 32, 0, 0xffff).await?;
+    fabrics_connect(&mut admin, &host, 0, 32, 0, 0xffff, 0).await?;
     enable(&mut admin).await?;
     let lid = LogId::DISCOVERY.0;
     // The header says how many records there are; read the whole page and

@@ -80,6 +80,12 @@ pub struct TargetArgs {
     /// NVMe-oF: host NQN.
     #[arg(long, default_value = DEFAULT_HOSTNQN)]
     hostnqn: String,
+    /// NVMe-oF: ask each queue's Connect to disable SQ flow control (as
+    /// nvme-cli's `--disable-sqflow` and libnvme's connect-all when the
+    /// discovery log allows it); an NVMe/TCP controller may then end a read
+    /// with its data (C2HData SUCCESS) and send no response capsule.
+    #[arg(long, requires = "nvme")]
+    disable_sqflow: bool,
     /// NVMe-oF: namespace ID.
     #[arg(long, default_value_t = 1)]
     nsid: u32,
@@ -150,6 +156,7 @@ impl TargetArgs {
             subnqn: nqn.clone(),
             hostnqn: self.hostnqn.clone(),
             nsid: self.nsid,
+            disable_sq_flow: self.disable_sqflow,
             ..common
         };
         let engine: Engine = Arc::new(|o| Ok(block_on(bench::run(&o))??));
@@ -190,6 +197,9 @@ impl TargetArgs {
             }
             if self.nsid != 1 {
                 f.push(format!("--nsid {}", self.nsid));
+            }
+            if self.disable_sqflow {
+                f.push("--disable-sqflow".into());
             }
         }
         if let (Some(p), Some(i)) = (&self.iscsi, &self.iqn) {

@@ -555,6 +555,44 @@ fn bench_randrw_verify_over_rdma_runs_clean() {
     }
 }
 
+/// A host that disables SQ flow control (Connect CATTR bit 2, nvme-cli's
+/// `--disable-sqflow`) gets completions without an SQ head (0xffff) on
+/// either transport, and over NVMe/TCP its reads end with their data: the
+/// last C2HData PDU carries SUCCESS and no response capsule follows (the
+/// host then makes the completion itself, SQ head 0). With flow control on,
+/// every completion comes in a response capsule with a real SQ head.
+#[test]
+fn a_host_that_disables_sq_flow_control_gets_reads_ended_by_their_data() {
+    let (d, _) = start_rdma("sqflow", &ram_subsystem(NQN, "r", "16MiB", None));
+    block_on(bounded(60, async {
+        for (transport, disable) in
+            [(Transport::Tcp, true), (Transport::Tcp, false), (Transport::Rdma { crc: true }, true)]
+        {
+            let o = Options { transport, disable_sq_flow: disable, ..opts(1) };
+            let mut c = Controller::connect(d.addr, NQN, HOST_A, o).await.expect("connect");
+            let q = c.io_queue(0).expect("queue");
+            let data = pattern(8 * 512, 7);
+            let w = q.execute(cmd::write(1, 64, 8), data.clone(), 0).await.expect("write");
+            assert_eq!(w.cqe.sqhd.get() == 0xffff, disable, "{transport:?} disable {disable}: write SQHD");
+            let r = q.execute(cmd::read(1, 64, 8), Vec::new(), 8 * 512).await.expect("read");
+            assert!(r.data == data, "{transport:?} disable {disable}: read back");
+            let by_data = r.cqe.sqhd.get() != 0xffff && disable;
+            assert_eq!(
+                by_data,
+                disable && transport == Transport::Tcp,
+                "{transport:?}: read SQHD {}",
+                r.cqe.sqhd.get()
+            );
+            c.disconnect().await.expect("disconnect");
+            let r = bench::run(&BenchOptions { transport, disable_sq_flow: disable, ..randrw_verify(d.addr) })
+                .await
+                .expect("bench run");
+            assert!(r.reads > 0 && r.writes > 0, "{r}");
+            assert_eq!(r.verify_errors, 0, "{r}");
+        }
+    }));
+}
+
 #[test]
 fn file_namespace_reads_over_rdma_are_sent_from_the_io_buffer_with_crc_on_and_off() {
     let img = TempImage::new("rdma-file");

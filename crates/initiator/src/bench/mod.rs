@@ -176,6 +176,9 @@ pub struct BenchOptions {
     pub seed: u64,
     /// Keep-alive timeout asked for (a keep-alive is sent every half).
     pub kato_ms: u32,
+    /// NVMe-oF: Connect every queue with SQ flow control disabled (see
+    /// [`Options::disable_sq_flow`]).
+    pub disable_sq_flow: bool,
     /// Bound on every network wait.
     pub timeout: Duration,
     /// Index of this call's first job among `job_total` (several calls,
@@ -209,6 +212,7 @@ impl Default for BenchOptions {
             verify: false,
             seed: 0x1e0_f00d,
             kato_ms: 10_000,
+            disable_sq_flow: false,
             timeout: Duration::from_secs(10),
             job_base: 0,
             job_total: 0,
@@ -467,6 +471,7 @@ pub async fn run(opts: &BenchOptions) -> Result<Report> {
             kato_ms: opts.kato_ms,
             header_digest: opts.header_digest,
             data_digest: opts.data_digest,
+            disable_sq_flow: opts.disable_sq_flow,
             timeout: opts.timeout,
             ..Options::default()
         },
