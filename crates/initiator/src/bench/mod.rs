@@ -525,6 +525,9 @@ pub async fn run_on_queues(queues: Vec<Queue>, ns: &NamespaceInfo, opts: &BenchO
 
 type JobHandle = reactor::JoinHandle<Result<Tally>>;
 
+/// Most blocks one NVMe Read or Write moves (NLB is a 16-bit 0-based count).
+const MAX_NLB: u32 = 1 << 16;
+
 /// Most I/O slots verify mode tracks (4 bytes each).
 const MAX_VERIFY_SLOTS: u64 = 1 << 26;
 
@@ -603,6 +606,12 @@ fn spawn_queue_jobs(
     done: Rc<Cell<usize>>,
 ) -> Result<(Vec<JobHandle>, Instant)> {
     let work = plan(opts, queues.len(), ns.block_size, ns.size_bytes())?;
+    if work.first().is_some_and(|w| w.blocks_per_io > MAX_NLB) {
+        return Err(Error::Invalid(format!(
+            "block size {} is more than one NVMe command's {MAX_NLB} blocks of {} bytes",
+            opts.block_size, ns.block_size
+        )));
+    }
     let start = work.first().map_or_else(Instant::now, |w| w.tally.finished);
     let mut handles = Vec::new();
     for (w, q) in work.into_iter().zip(queues) {
@@ -1281,6 +1290,15 @@ mod tests {
             "4 KiB reads that brought 2 KiB each counted: {}",
             r.map(|r| r.to_string()).unwrap_or_default()
         );
+    }
+
+    #[test]
+    fn an_io_of_more_blocks_than_one_command_moves_is_refused() {
+        // 65537 blocks of 512 bytes: NLB would wrap to 0 (one block) while
+        // the data length says 32 MiB + 512.
+        let opts = BenchOptions { block_size: (MAX_NLB + 1) * 512, qd: 1, ..Default::default() };
+        let e = run_on_null_controller(null_controller(false), &opts).expect_err("NLB cannot say 65537");
+        assert!(e.to_string().contains("65536 blocks"), "{e}");
     }
 
     /// Runs `opts` on one queue of a controller from [`null_controller`]
