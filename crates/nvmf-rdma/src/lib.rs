@@ -33,17 +33,30 @@ pub const TSAS: [u8; 16] = {
     t
 };
 
-/// What hosts are told about NVMe/RDMA ports: TRTYPE rdma, the RDMA TSAS,
-/// keyed SGL data blocks (required by the Linux host) and in-capsule data
-/// at offset 0 (ICDOFF 0), up to `in_capsule` bytes on I/O queues.
+/// What hosts are told about NVMe/RDMA ports: TRTYPE rdma, no secure
+/// channel, SQ flow control may be disabled (TREQ bit 2, as nvmet: the
+/// completions of such a queue carry SQ head 0xffff), the RDMA TSAS, keyed
+/// SGL data blocks (required by the Linux host) and in-capsule data at
+/// offset 0 (ICDOFF 0), up to `in_capsule` bytes on I/O queues.
 pub fn transport(in_capsule: u32) -> nvmf::Transport {
     nvmf::Transport {
         name: "rdma",
         trtype: discovery::TRTYPE_RDMA,
-        treq: discovery::TREQ_NOT_REQUIRED,
+        treq: discovery::TREQ_NOT_REQUIRED | discovery::TREQ_DISABLE_SQFLOW,
         tsas: TSAS,
         sgls: ctrl::SGLS_SUPPORTED | ctrl::SGLS_KEYED | ctrl::SGLS_OFFSET,
         in_capsule,
         icdoff: 0,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use nvme_spec::log::discovery;
+
+    #[test]
+    fn rdma_ports_advertise_that_sq_flow_control_may_be_disabled() {
+        let treq = super::transport(4096).treq;
+        assert_eq!(treq, discovery::TREQ_NOT_REQUIRED | discovery::TREQ_DISABLE_SQFLOW);
     }
 }
