@@ -113,6 +113,9 @@ impl Resolved {
     /// Opens `path` read-write, creating a regular file if it is missing.
     /// Its directory is resolved as `existing` resolves; with
     /// [`Symlinks::Refuse`] a symlink as the last component is refused too.
+    /// A file created here has its directory synced before this returns, so
+    /// the name of a file whose data a host later flushes survives a power
+    /// loss (fsync(2): syncing the file does not sync its directory entry).
     pub(crate) fn create(path: &Path, symlinks: Symlinks) -> io::Result<Resolved> {
         let Some(name) = path.file_name() else {
             return Err(io::Error::new(io::ErrorKind::InvalidInput, "the path does not end in a file name"));
@@ -121,13 +124,26 @@ impl Resolved {
             Some(d) if !d.as_os_str().is_empty() => d,
             _ => Path::new("."),
         };
-        let dir = open_at(libc::AT_FDCWD, dir, libc::O_PATH | libc::O_DIRECTORY, 0, symlinks)?;
+        let dir = open_at(libc::AT_FDCWD, dir, libc::O_RDONLY | libc::O_DIRECTORY, 0, symlinks)?;
         let nofollow = if symlinks == Symlinks::Refuse { libc::O_NOFOLLOW } else { 0 };
         // The name is one component: nothing is left for openat2 to check.
         let flags = libc::O_RDWR | libc::O_CREAT | nofollow;
-        open_at(dir.as_raw_fd(), Path::new(name), flags, 0o666, Symlinks::Follow)
-            .map_err(|e| explain(e, symlinks))
-            .map(|f| Resolved(f, Access::ReadWrite))
+        let open = |flags| {
+            open_at(dir.as_raw_fd(), Path::new(name), flags, 0o666, Symlinks::Follow).map_err(|e| explain(e, symlinks))
+        };
+        let file = match open(flags | libc::O_EXCL) {
+            Ok(created) => {
+                #[cfg(test)]
+                hook::dir_synced();
+                dir.sync_all()?;
+                created
+            }
+            // There already (or a symlink, which O_EXCL does not follow):
+            // open it as before.
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => open(flags)?,
+            Err(e) => return Err(e),
+        };
+        Ok(Resolved(file, Access::ReadWrite))
     }
 
     /// The resolved object's descriptor (`O_PATH` from [`Resolved::existing`]).
@@ -172,6 +188,20 @@ mod hook {
         if let Some(f) = BEFORE_REOPEN.with(|h| h.borrow_mut().take()) {
             f();
         }
+    }
+
+    thread_local! {
+        static DIR_SYNCS: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
+    }
+
+    /// Counts a directory sync after a create, on this thread.
+    pub(super) fn dir_synced() {
+        DIR_SYNCS.with(|c| c.set(c.get() + 1));
+    }
+
+    /// Directory syncs after creates on this thread so far.
+    pub(super) fn dir_syncs() -> u32 {
+        DIR_SYNCS.with(std::cell::Cell::get)
     }
 }
 
@@ -253,6 +283,20 @@ mod tests {
             Device::block_with("b", &d.join("allowed/link.img"), None, Symlinks::Follow, false),
             Err(Error::NotBlockDevice(_))
         ));
+    }
+
+    #[test]
+    fn creating_a_file_syncs_its_directory_and_opening_an_existing_one_does_not() {
+        let dir = Dir::new("dirsync");
+        for symlinks in [Symlinks::Follow, Symlinks::Refuse] {
+            let path = dir.0.join(format!("new-{symlinks:?}.img"));
+            let before = hook::dir_syncs();
+            Device::file_with("f", &path, Some(MIB), 512, symlinks, false).expect("created");
+            assert_eq!(hook::dir_syncs(), before + 1, "{symlinks:?}: a new file's directory entry synced");
+            Device::file_with("f", &path, Some(2 * MIB), 512, symlinks, false).expect("reopened and grown");
+            assert_eq!(hook::dir_syncs(), before + 1, "{symlinks:?}: an existing file creates no entry");
+            assert_eq!(std::fs::metadata(&path).expect("file").len(), 2 * MIB);
+        }
     }
 
     #[test]
