@@ -1158,6 +1158,29 @@ impl<B: DataBuffer> Connection<B> {
                         format!("Send of at least {end} bytes (the posted receive holds {})", self.cfg.recv_max),
                     ));
                 }
+                if inb.active && (op.invalidates() != inb.invalidate.is_some() || op.solicited() != inb.solicited) {
+                    // Every DDP segment of a message carries its RDMAP
+                    // header (RFC 5040); an opcode that changes mid-message
+                    // names no message this end is receiving (siw ends the
+                    // stream on it too).
+                    return Err(self.segment_error(
+                        ErrorCode::RDMAP_OPCODE,
+                        format!(
+                            "Send MSN {msn} segment at offset {mo} with opcode {} (its first was another Send)",
+                            op.0
+                        ),
+                    ));
+                }
+                if inb.active && inb.invalidate.is_some_and(|s| s != u.inv_stag) {
+                    return Err(self.segment_error(
+                        ErrorCode::RDMAP_OPCODE,
+                        format!(
+                            "Send with Invalidate MSN {msn} segment at offset {mo} names STag {:#x} (its first named {:#x})",
+                            u.inv_stag,
+                            inb.invalidate.unwrap_or_default()
+                        ),
+                    ));
+                }
                 if !inb.active {
                     if self.recv_credits == 0 {
                         return Err(self.segment_error(

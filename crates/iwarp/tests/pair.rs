@@ -784,6 +784,43 @@ fn a_wrong_message_offset_is_a_ddp_error() {
     assert_eq!(e.code, ErrorCode::DDP_UNTAGGED_INVALID_MO);
 }
 
+/// Where each FPDU of `wire` (CRC off, no markers) starts.
+fn fpdu_starts(wire: &[u8]) -> Vec<usize> {
+    let mut at = 0;
+    let mut starts = Vec::new();
+    while at + 2 <= wire.len() {
+        starts.push(at);
+        let len = usize::from(u16::from_be_bytes([wire[at], wire[at + 1]]));
+        at += 2 + len + (4 - (2 + len) % 4) % 4 + 4;
+    }
+    starts
+}
+
+#[test]
+fn a_send_whose_opcode_or_invalidate_stag_changes_between_segments_is_refused() {
+    // A 5000-byte Send in four segments; the second one's opcode made Send
+    // with Solicited Event, or (a Send with Invalidate) its STag changed.
+    for (inv, edit) in [(None, 0usize), (Some(0x1234u32), 1)] {
+        let (mut h, mut t) = connected(host_cfg(false), target_cfg(false));
+        t.post_receives(1);
+        h.send(&[0xaa; 64], &[7; 5000], inv);
+        let mut out = Vec::new();
+        h.take_transmit(&mut out);
+        let starts = fpdu_starts(&out);
+        assert_eq!(starts.len(), 4, "{starts:?}");
+        let second = starts[1];
+        if edit == 0 {
+            out[second + 3] = (out[second + 3] & 0xf0) | 0x5;
+        } else {
+            out[second + 6] ^= 0xff;
+        }
+        let e = t.handle_input(&out).unwrap_err();
+        assert_eq!(e.code, ErrorCode::RDMAP_OPCODE, "{e}");
+        assert!(e.reason.contains("MSN 1 segment at offset 1424"), "{e}");
+        assert!(sends(events(&mut t)).is_empty(), "nothing delivered");
+    }
+}
+
 #[test]
 fn a_send_larger_than_the_posted_receive_is_refused() {
     let (e, _) = host_rejects(false, |t, _| t.send(&[1; 16], &[2; 8], None), |_| {});
