@@ -28,7 +28,7 @@ use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// Control clients served at once; more are refused with an error line.
 const MAX_CLIENTS: usize = 16;
@@ -339,10 +339,44 @@ fn admit(stream: &UnixStream, gid: Option<u32>) -> Result<(), String> {
     Err(format!("uid {} (pid {}) may not use the control socket: only uid 0, uid {me}{group} may", cred.uid, cred.pid))
 }
 
-/// How long a control client may stay silent before its connection is
-/// closed: clients take one of a few places ([`MAX_CLIENTS`]), and idle
-/// ones must not keep everyone else out.
-const CLIENT_IDLE: std::time::Duration = std::time::Duration::from_secs(60);
+/// How long a control client has for each command line, from the end of
+/// the previous one to its newline, before its connection is closed:
+/// clients take one of a few places ([`MAX_CLIENTS`]), and idle ones, or
+/// ones that trickle a line a byte at a time, must not keep everyone else
+/// out.
+const CLIENT_IDLE: Duration = Duration::from_secs(60);
+
+/// A client's stream whose reads all end by one deadline: a read waits at
+/// most until then, and none starts after it.
+struct DeadlineReader {
+    stream: UnixStream,
+    deadline: Instant,
+}
+
+impl Read for DeadlineReader {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let left = self.deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(std::io::ErrorKind::TimedOut.into());
+        }
+        self.stream.set_read_timeout(Some(left))?;
+        self.stream.read(buf)
+    }
+}
+
+/// Reads the next command line into `line` (cleared first), which must end
+/// within `within`; reads at most one byte past [`MAX_LINE`], so a client
+/// sending an endless line costs that much, not memory without bound.
+/// Ok(0) at the end of the stream.
+fn read_command(
+    reader: &mut BufReader<DeadlineReader>,
+    line: &mut Vec<u8>,
+    within: Duration,
+) -> std::io::Result<usize> {
+    line.clear();
+    reader.get_mut().deadline = Instant::now() + within;
+    reader.by_ref().take(MAX_LINE as u64 + 1).read_until(b'\n', line)
+}
 
 /// `text` with the value of every `secret=` (CHAP secrets, which an error
 /// may quote from the command line) replaced, for the log: the client's
@@ -368,19 +402,21 @@ fn redact_secrets(text: &str) -> String {
 }
 
 fn serve_client(ctl: &Control, stream: UnixStream) {
-    if let Err(e) = stream.set_read_timeout(Some(CLIENT_IDLE)) {
-        log::warn!("control: cannot bound a client's idle time ({e}); closing it");
-        return;
-    }
     let Ok(mut out) = stream.try_clone() else { return };
-    let mut reader = BufReader::new(stream);
+    let mut reader = BufReader::new(DeadlineReader { stream, deadline: Instant::now() });
     let mut line = Vec::new();
     loop {
-        line.clear();
-        // Read at most one byte past the limit: a client sending an endless
-        // line costs MAX_LINE bytes, not memory without bound.
-        match reader.by_ref().take(MAX_LINE as u64 + 1).read_until(b'\n', &mut line) {
-            Ok(0) | Err(_) => return,
+        match read_command(&mut reader, &mut line, CLIENT_IDLE) {
+            Ok(0) => return,
+            Err(e) => {
+                if matches!(e.kind(), std::io::ErrorKind::TimedOut | std::io::ErrorKind::WouldBlock) {
+                    log::info!(
+                        "control: a client sent no whole command line in {} s; closing it",
+                        CLIENT_IDLE.as_secs()
+                    );
+                }
+                return;
+            }
             Ok(_) => {}
         }
         if line.len() > MAX_LINE {
@@ -969,7 +1005,47 @@ pub fn client(socket: &Path, command: &[String]) -> Result<()> {
 
 #[cfg(test)]
 mod tests {
-    use super::{glob, redact_secrets};
+    use super::{glob, read_command, redact_secrets, DeadlineReader};
+    use std::io::{BufReader, Write};
+    use std::os::unix::net::UnixStream;
+    use std::time::{Duration, Instant};
+
+    #[test]
+    fn a_client_trickling_a_line_byte_by_byte_is_cut_off_at_the_lines_deadline() {
+        let (server, mut client) = UnixStream::pair().expect("pair");
+        // One byte every 50 ms for 3 s: no read ever waits 300 ms, but the
+        // line is not whole within 300 ms.
+        let trickle = std::thread::spawn(move || {
+            for _ in 0..60 {
+                if client.write_all(b"x").is_err() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        });
+        let mut reader = BufReader::new(DeadlineReader { stream: server, deadline: Instant::now() });
+        let mut line = Vec::new();
+        let start = Instant::now();
+        let r = read_command(&mut reader, &mut line, Duration::from_millis(300));
+        let took = start.elapsed();
+        assert!(r.is_err(), "a line never finished was read: {r:?}");
+        assert!(took < Duration::from_secs(2), "cut off after {took:?}, not at the line's deadline");
+        drop(reader);
+        trickle.join().expect("trickler");
+    }
+
+    #[test]
+    fn each_command_line_gets_its_own_deadline() {
+        let (server, mut client) = UnixStream::pair().expect("pair");
+        let mut reader = BufReader::new(DeadlineReader { stream: server, deadline: Instant::now() });
+        let mut line = Vec::new();
+        client.write_all(b"show\n").expect("write");
+        assert_eq!(read_command(&mut reader, &mut line, Duration::from_millis(200)).expect("first"), 5);
+        std::thread::sleep(Duration::from_millis(300));
+        client.write_all(b"stats\n").expect("write");
+        assert_eq!(read_command(&mut reader, &mut line, Duration::from_millis(200)).expect("second"), 6);
+        assert_eq!(line, b"stats\n");
+    }
 
     #[test]
     fn secrets_quoted_in_an_error_do_not_reach_the_log() {
