@@ -3,18 +3,21 @@
 //!
 //! It runs on a thread of its own with blocking std I/O, like the control
 //! socket, and never on a reactor: a scrape costs the reactors only the
-//! table locks `stats::snapshot` takes. It is bounded: one client at a
-//! time, a request head of at most 8 KiB that must arrive within 5 s, and
-//! an answer the client must take within 5 s, so a client that stalls or
-//! trickles holds the endpoint for seconds at most. Every refusal is
-//! logged with its reason (at most ten lines in ten seconds; the rest are
-//! counted).
+//! table locks `stats::snapshot` takes. It is bounded: at most four
+//! clients at once, each on a thread of its own (one more is answered 503
+//! at once), a request head of at most 8 KiB that must arrive within 5 s,
+//! and an answer the client must take within 5 s, so a client that stalls
+//! or trickles holds one place for seconds at most and delays no scrape.
+//! Every refusal is logged with its reason (at most ten lines in ten
+//! seconds; the rest are counted).
 
 use crate::stats::{self, Scope, Snapshot, Totals};
 use anyhow::{Context, Result};
 use std::fmt::Write as _;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 /// The longest request head (request line and headers) read.
@@ -22,17 +25,21 @@ const MAX_REQUEST: usize = 8192;
 /// How long a client may take to send its whole request head, and then
 /// to take the whole answer.
 const CLIENT_TIMEOUT: Duration = Duration::from_secs(5);
+/// Clients served at once, each on a thread of its own.
+const MAX_CLIENTS: usize = 4;
 
 /// Binds `addr` (so that a taken address fails the start) and serves it
-/// from a thread named `metrics`; returns the bound address.
+/// from a thread named `metrics`, which hands each client to a thread of
+/// its own; returns the bound address.
 pub fn spawn(addr: SocketAddr) -> Result<SocketAddr> {
     let listener = TcpListener::bind(addr).with_context(|| format!("[metrics] listen {addr}"))?;
     let bound = listener.local_addr()?;
     std::thread::Builder::new().name("metrics".into()).spawn(move || {
-        let mut refusals = Refusals::default();
+        let refusals = Arc::new(Mutex::new(Refusals::default()));
+        let active = Arc::new(AtomicUsize::new(0));
         for stream in listener.incoming() {
             match stream {
-                Ok(s) => serve_client(s, &mut refusals),
+                Ok(s) => admit(s, &active, &refusals),
                 Err(e) => {
                     log::warn!("metrics: accept failed: {e}");
                     std::thread::sleep(Duration::from_millis(100));
@@ -42,6 +49,44 @@ pub fn spawn(addr: SocketAddr) -> Result<SocketAddr> {
     })?;
     log::info!("metrics: serving Prometheus text on http://{bound}/metrics");
     Ok(bound)
+}
+
+/// Serves `s` on a thread of its own, or answers 503 when
+/// [`MAX_CLIENTS`] are being served (a few bytes a socket takes at once).
+fn admit(mut s: TcpStream, active: &Arc<AtomicUsize>, refusals: &Arc<Mutex<Refusals>>) {
+    let peer = peer_of(&s);
+    if active.load(Ordering::Relaxed) >= MAX_CLIENTS {
+        refused(refusals, &peer, &format!("already {MAX_CLIENTS} clients being served"));
+        respond(&mut s, &peer, "503 Service Unavailable", "text/plain", "too many clients; try again\n", true);
+        return;
+    }
+    active.fetch_add(1, Ordering::Relaxed);
+    let (place, refusals) = (Place(active.clone()), refusals.clone());
+    let spawned = std::thread::Builder::new().name("metrics-client".into()).spawn(move || {
+        let _place = place;
+        serve_client(s, &refusals);
+    });
+    if let Err(e) = spawned {
+        log::warn!("metrics: cannot start a thread for {peer}: {e}");
+    }
+}
+
+/// A client's place among [`MAX_CLIENTS`], given back when dropped.
+struct Place(Arc<AtomicUsize>);
+
+impl Drop for Place {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+fn peer_of(s: &TcpStream) -> String {
+    s.peer_addr().map_or_else(|_| "a client".to_string(), |a| a.to_string())
+}
+
+/// Logs a refusal through the shared [`Refusals`].
+fn refused(refusals: &Mutex<Refusals>, peer: &str, why: &str) {
+    refusals.lock().unwrap_or_else(PoisonError::into_inner).log(peer, why);
 }
 
 /// Why a request is not answered with the figures: the status, and the
@@ -116,13 +161,13 @@ impl Refusals {
     }
 }
 
-fn serve_client(mut s: TcpStream, refusals: &mut Refusals) {
-    let peer = s.peer_addr().map_or_else(|_| "a client".to_string(), |a| a.to_string());
+fn serve_client(mut s: TcpStream, refusals: &Mutex<Refusals>) {
+    let peer = peer_of(&s);
     let head = match read_head(&mut s, Instant::now() + CLIENT_TIMEOUT) {
         None => return,
         Some(Ok(head)) => head,
         Some(Err(r)) => {
-            refusals.log(&peer, &r.why);
+            refused(refusals, &peer, &r.why);
             respond(&mut s, &peer, r.status, "text/plain", &format!("{}\n", r.why), true);
             return;
         }
@@ -143,11 +188,11 @@ fn serve_client(mut s: TcpStream, refusals: &mut Refusals) {
             respond(&mut s, &peer, "200 OK", "text/plain", "ironwire: metrics at /metrics\n", body)
         }
         ("GET" | "HEAD", _) => {
-            refusals.log(&peer, &format!("no page at {path:?}"));
+            refused(refusals, &peer, &format!("no page at {path:?}"));
             respond(&mut s, &peer, "404 Not Found", "text/plain", "not found; try /metrics\n", body);
         }
         _ => {
-            refusals.log(&peer, &format!("method {method:?} (only GET and HEAD)"));
+            refused(refusals, &peer, &format!("method {method:?} (only GET and HEAD)"));
             respond(&mut s, &peer, "405 Method Not Allowed", "text/plain", "only GET and HEAD\n", true);
         }
     }

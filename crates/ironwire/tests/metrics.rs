@@ -252,8 +252,7 @@ fn a_client_trickling_its_request_is_cut_off_and_the_next_scrape_is_answered() {
         }
     });
     std::thread::sleep(Duration::from_millis(500));
-    // Waits behind the trickler (one client at a time) for its 5 s at
-    // most: answered within the 10 s `http` waits.
+    // Served beside the trickler, on a thread of its own.
     let (status, _, _) = http(a, b"GET /metrics HTTP/1.1\r\n\r\n");
     assert_eq!(status, "HTTP/1.1 200 OK");
     let mut reply = String::new();
@@ -261,6 +260,36 @@ fn a_client_trickling_its_request_is_cut_off_and_the_next_scrape_is_answered() {
     assert!(reply.starts_with("HTTP/1.1 408 "), "{reply:?}");
     trickler.join().expect("trickler");
     assert!(d.log().contains("request head not complete within 5 s"), "{}", d.log());
+}
+
+/// True while the server has neither answered nor closed `s`.
+fn still_waiting(s: &TcpStream) -> bool {
+    s.set_nonblocking(true).expect("nonblocking");
+    let mut b = [0u8; 1];
+    let waiting = matches!((&*s).read(&mut b), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock);
+    s.set_nonblocking(false).expect("blocking");
+    waiting
+}
+
+#[test]
+fn silent_clients_delay_no_scrape_and_one_past_four_is_answered_503() {
+    let d = start("silent");
+    let a = metrics_addr(&d);
+    // Three clients that connect and send nothing hold their places for
+    // 5 s each; a scrape is answered while they still wait (served one
+    // at a time, it would wait 15 s behind them).
+    let silent: Vec<TcpStream> = (0..3).map(|_| TcpStream::connect(a).expect("connect")).collect();
+    std::thread::sleep(Duration::from_millis(200));
+    let (status, _, body) = http(a, b"GET /metrics HTTP/1.1\r\n\r\n");
+    assert_eq!(status, "HTTP/1.1 200 OK");
+    assert!(body.contains("ironwire_"), "{body}");
+    assert!(silent.iter().all(still_waiting), "the silent clients were answered or closed before the scrape");
+    // A fourth silent one takes the last place; a fifth is turned away.
+    let _fourth = TcpStream::connect(a).expect("connect");
+    std::thread::sleep(Duration::from_millis(200));
+    let (status, _, _) = http(a, b"GET /metrics HTTP/1.1\r\n\r\n");
+    assert_eq!(status, "HTTP/1.1 503 Service Unavailable");
+    assert!(d.log().contains("already 4 clients being served"), "{}", d.log());
 }
 
 #[test]
