@@ -336,8 +336,11 @@ impl FileBackend {
 
     /// fdatasync through the flush-only descriptor. On a block device it
     /// also flushes the device's volatile write cache.
-    pub(crate) async fn flush(&self) -> io::Result<()> {
-        reactor::fs::sync(self.fds.sync.as_fd(), true).await
+    /// `keep` comes back with the result; if this future is dropped first,
+    /// `on_lost` gets it and the result when the sync ends
+    /// ([`reactor::fs::sync_keeping`]).
+    pub(crate) async fn flush<T: 'static>(&self, keep: T, on_lost: fn(&T, i32)) -> (io::Result<()>, T) {
+        reactor::fs::sync_keeping(self.fds.sync.as_fd(), true, keep, on_lost).await
     }
 
     /// fallocate on the ring: the kernel runs it off this thread.
@@ -557,6 +560,47 @@ mod tests {
             let _ = std::process::Command::new("umount").arg("-l").arg(&self.dir).status();
             let _ = std::fs::remove_dir(&self.dir);
         }
+    }
+
+    /// A flush whose future is dropped before its sync ends (its command
+    /// aborted, its connection closed) on a disk whose writeback fails:
+    /// the kernel tells the error to that sync alone, so unless it is
+    /// latched anyway, the next flush succeeds although acknowledged
+    /// writes were lost.
+    #[test]
+    fn a_dropped_flush_still_latches_the_writeback_error_it_was_told() {
+        let Some(disk) = FullDisk::new("lostflush", 1 << 20, 64 << 20) else { return };
+        let mut dev = crate::Device::block("b", std::path::Path::new(&disk.dev), None).expect("block device");
+        let crate::Backend::File(backend) = &mut dev.backend else { panic!("not a file backend") };
+        backend.dio_align = 0;
+        run(async {
+            // 4 MiB into the page cache of a disk whose backing holds 1 MiB.
+            for k in 0..16u64 {
+                let (res, _) = dev.write(k * 512, IoBuf::from_slice(&[k as u8 | 1; 256 << 10]), false).await;
+                res.expect("a buffered write lands in the page cache");
+            }
+            // Its sync submitted and given time to run (one cancelled
+            // before it starts sees nothing), then the flush dropped
+            // before the reactor took its result.
+            use std::future::Future;
+            let mut flush = Box::pin(dev.flush());
+            std::future::poll_fn(|cx| {
+                assert!(flush.as_mut().poll(cx).is_pending(), "the sync cannot end before the ring is entered");
+                std::task::Poll::Ready(())
+            })
+            .await;
+            reactor::sleep(std::time::Duration::from_millis(1)).await;
+            std::thread::sleep(std::time::Duration::from_millis(300));
+            drop(flush);
+            for _ in 0..500 {
+                if dev.flush_failed.get().is_some() {
+                    break;
+                }
+                reactor::sleep(std::time::Duration::from_millis(10)).await;
+            }
+            let e = dev.flush().await.expect_err("the writeback error the dropped flush was told");
+            assert!(matches!(e, crate::Error::EarlierFlushFailed(_)), "{e}");
+        });
     }
 
     /// FUA writes that go through the page cache, several at once on a

@@ -28,7 +28,7 @@ use std::fmt;
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, OnceLock, PoisonError};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::Duration;
 
 pub use block::{BlockDevice, Error, Geometry, MAX_BLOCK_SIZE, MIN_BLOCK_SIZE};
@@ -145,11 +145,12 @@ pub struct Device {
     /// The first failed flush, latched: the kernel reports a writeback
     /// error once, so a later fdatasync may succeed although the writes it
     /// lost were acknowledged (fsyncgate). Every flush fails from then on,
-    /// until the device is reopened.
-    flush_failed: OnceLock<String>,
+    /// until the device is reopened. Shared with the syncs of flushes
+    /// whose futures were dropped ([`LostFlush`]).
+    flush_failed: Arc<OnceLock<String>>,
     /// The flushes in flight, so that a successful one is reported only
     /// once those started before it ended are over ([`Flushes`]).
-    flushes: Flushes,
+    flushes: Arc<Flushes>,
     /// [`BlockDevice::shared_identity`]: rbd images only.
     shared: Option<String>,
     /// The LBA range lock every write passes (docs/architecture.md).
@@ -177,17 +178,17 @@ struct Flushes {
 }
 
 /// One flush's place among [`Flushes`]; ends when dropped.
-struct FlushTicket<'a> {
-    flushes: &'a Flushes,
+struct FlushTicket {
+    flushes: Arc<Flushes>,
     id: u64,
 }
 
 impl Flushes {
-    fn start(&self) -> FlushTicket<'_> {
+    fn start(self: &Arc<Self>) -> FlushTicket {
         let mut running = self.running.lock().unwrap_or_else(PoisonError::into_inner);
         let id = self.next.fetch_add(1, Ordering::Relaxed);
         running.push(id);
-        FlushTicket { flushes: self, id }
+        FlushTicket { flushes: self.clone(), id }
     }
 
     /// Whether a flush with a ticket below `horizon` is still running.
@@ -196,7 +197,7 @@ impl Flushes {
     }
 }
 
-impl FlushTicket<'_> {
+impl FlushTicket {
     /// Ends this flush: the tickets of the flushes started so far end below
     /// the returned horizon.
     fn end(self) -> u64 {
@@ -204,14 +205,42 @@ impl FlushTicket<'_> {
         running.retain(|&t| t != self.id);
         let horizon = self.flushes.next.load(Ordering::Relaxed);
         drop(running);
-        std::mem::forget(self);
         horizon
     }
 }
 
-impl Drop for FlushTicket<'_> {
+impl Drop for FlushTicket {
     fn drop(&mut self) {
         self.flushes.running.lock().unwrap_or_else(PoisonError::into_inner).retain(|&t| t != self.id);
+    }
+}
+
+/// What a file device's sync keeps until it ends even when the flush
+/// that started it was dropped (its command aborted, its connection
+/// gone): the kernel tells a writeback error to that sync alone, so its
+/// error must still latch, and its ticket must hold the successful
+/// flushes that overlap it until it has.
+struct LostFlush {
+    latch: Arc<OnceLock<String>>,
+    ticket: FlushTicket,
+    device: String,
+}
+
+impl LostFlush {
+    /// The sync of a dropped flush ended with `res`.
+    fn ended(&self, res: i32) {
+        // Cancelled before it ran: it saw no error.
+        if res >= 0 || res == -libc::ECANCELED {
+            return;
+        }
+        let e = io::Error::from_raw_os_error(-res);
+        if self.latch.set(e.to_string()).is_ok() {
+            log::error!(
+                "device {}: a flush whose command went away failed: {e}; writes acknowledged before it may be \
+                 lost, and every later flush of this device fails until it is reopened",
+                self.device
+            );
+        }
     }
 }
 
@@ -292,8 +321,8 @@ impl Device {
             path: None,
             backend: Backend::Null,
             latency: Latency::default(),
-            flush_failed: OnceLock::new(),
-            flushes: Flushes::default(),
+            flush_failed: Arc::default(),
+            flushes: Arc::default(),
             shared: None,
             gate: WriteGate::new(),
             read_only: false,
@@ -320,8 +349,8 @@ impl Device {
             path: None,
             backend: Backend::Ram(RamRegion::new(size_bytes, huge_pages)?),
             latency: Latency::default(),
-            flush_failed: OnceLock::new(),
-            flushes: Flushes::default(),
+            flush_failed: Arc::default(),
+            flushes: Arc::default(),
             shared: None,
             gate: WriteGate::new(),
             read_only: false,
@@ -381,8 +410,8 @@ impl Device {
             path: Some(path.to_path_buf()),
             backend: Backend::File(opened.backend),
             latency: Latency::default(),
-            flush_failed: OnceLock::new(),
-            flushes: Flushes::default(),
+            flush_failed: Arc::default(),
+            flushes: Arc::default(),
             shared: None,
             gate: WriteGate::new(),
             read_only,
@@ -435,8 +464,8 @@ impl Device {
             path: Some(path.to_path_buf()),
             backend: Backend::File(opened.backend),
             latency: Latency::default(),
-            flush_failed: OnceLock::new(),
-            flushes: Flushes::default(),
+            flush_failed: Arc::default(),
+            flushes: Arc::default(),
             shared: None,
             gate: WriteGate::new(),
             read_only,
@@ -466,8 +495,8 @@ impl Device {
             shared: Some(format!("ceph:{}:{}", image.fsid(), image.id())),
             backend: Backend::Rbd(image),
             latency: Latency::default(),
-            flush_failed: OnceLock::new(),
-            flushes: Flushes::default(),
+            flush_failed: Arc::default(),
+            flushes: Arc::default(),
             gate: WriteGate::new(),
             read_only: options.read_only,
         })
@@ -809,10 +838,14 @@ impl Device {
         }
         self.check_flush_latch()?;
         let ticket = self.flushes.start();
-        let res = match &self.backend {
-            Backend::Null | Backend::Ram(_) => Ok(()),
-            Backend::File(file) => file.flush().await,
-            Backend::Rbd(image) => image.flush().await,
+        let (res, ticket) = match &self.backend {
+            Backend::Null | Backend::Ram(_) => (Ok(()), ticket),
+            Backend::File(file) => {
+                let keep = LostFlush { latch: self.flush_failed.clone(), ticket, device: self.name.clone() };
+                let (res, keep) = file.flush(keep, LostFlush::ended).await;
+                (res, keep.ticket)
+            }
+            Backend::Rbd(image) => (image.flush().await, ticket),
         };
         match res {
             Ok(()) => {

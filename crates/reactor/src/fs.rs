@@ -206,12 +206,27 @@ pub async fn write_at<'a, B: IoBuf>(
 
 /// `fdatasync` (or `fsync` with `data_only` false) of `file`.
 pub async fn sync(file: BorrowedFd<'_>, data_only: bool) -> io::Result<()> {
+    sync_keeping(file, data_only, (), |_, _| {}).await.0
+}
+
+/// [`sync`] whose result is never lost: if the future is dropped before the
+/// kernel completes the sync, `on_lost` is called with `keep` and the
+/// result when it does (the sync is not cancelled), and `keep` lives until
+/// then; otherwise `keep` comes back with the result. The kernel reports a
+/// writeback error to one sync of a descriptor only: a caller that latches
+/// sync errors must hear of one that its dropped future would have seen.
+pub async fn sync_keeping<T: 'static>(
+    file: BorrowedFd<'_>,
+    data_only: bool,
+    keep: T,
+    on_lost: fn(&T, i32),
+) -> (io::Result<()>, T) {
     let mut op = opcode::Fsync::new(types::Fd(file.as_raw_fd()));
     if data_only {
         op = op.flags(types::FsyncFlags::DATASYNC);
     }
-    let done = Op::submit_borrowed(op.build(), ()).await;
-    result(done.res).map(drop)
+    let done = Op::submit_borrowed(op.build(), keep).on_lost(on_lost).await;
+    (result(done.res).map(drop), done.data)
 }
 
 /// `fallocate(mode, offset, len)` of `file`, off the thread.
