@@ -179,10 +179,10 @@ mod tests {
     #[test]
     fn property_commands_carry_size_offset_and_value() {
         let p = PropertyCmd::from_sqe(&property_get(nvme_spec::regs::CAP, true));
-        assert!(p.eight_bytes);
+        assert_eq!(p.len_bytes, Some(8));
         assert_eq!(p.offset, 0);
         let p = PropertyCmd::from_sqe(&property_set(nvme_spec::regs::CC, 0x0046_0001));
-        assert!(!p.eight_bytes);
+        assert_eq!(p.len_bytes, Some(4));
         assert_eq!((p.offset, p.value), (0x14, 0x0046_0001));
     }
 

@@ -142,8 +142,9 @@ impl Client {
     }
 }
 
+/// A Fabrics command as every host sends it: PSDT 01b (an SGL).
 fn fabrics(fctype: u8, cid: u16) -> Sqe {
-    let mut s = Sqe { opcode: 0x7f, ..Default::default() };
+    let mut s = Sqe { opcode: 0x7f, flags: Sqe::PSDT_SGL, ..Default::default() };
     s.cid = cid.into();
     s.nsid = u32::from(fctype).into();
     s
@@ -189,7 +190,7 @@ fn property_get_works(c: &mut Client) -> bool {
 }
 
 fn read_sqe(cid: u16, lba: u32, blocks: u32) -> Sqe {
-    let mut s = Sqe { opcode: 0x02, ..Default::default() };
+    let mut s = Sqe { opcode: 0x02, flags: Sqe::PSDT_SGL, ..Default::default() };
     s.cid = cid.into();
     s.nsid = 1.into();
     s.cdw10 = lba.into();

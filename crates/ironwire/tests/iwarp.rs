@@ -219,7 +219,7 @@ fn a_send_beyond_the_queue_size_is_refused() {
     // command completes, so a burst beyond the queue finds no receive.
     let mut burst = Vec::new();
     for cid in 0..200u16 {
-        let mut sqe = Sqe { opcode: 0x18, ..Default::default() };
+        let mut sqe = Sqe { opcode: 0x18, flags: 0x40, ..Default::default() };
         sqe.cid = cid.into();
         let mut one = Vec::new();
         let mut hdr = [0u8; 20];

@@ -179,8 +179,9 @@ impl Raw {
     }
 }
 
+/// A command as every host sends it: PSDT 01b (an SGL).
 fn sqe(opcode: u8, cid: u16) -> Sqe {
-    let mut s = Sqe { opcode, ..Default::default() };
+    let mut s = Sqe { opcode, flags: Sqe::PSDT_SGL, ..Default::default() };
     s.cid = cid.into();
     s
 }

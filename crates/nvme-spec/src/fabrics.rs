@@ -123,8 +123,9 @@ fn nqn_str(field: &[u8; 256]) -> Option<&str> {
 /// Property Get/Set fields read from an SQE (NVMe-oF 1.1 figures 23, 25).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PropertyCmd {
-    /// Size: false = 4 bytes, true = 8 bytes (ATTRIB bits 2:0).
-    pub eight_bytes: bool,
+    /// Size (ATTRIB bits 2:0): 4 bytes (000b) or 8 (001b); `None` for a
+    /// reserved value (010b to 111b).
+    pub len_bytes: Option<u8>,
     /// Property offset.
     pub offset: u32,
     /// Value to set (Property Set only).
@@ -135,7 +136,11 @@ impl PropertyCmd {
     /// Reads the property fields from `sqe`.
     pub fn from_sqe(sqe: &Sqe) -> Self {
         PropertyCmd {
-            eight_bytes: sqe.cdw10.get() & 0x7 == 1,
+            len_bytes: match sqe.cdw10.get() & 0x7 {
+                0 => Some(4),
+                1 => Some(8),
+                _ => None,
+            },
             offset: sqe.cdw11.get(),
             value: (u64::from(sqe.cdw13.get()) << 32) | u64::from(sqe.cdw12.get()),
         }
@@ -181,5 +186,17 @@ mod tests {
         sqe.cdw12 = 5000.into();
         let c = ConnectCmd::from_sqe(&sqe);
         assert_eq!(c, ConnectCmd { recfmt: 0, qid: 3, sqsize: 127, cattr: 4, kato_ms: 5000 });
+    }
+
+    #[test]
+    fn property_size_is_4_or_8_bytes_and_the_rest_reserved() {
+        let mut sqe = Sqe { opcode: 0x7f, ..Default::default() };
+        let sizes: Vec<Option<u8>> = (0..8u32)
+            .map(|attrib| {
+                sqe.cdw10 = (attrib | 0xf8).into();
+                PropertyCmd::from_sqe(&sqe).len_bytes
+            })
+            .collect();
+        assert_eq!(sizes, [Some(4), Some(8), None, None, None, None, None, None]);
     }
 }

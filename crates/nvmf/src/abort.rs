@@ -35,6 +35,8 @@ pub struct AbortRequest {
     sqid: u16,
     /// The Abort command itself, on the admin queue.
     admin_cid: u16,
+    /// The controller's resets when it was posted: one since ended it.
+    resets: u64,
 }
 
 /// One controller's Aborts in flight between its queues.
@@ -82,7 +84,7 @@ impl<D: BlockDevice> Controller<D> {
             };
             let doorbell = doorbell.clone();
             m.outstanding = m.outstanding.saturating_add(1);
-            m.requests.push(AbortRequest { cid, sqid, admin_cid });
+            m.requests.push(AbortRequest { cid, sqid, admin_cid, resets: self.resets() });
             doorbell
         };
         doorbell();
@@ -99,10 +101,26 @@ impl<D: BlockDevice> Controller<D> {
         }
     }
 
-    /// Posts the answer to `req` for the admin queue and wakes it.
+    /// A Controller Level Reset ended every Abort outstanding (NVMe Base
+    /// 2.0 3.7.2) and deleted the I/O queues: their requests and answers
+    /// go, with the doorbells of the deleted queues. The host may use the
+    /// Aborts' CIDs again at once.
+    pub(crate) fn reset_aborts(&self) {
+        let mut m = lock(&self.aborts);
+        m.requests.clear();
+        m.answers.clear();
+        m.outstanding = 0;
+        m.io_doorbells.clear();
+    }
+
+    /// Posts the answer to `req` for the admin queue and wakes it, unless
+    /// a reset ended the Abort meanwhile.
     fn answer_abort(&self, req: AbortRequest, aborted: bool) {
         let doorbell = {
             let mut m = lock(&self.aborts);
+            if req.resets != self.resets() {
+                return;
+            }
             m.answers.push((req.admin_cid, aborted));
             m.admin_doorbell.clone()
         };
@@ -155,6 +173,10 @@ impl<D: BlockDevice> Queue<D> {
     /// [`abort`](Self::abort).
     pub fn poll_abort(&mut self) -> Option<AbortRequest> {
         let QueueKind::Io(c, qid) = &self.kind else { return None };
+        if self.deleted(c) {
+            // Requests for its queue ID are a new queue's.
+            return None;
+        }
         let mut m = lock(&c.aborts);
         let i = m.requests.iter().position(|r| r.sqid == *qid)?;
         Some(m.requests.swap_remove(i))
@@ -206,6 +228,9 @@ impl<D: BlockDevice> Queue<D> {
     /// answers the requests still posted for it (not aborted).
     pub(crate) fn close_aborts(&mut self) {
         let (c, qid) = match &self.kind {
+            // A reset took its doorbell and requests away; those of its
+            // queue ID now are a new queue's.
+            QueueKind::Io(c, _) if self.deleted(c) => return,
             QueueKind::Io(c, qid) => (c, qid),
             QueueKind::Admin(c) => {
                 lock(&c.aborts).admin_doorbell = None;

@@ -112,7 +112,17 @@ impl<D: BlockDevice> Queue<D> {
         let mut dw0 = 0;
         match fid {
             FeatureId::KEEP_ALIVE_TIMER => s.kato_ms = cdw11,
-            FeatureId::ASYNC_EVENT_CONFIG => s.aec = cdw11,
+            FeatureId::ASYNC_EVENT_CONFIG => {
+                let supported = identify::async_events(discovery);
+                if cdw11 & !supported != 0 {
+                    log::debug!(
+                        "{}: Set Features AEC {cdw11:#010x} enables events never sent (supported {supported:#010x})",
+                        self.peer
+                    );
+                    return Outcome::status(cid, Status::INVALID_FIELD.dnr());
+                }
+                s.aec = cdw11;
+            }
             _ if discovery => return Outcome::status(cid, Status::INVALID_FIELD.dnr()),
             FeatureId::NUMBER_OF_QUEUES => {
                 if (cdw11 & 0xffff) == 0xffff || (cdw11 >> 16) == 0xffff {

@@ -79,6 +79,9 @@ pub struct Controller<D> {
     dead: AtomicBool,
     /// CSTS.RDY, readable without the lock: every I/O command checks it.
     ready: AtomicBool,
+    /// Controller Level Resets so far: an I/O queue connected before the
+    /// latest was deleted by it ([`Controller::set_cc`]).
+    resets: AtomicU64,
     /// Identify Controller VWC bit 0, fixed at Connect: whether any
     /// namespace then had a volatile write cache (file, block). Hosts of a
     /// controller without one never flush.
@@ -95,6 +98,23 @@ pub struct Controller<D> {
 }
 
 impl CtrlState {
+    /// A Controller Level Reset (CC.EN from 1 to 0, NVMe Base 2.0 3.7.2):
+    /// every feature returns to its default in `defaults` (none is
+    /// saveable, 5.27), but Number of Queues, whose allocation does not
+    /// change between resets (5.27.1); the I/O queues are deleted. Events
+    /// and the Changed Namespace List stay for the host to read.
+    fn reset(&mut self, defaults: &CtrlState) {
+        self.kato_ms = defaults.kato_ms;
+        self.aec = defaults.aec;
+        self.arbitration = defaults.arbitration;
+        self.power_state = defaults.power_state;
+        self.temp_over = defaults.temp_over;
+        self.temp_under = defaults.temp_under;
+        self.error_recovery = defaults.error_recovery;
+        self.write_atomicity = defaults.write_atomicity;
+        self.io_queues_connected.clear();
+    }
+
     /// A new controller's state: KATO from Connect, `io_queues` I/O queues
     /// granted until Set Features Number of Queues, the volatile write
     /// cache on, the over temperature threshold at WCTEMP; the rest 0.
@@ -138,6 +158,7 @@ impl<D: BlockDevice> Controller<D> {
             last_keep_alive_ms: AtomicU64::new(now_ms),
             dead: AtomicBool::new(false),
             ready: AtomicBool::new(false),
+            resets: AtomicU64::new(0),
             vwc_present,
             write_through: AtomicBool::new(!vwc_present),
         }
@@ -201,10 +222,11 @@ impl<D: BlockDevice> Controller<D> {
         kato != 0 && now_ms.saturating_sub(self.last_keep_alive_ms.load(Ordering::Relaxed)) > kato
     }
 
-    /// Property Set of CC: enable, disable and shutdown. When a shutdown
-    /// begins, its number: CSTS.SHST says "occurring" until
-    /// [`Controller::shutdown_complete`] of that number, once the caller
-    /// has flushed the namespaces' devices
+    /// Property Set of CC: enable, disable (a Controller Level Reset:
+    /// features back to their defaults, I/O queues and Aborts ended) and
+    /// shutdown. When a shutdown begins, its number: CSTS.SHST says
+    /// "occurring" until [`Controller::shutdown_complete`] of that number,
+    /// once the caller has flushed the namespaces' devices
     /// ([`Outcome::Shutdown`](crate::Outcome::Shutdown)).
     pub(crate) fn set_cc(&self, value: u32) -> Option<u64> {
         let mut s = self.lock();
@@ -215,6 +237,11 @@ impl<D: BlockDevice> Controller<D> {
             s.csts = if self.supports(new) { csts::RDY } else { csts::CFS };
         } else if !new.en() && old.en() {
             s.csts = 0;
+            let defaults = self.default_state();
+            s.reset(&defaults);
+            self.set_vwc_enabled(&mut s, defaults.vwc_enabled);
+            self.resets.fetch_add(1, Ordering::AcqRel);
+            self.reset_aborts();
         }
         let begins = new.shn() != 0 && old.shn() == 0;
         if begins {
@@ -255,6 +282,12 @@ impl<D: BlockDevice> Controller<D> {
         if Cc(s.cc).shn() != 0 && s.shutdowns == shutdown {
             s.csts = (s.csts & !csts::SHST_OCCURRING) | csts::SHST_COMPLETE;
         }
+    }
+
+    /// Controller Level Resets so far: an I/O queue remembers the count
+    /// it connected at, and a reset since deleted it.
+    pub(crate) fn resets(&self) -> u64 {
+        self.resets.load(Ordering::Acquire)
     }
 
     /// Whether CC.EN and CSTS.RDY are set. A load, no lock: the I/O path

@@ -24,6 +24,32 @@ const CCTEMP: u16 = 0x0175;
 /// the namespaces' devices first.
 const SHUTDOWN_US: u32 = 30_000_000;
 
+/// SMART / Health critical warnings a host may enable in Asynchronous
+/// Event Configuration bits 7:0: spare, temperature, reliability, read
+/// only, volatile memory backup (bits 4:0, as nvmet). None is ever raised;
+/// there is no Persistent Memory Region (bit 5).
+const AEC_CRITICAL_WARNINGS: u32 = 0x1f;
+
+/// The Asynchronous Event Configuration bits a host may set (NVMe Base 2.0
+/// 5.27.1): the notices Identify Controller OAES lists, and on an I/O
+/// controller the critical warnings. Set Features refuses any other.
+pub(crate) fn async_events(discovery: bool) -> u32 {
+    if discovery {
+        oaes(true)
+    } else {
+        oaes(false) | AEC_CRITICAL_WARNINGS
+    }
+}
+
+/// Identify Controller OAES: the notices the controller sends.
+fn oaes(discovery: bool) -> u32 {
+    if discovery {
+        c::OAES_DISCOVERY_CHANGE
+    } else {
+        c::OAES_NS_ATTR | c::OAES_ANA_CHANGE
+    }
+}
+
 pub(crate) fn build<D: BlockDevice>(
     target: &Target<D>,
     transport: &Transport,
@@ -137,13 +163,13 @@ fn controller<D: BlockDevice>(
         p.u16(c::MAXCMD, 32);
         // A host that keeps the connection (Linux `nvme discover
         // --persistent`) enables the notice and reconnects on it.
-        p.u32(c::OAES, c::OAES_DISCOVERY_CHANGE);
+        p.u32(c::OAES, oaes(true));
     } else {
         p.u8(c::CNTRLTYPE, c::TYPE_IO);
         // Several gateways may export the subsystem (ports, controllers),
         // and each reports its ANA state per namespace.
         p.u8(c::CMIC, c::CMIC_MULTI_PORT | c::CMIC_MULTI_CTRL | c::CMIC_ANA);
-        p.u32(c::OAES, c::OAES_NS_ATTR | c::OAES_ANA_CHANGE);
+        p.u32(c::OAES, oaes(false));
         // A normal shutdown flushes every namespace's device, which may
         // take a while: hosts (Linux reads RTD3E) wait up to 30 s for it.
         p.u32(c::RTD3E, SHUTDOWN_US);

@@ -146,6 +146,11 @@ pub struct Queue<D> {
     pub(crate) fused_first_failed: bool,
     /// Completions of fused halves aborted because of their partner.
     pub(crate) fused_done: Vec<Cqe>,
+    /// An I/O queue: its controller's resets when it connected
+    /// ([`Queue::deleted`]).
+    connected_at_reset: u64,
+    /// A command with a PSDT other than 01b was logged.
+    psdt_logged: bool,
 }
 
 impl<D: BlockDevice> Queue<D> {
@@ -166,7 +171,16 @@ impl<D: BlockDevice> Queue<D> {
             fused: None,
             fused_first_failed: false,
             fused_done: Vec::new(),
+            connected_at_reset: 0,
+            psdt_logged: false,
         }
+    }
+
+    /// Whether `ctrl`, this I/O queue's controller, was reset since the
+    /// queue connected: the reset deleted it (NVMe Base 2.0 3.7.2), and
+    /// its queue ID may be a new queue's.
+    pub(crate) fn deleted(&self, ctrl: &Controller<D>) -> bool {
+        ctrl.resets() != self.connected_at_reset
     }
 
     /// What this queue is.
@@ -295,6 +309,24 @@ impl<D: BlockDevice> Queue<D> {
 
     fn dispatch<B: AsRef<[u8]>>(&mut self, now_ms: u64, sqe: &Sqe, data_len: u32, data: Option<B>) -> Outcome<B, D> {
         let cid = sqe.cid.get();
+        if sqe.flags & Sqe::PSDT_MASK != Sqe::PSDT_SGL {
+            // Over fabrics every command, Fabrics ones included, says its
+            // data pointer is an SGL: PSDT 01b (NVMe Base 2.0 4.2). nvmet
+            // refuses anything else before it looks at the command. Logged
+            // once per queue: a host that gets it wrong gets it wrong in
+            // every command.
+            if !self.psdt_logged {
+                self.psdt_logged = true;
+                log::warn!(
+                    "{}: opcode {:#04x} cid {cid} with PSDT {:02b} (expected 01b); answered Invalid Field, \
+                     as every such command on this queue will be",
+                    self.peer,
+                    sqe.opcode,
+                    sqe.flags >> 6
+                );
+            }
+            return Outcome::status(cid, Status::INVALID_FIELD.dnr());
+        }
         if sqe.opcode == Admin::FABRICS.0 {
             return self.fabrics(now_ms, sqe, data_len, data);
         }
@@ -319,9 +351,12 @@ impl<D: BlockDevice> Queue<D> {
                 }
             }
             // Without DNR: the controller is gone (its admin queue closed,
-            // a restart, keep-alive expiry), not the command's fault, and a
-            // host retries it once it has reconnected.
-            QueueKind::Io(ctrl, _) if ctrl.is_dead() => Outcome::status(cid, Status::ABORTED_SQ_DELETION),
+            // a restart, keep-alive expiry) or was reset, which deleted the
+            // queue, not the command's fault, and a host retries it once it
+            // has reconnected.
+            QueueKind::Io(ctrl, _) if ctrl.is_dead() || self.deleted(ctrl) => {
+                Outcome::status(cid, Status::ABORTED_SQ_DELETION)
+            }
             QueueKind::Io(ctrl, _) => self.io(ctrl, sqe, data_len, data),
         };
         self.kind = kind;
@@ -352,20 +387,23 @@ impl<D: BlockDevice> Queue<D> {
                 log::warn!("{}: Disconnect on the admin queue", self.peer);
                 Outcome::status(cid, Status::DISCONNECT_INVALID_QUEUE_TYPE.dnr())
             }
+            // A property is accessed at its own size, 4 or 8 bytes; a
+            // reserved size (ATTRIB bits 2:0 010b..111b) is Invalid Field
+            // (as SPDK), never a 4-byte access.
             FabricsType::PROPERTY_GET => {
                 let p = PropertyCmd::from_sqe(sqe);
                 let value = {
                     let s = ctrl.lock();
-                    match (p.offset, p.eight_bytes) {
-                        (regs::CAP, true) => {
+                    match (p.offset, p.len_bytes) {
+                        (regs::CAP, Some(8)) => {
                             let mqes = self.target.settings.queue_entries.saturating_sub(1);
                             let discovery = ctrl.subsystem().is_some_and(|s| s.discovery);
                             Some(regs::cap(mqes, 30, !discovery))
                         }
-                        (regs::VS, false) => Some(u64::from(regs::VERSION_1_4)),
-                        (regs::CC, false) => Some(u64::from(s.cc)),
-                        (regs::CSTS, false) => Some(u64::from(s.csts)),
-                        (regs::NSSR, false) => Some(0),
+                        (regs::VS, Some(4)) => Some(u64::from(regs::VERSION_1_4)),
+                        (regs::CC, Some(4)) => Some(u64::from(s.cc)),
+                        (regs::CSTS, Some(4)) => Some(u64::from(s.csts)),
+                        (regs::NSSR, Some(4)) => Some(0),
                         _ => None,
                     }
                 };
@@ -377,10 +415,10 @@ impl<D: BlockDevice> Queue<D> {
                     }
                     None => {
                         log::warn!(
-                            "{}: Property Get offset {:#x} size {} unknown",
+                            "{}: Property Get offset {:#x} ATTRIB {:#04x}: no such property of that size",
                             self.peer,
                             p.offset,
-                            if p.eight_bytes { 8 } else { 4 }
+                            sqe.cdw10.get() & 0xff
                         );
                         Outcome::status(cid, Status::INVALID_FIELD.dnr())
                     }
@@ -388,7 +426,7 @@ impl<D: BlockDevice> Queue<D> {
             }
             FabricsType::PROPERTY_SET => {
                 let p = PropertyCmd::from_sqe(sqe);
-                if p.offset == regs::CC && !p.eight_bytes {
+                if p.offset == regs::CC && p.len_bytes == Some(4) {
                     let was_ready = ctrl.enabled();
                     let shutdown = ctrl.set_cc(p.value as u32);
                     if was_ready && !ctrl.enabled() && !self.aers.is_empty() {
@@ -411,7 +449,12 @@ impl<D: BlockDevice> Queue<D> {
                     }
                     Outcome::status(cid, Status::SUCCESS)
                 } else {
-                    log::warn!("{}: Property Set offset {:#x} not writable", self.peer, p.offset);
+                    log::warn!(
+                        "{}: Property Set offset {:#x} ATTRIB {:#04x}: not a writable property of that size",
+                        self.peer,
+                        p.offset,
+                        sqe.cdw10.get() & 0xff
+                    );
                     Outcome::status(cid, Status::INVALID_FIELD.dnr())
                 }
             }
@@ -633,6 +676,9 @@ impl<D: BlockDevice> Queue<D> {
                 return invalid(false, ConnectCmd::QID_OFFSET);
             }
             s.io_queues_connected.push(cmd.qid);
+            // Read under the lock a reset clears the list under: a reset
+            // after this deletes the queue.
+            self.connected_at_reset = ctrl.resets();
         }
         self.kind = QueueKind::Io(ctrl, cmd.qid);
         // Room for a full queue of commands waiting for their data, so that
@@ -666,7 +712,7 @@ impl<D: BlockDevice> Queue<D> {
     pub fn expired(&self, now_ms: u64) -> bool {
         match &self.kind {
             QueueKind::Unconnected => false,
-            QueueKind::Io(c, _) => c.is_dead(),
+            QueueKind::Io(c, _) => c.is_dead() || self.deleted(c),
             QueueKind::Admin(c) => {
                 if c.keep_alive_expired(now_ms) {
                     log::warn!(
@@ -707,6 +753,8 @@ impl<D: BlockDevice> Queue<D> {
                 log::info!("{}: controller {} admin queue closed", self.peer, c.cntlid);
                 c.kill();
             }
+            // A reset already freed the ID of a queue it deleted.
+            QueueKind::Io(c, _) if self.deleted(&c) => {}
             QueueKind::Io(c, qid) => c.lock().io_queues_connected.retain(|&q| q != qid),
             QueueKind::Unconnected => {}
         }

@@ -32,8 +32,9 @@ fn target() -> Arc<Target> {
     Arc::new(t)
 }
 
+/// A command as every fabrics host sends it: PSDT 01b (an SGL).
 fn sqe(opcode: u8, cid: u16) -> Sqe {
-    let mut s = Sqe { opcode, ..Default::default() };
+    let mut s = Sqe { opcode, flags: Sqe::PSDT_SGL, ..Default::default() };
     s.cid = cid.into();
     s
 }
@@ -240,4 +241,40 @@ fn an_io_queue_that_closes_answers_its_posted_aborts() {
     // The closed queue's ID takes no more requests.
     let cqe = complete(p.admin.execute(0, &abort_sqe(45, 1, 3), 0, None::<Vec<u8>>));
     assert_eq!(cqe.dw0.get() & 1, 1);
+}
+
+/// A Controller Level Reset (CC.EN from 1 to 0) ends every outstanding
+/// admin command, an Abort waiting for its I/O queue's answer too (NVMe
+/// Base 2.0 3.7.2): the host may use its CID again at once, so an answer
+/// to an Abort from before the reset never completes anything after it,
+/// and the Aborts it counted no longer count against ACL.
+#[test]
+fn an_abort_outstanding_at_a_controller_reset_never_completes_after_it() {
+    let t = target();
+    let mut p = pair(&t);
+    write_waiting(&mut p.io, 5);
+    assert!(matches!(p.admin.execute(0, &abort_sqe(40, 1, 5), 0, None::<Vec<u8>>), Outcome::Deferred));
+    let req = p.io.poll_abort().expect("posted to the I/O queue");
+    for (cid, value) in [(2, 0x0046_0000u32), (3, 0x0046_0001)] {
+        let mut cc = sqe(0x7f, cid);
+        cc.cdw11 = 0x14.into();
+        cc.cdw12 = value.into();
+        assert!(complete(p.admin.execute(0, &cc, 0, None::<Vec<u8>>)).status().is_success());
+    }
+    p.io.abort(req, |_, _| true);
+    assert!(p.admin.poll_abort_answer().is_none(), "the Abort ended with the reset");
+    let mut io = Queue::new(t.clone(), TCP, addr(), addr());
+    let cntlid = p.admin.controller().expect("connected").cntlid;
+    assert!(connect(&mut io, 1, cntlid).status().is_success());
+    let (bell, _) = doorbell();
+    io.set_abort_doorbell(bell);
+    for cid in 41..45 {
+        write_waiting(&mut io, cid);
+        let out = p.admin.execute(0, &abort_sqe(cid, 1, cid), 0, None::<Vec<u8>>);
+        assert!(matches!(out, Outcome::Deferred), "Abort {cid} within ACL");
+    }
+    let req = io.poll_abort().expect("the new queue's request");
+    assert!(p.io.poll_abort().is_none(), "the deleted queue takes none of the new one's");
+    io.abort(req, |_, _| true);
+    assert!(p.admin.poll_abort_answer().is_some());
 }

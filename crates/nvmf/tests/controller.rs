@@ -42,8 +42,9 @@ fn target() -> Arc<Target> {
     Arc::new(t)
 }
 
+/// A command as every fabrics host sends it: PSDT 01b (an SGL).
 fn sqe(opcode: u8, cid: u16) -> Sqe {
-    let mut s = Sqe { opcode, ..Default::default() };
+    let mut s = Sqe { opcode, flags: Sqe::PSDT_SGL, ..Default::default() };
     s.cid = cid.into();
     s
 }
@@ -364,7 +365,7 @@ fn only_a_plain_write_to_a_null_device_may_discard_its_data() {
     let on = |opcode: u8, cid: u16, nsid: u32, fuse: u8| {
         let mut s = read_sqe(cid, nsid, 0, 1, 512);
         s.opcode = opcode;
-        s.flags = fuse;
+        s.flags |= fuse;
         s
     };
     let discard = |out: Outcome<Vec<u8>>| match out {
@@ -1401,7 +1402,7 @@ fn out_of_space_is_capacity_exceeded_with_dnr_on_writes_only() {
 fn fused_sqe(opcode: u8, fuse: u8, cid: u16, lba: u64) -> Sqe {
     let mut s = read_sqe(cid, 1, lba, 1, 512);
     s.opcode = opcode;
-    s.flags = fuse;
+    s.flags |= fuse;
     s
 }
 
@@ -2071,14 +2072,14 @@ fn a_fused_pair_of_different_blocks_or_an_unsupported_second_half_is_invalid_fie
     // set; the Compare before it lost its partner.
     assert!(matches!(in_capsule(&mut io, &fused_sqe(0x05, 1, 50, 0), 0), Outcome::Deferred));
     let mut r = read_sqe(51, 1, 0, 1, 512);
-    r.flags = 2;
+    r.flags |= 2;
     assert_eq!(status(&ex(&mut io, 0, &r)), Status::INVALID_FIELD.dnr());
     let cqe = io.poll_completion().expect("the Compare's completion");
     assert_eq!((cqe.cid.get(), cqe.status()), (50, Status::ABORTED_MISSING_FUSED));
     // No admin command fuses.
     for fuse in 1..=3 {
         let mut k = sqe(0x18, 60 + u16::from(fuse));
-        k.flags = fuse;
+        k.flags |= fuse;
         assert_eq!(status(&ex(&mut a, 0, &k)), Status::INVALID_FIELD.dnr(), "admin FUSE {fuse:02b}");
     }
 }
@@ -2154,4 +2155,182 @@ fn io_command_edges_answer_as_the_spec_says() {
     let (mut hint, data) = dsm_sqe(7, &[(5000, 8)]);
     hint.cdw11 = 0x3.into();
     assert_eq!(status(&run(&mut io, &hint, Some(data))), Status::SUCCESS);
+}
+
+/// NVMe Base 2.0 5.27.1, Asynchronous Event Configuration: a host may
+/// enable only the events the controller can report. An I/O controller
+/// sends namespace attribute and ANA change notices (Identify OAES bits 8
+/// and 11) and takes the SMART / Health critical warning bits 4:0 (it
+/// never raises one); a discovery controller only the discovery log page
+/// change notice (bit 31). Any other bit is Invalid Field and changes
+/// nothing, as on nvmet (its NVMET_AEN_CFG_ALL and
+/// NVMET_DISC_AEN_CFG_OPTIONAL masks): Get Features never reports an
+/// event enabled that will never come.
+#[test]
+fn async_event_configuration_enables_only_events_the_controller_reports() {
+    let t = target();
+    let (mut a, _) = admin(&t);
+    let oaes = u32_at(&identify(&mut a, 1, 0).1, 92);
+    assert_eq!(oaes, (1 << 8) | (1 << 11), "OAES: namespace attribute and ANA change notices");
+    assert_eq!(set_feature(&mut a, 0x0b, oaes | 0x1f).0, Status::SUCCESS);
+    assert_eq!(get_feature(&mut a, 0x0b), (Status::SUCCESS, oaes | 0x1f));
+    for (bits, what) in [
+        (0xff, "critical warning bits 7:5"),
+        (1 << 9, "firmware activation notices"),
+        (1 << 10, "telemetry log notices"),
+        (1 << 31, "discovery log page change notices"),
+        (1 << 16, "a reserved bit"),
+    ] {
+        assert_eq!(set_feature(&mut a, 0x0b, bits).0, Status::INVALID_FIELD.dnr(), "{what}");
+    }
+    assert_eq!(get_feature(&mut a, 0x0b).1, oaes | 0x1f, "a refused Set changes nothing");
+    let mut d = discovery_admin(&t, HOST);
+    let oaes = u32_at(&identify(&mut d, 1, 0).1, 92);
+    assert_eq!(oaes, 1 << 31, "OAES: discovery log page change notices");
+    assert_eq!(set_feature(&mut d, 0x0b, oaes).0, Status::SUCCESS);
+    for bits in [1 << 8, 1 << 11, 0x1f] {
+        assert_eq!(set_feature(&mut d, 0x0b, bits | oaes).0, Status::INVALID_FIELD.dnr(), "{bits:#x}");
+    }
+    assert_eq!(get_feature(&mut d, 0x0b), (Status::SUCCESS, oaes));
+}
+
+/// Property Get and Property Set (NVMe-oF 1.1; NVMe Base 2.0 figure 36
+/// gives each property's size): ATTRIB bits 2:0 are the size, 000b 4
+/// bytes and 001b 8 bytes, the other values reserved, and a property is
+/// read and written at its own size. A reserved size is Invalid Field, as
+/// SPDK answers, not a 4-byte access: a Property Set of CC with size 010b
+/// used to reset the controller.
+#[test]
+fn property_get_and_set_with_a_reserved_size_or_the_wrong_size_are_invalid_field() {
+    let t = target();
+    let (mut a, _) = admin(&t);
+    let prop = |q: &mut Queue, fctype: u8, attrib: u32, offset: u32, value: u32| {
+        let mut s = fabrics(fctype, 3);
+        s.cdw10 = attrib.into();
+        s.cdw11 = offset.into();
+        s.cdw12 = value.into();
+        status(&run(q, &s, None))
+    };
+    for attrib in 2..=7 {
+        assert_eq!(prop(&mut a, 0x00, attrib, 0x14, 0), Status::INVALID_FIELD.dnr(), "Set CC, size {attrib:03b}");
+        assert_eq!(prop(&mut a, 0x04, attrib, 0x14, 0), Status::INVALID_FIELD.dnr(), "Get CC, size {attrib:03b}");
+        assert_eq!(prop(&mut a, 0x04, attrib, 0x00, 0), Status::INVALID_FIELD.dnr(), "Get CAP, size {attrib:03b}");
+    }
+    assert_eq!(prop_get(&mut a, 0x1c, false).1 & 1, 1, "CSTS.RDY: no reset happened");
+    assert_eq!(prop(&mut a, 0x00, 1, 0x14, 0), Status::INVALID_FIELD.dnr(), "Set CC (4 bytes) with size 8");
+    assert_eq!(prop(&mut a, 0x00, 0, 0x00, 0), Status::INVALID_FIELD.dnr(), "Set CAP (read-only)");
+    assert_eq!(prop(&mut a, 0x00, 1, 0x00, 0), Status::INVALID_FIELD.dnr(), "Set CAP (read-only), size 8");
+    assert_eq!(prop(&mut a, 0x04, 0, 0x00, 0), Status::INVALID_FIELD.dnr(), "Get CAP (8 bytes) with size 4");
+    assert_eq!(prop(&mut a, 0x04, 1, 0x08, 0), Status::INVALID_FIELD.dnr(), "Get VS (4 bytes) with size 8");
+    assert_eq!(prop_get(&mut a, 0x1c, false), (Status::SUCCESS, 1));
+}
+
+/// Over fabrics the data pointer is an SGL and every command, Fabrics
+/// commands included, carries PSDT (CDW0 bits 15:14) 01b (NVMe Base 2.0
+/// 4.2; what Linux and SPDK hosts send).
+/// nvmet refuses any other value with Invalid Field before it looks at
+/// the command (nvmet_req_init); so does this controller, on every queue.
+#[test]
+fn a_command_whose_psdt_is_not_01b_is_invalid_field() {
+    let t = target();
+    for psdt in [0x00, 0x80, 0xc0] {
+        let mut q = Queue::new(t.clone(), TCP, addr(), addr());
+        let mut c = connect_sqe(0, 31, 5000);
+        c.flags = psdt;
+        let data = ConnectData::new([1; 16], 0xffff, SUB, HOST).as_bytes().to_vec();
+        assert_eq!(status(&run(&mut q, &c, Some(data))), Status::INVALID_FIELD.dnr(), "Connect, PSDT {psdt:#04x}");
+        assert!(matches!(q.kind(), QueueKind::Unconnected));
+    }
+    let (mut a, cntlid) = admin(&t);
+    let mut io = io_queue(&t, cntlid, 1);
+    for psdt in [0x00, 0x80, 0xc0] {
+        let mut id = sqe(0x06, 4);
+        id.cdw10 = 1.into();
+        id.dptr = Sgl::transport(4096);
+        id.flags = psdt;
+        assert_eq!(status(&run(&mut a, &id, None)), Status::INVALID_FIELD.dnr(), "Identify, PSDT {psdt:#04x}");
+        let mut get = fabrics(0x04, 5);
+        get.cdw11 = 0x1c.into();
+        get.flags = psdt;
+        assert_eq!(status(&run(&mut a, &get, None)), Status::INVALID_FIELD.dnr(), "Property Get, PSDT {psdt:#04x}");
+        let mut r = read_sqe(6, 1, 0, 1, 512);
+        r.flags = psdt;
+        assert_eq!(status(&ex(&mut io, 0, &r)), Status::INVALID_FIELD.dnr(), "Read, PSDT {psdt:#04x}");
+    }
+    assert!(matches!(ex(&mut io, 0, &read_sqe(7, 1, 0, 1, 512)), Outcome::Io(_)), "PSDT 01b");
+}
+
+/// A Controller Level Reset (CC.EN from 1 to 0; NVMe Base 2.0 3.7.2)
+/// returns every feature this controller has to its default, none being
+/// saveable (5.27: a current value that is not saved does not outlive a
+/// reset): what Get Features SEL 001b reports, KATO the one Connect gave.
+#[test]
+fn a_controller_reset_returns_features_to_their_defaults() {
+    let t = target();
+    t.subsystem(SUB).expect("sub").add_namespace(Namespace::new(SUB, 2, cached("f2"))).expect("add");
+    let (mut a, _) = admin(&t);
+    let changed = [
+        (0x01, 0x0302_0103, "arbitration"),
+        (0x04, 300, "over temperature threshold"),
+        (0x04, (1 << 20) | 273, "under temperature threshold"),
+        (0x05, 1, "error recovery"),
+        (0x06, 0, "volatile write cache"),
+        (0x0a, 1, "write atomicity normal"),
+        (0x0b, 1 << 8, "asynchronous event configuration"),
+        (0x0f, 2000, "keep alive timer"),
+    ];
+    for (fid, value, what) in changed {
+        assert_eq!(set_feature(&mut a, fid, value).0, Status::SUCCESS, "{what}");
+    }
+    let ctrl = a.controller().expect("connected").clone();
+    assert!(ctrl.write_through());
+    assert_eq!(prop_set_cc(&mut a, 0x0046_0000), Status::SUCCESS);
+    assert_eq!(prop_set_cc(&mut a, 0x0046_0001), Status::SUCCESS);
+    let get = |q: &mut Queue, fid: u8, cdw11: u32| {
+        let mut s = sqe(0x0a, 8);
+        s.cdw10 = u32::from(fid).into();
+        s.cdw11 = cdw11.into();
+        let (cqe, _) = cqe_of(run(q, &s, None));
+        (cqe.status(), cqe.dw0.get())
+    };
+    for (fid, cdw11, default, what) in [
+        (0x01, 0, 0, "arbitration"),
+        (0x04, 0, 0x0157, "over temperature threshold: WCTEMP"),
+        (0x04, 1 << 20, 0, "under temperature threshold: none"),
+        (0x05, 0, 0, "error recovery"),
+        (0x06, 0, 1, "volatile write cache: enabled"),
+        (0x0a, 0, 0, "write atomicity normal"),
+        (0x0b, 0, 0, "asynchronous event configuration: none"),
+        (0x0f, 0, 5000, "keep alive timer: Connect's KATO"),
+    ] {
+        assert_eq!(get(&mut a, fid, cdw11), (Status::SUCCESS, default), "{what} after the reset");
+    }
+    assert!(!ctrl.write_through(), "writes are cached again");
+    assert_eq!(ctrl.kato_ms(), 5000);
+}
+
+/// A Controller Level Reset deletes the controller's I/O queues (NVMe
+/// Base 2.0 3.7.2; over fabrics their connections go, as SPDK's target
+/// disconnects them): their commands are aborted as on a deleted queue and
+/// their connections close, and the host creates them again, with the
+/// same queue IDs, once the controller is enabled, after Set Features
+/// Number of Queues if it likes. The old queue closing later frees
+/// nothing of the new one's.
+#[test]
+fn a_controller_reset_deletes_its_io_queues() {
+    let t = target();
+    let (mut a, cntlid) = admin(&t);
+    let mut old = io_queue(&t, cntlid, 1);
+    assert_eq!(prop_set_cc(&mut a, 0x0046_0000), Status::SUCCESS);
+    assert_eq!(prop_set_cc(&mut a, 0x0046_0001), Status::SUCCESS);
+    assert!(old.expired(0), "the deleted queue's connection closes");
+    assert_eq!(status(&ex(&mut old, 0, &read_sqe(1, 1, 0, 1, 512))), Status::ABORTED_SQ_DELETION);
+    assert_eq!(set_feature(&mut a, 0x07, 0x0001_0001), (Status::SUCCESS, 0x0001_0001));
+    let mut new = io_queue(&t, cntlid, 1);
+    old.close();
+    assert!(!new.expired(0));
+    assert!(a.has_io_queues(), "queue 1 is the new one's");
+    let mut again = Queue::new(t.clone(), TCP, addr(), addr());
+    assert_eq!(status(&connect(&mut again, 1, cntlid, SUB, HOST)), Status::CONNECT_INVALID_PARAMETERS.dnr());
+    assert!(matches!(ex(&mut new, 0, &read_sqe(2, 1, 0, 1, 512)), Outcome::Io(_)));
 }
