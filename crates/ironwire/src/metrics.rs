@@ -4,10 +4,11 @@
 //! It runs on a thread of its own with blocking std I/O, like the control
 //! socket, and never on a reactor: a scrape costs the reactors only the
 //! table locks `stats::snapshot` takes. It is bounded: at most four
-//! clients at once, each on a thread of its own (one more is answered 503
-//! at once), a request head of at most 8 KiB that must arrive within 5 s,
-//! and an answer the client must take within 5 s, so a client that stalls
-//! or trickles holds one place for seconds at most and delays no scrape.
+//! clients at once, each on a thread of its own (more wait in the listen
+//! backlog until a place is free), a request head of at most 8 KiB that
+//! must arrive within 5 s, and an answer the client must take within 5 s,
+//! so a client that stalls or trickles holds one place for seconds at most
+//! and delays no scrape.
 //! Every refusal is logged with its reason (at most ten lines in ten
 //! seconds; the rest are counted).
 
@@ -16,8 +17,7 @@ use anyhow::{Context, Result};
 use std::fmt::Write as _;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 /// The longest request head (request line and headers) read.
@@ -36,10 +36,11 @@ pub fn spawn(addr: SocketAddr) -> Result<SocketAddr> {
     let bound = listener.local_addr()?;
     std::thread::Builder::new().name("metrics".into()).spawn(move || {
         let refusals = Arc::new(Mutex::new(Refusals::default()));
-        let active = Arc::new(AtomicUsize::new(0));
-        for stream in listener.incoming() {
-            match stream {
-                Ok(s) => admit(s, &active, &refusals),
+        let places = Arc::new(Places::default());
+        loop {
+            places.wait_for_one();
+            match listener.accept() {
+                Ok((s, _)) => serve_apart(s, &places, &refusals),
                 Err(e) => {
                     log::warn!("metrics: accept failed: {e}");
                     std::thread::sleep(Duration::from_millis(100));
@@ -51,32 +52,48 @@ pub fn spawn(addr: SocketAddr) -> Result<SocketAddr> {
     Ok(bound)
 }
 
-/// Serves `s` on a thread of its own, or answers 503 when
-/// [`MAX_CLIENTS`] are being served (a few bytes a socket takes at once).
-fn admit(mut s: TcpStream, active: &Arc<AtomicUsize>, refusals: &Arc<Mutex<Refusals>>) {
-    let peer = peer_of(&s);
-    if active.load(Ordering::Relaxed) >= MAX_CLIENTS {
-        refused(refusals, &peer, &format!("already {MAX_CLIENTS} clients being served"));
-        respond(&mut s, &peer, "503 Service Unavailable", "text/plain", "too many clients; try again\n", true);
-        return;
+/// The clients being served, at most [`MAX_CLIENTS`].
+#[derive(Default)]
+struct Places {
+    taken: Mutex<usize>,
+    freed: Condvar,
+}
+
+impl Places {
+    /// Waits until fewer than [`MAX_CLIENTS`] are being served.
+    fn wait_for_one(&self) {
+        let taken = self.taken.lock().unwrap_or_else(PoisonError::into_inner);
+        drop(self.freed.wait_while(taken, |t| *t >= MAX_CLIENTS).unwrap_or_else(PoisonError::into_inner));
     }
-    active.fetch_add(1, Ordering::Relaxed);
-    let (place, refusals) = (Place(active.clone()), refusals.clone());
+}
+
+/// A client's place among [`MAX_CLIENTS`], given back when dropped.
+struct Place(Arc<Places>);
+
+impl Place {
+    fn take(places: &Arc<Places>) -> Place {
+        *places.taken.lock().unwrap_or_else(PoisonError::into_inner) += 1;
+        Place(places.clone())
+    }
+}
+
+impl Drop for Place {
+    fn drop(&mut self) {
+        let mut taken = self.0.taken.lock().unwrap_or_else(PoisonError::into_inner);
+        *taken = taken.saturating_sub(1);
+        self.0.freed.notify_one();
+    }
+}
+
+/// Serves `s` on a thread of its own, which holds a place until it ends.
+fn serve_apart(s: TcpStream, places: &Arc<Places>, refusals: &Arc<Mutex<Refusals>>) {
+    let (place, refusals, peer) = (Place::take(places), refusals.clone(), peer_of(&s));
     let spawned = std::thread::Builder::new().name("metrics-client".into()).spawn(move || {
         let _place = place;
         serve_client(s, &refusals);
     });
     if let Err(e) = spawned {
         log::warn!("metrics: cannot start a thread for {peer}: {e}");
-    }
-}
-
-/// A client's place among [`MAX_CLIENTS`], given back when dropped.
-struct Place(Arc<AtomicUsize>);
-
-impl Drop for Place {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::Relaxed);
     }
 }
 
