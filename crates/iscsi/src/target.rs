@@ -540,6 +540,9 @@ struct Task<B> {
     /// unsolicited data: answered once that data is in (RFC 7143 section
     /// 11.4.2), its bytes dropped meanwhile.
     refused: Option<u8>,
+    /// The CmdSN its command carried, which an ABORT TASK's RefCmdSN
+    /// must name (RFC 7143 section 11.5.4).
+    cmd_sn: u32,
     sn: u32,
     sent_in: u32,
     overflow: u32,
@@ -580,6 +583,11 @@ pub struct TargetConnection<B> {
     stat_sn: u32,
     exp_cmd_sn: u32,
     max_cmd_sn: u32,
+    /// CmdSNs in the window, past ExpCmdSN, that an ABORT TASK found not
+    /// yet received and counts as received (RFC 7143 section 11.5.1):
+    /// ExpCmdSN steps over each when it gets there, and the command, if it
+    /// comes after all, is a duplicate and dropped. At most a window's worth.
+    aborted_sns: Vec<u32>,
     tasks: HashMap<u32, Task<B>>,
     next_serial: u64,
     /// Stamped on arriving commands ([`Command::epoch`]).
@@ -652,6 +660,7 @@ impl<B: DataBuffer> TargetConnection<B> {
             stat_sn: seed.stat_sn,
             exp_cmd_sn: 0,
             max_cmd_sn: 0,
+            aborted_sns: Vec::new(),
             tasks: HashMap::new(),
             next_serial: 0,
             epoch: 0,
@@ -864,8 +873,8 @@ impl<B: DataBuffer> TargetConnection<B> {
         let is_cmd = matches!(op, Opcode::SCSI_CMD | Opcode::TASK_MGMT_REQ | Opcode::TEXT_REQ | Opcode::LOGOUT_REQ)
             || (op == Opcode::NOP_OUT && bhs.itt() != RESERVED_TAG);
         if is_cmd && !bhs.immediate() && bhs.cmd_sn() == self.exp_cmd_sn {
-            self.exp_cmd_sn = self.exp_cmd_sn.wrapping_add(1);
             self.max_cmd_sn = self.max_cmd_sn.wrapping_add(1);
+            self.advance_exp_cmd_sn();
         }
     }
 
@@ -928,11 +937,16 @@ impl<B: DataBuffer> TargetConnection<B> {
                 &bhs,
             ));
         }
-        if self.logout_pending.is_some() && matches!(op, Opcode::SCSI_CMD | Opcode::TASK_MGMT_REQ | Opcode::TEXT_REQ) {
+        if self.logout_pending.is_some()
+            && matches!(op, Opcode::SCSI_CMD | Opcode::TASK_MGMT_REQ | Opcode::TEXT_REQ | Opcode::LOGOUT_REQ)
+        {
+            // RFC 7143 11.14: after a Logout Request the initiator sends no
+            // new request, a second Logout included; the first is still
+            // answered once the tasks in flight are done.
             return Err(Self::field_err(
                 RejectReason::WAITING_FOR_LOGOUT,
                 "Opcode",
-                "command after Logout Request".into(),
+                "request after Logout Request".into(),
                 &bhs,
             ));
         }
@@ -975,11 +989,23 @@ impl<B: DataBuffer> TargetConnection<B> {
         }
         let sn = bhs.cmd_sn();
         if sn == self.exp_cmd_sn && sn_le(sn, self.max_cmd_sn) {
-            self.exp_cmd_sn = self.exp_cmd_sn.wrapping_add(1);
+            self.advance_exp_cmd_sn();
             return true;
         }
         log::debug!("iscsi: dropping CmdSN {sn} (ExpCmdSN {}, MaxCmdSN {})", self.exp_cmd_sn, self.max_cmd_sn);
         false
+    }
+
+    /// ExpCmdSN moves past the command just received, and past each CmdSN
+    /// after it that an ABORT TASK counted as received: those commands are
+    /// over, so the window opens by one for each.
+    fn advance_exp_cmd_sn(&mut self) {
+        self.exp_cmd_sn = self.exp_cmd_sn.wrapping_add(1);
+        while let Some(pos) = self.aborted_sns.iter().position(|&sn| sn == self.exp_cmd_sn) {
+            self.aborted_sns.swap_remove(pos);
+            self.exp_cmd_sn = self.exp_cmd_sn.wrapping_add(1);
+            self.max_cmd_sn = self.max_cmd_sn.wrapping_add(1);
+        }
     }
 
     /// A non-immediate command finished: open the window by one.
@@ -1646,6 +1672,13 @@ impl<B: DataBuffer> TargetConnection<B> {
         };
         if let Some(e) = problem {
             self.retire(bhs.immediate());
+            if write && f & flags::FINAL == 0 {
+                // The rejected command is discarded with the unsolicited
+                // Data-Out already on its way (RFC 7143 section 7.2: no
+                // further answer for a command rejected whole): that data
+                // is dropped, not rejected PDU by PDU.
+                self.forget_itt(itt);
+            }
             return Err(e);
         }
         if self.open_count() >= self.cfg.max_tasks as usize {
@@ -1702,6 +1735,7 @@ impl<B: DataBuffer> TargetConnection<B> {
             read_expected,
             bidi: read && write,
             refused: None,
+            cmd_sn: bhs.cmd_sn(),
             sn: 0,
             sent_in: 0,
             overflow: 0,
@@ -1827,8 +1861,7 @@ impl<B: DataBuffer> TargetConnection<B> {
                 // ERROR (SPC-4 ASC 0x47 ASCQ 0x05).
                 task.cmd = None;
                 let me = TaskRef { itt, serial: task.serial };
-                let sense = [0x70, 0, 0x0b, 0, 0, 0, 0, 10, 0, 0, 0, 0, 0x47, 0x05, 0, 0, 0, 0];
-                self.send_response(me, scsi_status::CHECK_CONDITION, Some(&sense), None);
+                self.send_response(me, scsi_status::CHECK_CONDITION, Some(&aborted_command_sense(0x47, 0x05)), None);
                 return;
             }
             if let Some(mut cmd) = task.cmd.take() {
@@ -1939,6 +1972,7 @@ impl<B: DataBuffer> TargetConnection<B> {
             read_expected: 0,
             bidi: false,
             refused: Some(status),
+            cmd_sn: bhs.cmd_sn(),
             sn: 0,
             sent_in: 0,
             overflow: 0,
@@ -1988,6 +2022,7 @@ impl<B: DataBuffer> TargetConnection<B> {
         let final_bit = bhs.final_bit();
         let data_sn = bhs.data_sn();
         let seq_done;
+        let mut short_burst = false;
         if ttt == RESERVED_TAG {
             if !w.unsolicited {
                 return Err(invalid("TargetTransferTag", "unsolicited Data-Out outside the first burst".into()));
@@ -2013,6 +2048,7 @@ impl<B: DataBuffer> TargetConnection<B> {
                 }
                 w.unsolicited = false;
                 w.next_r2t = end;
+                short_burst = end < w.unsol_end;
             }
         } else {
             if self.ttts.get(&ttt) != Some(&itt) {
@@ -2051,6 +2087,22 @@ impl<B: DataBuffer> TargetConnection<B> {
             }
         }
         let Some(task) = self.tasks.get_mut(&itt) else { return Ok(()) };
+        if short_burst && task.refused.is_none() && !task.aborting {
+            // Unsolicited data is sent as for an implied first R2T asking
+            // for min(FirstBurstLength, Expected Data Transfer Length)
+            // (RFC 7143 section 13.10), all of it (section 11.8): an
+            // unsolicited burst ended early leaves a hole that no R2T of
+            // ours was meant to fill. The command never runs; it ends in
+            // CHECK CONDITION, ABORTED COMMAND, WRITE ERROR - NOT ENOUGH
+            // UNSOLICITED DATA (SPC-4 0C/0D), as with the Linux target, and
+            // whatever else the initiator sends for it is dropped.
+            let (me, unsol_end) =
+                (TaskRef { itt, serial: task.serial }, task.write.as_ref().map_or(0, |w| w.unsol_end));
+            log::warn!("iscsi: ITT {itt:#x}: unsolicited data ended at {end} of the first burst's {unsol_end} bytes");
+            self.send_response(me, scsi_status::CHECK_CONDITION, Some(&aborted_command_sense(0x0c, 0x0d)), None);
+            self.forget_itt(itt);
+            return Ok(());
+        }
         let Some(w) = task.write.as_mut() else { return Ok(()) };
         if let Some(dst) = w.buf.as_mut().and_then(|b| b.as_mut().get_mut(offset as usize..end as usize)) {
             dst.copy_from_slice(data);
@@ -2302,7 +2354,13 @@ impl<B: DataBuffer> TargetConnection<B> {
             }
             self.retire(t.immediate);
         }
-        if self.tasks.is_empty() {
+        self.answer_logout_when_idle();
+    }
+
+    /// Sends the Logout Response that waits, once no command and no task
+    /// management request is left to answer before it.
+    fn answer_logout_when_idle(&mut self) {
+        if self.tasks.is_empty() && self.tmf_pending.is_empty() {
             if let Some(req) = self.logout_pending.take() {
                 self.send_logout_response(&req, 0);
             }
@@ -2369,17 +2427,45 @@ impl<B: DataBuffer> TargetConnection<B> {
             self.send_tmf_response(itt, code);
             return Ok(());
         }
-        if function == TmfFunction::ABORT_TASK && !self.tasks.contains_key(&bhs.referenced_task_tag()) {
-            // RFC 7143 11.5.1: no such task. If RefCmdSN is in the window
-            // and before this request, the command has yet to arrive and
-            // counts as aborted ("Function complete"); otherwise it already
-            // completed, or never existed: "Task does not exist".
+        if function == TmfFunction::ABORT_TASK {
             let ref_sn = bhs.ref_cmd_sn();
-            let pending = in_window(ref_sn, self.exp_cmd_sn, self.max_cmd_sn) && sn_lt(ref_sn, bhs.cmd_sn());
-            let code = if pending { tmf_response::COMPLETE } else { tmf_response::TASK_DOES_NOT_EXIST };
-            self.tmf_pending.insert(itt, PendingTmf { function, immediate: bhs.immediate(), scope: Vec::new() });
-            self.send_tmf_response(itt, code);
-            return Ok(());
+            let code = match self.tasks.get(&bhs.referenced_task_tag()) {
+                // RFC 7143 11.5.4: RefCmdSN is the referenced task's CmdSN
+                // (for a task of an immediate command, this request's own).
+                // A task holding the tag under another CmdSN is not the one
+                // the initiator means: it is left alone and the request is
+                // refused, as the Linux target does.
+                Some(t) if t.cmd_sn != ref_sn && !(t.immediate && ref_sn == bhs.cmd_sn()) => {
+                    log::warn!(
+                        "iscsi: ABORT TASK of ITT {:#x} with RefCmdSN {ref_sn}, but the task's CmdSN is {}: rejected",
+                        bhs.referenced_task_tag(),
+                        t.cmd_sn
+                    );
+                    Some(tmf_response::REJECTED)
+                }
+                Some(_) => None,
+                // RFC 7143 11.5.1: no such task. If RefCmdSN is in the
+                // window and before this request, the command has yet to
+                // arrive: its CmdSN counts as received (the command will
+                // never run) and the function is complete. Otherwise it
+                // already completed, or never existed: "Task does not
+                // exist".
+                None if in_window(ref_sn, self.exp_cmd_sn, self.max_cmd_sn) && sn_lt(ref_sn, bhs.cmd_sn()) => {
+                    if ref_sn == self.exp_cmd_sn {
+                        self.max_cmd_sn = self.max_cmd_sn.wrapping_add(1);
+                        self.advance_exp_cmd_sn();
+                    } else if !self.aborted_sns.contains(&ref_sn) {
+                        self.aborted_sns.push(ref_sn);
+                    }
+                    Some(tmf_response::COMPLETE)
+                }
+                None => Some(tmf_response::TASK_DOES_NOT_EXIST),
+            };
+            if let Some(code) = code {
+                self.tmf_pending.insert(itt, PendingTmf { function, immediate: bhs.immediate(), scope: Vec::new() });
+                self.send_tmf_response(itt, code);
+                return Ok(());
+            }
         }
         let scope = self.tmf_scope(function, bhs.lun(), bhs.referenced_task_tag());
         let mut delivered = Vec::with_capacity(scope.len());
@@ -2412,6 +2498,8 @@ impl<B: DataBuffer> TargetConnection<B> {
     /// tasks carry on and are answered as usual.
     pub fn send_tmf_response(&mut self, itt: u32, response: u8) -> bool {
         let Some(PendingTmf { function, immediate, scope }) = self.tmf_pending.remove(&itt) else { return false };
+        // A Logout Response waiting for this request goes after it.
+        let logout = self.logout_pending.take();
         // The referenced task was answered before the abort took effect
         // (it finished first): RFC 7143 11.6.1 "Task does not exist", so
         // the initiator never sees both a status and "function complete".
@@ -2444,6 +2532,8 @@ impl<B: DataBuffer> TargetConnection<B> {
         self.retire(immediate);
         self.stamp(&mut b, true);
         self.send(&b, &[], &[]);
+        self.logout_pending = logout;
+        self.answer_logout_when_idle();
         true
     }
 
@@ -2628,9 +2718,10 @@ impl<B: DataBuffer> TargetConnection<B> {
                 ));
             }
         };
-        if response == 0 && !self.tasks.is_empty() {
-            // Answer once the commands in flight have completed, so their
-            // responses precede the Logout Response; refuse new ones.
+        if response == 0 && !(self.tasks.is_empty() && self.tmf_pending.is_empty()) {
+            // Answer once the commands and task management requests in
+            // flight have been answered, so that their responses precede
+            // the Logout Response; refuse new ones.
             self.logout_pending = Some(*bhs);
             return Ok(());
         }
@@ -2664,6 +2755,11 @@ fn residual_of(expected: u32, sent: u32, overflow: u32) -> (u8, u32) {
     } else {
         (0, 0)
     }
+}
+
+/// Fixed-format sense data (SPC-4 4.5.3): ABORTED COMMAND with `asc`/`ascq`.
+fn aborted_command_sense(asc: u8, ascq: u8) -> [u8; 18] {
+    [0x70, 0, 0x0b, 0, 0, 0, 0, 10, 0, 0, 0, 0, asc, ascq, 0, 0, 0, 0]
 }
 
 /// Whether a write buffer of `len` bytes fits a budget of which `held`

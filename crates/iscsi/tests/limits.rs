@@ -280,8 +280,10 @@ fn request_reusing_the_itt_of_a_pending_task_management_request_is_rejected_and_
     let (mut t, cmd_sn, _) = logged_in(config());
     // A write still waiting for its data, and an abort of it.
     feed(&mut t, &write_cmd(5, cmd_sn, 4096), &[]);
+    let mut abort = tmf(7, cmd_sn.wrapping_add(1), TmfFunction::ABORT_TASK, 5);
+    abort.set_ref_cmd_sn(cmd_sn);
     let cmd_sn = cmd_sn.wrapping_add(1);
-    feed(&mut t, &tmf(7, cmd_sn, TmfFunction::ABORT_TASK, 5), &[]);
+    feed(&mut t, &abort, &[]);
     let events: Vec<_> = std::iter::from_fn(|| t.poll_event()).collect();
     assert!(matches!(events.as_slice(), [Event::TaskMgmt { itt: 7, .. }]), "{events:?}");
     output(&mut t);

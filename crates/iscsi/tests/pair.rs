@@ -1558,3 +1558,236 @@ fn data_out_ending_an_r2t_burst_early_is_a_protocol_error() {
     assert!(send(&mut h, &mut t, &d, &[0; 512]).is_ok());
     assert_eq!(reject_of(&mut t).0, RejectReason::PROTOCOL_ERROR);
 }
+
+// ---- task management, logout and unsolicited data against RFC 7143 ----
+
+/// An immediate ABORT TASK as a hand-made PDU: ITT `itt`, referencing
+/// `referenced` with `ref_cmd_sn`; its own CmdSN is `cmd_sn`.
+fn abort_task(itt: u32, referenced: u32, ref_cmd_sn: u32, cmd_sn: u32) -> Bhs {
+    let mut b = Bhs::new(Opcode::TASK_MGMT_REQ);
+    b.set_immediate(true)
+        .set_flags(flags::FINAL | TmfFunction::ABORT_TASK.0)
+        .set_itt(itt)
+        .set_ttt(RESERVED_TAG)
+        .set_referenced_task_tag(referenced)
+        .set_ref_cmd_sn(ref_cmd_sn)
+        .set_cmd_sn(cmd_sn);
+    b
+}
+
+fn read_pdu(itt: u32, cmd_sn: u32) -> Bhs {
+    let mut c = Bhs::new(Opcode::SCSI_CMD);
+    c.set_flags(flags::FINAL | flags::READ)
+        .set_itt(itt)
+        .set_expected_data_transfer_length(512)
+        .set_cmd_sn(cmd_sn)
+        .set_cdb(&read10(1));
+    c
+}
+
+fn tmf_answer(out: &[(Bhs, Vec<u8>)], itt: u32) -> Option<u8> {
+    out.iter().find(|(b, _)| b.opcode() == Opcode::TASK_MGMT_RESP && b.itt() == itt).map(|(b, _)| b.byte2())
+}
+
+/// RFC 7143 11.5.4: RefCmdSN is the CmdSN of the task to abort. An ABORT
+/// TASK whose tag names a live task of another CmdSN does not name that
+/// task: it is refused ("Function rejected", as the Linux target answers)
+/// and the task carries on.
+#[test]
+fn abort_task_whose_ref_cmd_sn_is_not_the_tasks_is_rejected_and_the_task_carries_on() {
+    let (mut h, mut t, mut b) = logged_in(HostConfig::new(INITIATOR, Some(TARGET)), target_cfg(false));
+    b.hold = true;
+    let (victim_sn, _, _, _) = h.sequence();
+    let victim = h.submit(0, &read10(1), 512, Vec::new());
+    step(&mut h, &mut t, &mut b);
+    assert_eq!(b.held.len(), 1);
+    let (cmd_sn, _, _, _) = h.sequence();
+    assert!(send(&mut h, &mut t, &abort_task(0x50, victim, victim_sn.wrapping_add(7), cmd_sn), &[]).is_ok());
+    assert!(t.poll_event().is_none(), "the request reached the upper layer");
+    assert_eq!(tmf_answer(&target_output(&mut t), 0x50), Some(tmf_response::REJECTED));
+    assert_eq!(t.open_tasks(), 1);
+    assert!(t.send_data_in(b.held[0], &pattern(512), Some(scsi_status::GOOD)), "the task was aborted");
+    // With the right RefCmdSN the same request aborts it.
+    b.held.clear();
+    let victim = h.submit(0, &read10(1), 512, Vec::new());
+    step(&mut h, &mut t, &mut b);
+    host_events(&mut h);
+    let tmf = h.task_mgmt(TmfFunction::ABORT_TASK.0, 0, victim);
+    step(&mut h, &mut t, &mut b);
+    assert!(host_events(&mut h).contains(&HostEvent::TaskMgmt { itt: tmf, response: tmf_response::COMPLETE }));
+    assert_eq!(t.open_tasks(), 0);
+}
+
+/// RFC 7143 11.5.1 b): an ABORT TASK for a command not yet received whose
+/// RefCmdSN is in the window and before the request's CmdSN: the target
+/// counts that CmdSN as received and answers "function complete". The
+/// command, if it comes after all, never runs, and the window moves past
+/// it.
+#[test]
+fn abort_task_of_a_command_not_yet_received_counts_its_cmd_sn_as_received() {
+    let (mut h, mut t, _) = session(false);
+    let (sn, _, _, _) = h.sequence();
+    let (exp, max) = t.cmd_window();
+    assert_eq!(exp, sn);
+    let depth = max.wrapping_sub(exp);
+    // The initiator numbered sn and sn+1; the abort of sn+1 overtakes both.
+    assert!(send(&mut h, &mut t, &abort_task(0x50, 0x71, sn.wrapping_add(1), sn.wrapping_add(2)), &[]).is_ok());
+    assert_eq!(tmf_answer(&target_output(&mut t), 0x50), Some(tmf_response::COMPLETE));
+    assert!(t.poll_event().is_none());
+    assert!(send(&mut h, &mut t, &read_pdu(0x70, sn), &[]).is_ok());
+    assert!(matches!(t.poll_event(), Some(Event::Command(c)) if c.task.itt == 0x70));
+    assert_eq!(t.cmd_window().0, sn.wrapping_add(2), "ExpCmdSN stepped over the aborted command's CmdSN");
+    // The aborted command arrives late: dropped, never run.
+    assert!(send(&mut h, &mut t, &read_pdu(0x71, sn.wrapping_add(1)), &[]).is_ok());
+    assert!(t.poll_event().is_none(), "the aborted command ran");
+    assert!(send(&mut h, &mut t, &read_pdu(0x72, sn.wrapping_add(2)), &[]).is_ok());
+    assert!(matches!(t.poll_event(), Some(Event::Command(c)) if c.task.itt == 0x72));
+    // At ExpCmdSN itself, the window moves at once.
+    let (sn, _, _, _) = (sn.wrapping_add(3), 0, 0, 0);
+    assert!(send(&mut h, &mut t, &abort_task(0x51, 0x73, sn, sn.wrapping_add(1)), &[]).is_ok());
+    assert_eq!(tmf_answer(&target_output(&mut t), 0x51), Some(tmf_response::COMPLETE));
+    assert!(send(&mut h, &mut t, &read_pdu(0x73, sn), &[]).is_ok());
+    assert!(t.poll_event().is_none(), "the aborted command ran");
+    // Two commands still open (0x70, 0x72); the window is as deep as before.
+    let (exp, max) = t.cmd_window();
+    assert_eq!(exp, sn.wrapping_add(1));
+    assert_eq!(max.wrapping_sub(exp), depth.wrapping_sub(2));
+}
+
+/// RFC 7143 11.14: after a Logout Request the initiator sends no new
+/// request. A second Logout while the first waits for the commands in
+/// flight is refused; the first is still answered, with its own ITT, once
+/// they are done.
+#[test]
+fn second_logout_while_the_first_waits_is_rejected_and_the_first_is_answered() {
+    let (mut h, mut t, mut b) = logged_in(HostConfig::new(INITIATOR, Some(TARGET)), target_cfg(false));
+    b.hold = true;
+    h.submit(0, &read10(1), 512, Vec::new());
+    step(&mut h, &mut t, &mut b);
+    let first = h.logout(0);
+    step(&mut h, &mut t, &mut b);
+    assert!(host_events(&mut h).is_empty());
+    let second = h.logout(0);
+    assert_ne!(first, second);
+    step(&mut h, &mut t, &mut b);
+    assert!(matches!(
+        host_events(&mut h).as_slice(),
+        [HostEvent::Reject { reason: RejectReason::WAITING_FOR_LOGOUT, bhs: Some(r) }] if r.itt() == second
+    ));
+    assert_eq!(t.state(), State::FullFeature);
+    assert!(t.send_data_in(b.held[0], &pattern(512), Some(scsi_status::GOOD)));
+    let out = target_output(&mut t);
+    let logouts: Vec<u32> =
+        out.iter().filter(|(b, _)| b.opcode() == Opcode::LOGOUT_RESP).map(|(b, _)| b.itt()).collect();
+    assert_eq!(logouts, vec![first]);
+    assert_eq!(t.state(), State::Closed);
+}
+
+/// A Logout that arrives while a task management request waits for the
+/// upper layer is answered after it, so the initiator sees the request's
+/// answer before the connection closes.
+#[test]
+fn logout_waits_for_a_pending_task_management_request() {
+    let (mut h, mut t, _) = session(false);
+    h.task_mgmt(TmfFunction::LOGICAL_UNIT_RESET.0, 0, RESERVED_TAG);
+    let mut bytes = Vec::new();
+    h.take_transmit(&mut bytes);
+    t.handle_input(&bytes).expect("TMF");
+    let Some(Event::TaskMgmt { itt, .. }) = t.poll_event() else { panic!("a TaskMgmt event") };
+    let logout = h.logout(0);
+    let mut bytes = Vec::new();
+    h.take_transmit(&mut bytes);
+    t.handle_input(&bytes).expect("Logout");
+    assert!(target_output(&mut t).is_empty(), "answered before the task management request");
+    assert_eq!(t.state(), State::FullFeature);
+    assert!(t.send_tmf_response(itt, tmf_response::COMPLETE));
+    let out = target_output(&mut t);
+    let ops: Vec<(Opcode, u32)> = out.iter().map(|(b, _)| (b.opcode(), b.itt())).collect();
+    assert_eq!(ops, vec![(Opcode::TASK_MGMT_RESP, itt), (Opcode::LOGOUT_RESP, logout)]);
+    assert_eq!(t.state(), State::Closed);
+}
+
+/// RFC 7143 13.10 and 11.8: unsolicited data goes as for an implied R2T
+/// asking for min(FirstBurstLength, Expected Data Transfer Length), all of
+/// it. An unsolicited burst ended (F bit) short of that is not made up
+/// with R2Ts: the write never runs and ends in CHECK CONDITION, ABORTED
+/// COMMAND, WRITE ERROR - NOT ENOUGH UNSOLICITED DATA (0C/0D), as the
+/// Linux target answers it; Data-Out that still comes for it is dropped.
+#[test]
+fn unsolicited_burst_ended_short_of_the_first_burst_ends_the_write_in_check_condition() {
+    let (mut h, mut t, _) = session(false);
+    assert!(!t.params().initial_r2t && t.params().first_burst_length >= 8192);
+    let (cmd_sn, exp_stat_sn, _, _) = h.sequence();
+    let mut c = Bhs::new(Opcode::SCSI_CMD);
+    c.set_flags(flags::WRITE) // F clear: unsolicited Data-Out follows
+        .set_itt(9)
+        .set_expected_data_transfer_length(8192)
+        .set_cmd_sn(cmd_sn)
+        .set_exp_stat_sn(exp_stat_sn)
+        .set_cdb(&write10(16));
+    assert!(send(&mut h, &mut t, &c, &[0x11; 512]).is_ok());
+    let mut d = Bhs::new(Opcode::DATA_OUT);
+    d.set_flags(flags::FINAL).set_itt(9).set_ttt(RESERVED_TAG).set_data_sn(0).set_buffer_offset(512);
+    assert!(send(&mut h, &mut t, &d, &[0x22; 512]).is_ok());
+    assert!(t.poll_event().is_none(), "the write reached the upper layer");
+    let out = target_output(&mut t);
+    assert!(out.iter().all(|(b, _)| b.opcode() != Opcode::R2T), "R2Ts for the rest of a short first burst");
+    let (resp, data) = out.iter().find(|(b, _)| b.opcode() == Opcode::SCSI_RESP).expect("a SCSI Response");
+    assert_eq!((resp.itt(), resp.byte3()), (9, scsi_status::CHECK_CONDITION));
+    // SenseLength, then fixed-format sense: key, ASC, ASCQ.
+    assert_eq!((data[2 + 2] & 0x0f, data[2 + 12], data[2 + 13]), (0x0b, 0x0c, 0x0d));
+    assert_eq!(t.open_tasks(), 0);
+    d.set_flags(flags::FINAL).set_data_sn(1).set_buffer_offset(1024);
+    assert!(send(&mut h, &mut t, &d, &[0x33; 512]).is_ok());
+    assert!(target_output(&mut t).is_empty(), "Data-Out of the ended write answered");
+}
+
+/// Immediate data short of the first burst with the F bit (no unsolicited
+/// Data-Out) is allowed: R2Ts ask for the rest.
+#[test]
+fn immediate_data_short_of_the_first_burst_with_the_f_bit_gets_r2ts_for_the_rest() {
+    let (mut h, mut t, _) = session(false);
+    let (cmd_sn, exp_stat_sn, _, _) = h.sequence();
+    let mut c = Bhs::new(Opcode::SCSI_CMD);
+    c.set_flags(flags::FINAL | flags::WRITE)
+        .set_itt(9)
+        .set_expected_data_transfer_length(8192)
+        .set_cmd_sn(cmd_sn)
+        .set_exp_stat_sn(exp_stat_sn)
+        .set_cdb(&write10(16));
+    assert!(send(&mut h, &mut t, &c, &[0x11; 512]).is_ok());
+    let out = target_output(&mut t);
+    let r2t = out.iter().find(|(b, _)| b.opcode() == Opcode::R2T).expect("an R2T").0;
+    assert_eq!((r2t.buffer_offset(), r2t.residual_count()), (512, 8192 - 512));
+}
+
+/// RFC 7143 7.2: a command rejected whole is discarded, and so is the
+/// unsolicited Data-Out already on its way for it: dropped, not answered
+/// with a Reject each.
+#[test]
+fn unsolicited_data_out_of_a_rejected_write_is_dropped_without_rejects() {
+    let mut hc = HostConfig::new(INITIATOR, Some(TARGET));
+    hc.params.header_digest = false;
+    hc.params.data_digest = false;
+    let tc = TargetConfig { max_write_len: 4096, ..target_cfg(false) };
+    let (mut h, mut t, _) = logged_in(hc, tc);
+    let (cmd_sn, exp_stat_sn, _, _) = h.sequence();
+    let mut c = Bhs::new(Opcode::SCSI_CMD);
+    c.set_flags(flags::WRITE)
+        .set_itt(9)
+        .set_expected_data_transfer_length(8192)
+        .set_cmd_sn(cmd_sn)
+        .set_exp_stat_sn(exp_stat_sn)
+        .set_cdb(&write10(16));
+    assert!(send(&mut h, &mut t, &c, &[]).is_ok());
+    assert_eq!(reject_of(&mut t).0, RejectReason::OUT_OF_RESOURCES);
+    let mut d = Bhs::new(Opcode::DATA_OUT);
+    d.set_itt(9).set_ttt(RESERVED_TAG);
+    for sn in 0..8u32 {
+        d.set_flags(if sn == 7 { flags::FINAL } else { 0 }).set_data_sn(sn).set_buffer_offset(sn * 1024);
+        assert!(send(&mut h, &mut t, &d, &[0x44; 1024]).is_ok());
+    }
+    let out = target_output(&mut t);
+    assert!(out.is_empty(), "{} PDUs answered the rejected write's data: {out:?}", out.len());
+    assert_eq!(t.state(), State::FullFeature);
+}
