@@ -595,21 +595,29 @@ impl Control {
                 }
                 st.live.clone()
             };
+            let before = live.devices.clone();
             let applied = crate::runtime::apply(&mut live, &base, &new, blockdev::Symlinks::Refuse, &preopened);
             // Access lists may have changed even if a later step failed.
             let closed = crate::runtime::enforce_access(&live).len();
             applied?;
             crate::runtime::forget_removed(&new);
+            // In this turn: a change after it may open the same file again.
+            let flushed = crate::runtime::flush_removed(&before, &live.devices);
             let mut st = self.lock();
             st.live = live;
             st.config = new;
             log::info!("control: configuration changed");
-            if let (true, Some(path)) = (self.persist, &self.config_path) {
-                let text = toml::to_string(&st.config)?;
-                drop(st);
-                write_atomic(path, text.as_bytes())
-                    .with_context(|| format!("the change is live, but saving it to {} failed", path.display()))?;
-            }
+            let saved = match (self.persist, &self.config_path) {
+                (true, Some(path)) => {
+                    let text = toml::to_string(&st.config)?;
+                    drop(st);
+                    write_atomic(path, text.as_bytes())
+                        .with_context(|| format!("the change is live, but saving it to {} failed", path.display()))
+                }
+                _ => Ok(()),
+            };
+            flushed.context("the change is live, but a device it removed could not be flushed")?;
+            saved?;
             return Ok(closed);
         }
         bail!("the configuration changed three times while this change was being prepared; try again")
@@ -681,14 +689,21 @@ impl Control {
             let st = self.lock();
             (st.config.clone(), st.live.clone())
         };
+        let before = live.devices.clone();
         let applied = crate::runtime::apply(&mut live, &old, &new, blockdev::Symlinks::Follow, &Default::default());
         crate::runtime::enforce_access(&live);
         applied.with_context(|| format!("reloading {}", path.display()))?;
         crate::runtime::forget_removed(&new);
+        // The reload is in force either way; a failure is logged, naming
+        // the device (`flush_all`).
+        let flushed = crate::runtime::flush_removed(&before, &live.devices);
         let mut st = self.lock();
         st.live = live;
         st.config = new;
         log::info!("control: reloaded {}", path.display());
+        if let Err(e) = flushed {
+            log::error!("reloaded {}, but a device it removed could not be flushed: {e:#}", path.display());
+        }
         Ok(())
     }
 

@@ -261,6 +261,27 @@ pub fn apply(live: &mut Live, old: &Config, new: &Config, symlinks: Symlinks, pr
     add_ports(live, &old.port, &new.port)
 }
 
+/// Flushes the devices of `before` (the live devices before a change)
+/// that `after` no longer has: removed, or opened anew by a change of
+/// their configuration. A host told of a volatile write cache makes its
+/// plain writes durable with a flush, which it can no longer send once
+/// the namespace or LUN is gone, and closing a descriptor flushes nothing;
+/// so the change does it, as a stop does for the devices in force. Call it
+/// once the change applied (its removals waited for the commands they ran).
+pub fn flush_removed(before: &HashMap<String, Arc<Device>>, after: &HashMap<String, Arc<Device>>) -> Result<()> {
+    let gone: Vec<Arc<Device>> =
+        before.values().filter(|d| !after.values().any(|a| Arc::ptr_eq(a, d))).cloned().collect();
+    if gone.is_empty() {
+        return Ok(());
+    }
+    let flushed = crate::serve::flush_all(&gone, "removing a device")?;
+    if flushed > 0 {
+        let names: Vec<&str> = gone.iter().map(|d| d.name()).collect();
+        log::info!("flushed removed device(s) {}", names.join(", "));
+    }
+    Ok(())
+}
+
 /// Drops the counters of namespaces, LUNs and ports `config` (in force
 /// now, normalized) no longer has, so that `ctl stats` and the metrics
 /// endpoint stop reporting them ([`crate::stats::forget`]).

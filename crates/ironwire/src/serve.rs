@@ -307,7 +307,7 @@ pub fn run(mut config: Config, ctl_socket: &std::path::Path, origin: Origin) -> 
     // after it.
     let _quiet = control.quiesce();
     let devices: Vec<Arc<Device>> = control.devices();
-    let flushed = flush_all(&devices);
+    let flushed = flush_all(&devices, "stopping");
     drop(ctl_socket);
     drop(handles);
     let flushed = flushed?;
@@ -317,8 +317,8 @@ pub fn run(mut config: Config, ctl_socket: &std::path::Path, origin: Origin) -> 
 
 /// Flushes every device with a volatile write cache, on a ring of the
 /// calling thread; the number flushed, or the first failure (after trying
-/// them all).
-fn flush_all(devices: &[Arc<Device>]) -> Result<usize> {
+/// them all), each failure logged after `why`.
+pub fn flush_all(devices: &[Arc<Device>], why: &str) -> Result<usize> {
     let mut rt = reactor::Runtime::new(reactor::Config::default()).context("a ring to flush the devices on")?;
     rt.block_on(async {
         let mut flushed = 0;
@@ -327,7 +327,7 @@ fn flush_all(devices: &[Arc<Device>]) -> Result<usize> {
             match d.flush().await {
                 Ok(()) => flushed += 1,
                 Err(e) => {
-                    log::error!("stopping: flushing device {} failed: {e}", d.name());
+                    log::error!("{why}: flushing device {} failed: {e}", d.name());
                     failed.get_or_insert_with(|| anyhow::anyhow!("flushing device {}: {e}", d.name()));
                 }
             }

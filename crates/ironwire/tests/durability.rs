@@ -8,7 +8,8 @@
 //! tests prove nothing acknowledged was still in the daemon, and that a
 //! restart serves it. That flushes and FUA reach stable storage is shown by
 //! the FUA tests, which count the flush requests a loop device receives
-//! (root only: they need `losetup`).
+//! (root only: they need `losetup`); the same count shows that a device
+//! removed at run time is flushed before `ctl` returns.
 
 mod common;
 
@@ -323,6 +324,50 @@ fn nvme_fua_writes_and_flush_reach_the_block_device_and_plain_writes_do_not() {
 #[test]
 fn iscsi_fua_writes_and_synchronize_cache_reach_the_block_device_and_plain_writes_do_not() {
     fua_and_flush_reach_the_block_device(Proto::Iscsi, "iscsi-fua");
+}
+
+/// A device removed at run time (its namespace or LUN first, then the
+/// device) is flushed before `ctl remove device` returns, as a stop flushes
+/// every device: a host told of a volatile write cache can no longer send
+/// the flush that would have made its plain writes durable. Counted at the
+/// block layer of a loop device the daemon serves as a block device.
+fn a_removed_device_is_flushed(proto: Proto, tag: &str) {
+    let scratch = Scratch::new(tag);
+    let lo = match LoopDevice::new(&scratch.0.join("backing.img")) {
+        Ok(lo) => lo,
+        Err(e) => {
+            eprintln!("skipping: no loop device ({e})");
+            return;
+        }
+    };
+    let mut d = start(tag, proto, "block", &lo.dev);
+    let img = image();
+    block_on(bounded(60, async {
+        let mut h = Host::connect(proto, d.addr).await;
+        for i in 0..8u64 {
+            h.write(i * 8, img[..4096].to_vec(), false).await;
+        }
+        let before = lo.flushes();
+        let user = match proto {
+            Proto::Nvme => format!("remove namespace nqn={NQN} nsid=1"),
+            Proto::Iscsi => format!("remove lun iqn={IQN} lun=0"),
+        };
+        d.ctl(&user).unwrap_or_else(|e| panic!("ctl {user}: {e}"));
+        d.ctl("remove device name=dev").unwrap_or_else(|e| panic!("ctl remove device: {e}"));
+        assert!(lo.flushes() > before, "the removed device was closed without a flush");
+        drop(h);
+    }));
+    d.assert_alive();
+}
+
+#[test]
+fn a_device_removed_under_nvme_writes_is_flushed_before_ctl_returns() {
+    a_removed_device_is_flushed(Proto::Nvme, "nvme-remove-flush");
+}
+
+#[test]
+fn a_device_removed_under_iscsi_writes_is_flushed_before_ctl_returns() {
+    a_removed_device_is_flushed(Proto::Iscsi, "iscsi-remove-flush");
 }
 
 /// A tmpfs of a given size mounted on `dir`, unmounted on drop.
