@@ -52,6 +52,18 @@ impl Geometry {
     }
 }
 
+/// A run of blocks in one provisioning state (SBC-3 4.7.1), as a backend
+/// reports it for SCSI GET LBA STATUS.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Extent {
+    /// Blocks in the run (at least one).
+    pub blocks: u64,
+    /// The run holds no storage (a hole of a regular file): deallocated,
+    /// reading as [`BlockDevice::deallocate_reads_zeroes`] says. `false`
+    /// is mapped, or not known.
+    pub deallocated: bool,
+}
+
 /// Everything a device operation or constructor can fail with.
 #[derive(thiserror::Error, Debug)]
 pub enum Error {

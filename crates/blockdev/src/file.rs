@@ -6,7 +6,10 @@
 //! thread. The only block ioctls left are the logical block size, read
 //! once when the device is opened, and the size, read then and once a
 //! second by the daemon's size watch (off the reactors), which follows a
-//! device grown under it.
+//! device grown under it. One other call is synchronous, and rare: GET LBA
+//! STATUS asks a regular file for its holes with `lseek` (`SEEK_DATA`,
+//! `SEEK_HOLE`), a lookup in its extent map that io_uring has no operation
+//! for.
 //!
 //! On a block device `fallocate` means (Linux `block/fops.c`,
 //! `blkdev_fallocate`, unchanged since 4.9): `ZERO_RANGE | KEEP_SIZE` zeroes
@@ -391,6 +394,46 @@ impl FileBackend {
             }
         }
         self.write_zero_buffers(offset, len).await
+    }
+
+    /// The provisioning state at `offset` (a multiple of `block_size`, `len`
+    /// non-zero): `(deallocated, bytes)` of the run from `offset`, within
+    /// `len`, of whole `block_size` blocks that the file's holes cover
+    /// (deallocated) or that hold data; `None` for a block device, whose
+    /// allocation is not known. A block with data in any part of it is
+    /// mapped.
+    pub(crate) fn extent(&self, offset: u64, len: u64, block_size: u64) -> io::Result<Option<(bool, u64)>> {
+        if self.is_block {
+            return Ok(None);
+        }
+        let end = offset.saturating_add(len);
+        let fd = self.buffered().as_raw_fd();
+        let seek = |from: u64, whence: libc::c_int| -> io::Result<u64> {
+            // SAFETY: lseek on a descriptor the backend keeps open; it
+            // moves only the buffered descriptor's file position, which no
+            // I/O uses (every read and write gives its own offset).
+            let at = unsafe { libc::lseek(fd, to_i64(from)?, whence) };
+            if let Ok(at) = u64::try_from(at) {
+                return Ok(at.min(end));
+            }
+            let e = io::Error::last_os_error();
+            // ENXIO: past the last data (or the end of the file), a hole to the end.
+            if e.raw_os_error() == Some(libc::ENXIO) {
+                Ok(end)
+            } else {
+                Err(e)
+            }
+        };
+        let data = seek(offset, libc::SEEK_DATA)?;
+        if data.saturating_sub(offset) >= block_size {
+            let whole = data.saturating_sub(offset) / block_size * block_size;
+            return Ok(Some((true, whole)));
+        }
+        // Data in the first block: mapped up to the block the next hole
+        // starts in, that block included when the hole starts inside it.
+        let hole = seek(data, libc::SEEK_HOLE)?;
+        let mapped = hole.saturating_sub(offset).div_ceil(block_size).saturating_mul(block_size);
+        Ok(Some((false, mapped.min(len))))
     }
 
     /// Releases `[offset, offset + len)`. Regular files read zeros afterwards

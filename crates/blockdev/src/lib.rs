@@ -31,7 +31,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::Duration;
 
-pub use block::{BlockDevice, Error, Geometry, MAX_BLOCK_SIZE, MIN_BLOCK_SIZE};
+pub use block::{BlockDevice, Error, Extent, Geometry, MAX_BLOCK_SIZE, MIN_BLOCK_SIZE};
 pub use fixed::{arena_usage, register_buffers, MAX_REGISTERED_BYTES};
 pub use iobuf::{IoBuf, IO_BUF_ALIGN};
 pub use range_lock::RangeLock;
@@ -906,6 +906,27 @@ impl Device {
             Backend::Ram(ram) => Ok(ram.zero(offset, usize_len(len)?)?),
             Backend::File(file) => Ok(file.deallocate(offset, len).await?),
             Backend::Rbd(image) => Ok(image.discard(offset, len).await?),
+        }
+    }
+}
+
+impl Device {
+    /// The provisioning state of the blocks from `lba`: the run of at most
+    /// `blocks` (non-zero) blocks from it that share one. A regular file
+    /// tells its holes (`lseek` `SEEK_DATA`/`SEEK_HOLE`): a block wholly
+    /// inside one is deallocated. Other backends cannot tell (a null or ram
+    /// device keeps no map of what was written; a block device or rbd image
+    /// does not say), and report the whole range mapped, SBC-4's "mapped or
+    /// unknown".
+    pub fn extent(&self, lba: u64, blocks: u64) -> Result<Extent, Error> {
+        let (offset, len) = self.byte_range(lba, blocks)?;
+        let mapped = Extent { blocks, deallocated: false };
+        let bs = u64::from(self.geometry.block_size);
+        match &self.backend {
+            Backend::File(file) if blocks > 0 => Ok(file
+                .extent(offset, len, bs)?
+                .map_or(mapped, |(deallocated, bytes)| Extent { blocks: (bytes / bs).clamp(1, blocks), deallocated })),
+            _ => Ok(mapped),
         }
     }
 }

@@ -481,6 +481,35 @@ fn file_device_deallocate_punches_hole() {
     });
 }
 
+#[test]
+fn file_device_extents_follow_the_holes_in_whole_blocks() {
+    use blockdev::Extent;
+    let dir = TempDir::new("extent");
+    let path = dir.join("disk.img");
+    // 64 KiB blocks; 4 KiB of data inside block 1 (from 72 KiB), the rest
+    // of the 1 MiB file a hole: a block with data in any part is mapped.
+    let file = std::fs::File::create(&path).expect("create file");
+    file.set_len(MIB).expect("set_len");
+    std::os::unix::fs::FileExt::write_all_at(&file, &[0x5A; 4096], 72 << 10).expect("write");
+    drop(file);
+    let dev = Device::file("f", &path, None, 65536).expect("file device");
+    let extent = |lba, blocks| dev.extent(lba, blocks).expect("extent");
+    assert_eq!(extent(0, 16), Extent { blocks: 1, deallocated: true });
+    assert_eq!(extent(1, 15), Extent { blocks: 1, deallocated: false });
+    assert_eq!(extent(2, 14), Extent { blocks: 14, deallocated: true }, "to the end");
+    assert_eq!(extent(2, 3), Extent { blocks: 3, deallocated: true }, "within the range asked");
+    assert!(matches!(dev.extent(15, 2), Err(Error::OutOfRange { .. })));
+    run(async {
+        dev.deallocate(1, 1).await.expect("deallocate");
+        write(&dev, 15, pattern(0, 65536, 3), false).await;
+    });
+    assert_eq!(extent(0, 16), Extent { blocks: 15, deallocated: true }, "the punched block joins the hole");
+    assert_eq!(extent(15, 1), Extent { blocks: 1, deallocated: false });
+    // A RAM device keeps no map of what was written: mapped, or unknown.
+    let ram = Device::ram("r", MIB, 4096).expect("ram device");
+    assert_eq!(ram.extent(3, 10).expect("extent"), Extent { blocks: 10, deallocated: false });
+}
+
 fn allocated_bytes(path: &std::path::Path) -> u64 {
     use std::os::unix::fs::MetadataExt;
     std::fs::metadata(path).expect("stat").blocks() * 512

@@ -1559,6 +1559,10 @@ async fn run_io(
             }
             r.map(|()| None).map_err(sense)
         }
+        BlockOp::GetLbaStatus { lba, blocks, alloc_len } => device
+            .extent(lba, blocks)
+            .map(|extent| Some(IoBuf::from_slice(&scsi::lba_status_data(lba, extent, alloc_len))))
+            .map_err(sense),
         BlockOp::Verify { lba, blocks, data } => {
             let (r, buf) = device.read(lba, IoBuf::with_len(blocks as usize * bs)).await;
             match (r, data) {

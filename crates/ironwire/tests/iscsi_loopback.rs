@@ -397,6 +397,47 @@ fn read_beyond_the_last_block_gets_check_condition_lba_out_of_range() {
     }));
 }
 
+/// GET LBA STATUS from `lba`: the first descriptor's block count and
+/// provisioning status (0 mapped, 1 deallocated).
+async fn lba_status(s: &mut Session, lba: u64) -> (u32, u8) {
+    let mut c = [0u8; 16];
+    c[0] = 0x9E;
+    c[1] = 0x12;
+    c[2..10].copy_from_slice(&lba.to_be_bytes());
+    c[13] = 24;
+    let r = s.scsi(0, &c, Vec::new(), 24).await.expect("a response").check().expect("GET LBA STATUS");
+    assert_eq!(r.data.len(), 24, "header and one descriptor");
+    assert_eq!(r.data[8..16], lba.to_be_bytes(), "the descriptor starts at the starting LBA");
+    (u32::from_be_bytes(r.data[16..20].try_into().expect("4 bytes")), r.data[20] & 0x0F)
+}
+
+#[test]
+fn get_lba_status_reports_the_holes_of_a_file_lun_that_unmap_made() {
+    let d = Daemon::start("lbastatus");
+    block_on(bounded(30, async {
+        let mut s = login(d.addr, chap_opts()).await;
+        // The file was created sparse: nothing written is deallocated
+        // (LBPRZ: reads zeros), up to where the first write lands.
+        let (lba, blocks) = (64u64, 8u32);
+        s.write16(0, lba, 4096, pattern(8 * 4096, 3)).await.expect("write");
+        assert_eq!(lba_status(&mut s, 0).await, (64, 1), "the hole before the write");
+        assert_eq!(lba_status(&mut s, lba).await, (blocks, 0), "the written blocks are mapped");
+        assert_eq!(lba_status(&mut s, lba + 8).await, (4096 - 72, 1), "the hole after them");
+        // UNMAP of the middle four punches a hole in the file.
+        let mut list = vec![0, 22, 0, 16, 0, 0, 0, 0];
+        list.extend_from_slice(&(lba + 2).to_be_bytes());
+        list.extend_from_slice(&4u32.to_be_bytes());
+        list.extend_from_slice(&[0; 4]);
+        let unmap = [0x42, 0, 0, 0, 0, 0, 0, 0, 24, 0];
+        s.scsi(0, &unmap, list, 0).await.expect("a response").check().expect("UNMAP");
+        assert_eq!(lba_status(&mut s, lba).await, (2, 0));
+        assert_eq!(lba_status(&mut s, lba + 2).await, (4, 1), "unmapped");
+        assert_eq!(lba_status(&mut s, lba + 6).await, (2, 0));
+        assert_eq!(s.read16(0, lba + 2, 4, 4096).await.expect("read"), vec![0; 4 * 4096], "LBPRZ");
+        s.logout().await.expect("logout");
+    }));
+}
+
 #[test]
 fn a_write_whose_data_ends_inside_a_block_writes_nothing_and_says_so() {
     let d = Daemon::start("partial");

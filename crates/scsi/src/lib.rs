@@ -41,6 +41,7 @@ mod tests;
 pub use cdb::op;
 pub use lun::{decode_lun, encode_lun, execute_without_lu, report_luns, report_luns_data, Lun, WLUN_REPORT_LUNS};
 pub use pr::NexusId;
+pub use sbc::lba_status_data;
 pub use sense::{io_error_sense, key, miscompare, status, FieldPointer, Sense};
 pub use unit::{Limits, LogicalUnit, Nexus};
 
@@ -162,6 +163,17 @@ pub enum BlockOp<B> {
         /// Force unit access for the write half.
         fua: bool,
     },
+    /// GET LBA STATUS: ask the device for the provisioning state of the
+    /// blocks from `lba` (`Device::extent(lba, blocks)`) and answer GOOD
+    /// with [`lba_status_data`] of it, or a device error's sense.
+    GetLbaStatus {
+        /// Starting LBA (in range).
+        lba: u64,
+        /// Blocks from `lba` to the end of the device (non-zero).
+        blocks: u64,
+        /// The CDB's allocation length.
+        alloc_len: u32,
+    },
     /// VERIFY: with `data` (BYTCHK 1) read `blocks` blocks at `lba` and
     /// compare, failing with [`miscompare`]'s sense; without data the medium
     /// check is the executor's choice (reading, or nothing for memory).
@@ -178,6 +190,6 @@ pub enum BlockOp<B> {
 impl<B> BlockOp<B> {
     /// Whether the operation modifies the medium (for error mapping).
     pub fn is_write(&self) -> bool {
-        !matches!(self, BlockOp::Read { .. } | BlockOp::Verify { .. })
+        !matches!(self, BlockOp::Read { .. } | BlockOp::Verify { .. } | BlockOp::GetLbaStatus { .. })
     }
 }

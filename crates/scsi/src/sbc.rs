@@ -84,8 +84,15 @@ pub(crate) fn execute<B: DataOut, D: BlockDevice>(lu: &LogicalUnit<D>, c: Bytes<
             _ => Outcome::Check(Sense::invalid_cdb_field(1, Some(4))),
         },
         // Power conditions and medium removal mean nothing to these
-        // devices; like LIO, accept them (RMB is 0, so initiators that
-        // honour it never send PREVENT).
+        // devices: accepted, and a STOP leaves the unit serving media
+        // access. The stopped power condition (SBC-3 5.25: NOT READY /
+        // INITIALIZING COMMAND REQUIRED until a START) would be the whole
+        // logical unit's: one host's shutdown (Linux sd with
+        // manage_start_stop) would fail every other path's and cluster
+        // node's I/O (Linux fails NOT READY 04/02 without retry). LIO keeps
+        // no stopped state either (it refuses START=0 and IMMED=0 as
+        // invalid fields). RMB is 0, so initiators that honour it never
+        // send PREVENT.
         op::START_STOP_UNIT | op::PREVENT_ALLOW_MEDIUM_REMOVAL => good(),
         _ => Outcome::Check(Sense::INVALID_OPCODE),
     }
@@ -382,18 +389,27 @@ fn read_capacity_16<B, D: BlockDevice>(lu: &LogicalUnit<D>, c: Bytes<'_>) -> Out
     Outcome::Good { data_in: cdb::truncate(read_capacity_16_data(lu), c.be32(10)) }
 }
 
-/// GET LBA STATUS (SBC-3 5.5): one descriptor from the starting LBA to the
-/// end, reported mapped (deallocation is not tracked).
+/// GET LBA STATUS (SBC-3 5.5): the device tells the provisioning state
+/// of the blocks from the starting LBA ([`BlockOp::GetLbaStatus`]).
 fn get_lba_status<B, D: BlockDevice>(lu: &LogicalUnit<D>, c: Bytes<'_>) -> Outcome<B> {
     let lba = c.be64(2);
     let capacity = lu.device.geometry().blocks;
     if lba >= capacity {
         return Outcome::Check(Sense::LBA_OUT_OF_RANGE);
     }
-    let blocks = u32::try_from(capacity.saturating_sub(lba)).unwrap_or(u32::MAX);
+    io(BlockOp::GetLbaStatus { lba, blocks: capacity.saturating_sub(lba), alloc_len: c.be32(10) })
+}
+
+/// GET LBA STATUS parameter data (SBC-3 5.5.2) for the run of blocks
+/// `extent` from `lba`, truncated to `alloc_len`: one descriptor, mapped
+/// (0h) or deallocated (1h). A run longer than the descriptor's 32-bit
+/// length is reported in part; the initiator asks again from its end.
+pub fn lba_status_data(lba: u64, extent: block::Extent, alloc_len: u32) -> Vec<u8> {
+    let blocks = u32::try_from(extent.blocks).unwrap_or(u32::MAX);
     let mut d = vec![0u8; 24];
     put(&mut d, 0, &20u32.to_be_bytes());
     put(&mut d, 8, &lba.to_be_bytes());
     put(&mut d, 16, &blocks.to_be_bytes());
-    Outcome::Good { data_in: cdb::truncate(d, c.be32(10)) }
+    cdb::set(&mut d, 20, u8::from(extent.deallocated));
+    cdb::truncate(d, alloc_len)
 }

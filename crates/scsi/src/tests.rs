@@ -301,16 +301,27 @@ fn read_capacity_16_golden_layout() {
 }
 
 #[test]
-fn get_lba_status_reports_one_mapped_descriptor() {
+fn get_lba_status_asks_the_device_from_the_starting_lba_to_the_end() {
     let lu = ram_lu();
-    let d = good(exec(&lu, &nexus(1), &rw16(op::SERVICE_ACTION_IN_16, 100, 24, 0x12)));
-    let mut want = vec![0, 0, 0, 20, 0, 0, 0, 0];
-    want.extend_from_slice(&100u64.to_be_bytes());
-    want.extend_from_slice(&((BLOCKS - 100) as u32).to_be_bytes());
-    want.extend_from_slice(&[0; 4]);
-    assert_eq!(d, want);
+    match block_op(exec(&lu, &nexus(1), &rw16(op::SERVICE_ACTION_IN_16, 100, 24, 0x12))) {
+        BlockOp::GetLbaStatus { lba: 100, blocks, alloc_len: 24 } => assert_eq!(blocks, BLOCKS - 100),
+        other => panic!("{other:?}"),
+    }
     let s = check(exec(&lu, &nexus(1), &rw16(op::SERVICE_ACTION_IN_16, BLOCKS, 24, 0x12)));
     assert_eq!(asc(s), LBA_OOR);
+}
+
+#[test]
+fn lba_status_data_describes_the_extent_mapped_or_deallocated() {
+    let mapped = crate::lba_status_data(100, block::Extent { blocks: 7, deallocated: false }, 24);
+    let mut want = vec![0, 0, 0, 20, 0, 0, 0, 0];
+    want.extend_from_slice(&100u64.to_be_bytes());
+    want.extend_from_slice(&7u32.to_be_bytes());
+    want.extend_from_slice(&[0; 4]);
+    assert_eq!(mapped, want);
+    let hole = crate::lba_status_data(100, block::Extent { blocks: 1 << 33, deallocated: true }, 24);
+    assert_eq!(hole[16..21], [0xFF, 0xFF, 0xFF, 0xFF, 1], "a longer run is reported in part, deallocated");
+    assert_eq!(crate::lba_status_data(0, block::Extent { blocks: 1, deallocated: true }, 16).len(), 16);
 }
 
 // ---- READ / WRITE ----
