@@ -2070,7 +2070,23 @@ impl<B: DataBuffer> TargetConnection<B> {
             }
             if final_bit != (end == r_end) {
                 // RFC 7143 section 11.8: a burst ended before what the R2T
-                // asked for is a "Protocol Error".
+                // asked for (or said to go on at its end) is a "Protocol
+                // Error". That burst will never be whole, so the command
+                // cannot run: it ends in CHECK CONDITION, ABORTED COMMAND,
+                // DATA PHASE ERROR (4Bh/00h) rather than wait for data the
+                // initiator believes it sent, and whatever else comes for
+                // it is dropped.
+                let ends = task.refused.is_none() && !task.aborting;
+                let me = TaskRef { itt, serial: task.serial };
+                if ends {
+                    self.send_response(
+                        me,
+                        scsi_status::CHECK_CONDITION,
+                        Some(&aborted_command_sense(0x4b, 0x00)),
+                        None,
+                    );
+                    self.forget_itt(itt);
+                }
                 return Err(Self::field_err(
                     RejectReason::PROTOCOL_ERROR,
                     "Flags",

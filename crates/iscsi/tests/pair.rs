@@ -1549,14 +1549,27 @@ fn nop_out_with_a_valid_itt_answers_the_targets_ping() {
 }
 
 /// RFC 7143 11.8: a Data-Out with the F bit before the end of what its
-/// R2T asked for may be rejected with reason "Protocol Error".
+/// R2T asked for may be rejected with reason "Protocol Error". The burst
+/// will never be whole, so the write ends (CHECK CONDITION, ABORTED
+/// COMMAND, DATA PHASE ERROR) instead of waiting for ever, and its later
+/// Data-Out is dropped without another Reject.
 #[test]
-fn data_out_ending_an_r2t_burst_early_is_a_protocol_error() {
+fn data_out_ending_an_r2t_burst_early_is_a_protocol_error_and_ends_the_write() {
     let (mut h, mut t, r2t) = write_awaiting_r2t();
     let mut d = Bhs::new(Opcode::DATA_OUT);
     d.set_flags(flags::FINAL).set_itt(9).set_ttt(r2t.ttt());
     assert!(send(&mut h, &mut t, &d, &[0; 512]).is_ok());
-    assert_eq!(reject_of(&mut t).0, RejectReason::PROTOCOL_ERROR);
+    let out = target_output(&mut t);
+    let reject = out.iter().find(|(b, _)| b.opcode() == Opcode::REJECT).expect("a Reject");
+    assert_eq!(RejectReason(reject.0.byte2()), RejectReason::PROTOCOL_ERROR);
+    let (resp, sense) = out.iter().find(|(b, _)| b.opcode() == Opcode::SCSI_RESP).expect("the write ended");
+    assert_eq!((resp.itt(), resp.byte3()), (9, scsi_status::CHECK_CONDITION));
+    // Sense length, then fixed format: key at byte 2, ASC/ASCQ at 12/13.
+    assert_eq!((sense[4] & 0x0f, sense[14], sense[15]), (0x0b, 0x4b, 0x00), "{sense:02x?}");
+    assert_eq!(t.open_tasks(), 0);
+    d.set_flags(0).set_buffer_offset(512);
+    assert!(send(&mut h, &mut t, &d, &[0; 512]).is_ok());
+    assert!(target_output(&mut t).is_empty(), "the ended write's Data-Out was answered");
 }
 
 // ---- task management, logout and unsolicited data against RFC 7143 ----
