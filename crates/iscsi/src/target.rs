@@ -512,6 +512,27 @@ struct WriteState<B> {
     digest_failed: bool,
 }
 
+impl<B> WriteState<B> {
+    /// A write that has `received` bytes (immediate data) of its
+    /// `unsol_end`-byte first burst; `unsolicited`: Data-Out follows for
+    /// the rest of that burst.
+    fn new(buf: Option<B>, budgeted: bool, received: u32, unsolicited: bool, unsol_end: u32) -> Self {
+        WriteState {
+            buf,
+            budgeted,
+            waiting: false,
+            received,
+            unsolicited,
+            unsol_end,
+            unsol_next: received,
+            unsol_data_sn: 0,
+            next_r2t: received,
+            r2ts: Vec::new(),
+            digest_failed: false,
+        }
+    }
+}
+
 /// How many aborted tasks' ITTs are remembered to drop their Data-Out.
 const ABORTED_ITTS_KEPT: usize = 256;
 
@@ -548,6 +569,29 @@ struct Task<B> {
     overflow: u32,
     cmd: Option<Command<B>>,
     write: Option<WriteState<B>>,
+}
+
+impl<B> Task<B> {
+    /// The task of the command `bhs` (its CmdSN, LUN, immediate bit and
+    /// expected length), numbered `serial`, with no data moved yet.
+    fn new(serial: u64, bhs: &Bhs, read_expected: u32, bidi: bool, refused: Option<u8>) -> Self {
+        Task {
+            serial,
+            aborting: false,
+            immediate: bhs.immediate(),
+            lun: bhs.lun(),
+            expected_len: bhs.expected_data_transfer_length(),
+            read_expected,
+            bidi,
+            refused,
+            cmd_sn: bhs.cmd_sn(),
+            sn: 0,
+            sent_in: 0,
+            overflow: 0,
+            cmd: None,
+            write: None,
+        }
+    }
 }
 
 struct TextPending {
@@ -1726,22 +1770,7 @@ impl<B: DataBuffer> TargetConnection<B> {
             data: None,
             epoch: self.epoch,
         };
-        let mut task = Task {
-            serial,
-            aborting: false,
-            immediate: bhs.immediate(),
-            lun: bhs.lun(),
-            expected_len: edtl,
-            read_expected,
-            bidi: read && write,
-            refused: None,
-            cmd_sn: bhs.cmd_sn(),
-            sn: 0,
-            sent_in: 0,
-            overflow: 0,
-            cmd: None,
-            write: None,
-        };
+        let mut task = Task::new(serial, bhs, read_expected, read && write, None);
         if !write || edtl == 0 {
             if write {
                 // W=1 with EDTL 0 (RFC 7143 section 11.3.1 allows it): a
@@ -1763,18 +1792,10 @@ impl<B: DataBuffer> TargetConnection<B> {
         } else {
             (None, false)
         };
+        let unsol_end = self.params.first_burst_length.min(edtl);
         task.write = Some(WriteState {
-            buf,
-            budgeted,
-            waiting: false,
-            received,
-            unsolicited,
-            unsol_end: self.params.first_burst_length.min(edtl),
-            unsol_next: received,
-            unsol_data_sn: 0,
-            next_r2t: received,
-            r2ts: Vec::new(),
             digest_failed: !digest_ok && !data.is_empty(),
+            ..WriteState::new(buf, budgeted, received, unsolicited, unsol_end)
         });
         if let Some(w) = task.write.as_mut() {
             if let Some(dst) = w.buf.as_mut().and_then(|b| b.as_mut().get_mut(..data.len())) {
@@ -1963,34 +1984,9 @@ impl<B: DataBuffer> TargetConnection<B> {
         let serial = self.next_serial;
         self.next_serial = serial.wrapping_add(1);
         self.aborted_itts.retain(|&a| a != itt);
-        let task = Task {
-            serial,
-            aborting: false,
-            immediate: bhs.immediate(),
-            lun: bhs.lun(),
-            expected_len: edtl,
-            read_expected: 0,
-            bidi: false,
-            refused: Some(status),
-            cmd_sn: bhs.cmd_sn(),
-            sn: 0,
-            sent_in: 0,
-            overflow: 0,
-            cmd: None,
-            write: Some(WriteState {
-                buf: None,
-                budgeted: false,
-                waiting: false,
-                received,
-                unsolicited: true,
-                unsol_end: self.params.first_burst_length.min(edtl),
-                unsol_next: received,
-                unsol_data_sn: 0,
-                next_r2t: received,
-                r2ts: Vec::new(),
-                digest_failed: false,
-            }),
-        };
+        let mut task = Task::new(serial, bhs, 0, false, Some(status));
+        let unsol_end = self.params.first_burst_length.min(edtl);
+        task.write = Some(WriteState::new(None, false, received, true, unsol_end));
         self.insert_task(itt, task);
     }
 
