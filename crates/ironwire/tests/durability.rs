@@ -272,19 +272,27 @@ impl Drop for LoopDevice {
     }
 }
 
-/// FUA writes reach the device as flush/FUA requests, plain writes don't,
-/// and a flush command flushes: counted at the block layer of a loop
-/// device the daemon serves as a block device.
-fn fua_and_flush_reach_the_block_device(proto: Proto, tag: &str) {
+/// The daemon serving a fresh loop device as its block device "dev" over
+/// `proto` (with the scratch directory holding its backing file); `None`,
+/// said on stderr, where no loop device can be set up.
+fn on_a_loop_device(tag: &str, proto: Proto) -> Option<(Scratch, LoopDevice, Daemon)> {
     let scratch = Scratch::new(tag);
     let lo = match LoopDevice::new(&scratch.0.join("backing.img")) {
         Ok(lo) => lo,
         Err(e) => {
             eprintln!("skipping: no loop device ({e})");
-            return;
+            return None;
         }
     };
-    let mut d = start(tag, proto, "block", &lo.dev);
+    let d = start(tag, proto, "block", &lo.dev);
+    Some((scratch, lo, d))
+}
+
+/// FUA writes reach the device as flush/FUA requests, plain writes don't,
+/// and a flush command flushes: counted at the block layer of a loop
+/// device the daemon serves as a block device.
+fn fua_and_flush_reach_the_block_device(proto: Proto, tag: &str) {
+    let Some((_scratch, lo, mut d)) = on_a_loop_device(tag, proto) else { return };
     let img = image();
     block_on(bounded(60, async {
         let mut h = Host::connect(proto, d.addr).await;
@@ -332,15 +340,7 @@ fn iscsi_fua_writes_and_synchronize_cache_reach_the_block_device_and_plain_write
 /// the flush that would have made its plain writes durable. Counted at the
 /// block layer of a loop device the daemon serves as a block device.
 fn a_removed_device_is_flushed(proto: Proto, tag: &str) {
-    let scratch = Scratch::new(tag);
-    let lo = match LoopDevice::new(&scratch.0.join("backing.img")) {
-        Ok(lo) => lo,
-        Err(e) => {
-            eprintln!("skipping: no loop device ({e})");
-            return;
-        }
-    };
-    let mut d = start(tag, proto, "block", &lo.dev);
+    let Some((_scratch, lo, mut d)) = on_a_loop_device(tag, proto) else { return };
     let img = image();
     block_on(bounded(60, async {
         let mut h = Host::connect(proto, d.addr).await;
@@ -533,15 +533,7 @@ fn iscsi_write_into_a_full_file_system_is_space_allocation_failed() {
 /// before it are durable once the host sees the shutdown done.
 #[test]
 fn nvme_controller_shutdown_flushes_the_device() {
-    let scratch = Scratch::new("nvme-shutdown");
-    let lo = match LoopDevice::new(&scratch.0.join("backing.img")) {
-        Ok(lo) => lo,
-        Err(e) => {
-            eprintln!("skipping: no loop device ({e})");
-            return;
-        }
-    };
-    let mut d = start("nvme-shutdown", Proto::Nvme, "block", &lo.dev);
+    let Some((_scratch, lo, mut d)) = on_a_loop_device("nvme-shutdown", Proto::Nvme) else { return };
     let img = image();
     block_on(bounded(60, async {
         let Host::Nvme(mut c) = Host::connect(Proto::Nvme, d.addr).await else { unreachable!() };

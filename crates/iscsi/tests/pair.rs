@@ -189,6 +189,21 @@ fn write10(blocks: u16) -> Vec<u8> {
     vec![0x2a, 0, 0, 0, 0, 0, 0, hi, lo, 0]
 }
 
+/// A hand-made WRITE(10) command PDU for `edtl` bytes (`blocks` 512-byte
+/// blocks in the CDB) with ITT `itt` and the host's next CmdSN; `more`
+/// clears the F bit (unsolicited Data-Out follows).
+fn write_pdu(h: &HostConnection, itt: u32, edtl: u32, blocks: u16, more: bool) -> Bhs {
+    let (cmd_sn, exp_stat_sn, _, _) = h.sequence();
+    let mut c = Bhs::new(Opcode::SCSI_CMD);
+    c.set_flags(if more { flags::WRITE } else { flags::FINAL | flags::WRITE })
+        .set_itt(itt)
+        .set_expected_data_transfer_length(edtl)
+        .set_cmd_sn(cmd_sn)
+        .set_exp_stat_sn(exp_stat_sn)
+        .set_cdb(&write10(blocks));
+    c
+}
+
 /// Every PDU in `bytes`.
 fn pdus(bytes: &[u8], framing: Framing) -> Vec<(Bhs, Vec<u8>)> {
     let mut out = Vec::new();
@@ -1006,14 +1021,7 @@ fn write_awaiting_r2t() -> (HostConnection, Target, Bhs) {
     hc.params.initial_r2t = true;
     hc.params.immediate_data = false;
     let (mut h, mut t, _) = logged_in(hc, target_cfg(false));
-    let (cmd_sn, exp_stat_sn, _, _) = h.sequence();
-    let mut c = Bhs::new(Opcode::SCSI_CMD);
-    c.set_flags(flags::FINAL | flags::WRITE)
-        .set_itt(9)
-        .set_expected_data_transfer_length(4096)
-        .set_cmd_sn(cmd_sn)
-        .set_exp_stat_sn(exp_stat_sn)
-        .set_cdb(&write10(8));
+    let c = write_pdu(&h, 9, 4096, 8, false);
     send(&mut h, &mut t, &c, &[]).expect("valid");
     let r2t = target_output(&mut t).first().map(|p| p.0).expect("r2t");
     assert_eq!(r2t.opcode(), Opcode::R2T);
@@ -1324,14 +1332,7 @@ fn another_login_request_while_the_session_is_pending_closes_the_connection() {
 #[test]
 fn write_bit_with_zero_expected_length_is_a_write_of_no_bytes() {
     let (mut h, mut t, _) = logged_in(HostConfig::new(INITIATOR, Some(TARGET)), target_cfg(false));
-    let (cmd_sn, exp_stat_sn, _, _) = h.sequence();
-    let mut c = Bhs::new(Opcode::SCSI_CMD);
-    c.set_flags(flags::FINAL | flags::WRITE)
-        .set_itt(5)
-        .set_expected_data_transfer_length(0)
-        .set_cmd_sn(cmd_sn)
-        .set_exp_stat_sn(exp_stat_sn)
-        .set_cdb(&write10(0));
+    let c = write_pdu(&h, 5, 0, 0, false);
     send(&mut h, &mut t, &c, &[]).expect("valid");
     // Dispatched at once with an empty data-out buffer; nothing solicited.
     match t.poll_event() {
@@ -1730,14 +1731,7 @@ fn logout_waits_for_a_pending_task_management_request() {
 fn unsolicited_burst_ended_short_of_the_first_burst_ends_the_write_in_check_condition() {
     let (mut h, mut t, _) = session(false);
     assert!(!t.params().initial_r2t && t.params().first_burst_length >= 8192);
-    let (cmd_sn, exp_stat_sn, _, _) = h.sequence();
-    let mut c = Bhs::new(Opcode::SCSI_CMD);
-    c.set_flags(flags::WRITE) // F clear: unsolicited Data-Out follows
-        .set_itt(9)
-        .set_expected_data_transfer_length(8192)
-        .set_cmd_sn(cmd_sn)
-        .set_exp_stat_sn(exp_stat_sn)
-        .set_cdb(&write10(16));
+    let c = write_pdu(&h, 9, 8192, 16, true);
     assert!(send(&mut h, &mut t, &c, &[0x11; 512]).is_ok());
     let mut d = Bhs::new(Opcode::DATA_OUT);
     d.set_flags(flags::FINAL).set_itt(9).set_ttt(RESERVED_TAG).set_data_sn(0).set_buffer_offset(512);
@@ -1760,14 +1754,7 @@ fn unsolicited_burst_ended_short_of_the_first_burst_ends_the_write_in_check_cond
 #[test]
 fn immediate_data_short_of_the_first_burst_with_the_f_bit_gets_r2ts_for_the_rest() {
     let (mut h, mut t, _) = session(false);
-    let (cmd_sn, exp_stat_sn, _, _) = h.sequence();
-    let mut c = Bhs::new(Opcode::SCSI_CMD);
-    c.set_flags(flags::FINAL | flags::WRITE)
-        .set_itt(9)
-        .set_expected_data_transfer_length(8192)
-        .set_cmd_sn(cmd_sn)
-        .set_exp_stat_sn(exp_stat_sn)
-        .set_cdb(&write10(16));
+    let c = write_pdu(&h, 9, 8192, 16, false);
     assert!(send(&mut h, &mut t, &c, &[0x11; 512]).is_ok());
     let out = target_output(&mut t);
     let r2t = out.iter().find(|(b, _)| b.opcode() == Opcode::R2T).expect("an R2T").0;
@@ -1784,14 +1771,7 @@ fn unsolicited_data_out_of_a_rejected_write_is_dropped_without_rejects() {
     hc.params.data_digest = false;
     let tc = TargetConfig { max_write_len: 4096, ..target_cfg(false) };
     let (mut h, mut t, _) = logged_in(hc, tc);
-    let (cmd_sn, exp_stat_sn, _, _) = h.sequence();
-    let mut c = Bhs::new(Opcode::SCSI_CMD);
-    c.set_flags(flags::WRITE)
-        .set_itt(9)
-        .set_expected_data_transfer_length(8192)
-        .set_cmd_sn(cmd_sn)
-        .set_exp_stat_sn(exp_stat_sn)
-        .set_cdb(&write10(16));
+    let c = write_pdu(&h, 9, 8192, 16, true);
     assert!(send(&mut h, &mut t, &c, &[]).is_ok());
     assert_eq!(reject_of(&mut t).0, RejectReason::OUT_OF_RESOURCES);
     let mut d = Bhs::new(Opcode::DATA_OUT);
