@@ -638,6 +638,8 @@ impl Builder {
                 _ => bail!("fabric_modules[iscsi]: discovery_enable_auth without discovery_userid/password"),
             }
         }
+        // Each imported target's portals in LIO.
+        let mut served = Vec::new();
         for t in &f.targets {
             let what = format!("targets[{}]", t.wwn);
             if t.fabric != "iscsi" {
@@ -658,6 +660,31 @@ impl Builder {
             }
             if let Some(target) = self.lio_target(t, tpg, &objects) {
                 self.targets.push(target);
+                let portals: Vec<String> =
+                    tpg.portals.iter().map(|p| socket_address(&p.ip_address, &p.port.to_string())).collect();
+                served.push((what, portals));
+            }
+        }
+        // LIO serves a target only on its TPG's portals (none: on no
+        // address at all); ironwire serves every target on every port.
+        let every: Vec<String> =
+            self.port_keys.iter().filter_map(|k| k.strip_prefix("iscsi ")).map(str::to_string).collect();
+        for (what, portals) in served {
+            let others: Vec<&str> =
+                every.iter().map(String::as_str).filter(|a| !portals.iter().any(|p| p == a)).collect();
+            if portals.is_empty() {
+                self.note(format!(
+                    "{what}: has no portal in LIO, so no initiator reaches it there; ironwire exports every target \
+                     on every iSCSI port ({})",
+                    others.join(", ")
+                ));
+            } else if !others.is_empty() {
+                self.note(format!(
+                    "{what}: LIO serves it only on {}; ironwire exports every target on every iSCSI port, so also \
+                     on {}",
+                    portals.join(", "),
+                    others.join(", ")
+                ));
             }
         }
         Ok(())
@@ -881,6 +908,35 @@ mod tests {
         );
         let (_, notes) = convert_json(Format::Targetcli, &json);
         assert!(notes.contains("prod_mode_write_protect"), "{notes}");
+    }
+
+    #[test]
+    fn lio_targets_served_on_portals_they_did_not_have_are_named() {
+        // LIO serves a target only on its TPG's portals; ironwire serves
+        // every target on every iSCSI port.
+        let target = |iqn: &str, portals: &str| {
+            format!(
+                r#"{{"fabric": "iscsi", "wwn": "{iqn}", "tpgs": [{{"tag": 1, "enable": true,
+                "attributes": {{"generate_node_acls": 1, "demo_mode_write_protect": 0}},
+                "luns": [{{"index": 0, "storage_object": "/backstores/ramdisk/r"}}], "portals": [{portals}]}}]}}"#
+            )
+        };
+        let json = format!(
+            r#"{{"storage_objects": [{{"name": "r", "plugin": "ramdisk", "size": 1048576}}], "targets": [{}, {}, {}]}}"#,
+            target("iqn.2003-01.org.example:inside", r#"{"ip_address": "10.0.0.1", "port": 3260}"#),
+            target("iqn.2003-01.org.example:public", r#"{"ip_address": "192.0.2.1", "port": 3260}"#),
+            target("iqn.2003-01.org.example:unreachable", ""),
+        );
+        let (t, notes) = convert_json(Format::Targetcli, &json);
+        assert_eq!(targets(&t).len(), 3, "{t}");
+        assert!(notes.contains("example:inside]: LIO serves it only on 10.0.0.1:3260"), "{notes}");
+        assert!(notes.contains("also on 192.0.2.1:3260"), "{notes}");
+        assert!(notes.contains("example:public]: LIO serves it only on 192.0.2.1:3260"), "{notes}");
+        assert!(notes.contains("example:unreachable]: has no portal in LIO"), "{notes}");
+        // One target on every portal: nothing to say.
+        let json = lio_target(r#""attributes": {"generate_node_acls": 1, "demo_mode_write_protect": 0}"#);
+        let (_, notes) = convert_json(Format::Targetcli, &json);
+        assert!(!notes.contains("LIO serves it only"), "{notes}");
     }
 
     /// One subsystem open to any host with namespaces `namespaces` on one
