@@ -72,6 +72,12 @@ pub(crate) fn set_loop_time(now: Instant) {
     LOOP_US.with(|c| c.set(Some(us_since_start(now))));
 }
 
+/// Forgets the turn's time when the thread's runtime ends: the clock is
+/// read again from then on.
+pub(crate) fn clear_loop_time() {
+    LOOP_US.with(|c| c.set(None));
+}
+
 /// Milliseconds on a monotonic clock that started with the process: the
 /// `now` the sans-IO protocol code is given. On a reactor thread it is the
 /// time of the current loop turn (the clock is read once per turn, not per

@@ -484,6 +484,9 @@ impl Runtime {
         let mut cx = Context::from_waker(&waker);
         let core = self.core.clone();
         let mut last_activity = Instant::now();
+        // The first poll sees this call's time, not the last turn of an
+        // earlier `block_on`.
+        crate::set_loop_time(last_activity);
         // When the turns that found nothing began, while spinning.
         let mut spin_from: Option<Instant> = None;
         loop {
@@ -661,6 +664,7 @@ impl Drop for Runtime {
         drop(tasks);
         self.core.cancel_all();
         CURRENT.with(|c| c.borrow_mut().take());
+        crate::clear_loop_time();
     }
 }
 
@@ -1334,7 +1338,10 @@ pub fn sleep(d: Duration) -> Sleep {
 /// The future of [`sleep`].
 pub struct Sleep {
     when: Instant,
-    slot: Option<(u32, u32)>,
+    /// The timer's slot and generation, and the runtime whose timer it is
+    /// ([`Core::serial`]): kept past that runtime, the same numbers name
+    /// another sleep's timer in the next runtime of the thread.
+    slot: Option<(u32, u32, u64)>,
     /// `slot` is a timer of this thread's reactor.
     _reactor: crate::ThreadBound,
 }
@@ -1343,32 +1350,40 @@ impl Future for Sleep {
     type Output = ();
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
-        match self.slot {
-            None => {
-                if Instant::now() >= self.when {
-                    return Poll::Ready(());
-                }
-                let when = self.when;
-                self.slot = Some(with_core(|c| c.add_timer(when, cx.waker().clone())));
-                Poll::Pending
-            }
-            Some((idx, gen)) => {
-                let r = with_core(|c| c.poll_timer(idx, gen, cx));
+        let (when, slot) = (self.when, self.slot);
+        let (r, slot) = with_core(|c| match slot {
+            Some((idx, gen, ring)) if ring == c.serial => {
+                let r = c.poll_timer(idx, gen, cx);
                 if r.is_ready() {
-                    with_core(|c| c.remove_timer(idx, gen));
-                    self.slot = None;
-                    self.when = Instant::now();
+                    c.remove_timer(idx, gen);
+                    (r, None)
+                } else {
+                    (r, slot)
                 }
-                r
             }
-        }
+            // None yet, or one of a runtime that is gone (its timers went
+            // with it): a timer of this runtime, if still due.
+            _ if Instant::now() >= when => (Poll::Ready(()), None),
+            _ => {
+                let (idx, gen) = c.add_timer(when, cx.waker().clone());
+                (Poll::Pending, Some((idx, gen, c.serial)))
+            }
+        });
+        // A timer fires only once `when` has passed: polled again, this is
+        // ready without one.
+        self.slot = slot;
+        r
     }
 }
 
 impl Drop for Sleep {
     fn drop(&mut self) {
-        if let Some((idx, gen)) = self.slot.take() {
-            try_with_core(|c| c.remove_timer(idx, gen));
+        if let Some((idx, gen, ring)) = self.slot.take() {
+            try_with_core(|c| {
+                if c.serial == ring {
+                    c.remove_timer(idx, gen);
+                }
+            });
         }
     }
 }

@@ -1,6 +1,7 @@
-//! The loop's liveness, and what happens to operations, sockets and
-//! receive buffers dropped after their result came or kept past their
-//! runtime (helpers that make a runtime per `block_on` do that).
+//! The loop's liveness and clock, and what happens to operations,
+//! sockets, receive buffers and timers dropped after their result came or
+//! kept past their runtime (helpers that make a runtime per `block_on` do
+//! that).
 
 use crate::*;
 use std::cell::Cell;
@@ -203,4 +204,57 @@ fn a_receive_buffer_dropped_under_a_later_runtime_is_not_given_to_its_ring() {
         let (offered, free, entries, _) = bufring::ring_counts().expect("ring");
         assert_eq!(usize::from(offered) + free, usize::from(entries), "a buffer of the old ring joined the new one");
     });
+}
+
+/// A sleep kept past its runtime and polled or dropped under the next one
+/// on the same thread must leave that runtime's timers alone: before, its
+/// (slot, generation) named the new runtime's first timer, so polling it
+/// took that timer's waker and dropping it removed the timer, and the
+/// task sleeping on it never woke.
+#[test]
+fn a_sleep_kept_past_its_runtime_leaves_the_next_runtimes_timers_alone() {
+    // The sleep is carried out of its runtime, not awaited in it.
+    #[allow(clippy::async_yields_async)]
+    let stale = run(async {
+        let mut s = Box::pin(sleep(Duration::from_secs(60)));
+        poll_once(&mut s).await;
+        s
+    });
+    run(async move {
+        let mut stale = stale;
+        let woke = Rc::new(Cell::new(false));
+        let w = woke.clone();
+        let _task = spawn(async move {
+            sleep(Duration::from_millis(20)).await;
+            w.set(true);
+        });
+        // The task takes this runtime's first timer.
+        yield_now().await;
+        poll_once(&mut stale).await;
+        drop(stale);
+        let start = Instant::now();
+        while !woke.get() && start.elapsed() < Duration::from_secs(2) {
+            yield_now().await;
+        }
+        assert!(woke.get(), "the task's 20 ms sleep never woke it");
+    });
+}
+
+/// The loop's clock (`now_us`, `now_ms`) is the time of the current turn
+/// only while a runtime turns: before, a `block_on`'s first poll saw the
+/// time of the previous `block_on`'s last turn, and once the runtime was
+/// dropped the thread's clock stood still for good (a deadline taken from
+/// it then lies in the past, a wait for it to pass never ends).
+#[test]
+fn the_loop_clock_is_read_anew_when_a_block_on_starts_and_after_its_runtime_ends() {
+    let mut rt = Runtime::new(Config::default()).expect("runtime");
+    rt.block_on(yield_now());
+    let t0 = now_us();
+    std::thread::sleep(Duration::from_millis(30));
+    let first_poll = rt.block_on(async { now_us() });
+    assert!(first_poll - t0 >= 25_000, "a block_on's first poll saw the last one's time");
+    drop(rt);
+    let t1 = now_us();
+    std::thread::sleep(Duration::from_millis(30));
+    assert!(now_us() - t1 >= 25_000, "the clock stood still after the runtime ended");
 }
