@@ -103,6 +103,12 @@ fn check(lu: &LogicalUnit<Described>, cdb: &[u8], o: &Outcome<Vec<u8>>) -> Optio
                 assert_eq!(data.len() as u64, 2 * u64::from(*blocks) * bs, "COMPARE AND WRITE data");
                 assert!(in_range(*lba, u64::from(*blocks)));
             }
+            BlockOp::GetLbaStatus { lba, blocks, alloc_len } => {
+                assert!(*blocks > 0 && in_range(*lba, *blocks), "GET LBA STATUS {lba}+{blocks} out of range");
+                let extent = block::Extent { blocks: *blocks, deallocated: lba & 1 != 0 };
+                let d = scsi::lba_status_data(*lba, extent, *alloc_len);
+                assert!(d.len() as u64 <= u64::from(*alloc_len), "GET LBA STATUS data past the allocation length");
+            }
             BlockOp::Verify { lba, blocks, data } => {
                 assert!(*blocks > 0 && *blocks <= lim.max_transfer_blocks);
                 assert!(in_range(*lba, u64::from(*blocks)), "VERIFY {lba}+{blocks} out of range");
