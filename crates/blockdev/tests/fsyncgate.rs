@@ -106,7 +106,21 @@ fn a_failed_flush_keeps_failing_until_the_device_is_reopened() {
         }
     });
     drop(dev);
-    let reopened = Device::block("b", &disk.dev, None).expect("reopen");
+    // The O_EXCL claim can be held a moment after our descriptors close by
+    // someone else's open (udev probing the loop device after its resize)
+    // or the kernel's asynchronous teardown of the ring: EBUSY is retried
+    // for a while.
+    let mut reopened = Device::block("b", &disk.dev, None);
+    for _ in 0..100 {
+        match &reopened {
+            Err(Error::Open { reason, .. }) if reason.raw_os_error() == Some(libc::EBUSY) => {
+                std::thread::sleep(std::time::Duration::from_millis(20));
+                reopened = Device::block("b", &disk.dev, None);
+            }
+            _ => break,
+        }
+    }
+    let reopened = reopened.expect("reopen");
     run(async { reopened.flush().await.expect("a reopened device starts clean") });
 }
 
