@@ -51,7 +51,7 @@ fn ic_resp(dgst: u8) -> Vec<u8> {
 /// send for commands without data (the NVMe/TCP binding refuses an all-zero
 /// descriptor).
 fn sqe(opcode: u8, cid: u16, nsid: u32) -> Sqe {
-    let mut s = Sqe { opcode, dptr: Sgl::transport(0), ..Default::default() };
+    let mut s = Sqe { opcode, flags: Sqe::PSDT_SGL, dptr: Sgl::transport(0), ..Default::default() };
     s.cid = cid.into();
     s.nsid = nsid.into();
     s

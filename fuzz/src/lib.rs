@@ -205,7 +205,7 @@ pub fn target() -> Arc<nvmf::Target<Device>> {
 /// A Fabrics command SQE, with a zero-length transport data block
 /// descriptor as hosts send for commands without data.
 pub fn fabrics_sqe(fctype: u8, cid: u16) -> Sqe {
-    let mut s = Sqe { opcode: 0x7f, dptr: Sgl::transport(0), ..Default::default() };
+    let mut s = Sqe { opcode: 0x7f, flags: Sqe::PSDT_SGL, dptr: Sgl::transport(0), ..Default::default() };
     s.cid = cid.into();
     s.nsid = u32::from(fctype).into();
     s
