@@ -1990,6 +1990,21 @@ impl<B: DataBuffer> TargetConnection<B> {
         self.insert_task(itt, task);
     }
 
+    /// Ends the write `itt` whose data can never be whole, unless it is
+    /// refused or being aborted (which answer it themselves): CHECK
+    /// CONDITION, ABORTED COMMAND with `asc`/`ascq`, and whatever Data-Out
+    /// still comes for it is dropped. Whether it ended it.
+    fn end_write_early(&mut self, itt: u32, asc: u8, ascq: u8) -> bool {
+        let Some(task) = self.tasks.get(&itt) else { return false };
+        if task.refused.is_some() || task.aborting {
+            return false;
+        }
+        let me = TaskRef { itt, serial: task.serial };
+        self.send_response(me, scsi_status::CHECK_CONDITION, Some(&aborted_command_sense(asc, ascq)), None);
+        self.forget_itt(itt);
+        true
+    }
+
     /// Remembers that Data-Out for `itt` is to be dropped silently.
     fn forget_itt(&mut self, itt: u32) {
         if self.aborted_itts.len() >= ABORTED_ITTS_KEPT {
@@ -2072,17 +2087,7 @@ impl<B: DataBuffer> TargetConnection<B> {
                 // DATA PHASE ERROR (4Bh/00h) rather than wait for data the
                 // initiator believes it sent, and whatever else comes for
                 // it is dropped.
-                let ends = task.refused.is_none() && !task.aborting;
-                let me = TaskRef { itt, serial: task.serial };
-                if ends {
-                    self.send_response(
-                        me,
-                        scsi_status::CHECK_CONDITION,
-                        Some(&aborted_command_sense(0x4b, 0x00)),
-                        None,
-                    );
-                    self.forget_itt(itt);
-                }
+                self.end_write_early(itt, 0x4b, 0x00);
                 return Err(Self::field_err(
                     RejectReason::PROTOCOL_ERROR,
                     "Flags",
@@ -2098,8 +2103,7 @@ impl<B: DataBuffer> TargetConnection<B> {
                 self.ttts.remove(&ttt);
             }
         }
-        let Some(task) = self.tasks.get_mut(&itt) else { return Ok(()) };
-        if short_burst && task.refused.is_none() && !task.aborting {
+        if short_burst {
             // Unsolicited data is sent as for an implied first R2T asking
             // for min(FirstBurstLength, Expected Data Transfer Length)
             // (RFC 7143 section 13.10), all of it (section 11.8): an
@@ -2108,13 +2112,15 @@ impl<B: DataBuffer> TargetConnection<B> {
             // CHECK CONDITION, ABORTED COMMAND, WRITE ERROR - NOT ENOUGH
             // UNSOLICITED DATA (SPC-4 0C/0D), as with the Linux target, and
             // whatever else the initiator sends for it is dropped.
-            let (me, unsol_end) =
-                (TaskRef { itt, serial: task.serial }, task.write.as_ref().map_or(0, |w| w.unsol_end));
-            log::warn!("iscsi: ITT {itt:#x}: unsolicited data ended at {end} of the first burst's {unsol_end} bytes");
-            self.send_response(me, scsi_status::CHECK_CONDITION, Some(&aborted_command_sense(0x0c, 0x0d)), None);
-            self.forget_itt(itt);
-            return Ok(());
+            let unsol_end = self.tasks.get(&itt).and_then(|t| t.write.as_ref()).map_or(0, |w| w.unsol_end);
+            if self.end_write_early(itt, 0x0c, 0x0d) {
+                log::warn!(
+                    "iscsi: ITT {itt:#x}: unsolicited data ended at {end} of the first burst's {unsol_end} bytes"
+                );
+                return Ok(());
+            }
         }
+        let Some(task) = self.tasks.get_mut(&itt) else { return Ok(()) };
         let Some(w) = task.write.as_mut() else { return Ok(()) };
         if let Some(dst) = w.buf.as_mut().and_then(|b| b.as_mut().get_mut(offset as usize..end as usize)) {
             dst.copy_from_slice(data);
