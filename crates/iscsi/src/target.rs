@@ -2453,6 +2453,18 @@ impl<B: DataBuffer> TargetConnection<B> {
                 // A task holding the tag under another CmdSN is not the one
                 // the initiator means: it is left alone and the request is
                 // refused, as the Linux target does.
+                // SAM-5 7.2: the request names a task of its LUN (I_T_L_Q);
+                // a task of another LUN holding the tag is not that task and
+                // carries on, as in the Linux target.
+                Some(t) if t.lun != bhs.lun() => {
+                    log::warn!(
+                        "iscsi: ABORT TASK of ITT {:#x} on LUN field {:#x}, but the task is on {:#x}: task does not exist",
+                        bhs.referenced_task_tag(),
+                        bhs.lun(),
+                        t.lun
+                    );
+                    Some(tmf_response::TASK_DOES_NOT_EXIST)
+                }
                 Some(t) if t.cmd_sn != ref_sn && !(t.immediate && ref_sn == bhs.cmd_sn()) => {
                     log::warn!(
                         "iscsi: ABORT TASK of ITT {:#x} with RefCmdSN {ref_sn}, but the task's CmdSN is {}: rejected",

@@ -1632,6 +1632,28 @@ fn abort_task_whose_ref_cmd_sn_is_not_the_tasks_is_rejected_and_the_task_carries
     assert_eq!(t.open_tasks(), 0);
 }
 
+/// SAM-5 7.2 / RFC 7143 11.5.3: ABORT TASK is addressed to a logical unit
+/// and names a task of it (I_T_L_Q). A tag held by a task of another LUN
+/// is not that task: "Task does not exist" (as the Linux target answers,
+/// which looks the tag up on the request's LUN only), and the task carries
+/// on.
+#[test]
+fn abort_task_naming_another_luns_task_leaves_it_alone() {
+    let (mut h, mut t, mut b) = logged_in(HostConfig::new(INITIATOR, Some(TARGET)), target_cfg(false));
+    b.hold = true;
+    let victim = h.submit(0, &read10(1), 512, Vec::new());
+    step(&mut h, &mut t, &mut b);
+    assert_eq!(b.held.len(), 1);
+    host_events(&mut h);
+    let lun1 = 0x0001_0000_0000_0000;
+    let tmf = h.task_mgmt(TmfFunction::ABORT_TASK.0, lun1, victim);
+    step(&mut h, &mut t, &mut b);
+    assert!(t.poll_event().is_none(), "the request reached the upper layer");
+    assert!(host_events(&mut h).contains(&HostEvent::TaskMgmt { itt: tmf, response: tmf_response::TASK_DOES_NOT_EXIST }));
+    assert_eq!(t.open_tasks(), 1);
+    assert!(t.send_data_in(b.held[0], &pattern(512), Some(scsi_status::GOOD)), "the task was aborted");
+}
+
 /// RFC 7143 11.5.1 b): an ABORT TASK for a command not yet received whose
 /// RefCmdSN is in the window and before the request's CmdSN: the target
 /// counts that CmdSN as received and answers "function complete". The
