@@ -660,11 +660,14 @@ impl<D: BlockDevice> Queue<D> {
             log::warn!("{}: I/O queue Connect from {hostnqn} to controller {cntlid} of {}", self.peer, ctrl.hostnqn);
             return invalid(true, ConnectData::HOSTNQN_OFFSET);
         }
-        if !ctrl.enabled() {
-            return Outcome::status(cid, Status::COMMAND_SEQUENCE_ERROR.dnr());
-        }
         {
             let mut s = ctrl.lock();
+            // Asked under the lock a reset disables the controller under:
+            // asked before it, a reset in between would leave this queue
+            // connected to the disabled controller, counted after the reset.
+            if !ctrl.enabled() {
+                return Outcome::status(cid, Status::COMMAND_SEQUENCE_ERROR.dnr());
+            }
             if cmd.qid > s.io_queues_granted || s.io_queues_connected.contains(&cmd.qid) {
                 log::warn!(
                     "{}: I/O queue Connect qid {} (granted {}, in use {:?})",
