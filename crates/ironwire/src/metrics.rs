@@ -350,6 +350,13 @@ pub fn render(snap: &Snapshot, hosts: &[stats::Host]) -> String {
     for r in &snap.reactors {
         f.sample(name, &format!("reactor=\"{}\"", r.index), r.idle_poll.as_secs_f64());
     }
+    let name = "ironwire_reactor_receive_dry_total";
+    let help = "Receives that found every buffer of the reactor's receive ring lent out and waited for one \
+                (rising: raise [reactor] receive_buffers).";
+    let mut f = Family::new(&mut out, name, "counter", help);
+    for r in &snap.reactors {
+        f.sample(name, &format!("reactor=\"{}\"", r.index), r.receive_dry);
+    }
     let name = "ironwire_reactor_connections";
     let mut f = Family::new(&mut out, name, "gauge", "Connections the reactor serves.");
     for r in &snap.reactors {

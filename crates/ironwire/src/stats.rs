@@ -229,6 +229,9 @@ pub struct ReactorStats {
     connections: Counter,
     /// The reactor's idle spin in ns (`reactor::idle_poll_counter`).
     idle_poll: Option<Arc<std::sync::atomic::AtomicU64>>,
+    /// Receives that found every receive buffer lent out
+    /// (`reactor::receive_dry_counter`).
+    receive_dry: Option<Arc<std::sync::atomic::AtomicU64>>,
     scopes: Mutex<Vec<(Scope, Arc<IoCounters>)>>,
     ports: Mutex<Vec<(SocketAddr, Arc<PortCounters>)>>,
 }
@@ -249,6 +252,7 @@ pub fn register_reactor(index: usize) -> Arc<ReactorStats> {
         index,
         connections: Counter::default(),
         idle_poll: reactor::idle_poll_counter(),
+        receive_dry: reactor::receive_dry_counter(),
         scopes: Mutex::new(Vec::new()),
         ports: Mutex::new(Vec::new()),
     });
@@ -609,6 +613,9 @@ pub struct ReactorTotals {
     /// The part of `cpu` spent spinning (`[reactor] poll_us`) without
     /// finding work; `cpu` less this is its busy time.
     pub idle_poll: Duration,
+    /// Receives that found every buffer of its receive ring lent out and
+    /// waited for one: rising, the reactor has too few `receive_buffers`.
+    pub receive_dry: u64,
 }
 
 /// Everything counted, added up over the reactors.
@@ -675,6 +682,7 @@ pub fn snapshot() -> Snapshot {
             idle_poll: Duration::from_nanos(
                 r.idle_poll.as_ref().map_or(0, |c| c.load(std::sync::atomic::Ordering::Relaxed)),
             ),
+            receive_dry: r.receive_dry.as_ref().map_or(0, |c| c.load(std::sync::atomic::Ordering::Relaxed)),
         });
     }
     *last = Some((now, readings));

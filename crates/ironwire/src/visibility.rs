@@ -51,12 +51,13 @@ pub fn stats_text(snap: &Snapshot) -> String {
     for r in &snap.reactors {
         let _ = writeln!(
             out,
-            "reactor {} busy={:.1}% connections={} cpu_us={} idle_poll_us={} allocs={}",
+            "reactor {} busy={:.1}% connections={} cpu_us={} idle_poll_us={} receive_dry={} allocs={}",
             r.index,
             r.busy_percent,
             r.connections,
             r.cpu.as_micros(),
             r.idle_poll.as_micros(),
+            r.receive_dry,
             r.allocations
         );
     }
@@ -158,6 +159,7 @@ pub fn stats_json(snap: &Snapshot) -> String {
                 "connections": r.connections,
                 "cpu_us": r.cpu.as_micros() as u64,
                 "idle_poll_us": r.idle_poll.as_micros() as u64,
+                "receive_dry": r.receive_dry,
                 "allocations": r.allocations,
             })
         })

@@ -231,6 +231,8 @@ fn the_endpoint_answers_only_get_metrics_and_bounds_the_request() {
     assert!(text.contains("# TYPE ironwire_reactor_cpu_seconds_total counter"));
     assert!(text.contains("# TYPE ironwire_reactor_idle_poll_seconds_total counter"), "{text}");
     assert!(text.contains("ironwire_reactor_idle_poll_seconds_total{reactor=\"0\"} "), "{text}");
+    // 512 receive buffers never ran out for these few clients.
+    assert!(text.contains("ironwire_reactor_receive_dry_total{reactor=\"0\"} 0\n"), "{text}");
 }
 
 #[test]
@@ -397,6 +399,7 @@ fn ctl_hosts_and_stats_name_the_connected_hosts_and_the_failures() {
         // sleeps: some of the reactor's CPU time was idle spin.
         let idle = stats["reactors"][0]["idle_poll_us"].as_u64().expect("idle_poll_us");
         assert!(idle > 0, "no idle spin counted: {stats:#}");
+        assert_eq!(stats["reactors"][0]["receive_dry"], 0, "{stats:#}");
 
         let text = ctl(&sock, &["stats"]);
         assert!(text.lines().any(|l| l.starts_with("cpu ")), "the bench's line stays first: {text}");
@@ -404,6 +407,7 @@ fn ctl_hosts_and_stats_name_the_connected_hosts_and_the_failures() {
         assert!(text.contains("last_error=\"LBA Out of Range"), "{text}");
         assert!(text.contains("reactor 0 busy="), "{text}");
         assert!(text.contains(" idle_poll_us="), "{text}");
+        assert!(text.contains(" receive_dry=0 "), "{text}");
     }));
 }
 

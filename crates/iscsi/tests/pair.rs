@@ -1649,7 +1649,9 @@ fn abort_task_naming_another_luns_task_leaves_it_alone() {
     let tmf = h.task_mgmt(TmfFunction::ABORT_TASK.0, lun1, victim);
     step(&mut h, &mut t, &mut b);
     assert!(t.poll_event().is_none(), "the request reached the upper layer");
-    assert!(host_events(&mut h).contains(&HostEvent::TaskMgmt { itt: tmf, response: tmf_response::TASK_DOES_NOT_EXIST }));
+    assert!(
+        host_events(&mut h).contains(&HostEvent::TaskMgmt { itt: tmf, response: tmf_response::TASK_DOES_NOT_EXIST })
+    );
     assert_eq!(t.open_tasks(), 1);
     assert!(t.send_data_in(b.held[0], &pattern(512), Some(scsi_status::GOOD)), "the task was aborted");
 }

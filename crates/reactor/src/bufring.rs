@@ -30,6 +30,7 @@ use io_uring::{cqueue, opcode, types};
 use std::io;
 use std::rc::Rc;
 use std::sync::atomic::{AtomicU16, Ordering};
+use std::task::Poll;
 
 /// The buffer group id of every reactor's receive ring.
 const GROUP: u16 = 0;
@@ -70,6 +71,9 @@ pub(crate) struct BufRing {
     /// since the window was last looked at.
     peak_in_use: u16,
     fills: u32,
+    /// Receivers that found every buffer lent out, woken when one comes
+    /// back ([`Receiver::recv`]).
+    waiting: Vec<std::task::Waker>,
 }
 
 impl BufRing {
@@ -103,6 +107,7 @@ impl BufRing {
             window: INITIAL_WINDOW.min(count),
             peak_in_use: 0,
             fills: 0,
+            waiting: Vec::new(),
         })
     }
 
@@ -120,10 +125,12 @@ impl BufRing {
     }
 
     /// Takes buffer `bid` back: it is offered to the kernel again before
-    /// any buffer given back earlier.
-    fn give(&mut self, bid: u16) {
+    /// any buffer given back earlier. Returns the receivers that waited for
+    /// one, to be woken once the ring is no longer borrowed.
+    fn give(&mut self, bid: u16) -> Option<Vec<std::task::Waker>> {
         self.free.push(bid);
         self.top_up();
+        (!self.waiting.is_empty()).then(|| std::mem::take(&mut self.waiting))
     }
 
     /// A completion named a buffer: the kernel took it out of the ring.
@@ -144,9 +151,11 @@ impl BufRing {
     }
 
     /// A receive found the ring empty: offer more buffers at once.
-    fn starved(&mut self) {
+    /// Whether none could be offered (every buffer is lent out).
+    fn starved(&mut self) -> bool {
         self.window = self.window.saturating_mul(2).min(self.entries);
         self.top_up();
+        self.offered == 0
     }
 
     /// Offers free buffers, hottest first, until the window is full.
@@ -253,9 +262,27 @@ pub(crate) fn taken_in(core: &Core) {
 }
 
 pub(crate) fn recycle_in(core: &Core, bid: u16) {
-    if let Some(r) = core.bufring.borrow_mut().as_mut() {
-        r.give(bid);
+    let waiting = core.bufring.borrow_mut().as_mut().and_then(|r| r.give(bid));
+    for w in waiting.into_iter().flatten() {
+        w.wake();
     }
+}
+
+/// Ready once the ring offers a buffer again (at once if it has none).
+async fn buffer_offered() {
+    std::future::poll_fn(|cx| {
+        try_with_core(|c| match c.bufring.borrow_mut().as_mut() {
+            Some(r) if r.offered == 0 => {
+                if !r.waiting.iter().any(|w| w.will_wake(cx.waker())) {
+                    r.waiting.push(cx.waker().clone());
+                }
+                Poll::Pending
+            }
+            _ => Poll::Ready(()),
+        })
+        .unwrap_or(Poll::Ready(()))
+    })
+    .await
 }
 
 /// Received bytes, valid until dropped. Dropping gives the buffer back
@@ -363,13 +390,22 @@ impl Receiver {
                     None if res == -libc::ENOBUFS => {
                         // Every buffer offered is in use on this reactor:
                         // offer more, let the others be parsed and given
-                        // back, then arm again.
-                        try_with_core(|c| {
-                            if let Some(r) = c.bufring.borrow_mut().as_mut() {
-                                r.starved();
+                        // back, then arm again. When every buffer is lent
+                        // out, arming again would only meet ENOBUFS again
+                        // (a spin holding the core until one comes back):
+                        // wait for one instead, counted.
+                        let dry = try_with_core(|c| {
+                            let dry = c.bufring.borrow_mut().as_mut().is_some_and(BufRing::starved);
+                            if dry {
+                                c.receive_dry.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                             }
+                            dry
                         });
-                        crate::rt::yield_now().await;
+                        if dry == Some(true) {
+                            buffer_offered().await;
+                        } else {
+                            crate::rt::yield_now().await;
+                        }
                     }
                     // EINTR, or ECANCELED (`pause` stopped it): arm again.
                     None => {}

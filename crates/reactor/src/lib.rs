@@ -25,8 +25,8 @@ mod thread_bound;
 pub use bufring::{register_receive_buffers, Receiver, RecvBuf, DEFAULT_BUFFERS, DEFAULT_BUFFER_SIZE};
 pub use doorbell::{doorbell, Doorbell, Ringer};
 pub use rt::{
-    idle_poll_counter, on_reactor_thread, race, sleep, spawn, spawn_detached, timeout, yield_now, Config, Elapsed,
-    Features, JoinHandle, Runtime, Sleep, DEFAULT_POLL,
+    idle_poll_counter, on_reactor_thread, race, receive_dry_counter, sleep, spawn, spawn_detached, timeout, yield_now,
+    Config, Elapsed, Features, JoinHandle, Runtime, Sleep, DEFAULT_POLL,
 };
 
 use std::cell::{Cell, RefCell};
@@ -589,6 +589,50 @@ mod tests {
             assert_eq!(offered, window, "the window is full again");
             assert!(window > bufring::INITIAL_WINDOW, "the starved ring offered more");
             drop(clients);
+        });
+    }
+
+    #[test]
+    fn a_receive_that_finds_every_buffer_lent_out_waits_for_one_without_spinning() {
+        run(async {
+            // Two buffers, each held by a connection that has not let go of
+            // what it received; a third connection's bytes have nowhere to
+            // go until one comes back.
+            register_receive_buffers(2, 1024).expect("buffer ring");
+            let l = listen("127.0.0.1:0".parse().expect("addr")).expect("listen");
+            let addr = l.local_addr().expect("addr");
+            let mut pairs = Vec::new();
+            for c in 0..3u8 {
+                let cl = net::TcpStream::connect(addr).await.expect("connect");
+                let (s, _) = l.accept().await.expect("accept");
+                if c < 2 {
+                    let (r, _) = cl.write_all(vec![c; 100]).await;
+                    r.expect("write");
+                }
+                pairs.push((cl, s));
+            }
+            let mut rx0 = pairs[0].1.receiver();
+            let mut rx1 = pairs[1].1.receiver();
+            let held0 = rx0.recv().await.expect("recv");
+            let held1 = rx1.recv().await.expect("recv");
+            assert_eq!((held0[0], held1[0]), (0, 1));
+            let dry = receive_dry_counter().expect("the reactor's counter");
+            let third = pairs[2].1.clone();
+            let waiter = spawn(async move {
+                let mut rx = third.receiver();
+                let got = rx.recv().await.expect("recv").to_vec();
+                got
+            });
+            let (r, _) = pairs[2].0.write_all(vec![2; 100]).await;
+            r.expect("write");
+            sleep(Duration::from_millis(50)).await;
+            // Re-armed on every turn, the receive met ENOBUFS thousands of
+            // times here.
+            assert_eq!(dry.load(std::sync::atomic::Ordering::Relaxed), 1, "the receive did not wait");
+            drop(held0);
+            assert_eq!(waiter.await, vec![2; 100]);
+            assert_eq!(dry.load(std::sync::atomic::Ordering::Relaxed), 1);
+            drop(held1);
         });
     }
 

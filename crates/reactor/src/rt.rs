@@ -269,6 +269,9 @@ pub(crate) struct Core {
     /// Nanoseconds spent spinning ([`Config::poll`]) without finding work;
     /// only this thread writes it, others read it ([`idle_poll_counter`]).
     idle_poll: Arc<AtomicU64>,
+    /// Receives that found every receive buffer lent out and waited for
+    /// one to come back ([`receive_dry_counter`]).
+    pub(crate) receive_dry: Arc<AtomicU64>,
     /// This ring's slot (or `None`: none to be had) for each
     /// [`crate::fs::SharedFile`] it did I/O on, by the file's key.
     shared: RefCell<FxHashMap<u64, Option<u32>>>,
@@ -338,6 +341,15 @@ pub(crate) fn with_core<R>(f: impl FnOnce(&Rc<Core>) -> R) -> R {
 /// threads may read it at any time.
 pub fn idle_poll_counter() -> Option<Arc<AtomicU64>> {
     try_with_core(|c| c.idle_poll.clone())
+}
+
+/// The counter of receives on this thread's reactor that found every
+/// buffer of its receive ring lent out (to connections that have not
+/// parsed what they got) and waited for one to come back: a reactor whose
+/// count keeps rising has too few `receive_buffers`. `None` on a thread
+/// that runs no reactor. Other threads may read it at any time.
+pub fn receive_dry_counter() -> Option<Arc<AtomicU64>> {
+    try_with_core(|c| c.receive_dry.clone())
 }
 
 /// Whether this thread has a reactor (a [`Runtime`] made here and not yet
@@ -462,6 +474,7 @@ impl Runtime {
             files: RefCell::new(files),
             bufring: RefCell::new(None),
             idle_poll: Arc::new(AtomicU64::new(0)),
+            receive_dry: Arc::new(AtomicU64::new(0)),
             shared: RefCell::new(FxHashMap::default()),
             remote: RefCell::new(None),
         });
