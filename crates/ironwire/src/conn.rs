@@ -285,7 +285,8 @@ pub fn over_high_water<C: Outbox>(conn: &C) -> bool {
 
 /// Waits, not reading, until the peer took enough of our replies for the
 /// connection to be under [`SEND_HIGH_WATER`] again (or it closes). The
-/// paused receive gives the reactor's shared buffers back to the others.
+/// parked receive gives the reactor's shared buffers back to the others
+/// (what it had taken waits in a copy of its own).
 pub async fn wait_for_room<C: Outbox>(conn: &C, rx: &mut Receiver) {
     let shell = conn.shell();
     let mut logged = false;
@@ -294,7 +295,7 @@ pub async fn wait_for_room<C: Outbox>(conn: &C, rx: &mut Receiver) {
             log::debug!("{}: peer is not reading our replies; pausing its commands", shell.peer);
             logged = true;
         }
-        rx.pause();
+        rx.park().await;
         shell.tx_ready.notify();
         shell.drained.wait().await;
     }

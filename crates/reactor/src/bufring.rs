@@ -338,11 +338,23 @@ pub struct Receiver {
     multi: Option<u32>,
     multi_ring: u64,
     own: Vec<u8>,
+    /// What [`park`](Self::park) took out of the shared buffers, returned
+    /// by the next [`recv`](Self::recv) before anything else, then the end
+    /// of stream or error the stopped receive met after it, if any.
+    parked: Vec<u8>,
+    parked_end: Option<io::Result<()>>,
 }
 
 impl Receiver {
     pub(crate) fn new(stream: &TcpStream) -> Receiver {
-        Receiver { fd: stream.socket().clone(), multi: None, multi_ring: 0, own: Vec::new() }
+        Receiver {
+            fd: stream.socket().clone(),
+            multi: None,
+            multi_ring: 0,
+            own: Vec::new(),
+            parked: Vec::new(),
+            parked_end: None,
+        }
     }
 
     /// The armed multishot receive's slot, if it is this thread's current
@@ -364,6 +376,15 @@ impl Receiver {
 
     /// The next bytes from the peer; empty at end of stream.
     pub async fn recv(&mut self) -> io::Result<RecvBuf<'_>> {
+        if !self.parked.is_empty() {
+            std::mem::swap(&mut self.own, &mut self.parked);
+            self.parked.clear();
+            return Ok(RecvBuf { bytes: &self.own, bid: None, _ring: crate::ThreadBound::default() });
+        }
+        if let Some(end) = self.parked_end.take() {
+            end?;
+            return Ok(RecvBuf { bytes: &[], bid: None, _ring: crate::ThreadBound::default() });
+        }
         if !Self::ring_ready() {
             return self.recv_oneshot().await;
         }
@@ -439,11 +460,11 @@ impl Receiver {
     /// Receives into `buf` (as `TcpStream::read`): for the stream's next
     /// bytes when they belong somewhere known, after
     /// [`recv_stopped`](Self::recv_stopped) returned `None`. With a
-    /// multishot receive still armed the bytes could come out of order, so
-    /// that is refused.
+    /// multishot receive still armed, or bytes [parked](Self::park) and not
+    /// yet taken, the bytes could come out of order, so that is refused.
     pub async fn read_into<B: IoBufMut>(&mut self, mut buf: B) -> (io::Result<usize>, B) {
-        if self.armed().is_some() {
-            return (Err(io::Error::other("read_into while a multishot receive is armed")), buf);
+        if self.armed().is_some() || !self.parked.is_empty() {
+            return (Err(io::Error::other("read_into while a multishot receive is armed or bytes are parked")), buf);
         }
         let len = buf.bytes_total();
         let (fd, flags) = self.fd.target();
@@ -467,6 +488,34 @@ impl Receiver {
     pub fn pause(&mut self) {
         if let Some(idx) = self.armed() {
             try_with_core(|c| c.cancel(idx));
+        }
+    }
+
+    /// Stops the multishot receive as [`pause`](Self::pause) does, and
+    /// copies what it had already taken out of the reactor's shared
+    /// buffers, which go back at once; the next [`recv`](Self::recv)
+    /// returns the copy first. For a connection that stops reading for a
+    /// while (its peer does not read our replies): it then holds none of
+    /// the buffers the reactor's other connections receive into, only its
+    /// copy of what its peer had sent before the stop (at most what its
+    /// socket's receive buffer held).
+    pub async fn park(&mut self) {
+        if self.armed().is_none() {
+            return;
+        }
+        self.pause();
+        let mut parked = std::mem::take(&mut self.parked);
+        let end = loop {
+            match self.recv_stopped().await {
+                Ok(None) => break None,
+                Ok(Some(b)) if b.is_empty() => break Some(Ok(())),
+                Ok(Some(b)) => parked.extend_from_slice(&b),
+                Err(e) => break Some(Err(e)),
+            }
+        };
+        self.parked = parked;
+        if end.is_some() {
+            self.parked_end = end;
         }
     }
 

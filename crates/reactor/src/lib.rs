@@ -637,6 +637,43 @@ mod tests {
     }
 
     #[test]
+    fn a_parked_receive_gives_every_buffer_back_and_loses_no_byte() {
+        run(async {
+            register_receive_buffers(64, 1024).expect("buffer ring");
+            let l = listen("127.0.0.1:0".parse().expect("addr")).expect("listen");
+            let addr = l.local_addr().expect("addr");
+            let c = net::TcpStream::connect(addr).await.expect("connect");
+            let (s, _) = l.accept().await.expect("accept");
+            let data: Vec<u8> = (0..60_000u32).map(|i| (i % 251) as u8).collect();
+            let mut rx = s.receiver();
+            let (r, _) = c.write_all(data[..100].to_vec()).await;
+            r.expect("write");
+            let mut got = rx.recv().await.expect("recv").to_vec();
+            // The receive stays armed while its task does something else
+            // (as a connection waiting for its peer to read its replies)
+            // and the peer sends 59 buffers' worth.
+            let (r, _) = c.write_all(data[got.len()..].to_vec()).await;
+            r.expect("write");
+            sleep(Duration::from_millis(50)).await;
+            let lent = || {
+                let (offered, free, entries, _) = bufring::ring_counts().expect("ring");
+                usize::from(entries) - usize::from(offered) - free
+            };
+            assert!(lent() > 16, "the burst took {} buffers", lent());
+            rx.park().await;
+            assert_eq!(lent(), 0, "a parked receive still holds buffers");
+            while got.len() < data.len() {
+                let b = rx.recv().await.expect("recv");
+                assert!(!b.is_empty(), "early end");
+                got.extend_from_slice(&b);
+            }
+            assert!(got == data, "bytes lost or out of order");
+            drop(c);
+            assert!(rx.recv().await.expect("recv").is_empty(), "the end of stream");
+        });
+    }
+
+    #[test]
     fn received_bytes_held_past_their_runtime_stay_readable() {
         // A RecvBuf borrowing a leaked Receiver may be kept after the
         // runtime that filled it is dropped on the same thread; its ring
