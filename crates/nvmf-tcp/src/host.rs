@@ -38,6 +38,9 @@ pub struct Completion {
 
 struct Pending {
     write_data: Vec<u8>,
+    /// Where the write data the controller's R2Ts asked for so far ends:
+    /// an R2T asks for none of it again.
+    requested: usize,
     read_data: Vec<u8>,
     read_len: usize,
     /// A C2HData PDU of this command failed its data digest.
@@ -131,12 +134,24 @@ impl HostConnection {
         if in_capsule {
             pdu::encode(&mut self.tx, cmd.as_bytes(), &write, self.tx_framing);
             self.recycle(write);
-            let p = Pending { write_data: Vec::new(), read_data: Vec::new(), read_len: 0, digest_failed: false };
+            let p = Pending {
+                write_data: Vec::new(),
+                requested: 0,
+                read_data: Vec::new(),
+                read_len: 0,
+                digest_failed: false,
+            };
             self.pending.insert(cid, p);
         } else {
             pdu::encode(&mut self.tx, cmd.as_bytes(), &[], self.tx_framing);
             let read_data = if read_len > 0 { self.buffer(read_len as usize) } else { Vec::new() };
-            let p = Pending { write_data: write, read_data, read_len: read_len as usize, digest_failed: false };
+            let p = Pending {
+                write_data: write,
+                requested: 0,
+                read_data,
+                read_len: read_len as usize,
+                digest_failed: false,
+            };
             self.pending.insert(cid, p);
         }
     }
@@ -339,11 +354,21 @@ impl HostConnection {
         let r = R2t::read_from_bytes(header)
             .map_err(|_| Fatal::new(Fes::INVALID_HEADER_FIELD, offset::HLEN, "R2T truncated"))?;
         let cid = r.cccid.get();
-        let Some(p) = self.pending.get(&cid) else {
+        let Some(p) = self.pending.get_mut(&cid) else {
             return Err(Fatal::new(Fes::INVALID_HEADER_FIELD, offset::CCCID, format!("R2T for unknown cid {cid}")));
         };
         let start = r.r2to.get() as usize;
         let end = start.saturating_add(r.r2tl.get() as usize);
+        // Each R2T's data is queued whole as it arrives: one asking again
+        // for bytes already asked for (the Linux host refuses it too) would
+        // queue them once more, as often as the controller repeats it.
+        if start < p.requested {
+            return Err(Fatal::new(
+                Fes::DATA_OUT_OF_RANGE,
+                offset::DATAO,
+                format!("R2T offset {start} for cid {cid} (its R2Ts asked for data up to {} already)", p.requested),
+            ));
+        }
         let Some(data) = p.write_data.get(start..end) else {
             return Err(Fatal::new(
                 Fes::DATA_OUT_OF_RANGE,
@@ -351,6 +376,7 @@ impl HostConnection {
                 format!("R2T {start}..{end} beyond {} bytes", p.write_data.len()),
             ));
         };
+        p.requested = end;
         let chunk_max = self.max_h2c_data as usize;
         let mut off = start;
         let mut out = Vec::new();
@@ -449,6 +475,36 @@ mod tests {
         let c = h.poll_completion().expect("completion");
         assert_eq!(c.cqe.cid.get(), 7);
         assert_eq!(c.cqe.status(), Status::TRANSIENT_TRANSPORT_ERROR, "{} bytes of data", c.data.len());
+    }
+
+    #[test]
+    fn an_r2t_for_write_data_already_asked_for_is_refused_not_queued_again() {
+        let (mut h, mut t) = data_digest_pair();
+        let mut wire = Vec::new();
+        t.set_queue(1, 63, false);
+        const LEN: usize = 64 << 10;
+        let mut sqe = Sqe { opcode: 0x01, ..Default::default() };
+        sqe.cid = 3.into();
+        sqe.nsid = 1.into();
+        h.submit(sqe, data(3, LEN), 0);
+        h.take_transmit(&mut wire);
+        t.handle_input(&wire).expect("capsule");
+        while t.poll_event().is_some() {}
+        t.request_data(3, LEN as u32);
+        wire.clear();
+        t.take_transmit(&mut wire);
+        let r2t = wire.clone();
+        h.handle_input(&r2t).expect("the R2T");
+        let mut sent = Vec::new();
+        h.take_transmit(&mut sent);
+        assert!(sent.len() > LEN, "the write's data answers its R2T");
+        // The same R2T again, as a broken or hostile controller may send
+        // it any number of times: each copy would queue the whole write
+        // once more (24 bytes in, 64 KiB out).
+        let e = h.handle_input(&r2t).expect_err("write data asked for twice");
+        assert_eq!(e.fes, Fes::DATA_OUT_OF_RANGE);
+        assert!(e.reason.contains("R2T offset 0"), "{}", e.reason);
+        assert!(!h.has_transmit(), "the write's data was queued again");
     }
 
     #[test]
