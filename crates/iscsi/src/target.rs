@@ -2748,6 +2748,24 @@ impl<B: DataBuffer> TargetConnection<B> {
                 ));
             }
         };
+        if response == 0 {
+            // RFC 7143 11.14: a Logout closing the connection or session
+            // terminates its pending commands. Those still waiting for
+            // data (never given to the upper layer) end here, unanswered:
+            // the initiator sends nothing after a Logout, so their data
+            // may never come. Those the upper layer has are answered first.
+            let waiting: Vec<u32> = self
+                .tasks
+                .iter()
+                .filter(|(_, t)| !t.aborting && (t.write.is_some() || t.cmd.is_some()))
+                .map(|(itt, _)| *itt)
+                .collect();
+            for itt in waiting {
+                log::debug!("iscsi: Logout ends ITT {itt:#x}, still waiting for its data");
+                self.finish_task(itt);
+                self.forget_itt(itt);
+            }
+        }
         if response == 0 && !(self.tasks.is_empty() && self.tmf_pending.is_empty()) {
             // Answer once the commands and task management requests in
             // flight have been answered, so that their responses precede

@@ -1028,6 +1028,28 @@ fn write_awaiting_r2t() -> (HostConnection, Target, Bhs) {
     (h, t, r2t)
 }
 
+/// RFC 7143 11.14: on a Logout that closes the connection or the session
+/// the target terminates the pending commands. A write still waiting for
+/// data its initiator will no longer send (no new requests after a
+/// Logout) is ended without a response, its R2T void, and the Logout is
+/// answered: waiting for its data kept the connection open until the
+/// initiator gave up.
+#[test]
+fn logout_ends_a_write_still_waiting_for_its_data() {
+    let (mut h, mut t, _) = write_awaiting_r2t();
+    let logout = h.logout(0);
+    let mut bytes = Vec::new();
+    h.take_transmit(&mut bytes);
+    t.handle_input(&bytes).expect("Logout");
+    let out = target_output(&mut t);
+    let ops: Vec<(Opcode, u32)> = out.iter().map(|(b, _)| (b.opcode(), b.itt())).collect();
+    assert_eq!(ops, vec![(Opcode::LOGOUT_RESP, logout)], "the write's data was waited for");
+    assert_eq!(out[0].0.byte2(), 0);
+    assert_eq!(t.open_tasks(), 0);
+    assert_eq!(t.state(), State::Closed);
+    assert!(!std::iter::from_fn(|| t.poll_event()).any(|e| matches!(e, Event::Command { .. })), "the write ran");
+}
+
 #[test]
 fn rejects_data_out_for_unknown_ttt_and_beyond_the_burst() {
     let (mut h, mut t, r2t) = write_awaiting_r2t();
