@@ -1,6 +1,6 @@
 //! The table of supported commands: what each may do under a reservation
-//! (SPC-4 5.9.1 table 62) and its CDB usage data for REPORT SUPPORTED
-//! OPERATION CODES (SPC-4 6.35).
+//! (SPC-4 5.9.1 table 62, SBC-3 table 13) and its CDB usage data for
+//! REPORT SUPPORTED OPERATION CODES (SPC-4 6.35).
 
 use crate::cdb::{self, op, Bytes};
 use crate::sense::Sense;
@@ -136,6 +136,11 @@ pub(crate) fn access(opcode: u8, c: Bytes<'_>) -> Option<Access> {
             op::SAI_GET_LBA_STATUS => Access::Read,
             _ => Access::Always,
         },
+        // SBC-3 table 13: START with POWER CONDITION 0h and PREVENT 00b
+        // (allow removal) are allowed under every reservation; a STOP,
+        // another power condition or a PREVENT conflict as writes do.
+        op::START_STOP_UNIT if c.u8(4) & 0xF1 == 0x01 => Access::Always,
+        op::PREVENT_ALLOW_MEDIUM_REMOVAL if c.u8(4) & 0x03 == 0 => Access::Always,
         op::READ_6
         | op::READ_10
         | op::READ_12

@@ -1639,6 +1639,32 @@ fn a_read_only_device_refuses_writes_and_reports_write_protect() {
 
 // ---- Persistent reservations (SPC-4 5.9, 6.16) and sense data ----
 
+/// SBC-3 table 13: START STOP UNIT with START 1 and POWER CONDITION 0h
+/// and PREVENT ALLOW MEDIUM REMOVAL with PREVENT 00b are allowed under
+/// every persistent reservation, from any I_T nexus; a STOP (or another
+/// power condition) and a PREVENT conflict as writes do.
+#[test]
+fn starting_the_unit_and_allowing_removal_never_conflict() {
+    let start = [op::START_STOP_UNIT, 0, 0, 0, 0x01, 0];
+    let start_loej = [op::START_STOP_UNIT, 0, 0, 0, 0x03, 0];
+    let stop = [op::START_STOP_UNIT, 0, 0, 0, 0x00, 0];
+    let idle = [op::START_STOP_UNIT, 0, 0, 0, 0x21, 0];
+    let allow = [op::PREVENT_ALLOW_MEDIUM_REMOVAL, 0, 0, 0, 0, 0];
+    let prevent = [op::PREVENT_ALLOW_MEDIUM_REMOVAL, 0, 0, 0, 1, 0];
+    for rtype in [1u8, 3, 5, 6, 7, 8] {
+        let lu = ram_lu();
+        let (a, b) = (nexus(1), nexus(2));
+        good(pr_out(&lu, &a, REGISTER, 0, 0, 0xA));
+        good(pr_out(&lu, &a, RESERVE, rtype, 0xA, 0));
+        for cdb in [&start, &start_loej, &allow] {
+            good(exec(&lu, &b, cdb));
+        }
+        for cdb in [&stop, &idle, &prevent] {
+            conflict(exec(&lu, &b, cdb));
+        }
+    }
+}
+
 /// REPORT CAPABILITIES sets CRH, which promises the SPC-4 5.9.3 (SPC-5
 /// 5.13.3) exceptions: RESERVE(6)/RELEASE(6) from the persistent
 /// reservation holder, or from a registrant while a registrants-only or
