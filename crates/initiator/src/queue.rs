@@ -103,6 +103,9 @@ pub struct Queue {
     reading: Option<PendingRead>,
     conn: Link,
     tx: Vec<u8>,
+    /// Completions received and not yet returned: one at most per command
+    /// in flight, as both connections end at a completion for a CID not in
+    /// flight.
     ready: VecDeque<Completion>,
     in_flight: FxHashSet<u16>,
     next_cid: u16,

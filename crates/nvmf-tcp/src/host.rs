@@ -269,7 +269,7 @@ impl HostConnection {
                 PduType::IC_RESP => self.on_ic_resp(header)?,
                 PduType::CAPSULE_RESP => {
                     if let Ok(r) = CapsuleResp::read_from_bytes(header) {
-                        self.complete(r.cqe);
+                        self.complete(r.cqe, offset::RESP_CID)?;
                     }
                 }
                 PduType::C2H_DATA => self.on_c2h_data(header, frame.data, frame.data_digest_ok, frame.ch.flags)?,
@@ -303,21 +303,33 @@ impl HostConnection {
         Ok(())
     }
 
-    fn complete(&mut self, mut cqe: Cqe) {
+    /// Completes the command `cqe` names. A CID not in flight ends the
+    /// connection, as in the Linux host, with FEI `cid_at` (where the PDU
+    /// holds the CID): queued, such completions would pile up for as long
+    /// as the controller sent them.
+    fn complete(&mut self, mut cqe: Cqe, cid_at: u32) -> Result<(), Fatal> {
         let cid = cqe.cid.get();
-        let data = match self.pending.remove(&cid) {
-            Some(p) => {
-                self.recycle(p.write_data);
-                // Data that failed its digest is not the command's data,
-                // whatever status the controller gives.
-                if p.digest_failed && cqe.status().is_success() {
-                    cqe.set_status(Status::TRANSIENT_TRANSPORT_ERROR);
-                }
-                p.read_data
-            }
-            None => Vec::new(),
+        let Some(p) = self.pending.remove(&cid) else {
+            return Err(Fatal::new(
+                Fes::INVALID_HEADER_FIELD,
+                cid_at,
+                format!("completion for cid {cid}, which is not in flight"),
+            ));
         };
-        self.completions.push_back(Completion { cqe, data });
+        self.recycle(p.write_data);
+        if cqe.status().is_success() {
+            // Data that failed its digest is not the command's data,
+            // whatever status the controller gives; nor is a buffer the
+            // controller did not fill (a read may end early, but with an
+            // error status).
+            if p.digest_failed {
+                cqe.set_status(Status::TRANSIENT_TRANSPORT_ERROR);
+            } else if p.read_data.len() < p.read_len {
+                cqe.set_status(Status::DATA_TRANSFER_ERROR);
+            }
+        }
+        self.completions.push_back(Completion { cqe, data: p.read_data });
+        Ok(())
     }
 
     fn on_c2h_data(&mut self, header: &[u8], data: &[u8], data_ok: bool, ch_flags: u8) -> Result<(), Fatal> {
@@ -327,6 +339,15 @@ impl HostConnection {
         let Some(p) = self.pending.get_mut(&cid) else {
             return Err(Fatal::new(Fes::INVALID_HEADER_FIELD, offset::CCCID, format!("C2HData for unknown cid {cid}")));
         };
+        // SUCCESS completes the command: NVMe/TCP allows it on the last
+        // PDU of its data only, and the Linux host refuses it elsewhere.
+        if ch_flags & flags::SUCCESS != 0 && ch_flags & flags::LAST_PDU == 0 {
+            return Err(Fatal::new(
+                Fes::INVALID_HEADER_FIELD,
+                offset::FLAGS,
+                format!("C2HData for cid {cid} has SUCCESS without LAST_PDU"),
+            ));
+        }
         if h.datao.get() as usize != p.read_data.len() {
             return Err(Fatal::new(
                 Fes::DATA_OUT_OF_RANGE,
@@ -345,7 +366,7 @@ impl HostConnection {
         // Remembered until the completion, which it fails.
         p.digest_failed |= !data_ok;
         if ch_flags & flags::SUCCESS != 0 {
-            self.complete(Cqe::new(cid, Status::SUCCESS, 0));
+            self.complete(Cqe::new(cid, Status::SUCCESS, 0), offset::CCCID)?;
         }
         Ok(())
     }
@@ -475,6 +496,89 @@ mod tests {
         let c = h.poll_completion().expect("completion");
         assert_eq!(c.cqe.cid.get(), 7);
         assert_eq!(c.cqe.status(), Status::TRANSIENT_TRANSPORT_ERROR, "{} bytes of data", c.data.len());
+    }
+
+    /// A read of `len` bytes submitted as `cid`, its capsule taken in by
+    /// the target.
+    fn submit_read(h: &mut HostConnection, t: &mut TargetConnection<Vec<u8>>, cid: u16, len: u32) {
+        let mut sqe = Sqe { opcode: 0x02, ..Default::default() };
+        sqe.cid = cid.into();
+        sqe.nsid = 1.into();
+        h.submit(sqe, Vec::new(), len);
+        let mut wire = Vec::new();
+        h.take_transmit(&mut wire);
+        t.handle_input(&wire).expect("capsule");
+        while t.poll_event().is_some() {}
+    }
+
+    /// A C2HData PDU as a broken controller may send it (data digests on).
+    fn c2h(cid: u16, datao: usize, data: &[u8], ch_flags: u8) -> Vec<u8> {
+        let h = DataHeader {
+            ch: pdu::common_header(PduType::C2H_DATA, ch_flags),
+            cccid: cid.into(),
+            ttag: 0.into(),
+            datao: (datao as u32).into(),
+            datal: (data.len() as u32).into(),
+            rsvd: [0; 4],
+        };
+        let mut out = Vec::new();
+        pdu::encode(&mut out, h.as_bytes(), data, Framing { hdgst: false, ddgst: true, data_align: 4 });
+        out
+    }
+
+    #[test]
+    fn c2h_data_with_success_but_not_last_pdu_ends_the_connection() {
+        let (mut h, mut t) = data_digest_pair();
+        t.set_queue(1, 63, true);
+        submit_read(&mut h, &mut t, 4, 4096);
+        let e = h.handle_input(&c2h(4, 0, &data(4, 2048), flags::SUCCESS)).expect_err("SUCCESS mid-transfer");
+        assert_eq!((e.fes, e.fei), (Fes::INVALID_HEADER_FIELD, offset::FLAGS), "{e}");
+        assert!(e.reason.contains("SUCCESS without LAST_PDU"), "{}", e.reason);
+        assert!(h.poll_completion().is_none(), "the read completed with half its data");
+        assert!(h.is_terminated());
+    }
+
+    #[test]
+    fn a_read_completed_successfully_before_all_its_data_arrived_fails() {
+        let (mut h, mut t) = data_digest_pair();
+        t.set_queue(1, 63, false);
+        // Ended by C2HData with SUCCESS and LAST_PDU at half the data.
+        submit_read(&mut h, &mut t, 5, 4096);
+        h.handle_input(&c2h(5, 0, &data(5, 2048), flags::LAST_PDU | flags::SUCCESS)).expect("well framed");
+        let c = h.poll_completion().expect("completion");
+        assert_eq!(c.cqe.status(), Status::DATA_TRANSFER_ERROR, "{} bytes of data", c.data.len());
+        // Ended by a response capsule with success after half the data.
+        submit_read(&mut h, &mut t, 6, 4096);
+        h.handle_input(&c2h(6, 0, &data(6, 2048), flags::LAST_PDU)).expect("well framed");
+        t.send_response(Cqe::new(6, Status::SUCCESS, 0));
+        let mut wire = Vec::new();
+        t.take_transmit(&mut wire);
+        h.handle_input(&wire).expect("the response capsule");
+        let c = h.poll_completion().expect("completion");
+        assert_eq!(c.cqe.status(), Status::DATA_TRANSFER_ERROR, "{} bytes of data", c.data.len());
+        // A read the controller fails part way keeps its own status.
+        submit_read(&mut h, &mut t, 7, 4096);
+        h.handle_input(&c2h(7, 0, &data(7, 2048), flags::LAST_PDU)).expect("well framed");
+        t.send_response(Cqe::new(7, Status::LBA_OUT_OF_RANGE, 0));
+        wire.clear();
+        t.take_transmit(&mut wire);
+        h.handle_input(&wire).expect("the response capsule");
+        assert_eq!(h.poll_completion().expect("completion").cqe.status(), Status::LBA_OUT_OF_RANGE);
+    }
+
+    #[test]
+    fn a_response_capsule_for_a_command_not_in_flight_ends_the_connection() {
+        let (mut h, mut t) = data_digest_pair();
+        t.set_queue(1, 63, false);
+        submit_read(&mut h, &mut t, 8, 4096);
+        t.send_response(Cqe::new(9, Status::SUCCESS, 0));
+        let mut wire = Vec::new();
+        t.take_transmit(&mut wire);
+        let e = h.handle_input(&wire).expect_err("a completion for nobody");
+        assert_eq!((e.fes, e.fei), (Fes::INVALID_HEADER_FIELD, offset::RESP_CID), "{e}");
+        assert!(e.reason.contains("cid 9"), "{}", e.reason);
+        assert!(h.poll_completion().is_none(), "a completion for nobody was queued");
+        assert!(h.is_terminated());
     }
 
     #[test]

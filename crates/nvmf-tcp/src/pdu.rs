@@ -115,6 +115,8 @@ pub mod offset {
     pub const DATAO: u32 = 12;
     /// H2CData: DATAL.
     pub const DATAL: u32 = 16;
+    /// CapsuleResp: the CQE's CID.
+    pub const RESP_CID: u32 = 20;
 }
 
 /// The 8-byte common header (TP 8000 figure 21).
