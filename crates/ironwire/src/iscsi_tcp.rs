@@ -932,8 +932,12 @@ pub async fn serve(stream: TcpStream, model: Arc<IscsiModel>, cfg: TargetConfig,
     let _ = stream.set_nodelay(true);
     let Ok(peer) = stream.peer_addr() else { return };
     let seed = seed(&model);
+    let mut iscsi = TargetConnection::new(cfg, model.clone(), seed).with_peer(peer.ip());
+    if let Ok(local) = stream.local_addr() {
+        iscsi = iscsi.with_local(local.ip());
+    }
     let conn = Rc::new(Conn {
-        iscsi: RefCell::new(TargetConnection::new(cfg, model.clone(), seed).with_peer(peer.ip())),
+        iscsi: RefCell::new(iscsi),
         session: RefCell::new(None),
         shell: Shell::new(peer),
         running: RefCell::new(Vec::new()),

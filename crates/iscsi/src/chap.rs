@@ -59,9 +59,14 @@ impl ChapAlgorithm {
 
 /// Picks the algorithm for a `CHAP_A=a1,a2,...` offer: the first value of
 /// the initiator's list (its order of preference) that `supported` holds,
-/// as RFC 7143 section 6.2 rules for list keys.
+/// as RFC 7143 section 6.2 rules for list keys. The values are numbers,
+/// decimal or hex (RFC 7143 sections 6.1 and 12.1.3).
 pub fn choose(offer: &str, supported: &[ChapAlgorithm]) -> Option<ChapAlgorithm> {
-    offer.split(',').filter_map(|v| v.trim().parse::<u8>().ok()).map(ChapAlgorithm).find(|a| supported.contains(a))
+    offer
+        .split(',')
+        .filter_map(|v| crate::text::parse_num(v.trim()).and_then(|n| u8::try_from(n).ok()))
+        .map(ChapAlgorithm)
+        .find(|a| supported.contains(a))
 }
 
 /// A CHAP secret. Its `Debug` never shows the bytes.
@@ -155,6 +160,8 @@ mod tests {
         assert_eq!(choose("7,5", &[ChapAlgorithm::MD5, ChapAlgorithm::SHA256]), Some(ChapAlgorithm::SHA256));
         assert_eq!(choose("5", &[ChapAlgorithm::SHA256]), None);
         assert_eq!(choose("x,5", &ChapAlgorithm::ALL), Some(ChapAlgorithm::MD5));
+        assert_eq!(choose("0x7", &ChapAlgorithm::ALL), Some(ChapAlgorithm::SHA256));
+        assert_eq!(choose("261,5", &ChapAlgorithm::ALL), Some(ChapAlgorithm::MD5));
     }
 
     #[test]

@@ -144,7 +144,9 @@ pub struct TargetInfo {
     pub alias: Option<String>,
     /// Target portal group tag of the portal this connection came in on.
     pub tpgt: u16,
-    /// TargetAddress values for SendTargets: `ip:port,tpgt`.
+    /// TargetAddress values for SendTargets: `ip:port,tpgt`; a wildcard
+    /// address stands for the one the initiator reached
+    /// ([`TargetConnection::with_local`]).
     pub portals: Vec<String>,
 }
 
@@ -659,6 +661,8 @@ pub struct TargetConnection<B> {
     session_reserved: bool,
     /// The initiator's address, for the policy's per-host limits.
     peer: Option<std::net::IpAddr>,
+    /// The address the initiator reached, for SendTargets.
+    local: Option<std::net::IpAddr>,
     /// The final Login Response (header and text) of a normal session,
     /// held until [`TargetConnection::admit_session`].
     pending_login: Option<(Bhs, Vec<u8>)>,
@@ -723,6 +727,7 @@ impl<B: DataBuffer> TargetConnection<B> {
             rx_activity: false,
             session_reserved: false,
             peer: None,
+            local: None,
             pending_login: None,
         }
     }
@@ -742,6 +747,14 @@ impl<B: DataBuffer> TargetConnection<B> {
     #[must_use]
     pub fn with_peer(mut self, peer: std::net::IpAddr) -> Self {
         self.peer = Some(peer);
+        self
+    }
+
+    /// Tells SendTargets the address the initiator reached this
+    /// connection on: a portal on a wildcard address is announced with it.
+    #[must_use]
+    pub fn with_local(mut self, local: std::net::IpAddr) -> Self {
+        self.local = Some(local);
         self
     }
 
@@ -1460,9 +1473,10 @@ impl<B: DataBuffer> TargetConnection<B> {
                 match (get("CHAP_I"), get("CHAP_C")) {
                     (None, None) => {}
                     (Some(id), Some(c)) => {
-                        let id: u8 = id
-                            .parse()
-                            .map_err(|_| login_fail(ls::AUTHENTICATION_FAILURE, format!("CHAP_I={id} invalid")))?;
+                        // A number, decimal or hex (RFC 7143 sections 6.1, 12.1.3).
+                        let id = text::parse_num(id)
+                            .and_then(|n| u8::try_from(n).ok())
+                            .ok_or_else(|| login_fail(ls::AUTHENTICATION_FAILURE, format!("CHAP_I={id} invalid")))?;
                         let their = chap::decode_binary(c)
                             .filter(|c| c.len() <= 1024)
                             .ok_or_else(|| login_fail(ls::AUTHENTICATION_FAILURE, "CHAP_C invalid"))?;
@@ -2663,6 +2677,9 @@ impl<B: DataBuffer> TargetConnection<B> {
                         text::push(&mut resp, k, "Reject");
                     }
                 }
+                // Declarative and allowed in any phase (RFC 7143 13.6):
+                // nothing to answer.
+                "InitiatorAlias" => {}
                 _ if text::key_kind(k).is_some() => text::push(&mut resp, k, "Reject"),
                 _ => text::push(&mut resp, k, "NotUnderstood"),
             }
@@ -2688,8 +2705,23 @@ impl<B: DataBuffer> TargetConnection<B> {
         for t in list {
             text::push(resp, "TargetName", &t.name);
             for p in &t.portals {
-                text::push(resp, "TargetAddress", p);
+                text::push(resp, "TargetAddress", &self.reachable(p));
             }
+        }
+    }
+
+    /// The TargetAddress value for `portal` (`ip:port,tpgt`): a wildcard
+    /// listen address (0.0.0.0, `[::]`) is no address to connect to, so,
+    /// as the Linux target does, it is given as the address this
+    /// connection reached ([`Self::with_local`]) with the portal's port,
+    /// an IPv4-mapped one as the IPv4 address it is.
+    fn reachable(&self, portal: &str) -> String {
+        let (addr, tag) = portal.split_at(portal.find(',').unwrap_or(portal.len()));
+        match (addr.parse::<std::net::SocketAddr>(), self.local) {
+            (Ok(a), Some(local)) if a.ip().is_unspecified() => {
+                format!("{}{tag}", std::net::SocketAddr::new(local.to_canonical(), a.port()))
+            }
+            _ => portal.to_string(),
         }
     }
 

@@ -275,8 +275,9 @@ impl Answer {
     }
 }
 
-fn parse_num(v: &str) -> Option<u32> {
-    // Numbers are decimal, or hex with 0x (RFC 7143 section 6.1).
+/// A numerical value: decimal, or hex with 0x (RFC 7143 section 6.1);
+/// `None` when it is neither or does not fit 32 bits.
+pub fn parse_num(v: &str) -> Option<u32> {
     if let Some(h) = v.strip_prefix("0x").or_else(|| v.strip_prefix("0X")) {
         u32::from_str_radix(h, 16).ok()
     } else if !v.is_empty() && v.bytes().all(|b| b.is_ascii_digit()) {

@@ -363,3 +363,20 @@ fn text_requests_with_c_and_f_or_with_text_while_the_answer_continues_are_reject
     assert_eq!((b.opcode(), RejectReason(b.byte2())), (Opcode::REJECT, RejectReason::PROTOCOL_ERROR));
     assert_eq!(t.state(), State::FullFeature);
 }
+
+/// RFC 7143 13.6: InitiatorAlias is declarative and may be sent at any
+/// time ("Use: ALL"), in full feature phase too: a Text Request declaring
+/// it gets no answer for it, not a Reject; a key that may be offered only
+/// at login still gets one.
+#[test]
+fn initiator_alias_in_full_feature_phase_is_a_declaration_not_rejected() {
+    let mut t = target();
+    let (r, _) = login(&mut t, format!("InitiatorName={INITIATOR}\0SessionType=Discovery\0").as_bytes());
+    assert_eq!(r.login_status(), 0);
+    let sn = r.stat_sn().wrapping_add(1);
+    let out = text_req(&mut t, flags::FINAL, RESERVED_TAG, sn, b"InitiatorAlias=host one\0MaxBurstLength=4096\0");
+    let (b, data) = out.first().expect("an answer");
+    assert_eq!((b.opcode(), b.flags() & flags::FINAL), (Opcode::TEXT_RESP, flags::FINAL));
+    let pairs = iscsi::text::parse(data).expect("text");
+    assert_eq!(pairs, [("MaxBurstLength".to_string(), "Reject".to_string())]);
+}

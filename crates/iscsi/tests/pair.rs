@@ -24,6 +24,8 @@ struct TestPolicy {
     target_creds: Option<(String, String)>,
     extra_targets: usize,
     admits_sessions: bool,
+    /// The portals are wildcard listen addresses.
+    wildcard_portals: bool,
 }
 
 impl Policy for TestPolicy {
@@ -38,7 +40,11 @@ impl Policy for TestPolicy {
             name: TARGET.into(),
             alias: Some("disk one".into()),
             tpgt: 1,
-            portals: vec!["127.0.0.1:3260,1".into(), "[::1]:3260,1".into()],
+            portals: if self.wildcard_portals {
+                vec!["0.0.0.0:3260,1".into(), "[::]:3261,1".into()]
+            } else {
+                vec!["127.0.0.1:3260,1".into(), "[::1]:3260,1".into()]
+            },
         }];
         for i in 0..self.extra_targets {
             v.push(TargetInfo {
@@ -306,6 +312,34 @@ fn logs_in_with_mutual_chap() {
     let (mut h, t, _) = login_with(hc, target_cfg(false), policy);
     assert!(host_events(&mut h).contains(&HostEvent::LoginFailed { status: login_status::AUTHENTICATION_FAILURE }));
     assert_eq!(t.state(), State::Closed);
+}
+
+#[test]
+fn chap_algorithm_and_identifier_may_be_hex_numbers() {
+    // RFC 7143 12.1.3: "A, A1, A2, and I are numbers"; section 6.1: a
+    // numerical-value is a decimal-constant or a hex-constant.
+    use iscsi::chap::{decode_binary, encode_hex};
+    let policy = TestPolicy { target_creds: Some(("the-target".into(), "target-secret".into())), ..chap_policy() };
+    let mut t = Target::new(target_cfg(false), Arc::new(policy), seed());
+    let names = format!("InitiatorName={INITIATOR}\0SessionType=Normal\0TargetName={TARGET}\0AuthMethod=CHAP\0");
+    let (r, _) = raw_login(&mut t, (0, 1), false, names.as_bytes());
+    assert_eq!(r.login_status(), login_status::SUCCESS);
+    let (r, data) = raw_login(&mut t, (0, 1), false, b"CHAP_A=0x5\0");
+    assert_eq!(r.login_status(), login_status::SUCCESS);
+    let pairs = iscsi::text::parse(&data).expect("text");
+    let get = |k: &str| pairs.iter().find(|(key, _)| key == k).map(|(_, v)| v.clone());
+    assert_eq!(get("CHAP_A").as_deref(), Some("5"));
+    let id: u8 = get("CHAP_I").expect("CHAP_I").parse().expect("decimal");
+    let challenge = decode_binary(&get("CHAP_C").expect("CHAP_C")).expect("binary");
+    let answer = ChapAlgorithm::MD5.response(id, b"initiator-secret", &challenge).expect("md5");
+    let ours = [0x5au8; 16];
+    let text = format!("CHAP_N=alice\0CHAP_R={}\0CHAP_I=0x2a\0CHAP_C={}\0", encode_hex(&answer), encode_hex(&ours));
+    let (r, data) = raw_login(&mut t, (0, 1), true, text.as_bytes());
+    assert_eq!(r.login_status(), login_status::SUCCESS);
+    assert!(r.flags() & flags::TRANSIT != 0);
+    let pairs = iscsi::text::parse(&data).expect("text");
+    let want = ChapAlgorithm::MD5.response(0x2a, b"target-secret", &ours).expect("md5");
+    assert!(pairs.contains(&("CHAP_R".to_string(), encode_hex(&want))), "{pairs:?}");
 }
 
 #[test]
@@ -935,6 +969,34 @@ fn discovery_session_answers_send_targets_and_rejects_scsi_commands() {
         host_events(&mut h).first(),
         Some(HostEvent::Reject { reason: RejectReason::PROTOCOL_ERROR, bhs: Some(_) })
     ));
+}
+
+#[test]
+fn send_targets_gives_a_wildcard_portal_as_the_address_the_initiator_reached() {
+    // RFC 7143 appendix C: TargetAddress is where the initiator can reach
+    // the target; 0.0.0.0 or [::] is no such address. The Linux target
+    // (and our NVMe discovery log) give the connection's local address.
+    let policy = TestPolicy { wildcard_portals: true, ..Default::default() };
+    let cases = [
+        ("192.0.2.7", ["192.0.2.7:3260,1", "192.0.2.7:3261,1"]),
+        // An IPv4 initiator on a dual-stack listener.
+        ("::ffff:192.0.2.7", ["192.0.2.7:3260,1", "192.0.2.7:3261,1"]),
+        ("2001:db8::7", ["[2001:db8::7]:3260,1", "[2001:db8::7]:3261,1"]),
+    ];
+    for (local, want) in cases {
+        let mut h = HostConnection::new(HostConfig::new(INITIATOR, None));
+        let local = local.parse().expect("address");
+        let mut t = Target::new(target_cfg(false), Arc::new(policy.clone()), seed()).with_local(local);
+        let mut b = Backend::default();
+        step(&mut h, &mut t, &mut b);
+        assert!(h.is_full_feature());
+        host_events(&mut h);
+        let itt = h.send_targets("All");
+        step(&mut h, &mut t, &mut b);
+        let mut pairs = vec![("TargetName".to_string(), TARGET.to_string())];
+        pairs.extend(want.map(|a| ("TargetAddress".to_string(), a.to_string())));
+        assert_eq!(host_events(&mut h), vec![HostEvent::Text { itt, pairs }], "reached on {local}");
+    }
 }
 
 #[test]
