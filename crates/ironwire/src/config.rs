@@ -1023,6 +1023,14 @@ impl Config {
                 if a.mutual_chap.is_some() && a.chap.is_none() {
                     bail!("{}: mutual CHAP needs `chap` too", g("mutual_chap"));
                 }
+                if let (Some(c), Some(m)) = (&a.chap, &a.mutual_chap) {
+                    if c.secret == m.secret {
+                        bail!(
+                            "{}: must differ from the initiator's secret (RFC 7143 section 12.1.3)",
+                            g("mutual_chap.secret")
+                        );
+                    }
+                }
             }
             if !t.allow_any_initiator && t.initiators.is_empty() && t.acl.is_empty() {
                 bail!("{}: empty while allow_any_initiator is false; no initiator could log in", f("initiators"));
@@ -1287,6 +1295,32 @@ mod tests {
         assert!(err_of(&sub("", "nguid = \"+0112233445566778899aabbccddeeff\"")).contains("namespace[0].nguid"));
         let e = err_of(&sub("", "ana_state = \"standby\""));
         assert!(e.contains("namespace[0].ana_state: \"standby\" is not one of optimized, non-optimized"), "{e}");
+    }
+
+    /// RFC 7143 12.1.3: the two directions of mutual CHAP must not share a
+    /// secret (the login refuses them); an ACL's own pair is checked as the
+    /// target's is, or every mutual login of that initiator would fail.
+    #[test]
+    fn mutual_chap_secrets_must_differ_for_the_target_and_each_acl() {
+        let target = |auth: &str, acl: &str| {
+            format!(
+                "[[device]]\nname = \"r\"\nkind = \"ram\"\nsize = \"1MiB\"\n[[iscsi_target]]\n\
+                 iqn = \"iqn.2026-11.io.ironwire:t\"\n{auth}\n[[iscsi_target.acl]]\n\
+                 initiator = \"iqn.2026-11.io.ironwire:host\"\n{acl}\n[[iscsi_target.lun]]\ndevice = \"r\"\n\
+                 [[port]]\ntransport = \"iscsi\"\naddress = \"127.0.0.1:3260\"\n"
+            )
+        };
+        let pair = |a: &str, b: &str| {
+            format!(
+                "chap = {{ user = \"in\", secret = \"{a}\" }}\nmutual_chap = {{ user = \"out\", secret = \"{b}\" }}"
+            )
+        };
+        Config::parse(&target(&pair("secret-one-12", "secret-two-12"), &pair("secret-three", "secret-four!")))
+            .expect("differ");
+        let e = err_of(&target(&pair("secret-one-12", "secret-one-12"), ""));
+        assert!(e.contains(".mutual_chap.secret: must differ"), "{e}");
+        let e = err_of(&target("", &pair("secret-three", "secret-three")));
+        assert!(e.contains("acl[0].mutual_chap.secret: must differ"), "{e}");
     }
 
     #[test]

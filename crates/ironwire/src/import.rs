@@ -711,6 +711,11 @@ impl Builder {
         if let (Some(u), Some(p)) = (filled(&a.userid), filled(&a.password)) {
             out.push(("chap", self.chap(what, &u, &p).ok_or(())?));
             if let (Some(mu), Some(mp)) = (filled(&a.mutual_userid), filled(&a.mutual_password)) {
+                if mp == p {
+                    // No mutual login could succeed (RFC 7143 12.1.3).
+                    self.note(format!("{what}: the mutual CHAP secret is the CHAP secret; the two must differ"));
+                    return Err(());
+                }
                 out.push(("mutual_chap", self.chap(&format!("{what} mutual"), &mu, &mp).ok_or(())?));
             }
         }
@@ -878,6 +883,21 @@ mod tests {
             .collect();
         assert_eq!(acls, ["iqn.1994-05.com.example:own"], "{t}");
         assert!(notes.contains("example:bare]: authentication is on but this ACL has no credentials"), "{notes}");
+    }
+
+    #[test]
+    fn lio_acl_whose_mutual_chap_secret_is_its_chap_secret_is_left_out() {
+        // No mutual CHAP login can succeed with one secret both ways: the
+        // ACL cannot carry over (and would fail check-config).
+        let json = lio_target(
+            r#""attributes": {"authentication": 1, "generate_node_acls": 0},
+            "node_acls": [{"node_wwn": "iqn.1994-05.com.example:same", "chap_userid": "in",
+                 "chap_password": "one-secret-123", "chap_mutual_userid": "out",
+                 "chap_mutual_password": "one-secret-123", "mapped_luns": [{"index": 0, "tpg_lun": 0}]}]"#,
+        );
+        let (t, notes) = convert_json(Format::Targetcli, &json);
+        assert!(!t.to_string().contains("example:same"), "{t}");
+        assert!(notes.contains("example:same]: the mutual CHAP secret is the CHAP secret"), "{notes}");
     }
 
     #[test]
