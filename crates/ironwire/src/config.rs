@@ -610,7 +610,7 @@ pub struct NvmeTcpConfig {
     /// with a unit, like every byte count in the file).
     #[serde(default = "default_in_capsule", deserialize_with = "size_u32")]
     pub in_capsule_data: u32,
-    /// Largest transfer per command (MDTS), bytes; a power of two >= 4096.
+    /// Largest transfer per command (MDTS), bytes; a power of two >= 8192.
     #[serde(default = "default_max_transfer", deserialize_with = "size_u32")]
     pub max_transfer: u32,
     /// Most data bytes per H2CData PDU the host may send (MAXH2CDATA).
@@ -1077,8 +1077,10 @@ impl Config {
             bail!("port: iSCSI targets are configured but no port has transport = \"iscsi\"");
         }
         let t = &self.nvme_tcp;
-        if !t.max_transfer.is_power_of_two() || t.max_transfer < 4096 {
-            bail!("nvme_tcp.max_transfer: {} is not a power of two >= 4096", t.max_transfer);
+        // MDTS is 2^n units of 4 KiB, n = 0 meaning no limit: 4 KiB itself
+        // cannot be advertised.
+        if !t.max_transfer.is_power_of_two() || t.max_transfer < 8192 {
+            bail!("nvme_tcp.max_transfer: {} is not a power of two >= 8192", t.max_transfer);
         }
         if t.in_capsule_data > t.max_transfer || !t.in_capsule_data.is_multiple_of(16) {
             bail!(
@@ -1414,6 +1416,18 @@ mod tests {
         assert_eq!(Config::parse(&always).expect("config").nvme_tcp.c2h_success, C2hSuccess::Always);
         let bad = format!("{base}[nvme_tcp]\nc2h_success = \"sometimes\"\n");
         assert!(format!("{:#}", Config::parse(&bad).expect_err("unknown value")).contains("sometimes"));
+    }
+
+    /// MDTS says a transfer limit as 2^n units of 4 KiB, and n = 0 means no
+    /// limit at all: 4 KiB cannot be said, and a host told "no limit" sends
+    /// reads the target refuses. The least is 8 KiB (MDTS 1).
+    #[test]
+    fn max_transfer_is_one_mdts_can_say() {
+        let base = "[[port]]\naddress = \"127.0.0.1:4420\"\n";
+        let e = err_of(&format!("{base}[nvme_tcp]\nmax_transfer = 4096\nin_capsule_data = 4096\n"));
+        assert!(e.contains("max_transfer") && e.contains(">= 8192"), "{e}");
+        let c = Config::parse(&format!("{base}[nvme_tcp]\nmax_transfer = 8192\n")).expect("8 KiB");
+        assert_eq!(c.nvme_tcp.max_transfer, 8192);
     }
 
     #[test]

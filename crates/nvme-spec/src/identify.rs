@@ -141,6 +141,9 @@ pub mod ctrl {
     pub const ONCS_DSM: u16 = 1 << 2;
     /// ONCS: Write Zeroes.
     pub const ONCS_WRITE_ZEROES: u16 = 1 << 3;
+    /// ONCS: the Save field of Set Features and the Select field of Get
+    /// Features are supported (SSFS).
+    pub const ONCS_SAVE_SELECT: u16 = 1 << 4;
     /// SGLS: SGLs supported (any alignment).
     pub const SGLS_SUPPORTED: u32 = 1 << 0;
     /// SGLS: keyed SGL data block descriptors (NVMe/RDMA).
@@ -218,6 +221,21 @@ pub mod ns {
     pub const DLFEAT_READ_ZEROES: u8 = 0x01;
     /// DLFEAT bit 3: Write Zeroes may deallocate (its DEAC bit).
     pub const DLFEAT_WZ_DEALLOC: u8 = 0x08;
+}
+
+/// I/O Command Set Independent Identify Namespace (CNS 08h; NVMe Base 2.0
+/// section 5.17.2) field offsets.
+pub mod ns_indep {
+    /// Namespace multi-path and sharing capabilities (u8).
+    pub const NMIC: usize = 1;
+    /// ANA group identifier (u32).
+    pub const ANAGRPID: usize = 4;
+    /// Namespace attributes (u8), as Identify Namespace NSATTR.
+    pub const NSATTR: usize = 8;
+    /// Namespace status (u8).
+    pub const NSTAT: usize = 14;
+    /// NSTAT bit 0: the namespace is ready.
+    pub const NSTAT_READY: u8 = 1 << 0;
 }
 
 /// Namespace Identification Descriptor types (NVMe Base 2.0 figure 276).

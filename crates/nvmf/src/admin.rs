@@ -111,7 +111,7 @@ impl<D: BlockDevice> Queue<D> {
         let mut s = ctrl.lock();
         let mut dw0 = 0;
         match fid {
-            FeatureId::KEEP_ALIVE_TIMER => s.kato_ms = cdw11,
+            FeatureId::KEEP_ALIVE_TIMER => s.kato_ms = crate::controller::kato_rounded(cdw11),
             FeatureId::ASYNC_EVENT_CONFIG => {
                 let supported = identify::async_events(discovery);
                 if cdw11 & !supported != 0 {

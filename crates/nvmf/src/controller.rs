@@ -14,6 +14,17 @@ use std::sync::{Arc, Mutex, Weak};
 /// (nvmet's `NVMET_DISC_KATO_MS`).
 pub(crate) const DISCOVERY_KATO_MS: u32 = 120_000;
 
+/// The granularity of the Keep Alive Timeout, ms: Identify Controller KAS
+/// says it in 100 ms units.
+pub(crate) const KATO_GRANULARITY_MS: u32 = 100;
+
+/// The Keep Alive Timeout a host's `kato_ms` (Connect, Set Features) sets:
+/// rounded up to [`KATO_GRANULARITY_MS`] (NVMe Base 2.0 5.27.1.12),
+/// saturating at `u32::MAX`.
+pub(crate) fn kato_rounded(kato_ms: u32) -> u32 {
+    kato_ms.div_ceil(KATO_GRANULARITY_MS).saturating_mul(KATO_GRANULARITY_MS)
+}
+
 /// Mutable controller state.
 #[derive(Debug, Default)]
 pub(crate) struct CtrlState {

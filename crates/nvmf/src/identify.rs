@@ -3,7 +3,7 @@
 use crate::controller::Controller;
 use crate::model::{Namespace, Subsystem, Target, Transport};
 use block::BlockDevice;
-use nvme_spec::identify::{ctrl as c, nid, ns as n, CSI_NVM, LEN};
+use nvme_spec::identify::{ctrl as c, nid, ns as n, ns_indep as ni, CSI_NVM, LEN};
 use nvme_spec::opcode::Cns;
 use nvme_spec::writer::Page;
 use nvme_spec::{regs, Status};
@@ -116,11 +116,14 @@ pub(crate) fn build<D: BlockDevice>(
             Ok(crate::limits::identify_page())
         }
         Cns::CS_INDEPENDENT_NAMESPACE => {
-            let ns = ns_of(nsid)?;
             let mut p = Page::new(LEN);
-            if ns.is_some() {
-                p.u8(1, n::NMIC_SHARED);
-                p.u8(13, 1); // NSTAT: namespace ready
+            if let Some(ns) = ns_of(nsid)? {
+                // What Identify Namespace says of it too (NMIC, ANAGRPID,
+                // NSATTR), and that it is ready.
+                p.u8(ni::NMIC, n::NMIC_SHARED).u32(ni::ANAGRPID, ns.nsid).u8(ni::NSTAT, ni::NSTAT_READY);
+                if ns.device.read_only() {
+                    p.u8(ni::NSATTR, n::NSATTR_WRITE_PROTECTED);
+                }
             }
             Ok(p.into_vec())
         }
@@ -154,7 +157,7 @@ fn controller<D: BlockDevice>(
     p.u8(c::ACL, (crate::abort::ABORT_LIMIT - 1) as u8).u8(c::AERL, (crate::admin::AER_LIMIT - 1) as u8);
     p.u8(c::LPA, if subsys.discovery { c::LPA_EXTENDED } else { c::LPA_CMD_EFFECTS | c::LPA_EXTENDED });
     p.u8(c::ELPE, 0).u8(c::NPSS, 0);
-    p.u16(c::KAS, 1);
+    p.u16(c::KAS, (crate::controller::KATO_GRANULARITY_MS / 100) as u16);
     p.u16(c::MAXCMD, s.queue_entries);
     p.u32(c::SGLS, transport.sgls);
     p.ascii_nul(c::SUBNQN, 256, &subsys.nqn);
@@ -181,7 +184,10 @@ fn controller<D: BlockDevice>(
         p.u16(c::WCTEMP, WCTEMP).u16(c::CCTEMP, CCTEMP);
         p.u8(c::SQES, 0x66).u8(c::CQES, 0x44);
         p.u32(c::NN, MAX_NSID).u32(c::MNAN, MAX_NSID);
-        p.u16(c::ONCS, c::ONCS_COMPARE | c::ONCS_DSM | c::ONCS_WRITE_ZEROES);
+        // SSFS: Get Features answers every Select value, and Set Features
+        // with Save is refused as Feature Identifier Not Saveable (nothing
+        // is saveable).
+        p.u16(c::ONCS, c::ONCS_COMPARE | c::ONCS_DSM | c::ONCS_WRITE_ZEROES | c::ONCS_SAVE_SELECT);
         p.u16(c::FUSES, c::FUSES_COMPARE_AND_WRITE);
         // Bit 0: a volatile write cache (some namespace's device had one at
         // Connect); bits 2:1 = 10b: flush to NSID FFFFFFFFh unsupported.

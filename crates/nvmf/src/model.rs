@@ -21,7 +21,9 @@ pub const CNTLID_MAX: u16 = 0xffef;
 /// Target-wide limits.
 #[derive(Clone, Copy, Debug)]
 pub struct Settings {
-    /// Most bytes one command may transfer (MDTS is derived from it).
+    /// Most bytes one command may transfer (MDTS is derived from it): at
+    /// least 8 KiB, as MDTS (2^n pages of 4 KiB) cannot say 4 KiB, its 0
+    /// meaning no limit.
     pub max_transfer: u32,
     /// Most I/O queues per controller.
     pub max_io_queues: u16,

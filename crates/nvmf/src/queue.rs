@@ -601,9 +601,13 @@ impl<D: BlockDevice> Queue<D> {
             // reads the log and disconnects); it still gets one, so that
             // a host gone without closing its connection does not hold
             // it for ever (nvmet's 120 s). An I/O controller given none
-            // has none, as on nvmet.
-            let kato_ms =
-                if subsys.discovery && cmd.kato_ms == 0 { crate::controller::DISCOVERY_KATO_MS } else { cmd.kato_ms };
+            // has none, as on nvmet. A KATO is rounded up to the KAS
+            // granularity.
+            let kato_ms = if subsys.discovery && cmd.kato_ms == 0 {
+                crate::controller::DISCOVERY_KATO_MS
+            } else {
+                crate::controller::kato_rounded(cmd.kato_ms)
+            };
             let io_queues = self.target.settings.max_io_queues;
             let ctrl = Arc::new(Controller::new(
                 cntlid,

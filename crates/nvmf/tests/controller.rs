@@ -711,6 +711,10 @@ fn get_features_default_and_saved_values_are_not_the_current_ones() {
     }
 }
 
+/// The controller answers every SEL value and refuses SV with Feature
+/// Identifier Not Saveable, so Identify Controller ONCS says it supports
+/// both (SSFS, bit 4; NVMe Base 2.0 5.15, Select: the controller indicates
+/// in SSFS whether SEL is supported).
 #[test]
 fn get_features_capabilities_only_of_features_that_exist() {
     let t = target();
@@ -721,6 +725,8 @@ fn get_features_capabilities_only_of_features_that_exist() {
         let (cqe, _) = cqe_of(run(q, &s, None));
         (cqe.status(), cqe.dw0.get())
     };
+    let oncs = u16::from_le_bytes(identify(&mut a, 1, 0).1[520..522].try_into().expect("2"));
+    assert_ne!(oncs & (1 << 4), 0, "ONCS SSFS: Get Features SEL and Set Features SV are supported");
     assert_eq!(get(&mut a, 0x0b, 3), (Status::SUCCESS, 0b100), "AEC: changeable");
     assert_eq!(get(&mut a, 0x55, 3).0, Status::INVALID_FIELD.dnr(), "no such feature");
     assert_eq!(get(&mut a, 0x06, 3).0, Status::INVALID_FIELD.dnr(), "no volatile write cache");
@@ -924,6 +930,32 @@ fn identify_reports_a_shared_namespace_with_ana_reporting() {
     assert_eq!(u32_at(&ns, 92), 1, "ANAGRPID is the NSID");
 }
 
+/// The I/O Command Set Independent Identify Namespace data structure (CNS
+/// 08h, NVMe Base 2.0 section 5.17.2; nvmet's `nvmet_execute_id_cs_indep`):
+/// NMIC at byte 1, ANAGRPID at 7:4, NSATTR at 8, NSTAT at 14 (its bit 0,
+/// NRDY, says the namespace is ready: a host that reads this page ignores a
+/// namespace without it); an inactive NSID reads as zeroes.
+#[test]
+fn identify_command_set_independent_namespace_puts_each_field_at_its_offset() {
+    let t = target();
+    let ro = Arc::new(Described { read_only: true, ..Described::new("ro", 512, 2048) });
+    t.subsystem(SUB).expect("sub").add_namespace(Namespace::new(SUB, 3, ro)).expect("add");
+    let (mut a, _) = admin(&t);
+    let (st, page) = identify(&mut a, 0x08, 1);
+    assert_eq!(st, Status::SUCCESS);
+    assert_eq!(page[1], 0x01, "NMIC: shared");
+    assert_eq!(u32_at(&page, 4), 1, "ANAGRPID is the NSID, as in Identify Namespace");
+    assert_eq!(page[8], 0x00, "NSATTR: a writable namespace");
+    assert_eq!(page[14], 0x01, "NSTAT: namespace ready");
+    assert!(page[9..14].iter().chain(&page[15..]).all(|&b| b == 0), "NVMSETID, ENDGID and the rest zero");
+    let (_, ro) = identify(&mut a, 0x08, 3);
+    assert_eq!((u32_at(&ro, 4), ro[8], ro[14]), (3, 0x01, 0x01), "NSATTR: write protected");
+    let (st, zeros) = identify(&mut a, 0x08, 9);
+    assert_eq!(st, Status::SUCCESS);
+    assert!(zeros.iter().all(|&b| b == 0), "inactive NSID reads as zeroes");
+    assert_eq!(identify(&mut a, 0x08, 0).0, Status::INVALID_NAMESPACE.dnr());
+}
+
 #[test]
 fn one_shared_storage_identity_gives_the_same_identifiers_on_every_gateway() {
     let shared = |name: &str, id: Option<&str>| {
@@ -1054,6 +1086,29 @@ fn keep_alive_expiry_tears_the_controller_down() {
     assert!(a.expired(2000));
     assert!(io.expired(2000), "I/O queues follow their controller");
     assert_eq!(t.subsystem(SUB).expect("sub").controller_count(), 0);
+}
+
+/// The controller rounds a Keep Alive Timeout up to the granularity
+/// Identify Controller KAS reports, 100 ms, whether Connect or Set Features
+/// gives it, and Get Features reports the value in use (NVMe Base 2.0
+/// 3.9.1 and 5.27.1.12): a host that asked for 1050 ms is not cut off
+/// after 1051.
+#[test]
+fn a_keep_alive_timeout_is_rounded_up_to_the_kas_granularity() {
+    let t = target();
+    let mut a = Queue::new(t.clone(), TCP, addr(), addr());
+    let data = ConnectData::new([1; 16], 0xffff, SUB, HOST).as_bytes().to_vec();
+    assert!(status(&run(&mut a, &connect_sqe(0, 31, 1050), Some(data))).is_success());
+    prop_set_cc(&mut a, 0x0046_0001);
+    assert_eq!(identify(&mut a, 1, 0).1[320], 1, "KAS: 100 ms");
+    assert_eq!(get_feature(&mut a, 0x0f), (Status::SUCCESS, 1100), "Connect's KATO, rounded up");
+    assert!(!a.expired(1100), "1100 ms without a command is within the timeout");
+    assert!(a.expired(1101));
+    let (mut a, _) = admin(&t);
+    assert_eq!(set_feature(&mut a, 0x0f, 2001).0, Status::SUCCESS);
+    assert_eq!(get_feature(&mut a, 0x0f).1, 2100, "Set Features' KATO, rounded up");
+    assert_eq!(set_feature(&mut a, 0x0f, 3000).0, Status::SUCCESS);
+    assert_eq!(get_feature(&mut a, 0x0f).1, 3000, "a multiple of 100 ms is kept");
 }
 
 #[test]
@@ -2099,7 +2154,7 @@ fn io_command_edges_answer_as_the_spec_says() {
     let (mut a, cntlid) = admin(&t);
     let ctrl = identify(&mut a, 1, 0).1;
     assert_eq!(ctrl[525] & 0x06, 0x04, "VWC: Flush to NSID FFFFFFFFh unsupported");
-    assert_eq!(u16::from_le_bytes([ctrl[520], ctrl[521]]), 0x0d, "ONCS: Compare, DSM, Write Zeroes");
+    assert_eq!(u16::from_le_bytes([ctrl[520], ctrl[521]]), 0x1d, "ONCS: Compare, DSM, Write Zeroes; SSFS");
     assert_eq!(identify(&mut a, 0, 1).1[33] & 0x08, 0x08, "DLFEAT: Write Zeroes may deallocate");
     let mut io = io_queue(&t, cntlid, 1);
     for nsid in [u32::MAX, 0, 9] {
