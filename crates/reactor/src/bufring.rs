@@ -481,10 +481,9 @@ impl Receiver {
 
     /// Stops the multishot receive from taking more of the reactor's shared
     /// buffers until the next [`recv`](Self::recv), which first hands over
-    /// what already arrived and then arms a new one. A connection that must
-    /// not read for a while (its peer does not read our replies) calls this
-    /// so that its peer cannot fill the buffers every connection on the
-    /// reactor receives into. One-shot receives hold nothing: no-op.
+    /// what already arrived and then arms a new one; the buffers already
+    /// filled stay held until then ([`park`](Self::park) gives them back).
+    /// One-shot receives hold nothing: no-op.
     pub fn pause(&mut self) {
         if let Some(idx) = self.armed() {
             try_with_core(|c| c.cancel(idx));
