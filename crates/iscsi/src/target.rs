@@ -2694,9 +2694,12 @@ impl<B: DataBuffer> TargetConnection<B> {
         let all = self.policy.discovery_targets(&self.login.initiator);
         let list: Vec<TargetInfo> = match (self.login.session_type, value) {
             (SessionType::Discovery, "All") => all,
-            (SessionType::Discovery, name) => all.into_iter().filter(|t| t.name == name).collect(),
+            // iSCSI names compare without case, as the login's lookup does.
+            (SessionType::Discovery, name) => all.into_iter().filter(|t| t.name.eq_ignore_ascii_case(name)).collect(),
             (SessionType::Normal, "") => self.login.target.clone().into_iter().collect(),
-            (SessionType::Normal, name) => self.login.target.clone().into_iter().filter(|t| t.name == name).collect(),
+            (SessionType::Normal, name) => {
+                self.login.target.clone().into_iter().filter(|t| t.name.eq_ignore_ascii_case(name)).collect()
+            }
         };
         if self.login.session_type == SessionType::Normal && value == "All" {
             text::push(resp, "SendTargets", "Reject");

@@ -971,6 +971,20 @@ fn discovery_session_answers_send_targets_and_rejects_scsi_commands() {
     ));
 }
 
+/// iSCSI names compare without case (RFC 3722's stringprep folds case;
+/// the login finds its target so): SendTargets=<name> in another case
+/// names the same target.
+#[test]
+fn send_targets_of_one_name_ignores_case_as_the_login_does() {
+    let (mut h, mut t, mut b) = logged_in(HostConfig::new(INITIATOR, None), target_cfg(false));
+    let itt = h.send_targets(&TARGET.to_ascii_uppercase());
+    step(&mut h, &mut t, &mut b);
+    let ev = host_events(&mut h);
+    let Some(HostEvent::Text { itt: got, pairs }) = ev.first() else { panic!("{ev:?}") };
+    assert_eq!(*got, itt);
+    assert_eq!(pairs.first(), Some(&("TargetName".to_string(), TARGET.to_string())), "{pairs:?}");
+}
+
 #[test]
 fn send_targets_gives_a_wildcard_portal_as_the_address_the_initiator_reached() {
     // RFC 7143 appendix C: TargetAddress is where the initiator can reach
