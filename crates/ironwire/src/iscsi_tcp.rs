@@ -403,6 +403,24 @@ impl IscsiTarget {
         self.sessions.lock().unwrap_or_else(|e| e.into_inner()).total
     }
 
+    /// Closes the target to logins, for a change that removes it: under
+    /// the lock a login takes its session place under, so that no session
+    /// comes while the change runs. Refused, with their count, when it
+    /// has sessions (logins that took their place included).
+    pub fn close(&self) -> Result<(), u32> {
+        let mut n = self.sessions.lock().unwrap_or_else(|e| e.into_inner());
+        if n.total > 0 {
+            return Err(n.total);
+        }
+        n.closed = true;
+        Ok(())
+    }
+
+    /// Takes logins again after [`IscsiTarget::close`] (the change failed).
+    pub fn reopen(&self) {
+        self.sessions.lock().unwrap_or_else(|e| e.into_inner()).closed = false;
+    }
+
     fn allows(&self, initiator: &str) -> bool {
         self.allow_any
             || self.initiators.iter().any(|i| i.eq_ignore_ascii_case(initiator))
@@ -452,6 +470,9 @@ pub struct IscsiModel {
 struct SessionCount {
     total: u32,
     by_host: std::collections::HashMap<std::net::IpAddr, u32>,
+    /// A change removing the target runs ([`IscsiTarget::close`]): no
+    /// session takes a place.
+    closed: bool,
 }
 
 impl SessionCount {
@@ -568,6 +589,9 @@ impl Policy for IscsiModel {
         let Some(t) = self.find(target) else { return Err(format!("target {target} not found")) };
         let Some(peer) = peer else { return Err("no peer address".into()) };
         let mut n = t.sessions.lock().unwrap_or_else(|e| e.into_inner());
+        if n.closed {
+            return Err(format!("target {} is being removed", t.iqn));
+        }
         let (all, from) = (self.sessions_per_target, self.sessions_per_host);
         if n.total >= all {
             return Err(format!("target {} already has {all} sessions ([limits] sessions_per_target)", t.iqn));

@@ -182,16 +182,16 @@ pub fn apply(live: &mut Live, old: &Config, new: &Config, symlinks: Symlinks, pr
             _ => {}
         }
     }
-    let live_targets = live.iscsi.targets();
-    for t in &old.iscsi_target {
-        let sessions = live_targets.iter().find(|l| l.iqn == t.iqn).map_or(0, |l| l.session_count());
-        if sessions == 0 {
-            continue;
-        }
-        // LUN changes are published to the sessions (apply_iscsi).
-        if !new.iscsi_target.iter().any(|n| n.iqn == t.iqn) {
+    // LUN changes are published to the sessions (apply_iscsi); a target
+    // removed takes no login from here on, as the change may wait long
+    // (for the writes of what it removes) before it is gone, and a session
+    // that logged in meanwhile would be on a target that no longer exists.
+    let mut closed = Closed(Vec::new());
+    for t in live.iscsi.targets().into_iter().filter(|l| !new.iscsi_target.iter().any(|n| n.iqn == l.iqn)) {
+        if let Err(sessions) = t.close() {
             bail!("iSCSI target {}: {sessions} session(s) logged in; log them out before removing it", t.iqn);
         }
+        closed.0.push(t);
     }
     let mut opened = HashMap::new();
     for d in to_open {
@@ -247,6 +247,7 @@ pub fn apply(live: &mut Live, old: &Config, new: &Config, symlinks: Symlinks, pr
     }
 
     // From here on every step succeeds.
+    closed.0.clear();
     for (dev, growth) in growths {
         if growth.commit() {
             capacity_changed(live, dev);
@@ -259,6 +260,19 @@ pub fn apply(live: &mut Live, old: &Config, new: &Config, symlinks: Symlinks, pr
         }
     }
     add_ports(live, &old.port, &new.port)
+}
+
+/// The iSCSI targets a change removes, closed to logins
+/// ([`IscsiTarget::close`]) until it is done; those still listed take
+/// logins again when it drops: the change failed.
+struct Closed(Vec<Arc<IscsiTarget>>);
+
+impl Drop for Closed {
+    fn drop(&mut self) {
+        for t in &self.0 {
+            t.reopen();
+        }
+    }
 }
 
 /// Flushes the devices of `before` (the live devices before a change)

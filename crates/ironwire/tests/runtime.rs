@@ -645,3 +645,92 @@ fn removing_a_subsystem_waits_for_the_writes_of_a_gone_controllers_queues() {
         drop(io);
     }));
 }
+
+/// A target (IQN2) and a namespace on a device whose writes take 2 s;
+/// `removed` leaves both out (the target a reload removes while it waits
+/// for the namespace's write), `taken` adds a port on an address in use.
+fn removing_target(dir: &Path, port: u16, removed: bool, taken: Option<u16>) -> String {
+    let slow = if removed { "" } else { "[[subsystem.namespace]]\nnsid = 2\ndevice = \"slow\"\n" };
+    let target2 = if removed {
+        String::new()
+    } else {
+        format!(
+            "[[iscsi_target]]\niqn = \"{IQN2}\"\nallow_any_initiator = true\n[[iscsi_target.lun]]\ndevice = \"r0\"\n"
+        )
+    };
+    let taken = taken.map(|p| format!("[[port]]\naddress = \"127.0.0.1:{p}\"\n")).unwrap_or_default();
+    format!(
+        "[[device]]\nname = \"r0\"\nkind = \"ram\"\nsize = \"1MiB\"\n\n\
+         [[device]]\nname = \"slow\"\nkind = \"file\"\npath = \"{}\"\nsize = \"1MiB\"\nwrite_latency_us = 2000000\n\n\
+         [[subsystem]]\nnqn = \"{NQN}\"\nallow_any_host = true\n\
+         [[subsystem.namespace]]\nnsid = 1\ndevice = \"r0\"\n{slow}\n\
+         [[port]]\naddress = \"127.0.0.1:{port}\"\n\n\
+         [[port]]\ntransport = \"iscsi\"\naddress = \"127.0.0.1:{}\"\n\n{taken}\n\
+         [[iscsi_target]]\niqn = \"{IQN}\"\nallow_any_initiator = true\n[[iscsi_target.lun]]\ndevice = \"r0\"\n\n\
+         {target2}\n[reactor]\ncores = [0]\n",
+        dir.join("slow.img").display(),
+        port + 1
+    )
+}
+
+/// A reload that removes an iSCSI target may wait long (here for a write
+/// of a namespace it removes too): the target takes no login meanwhile,
+/// as a session logged in then would be left on a target that is gone
+/// (docs/ctl.md: removing a target with sessions is refused). A reload
+/// that fails leaves the target taking logins.
+#[test]
+fn a_target_a_reload_removes_takes_no_login_while_the_reload_waits() {
+    use initiator::iscsi::{LoginOptions, Session};
+    let d = Daemon::start_args("rt-target-closing", &[], |dir, port| removing_target(dir, port, false, None));
+    let file = d.dir.join("ironwire.toml");
+    let portal = SocketAddr::from(([127, 0, 0, 1], d.addr.port() + 1));
+    let sock = d.dir.join("ctl.sock");
+    let login = || Session::connect(portal, LoginOptions::new("iqn.2026-11.io.ironwire:rt-initiator", Some(IQN2)));
+    block_on(bounded(40, async {
+        // Refused (a port on an address in use): the target still takes
+        // logins, and the session may log out.
+        let holder = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let in_use = holder.local_addr().expect("address").port();
+        std::fs::write(&file, removing_target(&d.dir, d.addr.port(), true, Some(in_use))).expect("write config");
+        assert!(refused(&d, "reload").contains("cannot listen on"));
+        let s = login().await.expect("login after a reload that failed");
+        drop(s);
+        drop(holder);
+        show_idle(&d);
+
+        let opts = Options { io_queues: 1, queue_size: 16, ..Options::default() };
+        let mut c = Controller::connect(d.addr, NQN, HOST, opts).await.expect("connect");
+        let q = c.io_queue(0).expect("queue");
+        q.submit(initiator::cmd::write(2, 5, 1), vec![0xc3; 512], 0).expect("submit the write");
+        q.flush().await.expect("send");
+        let mut running = false;
+        for _ in 0..300 {
+            if show(&d)["live"]["subsystems"][0]["namespaces"][1]["held"].as_u64() == Some(1) {
+                running = true;
+                break;
+            }
+            reactor::sleep(Duration::from_millis(10)).await;
+        }
+        assert!(running, "the write never reached the target");
+        std::fs::write(&file, removing_target(&d.dir, d.addr.port(), true, None)).expect("write config");
+        let reload = std::thread::spawn(move || common::ctl(&sock, &["reload"]));
+        // The reload is in force for the namespace and waits for its write.
+        let mut waiting = false;
+        for _ in 0..300 {
+            if show(&d)["live"]["subsystems"][0]["namespaces"].as_array().map(Vec::len) == Some(1) {
+                waiting = true;
+                break;
+            }
+            reactor::sleep(Duration::from_millis(10)).await;
+        }
+        assert!(waiting, "the reload never removed the namespace");
+        let during = login().await;
+        let done = q.next_completion().await.expect("the write is answered");
+        assert!(done.cqe.status().is_success(), "the write: {:?}", done.cqe.status());
+        reload.join().expect("reload thread").expect("the reload");
+        assert!(during.is_err(), "a login to the target the reload was removing was let in");
+        let v = show(&d);
+        assert_eq!(v["live"]["iscsi_targets"].as_array().map(Vec::len), Some(1), "{v}");
+        assert!(login().await.is_err(), "a login to the removed target");
+    }));
+}
