@@ -142,11 +142,12 @@ pub struct Device {
     path: Option<PathBuf>,
     backend: Backend,
     latency: Latency,
-    /// The first failed flush, latched: the kernel reports a writeback
-    /// error once, so a later fdatasync may succeed although the writes it
-    /// lost were acknowledged (fsyncgate). Every flush fails from then on,
-    /// until the device is reopened. Shared with the syncs of flushes
-    /// whose futures were dropped ([`LostFlush`]).
+    /// The first failed flush of a file or block device, latched: the
+    /// kernel reports a writeback error once, so a later fdatasync may
+    /// succeed although the writes it lost were acknowledged (fsyncgate).
+    /// Every flush fails from then on, until the device is reopened.
+    /// Shared with the syncs of flushes whose futures were dropped
+    /// ([`LostFlush`]).
     flush_failed: Arc<OnceLock<String>>,
     /// The flushes in flight, so that a successful one is reported only
     /// once those started before it ended are over ([`Flushes`]).
@@ -534,6 +535,17 @@ impl Device {
         Ok(true)
     }
 
+    /// Closes an rbd image now, when the daemon stops (its watch and
+    /// exclusive lock go with it, so that other clients of the image need
+    /// not wait for the OSDs to time them out); later I/O to it fails.
+    /// Blocks until librbd has closed it: call it off the reactor threads.
+    /// Other devices close when dropped.
+    pub fn close(&self) {
+        if let Backend::Rbd(image) = &self.backend {
+            image.close();
+        }
+    }
+
     /// Grows a null device, or a file device configured with a `size`, to
     /// `size_bytes` while it is in use: the file is extended first (never
     /// shrunk), then the capacity adopted. `Ok(true)` when it changed, so
@@ -824,10 +836,11 @@ impl Device {
     }
 
     /// Makes every completed write durable (fdatasync for file and block
-    /// devices; nothing to do for null and ram). Once a flush failed, every
-    /// later one fails too ([`Error::EarlierFlushFailed`]), until the
-    /// device is reopened: the failed one may have lost acknowledged
-    /// writes, and the kernel would not say so a second time.
+    /// devices, `rbd_aio_flush` for rbd; nothing to do for null and ram).
+    /// Once a file or block device's flush failed, every later one fails
+    /// too ([`Error::EarlierFlushFailed`]), until the device is reopened:
+    /// the failed one may have lost acknowledged writes, and the kernel
+    /// would not say so a second time.
     pub async fn flush(&self) -> Result<(), Error> {
         // A read-only device was never written through: nothing to make
         // durable. (A file on squashfs, erofs or iso9660 has no fsync at
@@ -860,6 +873,10 @@ impl Device {
                 }
                 self.check_flush_latch()
             }
+            // librbd's cache is off, so every acknowledged write is on the
+            // OSDs: a failed rbd flush (one that timed out while an OSD did
+            // not answer) lost none, and the next one may succeed.
+            Err(e) if matches!(self.backend, Backend::Rbd(_)) => Err(Error::Io(e)),
             Err(e) => {
                 if self.flush_failed.set(e.to_string()).is_ok() {
                     log::error!(

@@ -15,8 +15,9 @@
 //!    side of its socket is shut down), an iSCSI session is asked to log
 //!    out (an Asynchronous Message) and stops reading at the deadline; both
 //!    finish the commands they already took, send their answers and close;
-//! 4. flushes every device with a volatile write cache, removes the
-//!    control socket and exits 0 (1 if a flush failed).
+//! 4. flushes every device with a volatile write cache, closes the rbd
+//!    images (so that their watch and exclusive lock go at once), removes
+//!    the control socket and exits 0 (1 if a flush failed).
 //!
 //! A second signal at any point exits at once. Commands a host sent but
 //! that were never read were never acknowledged: the host retries them

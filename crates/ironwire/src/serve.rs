@@ -308,6 +308,17 @@ pub fn run(mut config: Config, ctl_socket: &std::path::Path, origin: Origin) -> 
     let _quiet = control.quiesce();
     let devices: Vec<Arc<Device>> = control.devices();
     let flushed = flush_all(&devices, "stopping");
+    // rbd images are closed, each on a thread of its own (a cluster that
+    // does not answer delays no other): a client that just exits leaves
+    // its watch and exclusive lock until the OSDs time it out, and other
+    // clients' writes to the image wait for that.
+    std::thread::scope(|s| {
+        for d in devices.iter().filter(|d| d.kind() == blockdev::Kind::Rbd) {
+            if std::thread::Builder::new().name("rbd-close".into()).spawn_scoped(s, || d.close()).is_err() {
+                d.close();
+            }
+        }
+    });
     drop(ctl_socket);
     drop(handles);
     let flushed = flushed?;

@@ -556,6 +556,75 @@ fn stopped_osd_fails_io_retryably_spares_other_devices_and_recovers() {
     d.assert_alive();
 }
 
+/// A flush that the cluster does not finish (here: librbd must take the
+/// image's exclusive lock back from another client while the OSD is
+/// stopped) fails retryably, and once the OSD is back flushes work again:
+/// librbd's cache is off, so the failed flush lost no acknowledged write
+/// and nothing is latched as for a file's writeback error.
+#[test]
+fn a_flush_that_timed_out_does_not_fail_the_flushes_after_it() {
+    if rbd::test_cluster().is_none() {
+        return;
+    }
+    let own = OwnCluster::start("flush");
+    let img = TestImage::new(&own.conf, "flush");
+    let rbd = img.device(512).replace("connect_timeout = 10", "connect_timeout = 3");
+    let mut d = Daemon::start_with("rbd-flush", move |_, port| {
+        format!(
+            "{rbd}\n[[subsystem]]\nnqn = \"{NQN}\"\nallow_any_host = true\n\
+             [[subsystem.namespace]]\nnsid = 1\ndevice = \"ceph\"\n\n\
+             [[port]]\naddress = \"127.0.0.1:{port}\"\n\n[reactor]\ncores = [0]\n"
+        )
+    });
+    let addr = d.addr;
+    block_on(bounded(120, async {
+        let mut c = Controller::connect(addr, NQN, HOST, opts()).await.expect("connect");
+        c.write(0, 1, 0, pattern(4096, 1)).await.expect("write before the fault");
+        c.flush(0, 1).await.expect("flush before the fault");
+        // Another client writes: the exclusive lock passes to it, and
+        // is free once it exits.
+        let spec = format!("rbd/{}", img.name);
+        rbd_cli(&own.conf, &["bench", "--io-type", "write", "--io-size", "4096", "--io-total", "4096", &spec]);
+        own.signal_osd(libc::SIGSTOP);
+        let e = c.flush(0, 1).await.expect_err("a flush while the OSD is stopped fails");
+        own.signal_osd(libc::SIGCONT);
+        let status = e.status().unwrap_or_else(|| panic!("an NVMe status, got {e}"));
+        assert_eq!(status.0 & 0x7ff, Status::NAMESPACE_NOT_READY.0, "Namespace Not Ready: {e}");
+        let mut tries = 0;
+        while let Err(e) = c.flush(0, 1).await {
+            tries += 1;
+            assert!(tries < 10, "flushes keep failing after the OSD returned: {e}");
+            reactor::sleep(Duration::from_millis(500)).await;
+        }
+        c.write(0, 1, 8, pattern(4096, 2)).await.expect("write after the fault");
+        assert!(c.read(0, 1, 8, 8).await.expect("read after the fault") == pattern(4096, 2));
+    }));
+    d.assert_alive();
+}
+
+/// A daemon stopped with SIGTERM closes its images: their watch and the
+/// exclusive lock it took for a write go at once, and another client's
+/// write does not wait for the OSD to time the gone client out (30 s).
+#[test]
+fn a_stopped_daemon_closes_its_images() {
+    let Some(conf) = rbd::test_cluster() else { return };
+    let img = TestImage::new(&conf, "stop");
+    let mut d = nvme_daemon("stop", &img, 512);
+    watcher(&conf, &img);
+    block_on(bounded(60, async {
+        let mut c = Controller::connect(d.addr, NQN, HOST, opts()).await.expect("connect");
+        c.write(0, 1, 0, pattern(4096, 1)).await.expect("write");
+    }));
+    d.signal(libc::SIGTERM);
+    let status = d.wait_exit(60).expect("the daemon stops on SIGTERM");
+    assert!(status.success(), "{status}\n{}", d.log());
+    let spec = format!("rbd/{}", img.name);
+    let status = String::from_utf8(rbd_cli(&conf, &["status", &spec])).expect("utf-8");
+    assert!(!status.contains("watcher="), "the stopped daemon still watches its image: {status}");
+    let locks = String::from_utf8(rbd_cli(&conf, &["lock", "ls", &spec])).expect("utf-8");
+    assert!(locks.trim().is_empty(), "the stopped daemon still holds a lock: {locks}");
+}
+
 #[test]
 fn rbd_resize_while_exported_reaches_nvme_and_iscsi_hosts() {
     let Some(conf) = rbd::test_cluster() else { return };

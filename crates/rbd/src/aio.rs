@@ -170,14 +170,16 @@ fn local() -> io::Result<Rc<Local>> {
         }),
         draining: Cell::new(true),
     });
-    reactor::spawn(drain(local.clone()));
+    reactor::spawn(drain(Draining(local.clone())));
     LOCAL.with(|l| *l.borrow_mut() = Some(local.clone()));
     Ok(local)
 }
 
 /// Marks its table as no longer drained when the drain task ends or is
-/// dropped with its reactor; the table itself lives on while librbd holds
-/// slots of it ([`Local`]'s drop).
+/// dropped with its reactor, polled or not (a reactor whose only rbd call
+/// failed before it was submitted may end before the task ever ran); the
+/// table itself lives on while librbd holds slots of it ([`Local`]'s
+/// drop).
 struct Draining(Rc<Local>);
 
 impl Drop for Draining {
@@ -187,8 +189,7 @@ impl Drop for Draining {
 }
 
 /// The reactor task that turns eventfd wake-ups into future wake-ups.
-async fn drain(local: Rc<Local>) {
-    let local = Draining(local);
+async fn drain(local: Draining) {
     let local = &local.0;
     let mut counter = vec![0u8; 8];
     let mut batch: VecDeque<u32> = VecDeque::with_capacity(SLOTS);

@@ -8,10 +8,10 @@
 //! image needs librbd1. This is the only crate with Ceph's unsafe code.
 //!
 //! It must never block a reactor on I/O (every data call is librbd AIO;
-//! [`Image::open`] and dropping an [`Image`] block and belong on a thread
-//! that is not a reactor), never hang on an unreachable cluster (every
-//! monitor and OSD operation has the connect timeout), and never let librbd
-//! write into freed memory (see the `aio` module).
+//! [`Image::open`], [`Image::close`] and dropping an [`Image`] block and
+//! belong on a thread that is not a reactor), never hang on an unreachable
+//! cluster (every monitor and OSD operation has the connect timeout), and
+//! never let librbd write into freed memory (see the `aio` module).
 
 mod aio;
 mod ffi;
@@ -19,6 +19,7 @@ mod ffi;
 use std::ffi::{c_char, CStr, CString};
 use std::io;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use reactor::buf::{IoBuf, IoBufMut};
@@ -127,11 +128,17 @@ pub struct Image {
     spec: String,
     fsid: String,
     id: String,
+    /// Calls into librbd with the handles under way ([`Image::enter`]);
+    /// [`Image::close`] waits for them to end.
+    users: AtomicUsize,
+    /// Set by [`Image::close`]: no call into librbd starts any more.
+    closed: AtomicBool,
 }
 
 // SAFETY: librados cluster and ioctx handles and librbd image handles are
 // thread-safe for the calls made here (AIO submission from any thread);
-// Drop closes them once, when no I/O can be submitted any more.
+// they are closed once, by `close` or Drop, when no call can use them any
+// more (`enter`).
 unsafe impl Send for Image {}
 // SAFETY: as above.
 unsafe impl Sync for Image {}
@@ -262,6 +269,8 @@ impl Image {
             spec: format!("{}/{}", o.pool, o.image),
             fsid: String::new(),
             id: String::new(),
+            users: AtomicUsize::new(0),
+            closed: AtomicBool::new(false),
         };
         if rc < 0 {
             return Err(image_err(rc.into()));
@@ -345,9 +354,10 @@ impl Image {
     /// up to the operation timeout: call it off the reactor threads.
     pub fn current_size(&self) -> io::Result<u64> {
         let lib = ffi::lib().map_err(io::Error::other)?;
+        let Some(_open) = self.enter() else { return Err(io::Error::from_raw_os_error(libc::ESHUTDOWN)) };
         let mut size = 0u64;
-        // SAFETY: an open image (closed only on drop); `size` receives its
-        // size. librbd's image calls are thread-safe.
+        // SAFETY: an open image (entered above); `size` receives its size.
+        // librbd's image calls are thread-safe.
         let rc = unsafe { (lib.rbd_get_size)(self.image, &mut size) };
         if rc < 0 {
             return Err(errno(rc.into()));
@@ -370,6 +380,33 @@ impl Image {
         &self.id
     }
 
+    /// Closes the image now rather than when it is dropped, so that its
+    /// watch and the exclusive lock a write took go at once: a client that
+    /// ends without closing leaves them to the OSDs' watch timeout, and
+    /// other clients' writes wait for it. Every later I/O fails with
+    /// `ESHUTDOWN`. Waits for the submissions under way, then in
+    /// `rbd_close` for the I/O in flight and for an OSD to answer: call
+    /// it off the reactor threads.
+    pub fn close(&self) {
+        if self.closed.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        // A call that entered before the flag was set is counted here; one
+        // after it sees the flag (both sides sequentially consistent).
+        while self.users.load(Ordering::SeqCst) > 0 {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        drop(Closing { cluster: self.cluster, ioctx: self.ioctx, image: self.image, spec: self.spec.clone() });
+    }
+
+    /// Lets one call into librbd use the handles until the guard is
+    /// dropped; `None` once the image is closed.
+    fn enter(&self) -> Option<Entered<'_>> {
+        self.users.fetch_add(1, Ordering::SeqCst);
+        let entered = Entered(&self.users);
+        (!self.closed.load(Ordering::SeqCst)).then_some(entered)
+    }
+
     /// Reads `buf`'s total length at `offset`.
     pub async fn read<B: IoBufMut>(&self, offset: u64, buf: B) -> (io::Result<()>, B) {
         let image = self.image;
@@ -377,6 +414,7 @@ impl Image {
         // slot's iovec.
         let (done, mut buf) = unsafe {
             aio::run(buf, move |b: &mut B, iov, _, c| {
+                let Some(_open) = self.enter() else { return -libc::ESHUTDOWN };
                 let len = b.bytes_total();
                 *iov = libc::iovec { iov_base: b.write_ptr().cast(), iov_len: len };
                 (ffi::loaded().rbd_aio_readv)(image, iov, 1, offset, c)
@@ -406,6 +444,7 @@ impl Image {
         // SAFETY: one writev from the memory `buf` owns.
         let (done, buf) = unsafe {
             aio::run(buf, move |b: &mut B, iov, _, c| {
+                let Some(_open) = self.enter() else { return -libc::ESHUTDOWN };
                 *iov = libc::iovec { iov_base: b.read_ptr().cast_mut().cast(), iov_len: b.bytes_init() };
                 (ffi::loaded().rbd_aio_writev)(image, iov, 1, offset, c)
             })
@@ -418,7 +457,13 @@ impl Image {
     pub async fn flush(&self) -> io::Result<()> {
         let image = self.image;
         // SAFETY: a flush touches no memory of ours.
-        let (done, ()) = unsafe { aio::run((), move |_, _, _, c| (ffi::loaded().rbd_aio_flush)(image, c)) }.await;
+        let (done, ()) = unsafe {
+            aio::run((), move |_, _, _, c| match self.enter() {
+                Some(_open) => (ffi::loaded().rbd_aio_flush)(image, c),
+                None => -libc::ESHUTDOWN,
+            })
+        }
+        .await;
         status(done.ret)
     }
 
@@ -428,8 +473,13 @@ impl Image {
     pub async fn discard(&self, offset: u64, len: u64) -> io::Result<()> {
         let image = self.image;
         // SAFETY: a discard touches no memory of ours.
-        let (done, ()) =
-            unsafe { aio::run((), move |_, _, _, c| (ffi::loaded().rbd_aio_discard)(image, offset, len, c)) }.await;
+        let (done, ()) = unsafe {
+            aio::run((), move |_, _, _, c| match self.enter() {
+                Some(_open) => (ffi::loaded().rbd_aio_discard)(image, offset, len, c),
+                None => -libc::ESHUTDOWN,
+            })
+        }
+        .await;
         status(done.ret)
     }
 
@@ -440,7 +490,10 @@ impl Image {
         let image = self.image;
         // SAFETY: a write-zeroes touches no memory of ours.
         let (done, ()) = unsafe {
-            aio::run((), move |_, _, _, c| (ffi::loaded().rbd_aio_write_zeroes)(image, offset, len, c, 0, 0))
+            aio::run((), move |_, _, _, c| match self.enter() {
+                Some(_open) => (ffi::loaded().rbd_aio_write_zeroes)(image, offset, len, c, 0, 0),
+                None => -libc::ESHUTDOWN,
+            })
         }
         .await;
         status(done.ret)
@@ -463,6 +516,7 @@ impl Image {
         // the mismatch offset into the slot.
         let (done, bufs) = unsafe {
             aio::run((expected, data), move |(e, d): &mut (C, B), _, mismatch, c| {
+                let Some(_open) = self.enter() else { return -libc::ESHUTDOWN };
                 let rc = (ffi::loaded().rbd_aio_compare_and_write)(
                     image,
                     offset,
@@ -521,6 +575,15 @@ fn read_text(call: impl FnOnce(*mut c_char, usize) -> std::ffi::c_int) -> Result
     Ok(unsafe { CStr::from_ptr(buf.as_ptr()) }.to_string_lossy().into_owned())
 }
 
+/// A call into librbd with an image's handles ([`Image::enter`]).
+struct Entered<'a>(&'a AtomicUsize);
+
+impl Drop for Entered<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
 fn status(ret: i64) -> io::Result<()> {
     if ret < 0 {
         Err(errno(ret))
@@ -541,12 +604,16 @@ pub enum CompareError {
 }
 
 impl Drop for Image {
-    /// Closes the image. `rbd_close` unregisters the image's watch on an
-    /// OSD and waits for the answer: milliseconds, or as long as an OSD
-    /// that does not answer takes. A reactor thread (where the last
-    /// holder of a removed device may let go of it) must not wait for
-    /// that, so there the close runs on a thread of its own.
+    /// Closes the image, unless [`Image::close`] did. `rbd_close`
+    /// unregisters the image's watch on an OSD and waits for the answer:
+    /// milliseconds, or as long as an OSD that does not answer takes. A
+    /// reactor thread (where the last holder of a removed device may let
+    /// go of it) must not wait for that, so there the close runs on a
+    /// thread of its own.
     fn drop(&mut self) {
+        if *self.closed.get_mut() {
+            return;
+        }
         let closing = Closing { cluster: self.cluster, ioctx: self.ioctx, image: self.image, spec: self.spec.clone() };
         if reactor::on_reactor_thread() {
             let spawned = std::thread::Builder::new().name("rbd-close".into()).spawn(move || drop(closing));

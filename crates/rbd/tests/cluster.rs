@@ -205,6 +205,58 @@ fn a_second_reactor_on_the_same_thread_gets_its_completions() {
     assert!(got.1 == pattern(4096, 32), "the second write landed");
 }
 
+/// An image closed before it is dropped refuses I/O, and has let go of
+/// the exclusive lock its write took: another client's write does not wait
+/// for the OSD to time the first client out.
+#[test]
+fn a_closed_image_refuses_io_and_lets_go_of_its_lock() {
+    let Some(conf) = rbd::test_cluster() else { return };
+    let a = Image::open(&options(conf.clone(), "test")).expect("open rbd/test");
+    let off = 144u64 << 20;
+    run(async { a.write(off, pattern(4096, 41)).await.0.expect("write") });
+    a.close();
+    run(async {
+        let (r, _) = a.read(off, Vec::with_capacity(4096)).await;
+        assert_eq!(r.expect_err("a read after close").raw_os_error(), Some(libc::ESHUTDOWN));
+        assert_eq!(a.flush().await.expect_err("a flush after close").raw_os_error(), Some(libc::ESHUTDOWN));
+    });
+    assert_eq!(a.current_size().expect_err("the size after close").raw_os_error(), Some(libc::ESHUTDOWN));
+    let b = Image::open(&options(conf, "test")).expect("open rbd/test again");
+    let start = Instant::now();
+    run(async { b.write(off, pattern(4096, 42)).await.0.expect("the other client's write") });
+    assert!(start.elapsed() < Duration::from_secs(5), "the write waited {:?} for the lock", start.elapsed());
+    drop(a);
+}
+
+/// A reactor whose only rbd call failed before it was submitted (here:
+/// to a closed image) ends without ever having run its completion task; a
+/// reactor after it on the same thread still gets its completions.
+#[test]
+fn a_reactor_after_one_whose_rbd_call_failed_at_once_gets_its_completions() {
+    let Some(conf) = rbd::test_cluster() else { return };
+    let closed = Image::open(&options(conf.clone(), "test")).expect("open rbd/test");
+    closed.close();
+    let img = Image::open(&options(conf, "test")).expect("open rbd/test again");
+    let off = 148u64 << 20;
+    std::thread::spawn(move || {
+        let (r, _) = run(async { closed.read(off, Vec::with_capacity(4096)).await });
+        assert_eq!(r.expect_err("a read of a closed image").raw_os_error(), Some(libc::ESHUTDOWN));
+        // Bounded far past the 10 s operation timeout, as above.
+        let done = run(async {
+            let mut write = std::pin::pin!(img.write(off, pattern(4096, 51)));
+            let mut limit = std::pin::pin!(reactor::sleep(Duration::from_secs(60)));
+            std::future::poll_fn(|cx| match write.as_mut().poll(cx) {
+                Poll::Ready((r, _)) => Poll::Ready(Some(r)),
+                Poll::Pending => limit.as_mut().poll(cx).map(|()| None),
+            })
+            .await
+        });
+        done.expect("the write on the next reactor completes").expect("write");
+    })
+    .join()
+    .expect("the reactors' thread");
+}
+
 #[test]
 fn missing_image_and_pool_are_named() {
     let Some(conf) = rbd::test_cluster() else { return };
