@@ -407,14 +407,34 @@ impl Image {
         (!self.closed.load(Ordering::SeqCst)).then_some(entered)
     }
 
+    /// [`aio::run`] of one call into librbd with the image's handles
+    /// ([`Image::enter`]); `ESHUTDOWN` once [`Image::close`] began.
+    ///
+    /// # Safety
+    ///
+    /// As [`aio::run`]'s.
+    async unsafe fn run<T: 'static>(
+        &self,
+        keep: T,
+        start: impl FnOnce(&mut T, *mut libc::iovec, *mut u64, ffi::Completion) -> std::ffi::c_int,
+    ) -> (aio::Done, T) {
+        // SAFETY: the caller's contract, passed on.
+        unsafe {
+            aio::run(keep, move |k, iov, mismatch, c| match self.enter() {
+                Some(_open) => start(k, iov, mismatch, c),
+                None => -libc::ESHUTDOWN,
+            })
+        }
+        .await
+    }
+
     /// Reads `buf`'s total length at `offset`.
     pub async fn read<B: IoBufMut>(&self, offset: u64, buf: B) -> (io::Result<()>, B) {
         let image = self.image;
         // SAFETY: one readv into the memory `buf` owns, described by the
         // slot's iovec.
         let (done, mut buf) = unsafe {
-            aio::run(buf, move |b: &mut B, iov, _, c| {
-                let Some(_open) = self.enter() else { return -libc::ESHUTDOWN };
+            self.run(buf, move |b: &mut B, iov, _, c| {
                 let len = b.bytes_total();
                 *iov = libc::iovec { iov_base: b.write_ptr().cast(), iov_len: len };
                 (ffi::loaded().rbd_aio_readv)(image, iov, 1, offset, c)
@@ -443,8 +463,7 @@ impl Image {
         let image = self.image;
         // SAFETY: one writev from the memory `buf` owns.
         let (done, buf) = unsafe {
-            aio::run(buf, move |b: &mut B, iov, _, c| {
-                let Some(_open) = self.enter() else { return -libc::ESHUTDOWN };
+            self.run(buf, move |b: &mut B, iov, _, c| {
                 *iov = libc::iovec { iov_base: b.read_ptr().cast_mut().cast(), iov_len: b.bytes_init() };
                 (ffi::loaded().rbd_aio_writev)(image, iov, 1, offset, c)
             })
@@ -457,13 +476,7 @@ impl Image {
     pub async fn flush(&self) -> io::Result<()> {
         let image = self.image;
         // SAFETY: a flush touches no memory of ours.
-        let (done, ()) = unsafe {
-            aio::run((), move |_, _, _, c| match self.enter() {
-                Some(_open) => (ffi::loaded().rbd_aio_flush)(image, c),
-                None => -libc::ESHUTDOWN,
-            })
-        }
-        .await;
+        let (done, ()) = unsafe { self.run((), move |_, _, _, c| (ffi::loaded().rbd_aio_flush)(image, c)) }.await;
         status(done.ret)
     }
 
@@ -473,13 +486,8 @@ impl Image {
     pub async fn discard(&self, offset: u64, len: u64) -> io::Result<()> {
         let image = self.image;
         // SAFETY: a discard touches no memory of ours.
-        let (done, ()) = unsafe {
-            aio::run((), move |_, _, _, c| match self.enter() {
-                Some(_open) => (ffi::loaded().rbd_aio_discard)(image, offset, len, c),
-                None => -libc::ESHUTDOWN,
-            })
-        }
-        .await;
+        let (done, ()) =
+            unsafe { self.run((), move |_, _, _, c| (ffi::loaded().rbd_aio_discard)(image, offset, len, c)) }.await;
         status(done.ret)
     }
 
@@ -490,10 +498,7 @@ impl Image {
         let image = self.image;
         // SAFETY: a write-zeroes touches no memory of ours.
         let (done, ()) = unsafe {
-            aio::run((), move |_, _, _, c| match self.enter() {
-                Some(_open) => (ffi::loaded().rbd_aio_write_zeroes)(image, offset, len, c, 0, 0),
-                None => -libc::ESHUTDOWN,
-            })
+            self.run((), move |_, _, _, c| (ffi::loaded().rbd_aio_write_zeroes)(image, offset, len, c, 0, 0))
         }
         .await;
         status(done.ret)
@@ -515,8 +520,7 @@ impl Image {
         // SAFETY: librbd reads both buffers, owned by the pair, and writes
         // the mismatch offset into the slot.
         let (done, bufs) = unsafe {
-            aio::run((expected, data), move |(e, d): &mut (C, B), _, mismatch, c| {
-                let Some(_open) = self.enter() else { return -libc::ESHUTDOWN };
+            self.run((expected, data), move |(e, d): &mut (C, B), _, mismatch, c| {
                 let rc = (ffi::loaded().rbd_aio_compare_and_write)(
                     image,
                     offset,
