@@ -131,29 +131,17 @@ impl HostConnection {
         let data_len = if write.is_empty() { read_len } else { u32::try_from(write.len()).unwrap_or(u32::MAX) };
         sqe.set_sgl(if in_capsule { Sgl::in_capsule(data_len) } else { Sgl::transport(data_len) });
         let cmd = CapsuleCmd { ch: pdu::common_header(PduType::CAPSULE_CMD, 0), sqe };
-        if in_capsule {
+        let (write_data, read_data, read_len) = if in_capsule {
             pdu::encode(&mut self.tx, cmd.as_bytes(), &write, self.tx_framing);
             self.recycle(write);
-            let p = Pending {
-                write_data: Vec::new(),
-                requested: 0,
-                read_data: Vec::new(),
-                read_len: 0,
-                digest_failed: false,
-            };
-            self.pending.insert(cid, p);
+            (Vec::new(), Vec::new(), 0)
         } else {
             pdu::encode(&mut self.tx, cmd.as_bytes(), &[], self.tx_framing);
             let read_data = if read_len > 0 { self.buffer(read_len as usize) } else { Vec::new() };
-            let p = Pending {
-                write_data: write,
-                requested: 0,
-                read_data,
-                read_len: read_len as usize,
-                digest_failed: false,
-            };
-            self.pending.insert(cid, p);
-        }
+            (write, read_data, read_len as usize)
+        };
+        let p = Pending { write_data, requested: 0, read_data, read_len, digest_failed: false };
+        self.pending.insert(cid, p);
     }
 
     /// An empty buffer with room for `capacity` bytes, reusing a spare one
