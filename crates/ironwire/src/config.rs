@@ -1015,22 +1015,7 @@ impl Config {
                 if !valid_iscsi_name(&a.initiator) {
                     bail!("{}: {:?} is not an iSCSI name", g("initiator"), a.initiator);
                 }
-                for (field, chap) in [("chap", &a.chap), ("mutual_chap", &a.mutual_chap)] {
-                    if let Some(c) = chap {
-                        check_chap(c).map_err(|e| anyhow::anyhow!("{}: {e}", g(field)))?;
-                    }
-                }
-                if a.mutual_chap.is_some() && a.chap.is_none() {
-                    bail!("{}: mutual CHAP needs `chap` too", g("mutual_chap"));
-                }
-                if let (Some(c), Some(m)) = (&a.chap, &a.mutual_chap) {
-                    if c.secret == m.secret {
-                        bail!(
-                            "{}: must differ from the initiator's secret (RFC 7143 section 12.1.3)",
-                            g("mutual_chap.secret")
-                        );
-                    }
-                }
+                check_chap_pair(&a.chap, &a.mutual_chap, g)?;
             }
             if !t.allow_any_initiator && t.initiators.is_empty() && t.acl.is_empty() {
                 bail!("{}: empty while allow_any_initiator is false; no initiator could log in", f("initiators"));
@@ -1040,22 +1025,7 @@ impl Config {
                     bail!("{}: {n:?} is not an iSCSI name", f(&format!("initiators[{j}]")));
                 }
             }
-            for (field, chap) in [("chap", &t.chap), ("mutual_chap", &t.mutual_chap)] {
-                if let Some(c) = chap {
-                    check_chap(c).map_err(|e| anyhow::anyhow!("{}: {e}", f(field)))?;
-                }
-            }
-            if t.mutual_chap.is_some() && t.chap.is_none() {
-                bail!("{}: mutual CHAP needs `chap` too", f("mutual_chap"));
-            }
-            if let (Some(a), Some(b)) = (&t.chap, &t.mutual_chap) {
-                if a.secret == b.secret {
-                    bail!(
-                        "{}: must differ from the initiator's secret (RFC 7143 section 12.1.3)",
-                        f("mutual_chap.secret")
-                    );
-                }
-            }
+            check_chap_pair(&t.chap, &t.mutual_chap, f)?;
             let mut luns = HashSet::new();
             for (j, l) in t.lun.iter().enumerate() {
                 let lun = l.lun.unwrap_or(j as u64);
@@ -1244,6 +1214,28 @@ pub fn valid_iscsi_name(s: &str) -> bool {
     let ok_chars = s.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b".-:".contains(&b));
     let eui = s.strip_prefix("eui.").is_some_and(|h| h.len() == 16 && h.bytes().all(|b| b.is_ascii_hexdigit()));
     s.len() <= 223 && (eui || (s.starts_with("iqn.") && s.len() > 4 && ok_chars))
+}
+
+/// A target's or an ACL's `chap` and `mutual_chap` (`at` names a field
+/// of theirs): each valid, mutual only with one-way, and not one secret
+/// both ways (RFC 7143 section 12.1.3; the login refuses it).
+fn check_chap_pair(
+    chap: &Option<ChapConfig>,
+    mutual: &Option<ChapConfig>,
+    at: impl Fn(&str) -> String,
+) -> anyhow::Result<()> {
+    for (field, c) in [("chap", chap), ("mutual_chap", mutual)] {
+        if let Some(c) = c {
+            check_chap(c).map_err(|e| anyhow::anyhow!("{}: {e}", at(field)))?;
+        }
+    }
+    match (chap, mutual) {
+        (None, Some(_)) => bail!("{}: mutual CHAP needs `chap` too", at("mutual_chap")),
+        (Some(c), Some(m)) if c.secret == m.secret => {
+            bail!("{}: must differ from the initiator's secret (RFC 7143 section 12.1.3)", at("mutual_chap.secret"))
+        }
+        _ => Ok(()),
+    }
 }
 
 /// Checks CHAP credentials as the iSCSI target will take them.
