@@ -163,8 +163,13 @@ pub fn io_error_status(err: &block::Error, write: bool) -> Status {
         // status), which hosts report as ENOSPC (Linux: BLK_STS_NOSPC);
         // with DNR, as nvmet answers ENOSPC, they do not retry into the
         // same full backing. Write Fault would be retried, then reported
-        // as a medium error. SCSI says SPACE ALLOCATION FAILED.
-        block::Error::Io(e) if write && e.kind() == std::io::ErrorKind::StorageFull => Status::CAPACITY_EXCEEDED.dnr(),
+        // as a medium error. SCSI says SPACE ALLOCATION FAILED. A full
+        // quota (EDQUOT: the file system's, or an rbd pool's) is the same.
+        block::Error::Io(e)
+            if write && matches!(e.kind(), std::io::ErrorKind::StorageFull | std::io::ErrorKind::QuotaExceeded) =>
+        {
+            Status::CAPACITY_EXCEEDED.dnr()
+        }
         _ if write => Status::WRITE_FAULT,
         _ => Status::UNRECOVERED_READ,
     }

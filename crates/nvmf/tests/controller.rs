@@ -1450,6 +1450,9 @@ fn out_of_space_is_capacity_exceeded_with_dnr_on_writes_only() {
     let full = block::Error::Io(std::io::Error::from(std::io::ErrorKind::StorageFull));
     assert_eq!(nvmf::io_error_status(&full, true), Status::CAPACITY_EXCEEDED.dnr(), "hosts report ENOSPC");
     assert_eq!(nvmf::io_error_status(&full, false), Status::UNRECOVERED_READ, "a read allocates nothing");
+    // EDQUOT: a file system's quota, or an rbd pool's, is full.
+    let quota = block::Error::Io(std::io::Error::from(std::io::ErrorKind::QuotaExceeded));
+    assert_eq!(nvmf::io_error_status(&quota, true), Status::CAPACITY_EXCEEDED.dnr(), "EDQUOT");
 }
 
 /// A Compare (FUSE 01b) or Write (FUSE 10b) of one block at `lba`, its

@@ -325,7 +325,13 @@ pub fn io_error_sense(err: &block::Error, write: bool) -> Sense {
     match err {
         block::Error::OutOfRange { .. } => Sense::LBA_OUT_OF_RANGE,
         block::Error::Misaligned { .. } | block::Error::Unsupported(_) => Sense::INVALID_FIELD_IN_CDB,
-        block::Error::Io(e) if write && e.kind() == io::ErrorKind::StorageFull => Sense::SPACE_ALLOCATION_FAILED,
+        // Out of space, or over a quota (EDQUOT: a file system's, an rbd
+        // pool's).
+        block::Error::Io(e)
+            if write && matches!(e.kind(), io::ErrorKind::StorageFull | io::ErrorKind::QuotaExceeded) =>
+        {
+            Sense::SPACE_ALLOCATION_FAILED
+        }
         // Not a medium error: the backend (an rbd image whose OSD is down)
         // did not answer in time. ABORTED COMMAND is retried by initiators
         // (Linux's scsi_check_sense: NEEDS_RETRY), as SPC-4 4.5.6 intends.
@@ -406,6 +412,8 @@ mod tests {
         assert_eq!(io_error_sense(&eio, false), Sense::UNRECOVERED_READ_ERROR);
         let full = block::Error::Io(io::Error::from(io::ErrorKind::StorageFull));
         assert_eq!(io_error_sense(&full, true), Sense::SPACE_ALLOCATION_FAILED);
+        let quota = block::Error::Io(io::Error::from(io::ErrorKind::QuotaExceeded));
+        assert_eq!(io_error_sense(&quota, true), Sense::SPACE_ALLOCATION_FAILED, "EDQUOT");
         let late = block::Error::Io(io::Error::from_raw_os_error(110));
         assert_eq!(io_error_sense(&late, true), Sense::LU_COMMUNICATION_TIMEOUT, "ETIMEDOUT is retryable");
         assert_eq!(io_error_sense(&late, false), Sense::LU_COMMUNICATION_TIMEOUT);
