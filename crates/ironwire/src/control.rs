@@ -602,7 +602,7 @@ impl Control {
             applied?;
             crate::runtime::forget_removed(&new);
             // In this turn: a change after it may open the same file again.
-            let flushed = crate::runtime::flush_removed(&before, &live.devices);
+            let flushed = crate::runtime::flush_removed(&before, &live.devices, &base, &new);
             let mut st = self.lock();
             st.live = live;
             st.config = new;
@@ -696,7 +696,7 @@ impl Control {
         crate::runtime::forget_removed(&new);
         // The reload is in force either way; a failure is logged, naming
         // the device (`flush_all`).
-        let flushed = crate::runtime::flush_removed(&before, &live.devices);
+        let flushed = crate::runtime::flush_removed(&before, &live.devices, &old, &new);
         let mut st = self.lock();
         st.live = live;
         st.config = new;

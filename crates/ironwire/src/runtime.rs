@@ -275,16 +275,29 @@ impl Drop for Closed {
     }
 }
 
-/// Flushes the devices of `before` (the live devices before a change)
-/// that `after` no longer has: removed, or opened anew by a change of
-/// their configuration. A host told of a volatile write cache makes its
-/// plain writes durable with a flush, which it can no longer send once
-/// the namespace or LUN is gone, and closing a descriptor flushes nothing;
-/// so the change does it, as a stop does for the devices in force. Call it
-/// once the change applied (its removals waited for the commands they ran).
-pub fn flush_removed(before: &HashMap<String, Arc<Device>>, after: &HashMap<String, Arc<Device>>) -> Result<()> {
-    let gone: Vec<Arc<Device>> =
-        before.values().filter(|d| !after.values().any(|a| Arc::ptr_eq(a, d))).cloned().collect();
+/// Flushes the devices of `before` (the live devices before a change,
+/// from configuration `old` to `new`) that `after` no longer has (removed,
+/// or opened anew by a change of their configuration) or that lost a
+/// namespace or LUN they were exported as. A host told of a volatile
+/// write cache makes its plain writes durable with a flush, which it can
+/// no longer send once the namespace or LUN is gone, and closing a
+/// descriptor flushes nothing; so the change does it, as a stop does for
+/// the devices in force. Call it once the change applied (its removals
+/// waited for the commands they ran).
+pub fn flush_removed(
+    before: &HashMap<String, Arc<Device>>,
+    after: &HashMap<String, Arc<Device>>,
+    old: &Config,
+    new: &Config,
+) -> Result<()> {
+    let kept = exports(new);
+    let unexported: Vec<&str> =
+        exports(old).into_iter().filter(|e| !kept.contains(e)).map(|(_, _, device)| device).collect();
+    let gone: Vec<Arc<Device>> = before
+        .values()
+        .filter(|d| !after.values().any(|a| Arc::ptr_eq(a, d)) || unexported.contains(&d.name()))
+        .cloned()
+        .collect();
     if gone.is_empty() {
         return Ok(());
     }
@@ -294,6 +307,20 @@ pub fn flush_removed(before: &HashMap<String, Arc<Device>>, after: &HashMap<Stri
         log::info!("flushed removed device(s) {}", names.join(", "));
     }
     Ok(())
+}
+
+/// Every namespace and LUN of `config` (normalized): its subsystem or
+/// target, NSID or LUN, and device.
+fn exports(config: &Config) -> Vec<(&str, u64, &str)> {
+    let namespaces = config
+        .subsystem
+        .iter()
+        .flat_map(|s| s.namespace.iter().map(|n| (s.nqn.as_str(), n.nsid.map_or(0, u64::from), n.device.as_str())));
+    let luns = config
+        .iscsi_target
+        .iter()
+        .flat_map(|t| t.lun.iter().map(|l| (t.iqn.as_str(), l.lun.unwrap_or(0), l.device.as_str())));
+    namespaces.chain(luns).collect()
 }
 
 /// Drops the counters of namespaces, LUNs and ports `config` (in force

@@ -334,11 +334,12 @@ fn iscsi_fua_writes_and_synchronize_cache_reach_the_block_device_and_plain_write
     fua_and_flush_reach_the_block_device(Proto::Iscsi, "iscsi-fua");
 }
 
-/// A device removed at run time (its namespace or LUN first, then the
-/// device) is flushed before `ctl remove device` returns, as a stop flushes
-/// every device: a host told of a volatile write cache can no longer send
-/// the flush that would have made its plain writes durable. Counted at the
-/// block layer of a loop device the daemon serves as a block device.
+/// A namespace or LUN removed at run time has its device flushed before
+/// `ctl remove` returns, though the device stays, and so has a device
+/// removed, as a stop flushes every device: a host told of a volatile
+/// write cache can no longer send the flush that would have made its plain
+/// writes durable. Counted at the block layer of a loop device the daemon
+/// serves as a block device.
 fn a_removed_device_is_flushed(proto: Proto, tag: &str) {
     let Some((_scratch, lo, mut d)) = on_a_loop_device(tag, proto) else { return };
     let img = image();
@@ -353,8 +354,10 @@ fn a_removed_device_is_flushed(proto: Proto, tag: &str) {
             Proto::Iscsi => format!("remove lun iqn={IQN} lun=0"),
         };
         d.ctl(&user).unwrap_or_else(|e| panic!("ctl {user}: {e}"));
+        let unexported = lo.flushes();
+        assert!(unexported > before, "the device of the removed namespace or LUN was not flushed");
         d.ctl("remove device name=dev").unwrap_or_else(|e| panic!("ctl remove device: {e}"));
-        assert!(lo.flushes() > before, "the removed device was closed without a flush");
+        assert!(lo.flushes() > unexported, "the removed device was closed without a flush");
         drop(h);
     }));
     d.assert_alive();
