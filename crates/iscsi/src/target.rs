@@ -2199,6 +2199,8 @@ impl<B: DataBuffer> TargetConnection<B> {
                 let (rf, count) = residual_of(task.read_expected, sent, task.overflow);
                 f |= rf;
                 b.set_byte3(s).set_residual_count(count);
+                // It answers the command: the window it opens goes with it.
+                self.end_task(itt);
             } else {
                 b.set_lun(lun);
             }
@@ -2214,7 +2216,7 @@ impl<B: DataBuffer> TargetConnection<B> {
             task.sent_in = task.sent_in.saturating_add(u32::try_from(total).unwrap_or(u32::MAX));
         }
         match (status, collapse) {
-            (_, Some(_)) => self.finish_task(itt),
+            (_, Some(_)) => self.answer_logout_when_idle(),
             (Some(s), None) => {
                 self.send_response(me, s, None, None);
             }
@@ -2244,7 +2246,7 @@ impl<B: DataBuffer> TargetConnection<B> {
         let sent = pdu::encode_with(&mut tx, len, framing, fill, || self.last_data_in(task.itt, len));
         self.tx = tx;
         if sent {
-            self.finish_task(task.itt);
+            self.answer_logout_when_idle();
         }
         sent
     }
@@ -2260,7 +2262,7 @@ impl<B: DataBuffer> TargetConnection<B> {
     }
 
     /// The header of the one Data-In carrying `len` bytes and GOOD status
-    /// for task `itt`, whose sequence numbers it takes.
+    /// for task `itt`, whose sequence numbers it takes; the task ends.
     fn last_data_in(&mut self, itt: u32, len: usize) -> Bhs {
         let mut b = Bhs::new(Opcode::DATA_IN);
         b.set_itt(itt).set_ttt(RESERVED_TAG);
@@ -2275,6 +2277,10 @@ impl<B: DataBuffer> TargetConnection<B> {
             task.sn = task.sn.wrapping_add(1);
             task.sent_in = sent;
         }
+        // A read that is not bidirectional ([`Self::fits_one_data_in`])
+        // holds no write budget: ending it sends nothing, which matters
+        // while `send_data_in_with`'s caller has the send buffer out.
+        self.end_task(itt);
         self.stamp(&mut b, true);
         b
     }
@@ -2295,7 +2301,7 @@ impl<B: DataBuffer> TargetConnection<B> {
             self.tx_zeros.reserve((self.cfg.queue_depth as usize).max(32));
         }
         self.tx_zeros.push(zeros);
-        self.finish_task(itt);
+        self.answer_logout_when_idle();
         true
     }
 
@@ -2344,9 +2350,10 @@ impl<B: DataBuffer> TargetConnection<B> {
             data.extend_from_slice(&n.to_be_bytes());
             data.extend_from_slice(s.get(..usize::from(n)).unwrap_or_default());
         }
+        self.end_task(itt);
         self.stamp(&mut b, true);
         self.send(&b, &[], &data);
-        self.finish_task(itt);
+        self.answer_logout_when_idle();
         true
     }
 
@@ -2374,7 +2381,19 @@ impl<B: DataBuffer> TargetConnection<B> {
         }
     }
 
+    /// Ends task `itt`, then answers a Logout that waited for the tasks
+    /// to end.
     fn finish_task(&mut self, itt: u32) {
+        self.end_task(itt);
+        self.answer_logout_when_idle();
+    }
+
+    /// Ends task `itt`: its TTTs and write budget are freed (a write
+    /// waiting for room may get its R2Ts) and a numbered command gives back
+    /// its place in the CmdSN window. The PDU answering it, if any, is
+    /// stamped after this, so that it carries the MaxCmdSN the command's
+    /// end opened (as the Linux target's responses do).
+    fn end_task(&mut self, itt: u32) {
         if let Some(t) = self.tasks.remove(&itt) {
             if let Some(w) = t.write {
                 for r in w.r2ts {
@@ -2386,7 +2405,6 @@ impl<B: DataBuffer> TargetConnection<B> {
             }
             self.retire(t.immediate);
         }
-        self.answer_logout_when_idle();
     }
 
     /// Sends the Logout Response that waits, once no command and no task

@@ -1906,3 +1906,42 @@ fn unsolicited_data_out_of_a_rejected_write_is_dropped_without_rejects() {
     assert!(out.is_empty(), "{} PDUs answered the rejected write's data: {out:?}", out.len());
     assert_eq!(t.state(), State::FullFeature);
 }
+
+/// The PDU that answers a numbered command (Data-In with status, or SCSI
+/// Response) carries the MaxCmdSN that the command's end opened, as the
+/// Linux target's does: with a window of one command, the initiator
+/// otherwise waits for some unrelated PDU before it may send the next.
+#[test]
+fn the_answer_to_a_command_carries_the_window_its_end_opened() {
+    let tc = TargetConfig { queue_depth: 1, ..target_cfg(false) };
+    let (mut h, mut t, mut b) = logged_in(HostConfig::new(INITIATOR, Some(TARGET)), tc);
+    for _ in 0..3 {
+        h.submit(0, &read10(1), 512, Vec::new());
+    }
+    h.submit(0, &write10(1), 0, pattern(512));
+    step(&mut h, &mut t, &mut b);
+    assert_eq!(completions(&mut h).len(), 4);
+    // Every way of answering a command.
+    b.hold = true;
+    for answer in 0..5 {
+        h.submit(0, &read10(1), 512, Vec::new());
+        step(&mut h, &mut t, &mut b);
+        let task = b.held.pop().expect("command delivered");
+        assert!(match answer {
+            0 => t.send_data_in(task, &pattern(512), Some(scsi_status::GOOD)),
+            1 => t.send_data_in(task, &pattern(512), Some(scsi_status::CHECK_CONDITION)),
+            2 => t.send_data_in_zeros(task, 512),
+            3 => t.send_data_in_with(task, 512, |out| {
+                out.extend_from_slice(&pattern(512));
+                true
+            }),
+            _ => t.send_response(task, scsi_status::CHECK_CONDITION, Some(&[0x70, 0, 5]), None),
+        });
+        let mut bytes = Vec::new();
+        t.take_transmit(&mut bytes);
+        let (last, _) = pdus(&bytes, Framing::default()).pop().expect("an answer");
+        assert_eq!(last.max_cmd_sn(), last.exp_cmd_sn(), "answer {answer}: the window of one is open again");
+        h.handle_input(&bytes).expect("valid");
+        assert_eq!(completions(&mut h).len(), 1);
+    }
+}
