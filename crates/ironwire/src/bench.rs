@@ -14,7 +14,7 @@
 mod report;
 mod svg;
 
-use crate::cpu::{proc_cpu, self_cpu};
+use crate::cpu::{proc_cpu, proc_cpu_times, self_cpu};
 use anyhow::{bail, Context, Result};
 use blockdev::{BlockDevice, Device};
 use clap::{ArgGroup, Args, Subcommand, ValueEnum};
@@ -390,8 +390,9 @@ struct CpuSample {
     at: Instant,
     usr: Duration,
     sys: Duration,
-    /// CPU of an in-process thread that is not load (the ceiling peer).
-    exclude: Duration,
+    /// User and system CPU of an in-process thread that is not load (the
+    /// ceiling peer).
+    exclude: (Duration, Duration),
     target: Option<Duration>,
 }
 
@@ -445,7 +446,7 @@ impl Sampler {
             at: Instant::now(),
             usr,
             sys,
-            exclude: self.exclude.as_deref().and_then(proc_cpu).unwrap_or_default(),
+            exclude: self.exclude.as_deref().and_then(proc_cpu_times).unwrap_or_default(),
             target: self.target.read(),
         }
     }
@@ -463,9 +464,12 @@ pub struct CpuUse {
 
 fn cpu_use(a: &CpuSample, b: &CpuSample) -> CpuUse {
     let wall = b.at.saturating_duration_since(a.at);
-    let usr = cpu_percent(b.usr.saturating_sub(a.usr), wall);
-    let sys = cpu_percent(b.sys.saturating_sub(a.sys), wall);
-    let excluded = cpu_percent(b.exclude.saturating_sub(a.exclude), wall);
+    // The excluded thread's user and system time come out of the process's.
+    let ex_usr = b.exclude.0.saturating_sub(a.exclude.0);
+    let ex_sys = b.exclude.1.saturating_sub(a.exclude.1);
+    let usr = cpu_percent(b.usr.saturating_sub(a.usr).saturating_sub(ex_usr), wall);
+    let sys = cpu_percent(b.sys.saturating_sub(a.sys).saturating_sub(ex_sys), wall);
+    let excluded = cpu_percent(ex_usr + ex_sys, wall);
     let target = match (a.target, b.target) {
         (Some(x), Some(y)) => Some(cpu_percent(y.saturating_sub(x), wall)),
         _ => None,
@@ -474,7 +478,7 @@ fn cpu_use(a: &CpuSample, b: &CpuSample) -> CpuUse {
         wall,
         usr_percent: usr,
         sys_percent: sys,
-        load_percent: (usr + sys - excluded).max(0.0),
+        load_percent: usr + sys,
         target_percent: target.or_else(|| (excluded > 0.0).then_some(excluded)),
     }
 }
@@ -911,7 +915,7 @@ mod tests {
             at: at + Duration::from_millis(ms),
             usr: Duration::from_millis(usr),
             sys: Duration::ZERO,
-            exclude: Duration::from_millis(ex),
+            exclude: (Duration::from_millis(ex), Duration::ZERO),
             target: tgt.map(Duration::from_millis),
         };
         let u = cpu_use(&s(0, 0, 0, Some(100)), &s(2000, 1500, 500, Some(1100)));
@@ -961,6 +965,19 @@ mod tests {
         let _ = std::fs::remove_file(&sock);
         assert!(m.report.ios > 0);
         assert_eq!(m.cpu.target_percent, Some(0.0), "the teardown's CPU counted in the window");
+    }
+
+    #[test]
+    fn ceiling_usr_and_sys_are_the_loads_without_the_echo_peer() {
+        let peer = EchoPeer::spawn(None).expect("peer");
+        let base = BenchOptions { addr: peer.addr, qd: 8, runtime: Duration::from_millis(300), ..Default::default() };
+        let how = Measure { cpus: &[], target: TargetCpu::None, progress: false };
+        let m = how.run(base, ceiling_engine(), Some(peer.stat.clone())).expect("run");
+        let c = m.cpu;
+        assert!(c.target_percent.is_some_and(|t| t > 0.0), "the peer's CPU is the target's: {c:?}");
+        // usr + sys is the load, as `load N% (usr U%, sys S%)` and fio's
+        // usr_cpu / sys_cpu say, not the load plus the peer.
+        assert!((c.usr_percent + c.sys_percent - c.load_percent).abs() < 1e-9, "{c:?}");
     }
 
     #[test]

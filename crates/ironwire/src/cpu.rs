@@ -26,20 +26,27 @@ fn clock_ticks() -> f64 {
     }
 }
 
-/// utime + stime (fields 14 and 15) of a `/proc/.../stat` line, in ticks.
-pub fn parse_stat_ticks(stat: &str) -> Option<u64> {
+/// utime and stime (fields 14 and 15) of a `/proc/.../stat` line, in ticks.
+pub fn parse_stat_ticks(stat: &str) -> Option<(u64, u64)> {
     // The command name (field 2) may hold spaces and parentheses: count
     // fields from the last ')'.
     let rest = stat.get(stat.rfind(')')? + 1..)?;
     let f: Vec<&str> = rest.split_whitespace().collect();
     // rest starts at field 3 (state): utime is field 14 = index 11.
-    Some(f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?)
+    Some((f.get(11)?.parse::<u64>().ok()?, f.get(12)?.parse::<u64>().ok()?))
+}
+
+/// User and system CPU time (utime, stime) of the process or thread whose
+/// `stat` file is `path`.
+pub fn proc_cpu_times(path: &str) -> Option<(Duration, Duration)> {
+    let (utime, stime) = parse_stat_ticks(&std::fs::read_to_string(path).ok()?)?;
+    let time = |ticks: u64| Duration::from_secs_f64(ticks as f64 / clock_ticks());
+    Some((time(utime), time(stime)))
 }
 
 /// utime + stime of the process or thread whose `stat` file is `path`.
 pub fn proc_cpu(path: &str) -> Option<Duration> {
-    let ticks = parse_stat_ticks(&std::fs::read_to_string(path).ok()?)?;
-    Some(Duration::from_secs_f64(ticks as f64 / clock_ticks()))
+    proc_cpu_times(path).map(|(usr, sys)| usr + sys)
 }
 
 /// CPU time of each of this process's threads whose name starts with
@@ -88,7 +95,7 @@ mod tests {
     #[test]
     fn stat_ticks_skip_a_command_name_with_spaces() {
         let line = "1234 (my (odd) cmd) S 1 2 3 4 5 6 7 8 9 10 250 50 0 0 20 0 1 0 100 0 0";
-        assert_eq!(parse_stat_ticks(line), Some(300));
+        assert_eq!(parse_stat_ticks(line), Some((250, 50)));
         assert_eq!(parse_stat_ticks("garbage"), None);
         assert!(proc_cpu("/proc/self/stat").is_some());
     }

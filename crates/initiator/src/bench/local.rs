@@ -26,27 +26,24 @@ pub async fn run_local(device: Arc<Device>, opts: &BenchOptions) -> Result<Repor
     let spawn = |w: &Rc<RefCell<Workload>>| {
         (0..depth(w)).map(|_| reactor::spawn(worker(device.clone(), w.clone()))).collect::<Vec<_>>()
     };
-    let mut jobs = Vec::new();
-    for w in work {
-        let w = Rc::new(RefCell::new(w));
-        let tasks = spawn(&w);
-        jobs.push((w, tasks));
+    let jobs: Vec<_> = work.into_iter().map(|w| Rc::new(RefCell::new(w))).collect();
+    for t in jobs.iter().flat_map(spawn).collect::<Vec<_>>() {
+        t.await?;
     }
-    let mut results = Vec::new();
-    for (w, tasks) in jobs {
-        for t in tasks {
-            t.await?;
-        }
+    // Every job's load is over (the CPU window closes as the last job
+    // finishes): verify's read-backs, if any, each on as many tasks.
+    let mut read_backs = Vec::new();
+    for w in &jobs {
         let last = w.borrow().tally.finished;
-        // The load is over: verify's read-back, if any, on as many tasks.
         if w.borrow_mut().drained(last) {
-            for t in spawn(&w) {
-                t.await?;
-            }
+            read_backs.extend(spawn(w));
         }
-        let tally = std::mem::replace(&mut w.borrow_mut().tally, Tally::new(start));
-        results.push(tally);
     }
+    for t in read_backs {
+        t.await?;
+    }
+    let results: Vec<Tally> =
+        jobs.iter().map(|w| std::mem::replace(&mut w.borrow_mut().tally, Tally::new(start))).collect();
     Ok(merge(opts, &results, start))
 }
 

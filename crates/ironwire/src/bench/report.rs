@@ -1091,11 +1091,19 @@ impl Doc<'_, '_> {
 
 /// This process's command line, quoted where needed (secrets hidden).
 fn invocation() -> String {
+    command_line(std::env::args())
+}
+
+/// A command line as `invocation` shows it: a CHAP secret, given as the
+/// argument after `--chap-secret` or as `--chap-secret=S`, shows as `***`.
+fn command_line(args: impl IntoIterator<Item = String>) -> String {
     let mut out = Vec::new();
     let mut hide = false;
-    for (i, arg) in std::env::args().enumerate() {
+    for (i, arg) in args.into_iter().enumerate() {
         let shown = if hide {
             "'***'".to_string()
+        } else if arg.starts_with("--chap-secret=") {
+            "--chap-secret='***'".to_string()
         } else if i == 0 {
             "ironwire".to_string()
         } else if arg.is_empty() || arg.contains(|c: char| c.is_whitespace() || "'\"$`\\".contains(c)) {
@@ -1170,6 +1178,23 @@ mod tests {
         c.target_cpu = None;
         assert_eq!(c.target_us_per_io(), None);
         assert_eq!(c.json()["target_cpu_percent"], Value::Null);
+    }
+
+    #[test]
+    fn the_command_line_hides_a_chap_secret_in_either_form() {
+        let args = |a: &[&str]| a.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let shown = command_line(args(&[
+            "/usr/bin/ironwire",
+            "bench",
+            "report",
+            "--chap-secret",
+            "first-s3cret",
+            "--chap-secret=second-s3cret",
+            "--title",
+            "a b",
+        ]));
+        assert!(!shown.contains("s3cret"), "{shown}");
+        assert_eq!(shown, "ironwire bench report --chap-secret '***' --chap-secret='***' --title 'a b'");
     }
 
     #[test]
