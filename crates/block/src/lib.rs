@@ -108,6 +108,15 @@ pub enum Error {
     EarlierFlushFailed(String),
 }
 
+impl Error {
+    /// The backing is out of space, or over a quota (ENOSPC, EDQUOT: a
+    /// file system's quota, or a Ceph pool's): a write the protocols
+    /// answer as out of space, not as a medium error.
+    pub fn out_of_space(&self) -> bool {
+        matches!(self, Error::Io(e) if matches!(e.kind(), io::ErrorKind::StorageFull | io::ErrorKind::QuotaExceeded))
+    }
+}
+
 impl From<io::Error> for Error {
     fn from(e: io::Error) -> Error {
         Error::Io(e)

@@ -2480,11 +2480,6 @@ impl<B: DataBuffer> TargetConnection<B> {
         if function == TmfFunction::ABORT_TASK {
             let ref_sn = bhs.ref_cmd_sn();
             let code = match self.tasks.get(&bhs.referenced_task_tag()) {
-                // RFC 7143 11.5.4: RefCmdSN is the referenced task's CmdSN
-                // (for a task of an immediate command, this request's own).
-                // A task holding the tag under another CmdSN is not the one
-                // the initiator means: it is left alone and the request is
-                // refused, as the Linux target does.
                 // SAM-5 7.2: the request names a task of its LUN (I_T_L_Q);
                 // a task of another LUN holding the tag is not that task and
                 // carries on, as in the Linux target.
@@ -2497,6 +2492,11 @@ impl<B: DataBuffer> TargetConnection<B> {
                     );
                     Some(tmf_response::TASK_DOES_NOT_EXIST)
                 }
+                // RFC 7143 11.5.4: RefCmdSN is the referenced task's CmdSN
+                // (for a task of an immediate command, this request's own).
+                // A task holding the tag under another CmdSN is not the one
+                // the initiator means: it is left alone and the request is
+                // refused, as the Linux target does.
                 Some(t) if t.cmd_sn != ref_sn && !(t.immediate && ref_sn == bhs.cmd_sn()) => {
                     log::warn!(
                         "iscsi: ABORT TASK of ITT {:#x} with RefCmdSN {ref_sn}, but the task's CmdSN is {}: rejected",
@@ -2714,10 +2714,13 @@ impl<B: DataBuffer> TargetConnection<B> {
             (SessionType::Discovery, "All") => all,
             // iSCSI names compare without case, as the login's lookup does.
             (SessionType::Discovery, name) => all.into_iter().filter(|t| t.name.eq_ignore_ascii_case(name)).collect(),
-            (SessionType::Normal, "") => self.login.target.clone().into_iter().collect(),
-            (SessionType::Normal, name) => {
-                self.login.target.clone().into_iter().filter(|t| t.name.eq_ignore_ascii_case(name)).collect()
-            }
+            (SessionType::Normal, name) => self
+                .login
+                .target
+                .clone()
+                .into_iter()
+                .filter(|t| name.is_empty() || t.name.eq_ignore_ascii_case(name))
+                .collect(),
         };
         if self.login.session_type == SessionType::Normal && value == "All" {
             text::push(resp, "SendTargets", "Reject");
@@ -2815,7 +2818,7 @@ impl<B: DataBuffer> TargetConnection<B> {
                 .collect();
             for itt in waiting {
                 log::debug!("iscsi: Logout ends ITT {itt:#x}, still waiting for its data");
-                self.finish_task(itt);
+                self.end_task(itt);
                 self.forget_itt(itt);
             }
         }

@@ -164,12 +164,8 @@ pub fn io_error_status(err: &block::Error, write: bool) -> Status {
         // with DNR, as nvmet answers ENOSPC, they do not retry into the
         // same full backing. Write Fault would be retried, then reported
         // as a medium error. SCSI says SPACE ALLOCATION FAILED. A full
-        // quota (EDQUOT: the file system's, or an rbd pool's) is the same.
-        block::Error::Io(e)
-            if write && matches!(e.kind(), std::io::ErrorKind::StorageFull | std::io::ErrorKind::QuotaExceeded) =>
-        {
-            Status::CAPACITY_EXCEEDED.dnr()
-        }
+        // quota is the same ([`block::Error::out_of_space`]).
+        e if write && e.out_of_space() => Status::CAPACITY_EXCEEDED.dnr(),
         _ if write => Status::WRITE_FAULT,
         _ => Status::UNRECOVERED_READ,
     }

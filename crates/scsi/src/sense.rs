@@ -325,13 +325,8 @@ pub fn io_error_sense(err: &block::Error, write: bool) -> Sense {
     match err {
         block::Error::OutOfRange { .. } => Sense::LBA_OUT_OF_RANGE,
         block::Error::Misaligned { .. } | block::Error::Unsupported(_) => Sense::INVALID_FIELD_IN_CDB,
-        // Out of space, or over a quota (EDQUOT: a file system's, an rbd
-        // pool's).
-        block::Error::Io(e)
-            if write && matches!(e.kind(), io::ErrorKind::StorageFull | io::ErrorKind::QuotaExceeded) =>
-        {
-            Sense::SPACE_ALLOCATION_FAILED
-        }
+        // Out of space, or over a quota ([`block::Error::out_of_space`]).
+        e if write && e.out_of_space() => Sense::SPACE_ALLOCATION_FAILED,
         // Not a medium error: the backend (an rbd image whose OSD is down)
         // did not answer in time. ABORTED COMMAND is retried by initiators
         // (Linux's scsi_check_sense: NEEDS_RETRY), as SPC-4 4.5.6 intends.
