@@ -157,6 +157,10 @@ enum Need {
     Stream,
 }
 
+/// Read data after which held response capsules are queued at once
+/// ([`TargetConnection::respond_after`]).
+const HOLD_LIMIT: usize = 64 * 1024;
+
 /// Target side of one NVMe/TCP connection.
 pub struct TargetConnection<B> {
     cfg: TargetConfig,
@@ -174,6 +178,14 @@ pub struct TargetConnection<B> {
     /// Zero bytes the transmit stream carries that `tx` does not hold:
     /// (position in `tx` they go before, length).
     tx_zeros: Vec<(usize, usize)>,
+    /// Response capsules of reads whose data went into `tx`, held until
+    /// that data is sent: a batch of reads goes out as its data, then its
+    /// responses, so that a host completes the batch's commands together.
+    tx_held: Vec<u8>,
+    /// Read data queued ahead of the first response in `tx_held`.
+    held_after: usize,
+    /// Whether responses to reads are held ([`set_hold`](Self::set_hold)).
+    hold: bool,
     transfers: Vec<Option<Transfer<B>>>,
     free_ttags: Vec<u16>,
     sqhd: u16,
@@ -206,6 +218,9 @@ impl<B: DataBuffer> TargetConnection<B> {
             events: VecDeque::new(),
             tx: Vec::new(),
             tx_zeros: Vec::new(),
+            tx_held: Vec::new(),
+            held_after: 0,
+            hold: false,
             transfers: Vec::new(),
             free_ttags: Vec::new(),
             sqhd: 0,
@@ -860,7 +875,7 @@ impl<B: DataBuffer> TargetConnection<B> {
         if success_flag {
             self.outstanding = self.outstanding.saturating_sub(1);
         } else {
-            self.send_response(cqe);
+            self.respond_after(cqe, total);
         }
     }
 
@@ -891,7 +906,7 @@ impl<B: DataBuffer> TargetConnection<B> {
         if success_flag {
             self.outstanding = self.outstanding.saturating_sub(1);
         } else {
-            self.send_response(cqe);
+            self.respond_after(cqe, len);
         }
         true
     }
@@ -920,21 +935,50 @@ impl<B: DataBuffer> TargetConnection<B> {
         if success_flag {
             self.outstanding = self.outstanding.saturating_sub(1);
         } else {
-            self.send_response(cqe);
+            self.respond_after(cqe, len);
         }
         true
     }
 
     /// Sends a response capsule. SQHD and SQID are filled in here.
-    pub fn send_response(&mut self, mut cqe: Cqe) {
+    pub fn send_response(&mut self, cqe: Cqe) {
         if self.state == State::Terminated {
             return;
         }
+        let resp = self.response(cqe);
+        pdu::encode(&mut self.tx, resp.as_bytes(), &[], self.tx_framing);
+    }
+
+    /// The response capsule ending a command, which it counts as ended.
+    fn response(&mut self, mut cqe: Cqe) -> CapsuleResp {
         self.outstanding = self.outstanding.saturating_sub(1);
         cqe.sqhd = if self.sq_flow_disabled { 0xffff } else { self.sqhd }.into();
         cqe.sqid = self.sqid.into();
-        let resp = CapsuleResp { ch: pdu::common_header(PduType::CAPSULE_RESP, 0), cqe };
-        pdu::encode(&mut self.tx, resp.as_bytes(), &[], self.tx_framing);
+        CapsuleResp { ch: pdu::common_header(PduType::CAPSULE_RESP, 0), cqe }
+    }
+
+    /// Ends a read whose `len` bytes of data were just queued: its response
+    /// capsule is held back, to follow the other reads queued before the
+    /// next send, until [`HOLD_LIMIT`] bytes of data wait ahead of it.
+    fn respond_after(&mut self, cqe: Cqe, len: usize) {
+        let resp = self.response(cqe);
+        pdu::encode(&mut self.tx_held, resp.as_bytes(), &[], self.tx_framing);
+        self.held_after = self.held_after.saturating_add(len);
+        if !self.hold || self.held_after >= HOLD_LIMIT {
+            self.release_held();
+        }
+    }
+
+    /// Whether the responses of reads completed from now on are held back
+    /// behind the data of the reads that follow them.
+    pub fn set_hold(&mut self, hold: bool) {
+        self.hold = hold;
+    }
+
+    /// Queues the held response capsules after everything queued so far.
+    fn release_held(&mut self) {
+        self.tx.append(&mut self.tx_held);
+        self.held_after = 0;
     }
 
     /// Queues a C2HTermReq for `e` and stops the connection: nothing is
@@ -950,6 +994,7 @@ impl<B: DataBuffer> TargetConnection<B> {
             fei: e.fei.into(),
             rsvd: [0; 10],
         };
+        self.release_held();
         // No PDA padding: the echoed header must keep PLEN within 152 bytes
         // (TP 8000 section 7.4.4), and terminate requests carry no digests.
         pdu::encode(&mut self.tx, t.as_bytes(), &e.header, Framing { data_align: 4, ..self.tx_framing });
@@ -967,17 +1012,18 @@ impl<B: DataBuffer> TargetConnection<B> {
 
     /// Whether bytes wait to be sent.
     pub fn has_transmit(&self) -> bool {
-        !self.tx.is_empty()
+        !self.tx.is_empty() || !self.tx_held.is_empty()
     }
 
     /// How many bytes wait to be sent.
     pub fn transmit_len(&self) -> usize {
-        block::transmit_len(&self.tx, &self.tx_zeros)
+        block::transmit_len(&self.tx, &self.tx_zeros).saturating_add(self.tx_held.len())
     }
 
     /// Moves every byte waiting to be sent to the end of `out` (zeros
     /// queued by [`send_zeros`](Self::send_zeros) written out).
     pub fn take_transmit(&mut self, out: &mut Vec<u8>) {
+        self.release_held();
         block::take_transmit(&mut self.tx, &mut self.tx_zeros, out);
     }
 
@@ -985,6 +1031,7 @@ impl<B: DataBuffer> TargetConnection<B> {
     /// by [`send_zeros`](Self::send_zeros) are not written: `zeros(at, len)`
     /// says that `len` zero bytes go before byte `at` of `out`.
     pub fn take_transmit_parts(&mut self, out: &mut Vec<u8>, zeros: impl FnMut(usize, usize)) {
+        self.release_held();
         block::take_transmit_parts(&mut self.tx, &mut self.tx_zeros, out, zeros);
     }
 

@@ -947,3 +947,95 @@ fn tcp_ports_advertise_that_sq_flow_control_may_be_disabled() {
     let treq = nvmf_tcp::transport(8192).treq;
     assert_eq!(treq, discovery::TREQ_NOT_REQUIRED | discovery::TREQ_DISABLE_SQFLOW);
 }
+
+/// The PDU types in `wire`, in order.
+fn pdu_types(wire: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    let mut at = 0;
+    while let Some(ch) = wire.get(at..at + 8).and_then(|b| pdu::CommonHeader::read_from_bytes(b).ok()) {
+        out.push(ch.pdu_type);
+        at += ch.plen.get() as usize;
+    }
+    assert_eq!(at, wire.len(), "whole PDUs");
+    out
+}
+
+const C2H: u8 = PduType::C2H_DATA.0;
+const RESP: u8 = PduType::CAPSULE_RESP.0;
+
+/// With responses held, a batch of reads goes out as all of its data, then
+/// all of its response capsules; the host completes every read, with its
+/// data. Without, each read's response follows its data.
+#[test]
+fn held_responses_follow_the_data_of_the_whole_batch() {
+    for hold in [true, false] {
+        let (mut h, mut t, mut b) = pair(false, false);
+        t.set_queue(1, 127, false);
+        for cid in 1..=4 {
+            h.submit(rw_sqe(0x02, cid), Vec::new(), 4096);
+        }
+        let mut bytes = Vec::new();
+        h.take_transmit(&mut bytes);
+        t.set_hold(hold);
+        t.handle_input(&bytes).expect("valid");
+        serve(&mut t, &mut b);
+        let mut back = Vec::new();
+        t.take_transmit(&mut back);
+        let want = if hold {
+            vec![C2H, C2H, C2H, C2H, RESP, RESP, RESP, RESP]
+        } else {
+            vec![C2H, RESP, C2H, RESP, C2H, RESP, C2H, RESP]
+        };
+        assert_eq!(pdu_types(&back), want, "hold {hold}");
+        h.handle_input(&back).expect("valid");
+        let mut done = 0;
+        while let Some(c) = h.poll_completion() {
+            assert!(c.cqe.status().is_success(), "{:?}", c.cqe);
+            assert_eq!(c.data, pattern(4096));
+            done += 1;
+        }
+        assert_eq!(done, 4, "hold {hold}");
+        assert!(!t.has_transmit());
+    }
+}
+
+/// Held responses go out once 64 KiB of data waits ahead of them: a batch
+/// of 4 KiB reads in runs of 16, and a read larger than that answered
+/// right after its data. Zeros (a null device's reads) count as data too.
+#[test]
+fn held_responses_go_out_after_64_kib_of_data() {
+    let (_h, mut t, _b) = pair(false, false);
+    t.set_queue(1, 127, false);
+    t.set_hold(true);
+    for cid in 1..=20 {
+        assert!(t.send_zeros(cid, 4096, Cqe::new(cid, Status::SUCCESS, 0)));
+    }
+    t.send_data(21, &pattern(131_072), Cqe::new(21, Status::SUCCESS, 0));
+    t.send_data(22, &pattern(4096), Cqe::new(22, Status::SUCCESS, 0));
+    let mut back = Vec::new();
+    t.take_transmit(&mut back);
+    let mut want = [vec![C2H; 16], vec![RESP; 16], vec![C2H; 4]].concat();
+    // The 128 KiB read: several C2HData PDUs (max_transfer), then the 4
+    // held responses and its own.
+    let big = pdu_types(&back).iter().skip(want.len()).take_while(|&&p| p == C2H).count();
+    assert!(big >= 1);
+    want.extend([vec![C2H; big], vec![RESP; 5], vec![C2H, RESP]].concat());
+    assert_eq!(pdu_types(&back), want);
+}
+
+/// A C2HTermReq comes after the responses held so far: as without holding,
+/// a read answered before the fatal error is answered in full.
+#[test]
+fn held_responses_go_out_before_the_c2h_term_req() {
+    let (_h, mut t, _b) = pair(false, false);
+    t.set_queue(1, 127, false);
+    t.set_hold(true);
+    t.send_data(1, &pattern(4096), Cqe::new(1, Status::SUCCESS, 0));
+    assert!(t.has_transmit());
+    let mut bytes = capsule(PLAIN, &[], 0);
+    bytes[0] = 0x0b;
+    let _ = t.handle_input(&bytes).expect_err("fatal");
+    let mut back = Vec::new();
+    t.take_transmit(&mut back);
+    assert_eq!(pdu_types(&back), vec![C2H, RESP, PduType::C2H_TERM_REQ.0]);
+}

@@ -65,6 +65,23 @@ thread_local! {
     /// The time of the current loop turn (µs since start), on a reactor
     /// thread.
     static LOOP_US: Cell<Option<u64>> = const { Cell::new(None) };
+    /// Whether the loop waited for work (spun or slept) since its last
+    /// turn that ran something ([`loop_waited`]).
+    static WAITED: Cell<bool> = const { Cell::new(true) };
+}
+
+/// Records whether the loop waited for work since its last turn that ran
+/// something.
+pub(crate) fn set_waited(w: bool) {
+    WAITED.with(|c| c.set(w));
+}
+
+/// Whether the loop waited (spun or slept) before it found the work this
+/// turn runs. `false` means the reactor is behind: the work came in while
+/// it ran the turn before, with no pause between. Off a reactor thread,
+/// `true`.
+pub fn loop_waited() -> bool {
+    WAITED.with(Cell::get)
 }
 
 /// Records the time read at the start of a loop turn.
@@ -73,9 +90,10 @@ pub(crate) fn set_loop_time(now: Instant) {
 }
 
 /// Forgets the turn's time when the thread's runtime ends: the clock is
-/// read again from then on.
+/// read again from then on, and [`loop_waited`] is `true` again.
 pub(crate) fn clear_loop_time() {
     LOOP_US.with(|c| c.set(None));
+    set_waited(true);
 }
 
 /// Milliseconds on a monotonic clock that started with the process: the
@@ -289,6 +307,24 @@ mod tests {
         // No spin: the wait is slept, and nothing counts.
         assert_eq!(wait(Duration::ZERO), 0);
         assert!(idle_poll_counter().is_none(), "a thread that runs no reactor has no counter");
+    }
+
+    #[test]
+    fn a_turn_says_whether_the_loop_waited_for_its_work() {
+        for poll in [Duration::ZERO, Duration::from_millis(200)] {
+            let mut rt = Runtime::new(Config { poll, ..Config::default() }).expect("runtime");
+            let (after_timer, after_busy_turn) = rt.block_on(async {
+                // Nothing to do until the timer: the loop sleeps or spins.
+                sleep(Duration::from_millis(5)).await;
+                let after_timer = loop_waited();
+                // Woken at once: the next turn runs with no pause before it.
+                yield_now().await;
+                (after_timer, loop_waited())
+            });
+            assert!(after_timer, "poll {poll:?}: the timer's wake-up came after a wait");
+            assert!(!after_busy_turn, "poll {poll:?}: work queued by the turn before was not waited for");
+        }
+        assert!(loop_waited(), "off a reactor thread");
     }
 
     #[test]

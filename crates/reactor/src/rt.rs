@@ -505,13 +505,18 @@ impl Runtime {
         loop {
             // A load and a store (one writer clears it): a wake between them
             // is seen by the poll that follows.
-            if main_woken.load(Ordering::Acquire) {
+            let polled = main_woken.load(Ordering::Acquire);
+            if polled {
                 main_woken.store(false, Ordering::Relaxed);
                 if let Poll::Ready(v) = fut.as_mut().poll(&mut cx) {
                     return v;
                 }
             }
             let ran = core.run_ready();
+            if polled || ran > 0 {
+                // The work found from here on was queued while this ran.
+                crate::set_waited(false);
+            }
             // A woken main future runs again at the next turn, not before
             // this one's timers and ring: one that keeps waking itself
             // (a `yield_now` loop waiting for a task) must not starve them.
@@ -534,6 +539,7 @@ impl Runtime {
             }
             if now.duration_since(last_activity) < core.poll {
                 spin_from.get_or_insert(now);
+                crate::set_waited(true);
                 std::hint::spin_loop();
                 continue;
             }
@@ -541,6 +547,7 @@ impl Runtime {
             // Idle: sleep until a completion or the next timer.
             let wait = core.next_timer().map(|t| t.saturating_duration_since(now));
             if wait != Some(Duration::ZERO) {
+                crate::set_waited(true);
                 core.enter(1, wait);
             }
             core.reap();
