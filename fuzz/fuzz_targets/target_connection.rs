@@ -3,8 +3,9 @@
 //! Input: byte 0 configures the target (bits 0-1 CPDA, bit 2 a small
 //! MAXH2CDATA/in-capsule limit, bit 3 SQ flow control disabled, bit 4 call
 //! `set_queue` as if Connect succeeded), byte 1 seeds where the rest is cut
-//! into receive chunks (and its low bit feeds them with `handle_input_lent`,
-//! as the daemon does). After each chunk the events are served like a tiny
+//! into receive chunks (its low bit feeds them with `handle_input_lent`,
+//! as the daemon does, and bit 1 holds read responses behind their batch's
+//! data, as a busy reactor does). After each chunk the events are served like a tiny
 //! controller would (R2T for writes, C2HData for reads, responses), lent
 //! data found inside that chunk; then `keep_input`.
 //!
@@ -33,6 +34,7 @@ fuzz_target!(|input: &[u8]| {
     if cfg & 16 != 0 {
         t.set_queue(u16::from(cfg >> 5), 31, cfg & 8 != 0);
     }
+    t.set_hold(seed & 2 != 0);
     let mut tx = Vec::new();
     // The ICResp goes out before digests are on; everything after it uses
     // the negotiated framing, so check the two parts separately.

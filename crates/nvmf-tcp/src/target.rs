@@ -961,10 +961,13 @@ impl<B: DataBuffer> TargetConnection<B> {
     /// capsule is held back, to follow the other reads queued before the
     /// next send, until [`HOLD_LIMIT`] bytes of data wait ahead of it.
     fn respond_after(&mut self, cqe: Cqe, len: usize) {
+        if !self.hold {
+            return self.send_response(cqe);
+        }
         let resp = self.response(cqe);
         pdu::encode(&mut self.tx_held, resp.as_bytes(), &[], self.tx_framing);
         self.held_after = self.held_after.saturating_add(len);
-        if !self.hold || self.held_after >= HOLD_LIMIT {
+        if self.held_after >= HOLD_LIMIT {
             self.release_held();
         }
     }
