@@ -158,7 +158,7 @@ enum Need {
 }
 
 /// Read data after which held response capsules are queued at once
-/// ([`TargetConnection::respond_after`]).
+/// ([`TargetConnection::end_read`]).
 const HOLD_LIMIT: usize = 64 * 1024;
 
 /// Target side of one NVMe/TCP connection.
@@ -179,8 +179,9 @@ pub struct TargetConnection<B> {
     /// (position in `tx` they go before, length).
     tx_zeros: Vec<(usize, usize)>,
     /// Response capsules of reads whose data went into `tx`, held until
-    /// that data is sent: a batch of reads goes out as its data, then its
-    /// responses, so that a host completes the batch's commands together.
+    /// the next send takes them after that data: a batch of reads goes out
+    /// as its data, then its responses, so that a host completes the
+    /// batch's commands together.
     tx_held: Vec<u8>,
     /// Read data queued ahead of the first response in `tx_held`.
     held_after: usize,
@@ -872,11 +873,7 @@ impl<B: DataBuffer> TargetConnection<B> {
             pdu::encode(&mut self.tx, h.as_bytes(), chunk, self.tx_framing);
             offset = offset.saturating_add(chunk.len());
         }
-        if success_flag {
-            self.outstanding = self.outstanding.saturating_sub(1);
-        } else {
-            self.respond_after(cqe, total);
-        }
+        self.end_read(success_flag, cqe, total);
     }
 
     /// As [`send_data`](Self::send_data) with `len` bytes that `fill`
@@ -903,11 +900,7 @@ impl<B: DataBuffer> TargetConnection<B> {
         if !pdu::encode_with(&mut self.tx, h.as_bytes(), len, self.tx_framing, fill) {
             return false;
         }
-        if success_flag {
-            self.outstanding = self.outstanding.saturating_sub(1);
-        } else {
-            self.respond_after(cqe, len);
-        }
+        self.end_read(success_flag, cqe, len);
         true
     }
 
@@ -932,11 +925,7 @@ impl<B: DataBuffer> TargetConnection<B> {
             self.tx_zeros.reserve(usize::from(self.sq_entries).max(32));
         }
         self.tx_zeros.push((at, len));
-        if success_flag {
-            self.outstanding = self.outstanding.saturating_sub(1);
-        } else {
-            self.respond_after(cqe, len);
-        }
+        self.end_read(success_flag, cqe, len);
         true
     }
 
@@ -957,10 +946,16 @@ impl<B: DataBuffer> TargetConnection<B> {
         CapsuleResp { ch: pdu::common_header(PduType::CAPSULE_RESP, 0), cqe }
     }
 
-    /// Ends a read whose `len` bytes of data were just queued: its response
-    /// capsule is held back, to follow the other reads queued before the
-    /// next send, until [`HOLD_LIMIT`] bytes of data wait ahead of it.
-    fn respond_after(&mut self, cqe: Cqe, len: usize) {
+    /// Ends a read whose `len` bytes of data were just queued: by the
+    /// SUCCESS flag its last C2HData carries, or with a response capsule.
+    /// While [`set_hold`](Self::set_hold) is on, that capsule waits to
+    /// follow the data of the other reads queued before the next send, or
+    /// until [`HOLD_LIMIT`] bytes of data wait ahead of it.
+    fn end_read(&mut self, success_flag: bool, cqe: Cqe, len: usize) {
+        if success_flag {
+            self.outstanding = self.outstanding.saturating_sub(1);
+            return;
+        }
         if !self.hold {
             return self.send_response(cqe);
         }
