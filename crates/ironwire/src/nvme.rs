@@ -235,6 +235,8 @@ impl Binding for nvmf_tcp::target::TargetConnection<Buf> {
             .map_err(|e| format!("fatal NVMe/TCP error, sending C2HTermReq: {e}"))
     }
     fn handle_input_lent(&mut self, bytes: &[u8]) -> Result<(), String> {
+        // A busy reactor sends each batch of reads as its data, then its
+        // responses (docs/architecture.md, "One 4 KiB read").
         self.set_hold(!reactor::loop_waited());
         nvmf_tcp::target::TargetConnection::handle_input_lent(self, bytes)
             .map_err(|e| format!("fatal NVMe/TCP error, sending C2HTermReq: {e}"))
