@@ -813,15 +813,28 @@ impl Conn {
     /// wait in [`on_abort`](Self::on_abort)); true when any is still
     /// running.
     fn abort(&self, tasks: &[TaskRef]) -> bool {
+        self.abort_where(|serial| tasks.iter().any(|t| t.serial == serial))
+    }
+
+    /// Marks every running task aborted, waking those that wait in
+    /// [`on_abort`](Self::on_abort).
+    fn abort_all(&self) {
+        self.abort_where(|_| true);
+    }
+
+    /// Marks the running tasks whose serial `hit` picks aborted and wakes
+    /// those of them that wait in [`on_abort`](Self::on_abort); true when
+    /// any is still running.
+    fn abort_where(&self, hit: impl Fn(u64) -> bool) -> bool {
         let mut any = false;
         for (s, aborted) in self.running.borrow_mut().iter_mut() {
-            if tasks.iter().any(|t| t.serial == *s) {
+            if hit(*s) {
                 *aborted = true;
                 any = true;
             }
         }
         for (s, wake) in self.watched.borrow().iter() {
-            if tasks.iter().any(|t| t.serial == *s) {
+            if hit(*s) {
                 wake.notify();
             }
         }
@@ -1003,9 +1016,9 @@ pub async fn serve(stream: TcpStream, model: Arc<IscsiModel>, cfg: TargetConfig,
         // RFC 7143 6.3.5: the old session's tasks end without an answer;
         // what already reached the device finishes before the session is
         // gone, so nothing of it lands after the new login is answered.
-        for (_, aborted) in conn.running.borrow_mut().iter_mut() {
-            *aborted = true;
-        }
+        // One still waiting (a COMPARE AND WRITE for its range, a read for
+        // its budget) ends at once, as if aborted, and never starts.
+        conn.abort_all();
     }
     // The commands already taken finish and their answers go out first.
     while !conn.running.borrow().is_empty() {

@@ -316,6 +316,47 @@ fn an_iscsi_compare_and_write_waiting_for_its_range_is_aborted_at_once() {
     }));
 }
 
+/// Session reinstatement (a login with the old session's initiator name
+/// and ISID, RFC 7143 section 6.3.5) ends that session's COMPARE AND
+/// WRITE waiting for its range as an abort does: it writes nothing,
+/// although it would have matched once the holder (another initiator's,
+/// LUN 1 holds its read) was done.
+#[test]
+fn an_iscsi_compare_and_write_waiting_for_its_range_ends_with_its_reinstated_session() {
+    let d = start("reinstate-waiting");
+    block_on(bounded(30, async {
+        let isid = [0x80, 0x0c, 0xa5, 0x00, 0x00, 0x01];
+        let portal = SocketAddr::from(([127, 0, 0, 1], d.addr.port() + 1));
+        let login = || async {
+            let mut opts = LoginOptions::new(INITIATOR, Some(IQN));
+            opts.isid = isid;
+            let mut s = Session::connect(portal, opts).await.expect("login");
+            s.clear_unit_attentions(1).await.expect("LUN 1 ready");
+            s
+        };
+        let mut other = session_as(&d, "iqn.2026-11.io.ironwire.test:caw-other").await;
+        let mut old = login().await;
+        other.write16(1, 0, BLOCK, pattern(0xa)).await.expect("write A");
+        let holder =
+            other.submit(1, &compare_and_write16(0), [pattern(0xa), pattern(0xc)].concat(), 0).expect("CAW A->C");
+        other.flush().await.expect("send the holder");
+        reactor::sleep(SETTLE).await;
+        old.submit(1, &compare_and_write16(0), [pattern(0xc), pattern(0xd)].concat(), 0).expect("CAW C->D");
+        old.flush().await.expect("send the waiter");
+        reactor::sleep(SETTLE).await;
+
+        let mut new = login().await;
+        old.wait_closed().await.expect("the old connection is closed");
+        let (itt, r) = other.next_completion().await.expect("the holder completes");
+        assert_eq!(itt, holder);
+        assert!(r.is_good(), "holder: {r:?}");
+        assert!(
+            new.read16(1, 0, 1, BLOCK).await.expect("read") == pattern(0xc),
+            "the reinstated session's waiting COMPARE AND WRITE wrote"
+        );
+    }));
+}
+
 /// The same over NVMe/TCP: an Abort of the Write of a fused pair waiting
 /// for its range (namespace 2 holds the first pair's compare read) ends the wait;
 /// the pair is answered (Abort Requested, Failed Fused) before the first
