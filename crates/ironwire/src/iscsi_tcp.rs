@@ -941,26 +941,20 @@ impl Drop for Watch<'_> {
     }
 }
 
-fn seed(model: &IscsiModel) -> Seed {
+/// The connection's random first StatSN, CHAP identifier and challenge;
+/// `None` when the system gives no randomness (a predictable challenge
+/// would let a recorded CHAP response be replayed).
+fn seed(model: &IscsiModel) -> Option<Seed> {
     let mut bytes = [0u8; 40];
-    // SAFETY: getrandom writes at most `bytes.len()` bytes into the buffer.
-    let n = unsafe { libc::getrandom(bytes.as_mut_ptr().cast(), bytes.len(), 0) };
-    if n != bytes.len() as isize {
-        // Fall back to a time-based value; CHAP challenges stay unique
-        // per connection even so.
-        let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
-        for (i, b) in bytes.iter_mut().enumerate() {
-            *b = (t >> ((i % 16) * 8)) as u8 ^ (i as u8).wrapping_mul(131);
-        }
-    }
+    getrandom::getrandom(&mut bytes).ok()?;
     let mut challenge = [0u8; 32];
     challenge.copy_from_slice(&bytes[8..40]);
-    Seed {
+    Some(Seed {
         tsih: model.tsih(),
         stat_sn: u32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]),
         chap_id: bytes[4],
         chap_challenge: challenge,
-    }
+    })
 }
 
 /// Serves one accepted iSCSI connection until it closes; `port` is the
@@ -968,7 +962,10 @@ fn seed(model: &IscsiModel) -> Seed {
 pub async fn serve(stream: TcpStream, model: Arc<IscsiModel>, cfg: TargetConfig, port: std::net::SocketAddr) {
     let _ = stream.set_nodelay(true);
     let Ok(peer) = stream.peer_addr() else { return };
-    let seed = seed(&model);
+    let Some(seed) = seed(&model) else {
+        log::error!("{peer}: the system gives no random bytes for a CHAP challenge; closing the connection");
+        return;
+    };
     let mut iscsi = TargetConnection::new(cfg, model.clone(), seed).with_peer(peer.ip());
     if let Ok(local) = stream.local_addr() {
         iscsi = iscsi.with_local(local.ip());
