@@ -20,8 +20,10 @@
 //! table's mutex: a write overlapping no lock starts at once (and is
 //! recorded, so that a later locker waits for it); one overlapping a lock
 //! waits for its release. A lock waits until no fast-path write is in
-//! flight, no recorded write overlaps it and no earlier lock overlaps it
-//! (first come, first served). Reads take no lock.
+//! flight, no recorded write overlaps it and no earlier lock or waiting
+//! write overlaps it; a waiting write, for the earlier locks only (first
+//! come, first served: a stream of locks over its blocks does not starve
+//! it). Reads take no lock.
 
 use std::marker::PhantomData;
 use std::sync::{Mutex, MutexGuard};
@@ -52,11 +54,13 @@ struct Lock {
 }
 
 /// The slow path's bookkeeping: locks in arrival order, writes that
-/// started on the slow path, and who waits.
+/// started on the slow path, writes that wait for a lock (their id says
+/// which locks came first), and who waits.
 #[derive(Debug, Default)]
 struct Table {
     locks: Vec<Lock>,
     writes: Vec<(u64, Range)>,
+    waiting: Vec<(u64, Range)>,
     waiters: Vec<reactor::Ringer>,
     next_id: u64,
 }
@@ -67,9 +71,10 @@ impl Table {
         self.next_id
     }
 
-    /// A write may start unless it overlaps a lock, pending or held.
-    fn write_may_start(&self, range: Range) -> bool {
-        !self.locks.iter().any(|l| l.range.overlaps(range))
+    /// A write may start unless it overlaps a lock, pending or held; one
+    /// waiting as `waiting` only one that came before it.
+    fn write_may_start(&self, range: Range, waiting: Option<u64>) -> bool {
+        !self.locks.iter().any(|l| waiting.is_none_or(|w| l.id < w) && l.range.overlaps(range))
     }
 
     fn add_write(&mut self, range: Range) -> u64 {
@@ -88,13 +93,15 @@ impl Table {
         id
     }
 
-    /// Grants lock `id` if no recorded write and no earlier lock overlaps
-    /// it (the caller has checked the fast-path writes).
+    /// Grants lock `id` if no recorded write, no earlier lock and no write
+    /// waiting since before it overlaps it (the caller has checked the
+    /// fast-path writes).
     fn try_grant(&mut self, id: u64) -> bool {
         let Some(pos) = self.locks.iter().position(|l| l.id == id) else { return false };
         let Some(range) = self.locks.get(pos).map(|l| l.range) else { return false };
         if self.locks.iter().take(pos).any(|l| l.range.overlaps(range))
             || self.writes.iter().any(|w| w.1.overlaps(range))
+            || self.waiting.iter().any(|w| w.0 < id && w.1.overlaps(range))
         {
             return false;
         }
@@ -144,6 +151,25 @@ pub(crate) struct WriteToken<'a> {
 impl Drop for WriteToken<'_> {
     fn drop(&mut self) {
         self.gate.end_write(&self.entry);
+    }
+}
+
+/// A write's place among the waiting ones while it waits: dropped with
+/// its wait (cancelled, or the doorbell failed), it leaves the table and
+/// wakes the locks that waited for it.
+struct Waiting<'a> {
+    gate: &'a WriteGate,
+    id: u64,
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        let mut t = self.gate.table();
+        let before = t.waiting.len();
+        t.waiting.retain(|&(id, _)| id != self.id);
+        if t.waiting.len() != before {
+            t.wake_all();
+        }
     }
 }
 
@@ -233,7 +259,7 @@ impl WriteGate {
             return Some(token);
         }
         let mut t = self.table();
-        if !t.write_may_start(range) {
+        if !t.write_may_start(range, None) {
             return None;
         }
         Some(WriteToken { gate: self, entry: Entry::Table(t.add_write(range)), _thread_bound: PhantomData })
@@ -245,12 +271,23 @@ impl WriteGate {
         if let Some(token) = self.try_fast() {
             return Ok(token);
         }
+        let mut waiting: Option<Waiting<'_>> = None;
         loop {
             let bell = {
                 let mut t = self.table();
-                if t.write_may_start(range) {
+                if t.write_may_start(range, waiting.as_ref().map(|w| w.id)) {
+                    // Recorded as running instead: its `Waiting`, dropped
+                    // after this guard, then has nothing left to take out.
+                    if let Some(w) = &waiting {
+                        t.waiting.retain(|&(id, _)| id != w.id);
+                    }
                     let entry = Entry::Table(t.add_write(range));
                     return Ok(WriteToken { gate: self, entry, _thread_bound: PhantomData });
+                }
+                if waiting.is_none() {
+                    let id = t.id();
+                    t.waiting.push((id, range));
+                    waiting = Some(Waiting { gate: self, id });
                 }
                 let (bell, ringer) = reactor::doorbell()?;
                 t.waiters.push(ringer);
@@ -324,8 +361,8 @@ mod tests {
         let b = t.add_lock(Range::new(100, 1));
         assert!(!t.try_grant(a), "a lock waits for an overlapping write under way");
         assert!(t.try_grant(b), "a lock elsewhere does not");
-        assert!(!t.write_may_start(Range::new(7, 2)), "a write waits for a pending lock it overlaps");
-        assert!(t.write_may_start(Range::new(8, 92)), "a write between the locks starts");
+        assert!(!t.write_may_start(Range::new(7, 2), None), "a write waits for a pending lock it overlaps");
+        assert!(t.write_may_start(Range::new(8, 92), None), "a write between the locks starts");
         t.end_write(w);
         assert!(t.try_grant(a));
         let c = t.add_lock(Range::new(0, 5));
@@ -334,7 +371,7 @@ mod tests {
         assert!(t.try_grant(c));
         t.remove_lock(b);
         t.remove_lock(c);
-        assert!(t.write_may_start(Range::new(0, 1000)));
+        assert!(t.write_may_start(Range::new(0, 1000), None));
         assert!(t.locks.is_empty() && t.writes.is_empty());
     }
 
@@ -399,6 +436,42 @@ mod tests {
         }));
         holder.join().expect("holder thread");
         assert!(matches!(gate.try_write(Range::new(11, 1)).expect("unlocked").entry, Entry::Fast(_)));
+    }
+
+    /// Compare-and-writes on one block, each locking it as the one before
+    /// unlocks (ESX's ATS heartbeats, many hosts on one sector): a plain
+    /// write to the block that waits behind the first must start before
+    /// the locks that came after it, not wait for the stream to end.
+    #[test]
+    fn a_waiting_write_goes_before_the_locks_that_came_after_it() {
+        block_on(bounded(async {
+            let gate = std::rc::Rc::new(WriteGate::new());
+            let mut lock = gate.lock(Range::new(7, 1)).await.expect("lock");
+            let admitted = std::rc::Rc::new(std::cell::Cell::new(false));
+            let writer = reactor::spawn({
+                let (gate, admitted) = (gate.clone(), admitted.clone());
+                async move {
+                    let _token = gate.write(Range::new(7, 1)).await.expect("admitted");
+                    admitted.set(true);
+                }
+            });
+            for _ in 0..10 {
+                reactor::yield_now().await;
+            }
+            assert!(!admitted.get(), "a write overlapping a held lock started");
+            let mut later_locks = 0;
+            while !admitted.get() && later_locks < 100 {
+                drop(lock);
+                lock = gate.lock(Range::new(7, 1)).await.expect("lock");
+                later_locks += 1;
+                for _ in 0..10 {
+                    reactor::yield_now().await;
+                }
+            }
+            assert!(admitted.get(), "the write still waits after {later_locks} later locks were granted");
+            drop(lock);
+            writer.await;
+        }));
     }
 
     #[test]
