@@ -279,6 +279,10 @@ impl Answer {
 /// `None` when it is neither or does not fit 32 bits.
 pub fn parse_num(v: &str) -> Option<u32> {
     if let Some(h) = v.strip_prefix("0x").or_else(|| v.strip_prefix("0X")) {
+        // `from_str_radix` takes a leading sign, which no hex-constant has.
+        if h.is_empty() || !h.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return None;
+        }
         u32::from_str_radix(h, 16).ok()
     } else if !v.is_empty() && v.bytes().all(|b| b.is_ascii_digit()) {
         v.parse().ok()
@@ -586,6 +590,10 @@ mod tests {
             ("MaxBurstLength", "16777216", Answer::Reject),
             ("FirstBurstLength", "0x40000", Answer::Value("65536".into())),
             ("FirstBurstLength", "x", Answer::Reject),
+            // RFC 7143 section 6.1: a hex-constant is "0x" and hex digits
+            // only; no sign.
+            ("FirstBurstLength", "0x+10000", Answer::Reject),
+            ("MaxBurstLength", "0x-200", Answer::Reject),
             ("DefaultTime2Wait", "0", Answer::Value("2".into())),
             ("DefaultTime2Wait", "10", Answer::Value("10".into())),
             ("DefaultTime2Wait", "3601", Answer::Reject),
