@@ -1268,15 +1268,20 @@ fn task_mgmt(conn: &Conn, function: TmfFunction, lun: u64) -> (u8, Vec<Fence>) {
     };
     // The affected tasks of this session still running are waited for by
     // the caller; those of other sessions through the fences (the task set
-    // is shared, TST 000b).
+    // is shared, TST 000b). A function naming a LUN without a unit names
+    // no task set: "LUN does not exist" (RFC 7143 11.6.1), as LIO answers.
     match function {
-        TmfFunction::ABORT_TASK | TmfFunction::ABORT_TASK_SET => (tmf_response::COMPLETE, Vec::new()),
+        TmfFunction::ABORT_TASK => (tmf_response::COMPLETE, Vec::new()),
+        TmfFunction::ABORT_TASK_SET => match unit {
+            Some(_) => (tmf_response::COMPLETE, Vec::new()),
+            None => (tmf_response::LUN_DOES_NOT_EXIST, Vec::new()),
+        },
         TmfFunction::CLEAR_TASK_SET => match unit {
             Some(u) => {
                 u.lu.clear_task_set(&s.nexus, &[]);
                 (tmf_response::COMPLETE, fence(conn, s, &[&u]))
             }
-            None => (tmf_response::COMPLETE, Vec::new()),
+            None => (tmf_response::LUN_DOES_NOT_EXIST, Vec::new()),
         },
         TmfFunction::LOGICAL_UNIT_RESET => match unit {
             Some(u) => {

@@ -552,3 +552,20 @@ fn a_preempted_write_stays_aborted_past_its_sessions_own_whole_unit_preemption()
         assert_eq!(read(&mut a, 1, 4096).await, vec![0; BLOCK as usize], "the preempted write reached the device");
     }));
 }
+
+/// A task set function or LUN reset addressed to a LUN with no logical
+/// unit behind it names no task set: "LUN does not exist" (RFC 7143
+/// 11.6.1, response 2), as the Linux target answers every function that
+/// names a LUN, not "function complete" for a task set that is not there.
+#[test]
+fn task_set_functions_on_a_lun_without_a_unit_answer_lun_does_not_exist() {
+    let d = start("no-unit");
+    block_on(bounded(30, async {
+        let mut s = session(&d).await;
+        for function in [ABORT_TASK_SET, CLEAR_TASK_SET, LOGICAL_UNIT_RESET] {
+            let response = s.task_mgmt(function, 7, u32::MAX).await.expect("answered");
+            assert_eq!(response, 2, "function {function} on LUN 7");
+        }
+        assert_eq!(s.task_mgmt(CLEAR_TASK_SET, 1, u32::MAX).await.expect("answered"), 0, "LUN 1 exists");
+    }));
+}
