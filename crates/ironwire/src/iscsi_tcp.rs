@@ -1442,7 +1442,7 @@ async fn answer_preempt_when_fenced(
     if done {
         conn.good(itt, false, &[], residual);
     } else {
-        conn.check(itt, &Sense::LU_COMMUNICATION_TIMEOUT);
+        conn.check_with(itt, &Sense::LU_COMMUNICATION_TIMEOUT, residual);
     }
 }
 
@@ -1494,7 +1494,7 @@ fn write_to_memory(
             log::warn!("{}: write on {} failed: {e}", conn.shell.peer, device.name());
             let sense = scsi::io_error_sense(&e, true);
             conn.record(lun, bytes, t0, Some(&sense));
-            conn.check(task, &sense);
+            conn.check_with(task, &sense, residual);
         }
     }
     true
@@ -1623,7 +1623,9 @@ async fn run_io(
     match result {
         Ok(Some(buf)) => conn.good(itt, true, &buf, None),
         Ok(None) => conn.good(itt, false, &[], residual),
-        Err(sense) => conn.check(itt, &sense),
+        // A failed command's residual is reported too (RFC 7143
+        // 11.4.5.1), as for one refused before reaching the device.
+        Err(sense) => conn.check_with(itt, &sense, residual),
     }
 }
 

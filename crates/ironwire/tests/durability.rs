@@ -14,7 +14,7 @@
 mod common;
 
 use common::{block_on, bounded, Daemon};
-use initiator::iscsi::{cdb, LoginOptions, Session};
+use initiator::iscsi::{cdb, LoginOptions, Residual, Session};
 use initiator::{cmd, Controller, Options};
 use std::fs::OpenOptions;
 use std::net::SocketAddr;
@@ -547,6 +547,43 @@ fn nvme_controller_shutdown_flushes_the_device() {
         assert_eq!(lo.flushes(), before, "plain writes to a write-back device need no flush");
         c.disconnect().await.expect("shutdown completes");
         assert!(lo.flushes() > before, "the shutdown reached the device as a flush");
+    }));
+    d.assert_alive();
+}
+
+/// A write the device fails reports its residual like any other answer:
+/// a WRITE (16) of 128 blocks sent with one block more than it describes
+/// ends, once the file system behind the device is full, in CHECK
+/// CONDITION (SPACE ALLOCATION FAILED) with the underflow of that block
+/// (RFC 7143 11.4.5.1), as a write refused before reaching the device
+/// does.
+#[test]
+fn iscsi_write_failed_by_the_device_reports_its_residual() {
+    let scratch = Scratch::new("iscsi-enospc-residual");
+    let fs = match Tmpfs::mount(&scratch.0.join("tmpfs"), 1 << 20) {
+        Ok(fs) => fs,
+        Err(e) => {
+            eprintln!("skipping: cannot mount a small tmpfs ({e})");
+            return;
+        }
+    };
+    let mut d = start("iscsi-enospc-residual", Proto::Iscsi, "file", &fs.0.join("dev.img"));
+    block_on(bounded(60, async {
+        let mut s = Session::connect(d.addr, LoginOptions::new(HOST_IQN, Some(IQN))).await.expect("login");
+        s.clear_unit_attentions(0).await.expect("LUN 0 ready");
+        for lba in (0..BLOCKS).step_by(128) {
+            let data = vec![0x5a; 129 * BS];
+            let r = s.scsi(0, &cdb::write16(lba, 128), data, 0).await.expect("WRITE (16) answered");
+            if r.is_good() {
+                assert_eq!(r.residual, Some(Residual::Underflow(BS as u32)), "GOOD at lba {lba}");
+                continue;
+            }
+            let code = r.sense_code().map(|c| (c.key, c.asc, c.ascq));
+            assert_eq!(code, Some((0x07, 0x27, 0x07)), "the write at lba {lba} into the full file system");
+            assert_eq!(r.residual, Some(Residual::Underflow(BS as u32)), "CHECK CONDITION at lba {lba}");
+            return;
+        }
+        panic!("{SIZE} bytes written into a 1 MiB file system");
     }));
     d.assert_alive();
 }
