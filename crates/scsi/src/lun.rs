@@ -67,6 +67,13 @@ pub fn report_luns<B>(cdb: &[u8], luns: &[u64]) -> Outcome<B> {
     if c.len() < 12 || c.u8(0) != op::REPORT_LUNS {
         return Outcome::Check(Sense::INVALID_FIELD_IN_CDB);
     }
+    // NACA, FLAG and LINK of the CONTROL byte: sessions answer REPORT LUNS
+    // here rather than through `LogicalUnit::execute`, which refuses them
+    // for every other command.
+    let control = c.u8(11) & 0x07;
+    if control != 0 {
+        return Outcome::Check(Sense::invalid_cdb_bits(11, control));
+    }
     let alloc_len = c.be32(6);
     // SPC-4 6.33: an allocation length below 16 is an error.
     if alloc_len < 16 {

@@ -939,6 +939,32 @@ fn report_luns_clears_reported_luns_changed() {
     assert!(good(exec(&lu, &a, &[0; 6])).is_empty());
 }
 
+/// Sessions answer REPORT LUNS through `report_luns` (and, for a LUN with
+/// no unit, `lun::report_luns`), not `execute`: the CONTROL byte is
+/// checked there too, so NACA, FLAG and LINK are refused as for every
+/// other command, with the pending REPORTED LUNS DATA HAS CHANGED kept.
+#[test]
+fn report_luns_refuses_naca_flag_and_link_on_every_path() {
+    let lu = ram_lu();
+    let a = nexus(1);
+    lu.nexus_created(&a);
+    lu.report_luns_changed();
+    for (control, bit) in [(0x04u8, 2u8), (0x02, 1), (0x01, 0)] {
+        let cdb = [op::REPORT_LUNS, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, control];
+        for (path, out) in [
+            ("session", lu.report_luns::<Vec<u8>>(&a, &cdb, &[0, 1])),
+            ("no unit", crate::execute_without_lu::<Vec<u8>>(&cdb, &[0, 1])),
+            ("execute", exec(&lu, &a, &cdb)),
+        ] {
+            let s = check(out);
+            assert_eq!(asc(s), INVALID_CDB, "{path}, control {control:#04x}");
+            let f = s.field.unwrap();
+            assert_eq!((f.in_cdb, f.byte, f.bit), (true, 11, Some(bit)), "{path}, control {control:#04x}");
+        }
+    }
+    assert_eq!(check(exec(&lu, &a, &[0; 6])), Sense::UA_REPORTED_LUNS_CHANGED, "not cleared by a refused REPORT LUNS");
+}
+
 #[test]
 fn execute_answers_report_luns_with_its_own_lun() {
     let lu = ram_lu();
