@@ -4,6 +4,7 @@ use crate::controller::Controller;
 use crate::model::{Namespace, Subsystem, Target, Transport};
 use block::BlockDevice;
 use nvme_spec::identify::{ctrl as c, nid, ns as n, ns_indep as ni, CSI_NVM, LEN};
+use nvme_spec::log::AnaState;
 use nvme_spec::opcode::Cns;
 use nvme_spec::writer::Page;
 use nvme_spec::{regs, Status};
@@ -202,7 +203,13 @@ fn controller<D: BlockDevice>(
 fn namespace<D: BlockDevice>(ns: &Namespace<D>) -> Vec<u8> {
     let geo = ns.device.geometry();
     let mut p = Page::new(LEN);
-    p.u64(n::NSZE, geo.blocks).u64(n::NCAP, geo.blocks).u64(n::NUSE, geo.blocks);
+    p.u64(n::NSZE, geo.blocks).u64(n::NCAP, geo.blocks);
+    // NUSE is cleared to 0h while the namespace is ANA Inaccessible or
+    // Persistent Loss on this controller (NVMe Base 2.0, Identify
+    // Namespace; nvmet likewise).
+    if !matches!(ns.ana_state(), AnaState::INACCESSIBLE | AnaState::PERSISTENT_LOSS) {
+        p.u64(n::NUSE, geo.blocks);
+    }
     p.u8(n::NSFEAT, n::NSFEAT_OPTPERF);
     p.u8(n::NLBAF, 0).u8(n::FLBAS, 0).u8(n::NMIC, n::NMIC_SHARED);
     p.u32(n::ANAGRPID, ns.nsid);

@@ -1022,6 +1022,31 @@ fn ana_state_change_raises_an_event_and_shows_in_the_ana_log() {
     assert!(a.poll_event().is_none(), "one event for several changes before the log was read");
 }
 
+/// NVMe Base 2.0, Identify Namespace NUSE: while the namespace is in the
+/// ANA Inaccessible or Persistent Loss state on this controller, NUSE is
+/// cleared to 0h (as nvmet reports it); NSZE and NCAP still give its size.
+/// In the other states it is the size, as before.
+#[test]
+fn identify_namespace_reports_no_utilization_while_the_namespace_is_inaccessible() {
+    let t = target();
+    let (mut a, _) = admin(&t);
+    let sub = t.subsystem(SUB).expect("sub");
+    let u64_at = |b: &[u8], at: usize| u64::from_le_bytes(b[at..at + 8].try_into().expect("8"));
+    for (state, nuse) in [
+        (AnaState::INACCESSIBLE, 0),
+        (AnaState::PERSISTENT_LOSS, 0),
+        (AnaState::CHANGE, 2048),
+        (AnaState::NON_OPTIMIZED, 2048),
+        (AnaState::OPTIMIZED, 2048),
+    ] {
+        sub.set_ana_state(1, state);
+        let (st, page) = identify(&mut a, 0x00, 1);
+        assert_eq!(st, Status::SUCCESS);
+        assert_eq!((u64_at(&page, 0), u64_at(&page, 8)), (2048, 2048), "{state:?}: NSZE and NCAP");
+        assert_eq!(u64_at(&page, 16), nuse, "{state:?}: NUSE");
+    }
+}
+
 /// A namespace replaced under its NSID (another device or identifiers:
 /// removed and added again) may come back in another ANA state. Its group
 /// ID is its NSID, the group a host already holds in its copy of the ANA
