@@ -180,9 +180,13 @@ impl<D: BlockDevice> Queue<D> {
             return Outcome::status(cid, Status::INVALID_FIELD.dnr());
         }
         // Supported capabilities (SEL 011b), of a feature this controller
-        // has (checked below): nothing is saveable or per-namespace,
-        // everything listed is changeable.
-        let capabilities = || Outcome::Complete { cqe: Cqe::new(cid, Status::SUCCESS, 0b100), data: Vec::new() };
+        // has (checked below): nothing is saveable or per-namespace, and
+        // everything but the Host Identifier is changeable (on fabrics it
+        // is Connect's, and Set Features of it is refused).
+        let capabilities = |changeable: bool| Outcome::Complete {
+            cqe: Cqe::new(cid, Status::SUCCESS, if changeable { 0b100 } else { 0 }),
+            data: Vec::new(),
+        };
         // SEL 001b asks for the default value, 010b for the saved one;
         // nothing is saveable, so that is the default too.
         let current = ctrl.lock();
@@ -214,7 +218,7 @@ impl<D: BlockDevice> Queue<D> {
             },
             FeatureId::ERROR_RECOVERY => s.error_recovery,
             FeatureId::WRITE_ATOMICITY => s.write_atomicity,
-            FeatureId::HOST_IDENTIFIER if sel == 3 => return capabilities(),
+            FeatureId::HOST_IDENTIFIER if sel == 3 => return capabilities(false),
             FeatureId::HOST_IDENTIFIER => {
                 if sqe.cdw11.get() & 1 == 0 {
                     return Outcome::status(cid, Status::INVALID_FIELD.dnr());
@@ -225,7 +229,7 @@ impl<D: BlockDevice> Queue<D> {
             _ => return Outcome::status(cid, Status::INVALID_FIELD.dnr()),
         };
         if sel == 3 {
-            return capabilities();
+            return capabilities(true);
         }
         Outcome::Complete { cqe: Cqe::new(cid, Status::SUCCESS, dw0), data: Vec::new() }
     }

@@ -736,6 +736,30 @@ fn get_features_capabilities_only_of_features_that_exist() {
     assert_eq!(get(&mut d, 0x0f, 3).0, Status::SUCCESS);
 }
 
+/// Host Identifier (81h) on a fabrics controller is the HOSTID of Connect:
+/// Get Features returns it (128-bit, EXHID set; EXHID clear is Invalid
+/// Field), Set Features is Command Sequence Error (NVMe Base 2.0 5.27.1,
+/// Host Identifier), so its supported capabilities (SEL 011b) say it is not
+/// changeable, nor saveable, nor namespace specific.
+#[test]
+fn host_identifier_is_connects_and_not_changeable() {
+    let t = target();
+    let (mut a, _) = admin(&t);
+    let get = |q: &mut Queue, sel: u32, exhid: u32| {
+        let mut s = sqe(0x0a, 8);
+        s.cdw10 = (0x81 | (sel << 8)).into();
+        s.cdw11 = exhid.into();
+        s.dptr = Sgl::transport(16);
+        cqe_of(run(q, &s, None))
+    };
+    let (cqe, data) = get(&mut a, 0, 1);
+    assert_eq!((cqe.status(), data), (Status::SUCCESS, vec![1; 16]), "the HOSTID Connect gave");
+    assert_eq!(get(&mut a, 0, 0).0.status(), Status::INVALID_FIELD.dnr(), "only the 128-bit form");
+    assert_eq!(set_feature(&mut a, 0x81, 1).0, Status::COMMAND_SEQUENCE_ERROR.dnr());
+    let (cqe, _) = get(&mut a, 3, 0);
+    assert_eq!((cqe.status(), cqe.dw0.get()), (Status::SUCCESS, 0), "not saveable, per namespace or changeable");
+}
+
 /// A device with a volatile write cache, as file and block devices have.
 fn cached(name: &str) -> Arc<Described> {
     Arc::new(Described { backend: "file", volatile_write_cache: true, ..Described::new(name, 512, 2048) })
