@@ -53,12 +53,12 @@ impl<D: BlockDevice> Queue<D> {
                     // NUMD says how much to return; the SGL must describe
                     // exactly that (as for Identify).
                     Err(Status::SGL_DATA_LENGTH_INVALID.dnr())
+                } else if discovery && glp.lid != LogId::DISCOVERY.0 {
+                    Err(Status::INVALID_LOG_PAGE.dnr())
                 } else if glp.lid == LogId::SMART.0 && !matches!(sqe.nsid.get(), 0 | u32::MAX) {
                     // LPA bit 0 is clear: the SMART / Health log is the
                     // controller's only (NVMe base 2.0 5.16.1.3).
                     Err(Status::INVALID_FIELD.dnr())
-                } else if discovery && glp.lid != LogId::DISCOVERY.0 {
-                    Err(Status::INVALID_LOG_PAGE.dnr())
                 } else {
                     logpage::build(&self.target, &subsys, ctrl, glp, self.local)
                 };

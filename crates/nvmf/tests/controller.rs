@@ -1852,6 +1852,10 @@ fn smart_log_for_one_namespace_is_refused_without_lpa_bit_0() {
     s.dptr = Sgl::transport(512);
     let (cqe, _) = cqe_of(run(&mut a, &s, None));
     assert_eq!(cqe.status(), Status::INVALID_FIELD.dnr());
+    // A discovery controller has no SMART / Health log at all, whatever
+    // the NSID: Invalid Log Page, as for every log but the discovery log.
+    let mut d = discovery_admin(&t, HOST);
+    assert_eq!(status(&run(&mut d, &s, None)), Status::INVALID_LOG_PAGE.dnr());
 }
 
 /// NVMe-oF Disconnect deletes the I/O queue it is sent on; on the admin
