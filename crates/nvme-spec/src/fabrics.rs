@@ -148,9 +148,11 @@ impl PropertyCmd {
 }
 
 /// The IPO/IATTR result of a Connect rejected for invalid parameters:
-/// `in_data` selects the Connect data (IATTR 1) or the SQE (IATTR 0).
+/// IPO, the field's byte `offset`, in bits 15:00, and IATTR in bit 16,
+/// `in_data` selecting the Connect data (1) or the SQE (0). The Linux host
+/// decodes it so to name the field, as nvmet and SPDK encode it.
 pub fn connect_invalid_param_result(in_data: bool, offset: u16) -> u32 {
-    (u32::from(offset) << 16) | u32::from(in_data)
+    u32::from(offset) | (u32::from(in_data) << 16)
 }
 
 #[cfg(test)]

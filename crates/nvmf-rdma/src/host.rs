@@ -762,7 +762,7 @@ mod tests {
             assert!(t.poll_event().is_none(), "Connect qid {qid} sqsize {sqsize} reached the core");
             let (cqe, _) = h.poll_completion().expect("the Connect's answer");
             assert_eq!(cqe.status(), Status::CONNECT_INVALID_PARAMETERS.dnr(), "qid {qid} sqsize {sqsize}");
-            assert_eq!(cqe.dw0.get(), u32::from(ipo) << 16, "IPO of qid {qid} sqsize {sqsize}");
+            assert_eq!(cqe.dw0.get(), u32::from(ipo), "IPO of qid {qid} sqsize {sqsize}");
         }
         // The Connect that matches goes up, in-capsule data and all.
         let (mut h, mut t) = pair(false, 1);

@@ -206,7 +206,7 @@ fn refuses_a_host_not_on_the_list_with_invalid_host() {
     let mut q = Queue::new(t.clone(), TCP, addr(), addr());
     let (cqe, _) = cqe_of(connect(&mut q, 0, 0xffff, SECRET, HOST));
     assert_eq!(cqe.status(), Status::CONNECT_INVALID_HOST.dnr());
-    assert_eq!(cqe.dw0.get(), (512 << 16) | 1, "IPO names HOSTNQN in the connect data");
+    assert_eq!(cqe.dw0.get(), (1 << 16) | 512, "IPO names HOSTNQN in the connect data");
     assert!(matches!(q.kind(), QueueKind::Unconnected));
     let mut q2 = Queue::new(t, TCP, addr(), addr());
     assert!(status(&connect(&mut q2, 0, 0xffff, SECRET, OTHER)).is_success());
@@ -234,10 +234,10 @@ fn rejects_unknown_subsystem_and_bad_connect_parameters() {
     let mut q = Queue::new(t.clone(), TCP, addr(), addr());
     let (cqe, _) = cqe_of(connect(&mut q, 0, 0xffff, "nqn.2026-11.none:x", HOST));
     assert_eq!(cqe.status(), Status::CONNECT_INVALID_PARAMETERS.dnr());
-    assert_eq!(cqe.dw0.get(), (256 << 16) | 1);
+    assert_eq!(cqe.dw0.get(), (1 << 16) | 256);
     let data = ConnectData::new([1; 16], 0xffff, SUB, HOST).as_bytes().to_vec();
     let (cqe, _) = cqe_of(run(&mut q, &connect_sqe(0, 0, 0), Some(data)));
-    assert_eq!(cqe.dw0.get(), 44 << 16, "IPO names SQSIZE in the SQE");
+    assert_eq!(cqe.dw0.get(), 44, "IPO names SQSIZE in the SQE");
     let (_a, cntlid) = admin(&t);
     let mut io = Queue::new(t.clone(), TCP, addr(), addr());
     assert_eq!(
@@ -253,6 +253,30 @@ fn rejects_unknown_subsystem_and_bad_connect_parameters() {
         Status::CONNECT_INVALID_PARAMETERS.dnr(),
         "qid 1 twice"
     );
+}
+
+/// A Connect refused with Connect Invalid Parameters (or Invalid Host)
+/// names the field in Dword 0: IPO, its byte offset, in bits 15:00, and
+/// IATTR in bit 16, set when the field is in the Connect data and clear
+/// when it is in the SQE (NVMe-oF Connect response). The Linux host reads
+/// it so (`offset >> 16` for IATTR, `offset & 0xffff` for IPO, in
+/// nvmf_log_connect_error) to log the field, as nvmet and SPDK write it.
+#[test]
+fn a_refused_connect_names_the_field_as_hosts_read_it() {
+    let t = target();
+    let (_a, cntlid) = admin(&t);
+    let iattr_ipo = |o: Outcome<Vec<u8>>| {
+        let (cqe, _) = cqe_of(o);
+        (cqe.dw0.get() >> 16, cqe.dw0.get() & 0xffff)
+    };
+    let mut q = Queue::new(t.clone(), TCP, addr(), addr());
+    assert_eq!(iattr_ipo(connect(&mut q, 0, 0xffff, "nqn.2026-11.none:x", HOST)), (1, 256), "SUBNQN");
+    assert_eq!(iattr_ipo(connect(&mut q, 0, 0xffff, SECRET, HOST)), (1, 512), "HOSTNQN");
+    assert_eq!(iattr_ipo(connect(&mut q, 0, 7, SUB, HOST)), (1, 16), "CNTLID");
+    let data = ConnectData::new([1; 16], 0xffff, SUB, HOST).as_bytes().to_vec();
+    assert_eq!(iattr_ipo(run(&mut q, &connect_sqe(0, 0, 0), Some(data))), (0, 44), "SQSIZE");
+    let mut io = Queue::new(t.clone(), TCP, addr(), addr());
+    assert_eq!(iattr_ipo(connect(&mut io, 999, cntlid, SUB, HOST)), (0, 42), "QID");
 }
 
 #[test]
