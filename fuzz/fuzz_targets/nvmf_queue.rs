@@ -70,6 +70,11 @@ fn check(target: &Target<Device>, sqe: &Sqe, o: &Outcome<Vec<u8>, Device>, data_
             assert_eq!(cqe.cid.get(), cid);
             assert_eq!(sqe.opcode, 0x7f, "a shutdown from other than a Fabrics command");
         }
+        Outcome::FlushThenComplete { cqe, devices } => {
+            assert_eq!(cqe.cid.get(), cid);
+            assert_eq!(sqe.opcode, 0x09, "a write cache turned off by other than Set Features");
+            assert!(devices.iter().all(|d| d.volatile_write_cache()), "flushing a device without a cache");
+        }
         Outcome::NeedData { len, discard } => {
             assert!(!had_data, "asked for data it was given");
             let plain_write = sqe.opcode == 0x01 && sqe.flags & 3 == 0;

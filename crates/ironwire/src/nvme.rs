@@ -729,7 +729,31 @@ fn answer<T: Binding, B: AsRef<[u8]>>(
             let ctrl = conn.queue.borrow().controller().cloned();
             reactor::spawn(shut_down(conn.shell.peer, ctrl, devices, shutdown));
         }
+        Outcome::FlushThenComplete { cqe, devices } => {
+            reactor::spawn(flush_then_complete(conn.clone(), cqe, devices));
+        }
     }
+}
+
+/// Flushes `devices`, then sends `cqe` (the write cache turned off), or
+/// Internal Error when a flush failed: the host would otherwise take the
+/// writes it made while the cache was on for durable.
+async fn flush_then_complete<T: Binding>(conn: Rc<Conn<T>>, mut cqe: Cqe, devices: Vec<Arc<Device>>) {
+    let _running = conn.shell.io_task();
+    for d in &devices {
+        if let Err(e) = d.flush().await {
+            log::error!(
+                "{}: flushing {} as the host turned its write cache off failed: {e}",
+                conn.shell.peer,
+                d.name()
+            );
+            cqe = Cqe::new(cqe.cid.get(), Status::INTERNAL, 0);
+        }
+    }
+    if !cqe.status().is_success() {
+        conn.failed(cqe.status());
+    }
+    conn.respond(cqe);
 }
 
 /// A normal shutdown the host asked for (CC.SHN): flushes the namespaces'

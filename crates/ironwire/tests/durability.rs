@@ -142,6 +142,26 @@ impl Host {
         }
     }
 
+    /// Turns the device's volatile write cache on or off: NVMe Set
+    /// Features Volatile Write Cache, SCSI MODE SELECT (6) of the caching
+    /// page's WCE.
+    async fn write_cache(&mut self, on: bool) {
+        match self {
+            Host::Nvme(c) => {
+                let sqe = cmd::set_features(nvme_spec::opcode::FeatureId::VOLATILE_WRITE_CACHE, u32::from(on));
+                c.admin_command(sqe, Vec::new(), 0).await.expect("Set Features Volatile Write Cache");
+            }
+            Host::Iscsi(s) => {
+                let mut list = vec![0u8; 4 + 20];
+                list[4] = 0x08; // caching page
+                list[5] = 0x12;
+                list[6] = u8::from(on) << 2; // WCE
+                let select = [0x15u8, 0x10, 0, 0, list.len() as u8, 0];
+                s.scsi(0, &select, list, 0).await.expect("MODE SELECT delivered").check().expect("MODE SELECT status");
+            }
+        }
+    }
+
     async fn read(&mut self, lba: u64, blocks: u32) -> Vec<u8> {
         match self {
             Host::Nvme(c) => c.read(0, 1, lba, blocks).await.expect("NVMe read"),
@@ -320,6 +340,12 @@ fn fua_and_flush_reach_the_block_device(proto: Proto, tag: &str) {
             q.execute(sqe, Vec::new(), 0).await.expect("Write Zeroes with FUA");
             assert!(lo.flushes() > before, "Write Zeroes with FUA reached the device as a flush");
         }
+        // Turning the write cache off: the host sends no flush after it,
+        // so the plain writes it made before must be flushed by the change.
+        let before = lo.flushes();
+        h.write(1024, img[..4096].to_vec(), false).await;
+        h.write_cache(false).await;
+        assert!(lo.flushes() > before, "turning the write cache off did not flush the device");
     }));
     d.assert_alive();
 }

@@ -147,7 +147,20 @@ impl<D: BlockDevice> Queue<D> {
                 log::debug!("{}: Set Features VWC on a controller without a volatile write cache", self.peer);
                 return Outcome::status(cid, Status::INVALID_FIELD.dnr());
             }
-            FeatureId::VOLATILE_WRITE_CACHE => ctrl.set_vwc_enabled(&mut s, cdw11 & 1 != 0),
+            FeatureId::VOLATILE_WRITE_CACHE => {
+                let off = s.vwc_enabled && cdw11 & 1 == 0;
+                ctrl.set_vwc_enabled(&mut s, cdw11 & 1 != 0);
+                if off {
+                    let devices = ctrl
+                        .subsystem()
+                        .map(|sub| {
+                            let cached = sub.namespaces().into_iter().filter(|ns| ns.device.volatile_write_cache());
+                            cached.map(|ns| ns.device.clone()).collect()
+                        })
+                        .unwrap_or_default();
+                    return Outcome::FlushThenComplete { cqe: Cqe::new(cid, Status::SUCCESS, 0), devices };
+                }
+            }
             FeatureId::ARBITRATION => s.arbitration = cdw11,
             FeatureId::POWER_MANAGEMENT => {
                 if cdw11 & 0x1f != 0 {

@@ -84,6 +84,16 @@ pub enum Outcome<B, D> {
         /// The shutdown's number, for `shutdown_complete`.
         shutdown: u64,
     },
+    /// The host turned the volatile write cache off (Set Features): flush
+    /// each of `devices`, then send the completion (Internal Error if a
+    /// flush failed). From then on the host sends no Flush, so what it
+    /// wrote while the cache was on is made durable before it is told.
+    FlushThenComplete {
+        /// The completion of the Set Features.
+        cqe: Cqe,
+        /// The subsystem's namespaces' devices with a volatile write cache.
+        devices: Vec<Arc<D>>,
+    },
 }
 
 impl<B, D> Outcome<B, D> {
@@ -101,6 +111,7 @@ impl<B, D> Outcome<B, D> {
             }
             Outcome::CompleteAndClose { cqe } => Outcome::CompleteAndClose { cqe },
             Outcome::Shutdown { cqe, devices, shutdown } => Outcome::Shutdown { cqe, devices, shutdown },
+            Outcome::FlushThenComplete { cqe, devices } => Outcome::FlushThenComplete { cqe, devices },
         }
     }
 

@@ -77,7 +77,8 @@ fn status(o: &Outcome<Vec<u8>>) -> Status {
         Outcome::Complete { cqe, .. }
         | Outcome::Connected { cqe, .. }
         | Outcome::CompleteAndClose { cqe }
-        | Outcome::Shutdown { cqe, .. } => cqe.status(),
+        | Outcome::Shutdown { cqe, .. }
+        | Outcome::FlushThenComplete { cqe, .. } => cqe.status(),
         other => panic!("no completion: {other:?}"),
     }
 }
@@ -85,7 +86,9 @@ fn status(o: &Outcome<Vec<u8>>) -> Status {
 fn cqe_of(o: Outcome<Vec<u8>>) -> (Cqe, Vec<u8>) {
     match o {
         Outcome::Complete { cqe, data } => (cqe, data),
-        Outcome::Connected { cqe, .. } | Outcome::CompleteAndClose { cqe } => (cqe, Vec::new()),
+        Outcome::Connected { cqe, .. } | Outcome::CompleteAndClose { cqe } | Outcome::FlushThenComplete { cqe, .. } => {
+            (cqe, Vec::new())
+        }
         other => panic!("no completion: {other:?}"),
     }
 }
@@ -813,9 +816,20 @@ fn volatile_write_cache_is_advertised_and_switchable_when_a_namespace_has_one() 
     let mut io = io_queue(&t, cntlid, 1);
     assert!(!write_fua(&mut io, 10, 2, false), "a cached write stays cached");
     assert!(write_fua(&mut io, 11, 2, true), "FUA is kept");
-    // The host turns the cache off: every write must be durable at once.
-    assert_eq!(set_feature(&mut a, 0x06, 0).0, Status::SUCCESS);
+    // The host turns the cache off: every write must be durable at once,
+    // and what it wrote before too (it sends no Flush from now on), so
+    // the cached namespace's device is flushed before the completion.
+    let mut off = sqe(0x09, 8);
+    off.cdw10 = 0x06.into();
+    match run(&mut a, &off, None) {
+        Outcome::FlushThenComplete { cqe, devices } => {
+            assert!(cqe.status().is_success());
+            assert_eq!(devices.len(), 1, "only the namespace with a volatile cache");
+        }
+        other => panic!("turning the cache off flushes nothing: {other:?}"),
+    }
     assert_eq!(get_feature(&mut a, 0x06).1, 0);
+    assert_eq!(set_feature(&mut a, 0x06, 0).0, Status::SUCCESS, "already off: nothing to flush");
     assert!(write_fua(&mut io, 12, 2, false), "written through with the cache disabled");
     assert_eq!(set_feature(&mut a, 0x06, 1).0, Status::SUCCESS);
     assert!(!write_fua(&mut io, 13, 2, false));

@@ -6,7 +6,7 @@ use crate::cdb::{self, op, put, set, Bytes};
 use crate::sense::Sense;
 use crate::unit::{LogicalUnit, Nexus};
 use crate::DataOut;
-use crate::Outcome;
+use crate::{BlockOp, Outcome};
 use block::BlockDevice;
 
 /// Page control values.
@@ -238,11 +238,18 @@ pub(crate) fn mode_select<B: DataOut, D: BlockDevice>(
         at = end;
     }
     if wce != st.wce || swp != st.swp {
+        // Write-through from here on: the host sends no more SYNCHRONIZE
+        // CACHE, so what it wrote while the cache was on is made durable
+        // before the change is answered.
+        let flush = st.wce && !wce && lu.device.volatile_write_cache();
         st.wce = wce;
         st.swp = swp;
         // SPC-4 6.13: other nexuses learn of the change by unit attention.
         st.unit_attention_all(Sense::UA_MODE_PARAMETERS_CHANGED, Some(&nexus.id()));
         lu.sync(&st);
+        if flush {
+            return Outcome::Io(BlockOp::Flush);
+        }
     }
     Outcome::Good { data_in: Vec::new() }
 }

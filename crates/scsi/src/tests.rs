@@ -522,6 +522,29 @@ fn synchronize_cache_flushes_devices_with_volatile_cache() {
     assert!(matches!(block_op(exec(&lu, &nexus(1), &cdb)), BlockOp::Flush));
 }
 
+/// Turning the write cache off (MODE SELECT, WCE 1 -> 0) makes the
+/// device durable first: from then on the host sends no SYNCHRONIZE
+/// CACHE, so writes it had acknowledged while the cache was on would
+/// otherwise stay in it. Turning it on, or a select that changes nothing,
+/// needs no flush.
+#[test]
+fn mode_select_turning_the_write_cache_off_flushes_the_device() {
+    let dev = Described { backend: "file", volatile_write_cache: true, ..Described::new("f", BS, 2048) };
+    let lu = LogicalUnit::new(TARGET, 0, Arc::new(dev));
+    let n = nexus(1);
+    good(exec(&lu, &n, &[0; 6]));
+    let select = |wce: bool| {
+        let mut list = vec![0u8, 0, 0, 0];
+        list.extend(caching_page(wce));
+        exec_out(&lu, &n, &[op::MODE_SELECT_6, 0x10, 0, 0, list.len() as u8, 0], list)
+    };
+    assert!(matches!(block_op(select(false)), BlockOp::Flush), "WCE 1 -> 0 flushes");
+    assert!(!lu.write_cache_enabled());
+    assert!(good(select(false)).is_empty(), "no change, no flush");
+    assert!(good(select(true)).is_empty(), "WCE 0 -> 1 needs no flush");
+    assert!(lu.write_cache_enabled());
+}
+
 // ---- WRITE SAME, UNMAP, COMPARE AND WRITE ----
 
 #[test]
@@ -806,7 +829,11 @@ fn set_wce(lu: &LogicalUnit, n: &Nexus, wce: bool) {
     let mut list = vec![0u8, 0, 0, 0];
     list.extend(caching_page(wce));
     let cdb = [op::MODE_SELECT_6, 0x10, 0, 0, list.len() as u8, 0];
-    assert!(good(exec_out(lu, n, &cdb, list)).is_empty());
+    match exec_out(lu, n, &cdb, list) {
+        // Turning a volatile cache off flushes it first.
+        Outcome::Io(BlockOp::Flush) if !wce => {}
+        other => assert!(good(other).is_empty()),
+    }
     assert_eq!(lu.write_cache_enabled(), wce);
 }
 
