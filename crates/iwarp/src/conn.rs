@@ -739,6 +739,9 @@ impl<B: DataBuffer> Connection<B> {
             self.state = State::Closed;
             return Ok(());
         }
+        // The responder runs with CRC from its reply on: a Terminate
+        // refusing the reply is an FPDU of that stream.
+        self.crc = self.cfg.crc || rep.has(mpa::flags::CRC);
         let bad = |code, reason: &str| Err(Fatal::new(code, reason));
         if rep.has(mpa::flags::MARKERS) {
             return bad(ErrorCode::MPA_INVALID_FRAME, "the responder requires markers (M set); none are supported");
@@ -746,7 +749,6 @@ impl<B: DataBuffer> Connection<B> {
         let (Some(peer_ird), Some(peer_ord)) = (rep.ird(), rep.ord()) else {
             return bad(ErrorCode::MPA_INVALID_FRAME, "the reply is not enhanced (RFC 6581) though the request was");
         };
-        self.crc = self.cfg.crc || rep.has(mpa::flags::CRC);
         self.ord = self.cfg.ord.min(peer_ird);
         if self.ord == 0 && self.cfg.require_reads {
             return bad(ErrorCode::MPA_INSUFFICIENT_IRD, "the responder's IRD is 0 and this end needs RDMA Reads");
@@ -804,7 +806,7 @@ impl<B: DataBuffer> Connection<B> {
         };
         let echo = f.header.get(..f.header.len().min(READ_REQUEST_LEN)).unwrap_or_default();
         // CRC as negotiated: `crc` is set once the reply is (an initiator
-        // refusing a reply's IRD/ORD answers a peer that checks it).
+        // refusing a reply answers a peer that checks it).
         let crc = self.crc;
         wire::put_fpdu(&mut self.tx, t.as_bytes(), echo.len(), crc, |d| d.copy_from_slice(echo));
     }

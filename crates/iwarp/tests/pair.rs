@@ -224,6 +224,30 @@ fn an_initiators_terminate_after_the_reply_carries_the_negotiated_crc() {
 }
 
 #[test]
+fn a_terminate_refusing_a_reply_carries_the_crc_the_reply_asked_for() {
+    // A revision 1 responder asked for CRC in its reply and runs with it:
+    // the Terminate refusing that (not enhanced) reply is an FPDU of its
+    // stream, CRC included, though this end did not ask for CRC.
+    let mut h = Conn::initiator(host_cfg(false), b"pd");
+    let mut ignored = Vec::new();
+    h.take_transmit(&mut ignored);
+    let reply = iwarp::mpa::Frame {
+        kind: iwarp::mpa::Kind::Reply,
+        flags: iwarp::mpa::flags::CRC,
+        revision: 1,
+        ird_ord: None,
+        private_data: Vec::new(),
+    };
+    let mut wire = Vec::new();
+    reply.encode(&mut wire);
+    assert_eq!(h.handle_input(&wire).unwrap_err().code, ErrorCode::MPA_INVALID_FRAME);
+    let mut out = Vec::new();
+    h.take_transmit(&mut out);
+    assert_eq!(out.len(), 24 + 4, "a Terminate with no header echoed");
+    assert_eq!(&out[24..], &checksum::crc32c(&out[..24]).to_le_bytes(), "the CRC field");
+}
+
+#[test]
 fn sends_arrive_whole_across_segments_and_byte_by_byte() {
     for crc in [false, true] {
         for chunk in [1, 7, 1500, usize::MAX] {
