@@ -669,6 +669,32 @@ mod tests {
     }
 
     #[test]
+    fn a_zero_length_keyed_descriptor_asking_for_invalidation_invalidates_nothing() {
+        let (mut h, mut t) = pair(false, 1);
+        // A Flush whose empty keyed descriptor asks for invalidation of a
+        // key it registered nothing under (sent by hand: this host gives
+        // such commands key 0 without invalidation, as Linux does).
+        let mut flush = cmd(0x00, 6);
+        flush.set_sgl(sgl::keyed(0, 0, 0x1234_5600, true));
+        h.conn.send(flush.as_bytes(), &[], None);
+        h.pending.insert(6, Pending { stag: None, reading: false });
+        let mut wire = Vec::new();
+        h.conn.take_transmit(&mut wire);
+        t.handle_input(&wire).unwrap();
+        let Some(TEvent::Command { sqe, data: None }) = t.poll_event() else { panic!("the flush") };
+        assert_eq!(t.check_sgl(&sqe, None), Ok(0));
+        t.send_response(Cqe::new(6, Status::SUCCESS, 0));
+        // A plain Send: an RNIC refuses to invalidate a key of nothing
+        // (Terminate, the queue lost); nvmet invalidates no key either.
+        let mut back = Vec::new();
+        t.take_transmit(&mut back);
+        assert_eq!(&back[2..4], &[0x41, 0x43], "Send, not Send with Invalidate");
+        h.handle_input(&back).unwrap();
+        let (cqe, _) = h.poll_completion().expect("the flush's completion");
+        assert_eq!((cqe.cid.get(), cqe.status()), (6, Status::SUCCESS));
+    }
+
+    #[test]
     fn data_with_no_keyed_buffer_to_go_to_fails_its_command() {
         let (mut h, mut t) = pair(false, 1);
         // A small write: its data came in the capsule, so the host gave

@@ -564,7 +564,11 @@ impl<B: DataBuffer> TargetQueue<B> {
             self.complete(cqe, None);
             return;
         }
-        let invalidate = self.in_flight.remove(&cqe.cid.get()).flatten().filter(|k| k.invalidate).map(|k| k.key);
+        // An empty descriptor describes no registered buffer: its key may
+        // name no STag of the host's, whose RNIC would end the queue with a
+        // Terminate on the Invalidate. nvmet invalidates nothing for it.
+        let invalidate =
+            self.in_flight.remove(&cqe.cid.get()).flatten().filter(|k| k.invalidate && k.len != 0).map(|k| k.key);
         self.complete(cqe, invalidate);
     }
 
