@@ -384,7 +384,7 @@ fn unregister(st: &mut LuState, id: &NexusId) {
         if matches!(rtype, Some(WRITE_EXCLUSIVE_REGISTRANTS_ONLY | EXCLUSIVE_ACCESS_REGISTRANTS_ONLY)) {
             let others: Vec<NexusId> = pr.regs.iter().map(|r| r.nexus.clone()).collect();
             for o in others {
-                st.unit_attention(&o, Sense::UA_RESERVATIONS_RELEASED);
+                st.unit_attention_registrant(&o, Sense::UA_RESERVATIONS_RELEASED);
             }
         }
     } else if let Some(r) = &mut pr.res {
@@ -427,7 +427,7 @@ fn release<B>(st: &mut LuState, id: &NexusId, rtype: u8) -> Outcome<B> {
     if matches!(released, 5..=8) {
         let others: Vec<NexusId> = pr.regs.iter().filter(|r| &r.nexus != id).map(|r| r.nexus.clone()).collect();
         for o in others {
-            st.unit_attention(&o, Sense::UA_RESERVATIONS_RELEASED);
+            st.unit_attention_registrant(&o, Sense::UA_RESERVATIONS_RELEASED);
         }
     }
     good()
@@ -439,7 +439,7 @@ fn clear<B>(st: &mut LuState, id: &NexusId) -> Outcome<B> {
     st.pr.res = None;
     st.pr.generation = st.pr.generation.wrapping_add(1);
     for o in others {
-        st.unit_attention(&o, Sense::UA_RESERVATIONS_PREEMPTED);
+        st.unit_attention_registrant(&o, Sense::UA_RESERVATIONS_PREEMPTED);
     }
     good()
 }
@@ -509,10 +509,10 @@ fn preempt<B>(st: &mut LuState, id: &NexusId, rtype: u8, sa_key: u64, abort: boo
         pr.aborts.push((id.clone(), removed.clone()));
     }
     for o in removed {
-        st.unit_attention(&o, Sense::UA_REGISTRATIONS_PREEMPTED);
+        st.unit_attention_registrant(&o, Sense::UA_REGISTRATIONS_PREEMPTED);
     }
     for o in released {
-        st.unit_attention(&o, Sense::UA_RESERVATIONS_RELEASED);
+        st.unit_attention_registrant(&o, Sense::UA_RESERVATIONS_RELEASED);
     }
     good()
 }

@@ -1835,3 +1835,25 @@ fn a_lost_nexus_keeps_its_unit_attention_off_the_fast_path() {
     assert_eq!(check(exec(&lu, &b, &[0; 6])), Sense::UA_CAPACITY_CHANGED, "B is told at its first command");
     assert!(lu.is_quiet());
 }
+
+/// A registrant whose session is gone (the node a cluster fences) still
+/// learns what a PERSISTENT RESERVE OUT of another did to it when it logs
+/// in again, but the attention waits among the lost nexuses: once the
+/// registrations are cleared the live sessions' commands are back on the
+/// fast path (queued among the live ones, it kept every command of every
+/// session on the slow path until that initiator came back, if ever).
+#[test]
+fn a_lost_registrant_is_told_of_a_clear_without_keeping_others_off_the_fast_path() {
+    let lu = ram_lu();
+    let (a, b) = (nexus(1), nexus(2));
+    lu.nexus_created(&a);
+    lu.nexus_created(&b);
+    good(pr_out(&lu, &a, REGISTER, 0, 0, 0xA));
+    good(pr_out(&lu, &b, REGISTER, 0, 0, 0xB));
+    lu.nexus_lost(&b);
+    good(pr_out(&lu, &a, CLEAR, 0, 0xA, 0));
+    assert!(lu.is_quiet(), "the lost registrant's attention keeps A off the fast path");
+    lu.nexus_created(&b);
+    assert_eq!(check(exec(&lu, &b, &[0; 6])), Sense::UA_RESERVATIONS_PREEMPTED, "B is told at its first command");
+    assert!(lu.is_quiet());
+}

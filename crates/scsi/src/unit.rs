@@ -127,6 +127,33 @@ impl LuState {
         push_ua(self.nexuses.entry(id.clone()).or_default(), ua);
     }
 
+    /// Queues `ua` for a registrant, which may have no session now (its
+    /// initiator down, as the node a cluster fences often is): one that is
+    /// lost keeps it among the lost nexuses, for the session that
+    /// reinstates it, so that no live nexus's command leaves the fast path
+    /// for it.
+    pub fn unit_attention_registrant(&mut self, id: &NexusId, ua: Sense) {
+        if let Some(q) = self.nexuses.get_mut(id) {
+            push_ua(q, ua);
+        } else if let Some((_, q)) = self.lost.iter_mut().find(|(l, _)| l == id) {
+            push_ua(q, ua);
+        } else {
+            let mut q = VecDeque::new();
+            push_ua(&mut q, ua);
+            self.keep_lost(id.clone(), q);
+        }
+    }
+
+    /// Keeps a lost nexus's pending unit attentions, the oldest lost
+    /// nexuses' going past [`LOST_KEPT`].
+    fn keep_lost(&mut self, id: NexusId, q: VecDeque<Sense>) {
+        self.lost.retain(|(l, _)| *l != id);
+        self.lost.push_back((id, q));
+        if self.lost.len() > LOST_KEPT {
+            self.lost.pop_front();
+        }
+    }
+
     fn quiet(&self) -> bool {
         self.spc2_holder.is_none() && self.pr.is_empty() && self.nexuses.values().all(VecDeque::is_empty)
     }
@@ -420,11 +447,7 @@ impl<D: BlockDevice> LogicalUnit<D> {
             st.spc2_holder = None;
         }
         if let Some(q) = st.nexuses.remove(&id).filter(|q| !q.is_empty()) {
-            st.lost.retain(|(l, _)| *l != id);
-            st.lost.push_back((id, q));
-            if st.lost.len() > LOST_KEPT {
-                st.lost.pop_front();
-            }
+            st.keep_lost(id, q);
         }
         self.sync(&st);
     }
