@@ -109,12 +109,16 @@ impl PrState {
 pub(crate) fn conflicts(st: &LuState, id: &NexusId, opcode: u8, access: Access) -> bool {
     if let Some(holder) = &st.spc2_holder {
         // SPC-2 reservation: only the holder may proceed, except for the
-        // commands SPC-4 5.9.3 / SPC-2 5.5.1 allow everyone.
-        return holder != id
-            && !matches!(
-                opcode,
-                op::INQUIRY | op::REPORT_LUNS | op::REQUEST_SENSE | op::RELEASE_6 | op::MAINTENANCE_IN
-            );
+        // commands SPC-4 5.9.3 / SPC-2 5.5.1 allow everyone; PERSISTENT
+        // RESERVE IN and OUT conflict whoever sends them (SPC-2 5.5.1), so
+        // that the holder cannot register and then be refused its own
+        // RELEASE(6).
+        return access == Access::Persistent
+            || (holder != id
+                && !matches!(
+                    opcode,
+                    op::INQUIRY | op::REPORT_LUNS | op::REQUEST_SENSE | op::RELEASE_6 | op::MAINTENANCE_IN
+                ));
     }
     let Some(res) = &st.pr.res else {
         return false;
@@ -306,7 +310,7 @@ pub(crate) fn persistent_reserve_out<B: DataOut, D: BlockDevice>(
     }
     let id = nexus.id();
     let mut st = lu.lock();
-    if st.spc2_holder.as_ref().is_some_and(|h| h != &id) {
+    if st.spc2_holder.is_some() {
         return conflict();
     }
     let out = match sa {

@@ -1857,3 +1857,23 @@ fn a_lost_registrant_is_told_of_a_clear_without_keeping_others_off_the_fast_path
     assert_eq!(check(exec(&lu, &b, &[0; 6])), Sense::UA_RESERVATIONS_PREEMPTED, "B is told at its first command");
     assert!(lu.is_quiet());
 }
+
+/// SPC-2 5.5.1: "If a logical unit has been reserved by any RESERVE
+/// command and is still reserved by any initiator, all PERSISTENT RESERVE
+/// IN and all PERSISTENT RESERVE OUT commands shall conflict regardless of
+/// initiator or service action" (LIO: target_scsi3_emulate_pr_in/out). The
+/// holder's own REGISTER went through, and with a registration present its
+/// RELEASE(6) then conflicted: the reservation could not be released.
+#[test]
+fn persistent_reserve_in_and_out_conflict_with_an_spc2_reservation_also_for_its_holder() {
+    let reserve6 = [op::RESERVE_6, 0, 0, 0, 0, 0];
+    let release6 = [op::RELEASE_6, 0, 0, 0, 0, 0];
+    let lu = ram_lu();
+    let a = nexus(1);
+    good(exec(&lu, &a, &reserve6));
+    conflict(exec(&lu, &a, &[op::PERSISTENT_RESERVE_IN, 0, 0, 0, 0, 0, 0, 0x10, 0, 0]));
+    conflict(pr_out(&lu, &a, REGISTER, 0, 0, 0xA));
+    good(exec(&lu, &a, &release6));
+    good(pr_out(&lu, &a, REGISTER, 0, 0, 0xA));
+    assert_eq!(pr_in(&lu, &a, 0)[4..8], [0, 0, 0, 8]);
+}
