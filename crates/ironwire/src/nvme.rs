@@ -103,9 +103,9 @@ pub enum BindingEvent {
     CommandInInput { sqe: Sqe, data: std::ops::Range<usize> },
     /// The write data solicited for `cid`.
     Data { cid: u16, data: Buf },
-    /// The data for `cid` failed its digest: data it waited for
-    /// (`solicited`), or its capsule's own (it never ran).
-    DataDigestError { cid: u16, solicited: bool },
+    /// The data for `cid` failed its digest: data it waited for (no
+    /// `capsule`), or its capsule's own (it never ran).
+    DataDigestError { cid: u16, capsule: Option<Sqe> },
     /// The connection is over (the reason is logged).
     Close { reason: String },
     /// Something to log at debug level.
@@ -250,7 +250,7 @@ impl Binding for nvmf_tcp::target::TargetConnection<Buf> {
             Event::Command { sqe, data } => BindingEvent::Command { sqe, data },
             Event::CommandInInput { sqe, data } => BindingEvent::CommandInInput { sqe, data },
             Event::Data { cid, data } => BindingEvent::Data { cid, data },
-            Event::DataDigestError { cid, solicited } => BindingEvent::DataDigestError { cid, solicited },
+            Event::DataDigestError { cid, capsule } => BindingEvent::DataDigestError { cid, capsule },
             Event::HostTerminated { fes, malformed: None } => {
                 BindingEvent::Close { reason: format!("host sent H2CTermReq (fes {fes:#x}); closing") }
             }
@@ -616,13 +616,17 @@ fn dispatch_events<T: Binding>(conn: &Rc<Conn<T>>, now_ms: u64, input: &[u8]) ->
                 let outcome = conn.queue.borrow_mut().data_arrived(now_ms, cid, data);
                 answer(conn, cid, outcome, |d| d);
             }
-            BindingEvent::DataDigestError { cid, solicited } => {
+            BindingEvent::DataDigestError { cid, capsule } => {
                 log::warn!(
                     "{}: data digest mismatch on cid {cid}; completing with Transient Transport Error",
                     conn.shell.peer
                 );
-                if solicited {
-                    conn.queue.borrow_mut().data_failed(cid);
+                // A lost capsule still came next in the queue: a fused
+                // Compare waiting for its Write ends with it (its answer
+                // goes out with the next `respond_extra`).
+                match capsule {
+                    Some(sqe) => conn.queue.borrow_mut().capsule_failed(&sqe),
+                    None => conn.queue.borrow_mut().data_failed(cid),
                 }
                 conn.failed(Status::TRANSIENT_TRANSPORT_ERROR);
                 conn.respond(Cqe::new(cid, Status::TRANSIENT_TRANSPORT_ERROR, 0));

@@ -41,12 +41,13 @@ enum Reply {
 
 impl Client {
     fn connect(addr: SocketAddr, hdgst: bool) -> Client {
+        Client::connect_with(addr, HostConfig { header_digest: hdgst, data_digest: false, max_in_capsule: 8192 })
+    }
+
+    fn connect_with(addr: SocketAddr, cfg: HostConfig) -> Client {
         let sock = TcpStream::connect(addr).expect("connect");
         sock.set_read_timeout(Some(Duration::from_millis(100))).expect("timeout");
-        let mut c = Client {
-            sock,
-            conn: HostConnection::new(HostConfig { header_digest: hdgst, data_digest: false, max_in_capsule: 8192 }),
-        };
+        let mut c = Client { sock, conn: HostConnection::new(cfg) };
         c.flush();
         let deadline = Instant::now() + Duration::from_secs(5);
         while !c.conn.is_ready() {
@@ -470,4 +471,42 @@ fn a_host_that_never_reads_costs_bounded_memory_and_stalls_nobody() {
     assert!(done.cqe.status().is_success(), "{:?}", done.cqe);
     d.assert_alive();
     drop(greedy);
+}
+
+/// NVMe Base 2.0 section 3.4.2: when either command of a fused operation
+/// fails, the other is aborted with Failed Fused Command. A fused Write
+/// whose in-capsule data fails its digest never reaches the controller; its
+/// Compare, waiting for it, must end with it, not wait for whatever command
+/// the host sends next (a host waiting for the pair sends none).
+#[test]
+fn a_fused_write_whose_capsule_fails_its_data_digest_ends_its_compare() {
+    let d = Daemon::start("fused-ddgst");
+    let (_admin, cntlid) = admin(d.addr);
+    let mut io =
+        Client::connect_with(d.addr, HostConfig { header_digest: false, data_digest: true, max_in_capsule: 8192 });
+    let done = io.execute(connect_sqe(1), connect_data(cntlid), 0);
+    assert!(done.cqe.status().is_success(), "{:?}", done.cqe);
+    let mut compare = write_sqe(10, 3, 1);
+    compare.opcode = 0x05;
+    compare.flags |= 0b01;
+    let mut write = write_sqe(11, 3, 1);
+    write.flags |= 0b10;
+    io.conn.submit(compare, vec![0; 512], 0);
+    io.flush();
+    io.conn.submit(write, vec![7; 512], 0);
+    let mut bytes = Vec::new();
+    io.conn.take_transmit(&mut bytes);
+    let last = bytes.len() - 1;
+    bytes[last] ^= 1; // the Write capsule's data digest
+    io.send_raw(&bytes);
+    let mut statuses = Vec::new();
+    for _ in 0..2 {
+        match io.wait() {
+            Reply::Done(c) => statuses.push((c.cqe.cid.get(), c.cqe.status())),
+            Reply::Terminated(e) => panic!("terminated: {e}"),
+            Reply::Closed => panic!("closed"),
+        }
+    }
+    statuses.sort_by_key(|&(cid, _)| cid);
+    assert_eq!(statuses, [(10, Status::ABORTED_FAILED_FUSED), (11, Status::TRANSIENT_TRANSPORT_ERROR)]);
 }

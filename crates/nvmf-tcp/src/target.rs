@@ -105,11 +105,12 @@ pub enum Event<B> {
     DataDigestError {
         /// Command identifier.
         cid: u16,
-        /// The data was solicited (H2CData after an R2T): the command is
-        /// waiting for it. Otherwise it was the capsule's own: the command
-        /// never ran, and a command of the same CID that waits for data is
-        /// another's, left alone.
-        solicited: bool,
+        /// `None` when the data was solicited (H2CData after an R2T): the
+        /// command is waiting for it. Otherwise it was the capsule's own,
+        /// whose command this is: it never ran, and a command of the same
+        /// CID that waits for data is another's, left alone; but it took
+        /// its place in the queue (after a fused Compare, say).
+        capsule: Option<Sqe>,
     },
     /// The host sent H2CTermReq; close after flushing.
     HostTerminated {
@@ -302,7 +303,7 @@ impl<B: DataBuffer> TargetConnection<B> {
             debug_assert!(false, "handle_input after handle_input_lent without keep_input");
             for e in &mut self.events {
                 if let Event::CommandInInput { sqe, .. } = e {
-                    *e = Event::DataDigestError { cid: sqe.cid.get(), solicited: false };
+                    *e = Event::DataDigestError { cid: sqe.cid.get(), capsule: Some(*sqe) };
                 }
             }
             self.lent = 0;
@@ -520,7 +521,7 @@ impl<B: DataBuffer> TargetConnection<B> {
             return Ok(());
         }
         if !data_ok {
-            self.events.push_back(Event::DataDigestError { cid, solicited: false });
+            self.events.push_back(Event::DataDigestError { cid, capsule: Some(cmd.sqe) });
             return Ok(());
         }
         if let Some(at) = lent_at {
@@ -633,7 +634,7 @@ impl<B: DataBuffer> TargetConnection<B> {
                 self.r2t_bytes = self.r2t_bytes.saturating_sub(u64::from(done.len));
                 self.start_waiting_r2ts();
                 self.events.push_back(if done.digest_failed {
-                    Event::DataDigestError { cid: done.cid, solicited: true }
+                    Event::DataDigestError { cid: done.cid, capsule: None }
                 } else {
                     Event::Data { cid: done.cid, data: buf }
                 });

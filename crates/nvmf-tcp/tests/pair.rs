@@ -342,7 +342,7 @@ fn completes_a_command_with_bad_data_digest_as_transient_transport_error() {
     let n = bytes.len();
     bytes[n - 1] ^= 1;
     t.handle_input(&bytes).expect("a data digest error is not fatal");
-    assert!(matches!(t.poll_event(), Some(Event::DataDigestError { cid: 4, solicited: false })));
+    assert!(matches!(t.poll_event(), Some(Event::DataDigestError { cid: 4, capsule: Some(_) })));
     // The connection keeps working.
     h.submit(rw_sqe(0x02, 5), Vec::new(), 512);
     step(&mut h, &mut t, &mut b);
@@ -828,7 +828,7 @@ fn h2c_data_cut_anywhere_lands_whole_and_its_digest_is_still_checked() {
             }
             let (mut t, _) = h2c_cut(cut, dd, true);
             match t.poll_event() {
-                Some(Event::DataDigestError { cid: 5, solicited: true }) if dd => {}
+                Some(Event::DataDigestError { cid: 5, capsule: None }) if dd => {}
                 Some(Event::Data { cid: 5, data }) if !dd => assert_eq!(data[16392], want[16392] ^ 1),
                 other => panic!("cut {cut}, digest {dd}, spoiled: {other:?}"),
             }
@@ -853,7 +853,7 @@ fn discarded_data_is_received_and_checked_but_never_copied() {
             assert!(t.poll_event().is_none());
             let (mut t, _) = h2c_cut_to(cut, dd, true, true);
             match t.poll_event() {
-                Some(Event::DataDigestError { cid: 5, solicited: true }) if dd => {}
+                Some(Event::DataDigestError { cid: 5, capsule: None }) if dd => {}
                 Some(Event::Data { cid: 5, .. }) if !dd => {}
                 other => panic!("cut {cut}, digest {dd}, spoiled: {other:?}"),
             }

@@ -215,6 +215,30 @@ impl<D: BlockDevice> Queue<D> {
         }
     }
 
+    /// The command `sqe` arrived but the transport could not deliver it (its
+    /// capsule's data failed its digest) and completes it itself: it still
+    /// took its place in the queue. A Compare waiting for the command after
+    /// it ends as if it had run, Failed Fused Command if it was its Write;
+    /// a fused Compare lost so makes its Write fail with it.
+    pub(crate) fn fused_command_lost(&mut self, sqe: &Sqe) {
+        if !self.fused_path(sqe) {
+            return;
+        }
+        self.fused_first_failed = fuse(sqe) == FUSE_FIRST && self.is_io_queue();
+        let Some(first) = self.fused.as_mut() else { return };
+        if !matches!(first.second, Second::Awaited) {
+            return;
+        }
+        first.second = if partners(&first.sqe, sqe) {
+            Second::Failed
+        } else if fused_write(sqe) {
+            Second::Mismatched
+        } else {
+            Second::Missing
+        };
+        let _: Outcome<Vec<u8>, D> = self.settle_fused();
+    }
+
     /// Ends the held pair whose Compare was checked against a namespace
     /// that has since been removed, while its Write has not come: the pair
     /// can no longer run, and it would hold the namespace (which its

@@ -308,6 +308,14 @@ impl<D: BlockDevice> Queue<D> {
         self.fused_half_failed(cid);
     }
 
+    /// The transport could not deliver the command `sqe` itself (its
+    /// capsule's data failed its digest) and completes it: a fused pair it
+    /// belonged to, or that waited for it, ends with it
+    /// ([`Queue::poll_completion`]).
+    pub fn capsule_failed(&mut self, sqe: &Sqe) {
+        self.fused_command_lost(sqe);
+    }
+
     /// The id of namespace `nsid` in this queue's cache.
     fn cached_namespace_id(&self, nsid: u32) -> Option<u64> {
         self.ns_cache.get(nsid as usize)?.as_ref().map(|(ns, _)| ns.id)
