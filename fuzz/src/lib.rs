@@ -121,7 +121,7 @@ pub fn serve(t: &mut TargetConnection<Vec<u8>>, max_read: u32, input: Option<&[u
                 t.send_response(Cqe::new(cid, Status::SUCCESS, 0));
             }
             Event::DataDigestError { cid, .. } => t.send_response(Cqe::new(cid, Status::TRANSIENT_TRANSPORT_ERROR, 0)),
-            Event::HostTerminated { .. } => {}
+            Event::HostTerminated { .. } | Event::Withdrawn { .. } => {}
         }
     }
     n

@@ -106,6 +106,9 @@ pub enum BindingEvent {
     /// The data for `cid` failed its digest: data it waited for (no
     /// `capsule`), or its capsule's own (it never ran).
     DataDigestError { cid: u16, capsule: Option<Sqe> },
+    /// A command taken back by [`Binding::withdraw_command`] (answered
+    /// already), in its place in the queue.
+    Withdrawn { sqe: Sqe },
     /// The connection is over (the reason is logged).
     Close { reason: String },
     /// Something to log at debug level.
@@ -251,6 +254,7 @@ impl Binding for nvmf_tcp::target::TargetConnection<Buf> {
             Event::CommandInInput { sqe, data } => BindingEvent::CommandInInput { sqe, data },
             Event::Data { cid, data } => BindingEvent::Data { cid, data },
             Event::DataDigestError { cid, capsule } => BindingEvent::DataDigestError { cid, capsule },
+            Event::Withdrawn { sqe } => BindingEvent::Withdrawn { sqe },
             Event::HostTerminated { fes, malformed: None } => {
                 BindingEvent::Close { reason: format!("host sent H2CTermReq (fes {fes:#x}); closing") }
             }
@@ -625,12 +629,15 @@ fn dispatch_events<T: Binding>(conn: &Rc<Conn<T>>, now_ms: u64, input: &[u8]) ->
                 // Compare waiting for its Write ends with it (its answer
                 // goes out with the next `respond_extra`).
                 match capsule {
-                    Some(sqe) => conn.queue.borrow_mut().capsule_failed(&sqe),
+                    Some(sqe) => conn.queue.borrow_mut().command_lost(&sqe),
                     None => conn.queue.borrow_mut().data_failed(cid),
                 }
                 conn.failed(Status::TRANSIENT_TRANSPORT_ERROR);
                 conn.respond(Cqe::new(cid, Status::TRANSIENT_TRANSPORT_ERROR, 0));
             }
+            // It never reached the queue, but it came next in it: a fused
+            // Compare waiting for it ends with it.
+            BindingEvent::Withdrawn { sqe } => conn.queue.borrow_mut().command_lost(&sqe),
             BindingEvent::Close { reason } => {
                 log::warn!("{}: {reason}", conn.shell.peer);
                 conn.shell.close();

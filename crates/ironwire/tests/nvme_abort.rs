@@ -364,6 +364,44 @@ fn a_command_held_back_while_the_host_does_not_read_is_aborted_before_it_starts(
     d.assert_alive();
 }
 
+/// The Write of a fused Compare and Write, held back while the host does
+/// not read its replies and aborted there, never reaches the controller:
+/// its Compare, which does, must end with it (Failed Fused Command, NVMe
+/// Base 2.0 section 3.4.2), not wait for a next command that never comes.
+#[test]
+fn aborting_a_held_back_fused_write_ends_its_compare() {
+    let mut d = start_with_extra("held-fused", "\n[limits]\nsend_high_water = \"64KiB\"\n");
+    let mut h = host(&d);
+    let mut burst = Vec::new();
+    for cid in 1..=24u16 {
+        let mut s = rw(0x02, cid, 1, 0, 2048);
+        s.dptr = Sgl::transport(1 << 20);
+        encode(&mut burst, CapsuleCmd { ch: common_header(PduType::CAPSULE_CMD, 0), sqe: s }.as_bytes(), &[], PLAIN);
+    }
+    for (opcode, fuse, cid) in [(0x05, 0b01, 25u16), (0x01, 0b10, 26)] {
+        let mut s = rw(opcode, cid, 1, 4000, 1);
+        s.flags |= fuse;
+        s.dptr = Sgl::in_capsule(512);
+        let cmd = CapsuleCmd { ch: common_header(PduType::CAPSULE_CMD, 0), sqe: s };
+        encode(&mut burst, cmd.as_bytes(), &[0; 512], PLAIN);
+    }
+    h.io.send(&burst);
+    std::thread::sleep(Duration::from_millis(500));
+    let done = h.admin.execute(abort(130, h.qid, 26), &[], 0).0;
+    assert!(aborted(&done), "the fused Write held behind unread replies is aborted: {done:?}");
+    let mut ended = Vec::new();
+    for _ in 0..26 {
+        let (cqe, _) = h.io.completion_with_data();
+        if cqe.cid.get() > 24 {
+            ended.push((cqe.cid.get(), cqe.status()));
+        }
+    }
+    ended.sort_by_key(|&(cid, _)| cid);
+    assert_eq!(ended, [(25, Status::ABORTED_FAILED_FUSED), (26, Status::ABORT_REQUESTED)]);
+    assert_eq!(h.io.execute(rw(0x02, 27, 1, 4000, 1), &[], 512).1, vec![0u8; 512], "the aborted write was written");
+    d.assert_alive();
+}
+
 #[test]
 fn a_read_waiting_for_read_budget_is_aborted_before_it_reaches_the_device() {
     // Namespace 3 reads through a task (a millisecond of injected latency),

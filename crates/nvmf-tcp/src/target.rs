@@ -112,6 +112,14 @@ pub enum Event<B> {
         /// its place in the queue (after a fused Compare, say).
         capsule: Option<Sqe>,
     },
+    /// A command taken back by
+    /// [`withdraw_command`](TargetConnection::withdraw_command), answered
+    /// already: it never runs, but it came in this place in the queue (a
+    /// fused Compare before it waits for it).
+    Withdrawn {
+        /// Its submission queue entry.
+        sqe: Sqe,
+    },
     /// The host sent H2CTermReq; close after flushing.
     HostTerminated {
         /// The host's fatal error status.
@@ -754,16 +762,19 @@ impl<B: DataBuffer> TargetConnection<B> {
     /// (the driver stopped taking events because the host does not read
     /// its replies): it is aborted before it started. The caller answers
     /// it (with [`send_response`](Self::send_response), which keeps the
-    /// queue's accounting). `false` when no such command waits.
+    /// queue's accounting). It stays in line as [`Event::Withdrawn`].
+    /// `false` when no such command waits.
     pub fn withdraw_command(&mut self, cid: u16) -> bool {
-        let Some(i) = self.events.iter().position(
+        let Some(e) = self.events.iter_mut().find(
             |e| matches!(e, Event::Command { sqe, .. } | Event::CommandInInput { sqe, .. } if sqe.cid.get() == cid),
         ) else {
             return false;
         };
-        if let Some(Event::CommandInInput { .. }) = self.events.remove(i) {
+        if let Event::CommandInInput { .. } = e {
             self.lent = self.lent.saturating_sub(1);
         }
+        let (Event::Command { sqe, .. } | Event::CommandInInput { sqe, .. }) = *e else { return false };
+        *e = Event::Withdrawn { sqe };
         true
     }
 

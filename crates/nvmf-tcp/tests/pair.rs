@@ -47,7 +47,7 @@ fn serve(t: &mut Target, b: &mut Backend) {
                 t.send_response(Cqe::new(cid, Status::SUCCESS, 0));
             }
             Event::DataDigestError { cid, .. } => t.send_response(Cqe::new(cid, Status::TRANSIENT_TRANSPORT_ERROR, 0)),
-            Event::HostTerminated { .. } => {}
+            Event::HostTerminated { .. } | Event::Withdrawn { .. } => {}
             Event::CommandInInput { .. } => panic!("no input was lent"),
         }
     }
@@ -699,6 +699,8 @@ fn a_withdrawn_command_is_never_delivered_and_its_answer_frees_its_slot() {
     assert!(!t.withdraw_command(2), "withdrawn once");
     assert!(!t.withdraw_command(7), "no such command");
     assert!(matches!(t.poll_event(), Some(Event::Command { sqe, .. }) if sqe.cid.get() == 1));
+    // It keeps its place in line, as a command never to run.
+    assert!(matches!(t.poll_event(), Some(Event::Withdrawn { sqe }) if sqe.cid.get() == 2));
     assert!(t.poll_event().is_none(), "the withdrawn command is not delivered");
     // Answering it (Abort Requested) frees its slot: one more command fits.
     t.send_response(Cqe::new(2, Status::ABORT_REQUESTED, 0));

@@ -215,9 +215,8 @@ impl<D: BlockDevice> Queue<D> {
         }
     }
 
-    /// The command `sqe` arrived but the transport could not deliver it (its
-    /// capsule's data failed its digest) and completes it itself: it still
-    /// took its place in the queue. A Compare waiting for the command after
+    /// The command `sqe` took its place in the queue but never reached it
+    /// ([`Queue::command_lost`]). A Compare waiting for the command after
     /// it ends as if it had run, Failed Fused Command if it was its Write;
     /// a fused Compare lost so makes its Write fail with it.
     pub(crate) fn fused_command_lost(&mut self, sqe: &Sqe) {

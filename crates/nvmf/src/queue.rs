@@ -308,11 +308,11 @@ impl<D: BlockDevice> Queue<D> {
         self.fused_half_failed(cid);
     }
 
-    /// The transport could not deliver the command `sqe` itself (its
-    /// capsule's data failed its digest) and completes it: a fused pair it
-    /// belonged to, or that waited for it, ends with it
-    /// ([`Queue::poll_completion`]).
-    pub fn capsule_failed(&mut self, sqe: &Sqe) {
+    /// The command `sqe` took its place in the queue but never reached it:
+    /// the transport lost its capsule's data (a digest error) or withdrew
+    /// it for an Abort, and completes it itself. A fused pair it belonged
+    /// to, or that waited for it, ends with it ([`Queue::poll_completion`]).
+    pub fn command_lost(&mut self, sqe: &Sqe) {
         self.fused_command_lost(sqe);
     }
 

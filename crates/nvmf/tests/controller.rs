@@ -1589,8 +1589,8 @@ fn fused_compare_and_write_becomes_one_block_request_once_both_halves_are_in() {
     assert_eq!(io.awaiting_data(), 0);
 }
 
-/// A command whose capsule the transport lost (its data failed its digest)
-/// still came next in the queue: a Compare waiting for its Write ends at
+/// A command the transport lost (its capsule's data failed its digest) or
+/// withdrew (an Abort) still came next in the queue: a Compare waiting for its Write ends at
 /// once, Failed Fused Command if the lost one was that Write, Missing Fused
 /// Command if not; a lost Compare makes its Write fail with it.
 #[test]
@@ -1600,12 +1600,12 @@ fn a_lost_capsule_ends_the_fused_pair_it_belongs_to() {
     let mut io = io_queue(&t, cntlid, 1);
     let ended = |io: &mut Queue| io.poll_completion().map(|c| (c.cid.get(), c.status()));
     assert!(matches!(in_capsule(&mut io, &fused_sqe(0x05, 1, 3, 7), 0), Outcome::Deferred));
-    io.capsule_failed(&fused_sqe(0x01, 2, 4, 7));
+    io.command_lost(&fused_sqe(0x01, 2, 4, 7));
     assert_eq!(ended(&mut io), Some((3, Status::ABORTED_FAILED_FUSED)), "its Write lost");
     assert!(matches!(in_capsule(&mut io, &fused_sqe(0x05, 1, 5, 7), 0), Outcome::Deferred));
-    io.capsule_failed(&read_sqe(6, 1, 0, 1, 512));
+    io.command_lost(&read_sqe(6, 1, 0, 1, 512));
     assert_eq!(ended(&mut io), Some((5, Status::ABORTED_MISSING_FUSED)), "another command lost");
-    io.capsule_failed(&fused_sqe(0x05, 1, 7, 7));
+    io.command_lost(&fused_sqe(0x05, 1, 7, 7));
     assert_eq!(status(&in_capsule(&mut io, &fused_sqe(0x01, 2, 8, 7), 0)), Status::ABORTED_FAILED_FUSED);
     assert_eq!(ended(&mut io), None);
     // The queue runs pairs as before.
