@@ -122,6 +122,7 @@ fuzz_target!(|input: &[u8]| {
                 }
                 Event::Refused { reason } | Event::ConnectMismatch { reason } => assert!(!reason.is_empty()),
                 Event::HostTerminated(_) | Event::CidConflict { .. } => {}
+                Event::Withdrawn { sqe } => panic!("cid {} withdrawn, though nothing asked", sqe.cid.get()),
             }
         }
         t.keep_input(rest);

@@ -299,6 +299,7 @@ impl Binding for nvmf_rdma::target::TargetQueue<Buf> {
             Event::Command { sqe, data } => BindingEvent::Command { sqe, data },
             Event::CommandInInput { sqe, data } => BindingEvent::CommandInInput { sqe, data },
             Event::Data { cid, data } => BindingEvent::Data { cid, data },
+            Event::Withdrawn { sqe } => BindingEvent::Withdrawn { sqe },
             Event::Refused { reason } => {
                 BindingEvent::Close { reason: format!("NVMe/RDMA connection request refused: {reason}") }
             }

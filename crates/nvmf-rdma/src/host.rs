@@ -503,10 +503,16 @@ mod tests {
                 }
                 other => panic!("{other:?}"),
             }
-            // The second is withdrawn; the third outlives the input.
+            // The second is withdrawn, keeping its place in line (a fused
+            // Compare before it would wait for it); the third outlives
+            // the input.
             assert!(t.withdraw_command(2));
             t.keep_input(&wire);
             drop(wire);
+            match t.poll_event() {
+                Some(TEvent::Withdrawn { sqe }) => assert_eq!(sqe.cid.get(), 2),
+                other => panic!("{other:?}"),
+            }
             match t.poll_event() {
                 Some(TEvent::Command { sqe, data: Some(d) }) => {
                     assert_eq!(sqe.cid.get(), 3);

@@ -88,6 +88,14 @@ pub enum Event<B> {
         /// The command's data.
         data: B,
     },
+    /// A command taken back by
+    /// [`withdraw_command`](TargetQueue::withdraw_command), answered
+    /// already: it never runs, but it came in this place in the queue (a
+    /// fused Compare before it waits for it).
+    Withdrawn {
+        /// Its submission queue entry.
+        sqe: Sqe,
+    },
     /// The connection request was refused (the reject is queued): log
     /// `reason` and close once sent.
     Refused {
@@ -438,15 +446,16 @@ impl<B: DataBuffer> TargetQueue<B> {
     /// polled (the driver stopped taking events because the host does not
     /// take its replies): it is aborted before it started. The caller
     /// answers it (with [`send_response`](Self::send_response), which
-    /// releases its key and reposts its receive). `false` when no such
-    /// command waits.
+    /// releases its key and reposts its receive). It stays in line as
+    /// [`Event::Withdrawn`]. `false` when no such command waits.
     pub fn withdraw_command(&mut self, cid: u16) -> bool {
-        let Some(i) = self.events.iter().position(
+        let Some(e) = self.events.iter_mut().find(
             |e| matches!(e, Event::Command { sqe, .. } | Event::CommandInInput { sqe, .. } if sqe.cid.get() == cid),
         ) else {
             return false;
         };
-        self.events.remove(i);
+        let (Event::Command { sqe, .. } | Event::CommandInInput { sqe, .. }) = *e else { return false };
+        *e = Event::Withdrawn { sqe };
         true
     }
 
