@@ -221,10 +221,16 @@ pub fn apply(live: &mut Live, old: &Config, new: &Config, symlinks: Symlinks, pr
 
     // The addresses new ports need must be free: a plain bind, because the
     // reactors' SO_REUSEPORT listeners would share an address with another
-    // process's listener rather than fail.
-    let old_addrs: Vec<&str> = old.port.iter().map(|p| p.address.as_str()).collect();
-    for p in new.port.iter().filter(|p| !old_addrs.contains(&p.address.as_str())) {
+    // process's listener rather than fail. One that overlaps an address
+    // listened on now (the same one, or the wildcard of its port and one
+    // address of it) would collide with this daemon's own listener: the
+    // reactors' binds below still fail on another program's.
+    let old_addrs: Vec<SocketAddr> = old.port.iter().filter_map(|p| p.address.parse().ok()).collect();
+    for p in &new.port {
         let a: SocketAddr = p.address.parse().with_context(|| format!("port address {:?}", p.address))?;
+        if old_addrs.iter().any(|&o| overlap(o, a)) {
+            continue;
+        }
         std::net::TcpListener::bind(a).map(drop).with_context(|| format!("cannot listen on {a}"))?;
     }
     // Then every reactor binds them (an address can still be taken after
@@ -260,6 +266,14 @@ pub fn apply(live: &mut Live, old: &Config, new: &Config, symlinks: Symlinks, pr
         }
     }
     add_ports(live, &old.port, &new.port)
+}
+
+/// Whether listeners on `a` and `b` would take the same connections: the
+/// same port, and the same address or an unspecified one covering the
+/// other (`[::]` covers IPv4 addresses too, dual-stack).
+fn overlap(a: SocketAddr, b: SocketAddr) -> bool {
+    let covers = |x: SocketAddr, y: SocketAddr| x.ip().is_unspecified() && (x.is_ipv6() || y.is_ipv4());
+    a.port() == b.port() && (a.ip() == b.ip() || covers(a, b) || covers(b, a))
 }
 
 /// The iSCSI targets a change removes, closed to logins

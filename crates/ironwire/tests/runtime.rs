@@ -299,6 +299,25 @@ fn a_change_whose_port_is_taken_changes_nothing_and_keeps_every_port() {
     d.assert_alive();
 }
 
+#[test]
+fn a_port_moved_between_one_address_and_the_wildcard_of_its_port_moves() {
+    let mut d = start("widen", &[]);
+    let file = d.dir.join("ironwire.toml");
+    let original = std::fs::read_to_string(&file).expect("config");
+    // The daemon's own listener on 127.0.0.1:P is what a plain bind of
+    // 0.0.0.0:P (or back) collides with; nothing else holds the port.
+    let any = format!("0.0.0.0:{}", d.addr.port());
+    std::fs::write(&file, original.replace(&d.addr.to_string(), &any)).expect("write config");
+    ok(&d, "reload");
+    assert_eq!(show(&d)["config"]["port"][0]["address"], any.as_str());
+    nvme_round_trip(d.addr, NQN, 1, 512);
+    std::fs::write(&file, &original).expect("write config");
+    ok(&d, "reload");
+    assert_eq!(show(&d)["config"]["port"][0]["address"], d.addr.to_string().as_str());
+    nvme_round_trip(d.addr, NQN, 1, 512);
+    d.assert_alive();
+}
+
 /// Whether the daemon closes a new connection to `addr` at once (refused
 /// by a `[limits]` count) rather than waiting for its first PDU.
 fn closed_at_once(addr: SocketAddr) -> bool {
