@@ -158,9 +158,9 @@ fn edit_strings(t: &mut Table, list_key: &str, noun: &str, verb: &str, value: Va
     match (verb, at) {
         ("add", None) => items.push(value),
         ("add", Some(_)) => bail!("{noun} {} is already there", show(&value)),
-        ("remove", Some(at)) => {
-            items.remove(at);
-        }
+        // Every entry of it: a file may list it twice, and one left would
+        // still let it in.
+        ("remove", Some(_)) => items.retain(|v| *v != value),
         ("remove", None) => bail!("no {noun} {}", show(&value)),
         _ => bail!("{noun}: use add or remove"),
     }
@@ -292,6 +292,22 @@ fn only_ids(kv: &[(String, Option<Value>)], noun: &str) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::{DEFAULT_IQN, DEFAULT_NQN};
+
+    #[test]
+    fn removing_a_host_or_an_initiator_listed_twice_takes_it_off_the_list() {
+        let host = "nqn.2014-08.org.nvmexpress:uuid:twice";
+        let initiator = "iqn.1994-05.com.redhat:twice";
+        let mut c = Config::embedded_default();
+        c.subsystem[0].hosts = vec![host.into(), host.into()];
+        c.iscsi_target[0].initiators = vec![initiator.into(), initiator.into()];
+        let c = edit(&c, "remove", "host", &[&format!("nqn={DEFAULT_NQN}"), &format!("host={host}")]).expect("host");
+        assert!(!c.subsystem[0].hosts.iter().any(|h| h == host), "{:?} still lets it in", c.subsystem[0].hosts);
+        let words = [format!("iqn={DEFAULT_IQN}"), format!("initiator={initiator}")];
+        let c = edit(&c, "remove", "initiator", &[&words[0], &words[1]]).expect("initiator");
+        let left = &c.iscsi_target[0].initiators;
+        assert!(!left.iter().any(|i| i == initiator), "{left:?} still lets it in");
+    }
 
     #[test]
     fn edits_every_noun_through_the_config_parser() {
