@@ -1010,10 +1010,16 @@ impl Config {
             if !iqns.insert(t.iqn.as_str()) {
                 bail!("{}: duplicate target name", f("iqn"));
             }
+            // A login takes the first entry of its initiator: a second
+            // one's credentials would never count.
+            let mut acl_initiators = HashSet::new();
             for (j, a) in t.acl.iter().enumerate() {
                 let g = |field: &str| f(&format!("acl[{j}].{field}"));
                 if !valid_iscsi_name(&a.initiator) {
                     bail!("{}: {:?} is not an iSCSI name", g("initiator"), a.initiator);
+                }
+                if !acl_initiators.insert(a.initiator.as_str()) {
+                    bail!("{}: {:?} has an entry already", g("initiator"), a.initiator);
                 }
                 check_chap_pair(&a.chap, &a.mutual_chap, g)?;
             }
@@ -1496,6 +1502,27 @@ mod tests {
             let e = err_of(&target(&bad));
             assert!(e.contains("iscsi_target[0] (iqn.2026-11.x:y).alias") && e.contains("255"), "{bad:?}: {e}");
         }
+    }
+
+    /// Two ACL entries of one initiator: only the first's credentials
+    /// would count, and `ctl remove acl` would take only that one off,
+    /// leaving the initiator allowed.
+    #[test]
+    fn an_initiator_has_one_acl_entry_per_target() {
+        let acl = |secret: &str| {
+            format!(
+                "[[iscsi_target.acl]]\ninitiator = \"iqn.2026-11.io.ironwire:host\"\n\
+                 chap = {{ user = \"in\", secret = \"{secret}\" }}\n"
+            )
+        };
+        let text = format!(
+            "[[device]]\nname = \"r\"\nkind = \"ram\"\nsize = \"1MiB\"\n[[iscsi_target]]\n\
+             iqn = \"iqn.2026-11.io.ironwire:t\"\n{}{}[[port]]\ntransport = \"iscsi\"\naddress = \"127.0.0.1:3260\"\n",
+            acl("secret-one-12"),
+            acl("secret-two-12")
+        );
+        let e = err_of(&text);
+        assert!(e.contains("acl[1].initiator: \"iqn.2026-11.io.ironwire:host\" has an entry already"), "{e}");
     }
 
     fn err_of(text: &str) -> String {
