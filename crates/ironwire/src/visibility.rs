@@ -224,6 +224,22 @@ fn controllers(hosts: &[Host]) -> Vec<Controller<'_>> {
     out
 }
 
+/// A name a host chose (its NQN, an initiator or target name it sent) as
+/// one word of a `hosts` line: a space would make up a field, a newline a
+/// line, and a line `ok` or `error: ...` would end the ctl reply there.
+/// Those, other control characters and `\` are written `\u{a}`.
+fn word(name: &str) -> String {
+    let mut out = String::with_capacity(name.len());
+    for c in name.chars() {
+        if c == '\\' || c.is_whitespace() || c.is_control() {
+            out.extend(c.escape_unicode());
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
 /// `hosts` (and `sessions`): one line per NVMe controller and per iSCSI
 /// session, then connections that have not logged in yet.
 pub fn hosts_text(hosts: &[Host]) -> String {
@@ -235,7 +251,7 @@ pub fn hosts_text(hosts: &[Host]) -> String {
             out,
             "{} host={} subsystem={} cntlid={} address={} port={} queues={} hdgst={} ddgst={} chap=none since={}",
             first.protocol,
-            c.hostnqn,
+            word(c.hostnqn),
             c.subsystem,
             c.cntlid,
             first.peer.ip(),
@@ -251,9 +267,10 @@ pub fn hosts_text(hosts: &[Host]) -> String {
             Some(Login::Iscsi { initiator, target, tsih, isid, depth, digests, chap }) => {
                 let _ = writeln!(
                     out,
-                    "iscsi initiator={initiator} target={} tsih={tsih} isid=0x{isid} address={} port={} \
+                    "iscsi initiator={} target={} tsih={tsih} isid=0x{isid} address={} port={} \
                      queue_depth={depth} header_digest={} data_digest={} chap={} since={}",
-                    target.as_deref().unwrap_or("(discovery)"),
+                    word(initiator),
+                    target.as_deref().map_or_else(|| "(discovery)".to_string(), word),
                     h.peer,
                     h.port,
                     on_off(digests.0),

@@ -413,6 +413,26 @@ fn ctl_hosts_and_stats_name_the_connected_hosts_and_the_failures() {
 
 /// Polls `ctl hosts --json` until `done` holds of it (connections leave the
 /// table once their driver has finished), at most 10 s.
+/// A host NQN is the host's to choose (any UTF-8 up to a NUL, let into a
+/// subsystem open to any host): it must not end the reply early (a line
+/// `ok`), fail it (`error: `) or make up fields or lines of its own.
+#[test]
+fn ctl_hosts_text_keeps_a_hostile_host_nqn_on_its_line() {
+    let d = start("hostile-nqn");
+    let sock = d.dir.join("ctl.sock");
+    let forged = "nqn.2014-08.org.nvmexpress:x subsystem=forged\nok\nerror: forged";
+    block_on(bounded(60, async {
+        let c = Controller::connect(d.addr, NQN, forged, Options::default()).await.expect("connect");
+        let text = ctl(&sock, &["hosts"]);
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines.len(), 1, "one controller, one line: {text:?}");
+        assert!(lines[0].contains(&format!(" subsystem={NQN} ")), "{text:?}");
+        assert!(!lines[0].contains(" subsystem=forged"), "{text:?}");
+        assert_eq!(json(&ctl(&sock, &["hosts", "--json"]))["nvme"][0]["hostnqn"], forged);
+        drop(c);
+    }));
+}
+
 async fn hosts_until(sock: &Path, done: impl Fn(&serde_json::Value) -> bool) -> serde_json::Value {
     for _ in 0..100 {
         let hosts = json(&ctl(sock, &["hosts", "--json"]));
