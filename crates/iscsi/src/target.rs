@@ -2064,13 +2064,32 @@ impl<B: DataBuffer> TargetConnection<B> {
             if data_sn != w.unsol_data_sn {
                 return Err(invalid("DataSN", format!("DataSN {data_sn} (expected {})", w.unsol_data_sn)));
             }
+            if end == w.unsol_end && !final_bit {
+                // RFC 7143 section 11.7.1: the last PDU of the unsolicited
+                // data has the F bit. The initiator sends nothing more for
+                // this burst all the same, so, as at the end of an R2T's
+                // burst, the write can never be whole: it ends in CHECK
+                // CONDITION, ABORTED COMMAND, DATA PHASE ERROR (4Bh/00h)
+                // rather than wait for ever, and a refused one gets its
+                // status now. A write that a pending task management
+                // request holds back is left to it; should that request
+                // leave it running, R2Ts ask for the rest from here.
+                w.unsolicited = false;
+                w.next_r2t = offset;
+                if !self.end_write_early(itt, 0x4b, 0x00) {
+                    self.advance_write(itt);
+                }
+                return Err(Self::field_err(
+                    RejectReason::PROTOCOL_ERROR,
+                    "Flags",
+                    format!("unsolicited burst complete at {end} without the F bit"),
+                    bhs,
+                ));
+            }
             w.unsol_next = end;
             w.unsol_data_sn = w.unsol_data_sn.wrapping_add(1);
             seq_done = final_bit;
-            if final_bit || end == w.unsol_end {
-                if !final_bit {
-                    return Err(invalid("Flags", "unsolicited burst complete without the F bit".into()));
-                }
+            if final_bit {
                 w.unsolicited = false;
                 w.next_r2t = end;
                 short_burst = end < w.unsol_end;

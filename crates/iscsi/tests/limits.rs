@@ -461,6 +461,30 @@ fn task_set_full_for_a_write_announcing_unsolicited_data_waits_for_its_last_data
     assert_eq!(max.wrapping_sub(exp).wrapping_add(1), 1);
 }
 
+/// As above, but the last unsolicited Data-Out lacks the F bit: the
+/// initiator sends nothing more all the same, so the refused write gets
+/// its status then (with a Reject for the PDU) instead of never.
+#[test]
+fn task_set_full_write_whose_last_data_out_lacks_the_f_bit_still_gets_its_status() {
+    let (mut t, cmd_sn, _) = logged_in_with(TargetConfig { max_tasks: 1, ..config() }, false);
+    feed(&mut t, &read_cmd(1, cmd_sn, true), &[]);
+    assert_eq!(commands(&mut t).len(), 1);
+    let mut c = write_cmd(2, cmd_sn, 1024);
+    c.set_flags(flags::WRITE);
+    feed(&mut t, &c, &[0x11; 512]);
+    assert!(output(&mut t).is_empty());
+    let mut d = Bhs::new(Opcode::DATA_OUT);
+    d.set_flags(0).set_itt(2).set_ttt(0xffff_ffff).set_data_sn(0).set_buffer_offset(512);
+    feed(&mut t, &d, &[0x22; 512]);
+    let out = output(&mut t);
+    let resp = out.iter().find(|(b, _)| b.opcode() == Opcode::SCSI_RESP).expect("a SCSI Response");
+    assert_eq!((resp.0.itt(), resp.0.byte3()), (2, scsi_status::TASK_SET_FULL));
+    let reject = out.iter().find(|(b, _)| b.opcode() == Opcode::REJECT).expect("a Reject");
+    assert_eq!(reject.0.byte2(), RejectReason::PROTOCOL_ERROR.0);
+    assert!(commands(&mut t).is_empty(), "a refused write never reaches the upper layer");
+    assert_eq!(t.open_tasks(), 1);
+}
+
 /// A write whose F bit says unsolicited Data-Out follows while its
 /// immediate data already fills the first burst (or the whole transfer)
 /// is rejected (Protocol Error): no Data-Out may come, and it would wait

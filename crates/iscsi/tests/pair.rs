@@ -1871,6 +1871,32 @@ fn unsolicited_burst_ended_short_of_the_first_burst_ends_the_write_in_check_cond
     assert!(target_output(&mut t).is_empty(), "Data-Out of the ended write answered");
 }
 
+/// RFC 7143 11.7.1: the last PDU of the unsolicited data has the F bit. A
+/// Data-Out that fills the first burst without it is a protocol error, as
+/// at the end of an R2T's burst: the initiator sends nothing more for that
+/// burst, so the write can never be whole. It ends in CHECK CONDITION,
+/// ABORTED COMMAND, DATA PHASE ERROR instead of waiting for ever.
+#[test]
+fn data_out_filling_the_first_burst_without_the_f_bit_ends_the_write() {
+    let (mut h, mut t, _) = session(false);
+    let c = write_pdu(&h, 9, 8192, 16, true);
+    assert!(send(&mut h, &mut t, &c, &[0x11; 512]).is_ok());
+    let mut d = Bhs::new(Opcode::DATA_OUT);
+    d.set_flags(0).set_itt(9).set_ttt(RESERVED_TAG).set_data_sn(0).set_buffer_offset(512);
+    assert!(send(&mut h, &mut t, &d, &[0x22; 7680]).is_ok());
+    assert!(t.poll_event().is_none(), "the write reached the upper layer");
+    let out = target_output(&mut t);
+    let (resp, sense) = out.iter().find(|(b, _)| b.opcode() == Opcode::SCSI_RESP).expect("the write ended");
+    assert_eq!((resp.itt(), resp.byte3()), (9, scsi_status::CHECK_CONDITION));
+    assert_eq!((sense[4] & 0x0f, sense[14], sense[15]), (0x0b, 0x4b, 0x00), "{sense:02x?}");
+    assert_eq!(t.open_tasks(), 0);
+    let reject = out.iter().find(|(b, _)| b.opcode() == Opcode::REJECT).expect("a Reject");
+    assert_eq!(RejectReason(reject.0.byte2()), RejectReason::PROTOCOL_ERROR);
+    d.set_flags(flags::FINAL).set_data_sn(1).set_buffer_offset(8192);
+    assert!(send(&mut h, &mut t, &d, &[]).is_ok());
+    assert!(target_output(&mut t).is_empty(), "Data-Out of the ended write answered");
+}
+
 /// Immediate data short of the first burst with the F bit (no unsolicited
 /// Data-Out) is allowed: R2Ts ask for the rest.
 #[test]
