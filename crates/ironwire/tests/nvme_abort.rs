@@ -316,6 +316,19 @@ fn a_write_held_in_a_devices_latency_is_aborted_before_it_reaches_the_device() {
     d.assert_alive();
 }
 
+/// The capsules of 1 MiB reads of namespace `nsid` (512-byte blocks at
+/// LBA 0), one per CID of `cids`, back to back for one send: a host that
+/// then reads none of the replies fills the socket.
+fn reads_of_1_mib(nsid: u32, cids: std::ops::RangeInclusive<u16>) -> Vec<u8> {
+    let mut burst = Vec::new();
+    for cid in cids {
+        let mut s = rw(0x02, cid, nsid, 0, 2048);
+        s.dptr = Sgl::transport(1 << 20);
+        encode(&mut burst, CapsuleCmd { ch: common_header(PduType::CAPSULE_CMD, 0), sqe: s }.as_bytes(), &[], PLAIN);
+    }
+    burst
+}
+
 #[test]
 fn a_command_held_back_while_the_host_does_not_read_is_aborted_before_it_starts() {
     let mut d = start_with_extra("held", "\n[limits]\nsend_high_water = \"64KiB\"\n");
@@ -323,12 +336,7 @@ fn a_command_held_back_while_the_host_does_not_read_is_aborted_before_it_starts(
     // 24 reads of 1 MiB, then a write, in one segment. The first read's
     // reply passes the high-water mark, and the host reads none of them,
     // so the write waits behind the reads, parsed but not started.
-    let mut burst = Vec::new();
-    for cid in 1..=24u16 {
-        let mut s = rw(0x02, cid, 1, 0, 2048);
-        s.dptr = Sgl::transport(1 << 20);
-        encode(&mut burst, CapsuleCmd { ch: common_header(PduType::CAPSULE_CMD, 0), sqe: s }.as_bytes(), &[], PLAIN);
-    }
+    let mut burst = reads_of_1_mib(1, 1..=24);
     let mut w = rw(0x01, 25, 1, 4000, 1);
     w.dptr = Sgl::in_capsule(512);
     encode(
@@ -372,12 +380,7 @@ fn a_command_held_back_while_the_host_does_not_read_is_aborted_before_it_starts(
 fn aborting_a_held_back_fused_write_ends_its_compare() {
     let mut d = start_with_extra("held-fused", "\n[limits]\nsend_high_water = \"64KiB\"\n");
     let mut h = host(&d);
-    let mut burst = Vec::new();
-    for cid in 1..=24u16 {
-        let mut s = rw(0x02, cid, 1, 0, 2048);
-        s.dptr = Sgl::transport(1 << 20);
-        encode(&mut burst, CapsuleCmd { ch: common_header(PduType::CAPSULE_CMD, 0), sqe: s }.as_bytes(), &[], PLAIN);
-    }
+    let mut burst = reads_of_1_mib(1, 1..=24);
     for (opcode, fuse, cid) in [(0x05, 0b01, 25u16), (0x01, 0b10, 26)] {
         let mut s = rw(opcode, cid, 1, 4000, 1);
         s.flags |= fuse;
@@ -412,12 +415,7 @@ fn a_read_waiting_for_read_budget_is_aborted_before_it_reaches_the_device() {
     let mut h = host(&d);
     // 30 reads of 1 MiB the host does not read: once the socket is full,
     // the replies being sent keep the budget full and the last reads wait.
-    let mut burst = Vec::new();
-    for cid in 1..=30u16 {
-        let mut s = rw(0x02, cid, 3, 0, 2048);
-        s.dptr = Sgl::transport(1 << 20);
-        encode(&mut burst, CapsuleCmd { ch: common_header(PduType::CAPSULE_CMD, 0), sqe: s }.as_bytes(), &[], PLAIN);
-    }
+    let burst = reads_of_1_mib(3, 1..=30);
     h.io.send(&burst);
     std::thread::sleep(Duration::from_millis(500));
     let done = h.admin.execute(abort(120, h.qid, 30), &[], 0).0;
