@@ -77,6 +77,14 @@ impl Table {
         !self.locks.iter().any(|l| waiting.is_none_or(|w| l.id < w) && l.range.overlaps(range))
     }
 
+    /// Takes waiting write `id` out of [`waiting`](Self::waiting); true
+    /// when it was there.
+    fn stop_waiting(&mut self, id: u64) -> bool {
+        let before = self.waiting.len();
+        self.waiting.retain(|w| w.0 != id);
+        self.waiting.len() != before
+    }
+
     fn add_write(&mut self, range: Range) -> u64 {
         let id = self.id();
         self.writes.push((id, range));
@@ -165,9 +173,7 @@ struct Waiting<'a> {
 impl Drop for Waiting<'_> {
     fn drop(&mut self) {
         let mut t = self.gate.table();
-        let before = t.waiting.len();
-        t.waiting.retain(|&(id, _)| id != self.id);
-        if t.waiting.len() != before {
+        if t.stop_waiting(self.id) {
             t.wake_all();
         }
     }
@@ -279,7 +285,7 @@ impl WriteGate {
                     // Recorded as running instead: its `Waiting`, dropped
                     // after this guard, then has nothing left to take out.
                     if let Some(w) = &waiting {
-                        t.waiting.retain(|&(id, _)| id != w.id);
+                        t.stop_waiting(w.id);
                     }
                     let entry = Entry::Table(t.add_write(range));
                     return Ok(WriteToken { gate: self, entry, _thread_bound: PhantomData });

@@ -1078,10 +1078,7 @@ impl Config {
         if let Some(m) = self.metrics.addr()? {
             // Both would bind it: `serve` would fail at start, or a reactor
             // at the port change.
-            // An unspecified address takes its port on every address of
-            // its family, `[::]` on IPv4 ones too (dual-stack).
-            let covers = |x: SocketAddr, y: SocketAddr| x.ip().is_unspecified() && (x.is_ipv6() || y.is_ipv4());
-            let clash = |a: SocketAddr| a.port() == m.port() && (a.ip() == m.ip() || covers(a, m) || covers(m, a));
+            let clash = |a: SocketAddr| listeners_overlap(a, m);
             if let Some(i) = self.port.iter().position(|p| p.address.parse().is_ok_and(clash)) {
                 bail!("metrics.listen: {m} is taken by port[{i}] ({})", self.port[i].address);
             }
@@ -1259,6 +1256,15 @@ pub fn check_chap(c: &ChapConfig) -> Result<(), String> {
 /// printable, at most 223 bytes (NVMe Base 2.0 section 4.5).
 pub fn valid_nqn(s: &str) -> bool {
     s.len() <= 223 && s.starts_with("nqn.") && s.len() > 4 && s.bytes().all(|b| b.is_ascii_graphic())
+}
+
+/// Whether listeners on `a` and `b` would take the same connections: the
+/// same port, and the same address or an unspecified one covering the
+/// other (an unspecified address takes its port on every address of its
+/// family, `[::]` on IPv4 ones too, dual-stack).
+pub(crate) fn listeners_overlap(a: SocketAddr, b: SocketAddr) -> bool {
+    let covers = |x: SocketAddr, y: SocketAddr| x.ip().is_unspecified() && (x.is_ipv6() || y.is_ipv4());
+    a.port() == b.port() && (a.ip() == b.ip() || covers(a, b) || covers(b, a))
 }
 
 #[cfg(test)]

@@ -750,21 +750,14 @@ fn answer<T: Binding, B: AsRef<[u8]>>(
 /// Flushes `devices`, then sends `cqe` (the write cache turned off), or
 /// Internal Error when a flush failed: the host would otherwise take the
 /// writes it made while the cache was on for durable.
-async fn flush_then_complete<T: Binding>(conn: Rc<Conn<T>>, mut cqe: Cqe, devices: Vec<Arc<Device>>) {
+async fn flush_then_complete<T: Binding>(conn: Rc<Conn<T>>, cqe: Cqe, devices: Vec<Arc<Device>>) {
     let _running = conn.shell.io_task();
-    for d in &devices {
-        if let Err(e) = d.flush().await {
-            log::error!(
-                "{}: flushing {} as the host turned its write cache off failed: {e}",
-                conn.shell.peer,
-                d.name()
-            );
-            cqe = Cqe::new(cqe.cid.get(), Status::INTERNAL, 0);
-        }
-    }
-    if !cqe.status().is_success() {
-        conn.failed(cqe.status());
-    }
+    let cqe = if flush_all(conn.shell.peer, &devices, "as the host turned its write cache off").await {
+        cqe
+    } else {
+        conn.failed(Status::INTERNAL);
+        Cqe::new(cqe.cid.get(), Status::INTERNAL, 0)
+    };
     conn.respond(cqe);
 }
 
@@ -777,15 +770,24 @@ async fn shut_down(
     devices: Vec<Arc<Device>>,
     shutdown: u64,
 ) {
-    for d in &devices {
-        if let Err(e) = d.flush().await {
-            log::error!("{peer}: flushing {} for the host's shutdown failed: {e}", d.name());
-        }
-    }
+    flush_all(peer, &devices, "for the host's shutdown").await;
     if let Some(c) = ctrl {
         log::debug!("{peer}: controller {} shut down", c.cntlid);
         c.shutdown_complete(shutdown);
     }
+}
+
+/// Flushes each of `devices` in turn (`why` says for what in the log line
+/// of a failure); false when any flush failed.
+async fn flush_all(peer: std::net::SocketAddr, devices: &[Arc<Device>], why: &str) -> bool {
+    let mut all = true;
+    for d in devices {
+        if let Err(e) = d.flush().await {
+            log::error!("{peer}: flushing {} {why} failed: {e}", d.name());
+            all = false;
+        }
+    }
+    all
 }
 
 /// Answers a read of a null or RAM device at once: the data is copied from

@@ -228,7 +228,7 @@ pub fn apply(live: &mut Live, old: &Config, new: &Config, symlinks: Symlinks, pr
     let old_addrs: Vec<SocketAddr> = old.port.iter().filter_map(|p| p.address.parse().ok()).collect();
     for p in &new.port {
         let a: SocketAddr = p.address.parse().with_context(|| format!("port address {:?}", p.address))?;
-        if old_addrs.iter().any(|&o| overlap(o, a)) {
+        if old_addrs.iter().any(|&o| crate::config::listeners_overlap(o, a)) {
             continue;
         }
         std::net::TcpListener::bind(a).map(drop).with_context(|| format!("cannot listen on {a}"))?;
@@ -266,14 +266,6 @@ pub fn apply(live: &mut Live, old: &Config, new: &Config, symlinks: Symlinks, pr
         }
     }
     add_ports(live, &old.port, &new.port)
-}
-
-/// Whether listeners on `a` and `b` would take the same connections: the
-/// same port, and the same address or an unspecified one covering the
-/// other (`[::]` covers IPv4 addresses too, dual-stack).
-fn overlap(a: SocketAddr, b: SocketAddr) -> bool {
-    let covers = |x: SocketAddr, y: SocketAddr| x.ip().is_unspecified() && (x.is_ipv6() || y.is_ipv4());
-    a.port() == b.port() && (a.ip() == b.ip() || covers(a, b) || covers(b, a))
 }
 
 /// The iSCSI targets a change removes, closed to logins
